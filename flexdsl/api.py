@@ -1,0 +1,42 @@
+"""The public functions: load, loads, compile, library."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .compiler import Compiled, compile_model
+from .library import library
+from .module import NeuronModule
+
+
+def compile(model: str | Path, detach_reset: bool = False) -> Compiled:  # noqa: A001 - the API name
+    """The compiled artefacts of a model (a path, a library stem, or model text)."""
+    return compile_model(model, detach_reset)
+
+
+def load(
+    model: str | Path,
+    *,
+    step_mode: str = "m",
+    backend: str = "auto",
+    detach_reset: bool = False,
+    store_state_seqs: bool = False,
+    param_shapes: Mapping[str, Sequence[int]] | None = None,
+    **params: Any,
+) -> NeuronModule:
+    """A trainable torch.nn.Module from a `.neuron` path or a library stem; keyword
+    arguments other than the options override params (checked against `where`)."""
+    c = compile_model(model, detach_reset)
+    return NeuronModule(c, params, step_mode, backend, store_state_seqs, param_shapes)
+
+
+def loads(text: str, **kwargs: Any) -> NeuronModule:
+    """Like `load`, from model text."""
+    if "\n" not in text:
+        text = text + "\n"
+    return load(text, **kwargs)
+
+
+__all__ = ["compile", "load", "loads", "library"]

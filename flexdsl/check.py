@@ -1,0 +1,350 @@
+"""Stage 2: the checker. Names, declarations and their order, the rules of LANGUAGE.md §3–§5.
+
+Input: the AST from parse.py. Output: a `CheckedModel` (the same nodes, sorted by role and
+validated). Every violation is a located FlexDSLError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ast as A
+from .errors import FlexDSLError, did_you_mean
+from .functions import BUILTINS, CONSTANTS
+from .surrogates import BUILTIN_SURROGATES, DEFAULT_SURROGATE
+from .walk import expr_names, expr_nodes
+
+METHODS = ("exact", "exponential_euler", "euler", "rk2", "rk4", "heun")
+METHOD_ALIASES = {"midpoint": "rk2", "linear": "exact"}
+
+
+@dataclass
+class ResolvedSurrogate:
+    name: str
+    arg: str  # the formal argument of a user surrogate ("x" for built-ins)
+    kwargs: dict[str, A.Expr]  # keyword -> value expression (defaults filled in)
+    user: A.SurrogateDef | None = None
+    pos: A.Pos | None = None
+
+
+@dataclass
+class CheckedModel:
+    ast: A.Neuron
+    inputs: list[A.Input]
+    params: list[A.Param]
+    states: list[A.State]
+    equations: A.Equations | None
+    method: str | None  # as written (normalized), None = automatic
+    update: list[A.Assign]
+    spike: A.SpikeRule | None
+    surrogate: ResolvedSurrogate | None
+    on_spike: list[A.Assign]
+    outputs: list[tuple[str, A.Pos]]
+    locals: list[str] = field(default_factory=list)
+    subexprs: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.ast.name
+
+    @property
+    def filename(self) -> str:
+        return self.ast.filename
+
+    @property
+    def source(self) -> str:
+        return self.ast.source
+
+    def param(self, name: str) -> A.Param:
+        return next(p for p in self.params if p.name == name)
+
+
+class _Checker:
+    def __init__(self, neuron: A.Neuron) -> None:
+        self.n = neuron
+
+    def err(self, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
+        return FlexDSLError(msg, self.n.filename, pos.line, pos.column, self.n.source, hint)
+
+    # ------------------------------------------------------------------ names
+    def unknown(self, name: str, pos: A.Pos, known: set[str], what: str = "name") -> FlexDSLError:
+        hint = did_you_mean(name, known)
+        if name == "dt" and "dt" not in known:
+            hint = "declare the step as a param: `param dt = 0.1`"
+        return self.err(f"unknown {what} `{name}`", pos, hint)
+
+    def check_expr(self, e: A.Expr, visible: set[str], context: str, allow_compare: bool = False) -> None:
+        """Names defined, functions known with the right arity, comparisons only where allowed."""
+        if isinstance(e, A.Compare):
+            if not allow_compare:
+                raise self.err("a comparison is only allowed in `where(...)` and `where` constraints", e.pos,
+                               "use where(cond, a, b) to choose between values")
+            for o in e.operands:
+                self.check_expr(o, visible, context)
+            return
+        if isinstance(e, A.Name):
+            if e.id not in visible and e.id not in CONSTANTS:
+                if e.id in self.all_declared:
+                    raise self.err(f"`{e.id}` cannot be used {context}", e.pos, self.scope_hint(context))
+                raise self.unknown(e.id, e.pos, visible | set(CONSTANTS))
+            return
+        if isinstance(e, A.Call):
+            b = BUILTINS.get(e.func)
+            if b is None:
+                if e.func in self.user_surrogates or e.func in BUILTIN_SURROGATES:
+                    raise self.err(f"`{e.func}` is a surrogate, not a function", e.pos,
+                                   "surrogates are used in the spike rule: `spike when ... surrogate name(...)`")
+                raise self.unknown(e.func, e.pos, set(BUILTINS), "function")
+            if len(e.args) != b.arity:
+                raise self.err(f"`{e.func}` takes {b.arity} argument{'s' if b.arity != 1 else ''}, "
+                               f"got {len(e.args)}", e.pos, f"{e.func}: {b.doc}")
+            for i, a in enumerate(e.args):
+                cmp_ok = e.func == "where" and i == 0
+                if cmp_ok and not isinstance(a, A.Compare):
+                    raise self.err("the first argument of `where` must be a comparison", a.pos,
+                                   "e.g. where(v > 0, a, b)")
+                self.check_expr(a, visible, context, allow_compare=cmp_ok)
+            return
+        if isinstance(e, A.BinOp):
+            self.check_expr(e.left, visible, context)
+            self.check_expr(e.right, visible, context)
+            return
+        if isinstance(e, A.Neg):
+            self.check_expr(e.operand, visible, context)
+
+    def scope_hint(self, context: str) -> str:
+        if context == "in a param default":
+            return "a param's default may use only params declared before it, and `pi`"
+        if context == "in a state's initial value":
+            return "a state's initial value is an expression of params"
+        if context == "in a surrogate keyword":
+            return "surrogate keywords are numbers or expressions of params"
+        return "names must be declared before they are used"
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> CheckedModel:
+        n = self.n
+        inputs: list[A.Input] = n.of(A.Input)
+        params: list[A.Param] = n.of(A.Param)
+        states: list[A.State] = n.of(A.State)
+        outputs_decl: list[A.Output] = n.of(A.Output)
+        self.user_surrogates: dict[str, A.SurrogateDef] = {}
+
+        # unique declarations
+        declared: dict[str, tuple[str, A.Pos]] = {}
+
+        def declare(name: str, kind: str, pos: A.Pos) -> None:
+            if name in declared:
+                k0, p0 = declared[name]
+                raise self.err(f"duplicate declaration of `{name}` (already declared as {k0} at line {p0.line})",
+                               pos)
+            if name in BUILTINS:
+                raise self.err(f"`{name}` is a built-in function and cannot be declared", pos)
+            if name in CONSTANTS:
+                raise self.err(f"`{name}` is a built-in constant and cannot be declared", pos)
+            declared[name] = (kind, pos)
+
+        for it in n.items:
+            if isinstance(it, A.Input):
+                declare(it.name, "an input", it.pos)
+            elif isinstance(it, A.Param):
+                declare(it.name, "a param", it.pos)
+            elif isinstance(it, A.State):
+                declare(it.name, "a state", it.pos)
+            elif isinstance(it, A.SurrogateDef):
+                if it.name in self.user_surrogates:
+                    raise self.err(f"duplicate surrogate `{it.name}`", it.pos)
+                self.user_surrogates[it.name] = it
+        if not inputs:
+            raise self.err(f"neuron `{n.name}` declares no input", n.pos, "add e.g. `input x`")
+        self.all_declared = set(declared)
+        input_names = {i.name for i in inputs}
+        param_names = [p.name for p in params]
+        state_names = {s.name for s in states}
+
+        # blocks: at most one of each
+        def single(kind: type, what: str):
+            found = n.of(kind)
+            if len(found) > 1:
+                raise self.err(f"a model has at most one {what}", found[1].pos)
+            return found[0] if found else None
+
+        eqs: A.Equations | None = single(A.Equations, "`equations` block")
+        upd: A.Update | None = single(A.Update, "`update` block")
+        spike: A.SpikeRule | None = single(A.SpikeRule, "spike rule")
+        ons: A.OnSpike | None = single(A.OnSpike, "`on spike` block")
+        if len(outputs_decl) > 1:
+            raise self.err("a model has at most one `output` line", outputs_decl[1].pos)
+
+        # params: defaults use earlier params; where constraints
+        seen: set[str] = set()
+        for p in params:
+            self.check_expr(p.default, seen, "in a param default")
+            if p.where is not None:
+                self.check_expr(p.where, seen | {p.name}, "in a param default", allow_compare=True)
+                if p.name not in {nm.id for nm in expr_names(p.where)}:
+                    raise self.err(f"the constraint of `{p.name}` does not mention `{p.name}`", p.where.pos)
+            seen.add(p.name)
+        if "dt" in input_names or "dt" in state_names:
+            raise self.err("`dt` is the integration step and must be a param", declared["dt"][1])
+        for s in states:
+            self.check_expr(s.init, set(param_names), "in a state's initial value")
+
+        # user surrogates
+        for sd in self.user_surrogates.values():
+            if sd.arg in declared:
+                raise self.err(f"surrogate argument `{sd.arg}` shadows a declared name", sd.pos)
+            kw = {k.name for k in sd.kwargs}
+            for k in sd.kwargs:
+                self.check_expr(k.value, set(param_names), "in a surrogate keyword")
+            self.check_expr(sd.body, {sd.arg} | kw | set(param_names), "in the surrogate formula")
+
+        # equations
+        visible = input_names | set(param_names) | state_names
+        method: str | None = None
+        subexprs: list[str] = []
+        if eqs is not None:
+            if eqs.method is not None:
+                m = METHOD_ALIASES.get(eqs.method, eqs.method)
+                if m not in METHODS:
+                    raise self.err(f"unknown integration method `{eqs.method}`", eqs.method_pos,
+                                   did_you_mean(eqs.method, METHODS) or "methods: " + ", ".join(METHODS))
+                method = m
+            ode_states: set[str] = set()
+            for ln in eqs.lines:
+                if isinstance(ln, A.ODE):
+                    st = ln.state
+                    if ln.denom != "dt":
+                        raise self.err(f"a derivative is written `d{st or 'X'}/dt`, not `{ln.written}/{ln.denom}`",
+                                       ln.denom_pos or ln.pos)
+                    if not st:
+                        raise self.err(f"`{ln.written}/dt`: a derivative is written `dX/dt` for a state X", ln.pos)
+                    if st not in state_names:
+                        hint = did_you_mean(st, state_names)
+                        what = "an input" if st in input_names else "a param" if st in param_names else "not declared"
+                        raise self.err(f"`d{st}/dt`: `{st}` is not a state ({what})", ln.pos,
+                                       hint or "declare it with `state " + st + " = ...`")
+                    if st in ode_states:
+                        raise self.err(f"second equation for `d{st}/dt`", ln.pos)
+                    ode_states.add(st)
+                    if "dt" not in param_names:
+                        raise self.err("an ODE needs the step `dt` declared as a param", ln.pos,
+                                       "add e.g. `param dt = 0.1  \"step (ms)\"`")
+                    self.check_expr(ln.value, visible, "in an equation")
+                else:
+                    if ln.name in visible:
+                        raise self.err(f"`{ln.name}` is already declared; a subexpression needs a new name", ln.pos)
+                    self.check_expr(ln.value, visible, "in an equation")
+                    visible = visible | {ln.name}
+                    subexprs.append(ln.name)
+
+        # update
+        locals_: list[str] = []
+        statements = upd.statements if upd is not None else []
+        for st in statements:
+            self.check_expr(st.value, visible, "here")
+            tgt = st.target
+            if tgt in input_names:
+                raise self.err(f"cannot assign to input `{tgt}`", st.pos)
+            if tgt in param_names:
+                raise self.err(f"cannot assign to param `{tgt}`", st.pos, "params are constant during a step")
+            if tgt in subexprs:
+                raise self.err(f"cannot assign to the subexpression `{tgt}`", st.pos)
+            if st.is_let and tgt in state_names:
+                raise self.err(f"`let {tgt}`: `{tgt}` is a state", st.pos, f"write `{tgt} = ...` to update it")
+            if st.op != "=" and tgt not in state_names and tgt not in locals_:
+                raise self.err(f"`{tgt} {st.op} ...` needs `{tgt}` to be defined first", st.pos,
+                               did_you_mean(tgt, visible))
+            if tgt not in state_names and tgt not in locals_:
+                if st.is_let is False and tgt in self.all_declared:
+                    raise self.err(f"cannot assign to `{tgt}`", st.pos)
+                locals_.append(tgt)
+                visible = visible | {tgt}
+
+        # spike rule and its surrogate
+        surrogate: ResolvedSurrogate | None = None
+        if spike is not None:
+            self.check_expr(spike.left, visible, "here")
+            self.check_expr(spike.right, visible, "here")
+            surrogate = self.resolve_surrogate(spike, set(param_names))
+        if ons is not None:
+            if spike is None:
+                raise self.err("`on spike:` without a spike rule", ons.pos, "add `spike when ... surrogate ...`")
+            for st in ons.statements:
+                if st.is_let or st.op not in ("=", "+=", "-="):
+                    raise self.err(f"only `=`, `+=` and `-=` are allowed in `on spike`, not `{'let' if st.is_let else st.op}`",
+                                   st.pos)
+                if st.target not in state_names:
+                    raise self.err(f"`on spike` can only reset states; `{st.target}` is not a state", st.pos,
+                                   did_you_mean(st.target, state_names))
+                self.check_expr(st.value, visible, "here")
+
+        # outputs
+        out_names: list[tuple[str, A.Pos]] = []
+        if outputs_decl:
+            for name, pos in outputs_decl[0].names:
+                if name == "spike":
+                    if spike is None:
+                        raise self.err("`output spike` in a model without a spike rule", pos)
+                elif name not in state_names and name not in locals_ and name not in subexprs:
+                    if name in input_names or name in param_names:
+                        raise self.err(f"`{name}` cannot be an output: outputs are `spike`, states or locals", pos)
+                    raise self.unknown(name, pos, state_names | set(locals_) | set(subexprs) | {"spike"}, "output")
+                if name in [o for o, _ in out_names]:
+                    raise self.err(f"`{name}` is listed twice in `output`", pos)
+                out_names.append((name, pos))
+        else:
+            if spike is not None:
+                out_names = [("spike", n.pos)]
+            elif states:
+                out_names = [(states[0].name, states[0].pos)]
+            else:
+                raise self.err(f"neuron `{n.name}` has no output", n.pos, "add e.g. `output spike`")
+
+        return CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
+                            ons.statements if ons else [], out_names, locals_, subexprs)
+
+    def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
+        use = spike.surrogate
+        if use is None:
+            spec = BUILTIN_SURROGATES[DEFAULT_SURROGATE]
+            kw = {k: A.Num(v, repr(v), spike.pos) for k, v in spec.defaults.items()}
+            return ResolvedSurrogate(spec.name, "x", kw, None, spike.pos)
+        given: dict[str, A.Kwarg] = {}
+        for k in use.kwargs:
+            if k.name in given:
+                raise self.err(f"keyword `{k.name}` given twice", k.pos)
+            given[k.name] = k
+            self.check_expr(k.value, params, "in a surrogate keyword")
+        if use.name in self.user_surrogates:
+            sd = self.user_surrogates[use.name]
+            defaults = {k.name: k.value for k in sd.kwargs}
+            arg = sd.arg
+        elif use.name in BUILTIN_SURROGATES:
+            spec = BUILTIN_SURROGATES[use.name]
+            defaults = {k: A.Num(v, repr(v), use.pos) for k, v in spec.defaults.items()}
+            arg = "x"
+            sd = None
+        else:
+            known = set(BUILTIN_SURROGATES) | set(self.user_surrogates)
+            raise self.err(f"unknown surrogate `{use.name}`", use.pos,
+                           did_you_mean(use.name, known) or "built-in surrogates: " + ", ".join(sorted(known)))
+        for k in given.values():
+            if k.name not in defaults:
+                hint = did_you_mean(k.name, defaults) or (
+                    f"`{use.name}` takes " + (", ".join(f"`{d}`" for d in defaults) or "no keywords"))
+                raise self.err(f"unknown keyword `{k.name}` for surrogate `{use.name}`", k.pos, hint)
+        kwargs = {name: (given[name].value if name in given else dv) for name, dv in defaults.items()}
+        return ResolvedSurrogate(use.name, arg, kwargs, sd, use.pos)
+
+
+def check(neuron: A.Neuron) -> CheckedModel:
+    """Validate a parsed model; raises FlexDSLError at the first problem."""
+    return _Checker(neuron).run()
+
+
+def used_names(e: A.Expr) -> set[str]:
+    return {n.id for n in expr_names(e)}
+
+
+__all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS", "used_names", "expr_nodes"]

@@ -1,0 +1,53 @@
+"""FlexDSLError: every user error, located (file:line:col, the line, a caret, a hint)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class FlexDSLError(ValueError):
+    """A problem in a `.neuron` model (or in the options it was loaded with).
+
+    The message starts with ``FILE:LINE:COL: error: ...``, shows the offending source
+    line with a caret under the column, and ends with a hint where one helps.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        filename: str = "<string>",
+        line: int = 0,
+        column: int = 0,
+        source: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.reason = message
+        self.filename = filename
+        self.line = line
+        self.column = column
+        self.hint = hint
+        self.source_line = ""
+        if source is not None and line >= 1:
+            lines = source.splitlines()
+            if line <= len(lines):
+                self.source_line = lines[line - 1].expandtabs(1)
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where = f"{self.filename}:{self.line}:{self.column}" if self.line else self.filename
+        out = [f"{where}: error: {self.reason}"]
+        if self.source_line:
+            out.append(self.source_line)
+            out.append(" " * max(self.column - 1, 0) + "^")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return "\n".join(out)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str | None:
+    """A "did you mean `x`?" hint from the closest known names, or None."""
+    close = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.6)
+    if not close:
+        return None
+    return "did you mean " + " or ".join(f"`{c}`" for c in close) + "?"

@@ -1,0 +1,154 @@
+"""Built-in functions of the language: arity, sympy form, and how each backend prints them.
+
+To add a function: add a `Builtin` to BUILTINS (its sympy constructor, and its torch and
+triton spellings), and give it a derivative if sympy cannot differentiate it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy as sp
+
+
+class sigmoid(sp.Function):
+    """Logistic function 1/(1+exp(-x))."""
+
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
+        s = sigmoid(self.args[0])
+        return s * (1 - s)
+
+
+class Where(sp.Function):
+    """where(cond, a, b): a where cond holds, else b. Differentiates through a and b only."""
+
+    nargs = 3
+
+    @classmethod
+    def eval(cls, cond, a, b):  # type: ignore[override]
+        if cond is sp.true:
+            return a
+        if cond is sp.false:
+            return b
+        if a == b:
+            return a
+        return None
+
+    def _eval_derivative(self, s):
+        cond, a, b = self.args
+        return Where(cond, a.diff(s), b.diff(s))
+
+
+class relu(sp.Function):
+    def _eval_derivative(self, s):
+        x = self.args[0]
+        return Where(sp.StrictGreaterThan(x, 0), x.diff(s), sp.Integer(0))
+
+
+class heaviside(sp.Function):
+    """1 where u >= 0, else 0. Zero gradient (only the spike rule carries a surrogate)."""
+
+    def _eval_derivative(self, s):
+        return sp.Integer(0)
+
+
+class fmin(sp.Function):
+    nargs = 2
+
+    def _eval_derivative(self, s):
+        a, b = self.args
+        return Where(sp.StrictLessThan(a, b), a.diff(s), b.diff(s))
+
+
+class fmax(sp.Function):
+    nargs = 2
+
+    def _eval_derivative(self, s):
+        a, b = self.args
+        return Where(sp.StrictGreaterThan(a, b), a.diff(s), b.diff(s))
+
+
+class clip(sp.Function):
+    nargs = 3
+
+    def _eval_derivative(self, s):
+        x, lo, hi = self.args
+        inside = sp.And(sp.GreaterThan(x, lo), sp.LessThan(x, hi))
+        d = Where(inside, x.diff(s), sp.Integer(0))
+        if lo.diff(s) != 0:
+            d += Where(sp.StrictLessThan(x, lo), lo.diff(s), sp.Integer(0))
+        if hi.diff(s) != 0:
+            d += Where(sp.StrictGreaterThan(x, hi), hi.diff(s), sp.Integer(0))
+        return d
+
+
+# --- the spike and its reset (not callable from a model; produced by the lowering)
+class SurrogateGrad(sp.Function):
+    """Placeholder for S'(u) inside derivatives; replaced by the model's surrogate formula."""
+
+    nargs = 1
+
+
+class SpikeGE(sp.Function):
+    """heaviside(u) with u >= 0 firing; d/du is the surrogate S'(u)."""
+
+    nargs = 1
+
+    def _eval_derivative(self, s):
+        u = self.args[0]
+        return SurrogateGrad(u) * u.diff(s)
+
+
+class SpikeGT(sp.Function):
+    """heaviside(u) with u > 0 firing; d/du is the surrogate S'(u)."""
+
+    nargs = 1
+
+    def _eval_derivative(self, s):
+        u = self.args[0]
+        return SurrogateGrad(u) * u.diff(s)
+
+
+class Detach(sp.Function):
+    """The value, cut from the graph (detach_reset=True)."""
+
+    nargs = 1
+
+    def _eval_derivative(self, s):
+        return sp.Integer(0)
+
+
+@dataclass(frozen=True)
+class Builtin:
+    name: str
+    arity: int
+    make: Callable[..., sp.Expr]
+    doc: str
+
+
+def _where(cond, a, b):
+    return Where(cond, a, b)
+
+
+BUILTINS: dict[str, Builtin] = {
+    b.name: b
+    for b in [
+        Builtin("exp", 1, sp.exp, "exponential"),
+        Builtin("log", 1, sp.log, "natural logarithm"),
+        Builtin("sqrt", 1, sp.sqrt, "square root"),
+        Builtin("abs", 1, sp.Abs, "absolute value"),
+        Builtin("sin", 1, sp.sin, "sine"),
+        Builtin("cos", 1, sp.cos, "cosine"),
+        Builtin("tanh", 1, sp.tanh, "hyperbolic tangent"),
+        Builtin("sigmoid", 1, sigmoid, "logistic function 1/(1+exp(-x))"),
+        Builtin("relu", 1, relu, "max(x, 0)"),
+        Builtin("min", 2, fmin, "smaller of two values"),
+        Builtin("max", 2, fmax, "larger of two values"),
+        Builtin("clip", 3, clip, "clip(x, lo, hi)"),
+        Builtin("where", 3, _where, "where(cond, a, b)"),
+        Builtin("heaviside", 1, heaviside, "1 where u >= 0 else 0 (no gradient)"),
+    ]
+}
+
+CONSTANTS: dict[str, sp.Expr] = {"pi": sp.pi}

@@ -1,0 +1,301 @@
+"""Stage 3: lowering. A CheckedModel becomes a `StepModel`: sympy SSA assignments for one
+step (ODEs discretized, `update` statements, the spike and its reset), simplified and with
+common subexpressions shared (sympy.cse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from . import ast as A
+from .check import CheckedModel
+from .errors import FlexDSLError
+from .functions import BUILTINS, CONSTANTS, Detach, SpikeGE, SpikeGT, Where
+from .integrate import INTEGRATORS, NotApplicable, linear_system
+from .surrogates import BUILTIN_SURROGATES
+
+
+def sym(name: str) -> sp.Symbol:
+    return sp.Symbol(name, real=True)
+
+
+_CMP = {"<": sp.StrictLessThan, "<=": sp.LessThan, ">": sp.StrictGreaterThan, ">=": sp.GreaterThan,
+        "==": sp.Eq, "!=": sp.Ne}
+
+
+def to_sympy(e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
+    """An AST expression as sympy, with names replaced by env[name]."""
+    if isinstance(e, A.Num):
+        v = e.value
+        return sp.Integer(int(v)) if v.is_integer() and abs(v) < 2**53 and "." not in e.text and "e" not in e.text.lower() \
+            else sp.Float(v)
+    if isinstance(e, A.Name):
+        if e.id in env:
+            return env[e.id]
+        return CONSTANTS[e.id]
+    if isinstance(e, A.Neg):
+        return -to_sympy(e.operand, env)
+    if isinstance(e, A.BinOp):
+        a, b = to_sympy(e.left, env), to_sympy(e.right, env)
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            return a * b
+        if e.op == "/":
+            return a / b
+        return a**b
+    if isinstance(e, A.Call):
+        return BUILTINS[e.func].make(*(to_sympy(a, env) for a in e.args))
+    if isinstance(e, A.Compare):
+        parts = [_CMP[op](to_sympy(l, env), to_sympy(r, env))
+                 for op, l, r in zip(e.ops, e.operands[:-1], e.operands[1:])]
+        return parts[0] if len(parts) == 1 else sp.And(*parts)
+    raise TypeError(e)
+
+
+@dataclass
+class ParamInfo:
+    name: str
+    symbol: sp.Symbol
+    decl: A.Param
+
+    @property
+    def learnable(self) -> bool:
+        return self.decl.learnable
+
+
+@dataclass
+class SurrogateInfo:
+    name: str
+    kwargs: dict[str, sp.Expr]  # keyword -> value (numbers or params)
+    derivative: sp.Expr  # S'(u) in terms of `u`
+    u: sp.Symbol
+
+
+@dataclass
+class StepModel:
+    """One discretized step as SSA assignments. Symbols of `inputs`, `states` (previous values)
+    and `params` are the free variables; `next_states` and `outputs` are what a step returns."""
+
+    checked: CheckedModel
+    inputs: list[sp.Symbol]
+    states: list[sp.Symbol]
+    params: list[ParamInfo]
+    assignments: list[tuple[sp.Symbol, sp.Expr]]
+    next_states: list[sp.Expr]
+    outputs: list[tuple[str, sp.Expr]]
+    spike: sp.Symbol | None
+    surrogate: SurrogateInfo | None
+    method: str | None
+    method_auto: bool
+    detach_reset: bool
+    taken: set[str] = field(default_factory=set)
+    origins: dict[str, A.Pos] = field(default_factory=dict)  # SSA name -> source position
+
+    @property
+    def name(self) -> str:
+        return self.checked.name
+
+    @property
+    def learnable(self) -> list[ParamInfo]:
+        return [p for p in self.params if p.learnable]
+
+    def equations(self) -> list[sp.Eq]:
+        eqs = [sp.Eq(y, e, evaluate=False) for y, e in self.assignments]
+        return eqs
+
+
+class NameGen:
+    """Unique, readable names for SSA temporaries (never clashing with model names)."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = set(taken)
+
+    def new(self, base: str) -> sp.Symbol:
+        name = base
+        i = 1
+        while name in self.taken:
+            name = f"{base}_{i}"
+            i += 1
+        self.taken.add(name)
+        return sym(name)
+
+
+def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
+    n = model.ast
+    inputs = [sym(i.name) for i in model.inputs]
+    states = [sym(s.name) for s in model.states]
+    params = [ParamInfo(p.name, sym(p.name), p) for p in model.params]
+    taken = {i.name for i in model.inputs} | {s.name for s in model.states} | {p.name for p in model.params}
+    taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(BUILTINS) | set(CONSTANTS)
+    names = NameGen(taken)
+    env: dict[str, sp.Expr] = {s.name: s for s in [*inputs, *states]} | {p.name: p.symbol for p in params}
+    assignments: list[tuple[sp.Symbol, sp.Expr]] = []
+    origins: dict[str, A.Pos] = {}
+    here: list[A.Pos] = [n.pos]
+
+    def emit(base: str, expr: sp.Expr) -> sp.Expr:
+        if expr.is_Atom:
+            return expr
+        y = names.new(base)
+        assignments.append((y, expr))
+        origins[y.name] = here[0]
+        return y
+
+    # -- 1. equations
+    subexpr_defs: dict[str, A.Expr] = {}
+    method = model.method
+    auto = method is None
+    if model.equations is not None:
+        odes = [ln for ln in model.equations.lines if isinstance(ln, A.ODE)]
+        for ln in model.equations.lines:
+            if isinstance(ln, A.Subexpr):
+                subexpr_defs[ln.name] = ln.value
+        ode_syms = [sym(o.state) for o in odes]
+
+        def rhs_at(values: dict[sp.Symbol, sp.Expr]) -> dict[sp.Symbol, sp.Expr]:
+            local = dict(env)
+            for s_, v in values.items():
+                local[s_.name] = v
+            for name, e in subexpr_defs.items():
+                local[name] = to_sympy(e, local)
+            return {sym(o.state): to_sympy(o.value, local) for o in odes}
+
+        if auto:
+            try:
+                linear_system(ode_syms, rhs_at({s_: s_ for s_ in ode_syms}))
+                method = "exact"
+            except NotApplicable:
+                method = "euler"
+        dt = env["dt"]
+        here[0] = model.equations.pos
+        try:
+            new = INTEGRATORS[method](ode_syms, rhs_at, dt, emit)
+        except NotApplicable as e:
+            line = next(o for o in odes if o.state == e.state.name)
+            raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
+                               line.pos.column, n.source,
+                               "use `method euler`, `rk4` or `exponential_euler` for nonlinear equations") from None
+        for s_, o in zip(ode_syms, odes):
+            here[0] = o.pos
+            env[s_.name] = emit(s_.name, new[s_])
+
+    def value(e: A.Expr) -> sp.Expr:
+        local = dict(env)
+        for name, d in subexpr_defs.items():
+            local[name] = to_sympy(d, local)
+        return to_sympy(e, local)
+
+    # -- 2. update
+    for st in model.update:
+        here[0] = st.pos
+        v = value(st.value)
+        cur = env.get(st.target)
+        if st.op == "+=":
+            v = cur + v
+        elif st.op == "-=":
+            v = cur - v
+        elif st.op == "*=":
+            v = cur * v
+        elif st.op == "/=":
+            v = cur / v
+        env[st.target] = emit(st.target, v)
+
+    # -- 3. spike, 4. on spike
+    spike_sym = None
+    surrogate = None
+    if model.spike is not None:
+        rule = model.spike
+        here[0] = rule.pos
+        u = emit("u_spike", value(rule.left) - value(rule.right))
+        fire = SpikeGE if rule.op == ">=" else SpikeGT
+        spike_sym = sym("spike")  # `spike` is reserved: never a model name
+        assignments.append((spike_sym, fire(u)))
+        origins["spike"] = rule.pos
+        surrogate = _surrogate(model, env)
+        s = spike_sym
+        if model.on_spike:
+            here[0] = rule.pos
+            if detach_reset:
+                s = emit("spike_detached", Detach(spike_sym))
+            pre = dict(env)
+            new_vals: dict[str, sp.Expr] = {}
+            for st in model.on_spike:
+                local = dict(pre)
+                for name, d in subexpr_defs.items():
+                    local[name] = to_sympy(d, local)
+                e = to_sympy(st.value, local)
+                x = pre[st.target]
+                if st.op == "=":
+                    new_vals[st.target] = s * e + (1 - s) * x
+                elif st.op == "+=":
+                    new_vals[st.target] = x + s * e
+                else:
+                    new_vals[st.target] = x - s * e
+            for st in model.on_spike:
+                here[0] = st.pos
+                env[st.target] = emit(st.target, new_vals[st.target])
+
+    # -- 5. outputs
+    outputs: list[tuple[str, sp.Expr]] = []
+    for name, _ in model.outputs:
+        if name == "spike":
+            outputs.append((name, spike_sym))
+        else:
+            outputs.append((name, value(A.Name(name, A.Pos(0, 0)))))
+    next_states = [env[s_.name] for s_ in states]
+    assignments = share_subexpressions(assignments, names)
+    return StepModel(model, inputs, states, params, assignments, next_states, outputs, spike_sym, surrogate,
+                     method if model.equations is not None else None, auto, detach_reset, names.taken, origins)
+
+
+def _surrogate(model: CheckedModel, env: dict[str, sp.Expr]) -> SurrogateInfo:
+    rs = model.surrogate
+    assert rs is not None
+    u = sym("_u")
+    kwargs = {k: to_sympy(v, env) for k, v in rs.kwargs.items()}
+    if rs.user is not None:
+        local = dict(env)
+        local.update(kwargs)
+        local[rs.arg] = u
+        deriv = to_sympy(rs.user.body, local)
+    else:
+        deriv = BUILTIN_SURROGATES[rs.name].derivative(u, **kwargs)
+    return SurrogateInfo(rs.name, kwargs, deriv, u)
+
+
+def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: NameGen
+                         ) -> list[tuple[sp.Symbol, sp.Expr]]:
+    """sympy.cse over the SSA right-hand sides; each shared temporary is placed just before
+    its first use (after every SSA symbol it depends on)."""
+    if not assignments:
+        return assignments
+
+    def gen():
+        while True:
+            yield names.new("_t")
+
+    repl, reduced = sp.cse([e for _, e in assignments], symbols=gen(), order="none")
+    defs = dict(repl)
+    out: list[tuple[sp.Symbol, sp.Expr]] = []
+    placed: set[sp.Symbol] = set()
+
+    def place(expr: sp.Expr) -> None:
+        for s_ in sorted(expr.free_symbols, key=lambda z: z.name):
+            if s_ in defs and s_ not in placed:
+                place(defs[s_])
+                placed.add(s_)
+                out.append((s_, defs[s_]))
+
+    for (y, _), e in zip(assignments, reduced):
+        place(e)
+        out.append((y, e))
+    return out
+
+
+def uses_where(e: sp.Expr) -> bool:
+    return e.has(Where)

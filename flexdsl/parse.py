@@ -1,0 +1,303 @@
+"""Stage 1: text -> typed AST (flexdsl.ast), with lark (LALR + Indenter + Transformer).
+
+Syntax errors become located FlexDSLErrors here; names and rules are checked in check.py.
+"""
+
+from __future__ import annotations
+
+import keyword
+from functools import lru_cache
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.indenter import Indenter
+
+from . import ast as A
+from ._paths import GRAMMAR_DIR
+from .errors import FlexDSLError
+
+RESERVED = frozenset(
+    "neuron input param state update equations method spike when surrogate on output where learnable let".split()
+)
+
+
+class _IndentError(Exception):
+    def __init__(self, token: Token, message: str) -> None:
+        self.token = token
+        self.message = message
+
+
+class NeuronIndenter(Indenter):
+    NL_type = "_NL"
+    OPEN_PAREN_types = ["LPAR"]
+    CLOSE_PAREN_types = ["RPAR"]
+    INDENT_type = "_INDENT"
+    DEDENT_type = "_DEDENT"
+    tab_len = 8
+
+    def handle_NL(self, token: Token):  # type: ignore[override]
+        if self.paren_level > 0:
+            return
+        yield token
+        indent_str = token.rsplit("\n", 1)[1]
+        indent = indent_str.count(" ") + indent_str.count("\t") * self.tab_len
+        if indent > self.indent_level[-1]:
+            self.indent_level.append(indent)
+            yield Token.new_borrow_pos(self.INDENT_type, indent_str, token)
+        else:
+            while indent < self.indent_level[-1]:
+                self.indent_level.pop()
+                yield Token.new_borrow_pos(self.DEDENT_type, indent_str, token)
+            if indent != self.indent_level[-1]:
+                raise _IndentError(token, "unindent does not match any outer indentation level")
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark.open(
+        str(GRAMMAR_DIR / "neuron.lark"),
+        parser="lalr",
+        postlex=NeuronIndenter(),
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def _pos(x) -> A.Pos:
+    if isinstance(x, Token):
+        return A.Pos(x.line, x.column)
+    return A.Pos(x.meta.line, x.meta.column)
+
+
+def _unquote(tok: Token) -> str:
+    s = str(tok)
+    return s[3:-3] if s.startswith('"""') else s[1:-1]
+
+
+def _dedent_doc(text: str) -> str:
+    import inspect
+
+    return inspect.cleandoc(text)
+
+
+@v_args(inline=True)
+class _ToAST(Transformer):
+    """lark tree -> flexdsl.ast nodes (positions kept on every node)."""
+
+    def __init__(self, filename: str, source: str) -> None:
+        super().__init__()
+        self.filename = filename
+        self.source = source
+
+    # ---- expressions
+    def number(self, tok: Token) -> A.Num:
+        return A.Num(float(tok), str(tok), _pos(tok))
+
+    def name(self, tok: Token) -> A.Name:
+        return A.Name(str(tok), _pos(tok))
+
+    def binop(self, left, op: Token, right) -> A.BinOp:
+        return A.BinOp(str(op), left, right, _pos_of_expr(left))
+
+    def pow(self, left, op: Token, right) -> A.BinOp:
+        return A.BinOp("**", left, right, _pos_of_expr(left))
+
+    def neg(self, op: Token, operand) -> A.Neg:
+        return A.Neg(operand, _pos(op))
+
+    def pos(self, op: Token, operand):
+        return operand
+
+    def call(self, func: Token, *args) -> A.Call:
+        return A.Call(str(func), tuple(a for a in args if a is not None), _pos(func))
+
+    def cmp_op(self, tok: Token) -> Token:
+        return tok
+
+    def comparison(self, *parts) -> A.Compare:
+        operands = tuple(parts[0::2])
+        ops = tuple(str(t) for t in parts[1::2])
+        return A.Compare(operands, ops, _pos_of_expr(operands[0]))
+
+    # ---- declarations
+    def doc(self, tok: Token) -> str:
+        return _unquote(tok)
+
+    def docstring(self, tok: Token) -> tuple[str, str]:
+        return ("__doc__", _dedent_doc(_unquote(tok)))
+
+    def name_list(self, *toks: Token) -> list[Token]:
+        return list(toks)
+
+    def out_name(self, tok: Token) -> Token:
+        return tok
+
+    def input_decl(self, names: list[Token], doc) -> list[A.Input]:
+        return [A.Input(str(t), _pos(t), doc or "") for t in names]
+
+    def where_clause(self, kw: Token, cmp: A.Compare) -> A.Compare:
+        return cmp
+
+    def param_decl(self, name: Token, _eq, default, where, learnable, doc) -> A.Param:
+        return A.Param(str(name), default, _pos(name), where, learnable is not None, doc or "")
+
+    def state_decl(self, name: Token, _eq, init, doc) -> A.State:
+        return A.State(str(name), init, _pos(name), doc or "")
+
+    def kwarg(self, name: Token, _eq, value) -> A.Kwarg:
+        return A.Kwarg(str(name), value, _pos(name))
+
+    def surrogate_decl(self, name: Token, arg: Token, *rest) -> A.SurrogateDef:
+        *kwargs, _eq, body = rest
+        return A.SurrogateDef(str(name), str(arg), list(kwargs), body, _pos(name))
+
+    def output_decl(self, *names: Token) -> A.Output:
+        return A.Output([(str(t), _pos(t)) for t in names], _pos(names[0]))
+
+    # ---- blocks
+    def assign(self, target: Token, op: Token, value) -> A.Assign:
+        return A.Assign(str(target), str(op), value, _pos(target))
+
+    def let_assign(self, target: Token, _eq, value) -> A.Assign:
+        return A.Assign(str(target), "=", value, _pos(target), is_let=True)
+
+    def update_block(self, *stmts) -> A.Update:
+        return A.Update(list(stmts), stmts[0].pos)
+
+    def on_spike_block(self, spike: Token, *stmts) -> A.OnSpike:
+        return A.OnSpike(list(stmts), _pos(spike))
+
+    def method(self, tok: Token) -> Token:
+        return tok
+
+    def ode(self, dname: Token, _div, denom: Token, _eq, value) -> A.ODE:
+        written = str(dname)
+        p = _pos(dname)
+        if written.startswith("d") and len(written) > 1:
+            return A.ODE(written[1:], value, A.Pos(p.line, p.column + 1), written, str(denom), _pos(denom))
+        return A.ODE("", value, p, written, str(denom), _pos(denom))
+
+    def subexpr(self, name: Token, _eq, value) -> A.Subexpr:
+        return A.Subexpr(str(name), value, _pos(name))
+
+    def equations_block(self, method, *lines) -> A.Equations:
+        m = str(method) if method is not None else None
+        mpos = _pos(method) if method is not None else None
+        return A.Equations(list(lines), lines[0].pos, m, mpos)
+
+    def surrogate_use(self, name: Token, *kwargs) -> A.SurrogateUse:
+        return A.SurrogateUse(str(name), [k for k in kwargs if k is not None], _pos(name))
+
+    def spike_rule(self, spike: Token, left, op: Token, right, surrogate) -> A.SpikeRule:
+        return A.SpikeRule(left, str(op), right, _pos(spike), surrogate)
+
+    def neuron(self, name: Token, *items) -> A.Neuron:
+        doc = ""
+        flat: list = []
+        for it in items:
+            if isinstance(it, tuple) and it and it[0] == "__doc__":
+                doc = it[1]
+            elif isinstance(it, list):
+                flat.extend(it)
+            else:
+                flat.append(it)
+        return A.Neuron(str(name), flat, _pos(name), self.filename, self.source, doc)
+
+    def start(self, neuron: A.Neuron) -> A.Neuron:
+        return neuron
+
+
+def _pos_of_expr(e) -> A.Pos:
+    return e.pos
+
+
+_TOKEN_WORDS = {
+    "_NL": "end of line", "_INDENT": "indent", "_DEDENT": "dedent", "$END": "end of file",
+    "NAME": "a name", "NUMBER": "a number", "STRING": "a string", "LONG_STRING": "a docstring",
+    "EQUALS": "`=`", "AUG_OP": "`+=`", "COLON": "`:`", "LPAR": "`(`", "RPAR": "`)`", "COMMA": "`,`",
+    "ADD": "`+`", "SUB": "`-`", "MUL": "`*`", "DIV": "`/`", "POW": "`**`", "GE": "`>=`", "GT": "`>`",
+    "LE": "`<=`", "LT": "`<`", "EQ": "`==`", "NE": "`!=`",
+}
+
+
+def _describe_expected(expected: set[str]) -> str:
+    words = sorted({_TOKEN_WORDS.get(e, f"`{e.lower()}`") for e in expected})
+    if len(words) > 6:
+        words = words[:6] + ["..."]
+    return ", ".join(words)
+
+
+def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLError:
+    if isinstance(err, UnexpectedCharacters):
+        ch = source[err.pos_in_stream] if err.pos_in_stream < len(source) else ""
+        if ch == '"':
+            return FlexDSLError("unterminated string", filename, err.line, err.column, source,
+                                "strings are one line `\"...\"`; docstrings use `\"\"\"...\"\"\"`")
+        return FlexDSLError(f"unexpected character `{ch}`", filename, err.line, err.column, source)
+    if isinstance(err, UnexpectedToken):
+        tok = err.token
+        expected = set(err.expected) if err.expected else set()
+        if tok.type == "$END":
+            lines = source.rstrip("\n").splitlines() or [""]
+            return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source,
+                                "a block needs an indented body" if "_INDENT" in expected else None)
+        if tok.type == "_INDENT":
+            return FlexDSLError("unexpected indent", filename, tok.end_line, tok.end_column, source,
+                                "indent only the body of `neuron`, `update:`, `equations:` and `on spike:`")
+        if tok.type == "_DEDENT":
+            return FlexDSLError("unexpected dedent", filename, tok.end_line, tok.end_column, source,
+                                f"expected {_describe_expected(expected)}")
+        if tok.type == "_NL":
+            if "_INDENT" in expected:
+                return FlexDSLError("expected an indented block", filename, tok.end_line, tok.end_column, source)
+            return FlexDSLError(f"unexpected end of line, expected {_describe_expected(expected)}",
+                                filename, tok.line, tok.column, source)
+        word = str(tok)
+        if "NAME" in expected and word in RESERVED:
+            return FlexDSLError(f"`{word}` is a reserved word and cannot be used as a name", filename,
+                                tok.line, tok.column, source, "choose another name")
+        if "COLON" in expected and tok.type != "COLON":
+            return FlexDSLError(f"expected `:` before {_TOKEN_WORDS.get(tok.type, '`' + word + '`')}",
+                                filename, tok.line, tok.column, source)
+        return FlexDSLError(f"unexpected `{word}`, expected {_describe_expected(expected)}",
+                            filename, tok.line, tok.column, source)
+    if isinstance(err, UnexpectedEOF):
+        lines = source.rstrip("\n").splitlines() or [""]
+        return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source)
+    return FlexDSLError(str(err), filename, getattr(err, "line", 0), getattr(err, "column", 0), source)
+
+
+def parse(source: str, filename: str = "<string>") -> A.Neuron:
+    """Parse `.neuron` text into a typed AST. Raises FlexDSLError on syntax errors."""
+    text = source if source.endswith("\n") else source + "\n"
+    try:
+        tree = _parser().parse(text)
+    except _IndentError as e:
+        tok = e.token
+        return_line = tok.end_line
+        raise FlexDSLError(e.message, filename, return_line, tok.end_column, source) from None
+    except UnexpectedInput as e:
+        raise _syntax_error(e, filename, source) from None
+    try:
+        neuron = _ToAST(filename, source).transform(tree)
+    except VisitError as e:  # pragma: no cover - a transformer bug, not a user error
+        raise e.orig_exc from None
+    _check_identifiers(neuron)
+    return neuron
+
+
+def _check_identifiers(neuron: A.Neuron) -> None:
+    """Names starting with `_` and Python keywords are rejected where they are declared or used."""
+
+    def bad(name: str, pos: A.Pos) -> None:
+        if name.startswith("_"):
+            raise FlexDSLError(f"name `{name}` starts with `_`", neuron.filename, pos.line, pos.column,
+                               neuron.source, "names starting with `_` are reserved for generated code")
+        if keyword.iskeyword(name):
+            raise FlexDSLError(f"`{name}` is a Python keyword and cannot be used as a name", neuron.filename,
+                               pos.line, pos.column, neuron.source, "choose another name")
+
+    from .walk import iter_names
+
+    for name, pos in iter_names(neuron):
+        bad(name, pos)

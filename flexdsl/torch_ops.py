@@ -1,0 +1,95 @@
+"""Runtime helpers called by the generated torch code (the spike with its surrogate, and
+functions that must accept Python numbers as well as tensors)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class _Fire(torch.autograd.Function):
+    """heaviside(u) forward; the model's surrogate S'(u) backward."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(u)
+        ctx.sg = sg
+        ctx.args = args
+        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (u,) = ctx.saved_tensors
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
+        return grad * ctx.sg(u, *args), None, None, None
+
+
+def fire_ge(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
+    return _Fire.apply(u, True, sg, args)
+
+
+def fire_gt(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
+    return _Fire.apply(u, False, sg, args)
+
+
+def heaviside_ge(u: torch.Tensor) -> torch.Tensor:
+    return (u >= 0).to(u.dtype)
+
+
+def heaviside_gt(u: torch.Tensor) -> torch.Tensor:
+    return (u > 0).to(u.dtype)
+
+
+def heaviside(u):
+    if isinstance(u, torch.Tensor):
+        return (u >= 0).to(u.dtype)
+    return 1.0 if u >= 0 else 0.0
+
+
+def _t(a, like):
+    return a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=like.dtype, device=like.device)
+
+
+def _like(*xs):
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            return x
+    return None
+
+
+def where(cond, a, b):
+    like = _like(a, b, cond)
+    if like is None:
+        return a if cond else b
+    if not isinstance(cond, torch.Tensor):
+        cond = torch.as_tensor(cond, device=like.device)
+    dtype = torch.result_type(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else None
+    if dtype is None:
+        return torch.where(cond, a, b).to(torch.get_default_dtype())
+    return torch.where(cond, a, b)
+
+
+def minimum(a, b):
+    like = _like(a, b)
+    if like is None:
+        return min(a, b)
+    return torch.minimum(_t(a, like), _t(b, like))
+
+
+def maximum(a, b):
+    like = _like(a, b)
+    if like is None:
+        return max(a, b)
+    return torch.maximum(_t(a, like), _t(b, like))
+
+
+def clip(x, lo, hi):
+    like = _like(x, lo, hi)
+    if like is None:
+        return min(max(x, lo), hi)
+    return torch.clamp(_t(x, like), _t(lo, like), _t(hi, like))
+
+
+def detach(x):
+    return x.detach() if isinstance(x, torch.Tensor) else x

@@ -1,0 +1,239 @@
+"""The command line (LANGUAGE.md §8, §9): `python -m flexdsl check|show|run`."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flexdsl")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_errors import FILE_CASES, LIF, ODE  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def cli(*args, cwd=None, timeout=180):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("MPLBACKEND", "Agg")
+    return subprocess.run([sys.executable, "-m", "flexdsl", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd or ROOT, env=env,
+                          timeout=timeout)
+
+
+def no_traceback(r):
+    both = r.stdout + r.stderr
+    assert "Traceback (most recent call last)" not in both, both
+
+
+# At least 30 of the malformed inputs of test_errors, one `check` each.
+CLI_CASES = FILE_CASES[:]
+assert len(CLI_CASES) >= 30
+
+
+def test_check_valid_files(tmp_path):
+    a = tmp_path / "lif.neuron"
+    b = tmp_path / "lif_ode.neuron"
+    a.write_text(LIF)
+    b.write_text(ODE)
+    r = cli("check", a, b)
+    no_traceback(r)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "error" not in (r.stdout + r.stderr).lower()
+
+
+def test_check_library_stem():
+    r = cli("check", ROOT / "neurons" / "lif.neuron")
+    no_traceback(r)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
+def test_check_malformed(tmp_path, case):
+    p = tmp_path / f"{case.id}.neuron"
+    p.write_text(case.text)
+    r = cli("check", p)
+    no_traceback(r)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    out = r.stdout + r.stderr
+    heads = [f"{p}:{line}:{col}: error:" for line, col in case.positions()]
+    assert any(h in out for h in heads), f"none of {heads} in:\n{out}"
+
+
+def test_check_several_files_reports_each(tmp_path):
+    chosen = [c for c in CLI_CASES if c.id in (
+        "unknown_in_update", "duplicate_param", "missing_colon_update",
+        "unknown_surrogate", "exact_on_nonlinear")]
+    assert len(chosen) == 5
+    paths = []
+    good = tmp_path / "good.neuron"
+    good.write_text(LIF)
+    for c in chosen:
+        p = tmp_path / f"{c.id}.neuron"
+        p.write_text(c.text)
+        paths.append(p)
+    r = cli("check", paths[0], good, *paths[1:])
+    no_traceback(r)
+    assert r.returncode == 1
+    out = r.stdout + r.stderr
+    for c, p in zip(chosen, paths):
+        heads = [f"{p}:{line}:{col}: error:" for line, col in c.positions()]
+        assert any(h in out for h in heads), f"{c.id}: none of {heads} in:\n{out}"
+    assert not [ln for ln in out.splitlines() if f"{good}:" in ln and "error" in ln], out
+
+
+def test_check_missing_file(tmp_path):
+    p = tmp_path / "does_not_exist.neuron"
+    r = cli("check", p)
+    no_traceback(r)
+    assert r.returncode == 1
+    out = r.stdout + r.stderr
+    assert "does_not_exist" in out
+
+
+def test_run_missing_file(tmp_path):
+    r = cli("run", tmp_path / "nope.neuron", "--T", "5")
+    no_traceback(r)
+    assert r.returncode == 1
+    assert "nope" in r.stdout + r.stderr
+
+
+def test_show_malformed_is_located(tmp_path):
+    p = tmp_path / "bad.neuron"
+    c = [c for c in CLI_CASES if c.id == "unknown_in_update"][0]
+    p.write_text(c.text)
+    r = cli("show", p, "--torch")
+    no_traceback(r)
+    assert r.returncode == 1
+    line, col = c.positions()[0]
+    assert f"{p}:{line}:{col}: error:" in r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- show
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_show_torch(tmp_path):
+    p = _write(tmp_path, "lif.neuron", LIF)
+    r = cli("show", p, "--torch")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "def " in out
+    for name in ("v", "tau", "v_threshold", "v_reset", "x"):
+        assert re.search(rf"\b{name}\b", out), name
+
+
+def test_show_torch_library_stem():
+    r = cli("show", "lif", "--torch")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert "def " in r.stdout and "tau" in r.stdout
+
+
+@pytest.mark.parametrize("flag", ["--equations", "--backward"])
+def test_show_equations_backward(tmp_path, flag):
+    text = textwrap.dedent("""\
+        neuron Two:
+            input x
+            param tau = 2.0 where tau > 1
+            state vmem = 0.0
+            state wad = 0.0
+            update:
+                vmem = vmem + (x - vmem - wad) / tau
+                wad = wad + 0.1 * vmem
+            spike when vmem >= 1.0 surrogate sigmoid(alpha=4.0)
+            on spike:
+                vmem = 0.0
+            output spike
+        """)
+    p = _write(tmp_path, "two.neuron", text)
+    r = cli("show", p, flag)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert "vmem" in r.stdout and "wad" in r.stdout, r.stdout
+
+
+def test_show_default(tmp_path):
+    p = _write(tmp_path, "lif.neuron", LIF)
+    r = cli("show", p)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert "v" in r.stdout
+
+
+@pytest.mark.parametrize("linear", [True, False])
+def test_show_equations_reports_auto_method(tmp_path, linear):
+    rhs = "(v_rest - v + I) / tau_m" if linear else "(v_rest - v + v*v*0.1 + I) / tau_m"
+    text = textwrap.dedent(f"""\
+        neuron Auto:
+            input I
+            param dt = 0.1
+            param tau_m = 10.0 where tau_m > 0
+            param v_rest = 0.0
+            state v = v_rest
+            equations:
+                dv/dt = {rhs}
+            spike when v > 1.0 surrogate atan(alpha=2.0)
+            on spike:
+                v = v_rest
+            output spike
+        """)
+    p = _write(tmp_path, "auto.neuron", text)
+    r = cli("show", p, "--equations")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    want, other = ("exact", "euler") if linear else ("euler", "exact")
+    assert want in r.stdout.lower(), r.stdout
+    if linear:
+        assert not re.search(rf"\b{other}\b", r.stdout.lower()), r.stdout
+
+
+# ---------------------------------------------------------------- run
+def test_run_summary_constant_input():
+    r = cli("run", "lif", "--T", "50", "--input", "1.5")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "50" in out                          # number of steps
+    # LIF tau=2, v_th=1: v = 0.75, 1.125 -> spike, reset: a spike every 2nd step
+    assert re.search(r"\b25\b", out) or re.search(r"\b0\.50*\b", out), out
+    assert re.search(r"\bv\b", out), out         # final state named
+    assert "spike" in out.lower()
+
+
+def test_run_file(tmp_path):
+    p = _write(tmp_path, "lif.neuron", LIF)
+    r = cli("run", p, "--T", "20", "--input", "1.5")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"\b10\b", r.stdout) or re.search(r"\b0\.50*\b", r.stdout), r.stdout
+
+
+def test_run_step_input_plot(tmp_path):
+    out = tmp_path / "out.png"
+    r = cli("run", "lif", "--T", "60", "--input", "step:1.5@20", "--plot", out)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert out.exists()
+    data = out.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert len(data) > 1024
+    # the step begins at 20: at most 20 spikes in the remaining 40 steps (period 2)
+    assert re.search(r"\b(19|20)\b", r.stdout) or re.search(r"\b(0\.3[23]|1/3)", r.stdout), r.stdout
+
+
+def test_run_bad_input_spec():
+    r = cli("run", "lif", "--T", "10", "--input", "step:abc")
+    no_traceback(r)
+    assert r.returncode != 0

@@ -1,0 +1,533 @@
+"""Located errors for malformed `.neuron` inputs (LANGUAGE.md §2, §3, §4, §5, §8).
+
+Every case is a small model (mostly the LIF of LANGUAGE.md §1) with one thing
+broken.  The expected position is the 1-based (line, column) of the start of the
+offending token; it is computed from the case text by `At(line_substring, token)`
+so that the numbers cannot drift from the text.  Where the contract leaves the
+exact token open (e.g. `*=` versus its target), a case lists the few acceptable
+positions.
+
+Each case checks:
+  * `flexdsl.loads(text)` raises `flexdsl.FlexDSLError`;
+  * `.line` / `.column` equal the expected position;
+  * the message starts with `<string>:LINE:COL: error:`;
+  * the message shows the offending source line and a caret `^` under the column;
+  * the message (outside the echoed source line) contains the given substrings
+    (a tuple means "any of these", case-insensitive).
+"""
+from __future__ import annotations
+
+import os
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+
+flexdsl = pytest.importorskip("flexdsl")
+
+
+# --------------------------------------------------------------------------- #
+# base models
+# --------------------------------------------------------------------------- #
+LIF = textwrap.dedent('''\
+    neuron LIF:
+        input x
+        param tau = 2.0 where tau > 1
+        param v_threshold = 1.0
+        param v_reset = 0.0
+        state v = v_reset
+
+        update:
+            v = v + (x - (v - v_reset)) / tau
+
+        spike when v >= v_threshold surrogate sigmoid(alpha=4.0)
+
+        on spike:
+            v = v_reset
+
+        output spike
+    ''')
+
+ODE = textwrap.dedent('''\
+    neuron LIF_ODE:
+        input I
+        param dt = 0.1
+        param tau_m = 10.0 where tau_m > 0
+        param v_rest = 0.0
+        param v_threshold = 1.0
+        state v = v_rest
+
+        equations method exact:
+            dv/dt = (v_rest - v + I) / tau_m
+
+        spike when v > v_threshold surrogate atan(alpha=2.0)
+        on spike:
+            v = v_rest
+        output spike
+    ''')
+
+UPDATE_LINE = "        v = v + (x - (v - v_reset)) / tau"
+RESET_LINE = "        v = v_reset\n"          # the `on spike:` statement of LIF
+ODE_LINE = "        dv/dt = (v_rest - v + I) / tau_m"
+
+
+def mut(base: str, old: str, new: str) -> str:
+    """Replace the first occurrence of `old` by `new` (which must exist)."""
+    assert old in base, (old, base)
+    return base.replace(old, new, 1)
+
+
+# --------------------------------------------------------------------------- #
+# expected positions
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class At:
+    """Position of `token` (its `nth` occurrence) on the first line containing `line`.
+
+    token "$EOL" means the column just after the last character of the line
+    (where a missing `:` would have to go)."""
+
+    line: str
+    token: str
+    nth: int = 1
+
+    def resolve(self, text: str) -> tuple[int, int]:
+        lines = text.split("\n")
+        for i, src in enumerate(lines):
+            if self.line in src:
+                if self.token == "$EOL":
+                    return i + 1, len(src.rstrip()) + 1
+                col = -1
+                for _ in range(self.nth):
+                    col = src.index(self.token, col + 1)
+                return i + 1, col + 1
+        raise AssertionError(f"line {self.line!r} not in case text")
+
+
+@dataclass(frozen=True)
+class LC:
+    """An explicit (line, column)."""
+
+    line: int
+    col: int
+
+    def resolve(self, text: str) -> tuple[int, int]:
+        return self.line, self.col
+
+
+@dataclass
+class Case:
+    id: str
+    text: str
+    at: object            # At | LC | list of them (acceptable alternatives)
+    subs: tuple = ()      # each: str (must appear) or tuple of str (any must appear)
+    overrides: dict = field(default_factory=dict)
+
+    def positions(self) -> list[tuple[int, int]]:
+        alts = self.at if isinstance(self.at, list) else [self.at]
+        return [a.resolve(self.text) for a in alts]
+
+
+UNKNOWN = ("unknown", "undefined", "undeclared", "not declared", "not defined", "did you mean")
+DUP = ("duplicate", "already", "redeclar", "redefin", "twice", "more than once")
+ARITY = ("argument", "arity")
+RESERVED = ("reserved",)
+KEYWORD = ("keyword", "reserved")
+CONSTRAINT = ("constraint", "where", "violat", "must", "not satisf")
+SYNTAX = ("unexpected", "expected", "stray", "invalid")
+
+DID = "did you mean"
+
+_ODE_NO_DT = mut(ODE, "    param dt = 0.1\n", "")
+_ODE_NL = mut(ODE, ODE_LINE, "        dv/dt = (v_rest - v*v + I) / tau_m")
+_NO_INPUT = mut(mut(LIF, "    input x\n", ""), UPDATE_LINE,
+                "        v = v - (v - v_reset) / tau")
+_NO_HEADER = textwrap.dedent("\n".join(LIF.split("\n")[1:]))
+_TWO = LIF + textwrap.dedent('''\
+
+    neuron B:
+        input y
+        state u = 0.0
+        update:
+            u = y
+        output u
+    ''')
+_SURR_USER = mut(
+    mut(LIF, "    state v = v_reset\n",
+        "    state v = v_reset\n    surrogate mine(x, k=1.0) = k / (1 + abs(zz))\n"),
+    "surrogate sigmoid(alpha=4.0)", "surrogate mine(k=2.0)")
+
+
+CASES: list[Case] = [
+    # ---------------------------------------------------------------- syntax
+    Case("missing_colon_header", mut(LIF, "neuron LIF:", "neuron LIF"),
+         At("neuron LIF", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
+    Case("missing_colon_update", mut(LIF, "    update:", "    update"),
+         At("    update", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
+    Case("missing_colon_on_spike", mut(LIF, "    on spike:", "    on spike"),
+         At("    on spike", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
+    Case("missing_colon_equations", mut(ODE, "equations method exact:", "equations method exact"),
+         At("equations method exact", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
+    Case("unexpected_indent", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n            v = v * 0.5"),
+         At("            v = v * 0.5", "v"), ("indent",)),
+    Case("bad_dedent", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n      v = v * 0.5"),
+         At("      v = v * 0.5", "v"), ("indent",)),
+    Case("unterminated_string", mut(LIF, "    input x\n", '    input x "input current\n'),
+         At('input x "input', '"'), (("unterminated", "string", "quote"),)),
+    Case("unterminated_docstring", mut(LIF, "neuron LIF:\n", 'neuron LIF:\n    """Leaky neuron\n'),
+         At('"""Leaky', '"""'), (("unterminated", "string", "docstring", "quote"),)),
+    Case("stray_number", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 2.0"),
+         At("param v_threshold", "2.0"), (SYNTAX,)),
+    Case("stray_paren", mut(LIF, UPDATE_LINE, UPDATE_LINE + " )"),
+         At("/ tau )", ")", 3), (SYNTAX + ("paren",),)),
+    Case("missing_equals_param", mut(LIF, "param v_threshold = 1.0", "param v_threshold 1.0"),
+         At("param v_threshold", "1.0"), (("=", "expected"),)),
+    Case("missing_equals_update", mut(LIF, UPDATE_LINE, "        v v + (x - (v - v_reset)) / tau"),
+         At("        v v +", "v", 2), (SYNTAX + ("=",),)),
+    Case("invalid_character", mut(LIF, UPDATE_LINE, "        v = v $ (x - (v - v_reset)) / tau"),
+         At("v = v $", "$"), (SYNTAX + ("character",),)),
+
+    # ---------------------------------------------------------- unknown names
+    Case("unknown_in_update", mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / tua"),
+         At("/ tua", "tua"), ("tua", DID, "`tau`")),
+    Case("unknown_in_spike", mut(LIF, "v >= v_threshold", "v >= v_thresold"),
+         At("spike when", "v_thresold"), ("v_thresold", DID, "v_threshold")),
+    Case("unknown_in_param_default", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 0.5 * tauu"),
+         At("param v_threshold", "tauu"), ("tauu", DID, "`tau`")),
+    Case("unknown_in_state_init", mut(LIF, "state v = v_reset", "state v = v_rset"),
+         At("state v", "v_rset"), ("v_rset", DID, "v_reset")),
+    Case("unknown_in_where", mut(LIF, "where tau > 1", "where tua > 1"),
+         At("param tau", "tua"), ("tua", DID, "`tau`")),
+    Case("unknown_in_on_spike", mut(LIF, RESET_LINE, "        v = v_reste\n"),
+         At("v = v_reste", "v_reste"), ("v_reste", DID, "v_reset")),
+    Case("unknown_in_output", mut(LIF, "output spike", "output spike, vv"),
+         At("output spike", "vv"), ("vv", UNKNOWN)),
+    Case("unknown_in_equations", mut(ODE, ODE_LINE, "        dv/dt = (v_rst - v + I) / tau_m"),
+         At("dv/dt", "v_rst"), ("v_rst", DID, "v_rest")),
+    Case("unknown_function", mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / expp(tau)"),
+         At("/ expp", "expp"), ("expp", DID, "`exp`")),
+    Case("dt_not_declared_in_update", mut(LIF, UPDATE_LINE, "        v = v + dt * (x - v) / tau"),
+         At("v = v + dt", "dt"), ("dt", UNKNOWN + ("param",))),
+    Case("unknown_augassign_target", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        w += 1.0"),
+         At("w += 1.0", "w"), (UNKNOWN + ("state",),)),
+    Case("unknown_in_user_surrogate", _SURR_USER,
+         At("surrogate mine(x", "zz"), (UNKNOWN,)),
+    Case("param_uses_later_param", mut(LIF, "param tau = 2.0", "param tau = v_threshold * 2.0"),
+         At("param tau", "v_threshold"),
+         ("v_threshold", ("before", "declared", "later", "order", "defined", "unknown", "earlier"))),
+
+    # ------------------------------------------------------ declarations
+    Case("duplicate_param", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param tau = 3.0\n"),
+         At("param tau = 3.0", "tau"), ("tau", DUP)),
+    Case("duplicate_state_vs_param", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state tau = 0.0\n"),
+         At("state tau", "tau"), ("tau", DUP)),
+    Case("duplicate_input", mut(LIF, "    input x\n", "    input x, x\n"),
+         At("input x, x", "x", 2), (DUP,)),
+    Case("reserved_param_spike", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param spike = 1.0\n"),
+         At("param spike", "spike"), ("spike", RESERVED)),
+    Case("reserved_state_spike", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state spike = 0.0\n"),
+         At("state spike", "spike"), ("spike", RESERVED + ("cannot be declared",))),
+    Case("reserved_state_where", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state where = 0.0\n"),
+         At("state where", "where"), ("where", RESERVED)),
+    Case("reserved_param_input", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param input = 1.0\n"),
+         At("param input", "input"), ("input", RESERVED)),
+    Case("reserved_input_learnable", mut(LIF, "    input x\n", "    input x, learnable\n"),
+         At("input x, learnable", "learnable"), ("learnable", RESERVED)),
+    Case("python_keyword_param_lambda", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param lambda = 1.0\n"),
+         At("param lambda", "lambda"), ("lambda", KEYWORD)),
+    Case("python_keyword_state_class", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state class = 0.0\n"),
+         At("state class", "class"), ("class", KEYWORD)),
+    Case("python_keyword_input_import", mut(LIF, "    input x\n", "    input x, import\n"),
+         At("input x, import", "import"), ("import", KEYWORD)),
+    Case("underscore_param", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param _tau = 2.0\n"),
+         At("param _tau", "_tau"), (("underscore", "_tau", "'_'", "`_`", "identifier", "name"),)),
+    Case("underscore_state_dunder", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state __w = 0.0\n"),
+         At("state __w", "__w"), (("underscore", "__w", "'_'", "`_`", "identifier", "name"),)),
+    Case("state_init_uses_state", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state w = v\n"),
+         At("state w = v", "v"), (("param", "state", "initial"),)),
+    Case("state_init_uses_input", mut(LIF, "state v = v_reset", "state v = x"),
+         At("state v = x", "x"), (("param", "input", "initial"),)),
+    Case("param_default_uses_state", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    param k = v\n"),
+         At("param k = v", "v"), (("param", "state", "constant", "before", "declared"),)),
+    Case("no_input", _NO_INPUT, [LC(1, 1), LC(1, 8)], ("input",)),
+    Case("missing_neuron_header", _NO_HEADER, LC(1, 1), ("neuron",)),
+    Case("two_neurons", _TWO, At("neuron B:", "neuron"),
+         (("one neuron", "only one", "second", "multiple", "more than one", "per file"),)),
+    Case("where_default_violated", mut(LIF, "param tau = 2.0", "param tau = 0.5"),
+         [At("param tau", "where"), At("param tau", "tau", 2), At("param tau", "0.5"), At("param tau", "tau")],
+         ("tau", CONSTRAINT)),
+    Case("where_chain_violated", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param p = 1.5 where 0 < p < 1\n"),
+         [At("param p", "where"), At("param p", "0 <"), At("param p", "1.5"), At("param p", "p", 2)],
+         (CONSTRAINT,)),
+
+    # ------------------------------------------------------------ statements
+    Case("assign_input_in_update", mut(LIF, UPDATE_LINE, "        x = x * 2.0\n" + UPDATE_LINE),
+         At("x = x * 2.0", "x"), ("input",)),
+    Case("assign_param_in_update", mut(LIF, UPDATE_LINE, "        tau = 3.0\n" + UPDATE_LINE),
+         At("tau = 3.0", "tau"), ("param",)),
+    Case("augassign_param_in_update", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        v_reset += 1.0"),
+         At("v_reset += 1.0", "v_reset"), ("param",)),
+    Case("let_on_state", mut(LIF, UPDATE_LINE, "        let v = v + (x - (v - v_reset)) / tau"),
+         At("let v", "v"), (("state", "let"),)),
+    Case("assign_spike_in_update", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        spike = 1.0"),
+         At("spike = 1.0", "spike"), ("spike", RESERVED + ("cannot", "not allowed", "only"))),
+    Case("on_spike_mul_assign", mut(LIF, RESET_LINE, "        v *= 0.5\n"),
+         [At("v *= 0.5", "v"), At("v *= 0.5", "*=")],
+         (("*=", "on spike", "only", "allowed"),)),
+    Case("on_spike_assign_param", mut(LIF, RESET_LINE, RESET_LINE + "        tau = 2.0\n"),
+         At("        tau = 2.0", "tau"), ("state",)),
+    Case("on_spike_assign_input", mut(LIF, RESET_LINE, RESET_LINE + "        x = 0.0\n"),
+         At("x = 0.0", "x"), ("state",)),
+    Case("second_spike_rule", mut(LIF, "    on spike:", "    spike when v >= 2.0 surrogate sigmoid(alpha=4.0)\n    on spike:"),
+         At("spike when v >= 2.0", "spike"),
+         (("one spike", "second", "duplicate", "already", "more than one", "at most", "multiple"),)),
+    Case("unknown_surrogate", mut(LIF, "surrogate sigmoid(", "surrogate sigmiod("),
+         At("surrogate sigmiod", "sigmiod"), ("sigmiod", DID, "`sigmoid`")),
+    Case("unknown_surrogate_keyword", mut(LIF, "sigmoid(alpha=4.0)", "sigmoid(alhpa=4.0)"),
+         At("sigmoid(alhpa", "alhpa"), ("alhpa", "alpha")),
+    Case("arity_exp", mut(LIF, UPDATE_LINE, "        v = v + exp(v, x) / tau"),
+         At("exp(v, x)", "exp"), ("exp", ARITY)),
+    Case("arity_clip", mut(LIF, UPDATE_LINE, "        v = v + clip(x, 1) / tau"),
+         At("clip(x, 1)", "clip"), ("clip", ARITY)),
+    Case("arity_where_function", mut(LIF, UPDATE_LINE, "        v = v + where(x > 1, x) / tau"),
+         At("where(x > 1, x)", "where"), ("where", ARITY)),
+    Case("arity_heaviside", mut(LIF, UPDATE_LINE, "        v = v + heaviside() / tau"),
+         At("heaviside()", "heaviside"), ("heaviside", ARITY)),
+    Case("comparison_in_update", mut(LIF, UPDATE_LINE, "        v = v + (x > 1.0) / tau"),
+         [At("(x > 1.0)", "x"), At("(x > 1.0)", ">")], (("comparison", "where"),)),
+    Case("comparison_in_param_default", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 > 0.5"),
+         [At("param v_threshold", "1.0"), At("param v_threshold", ">")], (("comparison", "where"),)),
+
+    # --------------------------------------------------------------- ODEs
+    Case("derivative_of_input", mut(ODE, ODE_LINE, ODE_LINE + "\n        dI/dt = 0.0"),
+         At("dI/dt", "dI"), ("state",)),
+    Case("derivative_twice", mut(ODE, ODE_LINE, ODE_LINE + "\n        dv/dt = -v / tau_m"),
+         At("dv/dt = -v", "dv"), (DUP,)),
+    Case("derivative_wrt_dx", mut(ODE, "dv/dt", "dv/dx"),
+         [At("dv/dx", "dv"), At("dv/dx", "/"), At("dv/dx", "dx")],
+         (("dt", "derivative") + SYNTAX,)),
+    Case("ode_without_dt_param", _ODE_NO_DT,
+         [At("equations method", "equations"), At("dv/dt", "dv")], ("dt",)),
+    Case("exact_on_nonlinear", _ODE_NL, At("dv/dt", "dv"), ("exact",)),
+    Case("unknown_method", mut(ODE, "method exact", "method exakt"),
+         At("equations method", "exakt"), ("exakt", DID, "exact")),
+]
+
+assert len({c.id for c in CASES}) == len(CASES)
+
+# Cases that are errors of the file itself (usable by `flexdsl check`).
+FILE_CASES = [c for c in CASES if not c.overrides]
+
+
+# --------------------------------------------------------------------------- #
+# checking helpers (also used by test_cli.py)
+# --------------------------------------------------------------------------- #
+def _strip_source_echo(msg: str, src: str) -> str:
+    """The message without the echoed source line and the caret line."""
+    out, skip_next = [], False
+    key = src.strip()
+    for ln in msg.split("\n"):
+        if skip_next and "^" in ln and not ln.replace("^", "").replace("~", "").replace("|", "").strip(" 0123456789"):
+            skip_next = False
+            continue
+        skip_next = False
+        if key and key in ln and not ln.startswith("<string>:") and ": error:" not in ln:
+            skip_next = True
+            continue
+        out.append(ln)
+    return "\n".join(out)
+
+
+def check_message(msg: str, text: str, filename: str, line: int, col: int, subs) -> None:
+    head = f"{filename}:{line}:{col}: error:"
+    assert msg.startswith(head), f"message does not start with {head!r}:\n{msg}"
+    src = text.split("\n")[line - 1].rstrip()
+    key = src.strip()
+    lines = msg.split("\n")
+    # the echoed source line followed by a caret line
+    idx = [i for i, ln in enumerate(lines[1:], 1) if key and key in ln]
+    assert idx, f"source line {src!r} not shown in:\n{msg}"
+    ok = False
+    for i in idx:
+        if i + 1 < len(lines) and "^" in lines[i + 1]:
+            shown = lines[i]
+            p = shown.index(key)
+            lead = len(src) - len(src.lstrip())
+            want = p + (col - 1 - lead)
+            if lines[i + 1].index("^") == want:
+                ok = True
+                break
+    assert ok, f"caret not under column {col}:\n{msg}"
+    rest = _strip_source_echo(msg, src).lower()
+    for s in subs:
+        alts = (s,) if isinstance(s, str) else tuple(s)
+        assert any(a.lower() in rest for a in alts), \
+            f"none of {alts!r} in the message (outside the source echo):\n{msg}"
+
+
+def _raise(case: Case):
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(case.text, **case.overrides)
+    return ei.value
+
+
+# --------------------------------------------------------------------------- #
+# tests
+# --------------------------------------------------------------------------- #
+def test_base_models_are_valid():
+    flexdsl.loads(LIF)
+    flexdsl.loads(ODE)
+    assert issubclass(flexdsl.FlexDSLError, ValueError)
+
+
+def test_enough_cases():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_located_error(case: Case):
+    err = _raise(case)
+    positions = case.positions()
+    got = (err.line, err.column)
+    assert got in positions, f"got {got}, expected one of {positions}\n{err}"
+    assert err.filename == "<string>"
+    check_message(str(err), case.text, "<string>", err.line, err.column, case.subs)
+
+
+def _where_positions(text):
+    return [At("param tau", "where").resolve(text), At("param tau", "tau", 2).resolve(text),
+            At("param tau", "0.5").resolve(text), At("param tau", "tau").resolve(text)]
+
+
+def test_override_violating_where():
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(LIF, tau=0.5)
+    err = ei.value
+    assert err.line == 3, str(err)                 # the constraint's line
+    assert str(err).startswith(f"<string>:3:{err.column}: error:")
+    assert (err.line, err.column) in [(3, c) for _, c in _where_positions(LIF)] + [(3, 5)]
+    assert "tau" in str(err)
+    check_message(str(err), LIF, "<string>", err.line, err.column, ("tau",))
+
+
+def test_override_of_unknown_param():
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(LIF, tua=3.0)
+    msg = str(ei.value)
+    assert "tua" in msg
+    assert DID in msg.lower()
+    assert "tau" in msg.replace("tua", "")
+
+
+def test_override_of_unknown_param_library():
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.load("lif", v_treshold=1.0)
+    assert "v_threshold" in str(ei.value) and DID in str(ei.value).lower()
+
+
+def test_runtime_assignment_checks_where():
+    import torch
+    m = flexdsl.load("lif")
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        m.tau = 0.5
+    assert "tau" in str(ei.value)
+    # a valid reassignment works and changes the dynamics, like an override at load
+    m.tau = 3.0
+    assert float(m.tau) == 3.0
+    x = torch.full((12, 3), 1.3, dtype=torch.float64)
+    m.reset()
+    y = m(x)
+    ref = flexdsl.load("lif", tau=3.0)
+    assert torch.equal(y, ref(x))
+    m2 = flexdsl.load("lif")
+    assert not torch.equal(m2(x), y)
+
+
+def test_runtime_assignment_checks_where_inline():
+    m = flexdsl.loads(LIF)
+    with pytest.raises(flexdsl.FlexDSLError):
+        m.tau = 1.0                 # tau > 1 is strict
+    m.tau = 1.5
+    assert float(m.tau) == 1.5
+
+
+def test_error_from_file_names_the_file(tmp_path):
+    p = tmp_path / "bad.neuron"
+    text = mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / tua")
+    p.write_text(text)
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.load(str(p))
+    err = ei.value
+    assert err.filename is not None and os.path.basename(str(err.filename)) == "bad.neuron"
+    assert (err.line, err.column) == At("/ tua", "tua").resolve(text)
+    assert str(err).startswith(f"{err.filename}:{err.line}:{err.column}: error:")
+
+
+# --------------------------------------------------------------------------- #
+# a .neuron file is data: nothing in it is executed as Python
+# --------------------------------------------------------------------------- #
+def _payload(sentinel):
+    return f"__import__('os').system('touch {sentinel}')"
+
+
+def _try_everything(text):
+    """Load/compile/run; FlexDSLError is an acceptable outcome, nothing else is."""
+    import torch
+    try:
+        c = flexdsl.compile(text)
+        _ = c.torch_source
+        m = flexdsl.loads(text)
+        m(torch.ones(3, 2))
+    except flexdsl.FlexDSLError:
+        return False
+    return True
+
+
+def test_docstrings_are_text_not_code(tmp_path):
+    s = tmp_path / "SENTINEL_doc"
+    p = _payload(s)
+    text = mut(LIF, "neuron LIF:\n",
+               'neuron LIF:\n'
+               f'    """Docs with code: {p}\n'
+               f"    and quotes ''' + {p} + ''' and {{{p}}} and \\n {p} ' \" # \n"
+               f'    end of doc {p}"""\n')
+    text = mut(text, "    input x\n", f"    input x    \"''' + {p} + ''' {{{p}}}\"\n")
+    text = mut(text, "param v_reset = 0.0", f"param v_reset = 0.0   \"\\\" + {p} + \\\" {p}\"")
+    loaded = _try_everything(text)
+    assert not s.exists(), "a string in a .neuron file was executed"
+    assert loaded, "a model with ordinary docstrings must load"
+    c = flexdsl.compile(text)
+    assert not s.exists()
+
+
+def test_docstring_with_backslash_is_text(tmp_path):
+    s = tmp_path / "SENTINEL_bs"
+    p = _payload(s)
+    text = mut(LIF, "neuron LIF:\n", f'neuron LIF:\n    """trailing backslash {p} \\\\"""\n')
+    _try_everything(text)
+    text2 = mut(LIF, "    input x\n", f'    input x "{p} \\\\"\n')
+    _try_everything(text2)
+    assert not s.exists()
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os').system('touch {s}')",
+    "eval('0')",
+    "exec('0')",
+    "open('{s}', 'w')",
+    "x.__class__",
+    "getattr(x, 'real')",
+    "x if 1 else 0",
+    "[x for x in (1,)]",
+    "lambda: 0",
+])
+def test_python_in_expressions_rejected(tmp_path, expr):
+    s = tmp_path / "SENTINEL_expr"
+    e = expr.format(s=s)
+    text = mut(LIF, UPDATE_LINE, f"        v = v + {e}")
+    with pytest.raises(flexdsl.FlexDSLError):
+        flexdsl.loads(text)
+    assert not s.exists()
+    with pytest.raises(flexdsl.FlexDSLError):
+        flexdsl.compile(text)
+    assert not s.exists()
