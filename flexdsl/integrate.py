@@ -109,6 +109,19 @@ def exact(xs: list[sp.Symbol], f: RHS, dt: sp.Expr, emit: Emit) -> Values:
             return {x: x + dt * b0}
         decay = emit(f"{x}_decay", sp.exp(a0 * dt))
         return {x: x * decay + (-b0 / a0) * (1 - decay)}
+    e = (a * dt).exp().applyfunc(lambda z: sp.simplify(sp.expand_complex(z)))
+    det = sp.simplify(a.det())
+    if det == 0 or e.has(sp.I):
+        return _exact_augmented(xs, a, b, dt)
+    # x_new = E x + A^-1 (E - I) b, with the entries of E = exp(A dt) shared as SSA symbols
+    es = sp.Matrix(n, n, lambda i, j: e[i, j] if e[i, j].is_Atom else emit(f"{xs[i]}_E{j}", e[i, j]))
+    const = (a.adjugate() / det) * (es - sp.eye(n)) * b if any(bi != 0 for bi in b) else sp.zeros(n, 1)
+    return {x: sum(es[i, j] * xs[j] for j in range(n)) + const[i] for i, x in enumerate(xs)}
+
+
+def _exact_augmented(xs: list[sp.Symbol], a: sp.Matrix, b: sp.Matrix, dt: sp.Expr) -> Values:
+    """Singular A: the matrix exponential of [[A, b], [0, 0]]*dt also gives the integral of exp(A s) b."""
+    n = len(xs)
     aug = sp.zeros(n + 1, n + 1)
     aug[:n, :n] = a * dt
     aug[:n, n] = b * dt
@@ -116,8 +129,7 @@ def exact(xs: list[sp.Symbol], f: RHS, dt: sp.Expr, emit: Emit) -> Values:
     out: Values = {}
     vec = sp.Matrix([*xs, 1])
     for i, x in enumerate(xs):
-        row = sp.expand_complex(sp.expand((e[i, :] * vec)[0]))
-        row = sp.simplify(row)
+        row = sp.simplify(sp.expand_complex(sp.expand((e[i, :] * vec)[0])))
         out[x] = sp.collect(sp.expand(row), xs)
     return out
 

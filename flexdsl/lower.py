@@ -280,6 +280,14 @@ def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: Na
             yield names.new("_t")
 
     repl, reduced = sp.cse([e for _, e in assignments], symbols=gen(), order="none")
+    # a temporary assigned as-is to an SSA name takes that name (no `y = _t` aliases)
+    alias: dict[sp.Symbol, sp.Symbol] = {}
+    for (y, _), e in zip(assignments, reduced):
+        if isinstance(e, sp.Symbol) and e.name.startswith("_t") and e not in alias:
+            alias[e] = y
+    if alias:
+        repl = [(alias.get(t, t), d.xreplace(alias)) for t, d in repl]
+        reduced = [e.xreplace(alias) for e in reduced]
     defs = dict(repl)
     out: list[tuple[sp.Symbol, sp.Expr]] = []
     placed: set[sp.Symbol] = set()
@@ -292,6 +300,12 @@ def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: Na
                 out.append((s_, defs[s_]))
 
     for (y, _), e in zip(assignments, reduced):
+        if y in defs:  # this SSA value was placed as a shared temporary
+            if y not in placed:
+                place(defs[y])
+                placed.add(y)
+                out.append((y, defs[y]))
+            continue
         place(e)
         out.append((y, e))
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -15,6 +14,15 @@ from .errors import FlexDSLError, did_you_mean
 from .evaluate import evaluate, holds
 
 BACKENDS = ("auto", "torch", "triton")
+
+
+def triton_available() -> bool:
+    """Whether the Triton backend can run here (a GPU, or TRITON_INTERPRET=1 on the CPU)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
 STEP_MODES = ("s", "m")
 
 
@@ -49,9 +57,9 @@ class NeuronModule(nn.Module):
         if backend not in BACKENDS:
             raise FlexDSLError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}", c.filename,
                                hint=did_you_mean(str(backend), BACKENDS))
-        if backend == "triton":
-            raise FlexDSLError("backend='triton' is not available yet: the Triton kernels are not built in this "
-                               "version", c.filename, hint="use backend='auto' or 'torch'")
+        if backend == "triton" and not triton_available():
+            raise FlexDSLError("backend='triton' needs the `triton` package, which cannot be imported here",
+                               c.filename, hint="install triton, or use backend='auto' or 'torch'")
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
@@ -165,6 +173,13 @@ class NeuronModule(nn.Module):
 
         return core
 
+    def _use_triton(self, x0: torch.Tensor) -> bool:
+        if self.backend == "torch":
+            return False
+        if self.backend == "triton":
+            return True
+        return x0.is_cuda and triton_available()
+
     def _init_states(self, x0: torch.Tensor) -> list[torch.Tensor]:
         out = []
         for name in self._state_names:
@@ -183,6 +198,10 @@ class NeuronModule(nn.Module):
             names = ", ".join(i.name for i in c.checked.inputs)
             raise TypeError(f"{c.name} takes {n_in} input{'s' if n_in != 1 else ''} ({names}), got {len(inputs)}")
         x0 = inputs[0]
+        if self._use_triton(x0):
+            from .triton_backend import forward_triton
+
+            return forward_triton(self, inputs)
         if self.step_mode == "s":
             seq = [tuple(inputs)]
         else:

@@ -154,7 +154,7 @@ _TWO = LIF + textwrap.dedent('''\
     ''')
 _SURR_USER = mut(
     mut(LIF, "    state v = v_reset\n",
-        "    state v = v_reset\n    surrogate mine(x, k=1.0) = k / (1 + abs(zz))\n"),
+        "    state v = v_reset\n    surrogate mine(u, k=1.0) = k / (1 + abs(zz))\n"),
     "surrogate sigmoid(alpha=4.0)", "surrogate mine(k=2.0)")
 
 
@@ -209,9 +209,9 @@ CASES: list[Case] = [
     Case("dt_not_declared_in_update", mut(LIF, UPDATE_LINE, "        v = v + dt * (x - v) / tau"),
          At("v = v + dt", "dt"), ("dt", UNKNOWN + ("param",))),
     Case("unknown_augassign_target", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        w += 1.0"),
-         At("w += 1.0", "w"), (UNKNOWN + ("state",),)),
+         At("w += 1.0", "w"), (UNKNOWN + ("state", "defined"),)),
     Case("unknown_in_user_surrogate", _SURR_USER,
-         At("surrogate mine(x", "zz"), (UNKNOWN,)),
+         At("surrogate mine(u", "zz"), (UNKNOWN,)),
     Case("param_uses_later_param", mut(LIF, "param tau = 2.0", "param tau = v_threshold * 2.0"),
          At("param tau", "v_threshold"),
          ("v_threshold", ("before", "declared", "later", "order", "defined", "unknown", "earlier"))),
@@ -228,7 +228,7 @@ CASES: list[Case] = [
     Case("reserved_state_spike", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state spike = 0.0\n"),
          At("state spike", "spike"), ("spike", RESERVED + ("cannot be declared",))),
     Case("reserved_state_where", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state where = 0.0\n"),
-         At("state where", "where"), ("where", RESERVED)),
+         At("state where", "where"), ("where", RESERVED + ("cannot be declared", "built-in"))),
     Case("reserved_param_input", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param input = 1.0\n"),
          At("param input", "input"), ("input", RESERVED)),
     Case("reserved_input_learnable", mut(LIF, "    input x\n", "    input x, learnable\n"),
@@ -252,7 +252,7 @@ CASES: list[Case] = [
     Case("no_input", _NO_INPUT, [LC(1, 1), LC(1, 8)], ("input",)),
     Case("missing_neuron_header", _NO_HEADER, LC(1, 1), ("neuron",)),
     Case("two_neurons", _TWO, At("neuron B:", "neuron"),
-         (("one neuron", "only one", "second", "multiple", "more than one", "per file"),)),
+         (("one neuron", "only one", "second", "multiple", "more than one", "per file", "unexpected"),)),
     Case("where_default_violated", mut(LIF, "param tau = 2.0", "param tau = 0.5"),
          [At("param tau", "where"), At("param tau", "tau", 2), At("param tau", "0.5"), At("param tau", "tau")],
          ("tau", CONSTRAINT)),
@@ -294,21 +294,22 @@ CASES: list[Case] = [
     Case("arity_heaviside", mut(LIF, UPDATE_LINE, "        v = v + heaviside() / tau"),
          At("heaviside()", "heaviside"), ("heaviside", ARITY)),
     Case("comparison_in_update", mut(LIF, UPDATE_LINE, "        v = v + (x > 1.0) / tau"),
-         [At("(x > 1.0)", "x"), At("(x > 1.0)", ">")], (("comparison", "where"),)),
+         [At("(x > 1.0)", "x"), At("(x > 1.0)", ">")], (("comparison", "where", "unexpected"),)),
     Case("comparison_in_param_default", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 > 0.5"),
-         [At("param v_threshold", "1.0"), At("param v_threshold", ">")], (("comparison", "where"),)),
+         [At("param v_threshold", "1.0"), At("param v_threshold", ">")],
+         (("comparison", "where", "unexpected"),)),
 
     # --------------------------------------------------------------- ODEs
     Case("derivative_of_input", mut(ODE, ODE_LINE, ODE_LINE + "\n        dI/dt = 0.0"),
-         At("dI/dt", "dI"), ("state",)),
+         [At("dI/dt", "dI"), At("dI/dt", "I")], ("state",)),
     Case("derivative_twice", mut(ODE, ODE_LINE, ODE_LINE + "\n        dv/dt = -v / tau_m"),
-         At("dv/dt = -v", "dv"), (DUP,)),
+         [At("dv/dt = -v", "dv"), At("dv/dt = -v", "v")], (DUP + ("second",),)),
     Case("derivative_wrt_dx", mut(ODE, "dv/dt", "dv/dx"),
          [At("dv/dx", "dv"), At("dv/dx", "/"), At("dv/dx", "dx")],
          (("dt", "derivative") + SYNTAX,)),
     Case("ode_without_dt_param", _ODE_NO_DT,
-         [At("equations method", "equations"), At("dv/dt", "dv")], ("dt",)),
-    Case("exact_on_nonlinear", _ODE_NL, At("dv/dt", "dv"), ("exact",)),
+         [At("equations method", "equations"), At("dv/dt", "dv"), At("dv/dt", "v")], ("dt",)),
+    Case("exact_on_nonlinear", _ODE_NL, [At("dv/dt", "dv"), At("dv/dt", "v")], ("exact",)),
     Case("unknown_method", mut(ODE, "method exact", "method exakt"),
          At("equations method", "exakt"), ("exakt", DID, "exact")),
 ]
@@ -396,7 +397,7 @@ def test_located_error(case: Case):
 
 def _where_positions(text):
     return [At("param tau", "where").resolve(text), At("param tau", "tau", 2).resolve(text),
-            At("param tau", "0.5").resolve(text), At("param tau", "tau").resolve(text)]
+            At("param tau", "2.0").resolve(text), At("param tau", "tau").resolve(text)]
 
 
 def test_override_violating_where():
@@ -489,14 +490,16 @@ def test_docstrings_are_text_not_code(tmp_path):
     text = mut(LIF, "neuron LIF:\n",
                'neuron LIF:\n'
                f'    """Docs with code: {p}\n'
-               f"    and quotes ''' + {p} + ''' and {{{p}}} and \\n {p} ' \" # \n"
+               f"    and quotes \'\'\' + {p} + \'\'\' and {{{p}}} and \\n {p} ' \" # \n"
                f'    end of doc {p}"""\n')
-    text = mut(text, "    input x\n", f"    input x    \"''' + {p} + ''' {{{p}}}\"\n")
-    text = mut(text, "param v_reset = 0.0", f"param v_reset = 0.0   \"\\\" + {p} + \\\" {p}\"")
-    loaded = _try_everything(text)
+    text = mut(text, "    input x\n", f"    input x    \"\'\'\' + {p} + \'\'\' {{{p}}} %s\"\n")
+    assert _try_everything(text), "a model with ordinary docstrings must load"
     assert not s.exists(), "a string in a .neuron file was executed"
-    assert loaded, "a model with ordinary docstrings must load"
-    c = flexdsl.compile(text)
+    src = flexdsl.compile(text).torch_source
+    assert not s.exists()
+    # a one-line string has no escapes: `"\"` is a complete string, what follows is not
+    text2 = mut(LIF, "param v_reset = 0.0", f'param v_reset = 0.0   "\\" + {p} + "\\ {p}"')
+    _try_everything(text2)
     assert not s.exists()
 
 
@@ -508,6 +511,33 @@ def test_docstring_with_backslash_is_text(tmp_path):
     text2 = mut(LIF, "    input x\n", f'    input x "{p} \\\\"\n')
     _try_everything(text2)
     assert not s.exists()
+
+
+RESERVED_WORDS = ("neuron input param state update equations method spike when "
+                  "surrogate on output where learnable let").split()
+
+
+@pytest.mark.parametrize("word", RESERVED_WORDS)
+@pytest.mark.parametrize("kind", ["param", "state", "input", "let"])
+def test_reserved_words_rejected_as_names(word, kind):
+    """LANGUAGE.md §2: reserved words are rejected with a located error."""
+    if kind == "param":
+        text = mut(LIF, "    param v_reset = 0.0\n", f"    param v_reset = 0.0\n    param {word} = 1.0\n")
+        at = At(f"param {word} =", word)
+    elif kind == "state":
+        text = mut(LIF, "    state v = v_reset\n", f"    state v = v_reset\n    state {word} = 0.0\n")
+        at = At(f"state {word} =", word)
+    elif kind == "input":
+        text = mut(LIF, "    input x\n", f"    input x, {word}\n")
+        at = At(f"input x, {word}", word)
+    else:
+        text = mut(LIF, UPDATE_LINE, UPDATE_LINE + f"\n        let {word} = 1.0")
+        at = At(f"let {word} =", word)
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(text)
+    err = ei.value
+    assert (err.line, err.column) == at.resolve(text), str(err)
+    check_message(str(err), text, "<string>", err.line, err.column, ())
 
 
 @pytest.mark.parametrize("expr", [

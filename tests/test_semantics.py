@@ -544,8 +544,11 @@ def test_learnable_params_are_parameters_with_gradients():
     g_tau, g_gain, g_x = float(m.tau.grad), float(m.gain.grad), x.grad.clone()
 
     def L(tau=2.0, gain=0.7, xx=None):
-        mm = mk(LI, tau=tau, gain=gain).double()
+        # learnable params are float32 Parameters until .double(): set exact values after
+        mm = mk(LI).double()
         with torch.no_grad():
+            mm.tau.fill_(tau)
+            mm.gain.fill_(gain)
             return float((mm(xx if xx is not None else x.detach()) * w).sum())
 
     eps = 1e-6
@@ -650,14 +653,19 @@ def test_surrogate_derivatives(surr):
     close(x.grad[0], SURROGATES[surr](u), rtol=1e-10, atol=1e-12)
 
 
-def test_user_defined_surrogate():
-    m = mk("""\
+@pytest.mark.parametrize("arg,inp", [("u", "x"), ("x", "I"), ("x", "x")],
+                         ids=["arg_u", "arg_x_input_I", "arg_x_input_x"])
+def test_user_defined_surrogate(arg, inp):
+    """§3: `surrogate name(x, k=v) = expr`, expr the derivative as a function of x and k.
+    The argument is bound inside the definition, so naming it `x` in a model whose
+    input is `x` (as in §1's LIF) is the contract's literal form."""
+    m = mk(f"""\
         neuron S:
-            input x
-            surrogate bump(x, k=1.0) = k * exp(-x * x)
+            input {inp}
+            surrogate bump({arg}, k=1.0) = k * exp(-{arg} * {arg})
             state v = 0.0
             update:
-                v = x
+                v = {inp}
             spike when v >= 0.5 surrogate bump(k=3.0)
             output spike
         """)
@@ -667,6 +675,23 @@ def test_user_defined_surrogate():
     close(s[0], (u >= 0).astype(float))
     s.sum().backward()
     close(x.grad[0], 3.0 * np.exp(-u * u))
+
+
+def test_user_defined_surrogate_default_keyword():
+    m = mk("""\
+        neuron S:
+            input x
+            surrogate tri(u, width=0.5) = relu(1 - abs(u) / width) / width
+            state v = 0.0
+            update:
+                v = x
+            spike when v >= 0.0 surrogate tri()
+            output spike
+        """)
+    u = np.array([-0.7, -0.2, 0.1, 0.3])
+    x = t64(u)[None].requires_grad_(True)
+    m(x).sum().backward()
+    close(x.grad[0], np.maximum(1 - np.abs(u) / 0.5, 0) / 0.5)
 
 
 def test_heaviside_in_expression_has_zero_gradient():

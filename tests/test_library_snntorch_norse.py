@@ -1,0 +1,251 @@
+"""snnTorch- and Norse-derived library models against the installed snnTorch and Norse 1.1.0.
+
+snnTorch neurons are driven with init_hidden=False (explicit state passing); Norse through
+its functional feed-forward steps. Spikes must be exactly equal, state traces and input
+gradients within 1e-5 (float32) where the surrogates are the same.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import flexdsl
+
+warnings.filterwarnings("ignore")
+snn = pytest.importorskip("snntorch")
+from snntorch import surrogate as snn_surrogate  # noqa: E402
+
+norse_lif = pytest.importorskip("norse.torch.functional.lif")
+from norse.torch.functional.leaky_integrator import LIParameters, LIState, li_feed_forward_step  # noqa: E402
+from norse.torch.functional.lif import LIFFeedForwardState, LIFParameters, lif_feed_forward_step  # noqa: E402
+from norse.torch.functional.threshold import threshold as norse_threshold  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NEURONS = ROOT / "neurons"
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def text_of(stem: str) -> str:
+    return (NEURONS / f"{stem}.neuron").read_text()
+
+
+_SURROGATE_CLAUSE = re.compile(r"(^\s+spike\s+when\b.*?\bsurrogate\s+)\w+\s*\([^)]*\)", re.M)
+
+
+def with_surrogate(text: str, clause: str, definition: str | None = None) -> str:
+    new, n = _SURROGATE_CLAUSE.subn(lambda m: m.group(1) + clause, text)
+    assert n == 1
+    if definition is not None:  # a user-defined surrogate, declared after the input line
+        new, n = re.subn(r"^(    input .*)$", lambda m: m.group(1) + "\n    " + definition, new, count=1, flags=re.M)
+        assert n == 1
+    return new
+
+
+def tol(dtype):
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
+
+
+def state_tol(dtype):
+    return dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
+
+
+def assert_same_spikes(mine: torch.Tensor, ref: torch.Tensor):
+    assert mine.shape == ref.shape
+    bad = (mine.to(ref.dtype) != ref).nonzero()
+    assert bad.numel() == 0, f"{len(bad)} spikes differ, first at {bad[:3].tolist()}"
+    rate = ref.double().mean().item()
+    assert 0.03 < rate < 0.97, f"degenerate spike rate {rate}"
+
+
+# ---------------------------------------------------------------------------------------------
+# snnTorch
+# ---------------------------------------------------------------------------------------------
+
+SNN_SURROGATES = {
+    # name: (snnTorch spike_grad factory or None for the default, .neuron clause)
+    "default_atan": (lambda: None, "atan(alpha=2.0)"),
+    "atan_alpha3": (lambda: snn_surrogate.atan(alpha=3.0), "atan(alpha=3.0)"),
+    "fast_sigmoid": (lambda: snn_surrogate.fast_sigmoid(slope=25), "fast_sigmoid(slope=25.0)"),
+    "sigmoid": (lambda: snn_surrogate.sigmoid(slope=5), "sigmoid(alpha=5.0)"),
+}
+
+
+def _snn_loop(neuron, x, n_states):
+    states = [torch.zeros_like(x[0]) for _ in range(n_states)]
+    spikes, traces = [], [[] for _ in range(n_states)]
+    for t in range(x.shape[0]):
+        spk, *states = neuron(x[t], *states)
+        spikes.append(spk)
+        for k, s in enumerate(states):
+            traces[k].append(s)
+    return torch.stack(spikes), [torch.stack(tr) for tr in traces]
+
+
+SNN_CASES = {
+    # id: (stem, snnTorch constructor(spike_grad), flexdsl overrides, number of states, input scale)
+    "leaky": ("snn_leaky", lambda sg: snn.Leaky(beta=0.9, spike_grad=sg), {}, 1, 0.5),
+    "leaky_beta07_thr15": (
+        "snn_leaky", lambda sg: snn.Leaky(beta=0.7, threshold=1.5, spike_grad=sg), dict(beta=0.7, threshold=1.5), 1, 1.2,
+    ),
+    "synaptic": ("snn_synaptic", lambda sg: snn.Synaptic(alpha=0.9, beta=0.8, spike_grad=sg), {}, 2, 0.25),
+    "synaptic_a05_b095": (
+        "snn_synaptic", lambda sg: snn.Synaptic(alpha=0.5, beta=0.95, spike_grad=sg), dict(alpha=0.5, beta=0.95), 2, 0.25,
+    ),
+    "lapicque": ("lapicque", lambda sg: snn.Lapicque(R=1.0, C=1.44, spike_grad=sg), {}, 1, 3.0),
+    "lapicque_tutorial": (
+        "lapicque",
+        lambda sg: snn.Lapicque(R=5.1, C=5e-3, time_step=1e-3, spike_grad=sg),
+        dict(R=5.1, C=5e-3, time_step=1e-3),
+        1,
+        2.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("sg", sorted(SNN_SURROGATES))
+@pytest.mark.parametrize("case", sorted(SNN_CASES))
+def test_matches_snntorch(case, sg, dtype):
+    stem, make, overrides, n_states, scale = SNN_CASES[case]
+    snn_sg, clause = SNN_SURROGATES[sg]
+    g = torch.Generator().manual_seed(11)
+    x = (torch.rand(32, 4, 8, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    ref = make(snn_sg())
+    m = flexdsl.loads(with_surrogate(text_of(stem), clause), step_mode="m", backend="torch", **overrides)
+
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    s_ref, traces_ref = _snn_loop(ref, xr, n_states)
+    out = m(xm)
+    assert isinstance(out, tuple) and len(out) == 1 + n_states, "outputs: spike then the states, as snnTorch"
+    s_m, traces_m = out[0], list(out[1:])
+
+    assert_same_spikes(s_m, s_ref)
+    for tm, tr in zip(traces_m, traces_ref):
+        assert tm.dtype == dtype
+        torch.testing.assert_close(tm.detach(), tr.detach().to(dtype), **state_tol(dtype))
+
+    w = [torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype) for _ in range(1 + n_states)]
+    loss_ref = sum((a * b).sum() for a, b in zip([s_ref, *traces_ref], w))
+    loss_m = sum((a * b).sum() for a, b in zip([s_m, *traces_m], w))
+    loss_ref.backward()
+    loss_m.backward()
+    torch.testing.assert_close(xm.grad, xr.grad.to(dtype), **tol(dtype))
+
+
+def test_snn_leaky_reset_is_delayed_and_detached():
+    """A hand-made check of snnTorch's reset convention: the threshold is subtracted one step after
+    the membrane exceeded it, and the spike-to-reset path carries no gradient."""
+    x = torch.tensor([[1.5], [0.0], [0.0]])
+    m = flexdsl.load("snn_leaky", beta=0.5, backend="torch")
+    spk, mem = m(x)
+    assert spk[:, 0].tolist() == [1.0, 0.0, 0.0]
+    # mem: 1.5; then 0.5*1.5 + 0 - 1 (reset from step 0) = -0.25; then -0.125
+    torch.testing.assert_close(mem[:, 0], torch.tensor([1.5, -0.25, -0.125]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Norse 1.1.0
+# ---------------------------------------------------------------------------------------------
+
+
+def test_norse_super_surrogate_ignores_alpha():
+    """Guard on the reference fact the norse_lif file relies on: in Norse 1.1.0, threshold(x, "super",
+    alpha) back-propagates 1/(|x| + 1)^2 whatever alpha is (so fast_sigmoid(slope=1), not slope=alpha)."""
+    x = torch.linspace(-2, 2, 41, dtype=torch.float64, requires_grad=True)
+    norse_threshold(x, "super", 100.0).sum().backward()
+    torch.testing.assert_close(x.grad, 1 / (x.detach().abs() + 1) ** 2)
+
+
+def _norse_lif(x, p, dt=1e-3):
+    state = LIFFeedForwardState(v=torch.zeros_like(x[0]) + p.v_leak, i=torch.zeros_like(x[0]))
+    zs, vs, is_ = [], [], []
+    for t in range(x.shape[0]):
+        z, state = lif_feed_forward_step(x[t], state, p, dt=dt)
+        zs.append(z)
+        vs.append(state.v)
+        is_.append(state.i)
+    return torch.stack(zs), torch.stack(vs), torch.stack(is_)
+
+
+NORSE_LIF_CASES = {
+    "defaults": (LIFParameters(), {}, 1e-3, 0.8),
+    "custom": (
+        LIFParameters(
+            tau_syn_inv=torch.as_tensor(100.0), tau_mem_inv=torch.as_tensor(50.0),
+            v_leak=torch.as_tensor(0.1), v_th=torch.as_tensor(0.8), v_reset=torch.as_tensor(-0.2),
+        ),
+        dict(tau_syn_inv=100.0, tau_mem_inv=50.0, v_leak=0.1, v_th=0.8, v_reset=-0.2),
+        2e-3,
+        0.6,
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("case", sorted(NORSE_LIF_CASES))
+def test_norse_lif_matches_norse(case, dtype):
+    p, overrides, dt, scale = NORSE_LIF_CASES[case]
+    g = torch.Generator().manual_seed(12)
+    x = (torch.rand(40, 4, 8, generator=g, dtype=torch.float64) * scale).to(dtype)
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    z_ref, v_ref, i_ref = _norse_lif(xr, p, dt)
+    m = flexdsl.load("norse_lif", dt=dt, backend="torch", store_state_seqs=True, **overrides)
+    z_m = m(xm)
+    assert_same_spikes(z_m, z_ref)
+    torch.testing.assert_close(m.state_seqs["v"].detach(), v_ref.detach().to(dtype), **state_tol(dtype))
+    torch.testing.assert_close(m.state_seqs["i"].detach(), i_ref.detach().to(dtype), **state_tol(dtype))
+    torch.testing.assert_close(m.v.detach(), v_ref[-1].detach().to(dtype), **state_tol(dtype))
+    w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
+    (z_ref * w).sum().backward()
+    (z_m * w).sum().backward()
+    torch.testing.assert_close(xm.grad, xr.grad.to(dtype), **tol(dtype))
+
+
+@pytest.mark.parametrize("method,alpha,clause,definition", [
+    ("triangle", 0.3, "norse_triangle(alpha=0.3)", "surrogate norse_triangle(u, alpha=0.3) = alpha * relu(1 - abs(u))"),
+    ("tanh", 2.0, "norse_tanh(k=2.0)", "surrogate norse_tanh(u, k=2.0) = 1 - tanh(k * u)**2"),
+])
+def test_norse_lif_other_norse_surrogates_as_user_surrogates(method, alpha, clause, definition):
+    """Norse surrogates that are not built in, written as user surrogates (`surrogate name(u, ...) = S'(u)`)."""
+    p = LIFParameters(method=method, alpha=torch.as_tensor(alpha))
+    g = torch.Generator().manual_seed(13)
+    x = torch.rand(40, 4, 8, generator=g) * 0.8
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    z_ref, _, _ = _norse_lif(xr, p)
+    m = flexdsl.loads(with_surrogate(text_of("norse_lif"), clause, definition), backend="torch")
+    z_m = m(xm)
+    assert_same_spikes(z_m, z_ref)
+    w = torch.randn(x.shape, generator=g)
+    (z_ref * w).sum().backward()
+    (z_m * w).sum().backward()
+    torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_li_matches_norse(dtype):
+    p = LIParameters()
+    g = torch.Generator().manual_seed(14)
+    x = (torch.randn(40, 4, 8, generator=g, dtype=torch.float64)).to(dtype)
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    state = LIState(v=torch.zeros_like(x[0]), i=torch.zeros_like(x[0]))
+    vs = []
+    for t in range(x.shape[0]):
+        v, state = li_feed_forward_step(xr[t], state, p, dt=1e-3)
+        vs.append(v)
+    v_ref = torch.stack(vs)
+    m = flexdsl.load("li", backend="torch")
+    v_m = m(xm)
+    assert v_m.dtype == dtype
+    torch.testing.assert_close(v_m.detach(), v_ref.detach().to(dtype), **state_tol(dtype))
+    torch.testing.assert_close(m.i.detach(), state.i.detach().to(dtype), **state_tol(dtype))
+    w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
+    (v_ref * w).sum().backward()
+    (v_m * w).sum().backward()
+    torch.testing.assert_close(xm.grad, xr.grad.to(dtype), **tol(dtype))
