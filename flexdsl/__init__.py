@@ -2,15 +2,34 @@
 
     m = flexdsl.load("lif")            # a trainable torch.nn.Module
     c = flexdsl.compile("lif")         # generated sources and sympy equations
+
+torch is imported on first use of `load`/`loads`/`NeuronModule`, so `flexdsl check` stays fast.
 """
 
 from __future__ import annotations
 
-from .api import compile, library, load, loads
-from .compiler import Compiled
+from typing import TYPE_CHECKING, Any
+
 from .errors import FlexDSLError
-from .module import NeuronModule
+from .library import library
+
+if TYPE_CHECKING:
+    from .api import compile, load, loads
+    from .compiler import Compiled
+    from .module import NeuronModule
 
 __version__ = "0.1.0"
 
 __all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NeuronModule", "Compiled", "__version__"]
+
+_LAZY = {"load": "api", "loads": "api", "compile": "api", "Compiled": "compiler", "NeuronModule": "module"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'flexdsl' has no attribute {name!r}")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .compiler import Compiled, compile_model
 from .library import library
-from .module import NeuronModule
+
+if TYPE_CHECKING:
+    from .module import NeuronModule
 
 
 def compile(model: str | Path, detach_reset: bool = False) -> Compiled:  # noqa: A001 - the API name
@@ -28,6 +30,8 @@ def load(
 ) -> NeuronModule:
     """A trainable torch.nn.Module from a `.neuron` path or a library stem; keyword
     arguments other than the options override params (checked against `where`)."""
+    from .module import NeuronModule
+
     c = compile_model(model, detach_reset)
     return NeuronModule(c, params, step_mode, backend, store_state_seqs, param_shapes)
 

@@ -185,6 +185,7 @@ class _Checker:
                 if p.name not in {nm.id for nm in expr_names(p.where)}:
                     raise self.err(f"the constraint of `{p.name}` does not mention `{p.name}`", p.where.pos)
             seen.add(p.name)
+        self.check_defaults(params)
         if "dt" in input_names or "dt" in state_names:
             raise self.err("`dt` is the integration step and must be a param", declared["dt"][1])
         for s in states:
@@ -192,8 +193,6 @@ class _Checker:
 
         # user surrogates
         for sd in self.user_surrogates.values():
-            if sd.arg in declared:
-                raise self.err(f"surrogate argument `{sd.arg}` shadows a declared name", sd.pos)
             kw = {k.name for k in sd.kwargs}
             for k in sd.kwargs:
                 self.check_expr(k.value, set(param_names), "in a surrogate keyword")
@@ -303,6 +302,20 @@ class _Checker:
 
         return CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
                             ons.statements if ons else [], out_names, locals_, subexprs)
+
+    def check_defaults(self, params: list[A.Param]) -> None:
+        """Evaluate every default in order and check its `where` constraint."""
+        from .evaluate import evaluate, holds
+
+        env: dict[str, float] = {}
+        for p in params:
+            try:
+                env[p.name] = float(evaluate(p.default, env))
+            except (ArithmeticError, ValueError) as e:
+                raise self.err(f"the default of `{p.name}` cannot be evaluated: {e}", p.default.pos) from None
+            if p.where is not None and not holds(p.where, env):
+                raise self.err(f"the default `{p.name} = {env[p.name]:g}` violates the constraint of `{p.name}`",
+                               p.where.pos, f"`{p.name}` must satisfy the `where` condition, or change the default")
 
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
         use = spike.surrogate

@@ -34,7 +34,11 @@ class Compiled:
         self.checked: CheckedModel = check(parse(text, filename))
         self.step: StepModel = lower(self.checked, detach_reset)
         self.torch_source: str = emit_torch(self.step)
-        self.torch_module: ModuleType = _load_generated(self.torch_source, f"core_{self.checked.name}")
+
+    @cached_property
+    def torch_module(self) -> ModuleType:
+        """The generated torch source, executed (imports torch on first use)."""
+        return _load_generated(self.torch_source, f"core_{self.checked.name}")
 
     @property
     def name(self) -> str:

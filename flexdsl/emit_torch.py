@@ -51,10 +51,13 @@ def emit_torch(step: StepModel) -> str:
         "",
     ]
     sur = step.surrogate
+    sur_params = []
     if sur is not None:
+        used = {x.name for x in sur.derivative.free_symbols}
+        sur_params = [pr._print(p.symbol) for p in step.params if p.name in used]
         lines += [
             "",
-            f"def surrogate({pr._print(sur.u)}, {', '.join(params)}):",
+            f"def surrogate({', '.join([pr._print(sur.u), *sur_params])}):",
             f'    """d spike / d u: the `{sur.name}` surrogate."""',
             f"    return {pr._print(sur.derivative)}",
             "",
@@ -69,7 +72,8 @@ def emit_torch(step: StepModel) -> str:
     for y, e in step.assignments:
         if is_fire(e):
             kind = "ops.fire_ge" if type(e).__name__ == "SpikeGE" else "ops.fire_gt"
-            body.append((y, sp.Symbol(f"{kind}({pr._print(e.args[0])}, surrogate, ({', '.join(params)},))")))
+            sargs = "(" + "".join(f"{a}, " for a in sur_params) + ")"
+            body.append((y, sp.Symbol(f"{kind}({pr._print(e.args[0])}, surrogate, {sargs})")))
         else:
             body.append((y, e))
     lines += lhs_rhs_lines(pr, body, step.origins, src_lines)

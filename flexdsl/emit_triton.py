@@ -98,6 +98,23 @@ class TritonPrinter(BasePrinter):
         return f"_pow({self._print(base)}, {self._num(ex)})"
 
 
+class HostPrinter(BasePrinter):
+    """Python (float64, `math`) for the loop invariants computed on the host."""
+
+    FUNCS = {
+        "exp": "math.exp", "log": "math.log", "sqrt": "math.sqrt", "abs": "abs", "sin": "math.sin",
+        "cos": "math.cos", "tanh": "math.tanh", "sigmoid": "_sigmoid", "min": "min", "max": "max",
+        "where": "_where", "relu": "_relu", "clip": "_clip", "heaviside": "_heaviside", "detach": "",
+        "sign": "_sign",
+    }
+
+    def _print_SpikeGE(self, e):
+        return f"_heaviside({self._print(e.args[0])})"
+
+    def _print_SpikeGT(self, e):
+        return f"_heaviside_gt({self._print(e.args[0])})"
+
+
 # --------------------------------------------------------------------------- analysis
 def _free(e: sp.Expr) -> set[sp.Symbol]:
     return set(e.free_symbols) if isinstance(e, sp.Basic) else set()
@@ -304,6 +321,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     add(f"Passes over [T, N] per step (in the I/O dtype): inference {infer_passes}, "
         f"training forward + backward {train_passes}.")
     add('"""')
+    add("import math")
     add("import os")
     add("")
     add("import triton")
@@ -345,6 +363,62 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     add("        return libdevice.pow(x, y)")
     add("")
 
+    hp = HostPrinter()
+    fwd_h = [P(y) for y, _ in plan.fwd_hoisted]
+    bwd_h = [P(y) for y, _ in [*plan.bwd_fwd_hoisted, *plan.bwd_hoisted]]
+    all_h: list = []
+    seen: set = set()
+    for y, e in [*plan.fwd_hoisted, *plan.bwd_fwd_hoisted, *plan.bwd_hoisted]:
+        if y not in seen:
+            seen.add(y)
+            all_h.append((y, e))
+    add(f"HOISTED_FWD = {tuple(fwd_h)!r}  # loop invariants, computed on the host in float64 when every")
+    add(f"HOISTED_BWD = {tuple(bwd_h)!r}  # param is a Python float, else in the kernel")
+    add("")
+    add("")
+    add(f"def host_invariants({', '.join(prs)}):")
+    add('    """The loop invariants in float64 (params given as Python floats)."""')
+    L.extend(lhs_rhs_lines(hp, all_h, indent="    "))
+    add("    return {" + ", ".join(f"{P(y)!r}: {hp._print(y)}" for y, _ in all_h) + "}")
+    add("")
+    add("")
+    add("def _sigmoid(x):")
+    add("    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))")
+    add("")
+    add("")
+    add("def _where(c, a, b):")
+    add("    return a if c else b")
+    add("")
+    add("")
+    add("def _relu(x):")
+    add("    return max(x, 0.0)")
+    add("")
+    add("")
+    add("def _clip(x, lo, hi):")
+    add("    return min(max(x, lo), hi)")
+    add("")
+    add("")
+    add("def _heaviside(x):")
+    add("    return 1.0 if x >= 0 else 0.0")
+    add("")
+    add("")
+    add("def _heaviside_gt(x):")
+    add("    return 1.0 if x > 0 else 0.0")
+    add("")
+    add("")
+    add("def _sign(x):")
+    add("    return (x > 0) - (x < 0)")
+    add("")
+
+    def hoist_lines(assign, origins=None, ind="    "):
+        if not assign:
+            return []
+        out = [f"{ind}# loop invariants (params only)", f"{ind}if _HOST:"]
+        out += [f"{ind}    {P(y)} = _h_{P(y)}" for y, _ in assign]
+        out += [f"{ind}else:"]
+        out += lhs_rhs_lines(pr, assign, origins, src_lines, indent=ind + "    ")
+        return out
+
     def param_prologue(ind="    "):
         out = []
         for p in prs:
@@ -380,10 +454,11 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     fsig += [f"_out_{o}_ptr" for o in outs]
     fsig += [f"_{s}_fin_ptr" for s in sts]
     fsig += [f"_{s}_seq_ptr" for s in sts]
+    fsig += [f"_h_{y}" for y in fwd_h]
     fsig += ["_sav_ptr", "_N", "_T"]
     fsig += [f"_{s}_INIT: tl.constexpr" for s in sts]
     fsig += [f"_{p}_MODE: tl.constexpr" for p in prs]
-    fsig += ["_STORE_SEQS: tl.constexpr", "_SAVE: tl.constexpr", "_BLOCK: tl.constexpr"]
+    fsig += ["_HOST: tl.constexpr", "_STORE_SEQS: tl.constexpr", "_SAVE: tl.constexpr", "_BLOCK: tl.constexpr"]
     add("")
     add('@triton.jit(do_not_specialize=["_T"])')
     add("def fwd_kernel(")
@@ -401,13 +476,11 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
         add(f"        {s} = _zero + _{s}_init")
         add("    else:")
         add(f"        {s} = {load(f'_{s}_init + _offs', '        ')}")
-    if plan.fwd_hoisted:
-        add("    # loop invariants (params only)")
-        L.extend(lhs_rhs_lines(pr, plan.fwd_hoisted, step.origins, src_lines, indent="    "))
+    L.extend(hoist_lines(plan.fwd_hoisted, step.origins))
     for x in ins:
         add(f"    _{x}_p = _{x}_ptr + _offs")
     add("    _o = _offs")
-    add("    for _t in range(0, _T):")
+    add("    for _step in range(0, _T):")
     ind = "        "
     for x in ins:
         add(f"{ind}{x} = {load(f'_{x}_p', ind)}")
@@ -461,6 +534,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     bsig += [f"_gx_{x}_ptr" for x in ins]
     bsig += [f"_gs_{s}_ptr" for s in sts]
     bsig += [f"_gp_{p}_ptr" for p in lrn]
+    bsig += [f"_h_{y}" for y in bwd_h]
     bsig += ["_N", "_T"]
     bsig += [f"_{p}_MODE: tl.constexpr" for p in prs]
     bsig += [f"_HAS_G_{o}: tl.constexpr" for o in outs]
@@ -469,7 +543,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     bsig += [f"_NEED_GX_{x}: tl.constexpr" for x in ins]
     bsig += [f"_NEED_GS_{s}: tl.constexpr" for s in sts]
     bsig += [f"_NEED_GP_{p}: tl.constexpr" for p in lrn]
-    bsig += ["_BLOCK: tl.constexpr"]
+    bsig += ["_HOST: tl.constexpr", "_BLOCK: tl.constexpr"]
     add("")
     add('@triton.jit(do_not_specialize=["_T"])')
     add("def bwd_kernel(")
@@ -482,10 +556,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     L.extend(head)
     add("    _TN = _T.to(tl.int64) * _N")
     L.extend(param_prologue())
-    if plan.bwd_fwd_hoisted or plan.bwd_hoisted:
-        add("    # loop invariants (params only)")
-        L.extend(lhs_rhs_lines(pr, plan.bwd_fwd_hoisted, step.origins, src_lines, indent="    "))
-        L.extend(lhs_rhs_lines(pr, plan.bwd_hoisted, indent="    "))
+    L.extend(hoist_lines([*plan.bwd_fwd_hoisted, *plan.bwd_hoisted], step.origins))
     for s, g, used in zip(sts, g_next, plan.grad_next_used):
         add(f"    if _HAS_GFIN_{s}:")
         add(f"        {g} = {load(f'_g_{s}_fin_ptr + _offs', '        ')}")
@@ -498,7 +569,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
         add(f"    _{x}_p = _{x}_ptr + _offs + (_T - 1).to(tl.int64) * _{x}_st")
     for x, need in zip(ins, g_in_nz):
         pass
-    add("    for _i in range(0, _T):")
+    add("    for _step in range(0, _T):")
     for x in reread:
         add(f"{ind}{x} = {load(f'_{x}_p', ind)}")
     for i, s in enumerate(saved):

@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Mapping
-
-import torch
+from typing import Any
 
 from . import ast as A
 
-Value = float | torch.Tensor
+Value = Any  # float, or a torch.Tensor for per-channel params
+
+
+def _is_tensor(a: Any) -> bool:
+    torch = sys.modules.get("torch")  # no tensor can exist unless torch was imported
+    return torch is not None and isinstance(a, torch.Tensor)
 
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
         "!=": operator.ne}
 
 
 def _fn(name: str, *args: Value) -> Value:
-    if any(isinstance(a, torch.Tensor) for a in args):
+    if any(_is_tensor(a) for a in args):
+        import torch
+
         t = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.float64) for a in args]
         table = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "abs": torch.abs, "sin": torch.sin,
                  "cos": torch.cos, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu,
@@ -50,13 +57,13 @@ def evaluate(e: A.Expr, env: Mapping[str, Value]) -> Value:
         result: Value = True
         for op, a, b in zip(e.ops, vals[:-1], vals[1:]):
             r = _CMP[op](a, b)
-            result = (result & r) if isinstance(r, torch.Tensor) else (result and r)
+            result = (result & r) if _is_tensor(r) else (result and r)
         return result
     raise TypeError(e)
 
 
 def holds(cond: A.Compare, env: Mapping[str, Value]) -> bool:
     r = evaluate(cond, env)
-    if isinstance(r, torch.Tensor):
+    if _is_tensor(r):
         return bool(r.all())
     return bool(r)

@@ -290,6 +290,9 @@ def _check_identifiers(neuron: A.Neuron) -> None:
     """Names starting with `_` and Python keywords are rejected where they are declared or used."""
 
     def bad(name: str, pos: A.Pos) -> None:
+        if name in RESERVED:
+            raise FlexDSLError(f"`{name}` is a reserved word and cannot be used as a name", neuron.filename,
+                               pos.line, pos.column, neuron.source, "choose another name")
         if name.startswith("_"):
             raise FlexDSLError(f"name `{name}` starts with `_`", neuron.filename, pos.line, pos.column,
                                neuron.source, "names starting with `_` are reserved for generated code")

@@ -77,7 +77,7 @@ def iter_names(neuron: A.Neuron) -> Iterator[tuple[str, A.Pos]]:
             for k in it.kwargs:
                 yield k.name, k.pos
         elif isinstance(it, A.Output):
-            yield from it.names
+            yield from ((nm, p) for nm, p in it.names if nm != "spike")
         elif isinstance(it, A.Update | A.OnSpike):
             for s in it.statements:
                 yield s.target, s.pos
@@ -88,5 +88,5 @@ def iter_names(neuron: A.Neuron) -> Iterator[tuple[str, A.Pos]]:
             for n in expr_nodes(e):
                 if isinstance(n, A.Name):
                     yield n.id, n.pos
-                elif isinstance(n, A.Call):
+                elif isinstance(n, A.Call) and n.func != "where":
                     yield n.func, n.pos

@@ -28,6 +28,38 @@ def cli(*args, cwd=None, timeout=180):
                           timeout=timeout)
 
 
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def cli_inproc(*args):
+    """`python -m flexdsl ARGS` run in this process (fast: no torch import per call).
+
+    Same module (`flexdsl.__main__`), same argv, same exit status; an exception
+    escaping the CLI (which would print a traceback) is reported as such."""
+    import contextlib
+    import io
+    import runpy
+    import traceback
+
+    out, err = io.StringIO(), io.StringIO()
+    old_argv = sys.argv
+    sys.argv = ["flexdsl", *map(str, args)]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_module("flexdsl", run_name="__main__", alter_sys=False)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - report, as a traceback would have been printed
+        code = 1
+        err.write("Traceback (most recent call last) [escaped the CLI]\n" + traceback.format_exc())
+    finally:
+        sys.argv = old_argv
+    return Result(code, out.getvalue(), err.getvalue())
+
+
 def no_traceback(r):
     both = r.stdout + r.stderr
     assert "Traceback (most recent call last)" not in both, both
@@ -50,7 +82,7 @@ def test_check_valid_files(tmp_path):
 
 
 def test_check_library_stem():
-    r = cli("check", ROOT / "neurons" / "lif.neuron")
+    r = cli_inproc("check", ROOT / "neurons" / "lif.neuron")
     no_traceback(r)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -59,12 +91,47 @@ def test_check_library_stem():
 def test_check_malformed(tmp_path, case):
     p = tmp_path / f"{case.id}.neuron"
     p.write_text(case.text)
+    r = cli_inproc("check", p)
+    no_traceback(r)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    out = r.stdout + r.stderr
+    heads = [f"{p}:{line}:{col}: error:" for line, col in case.positions()]
+    assert any(h in out for h in heads), f"none of {heads} in:\n{out}"
+
+
+SUBPROCESS_IDS = ("unknown_in_update", "missing_colon_update", "where_default_violated")
+
+
+@pytest.mark.parametrize("cid", SUBPROCESS_IDS)
+def test_check_malformed_subprocess(tmp_path, cid):
+    case = [c for c in CLI_CASES if c.id == cid][0]
+    p = tmp_path / f"{case.id}.neuron"
+    p.write_text(case.text)
     r = cli("check", p)
     no_traceback(r)
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
     out = r.stdout + r.stderr
     heads = [f"{p}:{line}:{col}: error:" for line, col in case.positions()]
     assert any(h in out for h in heads), f"none of {heads} in:\n{out}"
+
+
+def test_check_all_malformed_in_one_call(tmp_path):
+    paths = []
+    for c in CLI_CASES:
+        p = tmp_path / f"{c.id}.neuron"
+        p.write_text(c.text)
+        paths.append(p)
+    r = cli("check", *paths)
+    no_traceback(r)
+    assert r.returncode == 1
+    out = r.stdout + r.stderr
+    missing = []
+    for c, p in zip(CLI_CASES, paths):
+        heads = [f"{p}:{line}:{col}: error:" for line, col in c.positions()]
+        if not any(h in out for h in heads):
+            missing.append(c.id)
+    assert len(CLI_CASES) - len(missing) >= 30, missing
+    assert not missing, missing
 
 
 def test_check_several_files_reports_each(tmp_path):
@@ -79,7 +146,7 @@ def test_check_several_files_reports_each(tmp_path):
         p = tmp_path / f"{c.id}.neuron"
         p.write_text(c.text)
         paths.append(p)
-    r = cli("check", paths[0], good, *paths[1:])
+    r = cli_inproc("check", paths[0], good, *paths[1:])
     no_traceback(r)
     assert r.returncode == 1
     out = r.stdout + r.stderr
@@ -99,7 +166,7 @@ def test_check_missing_file(tmp_path):
 
 
 def test_run_missing_file(tmp_path):
-    r = cli("run", tmp_path / "nope.neuron", "--T", "5")
+    r = cli_inproc("run", tmp_path / "nope.neuron", "--T", "5")
     no_traceback(r)
     assert r.returncode == 1
     assert "nope" in r.stdout + r.stderr
@@ -109,7 +176,7 @@ def test_show_malformed_is_located(tmp_path):
     p = tmp_path / "bad.neuron"
     c = [c for c in CLI_CASES if c.id == "unknown_in_update"][0]
     p.write_text(c.text)
-    r = cli("show", p, "--torch")
+    r = cli_inproc("show", p, "--torch")
     no_traceback(r)
     assert r.returncode == 1
     line, col = c.positions()[0]
@@ -125,7 +192,7 @@ def _write(tmp_path, name, text):
 
 def test_show_torch(tmp_path):
     p = _write(tmp_path, "lif.neuron", LIF)
-    r = cli("show", p, "--torch")
+    r = cli_inproc("show", p, "--torch")
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     out = r.stdout
@@ -135,7 +202,7 @@ def test_show_torch(tmp_path):
 
 
 def test_show_torch_library_stem():
-    r = cli("show", "lif", "--torch")
+    r = cli_inproc("show", "lif", "--torch")
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     assert "def " in r.stdout and "tau" in r.stdout
@@ -158,7 +225,7 @@ def test_show_equations_backward(tmp_path, flag):
             output spike
         """)
     p = _write(tmp_path, "two.neuron", text)
-    r = cli("show", p, flag)
+    r = cli_inproc("show", p, flag)
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     assert "vmem" in r.stdout and "wad" in r.stdout, r.stdout
@@ -166,7 +233,7 @@ def test_show_equations_backward(tmp_path, flag):
 
 def test_show_default(tmp_path):
     p = _write(tmp_path, "lif.neuron", LIF)
-    r = cli("show", p)
+    r = cli_inproc("show", p)
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     assert "v" in r.stdout
@@ -190,7 +257,7 @@ def test_show_equations_reports_auto_method(tmp_path, linear):
             output spike
         """)
     p = _write(tmp_path, "auto.neuron", text)
-    r = cli("show", p, "--equations")
+    r = cli_inproc("show", p, "--equations")
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     want, other = ("exact", "euler") if linear else ("euler", "exact")
@@ -214,7 +281,7 @@ def test_run_summary_constant_input():
 
 def test_run_file(tmp_path):
     p = _write(tmp_path, "lif.neuron", LIF)
-    r = cli("run", p, "--T", "20", "--input", "1.5")
+    r = cli_inproc("run", p, "--T", "20", "--input", "1.5")
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     assert re.search(r"\b10\b", r.stdout) or re.search(r"\b0\.50*\b", r.stdout), r.stdout
@@ -234,6 +301,6 @@ def test_run_step_input_plot(tmp_path):
 
 
 def test_run_bad_input_spec():
-    r = cli("run", "lif", "--T", "10", "--input", "step:abc")
+    r = cli_inproc("run", "lif", "--T", "10", "--input", "step:abc")
     no_traceback(r)
     assert r.returncode != 0

@@ -153,7 +153,9 @@ def test_reset_restores_initial_state(stem):
 # ---------------------------------------------------------------------------------------------
 
 # SpikingJelly surrogate -> the same surrogate in the .neuron language (LANGUAGE.md §6).
-SJ_SURROGATES: dict[str, tuple[Callable[[], object], str]] = {
+# "default" keeps the file's own surrogate clause and SpikingJelly's default surrogate of the class.
+SJ_SURROGATES: dict[str, tuple[Callable[[], object] | None, str | None]] = {
+    "default": (None, None),
     "sigmoid": (lambda: sj_surrogate.Sigmoid(alpha=4.0), "sigmoid(alpha=4.0)"),
     "atan": (lambda: sj_surrogate.ATan(alpha=2.0), "atan(alpha=2.0)"),
     "sigmoid_alpha2": (lambda: sj_surrogate.Sigmoid(alpha=2.0), "sigmoid(alpha=2.0)"),
@@ -168,11 +170,14 @@ SJ_SURROGATES: dict[str, tuple[Callable[[], object], str]] = {
 
 
 def _sj(cls, surrogate_function, detach_reset, **kw):
-    """A SpikingJelly node in multi-step mode (CPU: its torch reference / CPU kernels)."""
+    """A SpikingJelly node in multi-step mode (CPU: its torch reference / CPU kernels).
+    surrogate_function=None: the class's default surrogate."""
+    if surrogate_function is not None:
+        kw = dict(kw, surrogate_function=surrogate_function)
     try:
-        node = cls(surrogate_function=surrogate_function, detach_reset=detach_reset, step_mode="m", **kw)
+        node = cls(detach_reset=detach_reset, step_mode="m", **kw)
     except TypeError:  # CUBALIFNode takes neither step_mode nor detach_reset
-        node = cls(surrogate_function=surrogate_function, **kw)
+        node = cls(**kw)
         node.step_mode = "m"
         node.detach_reset = detach_reset
     return node
@@ -242,9 +247,9 @@ def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, st
     g = torch.Generator().manual_seed(seed)
     x = case.inputs(g, dtype)
 
-    ref = case.make_sj(sj_sg(), detach).to(dtype)
+    ref = case.make_sj(sj_sg() if sj_sg is not None else None, detach).to(dtype)
     sj_functional.reset_net(ref)
-    text = with_surrogate(text_of(case.stem), clause)
+    text = text_of(case.stem) if clause is None else with_surrogate(text_of(case.stem), clause)
     m = flexdsl.loads(text, step_mode="m", backend="torch", detach_reset=detach, **case.overrides).to(dtype)
 
     x_ref = x.clone().requires_grad_(True)
@@ -290,7 +295,7 @@ def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, st
 _SJ_MATRIX = [
     pytest.param(case, sg, detach, dtype, id=f"{case}-{sg}-{'detach' if detach else 'nodetach'}-{str(dtype)[6:]}")
     for case, c in SJ_CASES.items()
-    for sg in ("sigmoid", "atan")
+    for sg in ("default", "sigmoid", "atan")
     for detach in (False, True)
     for dtype in (torch.float32, torch.float64)
     if c.detach_ok or not detach
@@ -306,23 +311,6 @@ def test_matches_spikingjelly(case, sg, detach, dtype):
 def test_lif_surrogates_match_spikingjelly(sg):
     run_against_sj(SJ_CASES["lif"], sg, False, torch.float32, seed=3)
     run_against_sj(SJ_CASES["lif_soft"], sg, True, torch.float32, seed=4)
-
-
-def test_cuba_lif_default_surrogate_is_sjs_rect():
-    """cuba_lif's own surrogate clause (rect(alpha=1)) is SpikingJelly's CUBALIFNode default."""
-    case = SJ_CASES["cuba_lif"]
-    g = torch.Generator().manual_seed(5)
-    x = case.inputs(g, torch.float32)
-    ref = sj_neuron.CUBALIFNode()
-    ref.step_mode = "m"
-    m = flexdsl.load("cuba_lif", backend="torch")
-    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    sr, sm = ref(xr), m(xm)
-    assert torch.equal(sm, sr)
-    w = torch.randn(x.shape, generator=g)
-    (sr * w).sum().backward()
-    (sm * w).sum().backward()
-    torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["lif", "plif", "izhikevich_adapt"])

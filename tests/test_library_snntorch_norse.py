@@ -51,6 +51,19 @@ def tol(dtype):
     return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
 
 
+def assert_grads_close(mine: torch.Tensor, ref: torch.Tensor, dtype):
+    """Within 1e-5 (float32; 1e-10 float64) of the gradient's scale.
+
+    The generated code may sum terms in another order than the reference (e.g. snnTorch's
+    `beta*mem + syn - reset*threshold`), so float32 states differ in the last bits, and a steep
+    surrogate (fast_sigmoid(slope=25)) turns that into gradient differences proportional to the
+    gradient's magnitude: the bound is relative to max|grad|, not to each element."""
+    ref = ref.to(mine.dtype)
+    scale = max(1.0, ref.abs().max().item())
+    t = tol(dtype)
+    torch.testing.assert_close(mine, ref, atol=t["atol"] * scale, rtol=t["rtol"])
+
+
 def state_tol(dtype):
     return dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
 
@@ -69,11 +82,16 @@ def assert_same_spikes(mine: torch.Tensor, ref: torch.Tensor):
 
 SNN_SURROGATES = {
     # name: (snnTorch spike_grad factory or None for the default, .neuron clause)
-    "default_atan": (lambda: None, "atan(alpha=2.0)"),
+    "default": (lambda: None, None),  # the file's own clause vs snnTorch's default (atan, alpha=2)
+    "atan": (lambda: snn_surrogate.atan(alpha=2.0), "atan(alpha=2.0)"),
     "atan_alpha3": (lambda: snn_surrogate.atan(alpha=3.0), "atan(alpha=3.0)"),
     "fast_sigmoid": (lambda: snn_surrogate.fast_sigmoid(slope=25), "fast_sigmoid(slope=25.0)"),
     "sigmoid": (lambda: snn_surrogate.sigmoid(slope=5), "sigmoid(alpha=5.0)"),
 }
+
+
+def P(value, dtype):
+    return torch.tensor(value, dtype=dtype)
 
 
 def _snn_loop(neuron, x, n_states):
@@ -89,18 +107,28 @@ def _snn_loop(neuron, x, n_states):
 
 SNN_CASES = {
     # id: (stem, snnTorch constructor(spike_grad), flexdsl overrides, number of states, input scale)
-    "leaky": ("snn_leaky", lambda sg: snn.Leaky(beta=0.9, spike_grad=sg), {}, 1, 0.5),
+    # snnTorch stores its parameters as tensors of the dtype it is given (float32 for Python floats):
+    # they are built in the test's dtype (P(value, dtype)) so that float64 runs compare float64 models.
+    "leaky": ("snn_leaky", lambda sg, dt: snn.Leaky(beta=P(0.9, dt), threshold=P(1.0, dt), spike_grad=sg), {}, 1, 0.5),
     "leaky_beta07_thr15": (
-        "snn_leaky", lambda sg: snn.Leaky(beta=0.7, threshold=1.5, spike_grad=sg), dict(beta=0.7, threshold=1.5), 1, 1.2,
+        "snn_leaky", lambda sg, dt: snn.Leaky(beta=P(0.7, dt), threshold=P(1.5, dt), spike_grad=sg),
+        dict(beta=0.7, threshold=1.5), 1, 1.2,
     ),
-    "synaptic": ("snn_synaptic", lambda sg: snn.Synaptic(alpha=0.9, beta=0.8, spike_grad=sg), {}, 2, 0.25),
+    "synaptic": (
+        "snn_synaptic", lambda sg, dt: snn.Synaptic(alpha=P(0.9, dt), beta=P(0.8, dt), threshold=P(1.0, dt), spike_grad=sg),
+        {}, 2, 0.25,
+    ),
     "synaptic_a05_b095": (
-        "snn_synaptic", lambda sg: snn.Synaptic(alpha=0.5, beta=0.95, spike_grad=sg), dict(alpha=0.5, beta=0.95), 2, 0.25,
+        "snn_synaptic", lambda sg, dt: snn.Synaptic(alpha=P(0.5, dt), beta=P(0.95, dt), threshold=P(1.0, dt), spike_grad=sg),
+        dict(alpha=0.5, beta=0.95), 2, 0.25,
     ),
-    "lapicque": ("lapicque", lambda sg: snn.Lapicque(R=1.0, C=1.44, spike_grad=sg), {}, 1, 3.0),
+    "lapicque": (
+        "lapicque", lambda sg, dt: snn.Lapicque(R=P(1.0, dt), C=P(1.44, dt), time_step=P(1.0, dt), threshold=P(1.0, dt), spike_grad=sg),
+        {}, 1, 3.0,
+    ),
     "lapicque_tutorial": (
         "lapicque",
-        lambda sg: snn.Lapicque(R=5.1, C=5e-3, time_step=1e-3, spike_grad=sg),
+        lambda sg, dt: snn.Lapicque(R=P(5.1, dt), C=P(5e-3, dt), time_step=P(1e-3, dt), threshold=P(1.0, dt), spike_grad=sg),
         dict(R=5.1, C=5e-3, time_step=1e-3),
         1,
         2.0,
@@ -117,8 +145,9 @@ def test_matches_snntorch(case, sg, dtype):
     g = torch.Generator().manual_seed(11)
     x = (torch.rand(32, 4, 8, generator=g, dtype=torch.float64) * scale).to(dtype)
 
-    ref = make(snn_sg())
-    m = flexdsl.loads(with_surrogate(text_of(stem), clause), step_mode="m", backend="torch", **overrides)
+    ref = make(snn_sg(), dtype)
+    text = text_of(stem) if clause is None else with_surrogate(text_of(stem), clause)
+    m = flexdsl.loads(text, step_mode="m", backend="torch", **overrides)
 
     xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     s_ref, traces_ref = _snn_loop(ref, xr, n_states)
@@ -136,7 +165,9 @@ def test_matches_snntorch(case, sg, dtype):
     loss_m = sum((a * b).sum() for a, b in zip([s_m, *traces_m], w))
     loss_ref.backward()
     loss_m.backward()
-    torch.testing.assert_close(xm.grad, xr.grad.to(dtype), **tol(dtype))
+    # snnTorch's spikes are float32 whatever the input dtype ((x > 0).float()), so the gradient reaching
+    # its surrogate is rounded to float32: float64 runs are compared to float32 accuracy here.
+    assert_grads_close(xm.grad, xr.grad, torch.float32 if dtype == torch.float64 else dtype)
 
 
 def test_snn_leaky_reset_is_delayed_and_detached():
@@ -174,13 +205,20 @@ def _norse_lif(x, p, dt=1e-3):
     return torch.stack(zs), torch.stack(vs), torch.stack(is_)
 
 
+def _lif_params(dtype, **kw):
+    """Norse LIFParameters with every tensor field in `dtype` (Norse's defaults are float32 tensors)."""
+    fields = ("tau_syn_inv", "tau_mem_inv", "v_leak", "v_th", "v_reset", "alpha")
+    p = LIFParameters(**{k: v for k, v in kw.items() if k not in fields})
+    return p._replace(**{
+        k: torch.tensor(kw[k], dtype=dtype) if k in kw else torch.as_tensor(getattr(p, k)).to(dtype)
+        for k in fields
+    })
+
+
 NORSE_LIF_CASES = {
-    "defaults": (LIFParameters(), {}, 1e-3, 0.8),
+    "defaults": ({}, {}, 1e-3, 0.8),
     "custom": (
-        LIFParameters(
-            tau_syn_inv=torch.as_tensor(100.0), tau_mem_inv=torch.as_tensor(50.0),
-            v_leak=torch.as_tensor(0.1), v_th=torch.as_tensor(0.8), v_reset=torch.as_tensor(-0.2),
-        ),
+        dict(tau_syn_inv=100.0, tau_mem_inv=50.0, v_leak=0.1, v_th=0.8, v_reset=-0.2),
         dict(tau_syn_inv=100.0, tau_mem_inv=50.0, v_leak=0.1, v_th=0.8, v_reset=-0.2),
         2e-3,
         0.6,
@@ -191,7 +229,8 @@ NORSE_LIF_CASES = {
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("case", sorted(NORSE_LIF_CASES))
 def test_norse_lif_matches_norse(case, dtype):
-    p, overrides, dt, scale = NORSE_LIF_CASES[case]
+    kw, overrides, dt, scale = NORSE_LIF_CASES[case]
+    p = _lif_params(dtype, **kw)
     g = torch.Generator().manual_seed(12)
     x = (torch.rand(40, 4, 8, generator=g, dtype=torch.float64) * scale).to(dtype)
     xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -205,7 +244,7 @@ def test_norse_lif_matches_norse(case, dtype):
     w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     (z_ref * w).sum().backward()
     (z_m * w).sum().backward()
-    torch.testing.assert_close(xm.grad, xr.grad.to(dtype), **tol(dtype))
+    assert_grads_close(xm.grad, xr.grad, dtype)
 
 
 @pytest.mark.parametrize("method,alpha,clause,definition", [
@@ -214,7 +253,7 @@ def test_norse_lif_matches_norse(case, dtype):
 ])
 def test_norse_lif_other_norse_surrogates_as_user_surrogates(method, alpha, clause, definition):
     """Norse surrogates that are not built in, written as user surrogates (`surrogate name(u, ...) = S'(u)`)."""
-    p = LIFParameters(method=method, alpha=torch.as_tensor(alpha))
+    p = _lif_params(torch.float32, method=method, alpha=alpha)
     g = torch.Generator().manual_seed(13)
     x = torch.rand(40, 4, 8, generator=g) * 0.8
     xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -230,7 +269,7 @@ def test_norse_lif_other_norse_surrogates_as_user_surrogates(method, alpha, clau
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 def test_li_matches_norse(dtype):
-    p = LIParameters()
+    p = LIParameters(*(torch.as_tensor(f).to(dtype) for f in LIParameters()))
     g = torch.Generator().manual_seed(14)
     x = (torch.randn(40, 4, 8, generator=g, dtype=torch.float64)).to(dtype)
     xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -248,4 +287,4 @@ def test_li_matches_norse(dtype):
     w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     (v_ref * w).sum().backward()
     (v_m * w).sum().backward()
-    torch.testing.assert_close(xm.grad, xr.grad.to(dtype), **tol(dtype))
+    assert_grads_close(xm.grad, xr.grad, dtype)
