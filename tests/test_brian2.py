@@ -220,3 +220,101 @@ def test_adex_auto_method_is_not_exact():
     s2, q2 = _run_flexdsl(text, inputs)
     np.testing.assert_array_equal(s1, s2)
     np.testing.assert_allclose(q1["V"], q2["V"], rtol=1e-12)
+
+
+IZH = textwrap.dedent("""\
+    neuron Izhikevich:
+        input I
+        param dt = 0.1
+        param a = 0.02
+        param b = 0.2
+        param c = -65.0
+        param d = 8.0
+        state v = c
+        state u = b * c
+
+        equations method {method}:
+            dv/dt = 0.04 * v**2 + 5 * v + 140 - u + I
+            du/dt = a * (b * v - u)
+
+        spike when v >= 30 surrogate sigmoid(alpha=4.0)
+        on spike:
+            v = c
+            u += d
+        output spike
+    """)
+
+
+@pytest.mark.parametrize("method", ["euler", "rk2", "rk4", "heun"])
+def test_izhikevich_matches_brian2(method):
+    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor,
+                        defaultclock, ms, prefs, run, start_scope)
+    prefs.codegen.target = "numpy"
+    start_scope()
+    T = 2000
+    dt = 0.1 * ms
+    defaultclock.dt = dt
+    Ic = np.array([4.0, 10.0, 15.0, 30.0])
+    G = NeuronGroup(len(Ic), """dv/dt = (0.04*v**2 + 5*v + 140 - u + I)/ms : 1
+                               du/dt = a*(b*v - u)/ms : 1
+                               I : 1 (constant)""",
+                    method=method, threshold="v >= 30", reset="v = c; u += d",
+                    namespace=dict(a=0.02, b=0.2, c=-65.0, d=8.0))
+    G.v = -65.0
+    G.u = 0.2 * -65.0
+    G.I = Ic
+    mon = StateMonitor(G, ["v", "u"], record=True)
+    sp = SpikeMonitor(G)
+    run((T + 1) * dt)
+    s, seqs = _run_flexdsl(IZH.format(method=method), np.broadcast_to(Ic, (T, len(Ic))).copy())
+    b2_pairs = [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
+    assert len(b2_pairs) > 10
+    assert _spike_pairs(s) == b2_pairs
+    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(seqs["u"], np.asarray(mon.u)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
+
+
+GATE = textwrap.dedent("""\
+    neuron Gate:
+        input I
+        param dt = 0.1
+        param tau = 3.0 where tau > 0
+        state v = 0.5
+        state g = 0.1
+        equations method exponential_euler:
+            dv/dt = (I - v) / tau - g * v
+            dg/dt = sigmoid(v) * (1 - g) - 0.5 * g
+        spike when v > 1.0 surrogate sigmoid(alpha=4.0)
+        on spike:
+            v = 0.0
+            g += 0.2
+        output spike
+    """)
+
+
+def test_exponential_euler_matches_brian2():
+    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor, TimedArray,
+                        defaultclock, ms, prefs, run, start_scope)
+    prefs.codegen.target = "numpy"
+    start_scope()
+    T, N = 1500, 4
+    dt = 0.1 * ms
+    defaultclock.dt = dt
+    inputs = _piecewise_inputs(T, N, 23, 0.5, 4.0, seed=3)
+    I_ta = TimedArray(inputs, dt=dt)
+    G = NeuronGroup(N, """dv/dt = ((I - v) / tau - g * v) / ms : 1
+                         dg/dt = (1 / (1 + exp(-v)) * (1 - g) - 0.5 * g) / ms : 1
+                         I = I_ta(t, i) : 1""",
+                    method="exponential_euler", threshold="v > 1.0", reset="v = 0.0; g += 0.2",
+                    namespace=dict(I_ta=I_ta, tau=3.0))
+    G.v = 0.5
+    G.g = 0.1
+    mon = StateMonitor(G, ["v", "g"], record=True)
+    sp = SpikeMonitor(G)
+    run((T + 1) * dt)
+    s, seqs = _run_flexdsl(GATE, inputs)
+    b2_pairs = [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
+    assert len(b2_pairs) > 10
+    assert _spike_pairs(s) == b2_pairs
+    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(seqs["g"], np.asarray(mon.g)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)

@@ -299,6 +299,30 @@ CASES: list[Case] = [
          [At("param v_threshold", "1.0"), At("param v_threshold", ">")],
          (("comparison", "where", "unexpected"),)),
 
+    Case("tab_space_mix", mut(LIF, "    output spike", "\toutput spike"),
+         [At("output spike", "output"), At("output spike", "\t")], (("indent", "tab"),)),
+    Case("duplicate_input_lines", mut(LIF, "    input x\n", "    input x\n    input x\n"),
+         LC(3, 11), (DUP,)),
+    Case("surrogate_keyword_twice", mut(LIF, "sigmoid(alpha=4.0)", "sigmoid(alpha=4.0, alpha=2.0)"),
+         At("sigmoid(alpha=4.0, alpha", "alpha", 2), ("alpha", DUP)),
+    Case("where_not_a_comparison", mut(LIF, "where tau > 1", "where tau"),
+         [At("param tau", "tau", 2), At("param tau", "where"), At("param tau", "$EOL")],
+         (("comparison", "where", "condition", "expected", "`>`"),)),
+    Case("unknown_in_where_function", mut(LIF, UPDATE_LINE, "        v = v + where(x > v_thresh, x, 0) / tau"),
+         At("where(x > v_thresh", "v_thresh"), ("v_thresh", DID, "v_threshold")),
+    Case("output_spike_without_rule",
+         mut(mut(mut(LIF, "    spike when v >= v_threshold surrogate sigmoid(alpha=4.0)\n", ""),
+                 "    on spike:\n" + RESET_LINE, ""), "output spike", "output v, spike"),
+         At("output v, spike", "spike"), ("spike",)),
+    Case("on_spike_without_rule",
+         mut(mut(LIF, "    spike when v >= v_threshold surrogate sigmoid(alpha=4.0)\n", ""),
+             "output spike", "output v"),
+         [At("on spike:", "on"), At("on spike:", "spike")], ("spike",)),
+    Case("state_without_initial_value", mut(LIF, "state v = v_reset", "state v"),
+         [At("    state v", "$EOL"), At("    state v", "v")], (("=", "initial", "expected"),)),
+    Case("param_without_value", mut(LIF, "param v_threshold = 1.0", "param v_threshold ="),
+         At("param v_threshold =", "$EOL"), (("expected", "expression", "value"),)),
+
     # --------------------------------------------------------------- ODEs
     Case("derivative_of_input", mut(ODE, ODE_LINE, ODE_LINE + "\n        dI/dt = 0.0"),
          [At("dI/dt", "dI"), At("dI/dt", "I")], ("state",)),
@@ -409,6 +433,30 @@ def test_override_violating_where():
     assert (err.line, err.column) in [(3, c) for _, c in _where_positions(LIF)] + [(3, 5)]
     assert "tau" in str(err)
     check_message(str(err), LIF, "<string>", err.line, err.column, ("tau",))
+
+
+def test_tab_indented_file_is_valid():
+    import torch
+    text = LIF.replace("        ", "\t\t").replace("    ", "\t")
+    assert "\t\tv = v_reset" in text
+    x = torch.full((6, 2), 1.5, dtype=torch.float64)
+    assert torch.equal(flexdsl.loads(text)(x), flexdsl.loads(LIF)(x))
+
+
+def test_comments_and_blank_lines_are_ignored():
+    import torch
+    text = "# a comment before the header\n\n" + LIF.replace(
+        UPDATE_LINE, "        # comment inside a block\n\n" + UPDATE_LINE + "   # trailing comment"
+    ).replace("    output spike", "    # comment\n    output spike  # the spikes")
+    x = torch.full((6, 2), 1.5, dtype=torch.float64)
+    assert torch.equal(flexdsl.loads(text)(x), flexdsl.loads(LIF)(x))
+
+
+def test_error_line_counts_comment_lines():
+    text = "# comment\n# another\n" + mut(LIF, "/ tau", "/ tua")
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(text)
+    assert (ei.value.line, ei.value.column) == At("/ tua", "tua").resolve(text)
 
 
 def test_override_of_unknown_param():

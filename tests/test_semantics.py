@@ -974,3 +974,187 @@ def test_ode_with_spike_and_reset():
     assert np.array(S).sum() > 5
     close(s, S)
     close(vv, V, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# more of §2–§7
+# --------------------------------------------------------------------------- #
+def test_number_literals():
+    m = mk("""\
+        neuron Nums:
+            input x
+            param a = 1
+            param b = 1.0
+            param c = .5
+            param d = 1e-3
+            param e = 2.5E+2
+            param f = 3e2
+            state v = 0.0
+            update:
+                v = a * x + b + c + d + e + f + 0.25e1
+            output v
+        """)
+    rest = 1.0 + 0.5 + 1e-3 + 250.0 + 300.0 + 2.5
+    close(m(t64([[0.0], [1.0]])), [[0.0 + rest], [1.0 + rest]])
+
+
+def test_declarations_and_blocks_in_any_order():
+    """§2/§3: declarations may appear in any order, before or between blocks."""
+    text = """\
+        neuron Shuffled:
+            \"\"\"Blocks first, declarations after.\"\"\"
+            output spike
+            on spike:
+                v = v_reset
+            spike when v >= v_threshold surrogate sigmoid(alpha=4.0)
+            update:
+                v = v + (x - (v - v_reset)) / tau
+            state v = v_reset
+            param v_reset = 0.0
+            param tau = 2.0 where tau > 1
+            param v_threshold = 1.0
+            input x
+        """
+    x = RNG.uniform(0, 2.5, size=(20, 3))
+    S, V = lif_ref(x)
+    m = mk(text)
+    close(m(t64(x)), S)
+    close(m.v, V[-1])
+
+
+def test_reset_uses_exact_blend_form():
+    """§4.4: `X = e` is computed as s*e + (1-s)*X (exact for s in {0, 1})."""
+    m = mk("""\
+        neuron Big:
+            input x
+            param v_reset = 0.25
+            param v_threshold = 1.0
+            state v = 0.0
+            update:
+                v = v + x
+            spike when v >= v_threshold surrogate sigmoid(alpha=4.0)
+            on spike:
+                v = v_reset
+            output v
+        """)
+    x = t64([[1e17, 0.5, 3e-17]])
+    v = m(x)
+    # s=1: exactly v_reset (X + s*(e - X) would give 0.0); s=0: X unchanged, bit for bit
+    assert v[0, 0].item() == 0.25
+    assert v[0, 1].item() == 0.5
+    assert v[0, 2].item() == 3e-17
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_soft_reset_gradient_by_hand(detach):
+    """Soft reset `v -= th` is v - s*th: d v/d h = 1 - th*S'(u) (or 1 when detached)."""
+    th = 1.0
+    m = mk("""\
+        neuron Soft:
+            input x
+            param v_threshold = 1.0
+            state v = 0.0
+            update:
+                v = 0.5 * v + x
+            spike when v >= v_threshold surrogate atan(alpha=2.0)
+            on spike:
+                v -= v_threshold
+            output spike
+        """, detach_reset=detach)
+    x1 = np.array([1.3, 0.4, 2.2])
+    x2 = np.array([0.6, 0.9, 0.1])
+    sg = lambda u: (2.0 / 2) / (1 + (math.pi / 2 * 2.0 * u) ** 2)
+    h1 = x1
+    u1 = h1 - th
+    s1 = (u1 >= 0).astype(float)
+    v1 = h1 - s1 * th
+    h2 = 0.5 * v1 + x2
+    u2 = h2 - th
+    dv1_dh1 = 1 - (0.0 if detach else th * sg(u1))
+    g2 = sg(u2)                                  # dL/dh2 for L = sum(s1 + s2)
+    g1 = sg(u1) + g2 * 0.5 * dv1_dh1
+    x = t64(np.stack([x1, x2])).requires_grad_(True)
+    m(x).sum().backward()
+    close(x.grad, np.stack([g1, g2]))
+
+
+def test_exponential_euler_conditionally_linear():
+    """Brian2's exponential Euler: each x' = A + B*x with A, B taken at the old values."""
+    dt, tau = 0.2, 3.0
+    m = mk(f"""\
+        neuron Gate:
+            input I
+            param dt = {dt}
+            param tau = {tau} where tau > 0
+            state v = 0.5
+            state g = 0.1
+            equations method exponential_euler:
+                dv/dt = (I - v) / tau - g * v
+                dg/dt = sigmoid(v) * (1 - g) - 0.5 * g
+            output v, g
+        """)
+    I = RNG.uniform(0, 2, size=(12, 3))
+    v = np.full(3, 0.5)
+    g = np.full(3, 0.1)
+    V, G = [], []
+    for It in I:
+        # v: A = I/tau, B = -(1/tau + g);  g: A = sig(v), B = -(sig(v) + 0.5)
+        Av, Bv = It / tau, -(1 / tau + g)
+        Ag, Bg = sig(v), -(sig(v) + 0.5)
+        v, g = -Av / Bv + (v + Av / Bv) * np.exp(Bv * dt), -Ag / Bg + (g + Ag / Bg) * np.exp(Bg * dt)
+        V.append(v.copy())
+        G.append(g.copy())
+    vv, gg = m(t64(I))
+    close(vv, V, rtol=1e-10)
+    close(gg, G, rtol=1e-10)
+
+
+def test_state_seqs_and_dtypes():
+    m = mk(LIF, store_state_seqs=True)
+    x = RNG.uniform(0, 2.5, size=(11, 2, 3))
+    S, V = lif_ref(x)
+    close(m(t64(x)), S)
+    assert tuple(m.state_seqs["v"].shape) == (11, 2, 3)
+    close(m.state_seqs["v"], V)
+    for dt_ in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        mm = mk(LIF)
+        y = mm(torch.as_tensor(x, dtype=dt_))
+        assert y.dtype == dt_
+
+
+def test_chain_constraint_checked_on_load_and_assignment():
+    text = """\
+        neuron Chain:
+            input x
+            param p = 0.5 where 0 < p < 1
+            state v = 0.0
+            update:
+                v = p * v + x
+            output v
+        """
+    with pytest.raises(flexdsl.FlexDSLError):
+        mk(text, p=1.0)
+    with pytest.raises(flexdsl.FlexDSLError):
+        mk(text, p=0.0)
+    m = mk(text, p=0.25)
+    with pytest.raises(flexdsl.FlexDSLError):
+        m.p = 1.5
+    m.p = 0.75
+    close(m(t64([[1.0], [1.0]])), [[1.0], [1.75]])
+
+
+def test_library_models():
+    names = set(flexdsl.library())
+    assert {"lif", "if"} <= names
+    x = RNG.uniform(0, 2.5, size=(20, 3))
+    S, _ = lif_ref(x)
+    close(flexdsl.load("lif")(t64(x)), S)
+    # IF (SpikingJelly IFNode): h = v + x, hard reset to 0, threshold 1, `>=`
+    v = np.zeros(3)
+    S_if = []
+    for xt in x:
+        h = v + xt
+        s = (h >= 1.0).astype(float)
+        v = (1 - s) * h
+        S_if.append(s)
+    close(flexdsl.load("if")(t64(x)), S_if)
