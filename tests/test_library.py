@@ -360,3 +360,38 @@ def test_reset_between_sequences_matches_spikingjelly():
         sj_functional.reset_net(ref)
         sj_functional.reset_net(m)
         assert torch.equal(m(x2), ref(x2))
+
+
+@pytest.mark.parametrize("stem,bad", [
+    ("lif", dict(tau=0.5)),
+    ("lif", dict(v_reset=1.5)),  # reset above the threshold
+    ("plif", dict(init_tau=1.0)),
+    ("cuba_lif", dict(c_decay=1.5)),
+    ("snn_leaky", dict(beta=1.2)),
+    ("snn_synaptic", dict(alpha=-0.1)),
+    ("norse_lif", dict(dt=0.0)),
+    ("adex", dict(C=-281.0)),
+    ("hodgkin_huxley", dict(g_Na=-1.0)),
+    ("resonate_fire", dict(b=0.5)),  # an undamped oscillator is not the model
+    ("alif", dict(tau_a=0.0)),
+])
+def test_where_constraints_reject_bad_parameters(stem, bad):
+    with pytest.raises(flexdsl.FlexDSLError):
+        flexdsl.load(stem, backend="torch", **bad)
+
+
+def test_izhikevich_single_step_mode_matches_spikingjelly():
+    g = torch.Generator().manual_seed(10)
+    x = torch.rand(24, 4, 8, generator=g) * 2.5
+    kw = dict(a=0.3, b=0.2, tau_w=3.0)
+    ref = sj_neuron.IzhikevichNode(step_mode="s", **kw)
+    m = flexdsl.load("izhikevich", step_mode="s", backend="torch", **kw)
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    sr = torch.stack([ref(xt) for xt in xr])
+    sm = torch.stack([m(xt) for xt in xm])
+    assert torch.equal(sm, sr)
+    torch.testing.assert_close(m.w.detach(), ref.w.detach(), atol=1e-6, rtol=1e-6)
+    w = torch.randn(x.shape, generator=g)
+    (sr * w).sum().backward()
+    (sm * w).sum().backward()
+    torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
