@@ -351,7 +351,7 @@ def open_neuromorphic():
                 lif = neuron.LIFNode(tau=2.0, surrogate_function=surrogate.Sigmoid(alpha=4.0), step_mode="m").to(dev)
             net = torch.nn.Sequential(lin, lif)
 
-            def step():
+            def step(net=net, x=x):
                 functional.reset_net(net)
                 net.zero_grad(set_to_none=True)
                 net(x).sum().backward()

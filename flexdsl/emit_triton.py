@@ -557,7 +557,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     add("    _TN = _T.to(tl.int64) * _N")
     L.extend(param_prologue())
     L.extend(hoist_lines([*plan.bwd_fwd_hoisted, *plan.bwd_hoisted], step.origins))
-    for s, g, used in zip(sts, g_next, plan.grad_next_used):
+    for s, g in zip(sts, g_next):
         add(f"    if _HAS_GFIN_{s}:")
         add(f"        {g} = {load(f'_g_{s}_fin_ptr + _offs', '        ')}")
         add("    else:")
@@ -567,8 +567,6 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     add("    _o = _offs + (_T - 1).to(tl.int64) * _N")
     for x in reread:
         add(f"    _{x}_p = _{x}_ptr + _offs + (_T - 1).to(tl.int64) * _{x}_st")
-    for x, need in zip(ins, g_in_nz):
-        pass
     add("    for _step in range(0, _T):")
     for x in reread:
         add(f"{ind}{x} = {load(f'_{x}_p', ind)}")

@@ -21,7 +21,7 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -187,7 +187,7 @@ class TritonModel:
         return hit
 
     @staticmethod
-    def _param(p: Optional[torch.Tensor], v: float, shape, N: int, dev) -> tuple[Any, int]:
+    def _param(p: torch.Tensor | None, v: float, shape, N: int, dev) -> tuple[Any, int]:
         if p is None:
             return float(v), 0
         if p.device != dev:
@@ -343,9 +343,9 @@ class TritonModel:
             return res
 
         @lib_ops.custom_op(f"{ns}::bwd", mutates_args=())
-        def bwd(reread: list[torch.Tensor], saved: Optional[torch.Tensor], params: list[torch.Tensor],
-                param_vals: list[float], is_param_t: list[bool], g_outs: list[Optional[torch.Tensor]],
-                g_seqs: list[Optional[torch.Tensor]], g_fins: list[Optional[torch.Tensor]], need: list[bool],
+        def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
+                param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
+                g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool],
                 T: int, shape: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
             return tm.bwd_impl(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T,
                                shape, dtype)
@@ -476,7 +476,7 @@ def forward_triton(m, inputs):
         raise ValueError(f"{c.name}: inputs must be [T, *shape] in step_mode 'm'")
     shape = tuple(x0.shape[1:])
     xs = [x if tuple(x.shape) == tuple(x0.shape) else x.expand(x0.shape) for x in xs]
-    pr_t: list[Optional[torch.Tensor]] = []
+    pr_t: list[torch.Tensor | None] = []
     pr_v: list[float] = []
     for name in tm.params:
         v = getattr(m, name)
@@ -487,7 +487,7 @@ def forward_triton(m, inputs):
             pr_t.append(None)
             pr_v.append(float(v))
     inits = None
-    st_t: list[Optional[torch.Tensor]] = []
+    st_t: list[torch.Tensor | None] = []
     st_v: list[float] = []
     for name in tm.states:
         v = m._states[name]

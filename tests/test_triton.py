@@ -17,7 +17,6 @@ import torch  # noqa: E402
 
 import flexdsl  # noqa: E402
 from flexdsl import triton_backend as tb  # noqa: E402
-
 from flexdsl.module import triton_available  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not importable")
