@@ -185,7 +185,7 @@ class _Checker:
                 if p.name not in {nm.id for nm in expr_names(p.where)}:
                     raise self.err(f"the constraint of `{p.name}` does not mention `{p.name}`", p.where.pos)
             seen.add(p.name)
-        self.check_defaults(params)
+        self.check_defaults(params, states)
         if "dt" in input_names or "dt" in state_names:
             raise self.err("`dt` is the integration step and must be a param", declared["dt"][1])
         for s in states:
@@ -303,8 +303,9 @@ class _Checker:
         return CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
                             ons.statements if ons else [], out_names, locals_, subexprs)
 
-    def check_defaults(self, params: list[A.Param]) -> None:
-        """Evaluate every default in order and check its `where` constraint."""
+    def check_defaults(self, params: list[A.Param], states: list[A.State]) -> None:
+        """Evaluate every default in order and check its `where` constraint; evaluate the
+        states' initial values with the defaults."""
         from .evaluate import evaluate, holds
 
         env: dict[str, float] = {}
@@ -316,6 +317,11 @@ class _Checker:
             if p.where is not None and not holds(p.where, env):
                 raise self.err(f"the default `{p.name} = {env[p.name]:g}` violates the constraint of `{p.name}`",
                                p.where.pos, f"`{p.name}` must satisfy the `where` condition, or change the default")
+        for s in states:
+            try:
+                float(evaluate(s.init, env))
+            except (ArithmeticError, ValueError, KeyError) as e:
+                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {e}", s.init.pos) from None
 
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
         use = spike.surrogate

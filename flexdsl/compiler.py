@@ -19,6 +19,7 @@ import sympy as sp
 from .check import CheckedModel, check
 from .derive import BackwardModel, derive
 from .emit_torch import emit_torch, emit_torch_backward
+from .errors import FlexDSLError
 from .library import resolve
 from .lower import StepModel, lower
 from .parse import parse
@@ -73,8 +74,6 @@ class Compiled:
 
     @cached_property
     def triton_source(self) -> str:
-        from .errors import FlexDSLError
-
         try:
             from .emit_triton import emit_triton
         except ImportError:
@@ -113,7 +112,11 @@ def compile_model(model: str | Path, detach_reset: bool = False) -> Compiled:
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    c = Compiled(text, filename, bool(detach_reset))
+    try:
+        c = Compiled(text, filename, bool(detach_reset))
+    except RecursionError:
+        raise FlexDSLError("an expression is nested too deeply to compile", filename,
+                           hint="split long expressions into several `let` statements") from None
     with _LOCK:
         _CACHE[key] = c
         while len(_CACHE) > _CACHE_SIZE:

@@ -80,6 +80,15 @@ def emit_torch(step: StepModel) -> str:
     rets = [pr._print(v) for _, v in step.outputs] + [pr._print(v) for v in step.next_states]
     lines.append(f"    return ({', '.join(rets)},)")
     lines.append("")
+    inv = step.invariants()
+    lines += [
+        "",
+        f"def invariants({', '.join(params)}):",
+        '    """The values of the step that depend on params only (checked finite when params change)."""',
+        *lhs_rhs_lines(pr, inv),
+        "    return {" + ", ".join(f"{y.name!r}: {pr._print(y)}" for y in _used_outside(step, inv)) + "}",
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -102,3 +111,15 @@ def emit_torch_backward(step: StepModel, bw: BackwardModel) -> str:
     rets = [pr._print(v) for v in [*bw.grad_inputs, *bw.grad_states, *bw.grad_params]]
     lines.append(f"    return ({', '.join(rets)},)")
     return "\n".join(lines) + "\n"
+
+
+def _used_outside(step: StepModel, inv: list[tuple[sp.Symbol, sp.Expr]]) -> list[sp.Symbol]:
+    """The invariants that the rest of the step uses (intermediate temporaries excluded)."""
+    names = {y for y, _ in inv}
+    used: set[sp.Symbol] = set()
+    for y, e in step.assignments:
+        if y not in names:
+            used |= e.free_symbols & names
+    for v in [*step.next_states, *(v for _, v in step.outputs)]:
+        used |= v.free_symbols & names
+    return [y for y, _ in inv if y in used]

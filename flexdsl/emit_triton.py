@@ -286,7 +286,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     prs = [P(p.symbol) for p in step.params]
     lrn = [P(p.symbol) for p in step.learnable]
     outs = [name for name, _ in step.outputs]
-    n_in, n_st = len(ins), len(sts)
+    n_in = len(ins)
     saved = [P(s) for s in plan.saved]
     reread = [P(x) for x in plan.reread]
     g_in_nz = [not (isinstance(g, sp.Basic) and g == 0) for g in bw.grad_inputs]

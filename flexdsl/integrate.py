@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import sympy as sp
 
+from .functions import Where
+
 Values = dict[sp.Symbol, sp.Expr]
 RHS = Callable[[Values], Values]
 Emit = Callable[[str, sp.Expr], sp.Expr]
@@ -110,6 +112,8 @@ def exact(xs: list[sp.Symbol], f: RHS, dt: sp.Expr, emit: Emit) -> Values:
         decay = emit(f"{x}_decay", sp.exp(a0 * dt))
         return {x: x * decay + (-b0 / a0) * (1 - decay)}
     e = (a * dt).exp().applyfunc(lambda z: sp.simplify(sp.expand_complex(z)))
+    if n == 2:
+        e = _with_repeated_eigenvalue_case(a, e, dt)
     det = sp.simplify(a.det())
     if det == 0 or e.has(sp.I):
         return _exact_augmented(xs, a, b, dt)
@@ -117,6 +121,19 @@ def exact(xs: list[sp.Symbol], f: RHS, dt: sp.Expr, emit: Emit) -> Values:
     es = sp.Matrix(n, n, lambda i, j: e[i, j] if e[i, j].is_Atom else emit(f"{xs[i]}_E{j}", e[i, j]))
     const = (a.adjugate() / det) * (es - sp.eye(n)) * b if any(bi != 0 for bi in b) else sp.zeros(n, 1)
     return {x: sum(es[i, j] * xs[j] for j in range(n)) + const[i] for i, x in enumerate(xs)}
+
+
+def _with_repeated_eigenvalue_case(a: sp.Matrix, e: sp.Matrix, dt: sp.Expr) -> sp.Matrix:
+    """exp(A dt) of a 2x2 system in closed form divides by the eigenvalues' difference; where
+    the discriminant is 0 (e.g. equal time constants) use exp(s dt) (I + (A - s I) dt), s = tr/2."""
+    disc = sp.simplify((a[0, 0] - a[1, 1]) ** 2 + 4 * a[0, 1] * a[1, 0])
+    if disc == 0 or disc.is_positive or disc.is_negative:
+        return e
+    s = a.trace() / 2
+    degenerate = (sp.exp(s * dt) * (sp.eye(2) + (a - s * sp.eye(2)) * dt)).applyfunc(sp.simplify)
+    cond = sp.Eq(disc, 0)
+    return sp.Matrix(2, 2, lambda i, j: e[i, j] if sp.simplify(e[i, j] - degenerate[i, j]) == 0
+                     else Where(cond, degenerate[i, j], e[i, j]))
 
 
 def _exact_augmented(xs: list[sp.Symbol], a: sp.Matrix, b: sp.Matrix, dt: sp.Expr) -> Values:

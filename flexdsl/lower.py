@@ -108,6 +108,16 @@ class StepModel:
         eqs = [sp.Eq(y, e, evaluate=False) for y, e in self.assignments]
         return eqs
 
+    def invariants(self) -> list[tuple[sp.Symbol, sp.Expr]]:
+        """The assignments that depend on params only (loop invariants of a multi-step run)."""
+        known = {p.symbol for p in self.params}
+        out = []
+        for y, e in self.assignments:
+            if e.free_symbols <= known and not isinstance(e, SpikeGE | SpikeGT):
+                known.add(y)
+                out.append((y, e))
+        return out
+
 
 class NameGen:
     """Unique, readable names for SSA temporaries (never clashing with model names)."""

@@ -24,6 +24,7 @@ def triton_available() -> bool:
         return False
     return True
 STEP_MODES = ("s", "m")
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class NeuronModule(nn.Module):
@@ -80,6 +81,7 @@ class NeuronModule(nn.Module):
                 self.register_buffer(p.name, t.to(torch.float64))
             else:
                 d["_fixed"][p.name] = float(v)
+        self._check_invariants()
 
     # ------------------------------------------------------------------ errors
     def _error(self, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
@@ -100,27 +102,30 @@ class NeuronModule(nn.Module):
         d = self.__dict__
         if name in d.get("_param_decls", {}):
             self._check_constraint(name, value)
-            if name in d["_fixed"]:
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    del d["_fixed"][name]
-                    self.register_buffer(name, value.detach().to(torch.float64))
-                else:
-                    d["_fixed"][name] = float(value)
-                return
-            if name in self._parameters:
-                if isinstance(value, nn.Parameter):
-                    super().__setattr__(name, value)
-                else:
-                    with torch.no_grad():
-                        self._parameters[name].copy_(torch.as_tensor(value))
-                return
-            if name in self._buffers:
-                self._buffers[name] = torch.as_tensor(value, dtype=torch.float64).expand_as(self._buffers[name]).clone()
-                return
+            self._set_param(name, value)
+            self._check_invariants()
+            return
         if name in d.get("_states", {}):
             d["_states"][name] = value
             return
         super().__setattr__(name, value)
+
+    def _set_param(self, name: str, value: Any) -> None:
+        d = self.__dict__
+        if name in d["_fixed"]:
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                del d["_fixed"][name]
+                self.register_buffer(name, value.detach().to(torch.float64))
+            else:
+                d["_fixed"][name] = float(value)
+        elif name in self._parameters:
+            if isinstance(value, nn.Parameter):
+                super().__setattr__(name, value)
+            else:
+                with torch.no_grad():
+                    self._parameters[name].copy_(torch.as_tensor(value))
+        else:
+            self._buffers[name] = torch.as_tensor(value, dtype=torch.float64).expand_as(self._buffers[name]).clone()
 
     def param_values(self) -> dict[str, Any]:
         """Current value of every param (floats, buffers or Parameters)."""
@@ -128,6 +133,24 @@ class NeuronModule(nn.Module):
         for name in self._param_decls:
             out[name] = getattr(self, name)
         return out
+
+    def _check_invariants(self) -> None:
+        """The step's param-only values must be finite (e.g. an `exact` solution is singular
+        for equal time constants): a located error names the first that is not."""
+        c = self._compiled
+        with torch.no_grad():
+            vals = c.torch_module.invariants(*(v.detach() if isinstance(v, torch.Tensor) else v
+                                               for v in self._core_params()))
+        for name, v in vals.items():
+            t = torch.as_tensor(v)
+            if not bool(torch.isfinite(t).all()):
+                eqs = c.checked.equations
+                pos = c.step.origins.get(name) or (eqs.pos if eqs is not None else c.checked.ast.pos)
+                how = f" (method `{c.method}`)" if c.method else ""
+                raise self._error(
+                    f"with these params the step is not defined: `{name}`{how} is not finite", pos,
+                    "a division by zero or an overflow among the params; with `exact`, equal time constants "
+                    "make the closed form singular: change one slightly or use another method")
 
     def _check_constraint(self, name: str, value: Any) -> None:
         p = self._param_decls[name]
@@ -142,7 +165,11 @@ class NeuronModule(nn.Module):
     # ------------------------------------------------------------------ states
     def _initial_value(self, name: str) -> Any:
         st = next(s for s in self._compiled.checked.states if s.name == name)
-        return evaluate(st.init, self.param_values())
+        try:
+            return evaluate(st.init, self.param_values())
+        except (ArithmeticError, ValueError) as e:
+            raise self._error(f"the initial value of `{name}` cannot be evaluated with these params: {e}",
+                              st.init.pos) from None
 
     def reset(self) -> None:
         """Restore the initial states (SpikingJelly's `functional.reset_net` calls this)."""
@@ -177,8 +204,11 @@ class NeuronModule(nn.Module):
         if self.backend == "torch":
             return False
         if self.backend == "triton":
+            if x0.dtype not in TRITON_DTYPES:
+                raise FlexDSLError(f"the Triton kernels take float32, float16 or bfloat16 inputs, not {x0.dtype}",
+                                   self._compiled.filename, hint="use backend='torch' for float64")
             return True
-        return x0.is_cuda and triton_available()
+        return x0.is_cuda and x0.dtype in TRITON_DTYPES and triton_available()
 
     def _init_states(self, x0: torch.Tensor) -> list[torch.Tensor]:
         out = []

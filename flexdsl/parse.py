@@ -16,15 +16,18 @@ from . import ast as A
 from ._paths import GRAMMAR_DIR
 from .errors import FlexDSLError
 
+_RECURSION_HINT = "split long expressions into several `let` statements"
+
 RESERVED = frozenset(
     "neuron input param state update equations method spike when surrogate on output where learnable let".split()
 )
 
 
 class _IndentError(Exception):
-    def __init__(self, token: Token, message: str) -> None:
+    def __init__(self, token: Token, message: str, at_line_start: bool = False) -> None:
         self.token = token
         self.message = message
+        self.column = 1 if at_line_start else token.end_column
 
 
 class NeuronIndenter(Indenter):
@@ -35,11 +38,25 @@ class NeuronIndenter(Indenter):
     DEDENT_type = "_DEDENT"
     tab_len = 8
 
+    def process(self, stream):  # type: ignore[override]
+        self.indent_char: str | None = None  # " " or "\t": the first indented line decides
+        return super().process(stream)
+
     def handle_NL(self, token: Token):  # type: ignore[override]
         if self.paren_level > 0:
             return
         yield token
         indent_str = token.rsplit("\n", 1)[1]
+        if indent_str:
+            if " " in indent_str and "\t" in indent_str:
+                raise _IndentError(token, "indentation mixes tabs and spaces", True)
+            if self.indent_char is None:
+                self.indent_char = indent_str[0]
+            elif indent_str[0] != self.indent_char:
+                first = "spaces" if self.indent_char == " " else "tabs"
+                this = "a tab" if indent_str[0] == "\t" else "spaces"
+                raise _IndentError(token, f"inconsistent indentation: this line is indented with {this}, "
+                                          f"earlier lines with {first}", True)
         indent = indent_str.count(" ") + indent_str.count("\t") * self.tab_len
         if indent > self.indent_level[-1]:
             self.indent_level.append(indent)
@@ -274,14 +291,21 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
         tree = _parser().parse(text)
     except _IndentError as e:
         tok = e.token
-        return_line = tok.end_line
-        raise FlexDSLError(e.message, filename, return_line, tok.end_column, source) from None
+        raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
+                           "indent blocks with 4 spaces or with tabs, the same way throughout the file") from None
+    except RecursionError:
+        raise FlexDSLError("an expression is nested too deeply to compile", filename, hint=_RECURSION_HINT) from None
     except UnexpectedInput as e:
         raise _syntax_error(e, filename, source) from None
     try:
         neuron = _ToAST(filename, source).transform(tree)
-    except VisitError as e:  # pragma: no cover - a transformer bug, not a user error
-        raise e.orig_exc from None
+    except VisitError as e:
+        if isinstance(e.orig_exc, RecursionError):
+            raise FlexDSLError("an expression is nested too deeply to compile", filename,
+                               hint=_RECURSION_HINT) from None
+        raise e.orig_exc from None  # pragma: no cover - a transformer bug, not a user error
+    except RecursionError:
+        raise FlexDSLError("an expression is nested too deeply to compile", filename, hint=_RECURSION_HINT) from None
     _check_identifiers(neuron)
     return neuron
 

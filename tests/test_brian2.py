@@ -6,6 +6,7 @@ so Brian2's record at step t+1 equals flexdsl's post-reset `state_seqs[...][t]`.
 SpikeMonitor times are the start of the step in which the threshold crossed,
 i.e. step index round(t/dt) equals flexdsl's spike index.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -98,21 +99,35 @@ def _piecewise_inputs(T, n, seg, lo, hi, seed):
 
 
 def test_lif_exact_matches_brian2():
-    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor, TimedArray,
-                        defaultclock, ms, prefs, run, start_scope)
+    from brian2 import (
+        NeuronGroup,
+        SpikeMonitor,
+        StateMonitor,
+        TimedArray,
+        defaultclock,
+        ms,
+        prefs,
+        run,
+        start_scope,
+    )
+
     prefs.codegen.target = "numpy"
     start_scope()
     T, N = 2000, 5
     dt = 0.1 * ms
     defaultclock.dt = dt
     inputs = _piecewise_inputs(T, N, 37, 0.3, 2.5, seed=1)
-    inputs[:, 0] = 1.2          # one constant-input neuron
+    inputs[:, 0] = 1.2  # one constant-input neuron
     I_ta = TimedArray(inputs, dt=dt)
     G = NeuronGroup(
-        N, """dv/dt = (v_rest - v + I) / tau_m : 1
+        N,
+        """dv/dt = (v_rest - v + I) / tau_m : 1
               I = I_ta(t, i) : 1""",
-        method="exact", threshold="v > v_threshold", reset="v = v_rest",
-        namespace=dict(I_ta=I_ta, tau_m=10 * ms, v_rest=0.0, v_threshold=1.0))
+        method="exact",
+        threshold="v > v_threshold",
+        reset="v = v_rest",
+        namespace=dict(I_ta=I_ta, tau_m=10 * ms, v_rest=0.0, v_threshold=1.0),
+    )
     mon = StateMonitor(G, "v", record=True)
     sp = SpikeMonitor(G)
     run((T + 1) * dt)
@@ -123,23 +138,28 @@ def test_lif_exact_matches_brian2():
     b2_pairs = [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
     assert len(b2_pairs) > 20
     assert _spike_pairs(s) == b2_pairs
-    ref = np.asarray(mon.v)[:, 1:T + 1].T          # [T, N]
+    ref = np.asarray(mon.v)[:, 1 : T + 1].T  # [T, N]
     np.testing.assert_allclose(seqs["v"], ref, rtol=1e-7, atol=1e-12)
 
 
 def test_lif_exact_matches_brian2_constant_inputs():
-    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor,
-                        defaultclock, ms, prefs, run, start_scope)
+    from brian2 import NeuronGroup, SpikeMonitor, StateMonitor, defaultclock, ms, prefs, run, start_scope
+
     prefs.codegen.target = "numpy"
     start_scope()
     T = 1500
     dt = 0.1 * ms
     defaultclock.dt = dt
     Ic = np.array([0.5, 1.05, 1.5, 3.0])
-    G = NeuronGroup(len(Ic), """dv/dt = (v_rest - v + I) / tau_m : 1
+    G = NeuronGroup(
+        len(Ic),
+        """dv/dt = (v_rest - v + I) / tau_m : 1
                                I : 1 (constant)""",
-                    method="exact", threshold="v > v_threshold", reset="v = v_rest",
-                    namespace=dict(tau_m=10 * ms, v_rest=0.0, v_threshold=1.0))
+        method="exact",
+        threshold="v > v_threshold",
+        reset="v = v_rest",
+        namespace=dict(tau_m=10 * ms, v_rest=0.0, v_threshold=1.0),
+    )
     G.I = Ic
     mon = StateMonitor(G, "v", record=True)
     sp = SpikeMonitor(G)
@@ -148,13 +168,23 @@ def test_lif_exact_matches_brian2_constant_inputs():
     s, seqs = _run_flexdsl(LIF_ODE, inputs)
     assert _spike_pairs(s) == [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
     assert s[:, 0].sum() == 0 and s[:, 3].sum() > 10
-    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1:T + 1].T, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1 : T + 1].T, rtol=1e-7, atol=1e-12)
 
 
 def test_lif_exact_other_dt_and_tau_overrides():
     """Overrides of dt / tau_m go through the same exact discretisation."""
-    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor, TimedArray,
-                        defaultclock, ms, prefs, run, start_scope)
+    from brian2 import (
+        NeuronGroup,
+        SpikeMonitor,
+        StateMonitor,
+        TimedArray,
+        defaultclock,
+        ms,
+        prefs,
+        run,
+        start_scope,
+    )
+
     prefs.codegen.target = "numpy"
     start_scope()
     T, N = 1000, 3
@@ -162,39 +192,74 @@ def test_lif_exact_other_dt_and_tau_overrides():
     defaultclock.dt = dt
     inputs = _piecewise_inputs(T, N, 11, 0.0, 3.0, seed=2)
     I_ta = TimedArray(inputs, dt=dt)
-    G = NeuronGroup(N, """dv/dt = (v_rest - v + I) / tau_m : 1
+    G = NeuronGroup(
+        N,
+        """dv/dt = (v_rest - v + I) / tau_m : 1
                          I = I_ta(t, i) : 1""",
-                    method="exact", threshold="v > v_threshold", reset="v = v_rest",
-                    namespace=dict(I_ta=I_ta, tau_m=4 * ms, v_rest=0.0, v_threshold=1.0))
+        method="exact",
+        threshold="v > v_threshold",
+        reset="v = v_rest",
+        namespace=dict(I_ta=I_ta, tau_m=4 * ms, v_rest=0.0, v_threshold=1.0),
+    )
     mon = StateMonitor(G, "v", record=True)
     sp = SpikeMonitor(G)
     run((T + 1) * dt)
     s, seqs = _run_flexdsl(LIF_ODE, inputs, dt=0.25, tau_m=4.0)
     assert _spike_pairs(s) == [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
-    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1:T + 1].T, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1 : T + 1].T, rtol=1e-7, atol=1e-12)
 
 
 def test_adex_euler_matches_brian2():
-    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor, TimedArray,
-                        defaultclock, amp, ms, mV, nA, nS, pA, pF, prefs, run, start_scope)
+    from brian2 import (
+        NeuronGroup,
+        SpikeMonitor,
+        StateMonitor,
+        TimedArray,
+        amp,
+        defaultclock,
+        ms,
+        mV,
+        nA,
+        nS,
+        pA,
+        pF,
+        prefs,
+        run,
+        start_scope,
+    )
+
     prefs.codegen.target = "numpy"
     start_scope()
     T = 2000
     dt = 0.1 * ms
     defaultclock.dt = dt
-    Ic = np.array([300.0, 600.0, 800.0, 1000.0, 1500.0])          # pA
+    Ic = np.array([300.0, 600.0, 800.0, 1000.0, 1500.0])  # pA
     N = len(Ic)
     inputs = np.broadcast_to(Ic, (T, N)).copy()
-    inputs[: T // 2, 4] = 0.0                                     # a step for the last one
+    inputs[: T // 2, 4] = 0.0  # a step for the last one
     I_ta = TimedArray(inputs * pA, dt=dt)
-    ns = dict(C=281 * pF, g_L=30 * nS, E_L=-70.6 * mV, V_T=-50.4 * mV, Delta_T=2 * mV,
-              tau_w=144 * ms, a=4 * nS, b=0.0805 * nA, V_cut=-50.4 * mV + 5 * 2 * mV,
-              I_ta=I_ta)
+    ns = dict(
+        C=281 * pF,
+        g_L=30 * nS,
+        E_L=-70.6 * mV,
+        V_T=-50.4 * mV,
+        Delta_T=2 * mV,
+        tau_w=144 * ms,
+        a=4 * nS,
+        b=0.0805 * nA,
+        V_cut=-50.4 * mV + 5 * 2 * mV,
+        I_ta=I_ta,
+    )
     G = NeuronGroup(
-        N, """dV/dt = (-g_L*(V - E_L) + g_L*Delta_T*exp((V - V_T)/Delta_T) - w + I)/C : volt
+        N,
+        """dV/dt = (-g_L*(V - E_L) + g_L*Delta_T*exp((V - V_T)/Delta_T) - w + I)/C : volt
               dw/dt = (a*(V - E_L) - w)/tau_w : amp
               I = I_ta(t, i) : amp""",
-        method="euler", threshold="V >= V_cut", reset="V = E_L; w += b", namespace=ns)
+        method="euler",
+        threshold="V >= V_cut",
+        reset="V = E_L; w += b",
+        namespace=ns,
+    )
     G.V = ns["E_L"]
     G.w = 0 * amp
     mon = StateMonitor(G, ["V", "w"], record=True)
@@ -205,8 +270,8 @@ def test_adex_euler_matches_brian2():
     b2_pairs = [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
     assert len(b2_pairs) > 10
     assert _spike_pairs(s) == b2_pairs
-    refV = np.asarray(mon.V / mV)[:, 1:T + 1].T
-    refw = np.asarray(mon.w / pA)[:, 1:T + 1].T
+    refV = np.asarray(mon.V / mV)[:, 1 : T + 1].T
+    refw = np.asarray(mon.w / pA)[:, 1 : T + 1].T
     np.testing.assert_allclose(seqs["V"], refV, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(seqs["w"], refw, rtol=1e-7, atol=1e-7)
 
@@ -250,19 +315,24 @@ IZH = textwrap.dedent("""\
 # flexdsl's `heun` is the explicit trapezoidal rule (checked by hand in test_semantics).
 @pytest.mark.parametrize("method", ["euler", "rk2", "rk4"])
 def test_izhikevich_matches_brian2(method):
-    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor,
-                        defaultclock, ms, prefs, run, start_scope)
+    from brian2 import NeuronGroup, SpikeMonitor, StateMonitor, defaultclock, ms, prefs, run, start_scope
+
     prefs.codegen.target = "numpy"
     start_scope()
     T = 2000
     dt = 0.1 * ms
     defaultclock.dt = dt
     Ic = np.array([4.0, 10.0, 15.0, 30.0])
-    G = NeuronGroup(len(Ic), """dv/dt = (0.04*v**2 + 5*v + 140 - u + I)/ms : 1
+    G = NeuronGroup(
+        len(Ic),
+        """dv/dt = (0.04*v**2 + 5*v + 140 - u + I)/ms : 1
                                du/dt = a*(b*v - u)/ms : 1
                                I : 1 (constant)""",
-                    method=method, threshold="v >= 30", reset="v = c; u += d",
-                    namespace=dict(a=0.02, b=0.2, c=-65.0, d=8.0))
+        method=method,
+        threshold="v >= 30",
+        reset="v = c; u += d",
+        namespace=dict(a=0.02, b=0.2, c=-65.0, d=8.0),
+    )
     G.v = -65.0
     G.u = 0.2 * -65.0
     G.I = Ic
@@ -273,8 +343,8 @@ def test_izhikevich_matches_brian2(method):
     b2_pairs = [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
     assert len(b2_pairs) > 10
     assert _spike_pairs(s) == b2_pairs
-    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(seqs["u"], np.asarray(mon.u)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1 : T + 1].T, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(seqs["u"], np.asarray(mon.u)[:, 1 : T + 1].T, rtol=1e-7, atol=1e-9)
 
 
 GATE = textwrap.dedent("""\
@@ -296,8 +366,18 @@ GATE = textwrap.dedent("""\
 
 
 def test_exponential_euler_matches_brian2():
-    from brian2 import (NeuronGroup, SpikeMonitor, StateMonitor, TimedArray,
-                        defaultclock, ms, prefs, run, start_scope)
+    from brian2 import (
+        NeuronGroup,
+        SpikeMonitor,
+        StateMonitor,
+        TimedArray,
+        defaultclock,
+        ms,
+        prefs,
+        run,
+        start_scope,
+    )
+
     prefs.codegen.target = "numpy"
     start_scope()
     T, N = 1500, 4
@@ -305,11 +385,16 @@ def test_exponential_euler_matches_brian2():
     defaultclock.dt = dt
     inputs = _piecewise_inputs(T, N, 23, 0.5, 4.0, seed=3)
     I_ta = TimedArray(inputs, dt=dt)
-    G = NeuronGroup(N, """dv/dt = ((I - v) / tau - g * v) / ms : 1
+    G = NeuronGroup(
+        N,
+        """dv/dt = ((I - v) / tau - g * v) / ms : 1
                          dg/dt = (1 / (1 + exp(-v)) * (1 - g) - 0.5 * g) / ms : 1
                          I = I_ta(t, i) : 1""",
-                    method="exponential_euler", threshold="v > 1.0", reset="v = 0.0; g += 0.2",
-                    namespace=dict(I_ta=I_ta, tau=3.0))
+        method="exponential_euler",
+        threshold="v > 1.0",
+        reset="v = 0.0; g += 0.2",
+        namespace=dict(I_ta=I_ta, tau=3.0),
+    )
     G.v = 0.5
     G.g = 0.1
     mon = StateMonitor(G, ["v", "g"], record=True)
@@ -319,5 +404,5 @@ def test_exponential_euler_matches_brian2():
     b2_pairs = [p for p in _brian_spike_pairs(sp, dt) if p[1] < T]
     assert len(b2_pairs) > 10
     assert _spike_pairs(s) == b2_pairs
-    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(seqs["g"], np.asarray(mon.g)[:, 1:T + 1].T, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(seqs["v"], np.asarray(mon.v)[:, 1 : T + 1].T, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(seqs["g"], np.asarray(mon.g)[:, 1 : T + 1].T, rtol=1e-7, atol=1e-9)

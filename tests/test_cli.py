@@ -1,4 +1,5 @@
 """The command line (LANGUAGE.md §8, §9): `python -m flexdsl check|show|run`."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,14 @@ def cli(*args, cwd=None, timeout=180):
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("MPLBACKEND", "Agg")
-    return subprocess.run([sys.executable, "-m", "flexdsl", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd or ROOT, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "flexdsl", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        env=env,
+        timeout=timeout,
+    )
 
 
 class Result:
@@ -135,9 +141,18 @@ def test_check_all_malformed_in_one_call(tmp_path):
 
 
 def test_check_several_files_reports_each(tmp_path):
-    chosen = [c for c in CLI_CASES if c.id in (
-        "unknown_in_update", "duplicate_param", "missing_colon_update",
-        "unknown_surrogate", "exact_on_nonlinear")]
+    chosen = [
+        c
+        for c in CLI_CASES
+        if c.id
+        in (
+            "unknown_in_update",
+            "duplicate_param",
+            "missing_colon_update",
+            "unknown_surrogate",
+            "exact_on_nonlinear",
+        )
+    ]
     assert len(chosen) == 5
     paths = []
     good = tmp_path / "good.neuron"
@@ -163,6 +178,15 @@ def test_check_missing_file(tmp_path):
     assert r.returncode == 1
     out = r.stdout + r.stderr
     assert "does_not_exist" in out
+
+
+def test_check_long_expression_no_traceback(tmp_path):
+    """§8: the CLI never shows a Python traceback, even for a 1000-term sum."""
+    p = tmp_path / "long.neuron"
+    p.write_text(LIF.replace("/ tau", "/ (" + " + ".join(["tau"] * 1000) + ")", 1))
+    r = cli("check", p)
+    no_traceback(r)
+    assert r.returncode in (0, 1)
 
 
 def test_run_missing_file(tmp_path):
@@ -272,10 +296,10 @@ def test_run_summary_constant_input():
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "50" in out                          # number of steps
+    assert "50" in out  # number of steps
     # LIF tau=2, v_th=1: v = 0.75, 1.125 -> spike, reset: a spike every 2nd step
     assert re.search(r"\b25\b", out) or re.search(r"\b0\.50*\b", out), out
-    assert re.search(r"\bv\b", out), out         # final state named
+    assert re.search(r"\bv\b", out), out  # final state named
     assert "spike" in out.lower()
 
 

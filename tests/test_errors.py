@@ -15,6 +15,7 @@ Each case checks:
   * the message (outside the echoed source line) contains the given substrings
     (a tuple means "any of these", case-insensitive).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,7 @@ flexdsl = pytest.importorskip("flexdsl")
 # --------------------------------------------------------------------------- #
 # base models
 # --------------------------------------------------------------------------- #
-LIF = textwrap.dedent('''\
+LIF = textwrap.dedent("""\
     neuron LIF:
         input x
         param tau = 2.0 where tau > 1
@@ -46,9 +47,9 @@ LIF = textwrap.dedent('''\
             v = v_reset
 
         output spike
-    ''')
+    """)
 
-ODE = textwrap.dedent('''\
+ODE = textwrap.dedent("""\
     neuron LIF_ODE:
         input I
         param dt = 0.1
@@ -64,10 +65,10 @@ ODE = textwrap.dedent('''\
         on spike:
             v = v_rest
         output spike
-    ''')
+    """)
 
 UPDATE_LINE = "        v = v + (x - (v - v_reset)) / tau"
-RESET_LINE = "        v = v_reset\n"          # the `on spike:` statement of LIF
+RESET_LINE = "        v = v_reset\n"  # the `on spike:` statement of LIF
 ODE_LINE = "        dv/dt = (v_rest - v + I) / tau_m"
 
 
@@ -119,8 +120,8 @@ class LC:
 class Case:
     id: str
     text: str
-    at: object            # At | LC | list of them (acceptable alternatives)
-    subs: tuple = ()      # each: str (must appear) or tuple of str (any must appear)
+    at: object  # At | LC | list of them (acceptable alternatives)
+    subs: tuple = ()  # each: str (must appear) or tuple of str (any must appear)
     overrides: dict = field(default_factory=dict)
 
     def positions(self) -> list[tuple[int, int]]:
@@ -140,10 +141,9 @@ DID = "did you mean"
 
 _ODE_NO_DT = mut(ODE, "    param dt = 0.1\n", "")
 _ODE_NL = mut(ODE, ODE_LINE, "        dv/dt = (v_rest - v*v + I) / tau_m")
-_NO_INPUT = mut(mut(LIF, "    input x\n", ""), UPDATE_LINE,
-                "        v = v - (v - v_reset) / tau")
+_NO_INPUT = mut(mut(LIF, "    input x\n", ""), UPDATE_LINE, "        v = v - (v - v_reset) / tau")
 _NO_HEADER = textwrap.dedent("\n".join(LIF.split("\n")[1:]))
-_TWO = LIF + textwrap.dedent('''\
+_TWO = LIF + textwrap.dedent("""\
 
     neuron B:
         input y
@@ -151,191 +151,480 @@ _TWO = LIF + textwrap.dedent('''\
         update:
             u = y
         output u
-    ''')
+    """)
 _SURR_USER = mut(
-    mut(LIF, "    state v = v_reset\n",
-        "    state v = v_reset\n    surrogate mine(u, k=1.0) = k / (1 + abs(zz))\n"),
-    "surrogate sigmoid(alpha=4.0)", "surrogate mine(k=2.0)")
+    mut(
+        LIF,
+        "    state v = v_reset\n",
+        "    state v = v_reset\n    surrogate mine(u, k=1.0) = k / (1 + abs(zz))\n",
+    ),
+    "surrogate sigmoid(alpha=4.0)",
+    "surrogate mine(k=2.0)",
+)
 
 
 CASES: list[Case] = [
     # ---------------------------------------------------------------- syntax
-    Case("missing_colon_header", mut(LIF, "neuron LIF:", "neuron LIF"),
-         At("neuron LIF", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
-    Case("missing_colon_update", mut(LIF, "    update:", "    update"),
-         At("    update", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
-    Case("missing_colon_on_spike", mut(LIF, "    on spike:", "    on spike"),
-         At("    on spike", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
-    Case("missing_colon_equations", mut(ODE, "equations method exact:", "equations method exact"),
-         At("equations method exact", "$EOL"), (("colon", "':'", "`:`", '":"', "expected"),)),
-    Case("unexpected_indent", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n            v = v * 0.5"),
-         At("            v = v * 0.5", "v"), ("indent",)),
-    Case("bad_dedent", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n      v = v * 0.5"),
-         At("      v = v * 0.5", "v"), ("indent",)),
-    Case("unterminated_string", mut(LIF, "    input x\n", '    input x "input current\n'),
-         At('input x "input', '"'), (("unterminated", "string", "quote"),)),
-    Case("unterminated_docstring", mut(LIF, "neuron LIF:\n", 'neuron LIF:\n    """Leaky neuron\n'),
-         At('"""Leaky', '"""'), (("unterminated", "string", "docstring", "quote"),)),
-    Case("stray_number", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 2.0"),
-         At("param v_threshold", "2.0"), (SYNTAX,)),
-    Case("stray_paren", mut(LIF, UPDATE_LINE, UPDATE_LINE + " )"),
-         At("/ tau )", ")", 3), (SYNTAX + ("paren",),)),
-    Case("missing_equals_param", mut(LIF, "param v_threshold = 1.0", "param v_threshold 1.0"),
-         At("param v_threshold", "1.0"), (("=", "expected"),)),
-    Case("missing_equals_update", mut(LIF, UPDATE_LINE, "        v v + (x - (v - v_reset)) / tau"),
-         At("        v v +", "v", 2), (SYNTAX + ("=",),)),
-    Case("invalid_character", mut(LIF, UPDATE_LINE, "        v = v $ (x - (v - v_reset)) / tau"),
-         At("v = v $", "$"), (SYNTAX + ("character",),)),
-
+    Case(
+        "missing_colon_header",
+        mut(LIF, "neuron LIF:", "neuron LIF"),
+        At("neuron LIF", "$EOL"),
+        (("colon", "':'", "`:`", '":"', "expected"),),
+    ),
+    Case(
+        "missing_colon_update",
+        mut(LIF, "    update:", "    update"),
+        At("    update", "$EOL"),
+        (("colon", "':'", "`:`", '":"', "expected"),),
+    ),
+    Case(
+        "missing_colon_on_spike",
+        mut(LIF, "    on spike:", "    on spike"),
+        At("    on spike", "$EOL"),
+        (("colon", "':'", "`:`", '":"', "expected"),),
+    ),
+    Case(
+        "missing_colon_equations",
+        mut(ODE, "equations method exact:", "equations method exact"),
+        At("equations method exact", "$EOL"),
+        (("colon", "':'", "`:`", '":"', "expected"),),
+    ),
+    Case(
+        "unexpected_indent",
+        mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n            v = v * 0.5"),
+        At("            v = v * 0.5", "v"),
+        ("indent",),
+    ),
+    Case(
+        "bad_dedent",
+        mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n      v = v * 0.5"),
+        At("      v = v * 0.5", "v"),
+        ("indent",),
+    ),
+    Case(
+        "unterminated_string",
+        mut(LIF, "    input x\n", '    input x "input current\n'),
+        At('input x "input', '"'),
+        (("unterminated", "string", "quote"),),
+    ),
+    Case(
+        "unterminated_docstring",
+        mut(LIF, "neuron LIF:\n", 'neuron LIF:\n    """Leaky neuron\n'),
+        At('"""Leaky', '"""'),
+        (("unterminated", "string", "docstring", "quote"),),
+    ),
+    Case(
+        "stray_number",
+        mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 2.0"),
+        At("param v_threshold", "2.0"),
+        (SYNTAX,),
+    ),
+    Case(
+        "stray_paren",
+        mut(LIF, UPDATE_LINE, UPDATE_LINE + " )"),
+        At("/ tau )", ")", 3),
+        (SYNTAX + ("paren",),),
+    ),
+    Case(
+        "missing_equals_param",
+        mut(LIF, "param v_threshold = 1.0", "param v_threshold 1.0"),
+        At("param v_threshold", "1.0"),
+        (("=", "expected"),),
+    ),
+    Case(
+        "missing_equals_update",
+        mut(LIF, UPDATE_LINE, "        v v + (x - (v - v_reset)) / tau"),
+        At("        v v +", "v", 2),
+        (SYNTAX + ("=",),),
+    ),
+    Case(
+        "invalid_character",
+        mut(LIF, UPDATE_LINE, "        v = v $ (x - (v - v_reset)) / tau"),
+        At("v = v $", "$"),
+        (SYNTAX + ("character",),),
+    ),
     # ---------------------------------------------------------- unknown names
-    Case("unknown_in_update", mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / tua"),
-         At("/ tua", "tua"), ("tua", DID, "`tau`")),
-    Case("unknown_in_spike", mut(LIF, "v >= v_threshold", "v >= v_thresold"),
-         At("spike when", "v_thresold"), ("v_thresold", DID, "v_threshold")),
-    Case("unknown_in_param_default", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 0.5 * tauu"),
-         At("param v_threshold", "tauu"), ("tauu", DID, "`tau`")),
-    Case("unknown_in_state_init", mut(LIF, "state v = v_reset", "state v = v_rset"),
-         At("state v", "v_rset"), ("v_rset", DID, "v_reset")),
-    Case("unknown_in_where", mut(LIF, "where tau > 1", "where tua > 1"),
-         At("param tau", "tua"), ("tua", DID, "`tau`")),
-    Case("unknown_in_on_spike", mut(LIF, RESET_LINE, "        v = v_reste\n"),
-         At("v = v_reste", "v_reste"), ("v_reste", DID, "v_reset")),
-    Case("unknown_in_output", mut(LIF, "output spike", "output spike, vv"),
-         At("output spike", "vv"), ("vv", UNKNOWN)),
-    Case("unknown_in_equations", mut(ODE, ODE_LINE, "        dv/dt = (v_rst - v + I) / tau_m"),
-         At("dv/dt", "v_rst"), ("v_rst", DID, "v_rest")),
-    Case("unknown_function", mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / expp(tau)"),
-         At("/ expp", "expp"), ("expp", DID, "`exp`")),
-    Case("dt_not_declared_in_update", mut(LIF, UPDATE_LINE, "        v = v + dt * (x - v) / tau"),
-         At("v = v + dt", "dt"), ("dt", UNKNOWN + ("param",))),
-    Case("unknown_augassign_target", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        w += 1.0"),
-         At("w += 1.0", "w"), (UNKNOWN + ("state", "defined"),)),
-    Case("unknown_in_user_surrogate", _SURR_USER,
-         At("surrogate mine(u", "zz"), (UNKNOWN,)),
-    Case("param_uses_later_param", mut(LIF, "param tau = 2.0", "param tau = v_threshold * 2.0"),
-         At("param tau", "v_threshold"),
-         ("v_threshold", ("before", "declared", "later", "order", "defined", "unknown", "earlier"))),
-
+    Case(
+        "unknown_in_update",
+        mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / tua"),
+        At("/ tua", "tua"),
+        ("tua", DID, "`tau`"),
+    ),
+    Case(
+        "unknown_in_spike",
+        mut(LIF, "v >= v_threshold", "v >= v_thresold"),
+        At("spike when", "v_thresold"),
+        ("v_thresold", DID, "v_threshold"),
+    ),
+    Case(
+        "unknown_in_param_default",
+        mut(LIF, "param v_threshold = 1.0", "param v_threshold = 0.5 * tauu"),
+        At("param v_threshold", "tauu"),
+        ("tauu", DID, "`tau`"),
+    ),
+    Case(
+        "unknown_in_state_init",
+        mut(LIF, "state v = v_reset", "state v = v_rset"),
+        At("state v", "v_rset"),
+        ("v_rset", DID, "v_reset"),
+    ),
+    Case(
+        "unknown_in_where",
+        mut(LIF, "where tau > 1", "where tua > 1"),
+        At("param tau", "tua"),
+        ("tua", DID, "`tau`"),
+    ),
+    Case(
+        "unknown_in_on_spike",
+        mut(LIF, RESET_LINE, "        v = v_reste\n"),
+        At("v = v_reste", "v_reste"),
+        ("v_reste", DID, "v_reset"),
+    ),
+    Case(
+        "unknown_in_output",
+        mut(LIF, "output spike", "output spike, vv"),
+        At("output spike", "vv"),
+        ("vv", UNKNOWN),
+    ),
+    Case(
+        "unknown_in_equations",
+        mut(ODE, ODE_LINE, "        dv/dt = (v_rst - v + I) / tau_m"),
+        At("dv/dt", "v_rst"),
+        ("v_rst", DID, "v_rest"),
+    ),
+    Case(
+        "unknown_function",
+        mut(LIF, UPDATE_LINE, "        v = v + (x - (v - v_reset)) / expp(tau)"),
+        At("/ expp", "expp"),
+        ("expp", DID, "`exp`"),
+    ),
+    Case(
+        "dt_not_declared_in_update",
+        mut(LIF, UPDATE_LINE, "        v = v + dt * (x - v) / tau"),
+        At("v = v + dt", "dt"),
+        ("dt", UNKNOWN + ("param",)),
+    ),
+    Case(
+        "unknown_augassign_target",
+        mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        w += 1.0"),
+        At("w += 1.0", "w"),
+        (UNKNOWN + ("state", "defined"),),
+    ),
+    Case("unknown_in_user_surrogate", _SURR_USER, At("surrogate mine(u", "zz"), (UNKNOWN,)),
+    Case(
+        "param_uses_later_param",
+        mut(LIF, "param tau = 2.0", "param tau = v_threshold * 2.0"),
+        At("param tau", "v_threshold"),
+        ("v_threshold", ("before", "declared", "later", "order", "defined", "unknown", "earlier")),
+    ),
     # ------------------------------------------------------ declarations
-    Case("duplicate_param", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param tau = 3.0\n"),
-         At("param tau = 3.0", "tau"), ("tau", DUP)),
-    Case("duplicate_state_vs_param", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state tau = 0.0\n"),
-         At("state tau", "tau"), ("tau", DUP)),
-    Case("duplicate_input", mut(LIF, "    input x\n", "    input x, x\n"),
-         At("input x, x", "x", 2), (DUP,)),
-    Case("reserved_param_spike", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param spike = 1.0\n"),
-         At("param spike", "spike"), ("spike", RESERVED)),
-    Case("reserved_state_spike", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state spike = 0.0\n"),
-         At("state spike", "spike"), ("spike", RESERVED + ("cannot be declared",))),
-    Case("reserved_state_where", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state where = 0.0\n"),
-         At("state where", "where"), ("where", RESERVED + ("cannot be declared", "built-in"))),
-    Case("reserved_param_input", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param input = 1.0\n"),
-         At("param input", "input"), ("input", RESERVED)),
-    Case("reserved_input_learnable", mut(LIF, "    input x\n", "    input x, learnable\n"),
-         At("input x, learnable", "learnable"), ("learnable", RESERVED)),
-    Case("python_keyword_param_lambda", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param lambda = 1.0\n"),
-         At("param lambda", "lambda"), ("lambda", KEYWORD)),
-    Case("python_keyword_state_class", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state class = 0.0\n"),
-         At("state class", "class"), ("class", KEYWORD)),
-    Case("python_keyword_input_import", mut(LIF, "    input x\n", "    input x, import\n"),
-         At("input x, import", "import"), ("import", KEYWORD)),
-    Case("underscore_param", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param _tau = 2.0\n"),
-         At("param _tau", "_tau"), (("underscore", "_tau", "'_'", "`_`", "identifier", "name"),)),
-    Case("underscore_state_dunder", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state __w = 0.0\n"),
-         At("state __w", "__w"), (("underscore", "__w", "'_'", "`_`", "identifier", "name"),)),
-    Case("state_init_uses_state", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state w = v\n"),
-         At("state w = v", "v"), (("param", "state", "initial"),)),
-    Case("state_init_uses_input", mut(LIF, "state v = v_reset", "state v = x"),
-         At("state v = x", "x"), (("param", "input", "initial"),)),
-    Case("param_default_uses_state", mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    param k = v\n"),
-         At("param k = v", "v"), (("param", "state", "constant", "before", "declared"),)),
+    Case(
+        "duplicate_param",
+        mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param tau = 3.0\n"),
+        At("param tau = 3.0", "tau"),
+        ("tau", DUP),
+    ),
+    Case(
+        "duplicate_state_vs_param",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state tau = 0.0\n"),
+        At("state tau", "tau"),
+        ("tau", DUP),
+    ),
+    Case("duplicate_input", mut(LIF, "    input x\n", "    input x, x\n"), At("input x, x", "x", 2), (DUP,)),
+    Case(
+        "reserved_param_spike",
+        mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param spike = 1.0\n"),
+        At("param spike", "spike"),
+        ("spike", RESERVED),
+    ),
+    Case(
+        "reserved_state_spike",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state spike = 0.0\n"),
+        At("state spike", "spike"),
+        ("spike", RESERVED + ("cannot be declared",)),
+    ),
+    Case(
+        "reserved_state_where",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state where = 0.0\n"),
+        At("state where", "where"),
+        ("where", RESERVED + ("cannot be declared", "built-in")),
+    ),
+    Case(
+        "reserved_param_input",
+        mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param input = 1.0\n"),
+        At("param input", "input"),
+        ("input", RESERVED),
+    ),
+    Case(
+        "reserved_input_learnable",
+        mut(LIF, "    input x\n", "    input x, learnable\n"),
+        At("input x, learnable", "learnable"),
+        ("learnable", RESERVED),
+    ),
+    Case(
+        "python_keyword_param_lambda",
+        mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param lambda = 1.0\n"),
+        At("param lambda", "lambda"),
+        ("lambda", KEYWORD),
+    ),
+    Case(
+        "python_keyword_state_class",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state class = 0.0\n"),
+        At("state class", "class"),
+        ("class", KEYWORD),
+    ),
+    Case(
+        "python_keyword_input_import",
+        mut(LIF, "    input x\n", "    input x, import\n"),
+        At("input x, import", "import"),
+        ("import", KEYWORD),
+    ),
+    Case(
+        "underscore_param",
+        mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param _tau = 2.0\n"),
+        At("param _tau", "_tau"),
+        (("underscore", "_tau", "'_'", "`_`", "identifier", "name"),),
+    ),
+    Case(
+        "underscore_state_dunder",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state __w = 0.0\n"),
+        At("state __w", "__w"),
+        (("underscore", "__w", "'_'", "`_`", "identifier", "name"),),
+    ),
+    Case(
+        "state_init_uses_state",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    state w = v\n"),
+        At("state w = v", "v"),
+        (("param", "state", "initial"),),
+    ),
+    Case(
+        "state_init_uses_input",
+        mut(LIF, "state v = v_reset", "state v = x"),
+        At("state v = x", "x"),
+        (("param", "input", "initial"),),
+    ),
+    Case(
+        "param_default_uses_state",
+        mut(LIF, "    state v = v_reset\n", "    state v = v_reset\n    param k = v\n"),
+        At("param k = v", "v"),
+        (("param", "state", "constant", "before", "declared"),),
+    ),
     Case("no_input", _NO_INPUT, [LC(1, 1), LC(1, 8)], ("input",)),
     Case("missing_neuron_header", _NO_HEADER, LC(1, 1), ("neuron",)),
-    Case("two_neurons", _TWO, At("neuron B:", "neuron"),
-         (("one neuron", "only one", "second", "multiple", "more than one", "per file", "unexpected"),)),
-    Case("where_default_violated", mut(LIF, "param tau = 2.0", "param tau = 0.5"),
-         [At("param tau", "where"), At("param tau", "tau", 2), At("param tau", "0.5"), At("param tau", "tau")],
-         ("tau", CONSTRAINT)),
-    Case("where_chain_violated", mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param p = 1.5 where 0 < p < 1\n"),
-         [At("param p", "where"), At("param p", "0 <"), At("param p", "1.5"), At("param p", "p", 2)],
-         (CONSTRAINT,)),
-
+    Case(
+        "two_neurons",
+        _TWO,
+        At("neuron B:", "neuron"),
+        (("one neuron", "only one", "second", "multiple", "more than one", "per file", "unexpected"),),
+    ),
+    Case(
+        "where_default_violated",
+        mut(LIF, "param tau = 2.0", "param tau = 0.5"),
+        [At("param tau", "where"), At("param tau", "tau", 2), At("param tau", "0.5"), At("param tau", "tau")],
+        ("tau", CONSTRAINT),
+    ),
+    Case(
+        "where_chain_violated",
+        mut(LIF, "    param v_reset = 0.0\n", "    param v_reset = 0.0\n    param p = 1.5 where 0 < p < 1\n"),
+        [At("param p", "where"), At("param p", "0 <"), At("param p", "1.5"), At("param p", "p", 2)],
+        (CONSTRAINT,),
+    ),
     # ------------------------------------------------------------ statements
-    Case("assign_input_in_update", mut(LIF, UPDATE_LINE, "        x = x * 2.0\n" + UPDATE_LINE),
-         At("x = x * 2.0", "x"), ("input",)),
-    Case("assign_param_in_update", mut(LIF, UPDATE_LINE, "        tau = 3.0\n" + UPDATE_LINE),
-         At("tau = 3.0", "tau"), ("param",)),
-    Case("augassign_param_in_update", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        v_reset += 1.0"),
-         At("v_reset += 1.0", "v_reset"), ("param",)),
-    Case("let_on_state", mut(LIF, UPDATE_LINE, "        let v = v + (x - (v - v_reset)) / tau"),
-         At("let v", "v"), (("state", "let"),)),
-    Case("assign_spike_in_update", mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        spike = 1.0"),
-         At("spike = 1.0", "spike"), ("spike", RESERVED + ("cannot", "not allowed", "only"))),
-    Case("on_spike_mul_assign", mut(LIF, RESET_LINE, "        v *= 0.5\n"),
-         [At("v *= 0.5", "v"), At("v *= 0.5", "*=")],
-         (("*=", "on spike", "only", "allowed"),)),
-    Case("on_spike_assign_param", mut(LIF, RESET_LINE, RESET_LINE + "        tau = 2.0\n"),
-         At("        tau = 2.0", "tau"), ("state",)),
-    Case("on_spike_assign_input", mut(LIF, RESET_LINE, RESET_LINE + "        x = 0.0\n"),
-         At("x = 0.0", "x"), ("state",)),
-    Case("second_spike_rule", mut(LIF, "    on spike:", "    spike when v >= 2.0 surrogate sigmoid(alpha=4.0)\n    on spike:"),
-         At("spike when v >= 2.0", "spike"),
-         (("one spike", "second", "duplicate", "already", "more than one", "at most", "multiple"),)),
-    Case("unknown_surrogate", mut(LIF, "surrogate sigmoid(", "surrogate sigmiod("),
-         At("surrogate sigmiod", "sigmiod"), ("sigmiod", DID, "`sigmoid`")),
-    Case("unknown_surrogate_keyword", mut(LIF, "sigmoid(alpha=4.0)", "sigmoid(alhpa=4.0)"),
-         At("sigmoid(alhpa", "alhpa"), ("alhpa", "alpha")),
-    Case("arity_exp", mut(LIF, UPDATE_LINE, "        v = v + exp(v, x) / tau"),
-         At("exp(v, x)", "exp"), ("exp", ARITY)),
-    Case("arity_clip", mut(LIF, UPDATE_LINE, "        v = v + clip(x, 1) / tau"),
-         At("clip(x, 1)", "clip"), ("clip", ARITY)),
-    Case("arity_where_function", mut(LIF, UPDATE_LINE, "        v = v + where(x > 1, x) / tau"),
-         At("where(x > 1, x)", "where"), ("where", ARITY)),
-    Case("arity_heaviside", mut(LIF, UPDATE_LINE, "        v = v + heaviside() / tau"),
-         At("heaviside()", "heaviside"), ("heaviside", ARITY)),
-    Case("comparison_in_update", mut(LIF, UPDATE_LINE, "        v = v + (x > 1.0) / tau"),
-         [At("(x > 1.0)", "x"), At("(x > 1.0)", ">")], (("comparison", "where", "unexpected"),)),
-    Case("comparison_in_param_default", mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 > 0.5"),
-         [At("param v_threshold", "1.0"), At("param v_threshold", ">")],
-         (("comparison", "where", "unexpected"),)),
-
-    Case("tab_space_mix", mut(LIF, "    output spike", "\toutput spike"),
-         [At("output spike", "output"), At("output spike", "\t")], (("indent", "tab"),)),
-    Case("duplicate_input_lines", mut(LIF, "    input x\n", "    input x\n    input x\n"),
-         LC(3, 11), (DUP,)),
-    Case("surrogate_keyword_twice", mut(LIF, "sigmoid(alpha=4.0)", "sigmoid(alpha=4.0, alpha=2.0)"),
-         At("sigmoid(alpha=4.0, alpha", "alpha", 2), ("alpha", DUP)),
-    Case("where_not_a_comparison", mut(LIF, "where tau > 1", "where tau"),
-         [At("param tau", "tau", 2), At("param tau", "where"), At("param tau", "$EOL")],
-         (("comparison", "where", "condition", "expected", "`>`"),)),
-    Case("unknown_in_where_function", mut(LIF, UPDATE_LINE, "        v = v + where(x > v_thresh, x, 0) / tau"),
-         At("where(x > v_thresh", "v_thresh"), ("v_thresh", DID, "v_threshold")),
-    Case("output_spike_without_rule",
-         mut(mut(mut(LIF, "    spike when v >= v_threshold surrogate sigmoid(alpha=4.0)\n", ""),
-                 "    on spike:\n" + RESET_LINE, ""), "output spike", "output v, spike"),
-         At("output v, spike", "spike"), ("spike",)),
-    Case("on_spike_without_rule",
-         mut(mut(LIF, "    spike when v >= v_threshold surrogate sigmoid(alpha=4.0)\n", ""),
-             "output spike", "output v"),
-         [At("on spike:", "on"), At("on spike:", "spike")], ("spike",)),
-    Case("state_without_initial_value", mut(LIF, "state v = v_reset", "state v"),
-         [At("    state v", "$EOL"), At("    state v", "v")], (("=", "initial", "expected"),)),
-    Case("param_without_value", mut(LIF, "param v_threshold = 1.0", "param v_threshold ="),
-         At("param v_threshold =", "$EOL"), (("expected", "expression", "value"),)),
-
+    Case(
+        "assign_input_in_update",
+        mut(LIF, UPDATE_LINE, "        x = x * 2.0\n" + UPDATE_LINE),
+        At("x = x * 2.0", "x"),
+        ("input",),
+    ),
+    Case(
+        "assign_param_in_update",
+        mut(LIF, UPDATE_LINE, "        tau = 3.0\n" + UPDATE_LINE),
+        At("tau = 3.0", "tau"),
+        ("param",),
+    ),
+    Case(
+        "augassign_param_in_update",
+        mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        v_reset += 1.0"),
+        At("v_reset += 1.0", "v_reset"),
+        ("param",),
+    ),
+    Case(
+        "let_on_state",
+        mut(LIF, UPDATE_LINE, "        let v = v + (x - (v - v_reset)) / tau"),
+        At("let v", "v"),
+        (("state", "let"),),
+    ),
+    Case(
+        "assign_spike_in_update",
+        mut(LIF, UPDATE_LINE, UPDATE_LINE + "\n        spike = 1.0"),
+        At("spike = 1.0", "spike"),
+        ("spike", RESERVED + ("cannot", "not allowed", "only")),
+    ),
+    Case(
+        "on_spike_mul_assign",
+        mut(LIF, RESET_LINE, "        v *= 0.5\n"),
+        [At("v *= 0.5", "v"), At("v *= 0.5", "*=")],
+        (("*=", "on spike", "only", "allowed"),),
+    ),
+    Case(
+        "on_spike_assign_param",
+        mut(LIF, RESET_LINE, RESET_LINE + "        tau = 2.0\n"),
+        At("        tau = 2.0", "tau"),
+        ("state",),
+    ),
+    Case(
+        "on_spike_assign_input",
+        mut(LIF, RESET_LINE, RESET_LINE + "        x = 0.0\n"),
+        At("x = 0.0", "x"),
+        ("state",),
+    ),
+    Case(
+        "second_spike_rule",
+        mut(LIF, "    on spike:", "    spike when v >= 2.0 surrogate sigmoid(alpha=4.0)\n    on spike:"),
+        At("spike when v >= 2.0", "spike"),
+        (("one spike", "second", "duplicate", "already", "more than one", "at most", "multiple"),),
+    ),
+    Case(
+        "unknown_surrogate",
+        mut(LIF, "surrogate sigmoid(", "surrogate sigmiod("),
+        At("surrogate sigmiod", "sigmiod"),
+        ("sigmiod", DID, "`sigmoid`"),
+    ),
+    Case(
+        "unknown_surrogate_keyword",
+        mut(LIF, "sigmoid(alpha=4.0)", "sigmoid(alhpa=4.0)"),
+        At("sigmoid(alhpa", "alhpa"),
+        ("alhpa", "alpha"),
+    ),
+    Case(
+        "arity_exp",
+        mut(LIF, UPDATE_LINE, "        v = v + exp(v, x) / tau"),
+        At("exp(v, x)", "exp"),
+        ("exp", ARITY),
+    ),
+    Case(
+        "arity_clip",
+        mut(LIF, UPDATE_LINE, "        v = v + clip(x, 1) / tau"),
+        At("clip(x, 1)", "clip"),
+        ("clip", ARITY),
+    ),
+    Case(
+        "arity_where_function",
+        mut(LIF, UPDATE_LINE, "        v = v + where(x > 1, x) / tau"),
+        At("where(x > 1, x)", "where"),
+        ("where", ARITY),
+    ),
+    Case(
+        "arity_heaviside",
+        mut(LIF, UPDATE_LINE, "        v = v + heaviside() / tau"),
+        At("heaviside()", "heaviside"),
+        ("heaviside", ARITY),
+    ),
+    Case(
+        "comparison_in_update",
+        mut(LIF, UPDATE_LINE, "        v = v + (x > 1.0) / tau"),
+        [At("(x > 1.0)", "x"), At("(x > 1.0)", ">")],
+        (("comparison", "where", "unexpected"),),
+    ),
+    Case(
+        "comparison_in_param_default",
+        mut(LIF, "param v_threshold = 1.0", "param v_threshold = 1.0 > 0.5"),
+        [At("param v_threshold", "1.0"), At("param v_threshold", ">")],
+        (("comparison", "where", "unexpected"),),
+    ),
+    Case(
+        "tab_space_mix",
+        mut(LIF, "    output spike", "\toutput spike"),
+        [At("output spike", "output"), At("output spike", "\t")],
+        (("indent", "tab"),),
+    ),
+    Case("duplicate_input_lines", mut(LIF, "    input x\n", "    input x\n    input x\n"), LC(3, 11), (DUP,)),
+    Case(
+        "surrogate_keyword_twice",
+        mut(LIF, "sigmoid(alpha=4.0)", "sigmoid(alpha=4.0, alpha=2.0)"),
+        At("sigmoid(alpha=4.0, alpha", "alpha", 2),
+        ("alpha", DUP),
+    ),
+    Case(
+        "where_not_a_comparison",
+        mut(LIF, "where tau > 1", "where tau"),
+        [At("param tau", "tau", 2), At("param tau", "where"), At("param tau", "$EOL")],
+        (("comparison", "where", "condition", "expected", "`>`"),),
+    ),
+    Case(
+        "unknown_in_where_function",
+        mut(LIF, UPDATE_LINE, "        v = v + where(x > v_thresh, x, 0) / tau"),
+        At("where(x > v_thresh", "v_thresh"),
+        ("v_thresh", DID, "v_threshold"),
+    ),
+    Case(
+        "output_spike_without_rule",
+        mut(
+            mut(
+                mut(LIF, "    spike when v >= v_threshold surrogate sigmoid(alpha=4.0)\n", ""),
+                "    on spike:\n" + RESET_LINE,
+                "",
+            ),
+            "output spike",
+            "output v, spike",
+        ),
+        At("output v, spike", "spike"),
+        ("spike",),
+    ),
+    Case(
+        "on_spike_without_rule",
+        mut(
+            mut(LIF, "    spike when v >= v_threshold surrogate sigmoid(alpha=4.0)\n", ""),
+            "output spike",
+            "output v",
+        ),
+        [At("on spike:", "on"), At("on spike:", "spike")],
+        ("spike",),
+    ),
+    Case(
+        "state_without_initial_value",
+        mut(LIF, "state v = v_reset", "state v"),
+        [At("    state v", "$EOL"), At("    state v", "v")],
+        (("=", "initial", "expected"),),
+    ),
+    Case(
+        "param_without_value",
+        mut(LIF, "param v_threshold = 1.0", "param v_threshold ="),
+        At("param v_threshold =", "$EOL"),
+        (("expected", "expression", "value"),),
+    ),
     # --------------------------------------------------------------- ODEs
-    Case("derivative_of_input", mut(ODE, ODE_LINE, ODE_LINE + "\n        dI/dt = 0.0"),
-         [At("dI/dt", "dI"), At("dI/dt", "I")], ("state",)),
-    Case("derivative_twice", mut(ODE, ODE_LINE, ODE_LINE + "\n        dv/dt = -v / tau_m"),
-         [At("dv/dt = -v", "dv"), At("dv/dt = -v", "v")], (DUP + ("second",),)),
-    Case("derivative_wrt_dx", mut(ODE, "dv/dt", "dv/dx"),
-         [At("dv/dx", "dv"), At("dv/dx", "/"), At("dv/dx", "dx")],
-         (("dt", "derivative") + SYNTAX,)),
-    Case("ode_without_dt_param", _ODE_NO_DT,
-         [At("equations method", "equations"), At("dv/dt", "dv"), At("dv/dt", "v")], ("dt",)),
+    Case(
+        "derivative_of_input",
+        mut(ODE, ODE_LINE, ODE_LINE + "\n        dI/dt = 0.0"),
+        [At("dI/dt", "dI"), At("dI/dt", "I")],
+        ("state",),
+    ),
+    Case(
+        "derivative_twice",
+        mut(ODE, ODE_LINE, ODE_LINE + "\n        dv/dt = -v / tau_m"),
+        [At("dv/dt = -v", "dv"), At("dv/dt = -v", "v")],
+        (DUP + ("second",),),
+    ),
+    Case(
+        "derivative_wrt_dx",
+        mut(ODE, "dv/dt", "dv/dx"),
+        [At("dv/dx", "dv"), At("dv/dx", "/"), At("dv/dx", "dx")],
+        (("dt", "derivative") + SYNTAX,),
+    ),
+    Case(
+        "ode_without_dt_param",
+        _ODE_NO_DT,
+        [At("equations method", "equations"), At("dv/dt", "dv"), At("dv/dt", "v")],
+        ("dt",),
+    ),
     Case("exact_on_nonlinear", _ODE_NL, [At("dv/dt", "dv"), At("dv/dt", "v")], ("exact",)),
-    Case("unknown_method", mut(ODE, "method exact", "method exakt"),
-         At("equations method", "exakt"), ("exakt", DID, "exact")),
+    Case(
+        "unknown_method",
+        mut(ODE, "method exact", "method exakt"),
+        At("equations method", "exakt"),
+        ("exakt", DID, "exact"),
+    ),
 ]
 
 assert len({c.id for c in CASES}) == len(CASES)
@@ -352,7 +641,11 @@ def _strip_source_echo(msg: str, src: str) -> str:
     out, skip_next = [], False
     key = src.strip()
     for ln in msg.split("\n"):
-        if skip_next and "^" in ln and not ln.replace("^", "").replace("~", "").replace("|", "").strip(" 0123456789"):
+        if (
+            skip_next
+            and "^" in ln
+            and not ln.replace("^", "").replace("~", "").replace("|", "").strip(" 0123456789")
+        ):
             skip_next = False
             continue
         skip_next = False
@@ -386,8 +679,9 @@ def check_message(msg: str, text: str, filename: str, line: int, col: int, subs)
     rest = _strip_source_echo(msg, src).lower()
     for s in subs:
         alts = (s,) if isinstance(s, str) else tuple(s)
-        assert any(a.lower() in rest for a in alts), \
+        assert any(a.lower() in rest for a in alts), (
             f"none of {alts!r} in the message (outside the source echo):\n{msg}"
+        )
 
 
 def _raise(case: Case):
@@ -420,15 +714,19 @@ def test_located_error(case: Case):
 
 
 def _where_positions(text):
-    return [At("param tau", "where").resolve(text), At("param tau", "tau", 2).resolve(text),
-            At("param tau", "2.0").resolve(text), At("param tau", "tau").resolve(text)]
+    return [
+        At("param tau", "where").resolve(text),
+        At("param tau", "tau", 2).resolve(text),
+        At("param tau", "2.0").resolve(text),
+        At("param tau", "tau").resolve(text),
+    ]
 
 
 def test_override_violating_where():
     with pytest.raises(flexdsl.FlexDSLError) as ei:
         flexdsl.loads(LIF, tau=0.5)
     err = ei.value
-    assert err.line == 3, str(err)                 # the constraint's line
+    assert err.line == 3, str(err)  # the constraint's line
     assert str(err).startswith(f"<string>:3:{err.column}: error:")
     assert (err.line, err.column) in [(3, c) for _, c in _where_positions(LIF)] + [(3, 5)]
     assert "tau" in str(err)
@@ -437,14 +735,57 @@ def test_override_violating_where():
 
 def test_tab_indented_file_is_valid():
     import torch
+
     text = LIF.replace("        ", "\t\t").replace("    ", "\t")
     assert "\t\tv = v_reset" in text
     x = torch.full((6, 2), 1.5, dtype=torch.float64)
     assert torch.equal(flexdsl.loads(text)(x), flexdsl.loads(LIF)(x))
 
 
+def test_mixed_tabs_and_spaces_rejected():
+    """§2: blocks are indented by 4 spaces *or* a tab, consistently: a file indented
+    with spaces that has one tab-indented line is an error (not a tab counted as 8)."""
+    text = LIF.replace(RESET_LINE, "\tv = v_reset\n")
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(text)
+    err = ei.value
+    assert err.line == 14, str(err)
+    assert any(w in str(err).lower() for w in ("indent", "tab")), str(err)
+
+
+@pytest.mark.parametrize("n", [1000])
+def test_long_expression_is_not_a_crash(n):
+    """§8: every problem raises FlexDSLError; a long (flat) sum must not hit Python's
+    recursion limit (either it compiles, or it is a located FlexDSLError)."""
+    import torch
+
+    text = mut(LIF, "/ tau", "/ (" + " + ".join(["tau"] * n) + ")")
+    try:
+        m = flexdsl.loads(text)
+    except flexdsl.FlexDSLError:
+        return
+    x = torch.full((4, 2), 1.5 * n, dtype=torch.float64)
+    assert m(x).shape == (4, 2)
+
+
+def test_state_init_domain_error_is_a_flexdsl_error():
+    """§8: a state's initial value that cannot be evaluated (like a param default that
+    cannot, which is a located error at load) raises FlexDSLError, not a bare ValueError."""
+    import torch
+
+    text = mut(LIF, "state v = v_reset", "state v = sqrt(-1.0)")
+    try:
+        m = flexdsl.loads(text)
+    except flexdsl.FlexDSLError as e:
+        assert (e.line, e.column) in [(6, 11), (6, 15)], str(e)
+        return
+    with pytest.raises(flexdsl.FlexDSLError):
+        m(torch.ones(2, 1))
+
+
 def test_comments_and_blank_lines_are_ignored():
     import torch
+
     text = "# a comment before the header\n\n" + LIF.replace(
         UPDATE_LINE, "        # comment inside a block\n\n" + UPDATE_LINE + "   # trailing comment"
     ).replace("    output spike", "    # comment\n    output spike  # the spikes")
@@ -476,6 +817,7 @@ def test_override_of_unknown_param_library():
 
 def test_runtime_assignment_checks_where():
     import torch
+
     m = flexdsl.load("lif")
     with pytest.raises(flexdsl.FlexDSLError) as ei:
         m.tau = 0.5
@@ -495,7 +837,7 @@ def test_runtime_assignment_checks_where():
 def test_runtime_assignment_checks_where_inline():
     m = flexdsl.loads(LIF)
     with pytest.raises(flexdsl.FlexDSLError):
-        m.tau = 1.0                 # tau > 1 is strict
+        m.tau = 1.0  # tau > 1 is strict
     m.tau = 1.5
     assert float(m.tau) == 1.5
 
@@ -522,6 +864,7 @@ def _payload(sentinel):
 def _try_everything(text):
     """Load/compile/run; FlexDSLError is an acceptable outcome, nothing else is."""
     import torch
+
     try:
         c = flexdsl.compile(text)
         _ = c.torch_source
@@ -535,15 +878,18 @@ def _try_everything(text):
 def test_docstrings_are_text_not_code(tmp_path):
     s = tmp_path / "SENTINEL_doc"
     p = _payload(s)
-    text = mut(LIF, "neuron LIF:\n",
-               'neuron LIF:\n'
-               f'    """Docs with code: {p}\n'
-               f"    and quotes \'\'\' + {p} + \'\'\' and {{{p}}} and \\n {p} ' \" # \n"
-               f'    end of doc {p}"""\n')
-    text = mut(text, "    input x\n", f"    input x    \"\'\'\' + {p} + \'\'\' {{{p}}} %s\"\n")
+    text = mut(
+        LIF,
+        "neuron LIF:\n",
+        "neuron LIF:\n"
+        f'    """Docs with code: {p}\n'
+        f"    and quotes ''' + {p} + ''' and {{{p}}} and \\n {p} ' \" # \n"
+        f'    end of doc {p}"""\n',
+    )
+    text = mut(text, "    input x\n", f"    input x    \"''' + {p} + ''' {{{p}}} %s\"\n")
     assert _try_everything(text), "a model with ordinary docstrings must load"
     assert not s.exists(), "a string in a .neuron file was executed"
-    src = flexdsl.compile(text).torch_source
+    assert isinstance(flexdsl.compile(text).torch_source, str)
     assert not s.exists()
     # a one-line string has no escapes: `"\"` is a complete string, what follows is not
     text2 = mut(LIF, "param v_reset = 0.0", f'param v_reset = 0.0   "\\" + {p} + "\\ {p}"')
@@ -561,8 +907,9 @@ def test_docstring_with_backslash_is_text(tmp_path):
     assert not s.exists()
 
 
-RESERVED_WORDS = ("neuron input param state update equations method spike when "
-                  "surrogate on output where learnable let").split()
+RESERVED_WORDS = (
+    "neuron input param state update equations method spike when surrogate on output where learnable let"
+).split()
 
 
 @pytest.mark.parametrize("word", RESERVED_WORDS)
@@ -581,7 +928,7 @@ def test_reserved_words_rejected_as_names(word, kind):
     else:
         text = mut(LIF, UPDATE_LINE, UPDATE_LINE + f"\n        let {word} = 1.0")
         at = At(f"let {word} =", word)
-    if word == kind:                     # `param param`, `let let`...: the second one
+    if word == kind:  # `param param`, `let let`...: the second one
         at = At(at.line, word, 2)
     with pytest.raises(flexdsl.FlexDSLError) as ei:
         flexdsl.loads(text)
@@ -590,17 +937,20 @@ def test_reserved_words_rejected_as_names(word, kind):
     check_message(str(err), text, "<string>", err.line, err.column, ())
 
 
-@pytest.mark.parametrize("expr", [
-    "__import__('os').system('touch {s}')",
-    "eval('0')",
-    "exec('0')",
-    "open('{s}', 'w')",
-    "x.__class__",
-    "getattr(x, 'real')",
-    "x if 1 else 0",
-    "[x for x in (1,)]",
-    "lambda: 0",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('touch {s}')",
+        "eval('0')",
+        "exec('0')",
+        "open('{s}', 'w')",
+        "x.__class__",
+        "getattr(x, 'real')",
+        "x if 1 else 0",
+        "[x for x in (1,)]",
+        "lambda: 0",
+    ],
+)
 def test_python_in_expressions_rejected(tmp_path, expr):
     s = tmp_path / "SENTINEL_expr"
     e = expr.format(s=s)

@@ -10,13 +10,14 @@ test_library_ode.py.
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -34,10 +35,26 @@ STEMS = sorted(p.stem for p in NEURONS.glob("*.neuron"))
 
 # The models the library promises (file stems).
 REQUIRED = {
-    "if", "lif", "plif", "qif", "eif", "izhikevich", "cuba_lif",
-    "snn_leaky", "snn_synaptic", "lapicque", "norse_lif", "li",
-    "adex", "izhikevich_2003", "alif", "resonate_fire", "hodgkin_huxley",
-    "lif_soft", "lif_no_decay_input", "klif",
+    "if",
+    "lif",
+    "plif",
+    "qif",
+    "eif",
+    "izhikevich",
+    "cuba_lif",
+    "snn_leaky",
+    "snn_synaptic",
+    "lapicque",
+    "norse_lif",
+    "li",
+    "adex",
+    "izhikevich_2003",
+    "alif",
+    "resonate_fire",
+    "hodgkin_huxley",
+    "lif_soft",
+    "lif_no_decay_input",
+    "klif",
 }
 
 
@@ -97,14 +114,19 @@ def test_file_is_documented(stem):
     assert "Reference" in doc, "the docstring must name its reference"
     for line in text.splitlines():
         if re.match(r"\s+(input|param|state)\s", line):
-            assert re.search(r'"[^"]+"\s*$', line), f"undocumented declaration: {line.strip()}"
+            m = re.search(r'"([^"]+)"\s*$', line)
+            assert m, f"undocumented declaration: {line.strip()}"
+            assert re.search(r"\([^)]+\)", m.group(1)), f"no unit in parentheses: {line.strip()}"
 
 
 def test_check_cli_accepts_the_library():
     files = [str(NEURONS / f"{s}.neuron") for s in STEMS]
     r = subprocess.run(
         [sys.executable, "-m", "flexdsl", "check", *files],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
@@ -160,7 +182,10 @@ SJ_SURROGATES: dict[str, tuple[Callable[[], object] | None, str | None]] = {
     "atan": (lambda: sj_surrogate.ATan(alpha=2.0), "atan(alpha=2.0)"),
     "sigmoid_alpha2": (lambda: sj_surrogate.Sigmoid(alpha=2.0), "sigmoid(alpha=2.0)"),
     "atan_alpha3": (lambda: sj_surrogate.ATan(alpha=3.0), "atan(alpha=3.0)"),
-    "piecewise_quadratic": (lambda: sj_surrogate.PiecewiseQuadratic(alpha=1.0), "piecewise_quadratic(alpha=1.0)"),
+    "piecewise_quadratic": (
+        lambda: sj_surrogate.PiecewiseQuadratic(alpha=1.0),
+        "piecewise_quadratic(alpha=1.0)",
+    ),
     "piecewise_exp": (lambda: sj_surrogate.PiecewiseExp(alpha=1.0), "piecewise_exp(alpha=1.0)"),
     "soft_sign": (lambda: sj_surrogate.SoftSign(alpha=2.0), "soft_sign(alpha=2.0)"),
     "super_spike": (lambda: sj_surrogate.SuperSpike(alpha=1.0), "super_spike(alpha=1.0)"),
@@ -219,18 +244,31 @@ SJ_CASES = {
     "lif_no_decay_input": SJCase("lif_no_decay_input", sj_neuron.LIFNode, dict(decay_input=False), scale=1.2),
     "plif": SJCase("plif", sj_neuron.ParametricLIFNode, params={"w": "w"}),
     "plif_init_tau3": SJCase(
-        "plif", sj_neuron.ParametricLIFNode, dict(init_tau=3.0), dict(init_tau=3.0), scale=3.5, params={"w": "w"}
+        "plif",
+        sj_neuron.ParametricLIFNode,
+        dict(init_tau=3.0),
+        dict(init_tau=3.0),
+        scale=3.5,
+        params={"w": "w"},
     ),
     "plif_soft": SJCase(
-        "plif_soft", sj_neuron.ParametricLIFNode, dict(init_tau=3.0, v_reset=None), dict(init_tau=3.0),
+        "plif_soft",
+        sj_neuron.ParametricLIFNode,
+        dict(init_tau=3.0, v_reset=None),
+        dict(init_tau=3.0),
         params={"w": "w"},
     ),
     "qif": SJCase("qif", sj_neuron.QIFNode, scale=1.5),
     "eif": SJCase("eif", sj_neuron.EIFNode, scale=1.5),
     "izhikevich": SJCase("izhikevich", sj_neuron.IzhikevichNode, scale=2.0, states={"v": "v", "w": "w"}),
     "izhikevich_adapt": SJCase(
-        "izhikevich", sj_neuron.IzhikevichNode, dict(a=0.3, b=0.2, tau_w=3.0), dict(a=0.3, b=0.2, tau_w=3.0),
-        scale=2.5, states={"v": "v", "w": "w"}, detach_ok=False,
+        "izhikevich",
+        sj_neuron.IzhikevichNode,
+        dict(a=0.3, b=0.2, tau_w=3.0),
+        dict(a=0.3, b=0.2, tau_w=3.0),
+        scale=2.5,
+        states={"v": "v", "w": "w"},
+        detach_ok=False,
     ),
     "cuba_lif": SJCase("cuba_lif", sj_neuron.CUBALIFNode, scale=0.45, states={"v": "v", "c": "c"}),
     "klif": SJCase("klif", sj_neuron.KLIFNode, params={"k": "k"}),
@@ -267,8 +305,10 @@ def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, st
 
     for mine, theirs in case.states.items():
         torch.testing.assert_close(
-            getattr(m, mine).detach(), getattr(ref, theirs).detach().to(dtype),
-            atol=1e-6 if dtype == torch.float32 else 1e-12, rtol=1e-6 if dtype == torch.float32 else 1e-12,
+            getattr(m, mine).detach(),
+            getattr(ref, theirs).detach().to(dtype),
+            atol=1e-6 if dtype == torch.float32 else 1e-12,
+            rtol=1e-6 if dtype == torch.float32 else 1e-12,
         )
 
     w_s = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
@@ -293,7 +333,9 @@ def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, st
 
 
 _SJ_MATRIX = [
-    pytest.param(case, sg, detach, dtype, id=f"{case}-{sg}-{'detach' if detach else 'nodetach'}-{str(dtype)[6:]}")
+    pytest.param(
+        case, sg, detach, dtype, id=f"{case}-{sg}-{'detach' if detach else 'nodetach'}-{str(dtype)[6:]}"
+    )
     for case, c in SJ_CASES.items()
     for sg in ("default", "sigmoid", "atan")
     for detach in (False, True)
@@ -335,7 +377,9 @@ def test_lif_single_step_mode_matches_spikingjelly():
     torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("stem,cls,kw", [("lif", sj_neuron.LIFNode, {}), ("izhikevich", sj_neuron.IzhikevichNode, {})])
+@pytest.mark.parametrize(
+    "stem,cls,kw", [("lif", sj_neuron.LIFNode, {}), ("izhikevich", sj_neuron.IzhikevichNode, {})]
+)
 def test_state_sequences_match_spikingjelly(stem, cls, kw):
     g = torch.Generator().manual_seed(8)
     x = torch.rand(20, 3, 5, generator=g) * 3
@@ -362,19 +406,22 @@ def test_reset_between_sequences_matches_spikingjelly():
         assert torch.equal(m(x2), ref(x2))
 
 
-@pytest.mark.parametrize("stem,bad", [
-    ("lif", dict(tau=0.5)),
-    ("lif", dict(v_reset=1.5)),  # reset above the threshold
-    ("plif", dict(init_tau=1.0)),
-    ("cuba_lif", dict(c_decay=1.5)),
-    ("snn_leaky", dict(beta=1.2)),
-    ("snn_synaptic", dict(alpha=-0.1)),
-    ("norse_lif", dict(dt=0.0)),
-    ("adex", dict(C=-281.0)),
-    ("hodgkin_huxley", dict(g_Na=-1.0)),
-    ("resonate_fire", dict(b=0.5)),  # an undamped oscillator is not the model
-    ("alif", dict(tau_a=0.0)),
-])
+@pytest.mark.parametrize(
+    "stem,bad",
+    [
+        ("lif", dict(tau=0.5)),
+        ("lif", dict(v_reset=1.5)),  # reset above the threshold
+        ("plif", dict(init_tau=1.0)),
+        ("cuba_lif", dict(c_decay=1.5)),
+        ("snn_leaky", dict(beta=1.2)),
+        ("snn_synaptic", dict(alpha=-0.1)),
+        ("norse_lif", dict(dt=0.0)),
+        ("adex", dict(C=-281.0)),
+        ("hodgkin_huxley", dict(g_Na=-1.0)),
+        ("resonate_fire", dict(b=0.5)),  # an undamped oscillator is not the model
+        ("alif", dict(tau_a=0.0)),
+    ],
+)
 def test_where_constraints_reject_bad_parameters(stem, bad):
     with pytest.raises(flexdsl.FlexDSLError):
         flexdsl.load(stem, backend="torch", **bad)
@@ -395,3 +442,27 @@ def test_izhikevich_single_step_mode_matches_spikingjelly():
     (sr * w).sum().backward()
     (sm * w).sum().backward()
     torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_plif_per_channel_time_constant_matches_spikingjelly_per_channel():
+    """param_shapes={"w": (C, 1)}: one learnable w per channel; each channel behaves like its own
+    SpikingJelly ParametricLIFNode(init_tau=tau_c), and receives that node's gradient."""
+    taus = [1.5, 2.0, 4.0]
+    g = torch.Generator().manual_seed(16)
+    x = torch.rand(24, len(taus), 8, generator=g) * 3
+    m = flexdsl.load("plif", backend="torch", param_shapes={"w": (len(taus), 1)})
+    assert isinstance(m.w, torch.nn.Parameter) and tuple(m.w.shape) == (len(taus), 1)
+    with torch.no_grad():
+        m.w.copy_(torch.tensor([[-math.log(t - 1.0)] for t in taus]))
+    xm = x.clone().requires_grad_(True)
+    s_m = m(xm)
+    w_s = torch.randn(x.shape, generator=g)
+    (s_m * w_s).sum().backward()
+    for c, tau in enumerate(taus):
+        ref = sj_neuron.ParametricLIFNode(init_tau=tau, step_mode="m")
+        xr = x[:, c].clone().requires_grad_(True)
+        s_r = ref(xr)
+        (s_r * w_s[:, c]).sum().backward()
+        assert torch.equal(s_m[:, c], s_r)
+        torch.testing.assert_close(xm.grad[:, c], xr.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(m.w.grad[c, 0], ref.w.grad, atol=1e-5, rtol=1e-5)

@@ -30,7 +30,9 @@ def piecewise_input(rng, n_seg, seg_steps, n, lo, hi):
     return levels, np.repeat(levels, seg_steps, axis=0)
 
 
-def brian2_run(eqs, namespace, init, levels, seg_steps, dt, method, threshold=None, reset=None, record=("v",)):
+def brian2_run(
+    eqs, namespace, init, levels, seg_steps, dt, method, threshold=None, reset=None, record=("v",)
+):
     """Run a NeuronGroup with input variable I held at levels[k] during segment k. Returns the [T, n]
     spike raster (by step index) and the [T, n] traces recorded after each step's reset."""
     b2.start_scope()
@@ -73,7 +75,9 @@ def assert_spike_steps_equal(mine, ref):
     mine = np.asarray(mine)
     assert mine.shape == ref.shape
     bad = np.argwhere(mine != ref)
-    assert bad.size == 0, f"spike steps differ at (step, neuron) {bad[:5].tolist()}; counts {mine.sum(0)} vs {ref.sum(0)}"
+    assert bad.size == 0, (
+        f"spike steps differ at (step, neuron) {bad[:5].tolist()}; counts {mine.sum(0)} vs {ref.sum(0)}"
+    )
 
 
 def assert_traces_close(mine, ref, scale):
@@ -96,8 +100,16 @@ def test_adex_matches_brian2_euler():
     """
     levels, x = piecewise_input(np.random.default_rng(0), 5, seg, 4, 0.0, 1500.0)
     spikes, tr = brian2_run(
-        eqs, ns, dict(v=ADEX["E_L"], w=0.0), levels, seg, dt, "euler",
-        threshold="v > V_peak", reset="v = V_r; w += b", record=("v", "w"),
+        eqs,
+        ns,
+        dict(v=ADEX["E_L"], w=0.0),
+        levels,
+        seg,
+        dt,
+        "euler",
+        threshold="v > V_peak",
+        reset="v = V_r; w += b",
+        record=("v", "w"),
     )
     assert spikes.sum() >= 10, "the input must make the cells fire"
     m, (s,) = run_flexdsl("adex", x)
@@ -118,8 +130,15 @@ def test_adex_params_override_matches_brian2():
     """
     levels, x = piecewise_input(np.random.default_rng(1), 4, seg, 3, 300.0, 1500.0)
     spikes, tr = brian2_run(
-        eqs, ns, dict(v=p["E_L"], w=0.0), levels, seg, dt, "euler",
-        threshold="v > V_peak", reset="v = V_r; w += b",
+        eqs,
+        ns,
+        dict(v=p["E_L"], w=0.0),
+        levels,
+        seg,
+        dt,
+        "euler",
+        threshold="v > V_peak",
+        reset="v = V_r; w += b",
     )
     assert spikes.sum() >= 10
     m, (s,) = run_flexdsl("adex", x, tau_w=40.0, a=2.0, b=120.0, V_r=-48.0)
@@ -149,8 +168,16 @@ def test_izhikevich_2003_matches_brian2_euler(preset):
     """
     levels, x = piecewise_input(np.random.default_rng(2), 4, seg, 4, 0.0, 15.0)
     spikes, tr = brian2_run(
-        eqs, ns, dict(v=-65.0, u=p["b"] * -65.0), levels, seg, dt, "euler",
-        threshold="v >= v_peak", reset="v = c; u += d", record=("v", "u"),
+        eqs,
+        ns,
+        dict(v=-65.0, u=p["b"] * -65.0),
+        levels,
+        seg,
+        dt,
+        "euler",
+        threshold="v >= v_peak",
+        reset="v = c; u += d",
+        record=("v", "u"),
     )
     assert spikes.sum() >= 10
     overrides = {} if preset == "regular_spiking" else p
@@ -224,8 +251,9 @@ def test_lif_ode_matches_brian2_exact():
     I : 1
     """
     levels, x = piecewise_input(np.random.default_rng(3), 5, seg, 4, 0.0, 3.0)
-    spikes, tr = brian2_run(eqs, ns, dict(v=-65.0), levels, seg, dt, "exact",
-                            threshold="v > v_threshold", reset="v = v_reset")
+    spikes, tr = brian2_run(
+        eqs, ns, dict(v=-65.0), levels, seg, dt, "exact", threshold="v > v_threshold", reset="v = v_reset"
+    )
     assert spikes.sum() >= 10
     m, (s,) = run_flexdsl("lif_ode", x)
     assert_spike_steps_equal(s.numpy(), spikes)

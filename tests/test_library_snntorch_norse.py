@@ -23,6 +23,7 @@ from snntorch import surrogate as snn_surrogate  # noqa: E402
 norse_lif = pytest.importorskip("norse.torch.functional.lif")
 from norse.torch.functional.leaky_integrator import LIParameters, LIState, li_feed_forward_step  # noqa: E402
 from norse.torch.functional.lif import LIFFeedForwardState, LIFParameters, lif_feed_forward_step  # noqa: E402
+from norse.torch.functional.lif_box import LIFBoxFeedForwardState, LIFBoxParameters, lif_box_feed_forward_step  # noqa: E402
 from norse.torch.functional.threshold import threshold as norse_threshold  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,9 @@ def with_surrogate(text: str, clause: str, definition: str | None = None) -> str
     new, n = _SURROGATE_CLAUSE.subn(lambda m: m.group(1) + clause, text)
     assert n == 1
     if definition is not None:  # a user-defined surrogate, declared after the input line
-        new, n = re.subn(r"^(    input .*)$", lambda m: m.group(1) + "\n    " + definition, new, count=1, flags=re.M)
+        new, n = re.subn(
+            r"^(    input .*)$", lambda m: m.group(1) + "\n    " + definition, new, count=1, flags=re.M
+        )
         assert n == 1
     return new
 
@@ -109,26 +112,57 @@ SNN_CASES = {
     # id: (stem, snnTorch constructor(spike_grad), flexdsl overrides, number of states, input scale)
     # snnTorch stores its parameters as tensors of the dtype it is given (float32 for Python floats):
     # they are built in the test's dtype (P(value, dtype)) so that float64 runs compare float64 models.
-    "leaky": ("snn_leaky", lambda sg, dt: snn.Leaky(beta=P(0.9, dt), threshold=P(1.0, dt), spike_grad=sg), {}, 1, 0.5),
+    "leaky": (
+        "snn_leaky",
+        lambda sg, dt: snn.Leaky(beta=P(0.9, dt), threshold=P(1.0, dt), spike_grad=sg),
+        {},
+        1,
+        0.5,
+    ),
     "leaky_beta07_thr15": (
-        "snn_leaky", lambda sg, dt: snn.Leaky(beta=P(0.7, dt), threshold=P(1.5, dt), spike_grad=sg),
-        dict(beta=0.7, threshold=1.5), 1, 1.2,
+        "snn_leaky",
+        lambda sg, dt: snn.Leaky(beta=P(0.7, dt), threshold=P(1.5, dt), spike_grad=sg),
+        dict(beta=0.7, threshold=1.5),
+        1,
+        1.2,
     ),
     "synaptic": (
-        "snn_synaptic", lambda sg, dt: snn.Synaptic(alpha=P(0.9, dt), beta=P(0.8, dt), threshold=P(1.0, dt), spike_grad=sg),
-        {}, 2, 0.25,
+        "snn_synaptic",
+        lambda sg, dt: snn.Synaptic(alpha=P(0.9, dt), beta=P(0.8, dt), threshold=P(1.0, dt), spike_grad=sg),
+        {},
+        2,
+        0.25,
     ),
     "synaptic_a05_b095": (
-        "snn_synaptic", lambda sg, dt: snn.Synaptic(alpha=P(0.5, dt), beta=P(0.95, dt), threshold=P(1.0, dt), spike_grad=sg),
-        dict(alpha=0.5, beta=0.95), 2, 0.25,
+        "snn_synaptic",
+        lambda sg, dt: snn.Synaptic(alpha=P(0.5, dt), beta=P(0.95, dt), threshold=P(1.0, dt), spike_grad=sg),
+        dict(alpha=0.5, beta=0.95),
+        2,
+        0.25,
+    ),
+    "leaky_zero": (
+        "snn_leaky_zero",
+        lambda sg, dt: snn.Leaky(
+            beta=P(0.9, dt), threshold=P(1.0, dt), spike_grad=sg, reset_mechanism="zero"
+        ),
+        {},
+        1,
+        0.6,
     ),
     "lapicque": (
-        "lapicque", lambda sg, dt: snn.Lapicque(R=P(1.0, dt), C=P(1.44, dt), time_step=P(1.0, dt), threshold=P(1.0, dt), spike_grad=sg),
-        {}, 1, 3.0,
+        "lapicque",
+        lambda sg, dt: snn.Lapicque(
+            R=P(1.0, dt), C=P(1.44, dt), time_step=P(1.0, dt), threshold=P(1.0, dt), spike_grad=sg
+        ),
+        {},
+        1,
+        3.0,
     ),
     "lapicque_tutorial": (
         "lapicque",
-        lambda sg, dt: snn.Lapicque(R=P(5.1, dt), C=P(5e-3, dt), time_step=P(1e-3, dt), threshold=P(1.0, dt), spike_grad=sg),
+        lambda sg, dt: snn.Lapicque(
+            R=P(5.1, dt), C=P(5e-3, dt), time_step=P(1e-3, dt), threshold=P(1.0, dt), spike_grad=sg
+        ),
         dict(R=5.1, C=5e-3, time_step=1e-3),
         1,
         2.0,
@@ -209,10 +243,12 @@ def _lif_params(dtype, **kw):
     """Norse LIFParameters with every tensor field in `dtype` (Norse's defaults are float32 tensors)."""
     fields = ("tau_syn_inv", "tau_mem_inv", "v_leak", "v_th", "v_reset", "alpha")
     p = LIFParameters(**{k: v for k, v in kw.items() if k not in fields})
-    return p._replace(**{
-        k: torch.tensor(kw[k], dtype=dtype) if k in kw else torch.as_tensor(getattr(p, k)).to(dtype)
-        for k in fields
-    })
+    return p._replace(
+        **{
+            k: torch.tensor(kw[k], dtype=dtype) if k in kw else torch.as_tensor(getattr(p, k)).to(dtype)
+            for k in fields
+        }
+    )
 
 
 NORSE_LIF_CASES = {
@@ -247,10 +283,18 @@ def test_norse_lif_matches_norse(case, dtype):
     assert_grads_close(xm.grad, xr.grad, dtype)
 
 
-@pytest.mark.parametrize("method,alpha,clause,definition", [
-    ("triangle", 0.3, "norse_triangle(alpha=0.3)", "surrogate norse_triangle(u, alpha=0.3) = alpha * relu(1 - abs(u))"),
-    ("tanh", 2.0, "norse_tanh(k=2.0)", "surrogate norse_tanh(u, k=2.0) = 1 - tanh(k * u)**2"),
-])
+@pytest.mark.parametrize(
+    "method,alpha,clause,definition",
+    [
+        (
+            "triangle",
+            0.3,
+            "norse_triangle(alpha=0.3)",
+            "surrogate norse_triangle(u, alpha=0.3) = alpha * relu(1 - abs(u))",
+        ),
+        ("tanh", 2.0, "norse_tanh(k=2.0)", "surrogate norse_tanh(u, k=2.0) = 1 - tanh(k * u)**2"),
+    ],
+)
 def test_norse_lif_other_norse_surrogates_as_user_surrogates(method, alpha, clause, definition):
     """Norse surrogates that are not built in, written as user surrogates (`surrogate name(u, ...) = S'(u)`)."""
     p = _lif_params(torch.float32, method=method, alpha=alpha)
@@ -287,4 +331,30 @@ def test_li_matches_norse(dtype):
     w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     (v_ref * w).sum().backward()
     (v_m * w).sum().backward()
+    assert_grads_close(xm.grad, xr.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_norse_lif_box_matches_norse(dtype):
+    p = LIFBoxParameters()
+    p = p._replace(
+        **{k: torch.as_tensor(getattr(p, k)).to(dtype) for k in ("tau_mem_inv", "v_leak", "v_th", "v_reset")}
+    )
+    g = torch.Generator().manual_seed(15)
+    x = (torch.rand(40, 4, 8, generator=g, dtype=torch.float64) * 3).to(dtype)
+    xr, xm = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    state = LIFBoxFeedForwardState(v=torch.zeros_like(x[0]))
+    zs, vs = [], []
+    for t in range(x.shape[0]):
+        z, state = lif_box_feed_forward_step(xr[t], state, p, dt=1e-3)
+        zs.append(z)
+        vs.append(state.v)
+    z_ref, v_ref = torch.stack(zs), torch.stack(vs)
+    m = flexdsl.load("norse_lif_box", backend="torch", store_state_seqs=True)
+    z_m = m(xm)
+    assert_same_spikes(z_m, z_ref)
+    torch.testing.assert_close(m.state_seqs["v"].detach(), v_ref.detach(), **state_tol(dtype))
+    w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
+    (z_ref * w).sum().backward()
+    (z_m * w).sum().backward()
     assert_grads_close(xm.grad, xr.grad, dtype)

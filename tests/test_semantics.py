@@ -1,5 +1,6 @@
 """Semantics of one step (LANGUAGE.md §3–§7), checked against values computed by
 hand in plain Python/numpy, independently of flexdsl."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,7 @@ def t64(a):
 def close(got, want, rtol=1e-12, atol=1e-12):
     got = torch.as_tensor(got).detach().to(F64).cpu()
     want = torch.as_tensor(np.asarray(want, dtype=np.float64))
-    torch.testing.assert_close(got, want.expand_as(got) if want.dim() == 0 else want,
-                               rtol=rtol, atol=atol)
+    torch.testing.assert_close(got, want.expand_as(got) if want.dim() == 0 else want, rtol=rtol, atol=atol)
 
 
 def sig(z):
@@ -247,6 +247,12 @@ def test_spike_rule_with_expressions_both_sides():
             output spike
         """)
     close(m(t64([0.5, 0.999, 1.0, 2.0])), [0, 0, 1, 1])
+    # backward: d spike/d u = S'(u) with u = A - B = 2x - 2, so d spike/d x = 2 S'(u)
+    xs = np.array([0.3, 0.9, 1.1, 1.6])
+    x = t64(xs).requires_grad_(True)
+    m.reset()
+    m(x).sum().backward()
+    close(x.grad, 2 * _sg_sigmoid(2 * xs - 2))
 
 
 def test_soft_reset_and_hard_reset_values():
@@ -312,14 +318,14 @@ def test_builtin_functions_values():
             math.sin(x) * math.cos(x) + math.tanh(x),
             1 / (1 + math.exp(-x)) + max(x, 0.0) + math.pi,
             (1 if x >= 0 else 0) + (10 if x <= 0 else 0) + (100 if x < 0 else 0),
-            x ** 2 + x / 4 + 2 ** x,
+            x**2 + x / 4 + 2**x,
             3.0 if x - 0.25 >= 0 else 0.0,
         ]
         for w, v in zip(want, vals):
             w.append(v)
     got = m(t64(xs)[:, None])
     assert len(got) == 11
-    for i, (g, w) in enumerate(zip(got, want)):
+    for g, w in zip(got, want):
         close(g[:, 0], w)
 
 
@@ -423,7 +429,7 @@ def test_core_single_step_function():
 def test_reset_restores_initial_states():
     m = mk(LIF, v_reset=-0.25)
     xn = RNG.uniform(0, 2.5, size=(9, 3))
-    xn[-1] = 0.1                      # no spike at the last step
+    xn[-1] = 0.1  # no spike at the last step
     x = t64(xn)
     y1 = m(x)
     v_after = torch.as_tensor(m.v).clone()
@@ -614,7 +620,7 @@ def test_detach_reset_gradient_by_hand(detach):
     h2 = v1 + (x2 - (v1 - vr)) / tau
     u2 = h2 - th
     s2 = (u2 >= 0).astype(float)
-    assert 0 < s1.sum() < 4          # both branches exercised
+    assert 0 < s1.sum() < 4  # both branches exercised
     # backward by hand (L = sum(c1*s1 + c2*s2))
     ds1_dh1 = 0.0 if detach else _sg_sigmoid(u1)
     dv1_dh1 = (1 - s1) + (vr - h1) * ds1_dh1
@@ -638,8 +644,8 @@ def test_detach_reset_makes_a_difference():
         xx = x.clone().requires_grad_(True)
         m(xx).sum().backward()
         g.append(xx.grad.clone())
-    assert torch.allclose(g[0][1], g[1][1])            # last step: same
-    assert not torch.allclose(g[0][0], g[1][0])        # through the reset: differs
+    assert torch.allclose(g[0][1], g[1][1])  # last step: same
+    assert not torch.allclose(g[0][0], g[1][0])  # through the reset: differs
 
 
 SURROGATES = {
@@ -651,7 +657,7 @@ SURROGATES = {
     "piecewise_exp(alpha=1.5)": lambda u: (1.5 / 2) * np.exp(-1.5 * np.abs(u)),
     "soft_sign(alpha=2.0)": lambda u: 1 / (2 * 2.0 * (1 / 2.0 + np.abs(u)) ** 2),
     "super_spike(alpha=1.0)": lambda u: 1.0 / (np.abs(u) + 1) ** 2,
-    "erf(alpha=2.0)": lambda u: (2.0 / math.sqrt(math.pi)) * np.exp(-(2.0 * u) ** 2),
+    "erf(alpha=2.0)": lambda u: (2.0 / math.sqrt(math.pi)) * np.exp(-((2.0 * u) ** 2)),
     "fast_sigmoid(slope=25.0)": lambda u: 1 / (25.0 * np.abs(u) + 1) ** 2,
     "triangle(alpha=1.0)": lambda u: 1.0 * np.maximum(1 - 1.0 * np.abs(u), 0),
     "rect(alpha=1.0)": lambda u: np.where(np.abs(u) < 0.5, 1.0, 0.0),
@@ -677,8 +683,9 @@ def test_surrogate_derivatives(surr):
     close(x.grad[0], SURROGATES[surr](u), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("arg,inp", [("u", "x"), ("x", "I"), ("x", "x")],
-                         ids=["arg_u", "arg_x_input_I", "arg_x_input_x"])
+@pytest.mark.parametrize(
+    "arg,inp", [("u", "x"), ("x", "I"), ("x", "x")], ids=["arg_u", "arg_x_input_I", "arg_x_input_x"]
+)
 def test_user_defined_surrogate(arg, inp):
     """§3: `surrogate name(x, k=v) = expr`, expr the derivative as a function of x and k.
     The argument is bound inside the definition, so naming it `x` in a model whose
@@ -737,6 +744,39 @@ def test_heaviside_in_expression_has_zero_gradient():
     close(x.grad[0], np.where(xs >= 0.5, 1.0, 0.0))
 
 
+def test_where_gradient_follows_the_chosen_branch():
+    m = mk("""\
+        neuron W:
+            input x
+            state v = 0.0
+            update:
+                v = where(x > 0.5, x * x, 3 * x) + clip(x, -1, 1)
+            output v
+        """)
+    xs = np.array([-2.0, 0.2, 0.7, 0.9, 3.0])
+    x = t64(xs)[None].requires_grad_(True)
+    y = m(x)
+    close(y[0], np.where(xs > 0.5, xs * xs, 3 * xs) + np.clip(xs, -1, 1))
+    y.sum().backward()
+    close(x.grad[0], np.where(xs > 0.5, 2 * xs, 3.0) + np.where(np.abs(xs) < 1, 1.0, 0.0))
+
+
+def test_compile_and_load_by_path_and_stem():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for ref in ("lif", str(root / "neurons" / "lif.neuron")):
+        c = flexdsl.compile(ref)
+        assert "def " in c.torch_source
+        assert c.step_equations and c.backward_equations
+        assert "v" in str(c.step_equations)
+    c = flexdsl.compile(textwrap.dedent(LIF))
+    assert "tau" in c.torch_source or "tau" in str(c.step_equations)
+    x = RNG.uniform(0, 2.5, size=(10, 2))
+    S, _ = lif_ref(x)
+    close(flexdsl.load(str(root / "neurons" / "lif.neuron"))(t64(x)), S)
+
+
 def test_non_spiking_model_outputs_state():
     m = mk("""\
         neuron LeakyIntegrator:
@@ -791,7 +831,8 @@ def step_method(method, f, v, dt):
     raise ValueError(method)
 
 
-LINEAR_EXACT = lambda v, I, dt, tau: v * math.exp(-dt / tau) + I * tau * (1 - math.exp(-dt / tau))
+def LINEAR_EXACT(v, I, dt, tau):
+    return v * math.exp(-dt / tau) + I * tau * (1 - math.exp(-dt / tau))
 
 
 @pytest.mark.parametrize("method", ["euler", "rk2", "heun", "rk4", "exponential_euler", "exact"])
@@ -806,7 +847,7 @@ def test_linear_ode_methods(method, T):
         if method in ("exact", "exponential_euler"):
             v = LINEAR_EXACT(v, It, dt, tau)
         else:
-            v = step_method(method, lambda vv: -vv / tau + It, v, dt)
+            v = step_method(method, lambda vv, It=It: -vv / tau + It, v, dt)
         V.append(v.copy())
     close(m(t64(I)), V)
 
@@ -819,15 +860,17 @@ def test_nonlinear_ode_methods(method):
     v = np.full(3, 1.0)
     V = []
     for It in I:
-        v = step_method(method, lambda vv: -vv * vv / tau + It + np.sin(vv), v, dt)
+        v = step_method(method, lambda vv, It=It: -vv * vv / tau + It + np.sin(vv), v, dt)
         V.append(v.copy())
     close(m(t64(I)), V)
 
 
 def test_methods_differ_where_they_should():
     I = t64(np.full((3, 1), 1.0))
-    outs = {meth: mk(ode_text(meth, rhs="-v * v / tau + I"))(I)[-1, 0].item()
-            for meth in ("euler", "rk2", "heun", "rk4")}
+    outs = {
+        meth: mk(ode_text(meth, rhs="-v * v / tau + I"))(I)[-1, 0].item()
+        for meth in ("euler", "rk2", "heun", "rk4")
+    }
     assert len(set(outs.values())) == 4, outs
 
 
@@ -863,7 +906,10 @@ def test_auto_method_linear_is_exact_nonlinear_is_euler():
 
 
 def test_auto_method_is_reported_by_compile_or_show():
-    import subprocess, sys, os, tempfile
+    import os
+    import sys
+    import tempfile
+
     lin = textwrap.dedent(ode_text(None))
     nonlin = textwrap.dedent(ode_text(None, rhs="-v * v / tau + I"))
     with tempfile.TemporaryDirectory() as d:
@@ -873,7 +919,10 @@ def test_auto_method_is_reported_by_compile_or_show():
             p = os.path.join(d, f"{word}.neuron")
             with open(p, "w") as fh:
                 fh.write(text)
-            import contextlib, io, runpy
+            import contextlib
+            import io
+            import runpy
+
             out = io.StringIO()
             old, sys.argv = sys.argv, ["flexdsl", "show", p, "--equations"]
             code = 0
@@ -920,6 +969,106 @@ def test_exact_two_state_linear_system_then_update():
     vv, ii = m(t64(x))
     close(vv, V)
     close(ii, Iv)
+
+
+SYN = """\
+    neuron Syn:
+        input x
+        param dt = 0.5
+        param tau_s = 1.0 where tau_s > 0
+        param tau_m = 3.0 where tau_m > 0
+        state i = 0.0
+        state v = 0.0
+        equations method exact:
+            di/dt = -i / tau_s
+            dv/dt = (-v + i) / tau_m
+        update:
+            i += x
+        output v, i
+    """
+
+
+@pytest.mark.parametrize("how", ["override", "assignment"])
+def test_exact_two_state_equal_time_constants(how):
+    """`exact` must stay exact for every param value the constraints allow, including
+    tau_s == tau_m (a defective matrix: v(dt) = exp(-dt/tau) * (v + i*dt/tau))."""
+    dt, tau = 0.5, 2.0
+    if how == "override":
+        m = mk(SYN, tau_s=tau, tau_m=tau)
+    else:
+        m = mk(SYN)
+        m.tau_s = tau
+        m.tau_m = tau
+    x = RNG.uniform(0, 2, size=(10, 3))
+    e = math.exp(-dt / tau)
+    i = np.zeros(3)
+    v = np.zeros(3)
+    V, Iv = [], []
+    for xt in x:
+        v, i = e * (v + i * dt / tau), i * e
+        i = i + xt
+        V.append(v.copy())
+        Iv.append(i.copy())
+    vv, ii = m(t64(x))
+    close(ii, Iv)
+    close(vv, V, rtol=1e-9, atol=1e-12)
+
+
+def test_exact_two_state_nearly_equal_time_constants():
+    """Close (not equal) time constants must not lose the result to cancellation."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    dt, ts, tm = 0.5, 2.0, 2.0 + 1e-9
+    m = mk(SYN, tau_s=ts, tau_m=tm)
+    x = np.array([[1.0], [0.0], [0.0], [0.0]])
+    es, em = mpmath.exp(-dt / mpmath.mpf(ts)), mpmath.exp(-dt / mpmath.mpf(tm))
+    i, v = mpmath.mpf(0), mpmath.mpf(0)
+    V = []
+    for xt in x[:, 0]:
+        C = i * ts / (mpmath.mpf(ts) - mpmath.mpf(tm))
+        v, i = v * em + C * (es - em), i * es
+        i = i + xt
+        V.append([float(v)])
+    vv, _ = m(t64(x))
+    close(vv, V, rtol=1e-6, atol=1e-12)
+
+
+def test_exact_with_input_dependent_coefficient():
+    """Inputs are constant over the step, so `dv/dt = -v*I/tau` is linear with
+    state-free coefficients: exact gives v*exp(-I*dt/tau)."""
+    m = mk(ode_text(None, rhs="-v * I / tau"))
+    I = RNG.uniform(0, 2, size=(6, 2))
+    v = np.ones(2)
+    V = []
+    for It in I:
+        v = v * np.exp(-It * 0.5 / 2.0)
+        V.append(v.copy())
+    close(m(t64(I)), V)
+
+
+def test_exact_nilpotent_system():
+    m = mk("""\
+        neuron N:
+            input x
+            param dt = 0.5
+            state p = 0.0
+            state q = 1.0
+            equations method exact:
+                dp/dt = q
+                dq/dt = x
+            output p, q
+        """)
+    x = RNG.uniform(-1, 1, size=(5, 2))
+    p, q = np.zeros(2), np.ones(2)
+    P, Q = [], []
+    for xt in x:
+        p, q = p + q * 0.5 + xt * 0.5**2 / 2, q + xt * 0.5
+        P.append(p.copy())
+        Q.append(q.copy())
+    pp, qq = m(t64(x))
+    close(pp, P)
+    close(qq, Q)
 
 
 def test_equations_subexpression():
@@ -1049,7 +1198,8 @@ def test_reset_uses_exact_blend_form():
 def test_soft_reset_gradient_by_hand(detach):
     """Soft reset `v -= th` is v - s*th: d v/d h = 1 - th*S'(u) (or 1 when detached)."""
     th = 1.0
-    m = mk("""\
+    m = mk(
+        """\
         neuron Soft:
             input x
             param v_threshold = 1.0
@@ -1060,10 +1210,15 @@ def test_soft_reset_gradient_by_hand(detach):
             on spike:
                 v -= v_threshold
             output spike
-        """, detach_reset=detach)
+        """,
+        detach_reset=detach,
+    )
     x1 = np.array([1.3, 0.4, 2.2])
     x2 = np.array([0.6, 0.9, 0.1])
-    sg = lambda u: (2.0 / 2) / (1 + (math.pi / 2 * 2.0 * u) ** 2)
+
+    def sg(u):
+        return (2.0 / 2) / (1 + (math.pi / 2 * 2.0 * u) ** 2)
+
     h1 = x1
     u1 = h1 - th
     s1 = (u1 >= 0).astype(float)
@@ -1071,7 +1226,7 @@ def test_soft_reset_gradient_by_hand(detach):
     h2 = 0.5 * v1 + x2
     u2 = h2 - th
     dv1_dh1 = 1 - (0.0 if detach else th * sg(u1))
-    g2 = sg(u2)                                  # dL/dh2 for L = sum(s1 + s2)
+    g2 = sg(u2)  # dL/dh2 for L = sum(s1 + s2)
     g1 = sg(u1) + g2 * 0.5 * dv1_dh1
     x = t64(np.stack([x1, x2])).requires_grad_(True)
     m(x).sum().backward()
