@@ -13,10 +13,9 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 
-flexdsl = pytest.importorskip("flexdsl")
-torch = pytest.importorskip("torch")
-b2 = pytest.importorskip("brian2")
+import flexdsl
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-flexdsl = pytest.importorskip("flexdsl")
-
+import flexdsl
 
 # --------------------------------------------------------------------------- #
 # base models

@@ -25,8 +25,8 @@ import torch
 import flexdsl
 
 warnings.filterwarnings("ignore", module="spikingjelly")
-sj_neuron = pytest.importorskip("spikingjelly.activation_based.neuron")
 from spikingjelly.activation_based import functional as sj_functional  # noqa: E402
+from spikingjelly.activation_based import neuron as sj_neuron  # noqa: E402
 from spikingjelly.activation_based import surrogate as sj_surrogate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import torch
 import flexdsl
 
 warnings.filterwarnings("ignore")
-b2 = pytest.importorskip("brian2")
+import brian2 as b2  # noqa: E402
 
 
 def piecewise_input(rng, n_seg, seg_steps, n, lo, hi):

@@ -17,14 +17,12 @@ import torch
 import flexdsl
 
 warnings.filterwarnings("ignore")
-snn = pytest.importorskip("snntorch")
-from snntorch import surrogate as snn_surrogate  # noqa: E402
-
-norse_lif = pytest.importorskip("norse.torch.functional.lif")
+import snntorch as snn  # noqa: E402
 from norse.torch.functional.leaky_integrator import LIParameters, LIState, li_feed_forward_step  # noqa: E402
 from norse.torch.functional.lif import LIFFeedForwardState, LIFParameters, lif_feed_forward_step  # noqa: E402
 from norse.torch.functional.lif_box import LIFBoxFeedForwardState, LIFBoxParameters, lif_box_feed_forward_step  # noqa: E402
 from norse.torch.functional.threshold import threshold as norse_threshold  # noqa: E402
+from snntorch import surrogate as snn_surrogate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NEURONS = ROOT / "neurons"
