@@ -62,6 +62,18 @@ def _rect(x, alpha):
     return Where(sp.StrictLessThan(sp.Abs(x), 1 / (2 * alpha)), alpha, sp.Integer(0))
 
 
+def _pseudo_derivative(x, gamma, width):
+    return gamma / width * relu(1 - sp.Abs(x) / width)
+
+
+def _norse_triangle(x, alpha):
+    return alpha * relu(1 - sp.Abs(x))
+
+
+def _norse_tanh(x, k):
+    return 1 - sp.tanh(k * x) ** 2
+
+
 def _straight_through(x):
     return sp.Integer(1)
 
@@ -80,6 +92,11 @@ BUILTIN_SURROGATES: dict[str, SurrogateSpec] = {
         SurrogateSpec("triangle", {"alpha": 1.0}, _triangle, "alpha*relu(1-alpha*|x|)"),
         SurrogateSpec("rect", {"alpha": 1.0}, _rect, "alpha where |x| < 1/(2*alpha)"),
         SurrogateSpec("straight_through", {}, _straight_through, "1"),
+        # beyond LANGUAGE.md §6, from the references of the model library:
+        SurrogateSpec("pseudo_derivative", {"gamma": 0.3, "width": 1.0}, _pseudo_derivative,
+                      "gamma/width*relu(1-|x|/width) (Bellec et al. 2018, LSNN)"),
+        SurrogateSpec("norse_triangle", {"alpha": 0.3}, _norse_triangle, "alpha*relu(1-|x|) (Norse 'triangle')"),
+        SurrogateSpec("norse_tanh", {"k": 1.0}, _norse_tanh, "1-tanh(k*x)^2 (Norse 'tanh')"),
     ]
 }
 

@@ -293,8 +293,12 @@ def test_norse_lif_matches_norse(case, dtype):
         ("tanh", 2.0, "norse_tanh(k=2.0)", "surrogate norse_tanh(u, k=2.0) = 1 - tanh(k * u)**2"),
     ],
 )
-def test_norse_lif_other_norse_surrogates_as_user_surrogates(method, alpha, clause, definition):
-    """Norse surrogates that are not built in, written as user surrogates (`surrogate name(u, ...) = S'(u)`)."""
+@pytest.mark.parametrize("form", ["builtin", "user"])
+def test_norse_lif_other_norse_surrogates(method, alpha, clause, definition, form):
+    """Norse's other surrogates: flexdsl's built-ins `norse_triangle`/`norse_tanh`, and the same
+    formulas written as user surrogates (`surrogate name(u, ...) = S'(u)`)."""
+    if form == "builtin":
+        definition = None
     p = _lif_params(torch.float32, method=method, alpha=alpha)
     g = torch.Generator().manual_seed(13)
     x = torch.rand(40, 4, 8, generator=g) * 0.8
