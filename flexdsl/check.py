@@ -185,11 +185,11 @@ class _Checker:
                 if p.name not in {nm.id for nm in expr_names(p.where)}:
                     raise self.err(f"the constraint of `{p.name}` does not mention `{p.name}`", p.where.pos)
             seen.add(p.name)
-        self.check_defaults(params, states)
         if "dt" in input_names or "dt" in state_names:
             raise self.err("`dt` is the integration step and must be a param", declared["dt"][1])
         for s in states:
             self.check_expr(s.init, set(param_names), "in a state's initial value")
+        self.check_defaults(params, states)
 
         # user surrogates
         for sd in self.user_surrogates.values():
@@ -320,7 +320,7 @@ class _Checker:
         for s in states:
             try:
                 float(evaluate(s.init, env))
-            except (ArithmeticError, ValueError, KeyError) as e:
+            except (ArithmeticError, ValueError) as e:
                 raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {e}", s.init.pos) from None
 
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:

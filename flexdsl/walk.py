@@ -7,23 +7,6 @@ from collections.abc import Iterator
 from . import ast as A
 
 
-def expr_names(e: A.Expr) -> Iterator[A.Name]:
-    """Every Name used in an expression, in source order (function names excluded)."""
-    if isinstance(e, A.Name):
-        yield e
-    elif isinstance(e, A.BinOp):
-        yield from expr_names(e.left)
-        yield from expr_names(e.right)
-    elif isinstance(e, A.Neg):
-        yield from expr_names(e.operand)
-    elif isinstance(e, A.Call):
-        for a in e.args:
-            yield from expr_names(a)
-    elif isinstance(e, A.Compare):
-        for a in e.operands:
-            yield from expr_names(a)
-
-
 def expr_nodes(e: A.Expr) -> Iterator[A.Expr]:
     """Every node of an expression, pre-order."""
     yield e
@@ -38,6 +21,11 @@ def expr_nodes(e: A.Expr) -> Iterator[A.Expr]:
     elif isinstance(e, A.Compare):
         for a in e.operands:
             yield from expr_nodes(a)
+
+
+def expr_names(e: A.Expr) -> Iterator[A.Name]:
+    """Every Name used in an expression, in source order (function names excluded)."""
+    return (n for n in expr_nodes(e) if isinstance(n, A.Name))
 
 
 def item_exprs(it: A.Item) -> Iterator[A.Expr]:
