@@ -15,6 +15,12 @@ import sympy as sp
 class sigmoid(sp.Function):
     """Logistic function 1/(1+exp(-x))."""
 
+    @classmethod
+    def eval(cls, x):  # type: ignore[override]
+        if x.is_Number:
+            return 1 / (1 + sp.exp(-x))
+        return None
+
     def fdiff(self, argindex: int = 1) -> sp.Expr:
         s = sigmoid(self.args[0])
         return s * (1 - s)
@@ -41,6 +47,12 @@ class Where(sp.Function):
 
 
 class relu(sp.Function):
+    @classmethod
+    def eval(cls, x):  # type: ignore[override]
+        if x.is_Number:
+            return sp.Max(x, 0)
+        return None
+
     def _eval_derivative(self, s):
         x = self.args[0]
         return Where(sp.StrictGreaterThan(x, 0), x.diff(s), sp.Integer(0))
@@ -49,12 +61,24 @@ class relu(sp.Function):
 class heaviside(sp.Function):
     """1 where u >= 0, else 0. Zero gradient (only the spike rule carries a surrogate)."""
 
+    @classmethod
+    def eval(cls, u):  # type: ignore[override]
+        if u.is_Number:
+            return sp.Integer(1) if u >= 0 else sp.Integer(0)
+        return None
+
     def _eval_derivative(self, s):
         return sp.Integer(0)
 
 
 class fmin(sp.Function):
     nargs = 2
+
+    @classmethod
+    def eval(cls, a, b):  # type: ignore[override]
+        if a.is_Number and b.is_Number:
+            return sp.Min(a, b)
+        return None
 
     def _eval_derivative(self, s):
         a, b = self.args
@@ -64,6 +88,12 @@ class fmin(sp.Function):
 class fmax(sp.Function):
     nargs = 2
 
+    @classmethod
+    def eval(cls, a, b):  # type: ignore[override]
+        if a.is_Number and b.is_Number:
+            return sp.Max(a, b)
+        return None
+
     def _eval_derivative(self, s):
         a, b = self.args
         return Where(sp.StrictGreaterThan(a, b), a.diff(s), b.diff(s))
@@ -71,6 +101,12 @@ class fmax(sp.Function):
 
 class clip(sp.Function):
     nargs = 3
+
+    @classmethod
+    def eval(cls, x, lo, hi):  # type: ignore[override]
+        if x.is_Number and lo.is_Number and hi.is_Number:
+            return sp.Min(sp.Max(x, lo), hi)
+        return None
 
     def _eval_derivative(self, s):
         x, lo, hi = self.args

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import flexdsl
@@ -47,7 +47,8 @@ def python_value(expr: str, env: dict[str, float]) -> float:
     return eval(expr, {"__builtins__": {}}, {**funcs, **env})  # noqa: S307 - test-generated text only
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
 @given(expressions(), st.lists(st.floats(-2, 2), min_size=4, max_size=4))
 def test_expression_semantics_match_python(expr: str, vals: list[float]) -> None:
     text = f"""neuron Expr:
