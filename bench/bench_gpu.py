@@ -405,6 +405,9 @@ def main():
         check_models()
         check_compile()
         sweep()
+    elif what == "lif":
+        lif_main(gbs)
+        small_overhead()
     else:
         check_models()
         lif_main(gbs)

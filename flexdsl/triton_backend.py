@@ -55,8 +55,25 @@ def _compiler_hash() -> str:
     return _SRC_HASH[0]
 
 
+_INTERPRET: list[bool] = []
+
+
 def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """TRITON_INTERPRET=1 (read once: it must be set before triton is imported anyway)."""
+    if not _INTERPRET:
+        _INTERPRET.append(os.environ.get("TRITON_INTERPRET", "0") == "1")
+    return _INTERPRET[0]
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device_index: int) -> int:
+    """The current CUDA stream's handle (what Triton's own launcher asks for; cheaper than
+    torch.cuda.current_stream(), which builds a Stream object)."""
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _key(compiled) -> str:
@@ -142,8 +159,10 @@ class TritonModel:
             kernel[grid](*args, **consts, num_warps=self.warps)
             return
         key = [id(kernel), self.warps]
+        dev = 0
         for a in args:
             if isinstance(a, torch.Tensor):
+                dev = a.device.index or 0
                 key.append((a.dtype, a.data_ptr() % 16 == 0))
             elif a is None or isinstance(a, float):
                 key.append(a is None)
@@ -162,7 +181,7 @@ class TritonModel:
         ck, tail = ck
         full = [*args, *(consts[n] for n in tail)]
         try:
-            stream = torch.cuda.current_stream().cuda_stream
+            stream = _stream(dev)
             ck.run(grid[0], 1, 1, stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
                    None, None, *full)
         except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
