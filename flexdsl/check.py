@@ -12,7 +12,7 @@ from . import ast as A
 from .errors import FlexDSLError, did_you_mean
 from .functions import BUILTINS, CONSTANTS
 from .surrogates import BUILTIN_SURROGATES, DEFAULT_SURROGATE
-from .walk import expr_names, expr_nodes
+from .walk import expr_names
 
 METHODS = ("exact", "exponential_euler", "euler", "rk2", "rk4", "heun")
 METHOD_ALIASES = {"midpoint": "rk2", "linear": "exact"}
@@ -362,8 +362,4 @@ def check(neuron: A.Neuron) -> CheckedModel:
     return _Checker(neuron).run()
 
 
-def used_names(e: A.Expr) -> set[str]:
-    return {n.id for n in expr_names(e)}
-
-
-__all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS", "used_names", "expr_nodes"]
+__all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS"]

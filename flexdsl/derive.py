@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from .functions import Detach, SurrogateGrad
-from .lower import NameGen, StepModel, share_subexpressions, sym
+from .lower import NameGen, StepModel, share_subexpressions
 
 
 @dataclass
@@ -97,4 +97,4 @@ def derive(step: StepModel) -> BackwardModel:
     return BackwardModel(g_out, g_next, out, grad_inputs, grad_states, grad_params)
 
 
-__all__ = ["derive", "BackwardModel", "sym"]
+__all__ = ["derive", "BackwardModel"]

@@ -12,7 +12,7 @@ import sympy as sp
 from . import ast as A
 from .check import CheckedModel
 from .errors import FlexDSLError
-from .functions import BUILTINS, CONSTANTS, Detach, SpikeGE, SpikeGT, Where
+from .functions import BUILTINS, CONSTANTS, Detach, SpikeGE, SpikeGT
 from .integrate import INTEGRATORS, NotApplicable, linear_system
 from .surrogates import BUILTIN_SURROGATES
 
@@ -319,7 +319,3 @@ def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: Na
         place(e)
         out.append((y, e))
     return out
-
-
-def uses_where(e: sp.Expr) -> bool:
-    return e.has(Where)
