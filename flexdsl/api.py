@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 
 
 def compile(model: str | Path, detach_reset: bool = False) -> Compiled:  # noqa: A001 - the API name
-    """The compiled artefacts of a model (a path, a library stem, or model text)."""
-    return compile_model(model, detach_reset)
+    """The compiled artefacts of a model (a path, a library stem, or model text); every error
+    of the model, the lowering's included, is raised here."""
+    c = compile_model(model, detach_reset)
+    c.step  # noqa: B018 - lower now, so that errors surface at compile time
+    return c
 
 
 def load(

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import ast as A
+from .catalog import CONSTANTS, DEFAULT_SURROGATE, FUNCTIONS
+from .catalog import SURROGATES as BUILTIN_SURROGATES
 from .errors import FlexDSLError, did_you_mean
-from .functions import BUILTINS, CONSTANTS
-from .surrogates import BUILTIN_SURROGATES, DEFAULT_SURROGATE
 from .walk import expr_names
 
 METHODS = ("exact", "exponential_euler", "euler", "rk2", "rk4", "heun")
@@ -89,12 +89,12 @@ class _Checker:
                 raise self.unknown(e.id, e.pos, visible | set(CONSTANTS))
             return
         if isinstance(e, A.Call):
-            b = BUILTINS.get(e.func)
+            b = FUNCTIONS.get(e.func)
             if b is None:
                 if e.func in self.user_surrogates or e.func in BUILTIN_SURROGATES:
                     raise self.err(f"`{e.func}` is a surrogate, not a function", e.pos,
                                    "surrogates are used in the spike rule: `spike when ... surrogate name(...)`")
-                raise self.unknown(e.func, e.pos, set(BUILTINS), "function")
+                raise self.unknown(e.func, e.pos, set(FUNCTIONS), "function")
             if len(e.args) != b.arity:
                 raise self.err(f"`{e.func}` takes {b.arity} argument{'s' if b.arity != 1 else ''}, "
                                f"got {len(e.args)}", e.pos, f"{e.func}: {b.doc}")
@@ -138,7 +138,7 @@ class _Checker:
                 k0, p0 = declared[name]
                 raise self.err(f"duplicate declaration of `{name}` (already declared as {k0} at line {p0.line})",
                                pos)
-            if name in BUILTINS:
+            if name in FUNCTIONS:
                 raise self.err(f"`{name}` is a built-in function and cannot be declared", pos)
             if name in CONSTANTS:
                 raise self.err(f"`{name}` is a built-in constant and cannot be declared", pos)

@@ -19,13 +19,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for f in args.files:
         try:
             c = compile_model(f)
+            method = f", method {c.method}" if c.method else ""  # lowering: its errors count too
         except FlexDSLError as e:
             print(e, file=sys.stderr)
             failed += 1
             continue
         ck = c.checked
         kind = "spiking" if ck.spike is not None else "non-spiking"
-        method = f", method {c.method}" if c.method else ""
         print(f"{f}: ok — neuron {ck.name} ({kind}{method}; {len(ck.inputs)} input(s), {len(ck.params)} param(s), "
               f"{len(ck.states)} state(s))")
     return 1 if failed else 0

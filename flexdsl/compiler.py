@@ -13,28 +13,51 @@ from collections import OrderedDict
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import sympy as sp
-
+from . import diskcache
 from .check import CheckedModel, check
-from .derive import BackwardModel, derive
-from .emit_torch import emit_torch, emit_torch_backward
 from .errors import FlexDSLError
 from .library import resolve
-from .lower import StepModel, lower
 from .parse import parse
+
+if TYPE_CHECKING:
+    from .derive import BackwardModel
+    from .lower import StepModel
 
 
 class Compiled:
-    """The compiled artefacts of one model (see LANGUAGE.md §7)."""
+    """The compiled artefacts of one model (see LANGUAGE.md §7).
+
+    Parsing and checking happen at construction; the sympy stages (lowering, the backward)
+    run on first use. The generated torch source is also kept in a disk cache, so a later
+    process loads a model it has seen without importing sympy at all.
+    """
 
     def __init__(self, text: str, filename: str, detach_reset: bool) -> None:
         self.text = text
         self.filename = filename
         self.detach_reset = detach_reset
         self.checked: CheckedModel = check(parse(text, filename))
-        self.step: StepModel = lower(self.checked, detach_reset)
-        self.torch_source: str = emit_torch(self.step)
+
+    @cached_property
+    def step(self) -> StepModel:
+        """The discretized step (sympy SSA assignments)."""
+        from .lower import lower
+
+        return lower(self.checked, self.detach_reset)
+
+    @cached_property
+    def torch_source(self) -> str:
+        """The generated PyTorch source of `core` (from the disk cache when present)."""
+        name = f"{_ident(self.name)}_{diskcache.key(self.text, self.filename, str(self.detach_reset))}.py"
+        src = diskcache.read("torch", name)
+        if src is None:
+            from .emit_torch import emit_torch
+
+            src = emit_torch(self.step)
+            diskcache.write("torch", name, src)
+        return src
 
     @cached_property
     def torch_module(self) -> ModuleType:
@@ -50,21 +73,25 @@ class Compiled:
         return self.step.method
 
     @property
-    def step_equations(self) -> list[sp.Eq]:
+    def step_equations(self) -> list[Any]:
         """The discretized step: SSA assignments, in order."""
         return self.step.equations()
 
     @cached_property
     def backward(self) -> BackwardModel:
+        from .derive import derive
+
         return derive(self.step)
 
     @property
-    def backward_equations(self) -> list[sp.Eq]:
+    def backward_equations(self) -> list[Any]:
         """The derived vector-Jacobian product of one step: SSA assignments, in order."""
         return self.backward.equations()
 
     @cached_property
     def torch_backward_source(self) -> str:
+        from .emit_torch import emit_torch_backward
+
         return emit_torch_backward(self.step, self.backward)
 
     @cached_property
@@ -82,6 +109,10 @@ class Compiled:
 
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename}>"
+
+
+def _ident(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name.lower())
 
 
 _counter = [0]

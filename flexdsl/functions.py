@@ -1,7 +1,8 @@
 """Built-in functions of the language: arity, sympy form, and how each backend prints them.
 
-To add a function: add a `Builtin` to BUILTINS (its sympy constructor, and its torch and
-triton spellings), and give it a derivative if sympy cannot differentiate it.
+To add a function: its name, arity and doc in catalog.FUNCTIONS, its sympy constructor in
+_MAKERS here (with a derivative if sympy cannot differentiate it), and its spelling in each
+printer's FUNCS table.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy as sp
+
+from .catalog import CONSTANTS as CONSTANT_NAMES
+from .catalog import FUNCTIONS
 
 
 class sigmoid(sp.Function):
@@ -167,24 +171,16 @@ def _where(cond, a, b):
     return Where(cond, a, b)
 
 
+_MAKERS: dict[str, Callable[..., sp.Expr]] = {
+    "exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "abs": sp.Abs, "sin": sp.sin, "cos": sp.cos,
+    "tanh": sp.tanh, "sigmoid": sigmoid, "relu": relu, "min": fmin, "max": fmax, "clip": clip,
+    "where": _where, "heaviside": heaviside,
+}
+assert set(_MAKERS) == set(FUNCTIONS), "catalog.FUNCTIONS and functions._MAKERS disagree"
+
 BUILTINS: dict[str, Builtin] = {
-    b.name: b
-    for b in [
-        Builtin("exp", 1, sp.exp, "exponential"),
-        Builtin("log", 1, sp.log, "natural logarithm"),
-        Builtin("sqrt", 1, sp.sqrt, "square root"),
-        Builtin("abs", 1, sp.Abs, "absolute value"),
-        Builtin("sin", 1, sp.sin, "sine"),
-        Builtin("cos", 1, sp.cos, "cosine"),
-        Builtin("tanh", 1, sp.tanh, "hyperbolic tangent"),
-        Builtin("sigmoid", 1, sigmoid, "logistic function 1/(1+exp(-x))"),
-        Builtin("relu", 1, relu, "max(x, 0)"),
-        Builtin("min", 2, fmin, "smaller of two values"),
-        Builtin("max", 2, fmax, "larger of two values"),
-        Builtin("clip", 3, clip, "clip(x, lo, hi)"),
-        Builtin("where", 3, _where, "where(cond, a, b)"),
-        Builtin("heaviside", 1, heaviside, "1 where u >= 0 else 0 (no gradient)"),
-    ]
+    name: Builtin(name, info.arity, _MAKERS[name], info.doc) for name, info in FUNCTIONS.items()
 }
 
 CONSTANTS: dict[str, sp.Expr] = {"pi": sp.pi}
+assert set(CONSTANTS) == set(CONSTANT_NAMES)

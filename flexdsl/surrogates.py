@@ -1,7 +1,7 @@
 """Surrogate gradients: S'(x), the derivative used for d spike / d u in backward.
 
-To add a surrogate: add an entry to BUILTIN_SURROGATES with its keyword defaults and a
-function building S'(x) as a sympy expression (see LANGUAGE.md §6 for the formulas).
+To add a surrogate: its name, keyword defaults and doc in catalog.SURROGATES, and a function
+building S'(x) as a sympy expression in _DERIVATIVES here (see LANGUAGE.md §6 for the formulas).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from .catalog import DEFAULT_SURROGATE, SURROGATES
 from .functions import Where, relu, sigmoid
 
 
@@ -78,26 +79,16 @@ def _straight_through(x):
     return sp.Integer(1)
 
 
+_DERIVATIVES = {
+    "sigmoid": _sigmoid, "atan": _atan, "piecewise_quadratic": _pw_quadratic, "piecewise_exp": _pw_exp,
+    "soft_sign": _soft_sign, "super_spike": _super_spike, "erf": _erf, "fast_sigmoid": _fast_sigmoid,
+    "triangle": _triangle, "rect": _rect, "straight_through": _straight_through,
+    "pseudo_derivative": _pseudo_derivative, "norse_triangle": _norse_triangle, "norse_tanh": _norse_tanh,
+}
+assert set(_DERIVATIVES) == set(SURROGATES), "catalog.SURROGATES and surrogates._DERIVATIVES disagree"
+
 BUILTIN_SURROGATES: dict[str, SurrogateSpec] = {
-    s.name: s
-    for s in [
-        SurrogateSpec("sigmoid", {"alpha": 4.0}, _sigmoid, "alpha*sigma(alpha*x)*(1-sigma(alpha*x))"),
-        SurrogateSpec("atan", {"alpha": 2.0}, _atan, "(alpha/2)/(1+(pi/2*alpha*x)^2)"),
-        SurrogateSpec("piecewise_quadratic", {"alpha": 1.0}, _pw_quadratic, "alpha-alpha^2*|x| inside 1/alpha"),
-        SurrogateSpec("piecewise_exp", {"alpha": 1.0}, _pw_exp, "(alpha/2)*exp(-alpha*|x|)"),
-        SurrogateSpec("soft_sign", {"alpha": 2.0}, _soft_sign, "1/(2*alpha*(1/alpha+|x|)^2)"),
-        SurrogateSpec("super_spike", {"alpha": 1.0}, _super_spike, "alpha/(|x|+1)^2"),
-        SurrogateSpec("erf", {"alpha": 2.0}, _erf, "(alpha/sqrt(pi))*exp(-(alpha*x)^2)"),
-        SurrogateSpec("fast_sigmoid", {"slope": 25.0}, _fast_sigmoid, "1/(slope*|x|+1)^2 (snnTorch, Norse super)"),
-        SurrogateSpec("triangle", {"alpha": 1.0}, _triangle, "alpha*relu(1-alpha*|x|)"),
-        SurrogateSpec("rect", {"alpha": 1.0}, _rect, "alpha where |x| < 1/(2*alpha)"),
-        SurrogateSpec("straight_through", {}, _straight_through, "1"),
-        # beyond LANGUAGE.md §6, from the references of the model library:
-        SurrogateSpec("pseudo_derivative", {"gamma": 0.3, "width": 1.0}, _pseudo_derivative,
-                      "gamma/width*relu(1-|x|/width) (Bellec et al. 2018, LSNN)"),
-        SurrogateSpec("norse_triangle", {"alpha": 0.3}, _norse_triangle, "alpha*relu(1-|x|) (Norse 'triangle')"),
-        SurrogateSpec("norse_tanh", {"k": 1.0}, _norse_tanh, "1-tanh(k*x)^2 (Norse 'tanh')"),
-    ]
+    name: SurrogateSpec(name, info.defaults, _DERIVATIVES[name], info.doc) for name, info in SURROGATES.items()
 }
 
-DEFAULT_SURROGATE = "sigmoid"
+__all__ = ["BUILTIN_SURROGATES", "DEFAULT_SURROGATE", "SurrogateSpec"]

@@ -4,7 +4,7 @@ CUDA graphs see opaque ops with fake implementations), with a symbolic backward.
 
     forward_triton(module, inputs)   # called by NeuronModule.forward for backend "triton"/"auto"
 
-Generated source is written to `$FLEXDSL_CACHE_DIR` (default `~/.cache/flexdsl/triton`) as
+Generated source is written to `$FLEXDSL_CACHE_DIR/triton` (default `~/.cache/flexdsl/triton`) as
 `<model>_<hash>.py` (hash of the model text, detach_reset, the flexdsl compiler sources and the
 triton/torch versions) and imported from there: a later process skips sympy entirely for the
 kernels, and `triton.jit` gets a real file for `inspect.getsource`. Triton itself caches the
@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from . import diskcache
+
 # kernel launches by kind ("fwd", "bwd"): lets tests check that the Triton path really ran
 LAUNCHES: Counter = Counter()
 
@@ -34,24 +36,15 @@ _SRC_HASH: list[str] = []
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("FLEXDSL_CACHE_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "flexdsl" / "triton"
+    return diskcache.cache_dir("triton")
 
 
 def _compiler_hash() -> str:
-    """Hash of the flexdsl sources that shape the generated kernels, and of the versions."""
+    """The flexdsl compiler's hash (diskcache) with the triton and torch versions."""
     if not _SRC_HASH:
         import triton
 
-        h = hashlib.sha256()
-        here = Path(__file__).parent
-        for f in ("parse.py", "check.py", "lower.py", "derive.py", "emit_triton.py", "functions.py",
-                  "surrogates.py", "integrate.py", "printing.py"):
-            p = here / f
-            if p.exists():
-                h.update(p.read_bytes())
-        h.update(f"{triton.__version__}|{torch.__version__}".encode())
-        _SRC_HASH.append(h.hexdigest())
+        _SRC_HASH.append(f"{diskcache.compiler_hash()}|{triton.__version__}|{torch.__version__}")
     return _SRC_HASH[0]
 
 

@@ -50,3 +50,22 @@ def test_installed_wheel_loads_every_model_by_stem(installed_site: Path, tmp_pat
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["names"] == flexdsl.library()
     assert len(out["names"]) >= 16
+
+
+def test_second_process_loads_from_the_disk_cache_without_sympy(tmp_path: Path) -> None:
+    """The generated torch source survives processes: a second process loads the model and
+    runs it without importing sympy, with the same result as the first."""
+    code = (
+        "import sys, torch, flexdsl; m = flexdsl.load('izhikevich'); "
+        "x = torch.linspace(0, 3, 24).reshape(4, 6); s = m(x); "
+        "print('sympy' in sys.modules, s.sum().item(), float(m.v.sum()))"
+    )
+    env = {**__import__("os").environ, "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    used1, *vals1 = first.stdout.split()
+    used2, *vals2 = second.stdout.split()
+    assert used1 == "True" and used2 == "False"
+    assert vals1 == vals2
+    assert list((tmp_path / "cache" / "torch").glob("izhikevich_*.py"))

@@ -287,7 +287,7 @@ def test_disk_cache(tmp_path, monkeypatch):
     text = flexdsl.compile("lif").text.replace("neuron LIF:", "neuron LIFCached:")
     c = flexdsl.compile(text)
     tm = tb.get_model(c)
-    files = list(tmp_path.glob("lifcached_*.py"))
+    files = list((tmp_path / "triton").glob("lifcached_*.py"))
     assert len(files) == 1 and files[0].read_text() == tm.source
     # a fresh process state: the source comes from the file, with no sympy work
     tb._MODELS.clear()
