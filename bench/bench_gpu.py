@@ -405,6 +405,8 @@ def main():
         check_models()
         check_compile()
         sweep()
+    elif what == "build":
+        build_time()
     elif what == "lif":
         lif_main(gbs)
         small_overhead()
