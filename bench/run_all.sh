@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the device machine, from the repository root: bash bench/run_all.sh check|lif|full
+# On the device machine, from the repository root: bash bench/run_all.sh check|lif|build|full
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
