@@ -9,6 +9,7 @@ import keyword
 from functools import lru_cache
 
 from lark import Lark, Token, Transformer, v_args
+from lark import __version__ as lark_version
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 from lark.indenter import Indenter
 
@@ -71,13 +72,21 @@ class NeuronIndenter(Indenter):
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    return Lark.open(
-        str(GRAMMAR_DIR / "neuron.lark"),
-        parser="lalr",
-        postlex=NeuronIndenter(),
-        propagate_positions=True,
-        maybe_placeholders=True,
-    )
+    """The LALR parser; its tables are cached on disk by lark (keyed by the grammar's hash)."""
+    from . import diskcache
+
+    cache: str | bool = True
+    d = diskcache.cache_dir("lark")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        cache = str(d / f"neuron-{lark_version}-{diskcache.compiler_hash()[:16]}.cache")
+    except OSError:
+        pass
+    kwargs = dict(parser="lalr", postlex=NeuronIndenter(), propagate_positions=True, maybe_placeholders=True)
+    try:
+        return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), cache=cache, **kwargs)
+    except Exception:  # an unreadable or stale cache file: build the tables again
+        return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), **kwargs)
 
 
 def _pos(x) -> A.Pos:
