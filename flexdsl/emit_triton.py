@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from .derive import BackwardModel
+from .functions import SpikeGE, SpikeGT
 from .lower import StepModel
 from .printing import BasePrinter, lhs_rhs_lines
 
@@ -270,6 +271,24 @@ def plan_saves(step: StepModel, bw: BackwardModel) -> Plan:
                 [g in used for g in bw.grad_outputs], [g in used for g in bw.grad_next_states])
 
 
+def _fire_on_stored_values(plan: Plan, step: StepModel, io_ptr: str) -> list[tuple[sp.Symbol, sp.Expr]]:
+    """The forward body, where the spike decision reads saved values as they are stored (in
+    the I/O dtype): the backward recomputes the spike from the stored values, so with 16-bit
+    I/O both must see the same rounding, or a lane just under the threshold would get the
+    other branch's reset derivative. (A no-op for float32 I/O.)"""
+    inner = [s for s in plan.saved if s not in step.states]
+    if not inner:
+        return list(plan.fwd_body)
+    fire_args = {e.args[0] for _, e in plan.fwd_body if isinstance(e, SpikeGE | SpikeGT)}
+    stored = {s: sp.Symbol(f"{s.name}.to({io_ptr}.dtype.element_ty).to(tl.float32)") for s in inner}
+    out = []
+    for y, e in plan.fwd_body:
+        if y in fire_args or isinstance(e, SpikeGE | SpikeGT):
+            e = e.xreplace(stored)
+        out.append((y, e))
+    return out
+
+
 # --------------------------------------------------------------------------- printing
 def _ident(s: str) -> str:
     return s
@@ -489,10 +508,8 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
         if s in step.states:
             add(f"{ind}if _SAVE:")
             add(store(f"_sav_ptr + {i} * _TN + _o", "_sav_ptr", P(s), ind + "    "))
-    body = []
-    for y, e in plan.fwd_body:
-        body.append((y, e))
-    L.extend(lhs_rhs_lines(pr, body, step.origins, src_lines, indent=ind))
+    L.extend(lhs_rhs_lines(pr, _fire_on_stored_values(plan, step, f"_out_{outs[0]}_ptr"), step.origins,
+                           src_lines, indent=ind))
     for (name, v) in step.outputs:
         add(store(f"_out_{name}_ptr + _o", f"_out_{name}_ptr", block(v, lane_f), ind))
     for i, s in enumerate(plan.saved):

@@ -321,3 +321,26 @@ def test_custom_op_fake_and_compile():
     ro.sum().backward()
     assert torch.equal(out, ro)
     _close(net[0].weight.grad, ref[0].weight.grad)
+
+
+def test_bf16_backward_sees_the_forward_spike():
+    """With 16-bit I/O the saved pre-spike membrane is stored rounded and the backward
+    recomputes the spike from it; the forward's spike decision must see the same rounded value,
+    or a lane next to the threshold gets the derivative of the other reset branch. Here
+    h = v + (x - (v - v_reset))/tau = -0.5 - 2**-9 in float32 (just under the threshold -0.5) and
+    -0.5 once stored in bfloat16 (round-to-nearest-even and truncation agree)."""
+    import math
+
+    m = flexdsl.load("lif", backend="triton", v_threshold=-0.5, v_reset=-1.0)
+    m.v = torch.tensor([-(2**-9)], dtype=torch.bfloat16)
+    x = torch.tensor([[-(2**-9)]], dtype=torch.bfloat16, requires_grad=True)
+    s = m(x)
+    (g,) = torch.autograd.grad(m.v.float().sum(), [x])
+    fired = s.item()
+    h = -0.5  # the stored value: what the forward's spike decision and the backward both see
+    sig = 1 / (1 + math.exp(-4.0 * (h + 0.5)))
+    sg = 4.0 * sig * (1 - sig)
+    # v_next = s*v_reset + (1-s)*h, dh/dx = 1/tau: d v_next/dx = ((v_reset - h)*S'(h - v_th) + (1 - s))/tau
+    expected = ((-1.0 - h) * sg + (1 - fired)) / 2.0
+    assert fired == 1.0
+    assert abs(g.item() - expected) < 1e-2, (g.item(), expected)
