@@ -9,6 +9,7 @@ the custom op under torch.compile(fullgraph=True), and the disk cache.
 from __future__ import annotations
 
 import os
+import zlib
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import
 
@@ -66,7 +67,7 @@ def _run(name, x, states, backend, **kw):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_matches_torch(name):
-    gen = torch.Generator().manual_seed(hash(name) % 1000)
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)  # stable across processes
     T, N = 7, 13
     scale = SCALE.get(name, 3.0)
     # a non-contiguous input: every other column of a wider tensor
