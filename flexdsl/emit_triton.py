@@ -289,6 +289,13 @@ def _fire_on_stored_values(plan: Plan, step: StepModel, io_ptr: str) -> list[tup
     return out
 
 
+def _simultaneous(pairs: list[tuple[str, str]], ind: str) -> list[str]:
+    """Lines assigning several loop-carried variables at once (each right side sees the old values)."""
+    if len(pairs) <= 1:
+        return [f"{ind}{name} = {value}" for name, value in pairs]
+    return [f"{ind}_new_{name} = {value}" for name, value in pairs] + [f"{ind}{name} = _new_{name}" for name, _ in pairs]
+
+
 # --------------------------------------------------------------------------- printing
 def _ident(s: str) -> str:
     return s
@@ -517,15 +524,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
             add(f"{ind}if _SAVE:")
             add(store(f"_sav_ptr + {i} * _TN + _o", "_sav_ptr", P(s), ind + "    "))
     nexts = [block(v, lane_f) for v in step.next_states]
-    changed = [(s, v) for s, v, sym in zip(sts, nexts, step.states) if v != s]
-    if len(changed) > 1:
-        for s, v in changed:
-            add(f"{ind}_new_{s} = {v}")
-        for s, _ in changed:
-            add(f"{ind}{s} = _new_{s}")
-    else:
-        for s, v in changed:
-            add(f"{ind}{s} = {v}")
+    L.extend(_simultaneous([(s, v) for s, v in zip(sts, nexts) if v != s], ind))
     if sts:
         add(f"{ind}if _STORE_SEQS:")
         for s in sts:
@@ -612,15 +611,7 @@ def emit_triton(step: StepModel, bw: BackwardModel) -> str:
     for p, g, nz in zip(lrn, bw.grad_params, g_p_nz):
         if nz:
             add(f"{ind}_acc_{p} = _acc_{p} + {P(g)}")
-    news = [(g, block(v, lane_b)) for g, v in zip(g_next, bw.grad_states)]
-    if len(news) > 1:
-        for g, v in news:
-            add(f"{ind}_new_{g} = {v}")
-        for g, _ in news:
-            add(f"{ind}{g} = _new_{g}")
-    else:
-        for g, v in news:
-            add(f"{ind}{g} = {v}")
+    L.extend(_simultaneous([(g, block(v, lane_b)) for g, v in zip(g_next, bw.grad_states)], ind))
     for x in reread:
         add(f"{ind}_{x}_p -= _{x}_st")
     add(f"{ind}_o -= _N")

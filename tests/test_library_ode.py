@@ -88,16 +88,17 @@ def assert_traces_close(mine, ref, scale):
 
 
 ADEX = dict(C=281.0, g_L=30.0, E_L=-70.6, V_T=-50.4, Delta_T=2.0, tau_w=144.0, a=4.0, b=80.5)
+ADEX_EQS = """
+dv/dt = (-g_L*(v - E_L) + g_L*Delta_T*exp((v - V_T)/Delta_T) - w + I)/C/ms : 1
+dw/dt = (a*(v - E_L) - w)/tau_w/ms : 1
+I : 1
+"""
 
 
 def test_adex_matches_brian2_euler():
     dt, seg = 0.1, 400
     ns = dict(ADEX, V_r=ADEX["E_L"], V_peak=ADEX["V_T"] + 5 * ADEX["Delta_T"])
-    eqs = """
-    dv/dt = (-g_L*(v - E_L) + g_L*Delta_T*exp((v - V_T)/Delta_T) - w + I)/C/ms : 1
-    dw/dt = (a*(v - E_L) - w)/tau_w/ms : 1
-    I : 1
-    """
+    eqs = ADEX_EQS
     levels, x = piecewise_input(np.random.default_rng(0), 5, seg, 4, 0.0, 1500.0)
     spikes, tr = brian2_run(
         eqs,
@@ -123,11 +124,7 @@ def test_adex_params_override_matches_brian2():
     dt, seg = 0.1, 400
     p = dict(ADEX, tau_w=40.0, a=2.0, b=120.0)
     ns = dict(p, V_r=-48.0, V_peak=p["V_T"] + 5 * p["Delta_T"])
-    eqs = """
-    dv/dt = (-g_L*(v - E_L) + g_L*Delta_T*exp((v - V_T)/Delta_T) - w + I)/C/ms : 1
-    dw/dt = (a*(v - E_L) - w)/tau_w/ms : 1
-    I : 1
-    """
+    eqs = ADEX_EQS
     levels, x = piecewise_input(np.random.default_rng(1), 4, seg, 3, 300.0, 1500.0)
     spikes, tr = brian2_run(
         eqs,
