@@ -20,10 +20,10 @@ import tempfile
 CHILD = r"""
 import json, sys, time
 import torch, flexdsl
-import flexdsl.module, flexdsl.compiler
+import flexdsl.runtime.module, flexdsl.runtime.compiler
 stem = sys.argv[1]
 if sys.argv[2] == "cold":
-    import sympy, flexdsl.lower, flexdsl.emit_torch  # library imports are not the pipeline's work
+    import sympy, flexdsl.ir.lower, flexdsl.backends.torch.emit  # library imports are not the pipeline's work
 t0 = time.perf_counter(); m = flexdsl.load(stem); t1 = time.perf_counter()
 if sys.argv[2] == "disk":
     print(json.dumps({"disk_ms": (t1 - t0) * 1e3, "sympy": "sympy" in sys.modules}))

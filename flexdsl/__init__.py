@@ -15,14 +15,15 @@ from .library import library
 
 if TYPE_CHECKING:
     from .api import compile, load, loads
-    from .compiler import Compiled
-    from .module import NeuronModule
+    from .runtime.compiler import Compiled
+    from .runtime.module import NeuronModule
 
 __version__ = "0.1.0"
 
 __all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NeuronModule", "Compiled", "__version__"]
 
-_LAZY = {"load": "api", "loads": "api", "compile": "api", "Compiled": "compiler", "NeuronModule": "module"}
+_LAZY = {"load": "api", "loads": "api", "compile": "api", "Compiled": "runtime.compiler",
+         "NeuronModule": "runtime.module"}
 
 
 def __getattr__(name: str) -> Any:

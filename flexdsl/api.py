@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .compiler import Compiled, compile_model
 from .library import library
+from .runtime.compiler import Compiled, compile_model
 
 if TYPE_CHECKING:
-    from .module import NeuronModule
+    from .runtime.module import NeuronModule
 
 
 def compile(model: str | Path, detach_reset: bool = False) -> Compiled:  # noqa: A001 - the API name
@@ -33,7 +33,7 @@ def load(
 ) -> NeuronModule:
     """A trainable torch.nn.Module from a `.neuron` path or a library stem; keyword
     arguments other than the options override params (checked against `where`)."""
-    from .module import NeuronModule
+    from .runtime.module import NeuronModule
 
     c = compile_model(model, detach_reset)
     return NeuronModule(c, params, step_mode, backend, store_state_seqs, param_shapes)

@@ -13,7 +13,7 @@ from .errors import FlexDSLError
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .compiler import compile_model
+    from .runtime.compiler import compile_model
 
     failed = 0
     for f in args.files:
@@ -32,7 +32,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from .compiler import compile_model
+    from .runtime.compiler import compile_model
 
     c = compile_model(args.file, detach_reset=args.detach_reset)
     what = args.what or "torch"

@@ -68,4 +68,4 @@ def test_second_process_loads_from_the_disk_cache_without_sympy(tmp_path: Path) 
     used2, *vals2 = second.stdout.split()
     assert used1 == "True" and used2 == "False"
     assert vals1 == vals2
-    assert list((tmp_path / "cache" / "torch").glob("izhikevich_*.py"))
+    assert list((tmp_path / "cache" / "v1").glob("*.json"))

@@ -8,6 +8,7 @@ the custom op under torch.compile(fullgraph=True), and the disk cache.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 
@@ -17,11 +18,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import flexdsl  # noqa: E402
-from flexdsl import triton_backend as tb  # noqa: E402
-from flexdsl.module import triton_available  # noqa: E402
+from flexdsl import backends  # noqa: E402
+from flexdsl.backends.triton import LAUNCHES  # noqa: E402
+from flexdsl.runtime import cache  # noqa: E402
 
 # triton is a dependency on Linux: its absence is a failure, never a skip
-assert triton_available(), "triton must be importable for these tests"
+assert backends.get("triton").available(), "triton must be importable for these tests"
 
 # input scale per model (units differ: pA, uA/cm^2, mV/ms ...), so that some neurons spike
 SCALE = {"adex": 3000.0, "hodgkin_huxley": 60.0, "izhikevich_2003": 40.0, "lif_ode": 4.0, "li": 1.0,
@@ -73,10 +75,10 @@ def test_model_matches_torch(name):
     # a non-contiguous input: every other column of a wider tensor
     x = (torch.rand(T, 2 * N, generator=gen) * scale)[:, ::2]
     states = _states(name, (N,), gen)
-    before = dict(tb.LAUNCHES)
+    before = dict(LAUNCHES)
     mt, xt, st_t, ot, ft = _run(name, x, states, "triton")
     mr, xr, st_r, orr, fr = _run(name, x, states, "torch")
-    assert tb.LAUNCHES["fwd"] == before.get("fwd", 0) + 1  # the kernel ran: no silent fallback
+    assert LAUNCHES["fwd"] == before.get("fwd", 0) + 1  # the kernel ran: no silent fallback
     for i, (a, b) in enumerate(zip(ot, orr)):
         if mt.compiled.checked.outputs[i][0] == "spike":
             assert torch.equal(a, b), f"{name}: spikes differ"
@@ -97,7 +99,7 @@ def test_model_matches_torch(name):
     lr = [xr, *st_r, *params_r]
     g_t = torch.autograd.grad(loss(ot, ft), lt, allow_unused=True)
     g_r = torch.autograd.grad(loss(orr, fr), lr, allow_unused=True)
-    assert tb.LAUNCHES["bwd"] >= before.get("bwd", 0) + 1
+    assert LAUNCHES["bwd"] >= before.get("bwd", 0) + 1
     for i, (a, b) in enumerate(zip(g_t, g_r)):
         if b is None:
             assert a is None or a.abs().max() == 0, f"{name}: grad {i} should be zero"
@@ -257,8 +259,10 @@ def test_user_functions_and_surrogate():
 def test_source_and_plan():
     c = flexdsl.compile("lif")
     src = c.triton_source
+    abi = c.artefact("triton").meta["abi"]
     assert "def fwd_kernel" in src and "def bwd_kernel" in src
-    assert "SAVED = ('v_1',)" in src and "REREAD = ()" in src and "TRAIN_PASSES = 6" in src
+    assert abi["saved"] == ["v_1"] and abi["reread"] == [] and abi["train_passes"] == 6
+    assert "Saved for backward per step: v_1." in src and "training forward + backward 6" in src
     assert "for _step in range(0, _T):" in src  # a runtime loop bound, never unrolled
     # the loop invariant 1/tau is hoisted before the backward loop
     bwd = src[src.index("def bwd_kernel"):]
@@ -267,7 +271,7 @@ def test_source_and_plan():
 
 def test_no_recompile_for_new_T_or_shape_or_param():
     m = flexdsl.load("lif", backend="triton")
-    tm = tb.get_model(m.compiled)
+    tm = m.compiled.program("triton")
     m(torch.rand(3, 32))
     n = len(_kernel_cache(tm.mod.fwd_kernel))
     m.reset()
@@ -287,21 +291,20 @@ def test_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FLEXDSL_CACHE_DIR", str(tmp_path))
     text = flexdsl.compile("lif").text.replace("neuron LIF:", "neuron LIFCached:")
     c = flexdsl.compile(text)
-    tm = tb.get_model(c)
-    files = list((tmp_path / "triton").glob("lifcached_*.py"))
-    assert len(files) == 1 and files[0].read_text() == tm.source
-    # a fresh process state: the source comes from the file, with no sympy work
-    tb._MODELS.clear()
-    c2 = flexdsl.compile(text + "\n")
-    type(c2).triton_source.func  # noqa: B018 - it exists
-    c2.__dict__["triton_source"] = None  # would break emit if it were used
-    tm2 = tb.TritonModel(c2, tb._key(c))
-    assert tm2.source == tm.source
+    src = c.triton_source
+    files = list((tmp_path / "v1").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["payload"]["source"] == src
+    # a fresh process state: the artefact comes from the file, with no sympy work
+    monkeypatch.setattr(cache, "_memory", {})
+    from flexdsl.runtime.compiler import Compiled
+
+    no_sympy = type("NoLowering", (Compiled,), {"step": property(lambda self: 1 / 0)})
+    assert no_sympy(c.text, c.filename, False).triton_source == src
 
 
 def test_custom_op_fake_and_compile():
     m = flexdsl.load("lif", backend="triton")
-    tm = tb.get_model(m.compiled)
+    tm = m.compiled.program("triton")
     x = torch.rand(4, 6)
     # fake tensors: shapes only
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
-from .catalog import CONSTANTS, DEFAULT_SURROGATE, FUNCTIONS
+from .catalog import CONSTANTS, DEFAULT_SURROGATE, FUNCTIONS, METHOD_ALIASES, METHODS
 from .catalog import SURROGATES as BUILTIN_SURROGATES
-from .errors import FlexDSLError, did_you_mean
-from .walk import expr_names
-
-METHODS = ("exact", "exponential_euler", "euler", "rk2", "rk4", "heun")
-METHOD_ALIASES = {"midpoint": "rk2", "linear": "exact"}
 
 
 @dataclass
@@ -75,42 +71,7 @@ class _Checker:
 
     def check_expr(self, e: A.Expr, visible: set[str], context: str, allow_compare: bool = False) -> None:
         """Names defined, functions known with the right arity, comparisons only where allowed."""
-        if isinstance(e, A.Compare):
-            if not allow_compare:
-                raise self.err("a comparison is only allowed in `where(...)` and `where` constraints", e.pos,
-                               "use where(cond, a, b) to choose between values")
-            for o in e.operands:
-                self.check_expr(o, visible, context)
-            return
-        if isinstance(e, A.Name):
-            if e.id not in visible and e.id not in CONSTANTS:
-                if e.id in self.all_declared:
-                    raise self.err(f"`{e.id}` cannot be used {context}", e.pos, self.scope_hint(context))
-                raise self.unknown(e.id, e.pos, visible | set(CONSTANTS))
-            return
-        if isinstance(e, A.Call):
-            b = FUNCTIONS.get(e.func)
-            if b is None:
-                if e.func in self.user_surrogates or e.func in BUILTIN_SURROGATES:
-                    raise self.err(f"`{e.func}` is a surrogate, not a function", e.pos,
-                                   "surrogates are used in the spike rule: `spike when ... surrogate name(...)`")
-                raise self.unknown(e.func, e.pos, set(FUNCTIONS), "function")
-            if len(e.args) != b.arity:
-                raise self.err(f"`{e.func}` takes {b.arity} argument{'s' if b.arity != 1 else ''}, "
-                               f"got {len(e.args)}", e.pos, f"{e.func}: {b.doc}")
-            for i, a in enumerate(e.args):
-                cmp_ok = e.func == "where" and i == 0
-                if cmp_ok and not isinstance(a, A.Compare):
-                    raise self.err("the first argument of `where` must be a comparison", a.pos,
-                                   "e.g. where(v > 0, a, b)")
-                self.check_expr(a, visible, context, allow_compare=cmp_ok)
-            return
-        if isinstance(e, A.BinOp):
-            self.check_expr(e.left, visible, context)
-            self.check_expr(e.right, visible, context)
-            return
-        if isinstance(e, A.Neg):
-            self.check_expr(e.operand, visible, context)
+        _ExprChecker(self, visible, context, allow_compare).fold(e)
 
     def scope_hint(self, context: str) -> str:
         if context == "in a param default":
@@ -182,7 +143,7 @@ class _Checker:
             self.check_expr(p.default, seen, "in a param default")
             if p.where is not None:
                 self.check_expr(p.where, seen | {p.name}, "in a param default", allow_compare=True)
-                if p.name not in {nm.id for nm in expr_names(p.where)}:
+                if p.name not in {nm.id for nm in A.names(p.where)}:
                     raise self.err(f"the constraint of `{p.name}` does not mention `{p.name}`", p.where.pos)
             seen.add(p.name)
         if "dt" in input_names or "dt" in state_names:
@@ -207,7 +168,8 @@ class _Checker:
                 m = METHOD_ALIASES.get(eqs.method, eqs.method)
                 if m not in METHODS:
                     raise self.err(f"unknown integration method `{eqs.method}`", eqs.method_pos,
-                                   did_you_mean(eqs.method, METHODS) or "methods: " + ", ".join(METHODS))
+                                   did_you_mean(eqs.method, [*METHODS, *METHOD_ALIASES])
+                                   or "methods: " + ", ".join(METHODS))
                 method = m
             ode_states: set[str] = set()
             for ln in eqs.lines:
@@ -355,6 +317,49 @@ class _Checker:
                 raise self.err(f"unknown keyword `{k.name}` for surrogate `{use.name}`", k.pos, hint)
         kwargs = {name: (given[name].value if name in given else dv) for name, dv in defaults.items()}
         return ResolvedSurrogate(use.name, arg, kwargs, sd, use.pos)
+
+
+class _ExprChecker(A.ExprFold[None]):
+    """The checks of one expression, top-down (so the first error in source order is reported)."""
+
+    def __init__(self, ck: _Checker, visible: set[str], context: str, allow_compare: bool) -> None:
+        self.ck, self.visible, self.context, self.allow_compare = ck, visible, context, allow_compare
+
+    def enter(self, e: A.Expr, parent: A.Expr | None) -> None:
+        ck = self.ck
+        if isinstance(e, A.Compare):
+            in_where = isinstance(parent, A.Call) and parent.func == "where" and parent.args[0] is e
+            if not (in_where or (parent is None and self.allow_compare)):
+                raise ck.err("a comparison is only allowed in `where(...)` and `where` constraints", e.pos,
+                             "use where(cond, a, b) to choose between values")
+        elif isinstance(e, A.Name):
+            if e.id not in self.visible and e.id not in CONSTANTS:
+                if e.id in ck.all_declared:
+                    raise ck.err(f"`{e.id}` cannot be used {self.context}", e.pos, ck.scope_hint(self.context))
+                raise ck.unknown(e.id, e.pos, self.visible | set(CONSTANTS))
+        elif isinstance(e, A.Call):
+            b = FUNCTIONS.get(e.func)
+            if b is None:
+                if e.func in ck.user_surrogates or e.func in BUILTIN_SURROGATES:
+                    raise ck.err(f"`{e.func}` is a surrogate, not a function", e.pos,
+                                 "surrogates are used in the spike rule: `spike when ... surrogate name(...)`")
+                raise ck.unknown(e.func, e.pos, set(FUNCTIONS), "function")
+            if len(e.args) != b.arity:
+                raise ck.err(f"`{e.func}` takes {b.arity} argument{'s' if b.arity != 1 else ''}, "
+                             f"got {len(e.args)}", e.pos, f"{e.func}: {b.doc}")
+            if e.func == "where" and not isinstance(e.args[0], A.Compare):
+                raise ck.err("the first argument of `where` must be a comparison", e.args[0].pos,
+                             "e.g. where(v > 0, a, b)")
+
+    def visit_Num(self, e: A.Num) -> None:
+        return None
+
+    visit_Name = visit_Num
+
+    def visit_BinOp(self, e: A.BinOp, *_: None) -> None:
+        return None
+
+    visit_Neg = visit_Call = visit_Compare = visit_BinOp
 
 
 def check(neuron: A.Neuron) -> CheckedModel:

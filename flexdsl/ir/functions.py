@@ -1,19 +1,16 @@
-"""Built-in functions of the language: arity, sympy form, and how each backend prints them.
-
-To add a function: its name, arity and doc in catalog.FUNCTIONS, its sympy constructor in
-_MAKERS here (with a derivative if sympy cannot differentiate it), and its spelling in each
-printer's FUNCS table.
+"""The sympy forms of the built-in functions (the records are `frontend.catalog.FUNCTIONS`;
+each names its form here by `Function.sympy`). A class here gives its derivative where sympy
+cannot differentiate it, and its name is what the printers dispatch on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import sympy as sp
 
-from .catalog import CONSTANTS as CONSTANT_NAMES
-from .catalog import FUNCTIONS
+from ..frontend.catalog import ALL_FUNCTIONS, FUNCTIONS
+from ..frontend.catalog import CONSTANTS as CONSTANT_VALUES
 
 
 class sigmoid(sp.Function):
@@ -159,28 +156,24 @@ class Detach(sp.Function):
         return sp.Integer(0)
 
 
-@dataclass(frozen=True)
-class Builtin:
-    name: str
-    arity: int
-    make: Callable[..., sp.Expr]
-    doc: str
-
-
 def _where(cond, a, b):
     return Where(cond, a, b)
 
 
-_MAKERS: dict[str, Callable[..., sp.Expr]] = {
-    "exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "abs": sp.Abs, "sin": sp.sin, "cos": sp.cos,
-    "tanh": sp.tanh, "sigmoid": sigmoid, "relu": relu, "min": fmin, "max": fmax, "clip": clip,
-    "where": _where, "heaviside": heaviside,
+# Function.sympy -> the constructor of the sympy form
+SYMPY: dict[str, Callable[..., sp.Expr]] = {
+    "exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "Abs": sp.Abs, "sin": sp.sin, "cos": sp.cos,
+    "tanh": sp.tanh, "sigmoid": sigmoid, "relu": relu, "fmin": fmin, "fmax": fmax, "clip": clip,
+    "Where": _where, "heaviside": heaviside, "SpikeGE": SpikeGE, "SpikeGT": SpikeGT, "Detach": Detach,
+    "sign": sp.sign,
 }
-assert set(_MAKERS) == set(FUNCTIONS), "catalog.FUNCTIONS and functions._MAKERS disagree"
+assert {f.sympy for f in ALL_FUNCTIONS.values()} == set(SYMPY), "catalog and functions.SYMPY disagree"
 
-BUILTINS: dict[str, Builtin] = {
-    name: Builtin(name, info.arity, _MAKERS[name], info.doc) for name, info in FUNCTIONS.items()
-}
+
+def make(name: str, *args: sp.Expr) -> sp.Expr:
+    """The sympy form of built-in `name` applied to `args`."""
+    return SYMPY[FUNCTIONS[name].sympy](*args)
+
 
 CONSTANTS: dict[str, sp.Expr] = {"pi": sp.pi}
-assert set(CONSTANTS) == set(CONSTANT_NAMES)
+assert set(CONSTANTS) == set(CONSTANT_VALUES)

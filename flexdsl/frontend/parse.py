@@ -6,16 +6,16 @@ Syntax errors become located FlexDSLErrors here; names and rules are checked in 
 from __future__ import annotations
 
 import keyword
+import threading
 from functools import lru_cache
 
-from lark import Lark, Token, Transformer, v_args
-from lark import __version__ as lark_version
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 from lark.indenter import Indenter
 
+from .._paths import GRAMMAR_DIR
+from ..errors import FlexDSLError
 from . import ast as A
-from ._paths import GRAMMAR_DIR
-from .errors import FlexDSLError
 
 _RECURSION_HINT = "split long expressions into several `let` statements"
 
@@ -72,21 +72,14 @@ class NeuronIndenter(Indenter):
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    """The LALR parser; its tables are cached on disk by lark (keyed by the grammar's hash)."""
-    from . import diskcache
+    """The LALR parser, built once per process (about 60 ms; its tables are never read back from
+    a file, so nothing is unpickled)."""
+    return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), parser="lalr", postlex=NeuronIndenter(),
+                     propagate_positions=True, maybe_placeholders=True)
 
-    cache: str | bool = True
-    d = diskcache.cache_dir("lark")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        cache = str(d / f"neuron-{lark_version}-{diskcache.compiler_hash()[:16]}.cache")
-    except OSError:
-        pass
-    kwargs = dict(parser="lalr", postlex=NeuronIndenter(), propagate_positions=True, maybe_placeholders=True)
-    try:
-        return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), cache=cache, **kwargs)
-    except Exception:  # an unreadable or stale cache file: build the tables again
-        return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), **kwargs)
+
+# The indenter keeps per-parse state, so one parse runs at a time (parsing is fast).
+_PARSE_LOCK = threading.Lock()
 
 
 def _pos(x) -> A.Pos:
@@ -107,8 +100,9 @@ def _dedent_doc(text: str) -> str:
 
 
 @v_args(inline=True)
-class _ToAST(Transformer):
-    """lark tree -> flexdsl.ast nodes (positions kept on every node)."""
+class _ToAST(Transformer_NonRecursive):
+    """lark tree -> flexdsl.ast nodes (positions kept on every node); iterative, so deep
+    expressions never hit the recursion limit."""
 
     def __init__(self, filename: str, source: str) -> None:
         super().__init__()
@@ -297,7 +291,8 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
     """Parse `.neuron` text into a typed AST. Raises FlexDSLError on syntax errors."""
     text = source if source.endswith("\n") else source + "\n"
     try:
-        tree = _parser().parse(text)
+        with _PARSE_LOCK:
+            tree = _parser().parse(text)
     except _IndentError as e:
         tok = e.token
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
@@ -333,7 +328,5 @@ def _check_identifiers(neuron: A.Neuron) -> None:
             raise FlexDSLError(f"`{name}` is a Python keyword and cannot be used as a name", neuron.filename,
                                pos.line, pos.column, neuron.source, "choose another name")
 
-    from .walk import iter_names
-
-    for name, pos in iter_names(neuron):
+    for name, pos in A.declared_names(neuron):
         bad(name, pos)

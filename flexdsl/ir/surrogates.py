@@ -1,7 +1,8 @@
 """Surrogate gradients: S'(x), the derivative used for d spike / d u in backward.
 
-To add a surrogate: its name, keyword defaults and doc in catalog.SURROGATES, and a function
-building S'(x) as a sympy expression in _DERIVATIVES here (see LANGUAGE.md §6 for the formulas).
+To add a surrogate: its record (name, keyword defaults, formula text) in
+`frontend.catalog.SURROGATES`, and a function building S'(x) as a sympy expression in
+`_DERIVATIVES` here. Every backend then has it (it is just an expression).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .catalog import DEFAULT_SURROGATE, SURROGATES
+from ..frontend.catalog import DEFAULT_SURROGATE, SURROGATES
 from .functions import Where, relu, sigmoid
 
 

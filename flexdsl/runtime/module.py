@@ -1,4 +1,9 @@
-"""Stage 6: the runtime. `NeuronModule` is the torch.nn.Module of LANGUAGE.md §7."""
+"""The runtime's module: `NeuronModule`, the torch.nn.Module a model is loaded as.
+
+It owns the params (Parameters, buffers or plain floats) and the states between calls, and
+talks to the backends only through their interface (`backends.base`): it chooses a backend
+from the registry, and passes inputs, states and params explicitly to its program.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +13,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import ast as A
-from .compiler import Compiled
-from .errors import FlexDSLError, did_you_mean
-from .evaluate import evaluate, holds
+from .. import backends
+from ..errors import FlexDSLError, did_you_mean
+from ..frontend import ast as A
+from ..frontend.evaluate import evaluate, holds
+from .compiler import Compiled, compile_model
 
-BACKENDS = ("auto", "torch", "triton")
+STEP_MODES = ("s", "m")
 
 
 def triton_available() -> bool:
     """Whether the Triton backend can run here (a GPU, or TRITON_INTERPRET=1 on the CPU)."""
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
-STEP_MODES = ("s", "m")
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+    return backends.get("triton").available()
 
 
 class NeuronModule(nn.Module):
@@ -53,18 +53,19 @@ class NeuronModule(nn.Module):
         d["_fixed"] = {}
         d["_states"] = dict.fromkeys(d["_state_names"])
         d["state_seqs"] = {}
+        d["_init_cache"] = {}
         if step_mode not in STEP_MODES:
             raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", c.filename)
-        if backend not in BACKENDS:
-            raise FlexDSLError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}", c.filename,
-                               hint=did_you_mean(str(backend), BACKENDS))
-        if backend == "triton" and not triton_available():
-            raise FlexDSLError("backend='triton' needs the `triton` package, which cannot be imported here",
-                               c.filename, hint="install triton, or use backend='auto' or 'torch'")
+        known = ["auto", *backends.names()]
+        if backend not in known:
+            raise FlexDSLError(f"backend must be one of {', '.join(known)}, not {backend!r}", c.filename,
+                               hint=did_you_mean(str(backend), known))
+        if backend != "auto" and not backends.get(backend).available():
+            raise FlexDSLError(f"backend={backend!r} cannot run here (its libraries cannot be imported)",
+                               c.filename, hint="install them, or use backend='auto' or 'torch'")
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
-        self.detach_reset = c.detach_reset
         shapes = dict(param_shapes or {})
         for name in shapes:
             if name not in d["_param_decls"]:
@@ -182,6 +183,19 @@ class NeuronModule(nn.Module):
     def compiled(self) -> Compiled:
         return self._compiled
 
+    @property
+    def detach_reset(self) -> bool:
+        """Whether the reset sees the spike detached from the graph (set at load; assigning it
+        switches to the other compiled variant)."""
+        return self._compiled.detach_reset
+
+    @detach_reset.setter
+    def detach_reset(self, value: bool) -> None:
+        c = self._compiled
+        if bool(value) != c.detach_reset:
+            self.__dict__["_compiled"] = compile_model(c.text if c.filename == "<string>" else c.filename,
+                                                       bool(value))
+
     def _core_params(self) -> list[Any]:
         out = []
         for name in self._param_decls:
@@ -200,26 +214,33 @@ class NeuronModule(nn.Module):
 
         return core
 
-    def _use_triton(self, x0: torch.Tensor) -> bool:
-        if self.backend == "torch":
-            return False
-        if self.backend == "triton":
-            if x0.dtype not in TRITON_DTYPES:
-                raise FlexDSLError(f"the Triton kernels take float32, float16 or bfloat16 inputs, not {x0.dtype}",
-                                   self._compiled.filename, hint="use backend='torch' for float64")
-            return True
-        return x0.is_cuda and x0.dtype in TRITON_DTYPES and triton_available()
-
-    def _init_states(self, x0: torch.Tensor) -> list[torch.Tensor]:
-        out = []
+    def _initial_states(self, like: torch.Tensor) -> list[Any]:
+        """Each state's current value, or its initial value (a float, or a tensor for
+        per-channel params) where it has none."""
+        out: list[Any] = []
+        inits = None
         for name in self._state_names:
             v = self._states[name]
-            if v is None or not isinstance(v, torch.Tensor):
-                init = self._initial_value(name) if v is None else v
-                v = torch.zeros_like(x0) + (init.to(x0.dtype) if isinstance(init, torch.Tensor) else init)
-                v = v.to(x0.device)
+            if v is None:
+                if inits is None:
+                    inits = self._initial_values()
+                v = inits[name]
+                if isinstance(v, torch.Tensor):
+                    v = v.to(device=like.device, dtype=like.dtype)
             out.append(v)
         return out
+
+    def _initial_values(self) -> dict[str, Any]:
+        """Initial values from the current params (cached while every param is a float)."""
+        key = tuple(self._fixed.values()) if not self._parameters and not self._buffers else None
+        hit = self._init_cache.get(key) if key is not None else None
+        if hit is None:
+            hit = {s: self._initial_value(s) for s in self._state_names}
+            if key is not None:
+                if len(self._init_cache) > 64:
+                    self._init_cache.clear()
+                self._init_cache[key] = hit
+        return hit
 
     def forward(self, *inputs: torch.Tensor):
         c = self._compiled
@@ -227,53 +248,20 @@ class NeuronModule(nn.Module):
         if len(inputs) != n_in:
             names = ", ".join(i.name for i in c.checked.inputs)
             raise TypeError(f"{c.name} takes {n_in} input{'s' if n_in != 1 else ''} ({names}), got {len(inputs)}")
-        x0 = inputs[0]
-        if self._use_triton(x0):
-            from .triton_backend import forward_triton
-
-            return forward_triton(self, inputs)
-        if self.step_mode == "s":
-            seq = [tuple(inputs)]
-        else:
-            seq = [tuple(x[t] for x in inputs) for t in range(x0.shape[0])]
-            if x0.shape[0] == 0:
-                return self._empty(inputs)
-        dtype = x0.dtype
-        states = self._init_states(seq[0][0])
-        params = self._core_params()
-        fn = c.torch_module.core
-        n_out = len(c.checked.outputs)
-        outs: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
-        seqs: list[list[torch.Tensor]] = [[] for _ in states]
-        for xs in seq:
-            res = fn(*xs, *states, *params)
-            res = [r.to(dtype) if isinstance(r, torch.Tensor) and r.dtype != dtype else r for r in res]
-            res = [r if isinstance(r, torch.Tensor) else torch.full_like(xs[0], r) for r in res]
-            for i in range(n_out):
-                outs[i].append(res[i])
-            states = list(res[n_out:])
-            if self.store_state_seqs:
-                for i, s in enumerate(states):
-                    seqs[i].append(s)
-        for name, s in zip(self._state_names, states):
+        single = self.step_mode == "s"
+        xs = [x.unsqueeze(0) for x in inputs] if single else list(inputs)
+        if xs[0].dim() < 1:
+            raise FlexDSLError(f"{c.name}: inputs must be [T, *shape] in step_mode 'm'", c.filename)
+        backend = backends.choose(self.backend, xs)
+        program = c.program(backend)
+        params = [getattr(self, name) for name in self._param_decls]
+        res = program.run(xs, self._initial_states(xs[0]), params, store_seqs=bool(self.store_state_seqs))
+        for name, s in zip(self._state_names, res.states):
             self._states[name] = s
-        if self.step_mode == "s":
-            result = [o[0] for o in outs]
-            if self.store_state_seqs:
-                self.state_seqs = {n: s[0].unsqueeze(0) for n, s in zip(self._state_names, seqs)}
-        else:
-            result = [torch.stack(o) for o in outs]
-            if self.store_state_seqs:
-                self.state_seqs = {n: torch.stack(s) for n, s in zip(self._state_names, seqs)}
-        return result[0] if n_out == 1 else tuple(result)
-
-    def _empty(self, inputs):
-        x = inputs[0]
-        n_out = len(self._compiled.checked.outputs)
-        res = [x.new_zeros(x.shape) for _ in range(n_out)]
-        if self.store_state_seqs:
-            self.state_seqs = {n: x.new_zeros(x.shape) for n in self._state_names}
-        return res[0] if n_out == 1 else tuple(res)
+        if self.store_state_seqs and res.seqs is not None:
+            self.state_seqs = dict(zip(self._state_names, res.seqs))
+        outs = [o[0] for o in res.outputs] if single else res.outputs
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     def extra_repr(self) -> str:
         c = self._compiled

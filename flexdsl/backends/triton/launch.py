@@ -1,57 +1,38 @@
-"""The Triton runtime: generated kernels loaded from a disk cache, launched through one
-`torch.library.custom_op` family per compiled model (so `torch.compile(fullgraph=True)` and
-CUDA graphs see opaque ops with fake implementations), with a symbolic backward.
+"""The Triton backend's launcher: a `TritonProgram` runs the generated kernels of one model,
+with arguments built from the kernel ABI, through one `torch.library.custom_op` family per
+model (so `torch.compile(fullgraph=True)` and CUDA graphs see opaque ops with fake
+implementations) and a symbolic backward.
 
-    forward_triton(module, inputs)   # called by NeuronModule.forward for backend "triton"/"auto"
-
-Generated source is written to `$FLEXDSL_CACHE_DIR/triton` (default `~/.cache/flexdsl/triton`) as
-`<model>_<hash>.py` (hash of the model text, detach_reset, the flexdsl compiler sources and the
-triton/torch versions) and imported from there: a later process skips sympy entirely for the
-kernels, and `triton.jit` gets a real file for `inspect.getsource`. Triton itself caches the
-compiled binaries (`~/.triton/cache`). T is a runtime loop bound and N a runtime size: a new T
-or shape compiles nothing (Triton specializes integer arguments only by divisibility by 16).
+Launch heuristics, visible here and settable by environment variables:
+- `FLEXDSL_TRITON_BLOCK` lanes per program (default 1024 for small kernels, 256 for big ones,
+  whose registers would spill); the interpreter (`TRITON_INTERPRET=1`) uses few big programs;
+- `FLEXDSL_TRITON_WARPS` warps per program (default 4);
+- `FLEXDSL_TRITON_FAST_LAUNCH=0` turns off the cache of compiled kernels that skips Triton's
+  per-call argument binding (tens of microseconds a launch).
+T is a runtime loop bound and N a runtime size: a new T or shape compiles nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import sys
-import threading
 from collections import Counter
-from pathlib import Path
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
 
-from . import diskcache
+from ...errors import FlexDSLError
+from ..base import RunResult
+from .abi import KernelABI
 
 # kernel launches by kind ("fwd", "bwd"): lets tests check that the Triton path really ran
 LAUNCHES: Counter = Counter()
 
-_LOCK = threading.Lock()
-_MODELS: dict[str, TritonModel] = {}
-_SRC_HASH: list[str] = []
-
-
-def cache_dir() -> Path:
-    return diskcache.cache_dir("triton")
-
-
-def _compiler_hash() -> str:
-    """The flexdsl compiler's hash (diskcache) with the triton and torch versions."""
-    if not _SRC_HASH:
-        import triton
-
-        _SRC_HASH.append(f"{diskcache.compiler_hash()}|{triton.__version__}|{torch.__version__}")
-    return _SRC_HASH[0]
-
-
 _INTERPRET: list[bool] = []
 
 
-def _interpret() -> bool:
+def interpret() -> bool:
     """TRITON_INTERPRET=1 (read once: it must be set before triton is imported anyway)."""
     if not _INTERPRET:
         _INTERPRET.append(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -69,41 +50,6 @@ def _stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _key(compiled) -> str:
-    h = hashlib.sha256()
-    h.update(compiled.text.encode())
-    h.update(f"|{compiled.detach_reset}|{_compiler_hash()}".encode())
-    return h.hexdigest()[:20]
-
-
-def _load_source(compiled, key: str) -> tuple[Path, str]:
-    name = "".join(ch if ch.isalnum() else "_" for ch in compiled.name.lower())
-    path = cache_dir() / f"{name}_{key}.py"
-    if path.exists():
-        return path, path.read_text()
-    src = compiled.triton_source
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(src)
-    os.replace(tmp, path)
-    return path, src
-
-
-def get_model(compiled) -> TritonModel:
-    """The Triton side of a compiled model (kernels + ops), built once per process."""
-    tm = compiled.__dict__.get("_triton_model")
-    if tm is not None:
-        return tm
-    with _LOCK:
-        key = _key(compiled)
-        tm = _MODELS.get(key)
-        if tm is None:
-            tm = TritonModel(compiled, key)
-            _MODELS[key] = tm
-    compiled.__dict__["_triton_model"] = tm
-    return tm
-
-
 def _prod(shape) -> int:
     n = 1
     for s in shape:
@@ -111,80 +57,101 @@ def _prod(shape) -> int:
     return n
 
 
-class TritonModel:
-    def __init__(self, compiled, key: str) -> None:
-        path, self.source = _load_source(compiled, key)
-        modname = f"flexdsl_triton_{path.stem}"
-        spec = importlib.util.spec_from_file_location(modname, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
-        self.mod = mod
-        self.key = key
-        self.name = mod.NAME
-        self.inputs, self.states, self.params = mod.INPUTS, mod.STATES, mod.PARAMS
-        self.learnable, self.outputs = mod.LEARNABLE, mod.OUTPUTS
-        self.saved, self.reread = mod.SAVED, mod.REREAD
-        self.reread_idx = [self.inputs.index(x) for x in self.reread]
-        self.grad_inputs, self.grad_states, self.grad_params = mod.GRAD_INPUTS, mod.GRAD_STATES, mod.GRAD_PARAMS
-        self.learn_idx = [self.params.index(p) for p in self.learnable]
-        n_lines = self.source.count("\n")
-        # launch shape: ~8 lanes per thread for small models, fewer for big ones (registers)
-        self.block = int(os.environ.get("FLEXDSL_TRITON_BLOCK", 0)) or (1024 if n_lines < 400 else 256)
-        self.warps = int(os.environ.get("FLEXDSL_TRITON_WARPS", 0)) or 4
-        self._host_cache: dict = {}
-        self._launch_cache: dict = {}
-        self._init_cache: dict = {}
-        self._fast = os.environ.get("FLEXDSL_TRITON_FAST_LAUNCH", "1") == "1"
-        self._register_ops()
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
 
-    # ------------------------------------------------------------------ launch helpers
-    def _block(self, N: int) -> int:
-        if _interpret():  # few big programs: the interpreter runs programs one after another
-            return max(16, min(4096, 1 << max(0, N - 1).bit_length()))
-        return self.block
 
-    def _launch(self, kernel, grid, args, consts) -> None:
-        """Launch; on a GPU, a cache of compiled kernels keyed like Triton's own specialization
-        (tensor dtype and 16-byte alignment, ints ==1 / %16 / 64-bit, None, floats, constexprs)
-        skips the per-call argument binding of `kernel[grid](...)` (tens of microseconds)."""
-        if _interpret() or not self._fast:
-            kernel[grid](*args, **consts, num_warps=self.warps)
-            return
-        key = [id(kernel), self.warps]
-        dev = 0
+def _device_of(ts) -> torch.device:
+    for t in ts:
+        if t is not None:
+            return t.device
+    return torch.device("cpu")
+
+
+class _Kernel:
+    """One kernel with its ABI order: a launch takes a value list per role."""
+
+    def __init__(self, fn, args, warps: int) -> None:
+        self.fn = fn
+        groups: dict[str, int] = {}
+        self.index: list[tuple[str, int]] = []
         for a in args:
-            if isinstance(a, torch.Tensor):
+            i = groups.get(a.role, 0)
+            groups[a.role] = i + 1
+            self.index.append((a.role, i))
+        self.constexpr = [a.constexpr for a in args]
+        self.warps = warps
+        self.cache: dict = {}
+        self.fast = os.environ.get("FLEXDSL_TRITON_FAST_LAUNCH", "1") == "1"
+
+    def launch(self, grid: tuple[int], values: dict[str, list]) -> None:
+        full = [values[r][i] for r, i in self.index]
+        if interpret() or not self.fast:
+            self.fn[grid](*full, num_warps=self.warps)
+            return
+        # a cache of compiled kernels keyed like Triton's own specialization (tensor dtype and
+        # 16-byte alignment, ints ==1 / %16 / 64-bit, None, constexpr values)
+        key: list[Any] = []
+        dev = 0
+        for a, c in zip(full, self.constexpr):
+            if c:
+                key.append(a)
+            elif isinstance(a, torch.Tensor):
                 dev = a.device.index or 0
                 key.append((a.dtype, a.data_ptr() % 16 == 0))
             elif a is None or isinstance(a, float):
                 key.append(a is None)
             else:
                 key.append((a == 1, a % 16 == 0, a >= 2**31 or a < -2**31))
-        key.append(tuple(consts.items()))
-        key = tuple(key)
-        ck = self._launch_cache.get(key)
+        k = tuple(key)
+        ck = self.cache.get(k)
         if ck is None:
-            ck = kernel[grid](*args, **consts, num_warps=self.warps)
-            names = list(kernel.arg_names)
-            tail = names[len(args):]
-            if all(n in consts for n in tail) and hasattr(ck, "run"):
-                self._launch_cache[key] = (ck, tail)
+            ck = self.fn[grid](*full, num_warps=self.warps)
+            if hasattr(ck, "run"):
+                self.cache[k] = ck
             return
-        ck, tail = ck
-        full = [*args, *(consts[n] for n in tail)]
         try:
             stream = _stream(dev)
             ck.run(grid[0], 1, 1, stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
                    None, None, *full)
         except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
-            self._fast = False
-            kernel[grid](*args, **consts, num_warps=self.warps)
+            self.fast = False
+            self.fn[grid](*full, num_warps=self.warps)
+
+
+class TritonProgram:
+    def __init__(self, module: ModuleType, abi: KernelABI, key: str) -> None:
+        self.mod = module
+        self.abi = abi
+        self.key = key
+        self.name = abi.name
+        self.inputs, self.states, self.params = abi.inputs, abi.states, abi.params
+        self.learnable, self.outputs = abi.learnable, abi.outputs
+        self.saved, self.reread = abi.saved, abi.reread
+        self.reread_idx = [self.inputs.index(x) for x in self.reread]
+        self.grad_inputs, self.grad_states, self.grad_params = abi.grad_inputs, abi.grad_states, abi.grad_params
+        self.learn_idx = [self.params.index(p) for p in self.learnable]
+        self.has_hoisted = bool(abi.hoisted_fwd or abi.hoisted_bwd)
+        # ~8 lanes per thread for small models, fewer for big ones (whose registers would spill);
+        # the kernels' argument count (params, states, saved values...) measures the size
+        big = len(abi.fwd) + len(abi.bwd) >= 84
+        self.block = int(os.environ.get("FLEXDSL_TRITON_BLOCK", 0)) or (256 if big else 1024)
+        warps = int(os.environ.get("FLEXDSL_TRITON_WARPS", 0)) or 4
+        self.k_fwd = _Kernel(module.fwd_kernel, abi.fwd, warps)
+        self.k_bwd = _Kernel(module.bwd_kernel, abi.bwd, warps)
+        self._host_cache: dict = {}
+        self._register_ops()
+
+    # ------------------------------------------------------------------ launch helpers
+    def _block(self, N: int) -> int:
+        if interpret():  # few big programs: the interpreter runs programs one after another
+            return max(16, min(4096, 1 << max(0, N - 1).bit_length()))
+        return self.block
 
     def _host(self, params, param_vals) -> tuple[bool, dict]:
         """Loop invariants in float64 on the host when every param is a Python float (as the
         torch path computes them), else (False, {}): the kernel computes them."""
-        if any(p is not None for p in params) or not (self.mod.HOISTED_FWD or self.mod.HOISTED_BWD):
+        if any(p is not None for p in params) or not self.has_hoisted:
             return False, {}
         key = tuple(param_vals)
         hit = self._host_cache.get(key)
@@ -208,7 +175,8 @@ class TritonModel:
             return p.reshape(1), 1
         return p.detach().expand(shape).reshape(N), 2
 
-    def _unpack(self, tensors, vals, is_t):
+    @staticmethod
+    def _unpack(tensors, vals, is_t):
         it = iter(tensors)
         return [next(it) if k else None for k in is_t], list(vals)
 
@@ -224,38 +192,41 @@ class TritonModel:
         fins = [torch.empty(shape, dtype=dtype, device=dev) for _ in self.states]
         seqs = [torch.empty((T, *shape), dtype=dtype, device=dev) for _ in self.states] if store_seqs else []
         sav = torch.empty((len(self.saved), T, *shape), dtype=dtype, device=dev) if save and self.saved else None
+        result = outs + fins + seqs + ([sav] if sav is not None else [])
         if N == 0:
-            return outs + fins + seqs + ([sav] if sav is not None else [])
-        args: list[Any] = []
+            return result
+        xs, strides = [], []
         for x in inputs:
             x2 = x.reshape(T, N)
             if x2.stride(1) != 1:
                 x2 = x2.contiguous()
-            args += [x2, x2.stride(0)]
-        consts: dict[str, Any] = {}
-        for name, s, v in zip(self.states, states, state_vals):
+            xs.append(x2)
+            strides.append(x2.stride(0))
+        inits, initmodes = [], []
+        for s, v in zip(states, state_vals):
             if s is None:
-                args.append(float(v))
-                consts[f"_{name}_INIT"] = 0
+                inits.append(float(v))
+                initmodes.append(0)
             else:
-                args.append(s.to(dev).expand(shape).reshape(N))
-                consts[f"_{name}_INIT"] = 2
-        for name, p, v in zip(self.params, params, param_vals):
+                inits.append(s.to(dev).expand(shape).reshape(N))
+                initmodes.append(2)
+        pargs, modes = [], []
+        for p, v in zip(params, param_vals):
             a, mode = self._param(p, v, shape, N, dev)
-            args.append(a)
-            consts[f"_{name}_MODE"] = mode
-        args += outs
-        args += fins
-        args += seqs if store_seqs else [None] * len(self.states)
+            pargs.append(a)
+            modes.append(mode)
         host, hv = self._host(params, param_vals)
-        args += [hv.get(y, 0.0) for y in self.mod.HOISTED_FWD]
-        args += [sav, N, T]
         block = self._block(N)
-        grid = (triton_cdiv(N, block),)
-        consts.update(_HOST=host, _STORE_SEQS=bool(store_seqs), _SAVE=sav is not None, _BLOCK=block)
-        self._launch(self.mod.fwd_kernel, grid, args, consts)
+        values = {
+            "in": xs, "stride": strides, "init": inits, "param": pargs, "out": outs, "fin": fins,
+            "seq": seqs if store_seqs else [None] * len(self.states),
+            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_fwd], "saved": [sav], "N": [N], "T": [T],
+            "initmode": initmodes, "mode": modes, "host": [host], "store_seqs": [bool(store_seqs)],
+            "save": [sav is not None], "block": [block],
+        }
+        self.k_fwd.launch((cdiv(N, block),), values)
         LAUNCHES["fwd"] += 1
-        return outs + fins + seqs + ([sav] if sav is not None else [])
+        return result
 
     def bwd_impl(self, reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype):
         params, param_vals = self._unpack(params, param_vals, is_param_t)
@@ -278,22 +249,18 @@ class TritonModel:
                 if g is not None:
                     g.zero_()
             return result
-        args: list[Any] = []
-        it = iter(reread)
-        for i in range(n_in):
-            if i in self.reread_idx:
-                x2 = next(it).reshape(T, N)
-                if x2.stride(1) != 1:
-                    x2 = x2.contiguous()
-                args += [x2, x2.stride(0)]
-            else:
-                args += [None, 0]
-        args.append(saved)
-        consts: dict[str, Any] = {}
-        for name, p, v in zip(self.params, params, param_vals):
+        xs: list[Any] = [None] * n_in
+        strides = [0] * n_in
+        for i, x in zip(self.reread_idx, reread):
+            x2 = x.reshape(T, N)
+            if x2.stride(1) != 1:
+                x2 = x2.contiguous()
+            xs[i], strides[i] = x2, x2.stride(0)
+        pargs, modes = [], []
+        for p, v in zip(params, param_vals):
             a, mode = self._param(p, v, shape, N, dev)
-            args.append(a)
-            consts[f"_{name}_MODE"] = mode
+            pargs.append(a)
+            modes.append(mode)
 
         def flat(g, lead):
             if g is None:
@@ -301,37 +268,25 @@ class TritonModel:
             g = g.reshape(*lead, N)
             return g if g.is_contiguous() else g.contiguous()
 
-        for o, g in zip(self.outputs, g_outs):
-            args.append(flat(g, (T,)))
-            consts[f"_HAS_G_{o}"] = g is not None
-        for s, g in zip(self.states, g_seqs):
-            args.append(flat(g, (T,)))
-            consts[f"_HAS_GSEQ_{s}"] = g is not None
-        for s, g in zip(self.states, g_fins):
-            args.append(flat(g, ()))
-            consts[f"_HAS_GFIN_{s}"] = g is not None
-        args += gx
-        args += gs
-        args += gp
         host, hv = self._host(params, param_vals)
-        args += [hv.get(y, 0.0) for y in self.mod.HOISTED_BWD]
-        args += [N, T]
-        for x, n in zip(self.inputs, need_gx):
-            consts[f"_NEED_GX_{x}"] = bool(n)
-        for s, n in zip(self.states, need_gs):
-            consts[f"_NEED_GS_{s}"] = bool(n)
-        for p, n in zip(self.learnable, need_gp):
-            consts[f"_NEED_GP_{p}"] = bool(n)
         block = self._block(N)
-        grid = (triton_cdiv(N, block),)
-        consts.update(_HOST=host, _BLOCK=block)
-        self._launch(self.mod.bwd_kernel, grid, args, consts)
+        values = {
+            "in": xs, "stride": strides, "saved": [saved], "param": pargs,
+            "gout": [flat(g, (T,)) for g in g_outs], "gseq": [flat(g, (T,)) for g in g_seqs],
+            "gfin": [flat(g, ()) for g in g_fins], "gx": gx, "gs": gs, "gp": gp,
+            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_bwd], "N": [N], "T": [T], "mode": modes,
+            "hasgout": [g is not None for g in g_outs], "hasgseq": [g is not None for g in g_seqs],
+            "hasgfin": [g is not None for g in g_fins], "needgx": [bool(n) for n in need_gx],
+            "needgs": [bool(n) for n in need_gs], "needgp": [bool(n) for n in need_gp], "host": [host],
+            "block": [block],
+        }
+        self.k_bwd.launch((cdiv(N, block),), values)
         LAUNCHES["bwd"] += 1
         return result
 
     # ------------------------------------------------------------------ custom ops
     def _register_ops(self) -> None:
-        ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isalnum())}_{self.key[:12]}"
+        ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
         tm = self
         n_out, n_st = len(self.outputs), len(self.states)
         lib_ops = torch.library
@@ -379,6 +334,43 @@ class TritonModel:
         fwd.register_autograd(backward, setup_context=setup_context)
         self.op_fwd = fwd
         self.op_bwd = bwd
+
+    # ------------------------------------------------------------------ the Program interface
+    def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
+            store_seqs: bool) -> RunResult:
+        x0 = inputs[0]
+        if x0.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise FlexDSLError(f"the Triton kernels take float32, float16 or bfloat16 inputs, not {x0.dtype}",
+                               self.abi.name, hint="use backend='torch' for float64")
+        shape = tuple(x0.shape[1:])
+        xs = [x if x.shape == x0.shape else x.expand(x0.shape) for x in inputs]
+        pr_t: list[torch.Tensor | None] = []
+        pr_v: list[float] = []
+        for v in params:
+            if isinstance(v, torch.Tensor):
+                pr_t.append(v)
+                pr_v.append(0.0)
+            else:
+                pr_t.append(None)
+                pr_v.append(float(v))
+        st_t: list[torch.Tensor | None] = []
+        st_v: list[float] = []
+        for v in states:
+            if isinstance(v, torch.Tensor):
+                st_t.append(v.to(x0.device).expand(shape) if tuple(v.shape) != shape or v.device != x0.device else v)
+                st_v.append(0.0)
+            else:
+                st_t.append(None)
+                st_v.append(float(v))
+        save = torch.is_grad_enabled() and (
+            any(x.requires_grad for x in xs) or any(s is not None and s.requires_grad for s in st_t)
+            or any(p is not None and p.requires_grad for p in pr_t))
+        is_t = [t is not None for t in [*st_t, *pr_t]]
+        res = _call(self, xs, [t for t in st_t if t is not None], [t for t in pr_t if t is not None], st_v, pr_v,
+                    is_t, bool(store_seqs), bool(save))
+        n_out, n_st = len(self.outputs), len(self.states)
+        return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
+                         list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
 
 
 def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, output):
@@ -465,77 +457,4 @@ def _call(tm, xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, save):
                              *xs, *st_tensors, *pr_tensors))
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-def _device_of(ts) -> torch.device:
-    for t in ts:
-        if t is not None:
-            return t.device
-    return torch.device("cpu")
-
-
-# ---------------------------------------------------------------------- module entry point
-def forward_triton(m, inputs):
-    """NeuronModule.forward on the Triton kernels (step_mode "m": [T, *shape]; "s": [*shape])."""
-    c = m._compiled
-    tm = get_model(c)
-    single = m.step_mode == "s"
-    xs = [x.unsqueeze(0) for x in inputs] if single else list(inputs)
-    x0 = xs[0]
-    if x0.dim() < 1:
-        raise ValueError(f"{c.name}: inputs must be [T, *shape] in step_mode 'm'")
-    shape = tuple(x0.shape[1:])
-    xs = [x if tuple(x.shape) == tuple(x0.shape) else x.expand(x0.shape) for x in xs]
-    pr_t: list[torch.Tensor | None] = []
-    pr_v: list[float] = []
-    for name in tm.params:
-        v = getattr(m, name)
-        if isinstance(v, torch.Tensor):
-            pr_t.append(v)
-            pr_v.append(0.0)
-        else:
-            pr_t.append(None)
-            pr_v.append(float(v))
-    inits = None
-    st_t: list[torch.Tensor | None] = []
-    st_v: list[float] = []
-    for name in tm.states:
-        v = m._states[name]
-        if v is None:
-            if inits is None:  # initial values, cached per param values (no AST walk per call)
-                key = (id(m._compiled), tuple(pr_v)) if all(p is None for p in pr_t) else None
-                inits = tm._init_cache.get(key) if key is not None else None
-                if inits is None:
-                    inits = {s: m._initial_value(s) for s in tm.states}
-                    if key is not None and not any(isinstance(x, torch.Tensor) for x in inits.values()):
-                        if len(tm._init_cache) > 64:
-                            tm._init_cache.clear()
-                        tm._init_cache[key] = inits
-            v = inits[name]
-        if isinstance(v, torch.Tensor):
-            st_t.append(v.to(x0.device).expand(shape) if tuple(v.shape) != shape or v.device != x0.device else v)
-            st_v.append(0.0)
-        else:
-            st_t.append(None)
-            st_v.append(float(v))
-    save = torch.is_grad_enabled() and (
-        any(x.requires_grad for x in xs) or any(s is not None and s.requires_grad for s in st_t)
-        or any(p is not None and p.requires_grad for p in pr_t))
-    is_t = [t is not None for t in [*st_t, *pr_t]]
-    res = _call(tm, xs, [t for t in st_t if t is not None], [t for t in pr_t if t is not None], st_v, pr_v, is_t,
-                bool(m.store_state_seqs), bool(save))
-    n_out, n_st = len(tm.outputs), len(tm.states)
-    outs = res[:n_out]
-    fins = res[n_out:n_out + n_st]
-    for name, f in zip(tm.states, fins):
-        m._states[name] = f
-    if m.store_state_seqs:
-        m.state_seqs = dict(zip(tm.states, res[n_out + n_st:n_out + 2 * n_st]))
-    if single:
-        outs = [o[0] for o in outs]
-    return outs[0] if n_out == 1 else tuple(outs)
-
-
-__all__ = ["forward_triton", "get_model", "LAUNCHES", "cache_dir"]
+__all__ = ["TritonProgram", "LAUNCHES", "interpret"]

@@ -2,8 +2,9 @@
 
 Each method takes the states' symbols, a function evaluating the right-hand sides at given
 state values, the step, and an `emit(base, expr) -> Symbol` callback that records an SSA
-assignment; it returns the new value of each state. To add an integrator: write a function
-with that signature and register it in INTEGRATORS.
+assignment; it returns the new value of each state. To add an integrator: its record in
+`frontend.catalog.METHODS` (name, doc, aliases) and a function with that signature in
+INTEGRATORS here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 import sympy as sp
 
+from ..frontend.catalog import METHODS
 from .functions import Where
 
 Values = dict[sp.Symbol, sp.Expr]
@@ -159,3 +161,4 @@ INTEGRATORS: dict[str, Callable[..., Values]] = {
     "rk4": rk4,
     "heun": heun,
 }
+assert set(INTEGRATORS) == set(METHODS), "catalog.METHODS and integrate.INTEGRATORS disagree"

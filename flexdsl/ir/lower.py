@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from . import ast as A
-from .check import CheckedModel
-from .errors import FlexDSLError
-from .functions import BUILTINS, CONSTANTS, Detach, SpikeGE, SpikeGT
+from ..errors import FlexDSLError
+from ..frontend import ast as A
+from ..frontend.catalog import FUNCTIONS
+from ..frontend.check import CheckedModel
+from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, make
 from .integrate import INTEGRATORS, NotApplicable, linear_system
 from .surrogates import BUILTIN_SURROGATES
 
@@ -25,20 +26,25 @@ _CMP = {"<": sp.StrictLessThan, "<=": sp.LessThan, ">": sp.StrictGreaterThan, ">
         "==": sp.Eq, "!=": sp.Ne}
 
 
-def to_sympy(e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
-    """An AST expression as sympy, with names replaced by env[name]."""
-    if isinstance(e, A.Num):
+class _ToSympy(A.ExprFold[sp.Expr]):
+    def __init__(self, env: dict[str, sp.Expr]) -> None:
+        self.env = env
+
+    def visit_Num(self, e: A.Num) -> sp.Expr:
         v = e.value
-        return sp.Integer(int(v)) if v.is_integer() and abs(v) < 2**53 and "." not in e.text and "e" not in e.text.lower() \
-            else sp.Float(v)
-    if isinstance(e, A.Name):
-        if e.id in env:
-            return env[e.id]
+        if v.is_integer() and abs(v) < 2**53 and "." not in e.text and "e" not in e.text.lower():
+            return sp.Integer(int(v))
+        return sp.Float(v)
+
+    def visit_Name(self, e: A.Name) -> sp.Expr:
+        if e.id in self.env:
+            return self.env[e.id]
         return CONSTANTS[e.id]
-    if isinstance(e, A.Neg):
-        return -to_sympy(e.operand, env)
-    if isinstance(e, A.BinOp):
-        a, b = to_sympy(e.left, env), to_sympy(e.right, env)
+
+    def visit_Neg(self, e: A.Neg, a: sp.Expr) -> sp.Expr:
+        return -a
+
+    def visit_BinOp(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
         if e.op == "+":
             return a + b
         if e.op == "-":
@@ -48,13 +54,18 @@ def to_sympy(e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
         if e.op == "/":
             return a / b
         return a**b
-    if isinstance(e, A.Call):
-        return BUILTINS[e.func].make(*(to_sympy(a, env) for a in e.args))
-    if isinstance(e, A.Compare):
-        parts = [_CMP[op](to_sympy(l, env), to_sympy(r, env))
-                 for op, l, r in zip(e.ops, e.operands[:-1], e.operands[1:])]
+
+    def visit_Call(self, e: A.Call, *args: sp.Expr) -> sp.Expr:
+        return make(e.func, *args)
+
+    def visit_Compare(self, e: A.Compare, *vals: sp.Expr) -> sp.Expr:
+        parts = [_CMP[op](left, right) for op, left, right in zip(e.ops, vals[:-1], vals[1:])]
         return parts[0] if len(parts) == 1 else sp.And(*parts)
-    raise TypeError(e)
+
+
+def to_sympy(e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
+    """An AST expression as sympy, with names replaced by env[name]."""
+    return _ToSympy(env).fold(e)
 
 
 @dataclass
@@ -108,16 +119,6 @@ class StepModel:
         eqs = [sp.Eq(y, e, evaluate=False) for y, e in self.assignments]
         return eqs
 
-    def invariants(self) -> list[tuple[sp.Symbol, sp.Expr]]:
-        """The assignments that depend on params only (loop invariants of a multi-step run)."""
-        known = {p.symbol for p in self.params}
-        out = []
-        for y, e in self.assignments:
-            if e.free_symbols <= known and not isinstance(e, SpikeGE | SpikeGT):
-                known.add(y)
-                out.append((y, e))
-        return out
-
 
 class NameGen:
     """Unique, readable names for SSA temporaries (never clashing with model names)."""
@@ -141,7 +142,7 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     states = [sym(s.name) for s in model.states]
     params = [ParamInfo(p.name, sym(p.name), p) for p in model.params]
     taken = {i.name for i in model.inputs} | {s.name for s in model.states} | {p.name for p in model.params}
-    taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(BUILTINS) | set(CONSTANTS)
+    taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(FUNCTIONS) | set(CONSTANTS)
     names = NameGen(taken)
     env: dict[str, sp.Expr] = {s.name: s for s in [*inputs, *states]} | {p.name: p.symbol for p in params}
     assignments: list[tuple[sp.Symbol, sp.Expr]] = []

@@ -1,0 +1,123 @@
+"""Code printers shared by the backends: sympy's PythonCodePrinter, specialised.
+
+`BasePrinter` prints numbers, names (through the one naming scheme, `naming.ident`) and
+operators; every built-in function is printed from its record in `frontend.catalog`
+(`Function.spell[TARGET]`): a subclass only names its target. `_print_<SympyClass>` methods
+are installed from the records, as sympy's own printers install theirs from a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sympy as sp
+from sympy.printing.pycode import PythonCodePrinter
+
+from ..frontend.ast import Pos
+from ..frontend.catalog import ALL_FUNCTIONS, Function
+from . import naming
+
+
+class BasePrinter(PythonCodePrinter):
+    TARGET = ""  # a key of Function.spell
+
+    def __init__(self, settings: dict | None = None) -> None:
+        super().__init__(settings or {"fully_qualified_modules": False})
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.TARGET:
+            return
+        for f in ALL_FUNCTIONS.values():
+            if f.sympy == "sqrt":  # sympy's sqrt is a Pow: see _print_Pow
+                continue
+            method = f"_print_{f.sympy}"
+            if method not in cls.__dict__:  # a subclass may still print one function by hand
+                setattr(cls, method, _printer_of(f, cls.TARGET))
+
+    # names and numbers
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return naming.ident(expr.name)
+
+    def _print_Float(self, expr: sp.Float) -> str:
+        return repr(float(expr))
+
+    def _print_Rational(self, expr: sp.Rational) -> str:
+        if expr.q == 1:
+            return str(expr.p)
+        return repr(float(expr))
+
+    def _print_Integer(self, expr: sp.Integer) -> str:
+        return str(int(expr))
+
+    def _print_Pi(self, expr) -> str:
+        return repr(float(sp.pi))
+
+    def _print_Exp1(self, expr) -> str:
+        return repr(float(sp.E))
+
+    def _print_NumberSymbol(self, expr) -> str:
+        return repr(float(expr))
+
+    def _print(self, expr, **kwargs) -> str:  # fold constant subexpressions (sqrt(pi), exp(2)...)
+        if isinstance(expr, sp.Expr) and expr.is_number and not expr.is_Atom:
+            try:
+                return repr(float(expr))
+            except TypeError:
+                pass
+        return super()._print(expr, **kwargs)
+
+    def arg(self, a: sp.Expr) -> str:
+        """An argument of a built-in function (a backend may print numbers differently there)."""
+        return self._print(a)
+
+    def call(self, name: str, *args: sp.Expr) -> str:
+        return ALL_FUNCTIONS[name].spell[self.TARGET].format(*(self.arg(a) for a in args))
+
+    def _print_And(self, e):
+        return " & ".join(f"({self._print(a)})" for a in e.args)
+
+    def _print_Or(self, e):
+        return " | ".join(f"({self._print(a)})" for a in e.args)
+
+    def _print_Relational(self, e):
+        return f"{self._print(e.lhs)} {e.rel_op} {self._print(e.rhs)}"
+
+    def _print_Pow(self, e, rational=False):
+        base, ex = e.args
+        if ex == sp.Rational(1, 2):
+            return self.call("sqrt", base)
+        if ex == -sp.Rational(1, 2):
+            return f"1/{self.call('sqrt', base)}"
+        return super()._print_Pow(e, rational=rational)
+
+
+def _printer_of(f: Function, target: str):
+    spelling = f.spell[target]
+
+    def _print(self: BasePrinter, e: sp.Expr) -> str:
+        return spelling.format(*(self.arg(a) for a in e.args))
+
+    _print.__name__ = f"_print_{f.sympy}"
+    return _print
+
+
+def lhs_rhs_lines(printer: BasePrinter, assignments, origins: dict[str, Pos] | None = None,
+                  source_lines: Sequence[str] | None = None, indent: str = "    ") -> list[str]:
+    """`name = expr` lines; where an assignment comes from a source line, a comment quoting that
+    line comes first."""
+    out = []
+    last = None
+    for y, e in assignments:
+        pos = origins.get(y.name) if origins else None
+        if pos is not None and source_lines and pos.line != last and 0 < pos.line <= len(source_lines):
+            out.append(f"{indent}# line {pos.line}: {comment_text(source_lines[pos.line - 1])}")
+            last = pos.line
+        out.append(f"{indent}{printer._print(y)} = {printer._print(e)}")
+    return out
+
+
+def comment_text(text: str, limit: int = 160) -> str:
+    """User text made safe for a `#` comment: one line, printable, bounded."""
+    s = "".join(ch if ch.isprintable() else " " for ch in text.strip())
+    return s if len(s) <= limit else s[: limit - 3] + "..."

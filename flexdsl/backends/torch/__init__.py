@@ -1,0 +1,79 @@
+"""The torch backend: the generated single-step `core`, run step by step with autograd.
+
+It runs everywhere (CPU, CUDA, any float dtype, float64 included) and is the reference the
+other backends are tested against. The multi-step loop calls `core` on `x.unbind(0)`, so a
+call of T steps does O(T) work in forward and backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ...runtime import cache
+from ..base import IR, Artefact, RunResult
+
+
+class TorchProgram:
+    def __init__(self, module: ModuleType, meta: dict[str, Any]) -> None:
+        self.module = module
+        self.core = module.core
+        self.n_outputs = len(meta["outputs"])
+
+    def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
+            store_seqs: bool) -> RunResult:
+        x0 = inputs[0]
+        T, shape, dtype = x0.shape[0], x0.shape[1:], x0.dtype
+        prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64) for p in params]
+        st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=dtype, device=x0.device)
+              for s in states]
+        n_out = self.n_outputs
+        outs: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
+        seqs: list[list[torch.Tensor]] = [[] for _ in st]
+        steps = list(zip(*(x.unbind(0) for x in inputs)))
+        core = self.core
+        for xs in steps:
+            res = core(*xs, *st, *prm)
+            res = [r if isinstance(r, torch.Tensor) else torch.full_like(xs[0], r) for r in res]
+            res = [r.to(dtype) if r.dtype != dtype else r for r in res]
+            for i in range(n_out):
+                outs[i].append(res[i])
+            st = res[n_out:]
+            if store_seqs:
+                for i, s in enumerate(st):
+                    seqs[i].append(s)
+        if T == 0:
+            outputs = [x0.new_zeros(x0.shape) for _ in range(n_out)]
+            return RunResult(outputs, list(st), [x0.new_zeros(x0.shape) for _ in st] if store_seqs else None)
+        return RunResult([torch.stack(o) for o in outs], list(st),
+                         [torch.stack(s) for s in seqs] if store_seqs else None)
+
+
+class TorchBackend:
+    name = "torch"
+
+    def available(self) -> bool:
+        return True
+
+    def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
+        return True
+
+    def version(self) -> str:
+        return ""  # the generated source does not depend on the torch version
+
+    def emit(self, ir: IR) -> Artefact:
+        from .emit import emit_core
+
+        step = ir.step
+        meta = {"inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
+                "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs]}
+        return Artefact("torch", emit_core(step), meta)
+
+    def load(self, artefact: Artefact, key: str) -> TorchProgram:
+        return TorchProgram(cache.load_module("torch", key, artefact.source), artefact.meta)
+
+
+__all__ = ["TorchBackend", "TorchProgram"]

@@ -1,0 +1,61 @@
+"""The Triton backend: generated multi-step scan kernels (forward and derived backward).
+
+`emit.py` prints the kernels from the schedule into templates (`templates/*.j2`), `abi.py`
+describes their arguments once for the emitter and the launcher, `launch.py` runs them
+(custom ops for torch.compile, autograd, launch heuristics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...runtime import cache
+from ..base import IR, Artefact
+from .abi import KernelABI
+from .launch import LAUNCHES, TritonProgram
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class TritonBackend:
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._available: bool | None = None
+
+    def available(self) -> bool:
+        if self._available is None:
+            try:
+                import triton  # noqa: F401
+
+                self._available = True
+            except Exception:
+                self._available = False
+        return self._available
+
+    def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
+        x0 = inputs[0]
+        return x0.is_cuda and x0.dtype in DTYPES
+
+    def version(self) -> str:
+        try:
+            import triton
+
+            return f"triton {triton.__version__}, torch {torch.__version__}"
+        except Exception:
+            return f"no triton, torch {torch.__version__}"
+
+    def emit(self, ir: IR) -> Artefact:
+        from .emit import emit
+
+        source, abi = emit(ir)
+        return Artefact("triton", source, {"abi": abi.to_dict()})
+
+    def load(self, artefact: Artefact, key: str) -> TritonProgram:
+        mod = cache.load_module("triton", key, artefact.source)
+        return TritonProgram(mod, KernelABI.from_dict(artefact.meta["abi"]), key)
+
+
+__all__ = ["TritonBackend", "TritonProgram", "LAUNCHES", "DTYPES"]

@@ -1,0 +1,245 @@
+"""The Triton backend's emitter: multi-step kernels printed from the equations.
+
+One neuron per lane, the time loop inside the kernel (T is a runtime bound, never unrolled),
+float32 arithmetic and states in registers, loads and stores in the tensors' own dtype.
+Two kernels per model, each a template in `templates/` filled from the kernel ABI
+(`abi.KernelABI`) and the schedule (`ir.schedule`):
+
+- `fwd_kernel`: inference (outputs every step, final states), optionally the state sequences
+  (`_STORE_SEQS`) and, for training (`_SAVE`), the per-step values the backward needs;
+- `bwd_kernel`: a reverse-time loop carrying the state gradients in registers; gradients of
+  the inputs (per step), of the initial states, and per-lane partial sums of the learnable
+  params' gradients (reduced over broadcast dims by the launcher, no atomics).
+
+What is saved, re-read and recomputed, and what is hoisted out of the time loop, is the
+schedule's decision; this module only prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import sympy as sp
+
+from ...ir.functions import SpikeGE, SpikeGT
+from ...ir.schedule import Assignments
+from ..base import IR
+from ..naming import derived, ident
+from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from .abi import KernelABI
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+class Stored(sp.Function):
+    """A value as stored in the I/O dtype and read back (the spike decision of 16-bit I/O)."""
+
+    nargs = 1
+
+
+class TritonPrinter(BasePrinter):
+    TARGET = "triton"
+
+    def __init__(self, io_ptr: str = "") -> None:
+        super().__init__()
+        self.io_ptr = io_ptr  # a pointer argument whose element type is the I/O dtype
+
+    def arg(self, a: sp.Expr) -> str:  # numbers are float32 constants in kernels
+        if isinstance(a, sp.Basic) and a.is_number and not isinstance(a, sp.logic.boolalg.BooleanAtom):
+            try:
+                return repr(float(a))
+            except TypeError:
+                pass
+        return self._print(a)
+
+    def _print_Stored(self, e) -> str:
+        return f"{self._print(e.args[0])}.to({self.io_ptr}.dtype.element_ty).to(tl.float32)"
+
+    def _print_Pow(self, e, rational=False):
+        base, ex = e.args
+        if ex.is_number:
+            fe = float(ex)
+            if fe == 0.5:
+                return f"tl.sqrt({self._print(base)})"
+            if fe == -0.5:
+                return f"(1.0 / tl.sqrt({self._print(base)}))"
+            if fe.is_integer() and 0 < abs(fe) <= 16:
+                b = self._print(base)
+                b = b if base.is_Atom or base.is_Function else f"({b})"
+                prod = "*".join([b] * int(abs(fe)))
+                return f"({prod})" if fe > 0 else f"(1.0 / ({prod}))"
+        if base == sp.E:
+            return f"tl.exp({self._print(ex)})"
+        return f"_pow({self._print(base)}, {self.arg(ex)})"
+
+
+class HostPrinter(BasePrinter):
+    """Python floats (`math`), for the loop invariants computed on the host in float64."""
+
+    TARGET = "host"
+
+
+def _free(e: Any) -> set[sp.Symbol]:
+    return set(e.free_symbols) if isinstance(e, sp.Basic) else set()
+
+
+def _lanes(assignments: Assignments, base: set[sp.Symbol]) -> set[sp.Symbol]:
+    """Symbols surely holding a [BLOCK] tensor (anything else may be a scalar)."""
+    out = set(base)
+    for y, e in assignments:
+        if _free(e) & out:
+            out.add(y)
+    return out
+
+
+def _simultaneous(pairs: list[tuple[str, str]]) -> list[str]:
+    """Lines assigning several loop-carried variables at once (each right side sees the old values)."""
+    if len(pairs) <= 1:
+        return [f"{name} = {value}" for name, value in pairs]
+    return ([f"{derived('new', name)} = {value}" for name, value in pairs]
+            + [f"{name} = {derived('new', name)}" for name, _ in pairs])
+
+
+@dataclass
+class _Printed:
+    """What the templates print, as plain strings."""
+
+    pr: TritonPrinter
+    origins: dict
+    src: list[str]
+
+    def lines(self, assignments: Assignments, comments: bool = True) -> list[str]:
+        if comments:
+            return lhs_rhs_lines(self.pr, assignments, self.origins, self.src, indent="")
+        return lhs_rhs_lines(self.pr, assignments, indent="")
+
+    def block(self, e: Any, lanes: set[sp.Symbol]) -> str:
+        """An expression as a [BLOCK] tensor (scalars are broadcast with `_zero`)."""
+        if isinstance(e, sp.Basic) and _free(e) & lanes:
+            return self.pr._print(e)
+        if isinstance(e, sp.Basic) and e.is_number:
+            return f"_zero + {float(e)!r}"
+        return f"_zero + ({self.pr._print(e)})"
+
+
+def build_abi(ir: IR) -> KernelABI:
+    step, sch = ir.step, ir.schedule
+    n_in, n_out = len(step.inputs), len(step.outputs)
+    infer, train = sch.passes(n_in, n_out)
+    return KernelABI(
+        name=step.name,
+        inputs=[x.name for x in step.inputs], states=[s.name for s in step.states],
+        params=[p.name for p in step.params], learnable=[p.name for p in step.learnable],
+        outputs=[n for n, _ in step.outputs], saved=[s.name for s in sch.saved],
+        reread=[x.name for x in sch.reread], hoisted_fwd=[y.name for y, _ in sch.fwd_hoisted],
+        hoisted_bwd=[y.name for y, _ in [*sch.bwd_fwd_hoisted, *sch.bwd_hoisted]],
+        grad_inputs=list(sch.grad_inputs_nonzero), grad_states=list(sch.grad_states_nonzero),
+        grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train)
+
+
+def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
+    """The forward body, where the spike decision reads saved values as they are stored (in
+    the I/O dtype): the backward recomputes the spike from the stored values, so with 16-bit
+    I/O both must see the same rounding, or a lane just under the threshold would get the
+    other branch's reset derivative. (A no-op for float32 I/O.)"""
+    inner = [s for s in saved if s not in states]
+    if not inner:
+        return list(body)
+    fire_args = {e.args[0] for _, e in body if isinstance(e, SpikeGE | SpikeGT)}
+    stored = {s: Stored(s) for s in inner}
+    return [(y, e.xreplace(stored) if (y in fire_args or isinstance(e, SpikeGE | SpikeGT)) else e)
+            for y, e in body]
+
+
+def emit(ir: IR) -> tuple[str, KernelABI]:
+    """The generated module (Triton source) and its ABI."""
+    step, bw, sch = ir.step, ir.backward, ir.schedule
+    abi = build_abi(ir)
+    io_ptr = abi.name_of("out", abi.outputs[0])
+    P = _Printed(TritonPrinter(io_ptr), step.origins, step.checked.source.splitlines())
+    S = P.pr._print
+
+    def sym_name(s: sp.Symbol) -> str:
+        return S(s)
+
+    param_loads = [{"name": ident(p), "arg": abi.name_of("param", p), "mode": abi.name_of("mode", p)}
+                   for p in abi.params]
+
+    # ---------------- forward
+    lane_f = _lanes(step.assignments, set(step.inputs) | set(step.states))
+    fwd = SimpleNamespace(**{
+        "states": [{"name": ident(s), "arg": abi.name_of("init", s), "mode": abi.name_of("initmode", s),
+                    "seq": abi.name_of("seq", s), "fin": abi.name_of("fin", s)} for s in abi.states],
+        "hoisted": [{"name": sym_name(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in sch.fwd_hoisted],
+        "hoisted_lines": P.lines(sch.fwd_hoisted),
+        "inputs": [{"name": ident(x), "arg": abi.name_of("in", x), "stride": abi.name_of("stride", x),
+                    "ptr": derived("ptr", x)} for x in abi.inputs],
+        "saved_before": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved) if s in step.states],
+        "body": P.lines(_fire_on_stored_values(sch.fwd_body, sch.saved, step.states)),
+        "outputs": [{"arg": abi.name_of("out", n), "value": P.block(v, lane_f)} for n, v in step.outputs],
+        "saved_after": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved)
+                        if s not in step.states],
+        "update": _simultaneous([(ident(s.name), P.block(v, lane_f)) for s, v in zip(step.states, step.next_states)
+                                 if v != s]),
+    })
+
+    # ---------------- backward
+    lane_b = set(bw.grad_outputs) | set(bw.grad_next_states) | set(step.inputs) | set(step.states)
+    lane_b = _lanes([*sch.recompute, *sch.bwd_body], lane_b | set(sch.saved))
+    grad_next = [S(g) for g in bw.grad_next_states]
+    bwd_hoisted = [*sch.bwd_fwd_hoisted, *sch.bwd_hoisted]
+    bwd = SimpleNamespace(**{
+        "hoisted": [{"name": sym_name(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in bwd_hoisted],
+        "hoisted_lines": P.lines(bwd_hoisted),
+        "states": [{"grad": g, "gfin": abi.name_of("gfin", s), "hasgfin": abi.name_of("hasgfin", s),
+                    "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s)}
+                   for s, g in zip(abi.states, grad_next)],
+        "learnable": [{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
+                       "value": S(g) if nz else ""}
+                      for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params)],
+        "reread": [{"name": ident(x), "arg": abi.name_of("in", x), "stride": abi.name_of("stride", x),
+                    "ptr": derived("ptr", x)} for x in abi.reread],
+        "saved": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved)],
+        "recompute": P.lines(sch.recompute),
+        "outputs": [{"grad": S(g), "arg": abi.name_of("gout", n), "hasg": abi.name_of("hasgout", n)}
+                    for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],
+        "body": P.lines(sch.bwd_body, comments=False),
+        "grad_inputs": [{"arg": abi.name_of("gx", x), "need": abi.name_of("needgx", x), "value": S(g)}
+                        for x, g, nz in zip(abi.inputs, bw.grad_inputs, abi.grad_inputs) if nz],
+        "update": _simultaneous([(g, P.block(v, lane_b)) for g, v in zip(grad_next, bw.grad_states)]),
+        "grad_states": [{"arg": abi.name_of("gs", s), "need": abi.name_of("needgs", s), "grad": g}
+                        for s, g, nz in zip(abi.states, grad_next, abi.grad_states) if nz],
+    })
+
+    hp = HostPrinter()
+    hoisted = sch.hoisted
+    saved_note = ", ".join(s.name for s in sch.saved) or "nothing"
+    if sch.reread:
+        saved_note += "; inputs re-read: " + ", ".join(x.name for x in sch.reread)
+    source = _env().get_template("kernels.py.j2").render(
+        model=comment_text(step.name), filename=comment_text(step.checked.filename),
+        filename_repr=repr(step.checked.filename), abi=abi, saved_note=saved_note,
+        params=[ident(p) for p in abi.params],
+        host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
+        host_return="{" + ", ".join(f"{y.name!r}: {hp._print(y)}" for y, _ in hoisted) + "}",
+        param_loads=param_loads, fwd=fwd, bwd=bwd)
+    return source, abi
+
+
+@lru_cache(maxsize=1)
+def _env():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             autoescape=False)  # noqa: S701 - Python source, not HTML
+    env.filters["block"] = lambda lines, n: "\n".join(" " * n + ln if ln else ln for ln in lines) if lines \
+        else " " * n + "pass"
+    return env
+
+
+__all__ = ["emit", "build_abi", "TritonPrinter", "HostPrinter"]

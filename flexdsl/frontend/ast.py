@@ -1,0 +1,315 @@
+"""Typed AST of a `.neuron` file. Every node carries its source position.
+
+Nodes are plain dataclasses; `meta` dicts leave room for later metadata (units, tags)
+without changing the node types.
+
+`ExprFold` is the one expression visitor: the checker, the numeric evaluator and the
+lowering to sympy are folds over an expression (a `visit_<Node>` method per node type,
+called with the node and its children's results). It walks iteratively, so the depth of
+an expression never reaches Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+
+@dataclass(frozen=True)
+class Pos:
+    line: int
+    column: int
+
+
+# ---------------------------------------------------------------- expressions
+@dataclass(frozen=True)
+class Num:
+    value: float
+    text: str
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # + - * / **
+    left: Expr
+    right: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple[Expr, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Compare:
+    """A comparison or a chain: operands[0] ops[0] operands[1] ops[1] ..."""
+
+    operands: tuple[Expr, ...]
+    ops: tuple[str, ...]
+    pos: Pos
+
+
+Expr = Num | Name | BinOp | Neg | Call | Compare
+
+
+# ---------------------------------------------------------------- declarations
+@dataclass
+class Input:
+    name: str
+    pos: Pos
+    doc: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Param:
+    name: str
+    default: Expr
+    pos: Pos
+    where: Compare | None = None
+    learnable: bool = False
+    doc: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    name: str
+    init: Expr
+    pos: Pos
+    doc: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Kwarg:
+    name: str
+    value: Expr
+    pos: Pos
+
+
+@dataclass
+class SurrogateDef:
+    """`surrogate name(x, k=v, ...) = expr`: expr is the derivative S'(x)."""
+
+    name: str
+    arg: str
+    kwargs: list[Kwarg]
+    body: Expr
+    pos: Pos
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Output:
+    names: list[tuple[str, Pos]]
+    pos: Pos
+
+
+# ---------------------------------------------------------------- blocks
+@dataclass
+class Assign:
+    target: str
+    op: str  # = += -= *= /=
+    value: Expr
+    pos: Pos
+    is_let: bool = False
+
+
+@dataclass
+class Update:
+    statements: list[Assign]
+    pos: Pos
+
+
+@dataclass
+class ODE:
+    """`dX/dt = value`: `state` is X (empty when the numerator does not start with `d`)."""
+
+    state: str
+    value: Expr
+    pos: Pos  # of X
+    written: str = ""  # the numerator as written, e.g. "dv"
+    denom: str = "dt"
+    denom_pos: Pos | None = None
+
+
+@dataclass
+class Subexpr:
+    name: str
+    value: Expr
+    pos: Pos
+
+
+@dataclass
+class Equations:
+    lines: list[ODE | Subexpr]
+    pos: Pos
+    method: str | None = None
+    method_pos: Pos | None = None
+
+
+@dataclass
+class SurrogateUse:
+    name: str
+    kwargs: list[Kwarg]
+    pos: Pos
+
+
+@dataclass
+class SpikeRule:
+    left: Expr
+    op: str  # ">=" or ">"
+    right: Expr
+    pos: Pos
+    surrogate: SurrogateUse | None = None
+
+
+@dataclass
+class OnSpike:
+    statements: list[Assign]
+    pos: Pos
+
+
+Item = Input | Param | State | SurrogateDef | Output | Update | Equations | SpikeRule | OnSpike
+
+
+@dataclass
+class Neuron:
+    name: str
+    items: list[Item]
+    pos: Pos
+    filename: str
+    source: str
+    doc: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def of(self, kind: type) -> list:
+        return [it for it in self.items if isinstance(it, kind)]
+
+
+# ---------------------------------------------------------------- traversal
+def children(e: Expr) -> tuple[Expr, ...]:
+    """The sub-expressions of a node, in source order."""
+    if isinstance(e, BinOp):
+        return (e.left, e.right)
+    if isinstance(e, Neg):
+        return (e.operand,)
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, Compare):
+        return e.operands
+    return ()
+
+
+def nodes(e: Expr) -> Iterator[Expr]:
+    """Every node of an expression, pre-order (iterative)."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(children(n)))
+
+
+def names(e: Expr) -> Iterator[Name]:
+    """Every Name used in an expression, in source order (function names excluded)."""
+    return (n for n in nodes(e) if isinstance(n, Name))
+
+
+R = TypeVar("R")
+
+
+class ExprFold(Generic[R]):
+    """Bottom-up evaluation of an expression: `visit_Num(node)`, `visit_Name(node)`,
+    `visit_BinOp(node, left, right)`, `visit_Neg(node, operand)`, `visit_Call(node, *args)`,
+    `visit_Compare(node, *operands)`; each gets its children's results. `enter(node, parent)`
+    runs top-down first (for context such as "inside `where`"); the default does nothing."""
+
+    def enter(self, node: Expr, parent: Expr | None) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def fold(self, e: Expr) -> R:
+        results: list[Any] = []
+        stack: list[tuple[Expr, Expr | None, bool]] = [(e, None, False)]
+        while stack:
+            node, parent, done = stack.pop()
+            kids = children(node)
+            if not done:
+                self.enter(node, parent)
+                stack.append((node, parent, True))
+                stack.extend((k, node, False) for k in reversed(kids))
+                continue
+            args = results[len(results) - len(kids):] if kids else []
+            if kids:
+                del results[len(results) - len(kids):]
+            results.append(getattr(self, f"visit_{type(node).__name__}")(node, *args))
+        return results[0]
+
+
+def item_exprs(it: Item) -> Iterator[Expr]:
+    """The expressions of a declaration or block."""
+    if isinstance(it, Param):
+        yield it.default
+        if it.where is not None:
+            yield it.where
+    elif isinstance(it, State):
+        yield it.init
+    elif isinstance(it, SurrogateDef):
+        for k in it.kwargs:
+            yield k.value
+        yield it.body
+    elif isinstance(it, Update | OnSpike):
+        for s in it.statements:
+            yield s.value
+    elif isinstance(it, Equations):
+        for ln in it.lines:
+            yield ln.value
+    elif isinstance(it, SpikeRule):
+        yield it.left
+        yield it.right
+        if it.surrogate is not None:
+            for k in it.surrogate.kwargs:
+                yield k.value
+
+
+def declared_names(neuron: Neuron) -> Iterator[tuple[str, Pos]]:
+    """Every identifier written in the model: declared names, targets and uses."""
+    yield neuron.name, neuron.pos
+    for it in neuron.items:
+        if isinstance(it, Input | Param | State):
+            yield it.name, it.pos
+        elif isinstance(it, SurrogateDef):
+            yield it.name, it.pos
+            for k in it.kwargs:
+                yield k.name, k.pos
+        elif isinstance(it, Output):
+            yield from ((nm, p) for nm, p in it.names if nm != "spike")
+        elif isinstance(it, Update | OnSpike):
+            for s in it.statements:
+                yield s.target, s.pos
+        elif isinstance(it, Equations):
+            for ln in it.lines:
+                yield (ln.state if isinstance(ln, ODE) else ln.name), ln.pos
+        for e in item_exprs(it):
+            for n in nodes(e):
+                if isinstance(n, Name):
+                    yield n.id, n.pos
+                elif isinstance(n, Call) and n.func != "where":
+                    yield n.func, n.pos

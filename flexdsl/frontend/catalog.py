@@ -1,0 +1,190 @@
+"""The registries of the language's built-in names, without sympy (the checker needs only
+these, so loading a model never imports sympy).
+
+- `FUNCTIONS`: one record per built-in function — arity, doc, numeric form (floats or
+  tensors), the name of its sympy form (`flexdsl.ir.functions.SYMPY`, which also gives its
+  derivative) and its spelling in each generated-code target. Printers dispatch from these
+  records; `INTERNAL` holds the functions the lowering produces (spike, detach, sign).
+- `SURROGATES`: name, keyword defaults, `S'(x)` as text (the sympy form is in
+  `flexdsl.ir.surrogates`).
+- `METHODS`: the ODE integration methods, with aliases (implementations in
+  `flexdsl.ir.integrate`).
+
+A spelling is a format string over the printed arguments (`{0}`, `{1}`, ...). Targets:
+`torch` (the generated torch core), `triton` (kernel code, float32), `host` (Python floats,
+for loop invariants computed on the host).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TARGETS = ("torch", "triton", "host")
+
+
+def _is_tensor(a: Any) -> bool:
+    torch = sys.modules.get("torch")  # no tensor can exist unless torch was imported
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
+def _numeric(fmath: Callable[..., Any], ftorch: str) -> Callable[..., Any]:
+    """A numeric form that takes floats (math) or tensors (the torch function `ftorch`)."""
+
+    def f(*args: Any) -> Any:
+        if any(_is_tensor(a) for a in args):
+            import torch
+
+            t = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.float64) for a in args]
+            return _TORCH_FORMS[ftorch](torch)(*t)
+        return fmath(*args)
+
+    f.__name__ = ftorch
+    return f
+
+
+_TORCH_FORMS: dict[str, Callable[[Any], Callable[..., Any]]] = {
+    "exp": lambda t: t.exp, "log": lambda t: t.log, "sqrt": lambda t: t.sqrt, "abs": lambda t: t.abs,
+    "sin": lambda t: t.sin, "cos": lambda t: t.cos, "tanh": lambda t: t.tanh, "sigmoid": lambda t: t.sigmoid,
+    "relu": lambda t: t.relu, "minimum": lambda t: t.minimum, "maximum": lambda t: t.maximum,
+    "clamp": lambda t: t.clamp, "where": lambda t: t.where,
+    "heaviside": lambda t: (lambda u: (u >= 0).to(u.dtype)),
+    "heaviside_gt": lambda t: (lambda u: (u > 0).to(u.dtype)),
+    "sign": lambda t: t.sign, "identity": lambda t: (lambda x: x),
+}
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    arity: int
+    doc: str
+    numeric: Callable[..., Any]  # floats or tensors
+    sympy: str  # key in flexdsl.ir.functions.SYMPY (the sympy form and its derivative)
+    spell: Mapping[str, str] = field(default_factory=dict)  # target -> format string
+    user: bool = True  # callable from a model (False: produced by the lowering)
+
+
+@dataclass(frozen=True)
+class Surrogate:
+    name: str
+    defaults: dict[str, float]
+    doc: str  # S'(x) as text
+    source: str = "SpikingJelly"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    doc: str
+    aliases: tuple[str, ...] = ()
+
+
+def _fn(name: str, arity: int, doc: str, numeric: Callable[..., Any], sympy: str, torch: str, triton: str,
+        host: str, user: bool = True) -> Function:
+    return Function(name, arity, doc, numeric, sympy, {"torch": torch, "triton": triton, "host": host}, user)
+
+
+FUNCTIONS: dict[str, Function] = {
+    f.name: f
+    for f in [
+        _fn("exp", 1, "exponential", _numeric(math.exp, "exp"), "exp",
+            "torch.exp({0})", "tl.exp({0})", "math.exp({0})"),
+        _fn("log", 1, "natural logarithm", _numeric(math.log, "log"), "log",
+            "torch.log({0})", "tl.log({0})", "math.log({0})"),
+        _fn("sqrt", 1, "square root", _numeric(math.sqrt, "sqrt"), "sqrt",
+            "torch.sqrt({0})", "tl.sqrt({0})", "math.sqrt({0})"),
+        _fn("abs", 1, "absolute value", _numeric(abs, "abs"), "Abs",
+            "torch.abs({0})", "tl.abs({0})", "abs({0})"),
+        _fn("sin", 1, "sine", _numeric(math.sin, "sin"), "sin",
+            "torch.sin({0})", "tl.sin({0})", "math.sin({0})"),
+        _fn("cos", 1, "cosine", _numeric(math.cos, "cos"), "cos",
+            "torch.cos({0})", "tl.cos({0})", "math.cos({0})"),
+        _fn("tanh", 1, "hyperbolic tangent", _numeric(math.tanh, "tanh"), "tanh",
+            "torch.tanh({0})", "_tanh({0})", "math.tanh({0})"),
+        _fn("sigmoid", 1, "logistic function 1/(1+exp(-x))", _numeric(_sigmoid, "sigmoid"), "sigmoid",
+            "torch.sigmoid({0})", "tl.sigmoid({0})", "_sigmoid({0})"),
+        _fn("relu", 1, "max(x, 0)", _numeric(lambda x: max(x, 0.0), "relu"), "relu",
+            "torch.relu({0})", "tl.maximum({0}, 0.0)", "_relu({0})"),
+        _fn("min", 2, "smaller of two values", _numeric(min, "minimum"), "fmin",
+            "ops.minimum({0}, {1})", "tl.minimum({0}, {1})", "min({0}, {1})"),
+        _fn("max", 2, "larger of two values", _numeric(max, "maximum"), "fmax",
+            "ops.maximum({0}, {1})", "tl.maximum({0}, {1})", "max({0}, {1})"),
+        _fn("clip", 3, "clip(x, lo, hi): x limited to [lo, hi]",
+            _numeric(lambda x, lo, hi: min(max(x, lo), hi), "clamp"), "clip",
+            "ops.clip({0}, {1}, {2})", "tl.minimum(tl.maximum({0}, {1}), {2})", "_clip({0}, {1}, {2})"),
+        _fn("where", 3, "where(cond, a, b): a where cond holds, else b",
+            _numeric(lambda c, a, b: a if c else b, "where"), "Where",
+            "ops.where({0}, {1}, {2})", "tl.where({0}, {1}, {2})", "({1} if {0} else {2})"),
+        _fn("heaviside", 1, "1 where u >= 0, else 0 (zero gradient)",
+            _numeric(lambda u: 1.0 if u >= 0 else 0.0, "heaviside"), "heaviside",
+            "ops.heaviside({0})", "tl.where({0} >= 0, 1.0, 0.0)", "(1.0 if {0} >= 0 else 0.0)"),
+    ]
+}
+
+# Produced by the lowering, never written in a model. (The torch core prints the spike with
+# its surrogate through `ops.fire_ge/gt`; these spellings are the plain forward values.)
+INTERNAL: dict[str, Function] = {
+    f.name: f
+    for f in [
+        _fn("spike_ge", 1, "the spike, u >= 0 fires", _numeric(lambda u: 1.0 if u >= 0 else 0.0, "heaviside"),
+            "SpikeGE", "ops.heaviside_ge({0})", "tl.where({0} >= 0, 1.0, 0.0)", "(1.0 if {0} >= 0 else 0.0)",
+            user=False),
+        _fn("spike_gt", 1, "the spike, u > 0 fires", _numeric(lambda u: 1.0 if u > 0 else 0.0, "heaviside_gt"),
+            "SpikeGT", "ops.heaviside_gt({0})", "tl.where({0} > 0, 1.0, 0.0)", "(1.0 if {0} > 0 else 0.0)",
+            user=False),
+        _fn("detach", 1, "the value, cut from the graph (detach_reset)", _numeric(lambda x: x, "identity"), "Detach",
+            "ops.detach({0})", "{0}", "{0}", user=False),
+        _fn("sign", 1, "sign of x", _numeric(lambda x: float((x > 0) - (x < 0)), "sign"), "sign",
+            "torch.sign({0})", "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
+            "float(({0} > 0) - ({0} < 0))", user=False),
+    ]
+}
+
+ALL_FUNCTIONS: dict[str, Function] = {**FUNCTIONS, **INTERNAL}
+
+CONSTANTS: dict[str, float] = {"pi": math.pi}
+
+SURROGATES: dict[str, Surrogate] = {
+    s.name: s
+    for s in [
+        Surrogate("sigmoid", {"alpha": 4.0}, "alpha*sigma(alpha*x)*(1-sigma(alpha*x))"),
+        Surrogate("atan", {"alpha": 2.0}, "(alpha/2)/(1+(pi/2*alpha*x)^2)"),
+        Surrogate("piecewise_quadratic", {"alpha": 1.0}, "alpha-alpha^2*|x| where |x| <= 1/alpha, else 0"),
+        Surrogate("piecewise_exp", {"alpha": 1.0}, "(alpha/2)*exp(-alpha*|x|)"),
+        Surrogate("soft_sign", {"alpha": 2.0}, "1/(2*alpha*(1/alpha+|x|)^2)"),
+        Surrogate("super_spike", {"alpha": 1.0}, "alpha/(|x|+1)^2"),
+        Surrogate("erf", {"alpha": 2.0}, "(alpha/sqrt(pi))*exp(-(alpha*x)^2)"),
+        Surrogate("fast_sigmoid", {"slope": 25.0}, "1/(slope*|x|+1)^2", "snnTorch; Norse `super`"),
+        Surrogate("triangle", {"alpha": 1.0}, "alpha*relu(1-alpha*|x|)"),
+        Surrogate("rect", {"alpha": 1.0}, "alpha where |x| < 1/(2*alpha), else 0"),
+        Surrogate("straight_through", {}, "1"),
+        Surrogate("pseudo_derivative", {"gamma": 0.3, "width": 1.0}, "gamma/width*relu(1-|x|/width)",
+                  "Bellec et al. 2018 (LSNN)"),
+        Surrogate("norse_triangle", {"alpha": 0.3}, "alpha*relu(1-|x|)", "Norse `triangle`"),
+        Surrogate("norse_tanh", {"k": 1.0}, "1-tanh(k*x)^2", "Norse `tanh`"),
+    ]
+}
+
+DEFAULT_SURROGATE = "sigmoid"
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("exact", "linear systems with state-free coefficients: the matrix exponential", ("linear",)),
+        Method("exponential_euler", "each equation linear in its own state: x_inf + (x - x_inf)*exp(a*dt)"),
+        Method("euler", "explicit Euler: x + dt*f(x)"),
+        Method("rk2", "explicit midpoint: x + dt*f(x + dt/2*f(x))", ("midpoint",)),
+        Method("rk4", "classical fourth-order Runge-Kutta"),
+        Method("heun", "explicit trapezoid: x + dt/2*(f(x) + f(x + dt*f(x)))"),
+    ]
+}
+
+METHOD_ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}

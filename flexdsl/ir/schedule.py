@@ -1,0 +1,231 @@
+"""Stage 5: the schedule, shared by every backend. From the step (`StepModel`) and its
+backward (`BackwardModel`) it decides what runs where:
+
+- the loop invariants: assignments that depend on params only, computed once per call
+  instead of once per step (`hoist`);
+- the save/recompute plan of training: which per-step forward values the forward writes
+  for the backward, which inputs the backward reads again, and what it recomputes from
+  them — a minimum vertex cut of the step's SSA graph, where saving a value costs a write
+  and a read per step and re-reading an input costs one read (`plan`);
+- the bodies that remain per step (forward and backward), which gradients can be nonzero,
+  and the number of passes over `[T, N]` memory this implies.
+
+Backends print these lists; none of them repeats the analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+from .derive import BackwardModel
+from .functions import SpikeGE, SpikeGT
+from .lower import StepModel
+
+Assignments = list[tuple[sp.Symbol, sp.Expr]]
+
+
+def _free(e: sp.Expr) -> set[sp.Symbol]:
+    return set(e.free_symbols) if isinstance(e, sp.Basic) else set()
+
+
+def _is_zero(e: sp.Expr) -> bool:
+    return isinstance(e, sp.Basic) and e == 0
+
+
+def param_only(assignments: Assignments, known: set[sp.Symbol]) -> set[sp.Symbol]:
+    """SSA symbols whose value depends only on `known` symbols (params), transitively. A spike
+    is never hoisted."""
+    out: set[sp.Symbol] = set()
+    for y, e in assignments:
+        if _free(e) <= known | out and not isinstance(e, SpikeGE | SpikeGT):
+            out.add(y)
+    return out
+
+
+def live(assignments: Assignments, roots: set[sp.Symbol]) -> set[sp.Symbol]:
+    """The symbols that `roots` depend on through `assignments` (dead-code elimination)."""
+    need = set(roots)
+    for y, e in reversed(assignments):
+        if y in need:
+            need |= _free(e)
+    return need
+
+
+@dataclass
+class Hoisted:
+    """The forward step split into param-only invariants and the per-step body."""
+
+    invariants: Assignments  # in order
+    used: list[sp.Symbol]  # the invariants the body, the outputs or the next states read
+    body: Assignments
+
+
+def hoist(step: StepModel) -> Hoisted:
+    inv = param_only(step.assignments, {p.symbol for p in step.params})
+    invariants = [(y, e) for y, e in step.assignments if y in inv]
+    body = [(y, e) for y, e in step.assignments if y not in inv]
+    used: set[sp.Symbol] = set()
+    for _, e in body:
+        used |= _free(e) & inv
+    for v in [*step.next_states, *(v for _, v in step.outputs)]:
+        used |= _free(v) & inv
+    return Hoisted(invariants, [y for y, _ in invariants if y in used], body)
+
+
+@dataclass
+class Schedule:
+    """What the multi-step kernels compute, save and recompute (see the module docstring)."""
+
+    fwd_hoisted: Assignments  # invariants the forward needs
+    fwd_body: Assignments  # per step, live for outputs, next states and saved values
+    saved: list[sp.Symbol]  # SSA values / previous states written per step by the training forward
+    reread: list[sp.Symbol]  # inputs the backward reads again
+    bwd_fwd_hoisted: Assignments  # forward invariants the backward needs
+    recompute: Assignments  # forward values the backward recomputes per step from the saved ones
+    bwd_hoisted: Assignments  # param-only backward values
+    bwd_body: Assignments  # the backward, per step
+    grad_outputs_used: list[bool]
+    grad_next_used: list[bool]
+    grad_inputs_nonzero: list[bool]
+    grad_states_nonzero: list[bool]
+    grad_params_nonzero: list[bool]
+
+    @property
+    def hoisted(self) -> Assignments:
+        """Every invariant of either direction, once, in order."""
+        out: Assignments = []
+        seen: set[sp.Symbol] = set()
+        for y, e in [*self.fwd_hoisted, *self.bwd_fwd_hoisted, *self.bwd_hoisted]:
+            if y not in seen:
+                seen.add(y)
+                out.append((y, e))
+        return out
+
+    def passes(self, n_inputs: int, n_outputs: int) -> tuple[int, int]:
+        """Passes over [T, N] per step: (inference, training forward + backward)."""
+        k, r = len(self.saved), len(self.reread)
+        return n_inputs + n_outputs, n_inputs + n_outputs + k + n_outputs + k + r + n_inputs
+
+
+def _maxflow_cut(nodes, cost, edges, sources, sinks):
+    """Minimum vertex cut separating `sources` from `sinks` in a DAG (Edmonds-Karp on the
+    split graph: v_in -> v_out with capacity cost[v]). Returns the cut vertices."""
+    INF = float("inf")
+    cap: dict = {}
+
+    def add(a, b, c):
+        cap.setdefault(a, {})
+        cap.setdefault(b, {})
+        cap[a][b] = cap[a].get(b, 0) + c
+        cap[b].setdefault(a, 0)
+
+    S, Z = ("S",), ("Z",)
+    for v in nodes:
+        add((v, 0), (v, 1), cost[v])
+    for a, b in edges:
+        add((a, 1), (b, 0), INF)
+    for v in sources:
+        add(S, (v, 0), INF)
+    for v in sinks:
+        add((v, 1), Z, INF)
+    if S not in cap or Z not in cap:
+        return set()
+    while True:
+        prev = {S: None}
+        queue = [S]
+        for u in queue:
+            if Z in prev:
+                break
+            for w, c in cap[u].items():
+                if c > 0 and w not in prev:
+                    prev[w] = u
+                    queue.append(w)
+        if Z not in prev:
+            break
+        path, w = [], Z
+        while prev[w] is not None:
+            path.append((prev[w], w))
+            w = prev[w]
+        f = min(cap[a][b] for a, b in path)
+        if f == INF:
+            raise RuntimeError("no finite cut")
+        for a, b in path:
+            cap[a][b] -= f
+            cap[b][a] += f
+    seen = {S}
+    queue = [S]
+    for u in queue:
+        for w, c in cap[u].items():
+            if c > 0 and w not in seen:
+                seen.add(w)
+                queue.append(w)
+    return {v for v in nodes if (v, 0) in seen and (v, 1) not in seen}
+
+
+def plan(step: StepModel, bw: BackwardModel) -> Schedule:
+    params = {p.symbol for p in step.params}
+    inputs, states = list(step.inputs), list(step.states)
+    fhoist = param_only(step.assignments, params)
+    free = params | fhoist
+    fwd_syms = {y for y, _ in step.assignments} | set(inputs) | set(states)
+
+    # backward: live assignments from the gradients it returns
+    results = [*bw.grad_inputs, *bw.grad_states, *bw.grad_params]
+    bw_live = live(bw.assignments, set().union(*(_free(r) for r in results)) if results else set())
+    bw_assign = [(y, e) for y, e in bw.assignments if y in bw_live]
+    need_fwd: set[sp.Symbol] = set()
+    for _, e in bw_assign:
+        need_fwd |= _free(e) & fwd_syms
+    for r in results:
+        need_fwd |= _free(r) & fwd_syms
+    need_fwd -= free
+
+    # min vertex cut: sources = inputs and previous states, sinks = needed forward values
+    nodes = sorted(fwd_syms - free, key=lambda s: s.name)
+    cost = {v: (1 if v in inputs else 2) for v in nodes}
+    edges = [(a, y) for y, e in step.assignments if y not in free for a in _free(e) if a in cost]
+    cut = _maxflow_cut(nodes, cost, edges, [*inputs, *states], sorted(need_fwd, key=lambda s: s.name))
+    # recompute what is needed from the cut
+    closure = set(need_fwd)
+    for y, e in reversed(step.assignments):
+        if y in closure and y not in cut:
+            closure |= _free(e)
+    for leaf in [*inputs, *states]:
+        if leaf in closure and leaf not in cut:  # cannot happen: the cut separates leaves
+            cut.add(leaf)
+    order = {s: i for i, s in enumerate([*inputs, *states, *(y for y, _ in step.assignments)])}
+    saved = sorted((c for c in cut if c not in inputs), key=order.__getitem__)
+    reread = [x for x in inputs if x in cut]
+    recompute = [(y, e) for y, e in step.assignments if y in closure and y not in cut and y not in free]
+
+    roots = set().union(*(_free(v) for _, v in step.outputs), *(_free(v) for v in step.next_states), set(saved))
+    fwd_live = live(step.assignments, roots)
+    fwd_hoisted = [(y, e) for y, e in step.assignments if y in fhoist and y in fwd_live]
+    fwd_body = [(y, e) for y, e in step.assignments if y not in fhoist and y in fwd_live]
+
+    bw_need_hoist: set[sp.Symbol] = set()
+    for _, e in [*recompute, *bw_assign]:
+        bw_need_hoist |= _free(e)
+    for r in results:
+        bw_need_hoist |= _free(r)
+    hoisted_assign = [(a, b) for a, b in step.assignments if a in fhoist]
+    bw_fwd_live = live(hoisted_assign, bw_need_hoist)
+    bwd_fwd_hoisted = [(y, e) for y, e in hoisted_assign if y in bw_fwd_live]
+    bhoist = param_only(bw_assign, free)
+    bwd_hoisted = [(y, e) for y, e in bw_assign if y in bhoist]
+    bwd_body = [(y, e) for y, e in bw_assign if y not in bhoist]
+    used: set[sp.Symbol] = set()
+    for _, e in bw_assign:
+        used |= _free(e)
+    for r in results:
+        used |= _free(r)
+    return Schedule(
+        fwd_hoisted, fwd_body, saved, reread, bwd_fwd_hoisted, recompute, bwd_hoisted, bwd_body,
+        [g in used for g in bw.grad_outputs], [g in used for g in bw.grad_next_states],
+        [not _is_zero(g) for g in bw.grad_inputs], [not _is_zero(g) for g in bw.grad_states],
+        [not _is_zero(g) for g in bw.grad_params])
+
+
+__all__ = ["Hoisted", "Schedule", "hoist", "plan", "param_only", "live"]

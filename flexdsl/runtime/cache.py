@@ -1,0 +1,264 @@
+"""The one disk cache of generated artefacts, and the loader of generated modules.
+
+Entries live under `$FLEXDSL_CACHE_DIR` (default `~/.cache/flexdsl`), one JSON file per key:
+the artefact (readable source and its metadata) and the SHA-256 of that content, verified
+before anything is used; a damaged entry is deleted and regenerated. Keys hash the model
+text, the backend and its tool versions, and every file of the installed flexdsl package
+(`package_hash`), so nothing stale survives an upgrade or an edit of flexdsl.
+
+A cache folder is trusted only if the current user owns it and no one else can write to it;
+otherwise (or when it cannot be created or written) flexdsl warns once and keeps artefacts
+in memory for this process. Nothing is unpickled.
+
+Generated Python is executed only by `load_module`, as a module registered under a stable
+importable name, `flexdsl._generated.<kind>_<key>`: `torch.compile`, `pickle` and a new
+process can import it again by that name (an import finder rebuilds it from the cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import linecache
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+FORMAT = 1  # of the entry files
+GENERATED_PACKAGE = "flexdsl._generated"
+_PKG_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Artefact:
+    """What a backend emits for one model: readable source and JSON-serialisable metadata."""
+
+    kind: str
+    source: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- keys
+_HASH: list[str] = []
+_HASH_LOCK = threading.Lock()
+
+
+def package_hash() -> str:
+    """SHA-256 over every file of the installed flexdsl package (sources, templates, grammar)."""
+    with _HASH_LOCK:
+        if not _HASH:
+            from .._paths import GRAMMAR_DIR
+
+            h = hashlib.sha256()
+            files = [p for p in _PKG_ROOT.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".lark")
+                     and "__pycache__" not in p.parts]
+            files += [p for p in GRAMMAR_DIR.glob("*.lark") if p not in files]
+            for p in sorted(files, key=lambda q: q.as_posix()):
+                h.update(p.name.encode())
+                h.update(b"\0")
+                h.update(p.read_bytes())
+                h.update(b"\0")
+            _HASH.append(h.hexdigest())
+        return _HASH[0]
+
+
+def key(*parts: str) -> str:
+    """A cache key: the parts (model text, backend, versions...) and the package hash."""
+    h = hashlib.sha256()
+    for p in (*parts, package_hash()):
+        h.update(p.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------- the folder
+_warned: set[str] = set()
+_memory: dict[str, Artefact] = {}
+_lock = threading.Lock()
+
+
+def _warn(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(f"flexdsl: {msg}; generated code is kept in memory for this process", stacklevel=3)
+
+
+def root() -> Path:
+    r = os.environ.get("FLEXDSL_CACHE_DIR")
+    return Path(r).expanduser() if r else Path.home() / ".cache" / "flexdsl"
+
+
+def _trusted(p: Path, is_dir: bool) -> str | None:
+    """None if `p` is ours and writable by us alone, else why not."""
+    try:
+        st = p.lstat()
+    except OSError as e:
+        return f"cannot read {p}: {e.strerror}"
+    import stat
+
+    if is_dir and not stat.S_ISDIR(st.st_mode):
+        return f"the cache path {p} is not a folder"
+    if not is_dir and not stat.S_ISREG(st.st_mode):
+        return f"the cache entry {p} is not a plain file"
+    if hasattr(os, "getuid"):
+        if st.st_uid != os.getuid():
+            return f"the cache folder {p} belongs to another user"
+        if st.st_mode & 0o022:
+            return f"the cache folder {p} is writable by other users"
+    return None
+
+
+def folder() -> Path | None:
+    """The cache folder, created if needed, or None when it cannot be trusted or written."""
+    d = root() / f"v{FORMAT}"
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        _warn(f"cannot use the cache folder {d} ({e.strerror or e})")
+        return None
+    for p in (root(), d):
+        why = _trusted(p, True)
+        if why:
+            _warn(why)
+            return None
+    if not os.access(d, os.W_OK | os.X_OK):
+        _warn(f"the cache folder {d} is not writable")
+        return None
+    return d
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def read(k: str) -> Artefact | None:
+    """The verified entry of key `k`, or None (a damaged entry is deleted)."""
+    with _lock:
+        hit = _memory.get(k)
+    if hit is not None:
+        return hit
+    d = folder()
+    if d is None:
+        return None
+    p = d / f"{k}.json"
+    if not p.exists():
+        return None
+    if _trusted(p, False):
+        _warn(_trusted(p, False) or "")
+        return None
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        payload = doc["payload"]
+        ok = doc.get("format") == FORMAT and doc.get("sha256") == _digest(payload) and payload.get("key") == k
+        art = Artefact(str(payload["kind"]), str(payload["source"]), dict(payload["meta"])) if ok else None
+    except (OSError, ValueError, KeyError, TypeError):
+        art = None
+    if art is None:
+        try:
+            p.unlink()
+        except OSError:
+            pass
+        return None
+    with _lock:
+        _memory[k] = art
+    return art
+
+
+def write(k: str, art: Artefact) -> None:
+    """Store an entry atomically (a temporary file renamed into place); in memory if the
+    folder cannot be used."""
+    with _lock:
+        _memory[k] = art
+    d = folder()
+    if d is None:
+        return
+    payload = {"key": k, "kind": art.kind, "source": art.source, "meta": art.meta}
+    doc = {"format": FORMAT, "sha256": _digest(payload), "payload": payload}
+    tmp = d / f".{k}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, d / f"{k}.json")
+    except OSError as e:
+        _warn(f"cannot write to the cache folder {d} ({e.strerror or e})")
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def get_or_make(k: str, make) -> Artefact:
+    """The cached artefact of key `k`, else `make()`, stored."""
+    art = read(k)
+    if art is None:
+        art = make()
+        write(k, art)
+    return art
+
+
+# ----------------------------------------------------------------------------- generated modules
+def module_name(kind: str, k: str) -> str:
+    return f"{GENERATED_PACKAGE}.{kind}_{k}"
+
+
+_modules_lock = threading.RLock()
+
+
+def load_module(kind: str, k: str, source: str) -> ModuleType:
+    """Execute source that flexdsl generated itself (validated names, printed sympy) as the
+    module `flexdsl._generated.<kind>_<key>`; once per process."""
+    name = module_name(kind, k)
+    with _modules_lock:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            return mod
+        import flexdsl._generated  # noqa: F401 - the parent package
+
+        fname = f"<flexdsl-generated {kind} {k}>"
+        linecache.cache[fname] = (len(source), None, source.splitlines(True), fname)
+        mod = ModuleType(name)
+        mod.__file__ = fname
+        mod.__loader__ = _FINDER
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, _FINDER, origin=fname)
+        sys.modules[name] = mod
+        try:
+            exec(compile(source, fname, "exec"), mod.__dict__)  # noqa: S102 - generated code only
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return mod
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports `flexdsl._generated.<kind>_<key>` from a verified cache entry (a new process
+    unpickling a model, or torch.compile's workers)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(GENERATED_PACKAGE + "."):
+            return None
+        kind, _, k = fullname[len(GENERATED_PACKAGE) + 1:].rpartition("_")
+        if not kind or read(k) is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, origin=f"<flexdsl-generated {kind} {k}>")
+
+    def create_module(self, spec):
+        kind, _, k = spec.name[len(GENERATED_PACKAGE) + 1:].rpartition("_")
+        art = read(k)
+        assert art is not None
+        return load_module(kind, k, art.source)
+
+    def exec_module(self, module):
+        pass
+
+
+_FINDER = _Finder()
+if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _FINDER)

@@ -1,0 +1,185 @@
+"""The pipeline: parse -> check -> lower -> derive -> schedule -> emit, cached per model text.
+
+`compile_model()` returns a `Compiled`: the artefacts of one model. Parsing and checking
+happen at construction (sympy-free); the sympy stages run on first use; each backend's
+artefact comes from the disk cache when a process has seen the model before, and is loaded
+into a program once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ..errors import FlexDSLError
+from ..frontend.check import CheckedModel, check
+from ..frontend.parse import parse
+from ..library import resolve
+from . import cache
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend, Program
+    from ..ir.derive import BackwardModel
+    from ..ir.lower import StepModel
+    from ..ir.schedule import Schedule
+
+
+class Compiled:
+    """The compiled artefacts of one model.
+
+    Parsing and checking happen at construction; the sympy stages (lowering, the backward,
+    the schedule) and each backend's artefact are made on first use.
+    """
+
+    def __init__(self, text: str, filename: str, detach_reset: bool) -> None:
+        self.text = text
+        self.filename = filename
+        self.detach_reset = detach_reset
+        self.checked: CheckedModel = check(parse(text, filename))
+        self._programs: dict[str, Program] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the stages
+    @cached_property
+    def step(self) -> StepModel:
+        """The discretized step (sympy SSA assignments)."""
+        from ..ir.lower import lower
+
+        return lower(self.checked, self.detach_reset)
+
+    @cached_property
+    def backward(self) -> BackwardModel:
+        """The derived vector-Jacobian product of one step."""
+        from ..ir.derive import derive
+
+        return derive(self.step)
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        """Hoisting and the save/recompute plan, shared by the backends."""
+        from ..ir.schedule import plan
+
+        return plan(self.step, self.backward)
+
+    # ------------------------------------------------------------------ backends
+    def key(self, backend: Backend) -> str:
+        return cache.key(backend.name, backend.version(), self.text, self.filename, str(self.detach_reset))
+
+    def artefact(self, backend: Backend | str) -> cache.Artefact:
+        """The backend's generated source and metadata (from the disk cache when present)."""
+        b = _backend(backend)
+        return cache.get_or_make(self.key(b), lambda: b.emit(self))
+
+    def program(self, backend: Backend | str) -> Program:
+        """The backend's artefact, loaded (once per process)."""
+        b = _backend(backend)
+        p = self._programs.get(b.name)
+        if p is None:
+            with self._lock:
+                p = self._programs.get(b.name)
+                if p is None:
+                    p = _load_program(b, self.key(b), lambda: self.artefact(b))
+                    self._programs[b.name] = p
+        return p
+
+    # ------------------------------------------------------------------ inspection (LANGUAGE §7)
+    @property
+    def name(self) -> str:
+        return self.checked.name
+
+    @property
+    def method(self) -> str | None:
+        return self.step.method
+
+    @property
+    def step_equations(self) -> list[Any]:
+        """The discretized step: SSA assignments, in order."""
+        return self.step.equations()
+
+    @property
+    def backward_equations(self) -> list[Any]:
+        """The derived vector-Jacobian product of one step: SSA assignments, in order."""
+        return self.backward.equations()
+
+    @property
+    def torch_source(self) -> str:
+        """The generated PyTorch source of `core`."""
+        return self.artefact("torch").source
+
+    @property
+    def triton_source(self) -> str:
+        """The generated Triton kernels."""
+        return self.artefact("triton").source
+
+    @property
+    def torch_module(self) -> ModuleType:
+        """The generated torch module (`core`, `surrogate`, `invariants`)."""
+        return self.program("torch").module  # type: ignore[attr-defined]
+
+    @cached_property
+    def torch_backward_source(self) -> str:
+        from ..backends.torch.emit import emit_core_backward
+
+        return emit_core_backward(self.step, self.backward)
+
+    @cached_property
+    def torch_backward(self):
+        """`core_backward(*inputs, *states, *grads, *params)`: the derived VJP as torch code."""
+        source = self.torch_source + self.torch_backward_source
+        return cache.load_module("torchbackward", self.key(_backend("torch")), source).core_backward
+
+    def __repr__(self) -> str:
+        return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"
+
+
+def _backend(b: Backend | str) -> Backend:
+    if isinstance(b, str):
+        from .. import backends
+
+        return backends.get(b)
+    return b
+
+
+# Programs are shared by every Compiled of the same key (a model text loaded twice registers
+# its custom ops once).
+_PROGRAMS: dict[str, Program] = {}
+_PROGRAMS_LOCK = threading.Lock()
+
+
+def _load_program(b: Backend, k: str, artefact) -> Program:
+    with _PROGRAMS_LOCK:
+        p = _PROGRAMS.get(f"{b.name}:{k}")
+        if p is None:
+            p = b.load(artefact(), k)
+            _PROGRAMS[f"{b.name}:{k}"] = p
+        return p
+
+
+_CACHE: OrderedDict[tuple[str, str, bool], Compiled] = OrderedDict()
+_LOCK = threading.Lock()
+_CACHE_SIZE = 256
+
+
+def compile_model(model: str | Path, detach_reset: bool = False) -> Compiled:
+    """Compile a model given as a path, a library stem, or text (cached per text)."""
+    text, filename = resolve(model)
+    key = (text, filename, bool(detach_reset))
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    try:
+        c = Compiled(text, filename, bool(detach_reset))
+    except RecursionError:
+        raise FlexDSLError("an expression is nested too deeply to compile", filename,
+                           hint="split long expressions into several `let` statements") from None
+    with _LOCK:
+        _CACHE[key] = c
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return c
