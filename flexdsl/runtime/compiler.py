@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
 from ..frontend.check import CheckedModel, check
-from ..frontend.parse import parse
+from ..frontend.parse import normalize, parse
 from ..library import resolve
 from . import cache
 
@@ -167,6 +167,7 @@ _CACHE_SIZE = 256
 def compile_model(model: str | Path, detach_reset: bool = False) -> Compiled:
     """Compile a model given as a path, a library stem, or text (cached per text)."""
     text, filename = resolve(model)
+    text = normalize(text)  # line breaks as errors count them
     key = (text, filename, bool(detach_reset))
     with _LOCK:
         hit = _CACHE.get(key)
