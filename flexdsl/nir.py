@@ -34,12 +34,17 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import sympy as sp
 import torch
 from torch import nn
 
 from .errors import FlexDSLError, did_you_mean
+
+try:
+    import numpy as np
+except ImportError:  # numpy comes with the `nir` package
+    raise FlexDSLError("flexdsl.nir needs numpy and the `nir` package, which are not installed", "<flexdsl.nir>",
+                       hint="pip install 'flexdsl[nir]'") from None
 from .frontend import ast as A
 from .frontend.catalog import FUNCTIONS, SURROGATES
 from .runtime.compiler import Compiled, compile_model
@@ -748,6 +753,8 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float, *, method: str
         raise _net_error(f"export takes a torch.nn.Module, not {type(net).__name__}")
     if not isinstance(sample_input, torch.Tensor):
         raise _net_error(f"sample_input must be a tensor, not {type(sample_input).__name__}")
+    if isinstance(net, NIRNetwork):
+        return _export_network(nir, net, sample_input, dt, method, path)
     root = net
     if isinstance(net, (NeuronModule, *_LAYERS)):
         name = net.compiled.name.lower() if isinstance(net, NeuronModule) else type(net).__name__.lower()
@@ -760,6 +767,12 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float, *, method: str
         raise _net_error(f"sample_input has shape {tuple(sample_input.shape)}, but the network takes "
                          + ("[T, batch, *shape]" if lead == 2 else "[batch, *shape]"),
                          "add the batch dimension (and the time dimension in step_mode 'm')")
+    for qual, m in root.named_modules():  # a model without NIR equivalent: its located error first
+        if isinstance(m, NeuronModule):
+            try:
+                classify(analyse(m.compiled))
+            except FlexDSLError as e:
+                raise _in_layer(e, qual, m) from None
     try:
         graph = _Tracer().trace(root)
     except Exception as e:  # fx cannot follow data-dependent Python in forward
@@ -832,6 +845,63 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float, *, method: str
     return g
 
 
+def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: str, path) -> nir_t.NIRGraph:
+    """A graph of a network that `load` made (trained, perhaps): its nodes and edges, with the
+    neurons matched again from their equations."""
+    lead = 1 if net.step_mode == "s" else 2
+    if x.dim() <= lead:
+        raise _net_error(f"sample_input has shape {tuple(x.shape)}, but the network takes "
+                         + ("[T, batch, *shape]" if lead == 2 else "[batch, *shape]"))
+    neurons = [m for m in net.nodes.values() if isinstance(m, NeuronModule)]
+    saved = [(m, dict(m._states), dict(m.state_seqs)) for m in neurons]
+    prev = net._prev
+    net._shapes, net._prev = {}, {}
+    try:
+        with torch.no_grad():
+            net(x)
+    except FlexDSLError:
+        raise
+    except Exception as e:
+        raise _net_error(f"the network fails on sample_input of shape {tuple(x.shape)}: {e}") from None
+    finally:
+        shapes, net._shapes, net._prev = net._shapes, None, prev
+        for m, st, seqs in saved:
+            m._states.update(st)
+            m.__dict__["state_seqs"] = seqs
+    inv = {k: n for n, k in net.names.items()}
+    nodes: dict[str, Any] = {}
+    for key in net.order:
+        name, kind, m = inv[key], net.kinds[key], net.nodes[key] if key in net.nodes else None
+        per_in, per_out = shapes.get(key, ((), ()))
+        if key == net.entry:
+            nodes[name] = nir.Input(input_type=np.array(x.shape[lead:]))
+        elif key in net.exits:
+            nodes[name] = nir.Output(output_type=np.array(per_out))
+        elif kind == "neuron":
+            nodes[name] = _neuron_node(nir, m, name, per_in, per_out, lead, dt, method)
+        elif kind == "flatten":
+            nodes[name] = nir.Flatten(input_type={"input": np.array(per_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
+        elif isinstance(m, _Scale):
+            nodes[name] = nir.Scale(scale=m.scale.detach().cpu().numpy())
+        elif isinstance(m, nn.AvgPool2d) and m.divisor_override == 1:
+            nodes[name] = nir.SumPool2d(kernel_size=np.array(m.kernel_size), stride=np.array(m.stride),
+                                        padding=np.array(m.padding))
+        elif m is not None:
+            nodes[name] = _node(nir, m, name, per_in, per_out, lead, dt, method)
+
+    def sources(key: str) -> list[str]:  # through the pass-through nodes of flattened subgraphs
+        if key in nodes or inv[key] in nodes:
+            return [key]
+        return [s for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
+
+    edges = [(inv[s], inv[key]) for key in net.order if inv[key] in nodes
+             for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
+    g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
+    if path is not None:
+        nir.write(str(path), g)
+    return g
+
+
 def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
     """Run the network once on `x` (no grad, states restored): each layer's input and output
     shapes per call, and the network's per-sample output shape."""
@@ -873,15 +943,19 @@ def _node(nir, mod: nn.Module, name: str, per_in: tuple[int, ...], per_out: tupl
     return make(nir, mod, name, per_in, per_out, lead, dt, method)
 
 
+def _in_layer(e: FlexDSLError, name: str, mod: NeuronModule) -> FlexDSLError:
+    """A located error of a model, saying which layer of the network has it."""
+    if not e.line:
+        return e
+    return FlexDSLError(f"layer `{name}`: {e.reason}", e.filename, e.line, e.column, mod.compiled.text, e.hint)
+
+
 def _neuron_node(nir, mod: NeuronModule, name, per_in, per_out, lead, dt, method):
     shape = per_out
     try:
         ex = match(mod, dt, method)
     except FlexDSLError as e:
-        if e.line:  # a located error in the model: say which layer too
-            raise FlexDSLError(f"layer `{name}`: {e.reason}", e.filename, e.line, e.column,
-                               mod.compiled.text, e.hint) from None
-        raise
+        raise _in_layer(e, name, mod) from None
     arrays = {}
     for k, v in ex.params.items():
         try:
@@ -1066,7 +1140,8 @@ def _array(node: Any, field: str, where: str, kind: str) -> np.ndarray:
     if bool(np.any(bad)):
         i = int(np.flatnonzero(bad)[0])
         want = "positive and finite" if field in _POSITIVE else "finite"
-        raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` must be {want}, got {a.flat[i]!r} at flat index {i}",
+        raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` must be {want}, got {float(a.flat[i])!r} at "
+                           f"flat index {i}",
                            "<nir graph>")
     return a
 
@@ -1214,7 +1289,9 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
         raise FlexDSLError("the graph has no Output node", source)
     modules: dict[str, nn.Module] = {}
     kinds: dict[str, str] = {}
+    types: dict[str, str] = {}
     for name, node in flat.nodes.items():
+        types[name] = "subgraph Input/Output" if isinstance(node, str) else type(node).__name__
         if node == "pass" or isinstance(node, nir.Input | nir.Output):
             kinds[name] = "pass"
             continue
@@ -1229,7 +1306,7 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
             kinds[name] = "neuron"
         else:
             modules[name], kinds[name] = _layer_module(node, name)
-    return NIRNetwork(modules, kinds, flat.edges, flat.inputs[0], flat.outputs, dt, step_mode)
+    return NIRNetwork(modules, kinds, flat.edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
 
 
 def _key(name: str, taken: set[str]) -> str:
@@ -1249,13 +1326,16 @@ class NIRNetwork(nn.Module):
 
     A graph without cycles runs layer by layer over the whole sequence (the neurons' multi-step
     kernels); a graph with cycles runs step by step, each recurrent edge carrying its source's
-    value of the previous step (before the first: its value for zero input with silent neurons). Nodes are `net.nodes[key]` (`net.names` maps the
-    NIR node names to keys); `net.neuron_texts` holds each neuron's generated `.neuron` text.
+    value of the previous step (before the first: its value for zero input with silent neurons).
+    Nodes are `net.nodes[key]` (`net.names` maps the NIR node names to keys); `net.neuron_texts`
+    holds each neuron's generated `.neuron` text.
     """
 
     def __init__(self, modules: Mapping[str, nn.Module], kinds: Mapping[str, str], edges: Sequence[tuple[str, str]],
-                 entry: str, exits: Sequence[str], dt: float, step_mode: str = "m") -> None:
+                 entry: str, exits: Sequence[str], dt: float, step_mode: str = "m",
+                 types: Mapping[str, str] | None = None) -> None:
         super().__init__()
+        self._node_kinds = dict(types or kinds)
         taken: set[str] = set()
         self.names = {n: _key(n, taken) for n in kinds}
         self.nodes = nn.ModuleDict({self.names[n]: m for n, m in modules.items()})
@@ -1275,6 +1355,12 @@ class NIRNetwork(nn.Module):
         self.back_preds = {n: [a for a, b in e if b == n and (a, b) in back] for n in self.order}
         self.recurrent = bool(back)
         self._prev: dict[str, torch.Tensor] = {}
+        self._shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
+
+    @property
+    def node_kinds(self) -> dict[str, str]:
+        """What each node is, by NIR node name: a NIR primitive, or the torch layer it runs as."""
+        return dict(self._node_kinds)
 
     @property
     def neuron_texts(self) -> dict[str, str]:
@@ -1288,7 +1374,13 @@ class NIRNetwork(nn.Module):
                 m.reset()
         self._prev = {}
 
-    def _apply(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
+    def _run_node(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
+        y = self._node_value(key, x, lead)
+        if self._shapes is not None:  # export records each node's per-sample shapes
+            self._shapes.setdefault(key, (tuple(x.shape[lead:]), tuple(y.shape[lead:])))
+        return y
+
+    def _node_value(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
         kind = self.kinds[key]
         if kind == "pass":
             return x
@@ -1316,7 +1408,7 @@ class NIRNetwork(nn.Module):
             if ins:
                 total = reduce(operator.add, ins)
                 values[key] = torch.zeros_like(total) if rest and self.kinds[key] == "neuron" else \
-                    self._apply(key, total, lead)
+                    self._run_node(key, total, lead)
         return values
 
     def _step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
