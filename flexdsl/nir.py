@@ -1021,14 +1021,16 @@ def _conv_node(nir, mod, name, per, per_out, lead, dt, method):
 
 
 def _flatten_node(nir, mod: nn.Flatten, name, per, per_out, lead, dt, method):
-    nd = len(per) + lead
+    # SpikingJelly's multi-step layers (step_mode "m") apply their torch layer to [T*batch, ...]
+    front = 1 if lead == 2 and getattr(mod, "step_mode", None) == "m" else lead
+    nd = len(per) + front
     start = mod.start_dim % nd
     end = mod.end_dim % nd
-    if start < lead:
+    if start < front:
         raise _net_error(f"`{name}` (Flatten(start_dim={mod.start_dim})) merges the time or batch dimension",
-                         f"use start_dim={lead} for inputs [T, batch, ...]" if lead == 2 else "use start_dim=1")
-    return nir.Flatten(input_type={"input": np.array(per)}, start_dim=start - lead,
-                       end_dim=-1 if end == nd - 1 else end - lead)
+                         f"use start_dim={front} for inputs [T, batch, ...]" if front == 2 else "use start_dim=1")
+    return nir.Flatten(input_type={"input": np.array(per)}, start_dim=start - front,
+                       end_dim=-1 if end == nd - 1 else end - front)
 
 
 def _pool_node(nir, mod: nn.AvgPool2d, name, per, per_out, lead, dt, method):
@@ -1131,9 +1133,16 @@ def _flatten(graph, prefix: str = "") -> _Flat:
     return flat
 
 
+def _np(a: Any, dtype: Any = np.float64) -> np.ndarray:
+    """A NIR field as a numpy array (other tools store torch tensors in their graphs too)."""
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    return np.array(a, dtype=dtype)
+
+
 def _array(node: Any, field: str, where: str, kind: str) -> np.ndarray:
     try:
-        a = np.asarray(getattr(node, field), dtype=np.float64)
+        a = _np(getattr(node, field))
     except (TypeError, ValueError):
         raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` is not numeric", "<nir graph>") from None
     bad = ~np.isfinite(a) | ((a <= 0) if field in _POSITIVE else False)
@@ -1183,7 +1192,7 @@ def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, lea
 class _Scale(nn.Module):
     def __init__(self, scale: np.ndarray) -> None:
         super().__init__()
-        self.scale = nn.Parameter(torch.as_tensor(np.asarray(scale), dtype=torch.float32))
+        self.scale = nn.Parameter(torch.from_numpy(_np(scale, np.float32)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale
@@ -1196,7 +1205,7 @@ def _layer_module(node: Any, where: str) -> tuple[nn.Module, str]:
     kind = type(node).__name__
 
     def tensor(a: Any) -> torch.Tensor:
-        return torch.as_tensor(np.array(a, dtype=np.float32))
+        return torch.from_numpy(_np(a, np.float32))
 
     if isinstance(node, nir.Affine | nir.Linear):
         w = tensor(node.weight)

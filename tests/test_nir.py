@@ -180,6 +180,23 @@ def test_per_channel_and_learned_params_export_their_values():
     np.testing.assert_allclose(g.nodes["1"].tau, 1e-3 / sig, rtol=1e-12)
 
 
+# what docs/nir.md lists as exporting; every other library model is a located error
+EXPORTS = {"lif": "LIF", "lif_no_decay_input": "LIF", "plif": "LIF", "lif_ode": "LIF", "norse_lif_box": "LIF",
+           "if": "IF", "cuba_lif": "CubaLIF", "norse_lif": "CubaLIF", "li": "CubaLI"}
+
+
+@pytest.mark.parametrize("stem", flexdsl.library())
+def test_library_model_exports_or_is_a_located_error(stem):
+    if stem in EXPORTS:
+        assert flexdsl.nir.match(stem, dt=1e-3).kind == EXPORTS[stem]
+        return
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.nir.match(stem, dt=1e-3)
+    e = ei.value
+    assert e.filename == str(NEURONS / f"{stem}.neuron") and e.line > 0 and e.column > 0
+    assert str(e).splitlines()[1] == (NEURONS / f"{stem}.neuron").read_text().splitlines()[e.line - 1].expandtabs(1)
+
+
 # ---------------------------------------------------------------------------- export: rejections
 def _line_col(path: Path, fragment: str) -> tuple[int, int]:
     """Where the statement is: its last occurrence (docstrings, above, may quote it)."""
@@ -327,6 +344,28 @@ def test_conv_network_per_channel_round_trip():
     assert torch.equal(mine, theirs)
 
 
+def test_spikingjelly_multistep_layers_and_a_lone_neuron_export():
+    from spikingjelly.activation_based import functional, layer
+
+    # SpikingJelly's multi-step layers apply their torch layer to [T*batch, ...]: its Flatten's
+    # start_dim=1 is the first dimension of a sample
+    net = drive(nn.Sequential(layer.Conv2d(2, 3, 3, padding=1, step_mode="m"), flexdsl.load("lif"),
+                              layer.AvgPool2d(2, step_mode="m"), layer.Flatten(step_mode="m"),
+                              layer.Linear(12, 4, step_mode="m"), flexdsl.load("lif", v_threshold=0.3)), gain=6.0)
+    x = torch.rand(20, 2, 2, 4, 4)
+    g = flexdsl.nir.export(net, x, dt=1e-3)
+    assert [type(n).__name__ for n in g.nodes.values()] == \
+        ["Input", "Conv2d", "LIF", "AvgPool2d", "Flatten", "Affine", "LIF", "Output"]
+    back = flexdsl.nir.load(g)
+    functional.reset_net(net)
+    with torch.no_grad():
+        mine, theirs = net(x), back(x)
+    assert mine.sum() > 5
+    assert torch.equal(mine, theirs)
+    lone = flexdsl.nir.export(flexdsl.load("if"), torch.zeros(3, 1, 4), dt=1e-3)
+    assert set(lone.nodes) == {"input", "if", "output"} and lone.nodes["if"].r.shape == (4,)
+
+
 # ---------------------------------------------------------------------------- discretisation
 def _cuba_li_graph(**kw):
     shape = (3,)
@@ -416,6 +455,12 @@ def test_recurrent_graph_runs_step_by_step():
         ref.append(s)
     assert torch.stack(ref).sum() > 5
     assert torch.equal(z, torch.stack(ref))
+    # one step per call: the same, states kept between calls until reset()
+    stepwise = flexdsl.nir.load(g, dt=1e-3, step_mode="s")
+    with torch.no_grad():
+        assert torch.equal(torch.stack([stepwise(x[t]) for t in range(25)]), z)
+        stepwise.reset()
+        assert torch.equal(stepwise(x[0]), z[0])
 
 
 # ---------------------------------------------------------------------------- training
