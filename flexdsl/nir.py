@@ -1182,11 +1182,8 @@ def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, lea
                           "overshoots there (method='exact' does not)", stacklevel=3)
     text = neuron_text(kind, scalars, dt, method, surrogate=surrogate, learnable=learnable & set(p.params),
                        shapes={f: a.shape for f, a in channels.items()})
-    m = loads(text, backend=backend, detach_reset=detach_reset,
-              param_shapes={f: a.shape for f, a in channels.items()})
-    for f, a in channels.items():
-        setattr(m, f, torch.from_numpy(a))
-    return m
+    return loads(text, backend=backend, detach_reset=detach_reset,
+                 **{f: torch.from_numpy(a) for f, a in channels.items()})
 
 
 class _Scale(nn.Module):
