@@ -90,7 +90,19 @@ class Primitive:
 _LIF_EULER = ("v = v + dt / tau * ((v_leak - v) + r * x)",)
 _LIF_EXACT = ("dv/dt = ((v_leak - v) + r * x) / tau",)
 _CUBA_EULER = ("i = i + dt / tau_syn * (w_in * x - i)", "v = v + dt / tau_mem * ((v_leak - v) + r * i)")
-_CUBA_EXACT = ("di/dt = (w_in * x - i) / tau_syn", "dv/dt = ((v_leak - v) + r * i) / tau_mem")
+# The closed form of both equations over a step, written out: v sees the current through
+# kappa = a_mem*(dt/tau_mem)*(exp(z) - 1)/z, z = dt*(tau_syn - tau_mem)/(tau_syn*tau_mem), with a series
+# where z is small, so that equal or nearly equal time constants lose no precision.
+_CUBA_EXACT = (
+    "let a_syn = exp(-dt / tau_syn)",
+    "let a_mem = exp(-dt / tau_mem)",
+    "let z = dt * (tau_syn - tau_mem) / (tau_syn * tau_mem)",
+    "let z_safe = where(abs(z) > 0.0001, z, 1.0)",
+    "let phi = where(abs(z) > 0.0001, (exp(z_safe) - 1) / z_safe, 1 + z / 2 + z * z / 6)",
+    "let i_inf = w_in * x",
+    "v = v_leak + r * i_inf + (v - v_leak - r * i_inf) * a_mem + r * (i - i_inf) * a_mem * dt / tau_mem * phi",
+    "i = i_inf + (i - i_inf) * a_syn",
+)
 _INT_EULER = ("v = v + dt * r * x",)
 _INT_EXACT = ("dv/dt = r * x",)
 _LIF_ODE = "tau dv/dt = (v_leak - v) + r x"
@@ -154,7 +166,8 @@ def neuron_text(kind: str, values: Mapping[str, float], dt: float, method: str =
         lines.append('    state i = 0.0    "synaptic current"')
     lines.append("")
     if p.states:
-        lines.append("    update:" if method == "euler" else "    equations method exact:")
+        ode = method == "exact" and not p.exact[0].startswith("let ")
+        lines.append("    equations method exact:" if ode else "    update:")
         lines += [f"        {s}" for s in (p.euler if method == "euler" else p.exact)]
         lines.append("")
     if kind == "Threshold":
@@ -733,7 +746,7 @@ def _net_error(msg: str, hint: str | None = None) -> FlexDSLError:
     return FlexDSLError(msg, _NETWORK, hint=hint)
 
 
-def export(net: nn.Module, sample_input: torch.Tensor, dt: float, *, method: str = "auto",
+def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, *, method: str = "auto",
            path: str | Path | None = None) -> nir_t.NIRGraph:
     """A `nir.NIRGraph` of a network of torch layers and flexdsl neurons (or of one neuron).
 
@@ -745,6 +758,10 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float, *, method: str
     fit). With `path`, the graph is also written there (`nir.write`).
     """
     nir = _nir()
+    if dt is None:
+        raise FlexDSLError("dt is needed: NIR is continuous time", "<flexdsl.nir>",
+                           hint="pass dt=..., the length of one flexdsl step in NIR's time unit (e.g. dt=1e-3 for "
+                           "1 ms steps in seconds)")
     dt = _check_dt(dt)
     if method not in ("auto", *METHODS):
         raise FlexDSLError(f"method must be 'auto', 'euler' or 'exact', not {method!r}", "<flexdsl.nir>",
@@ -1198,6 +1215,13 @@ class _Scale(nn.Module):
 def _layer_module(node: Any, where: str) -> tuple[nn.Module, str]:
     """A NIR layer as a torch module and how it is applied: "vector" (on the last dimension or
     elementwise), "spatial" (on [N, C, ...]), "flatten"."""
+    try:
+        return _make_layer(node, where)
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
+        raise FlexDSLError(f"NIR node `{where}` ({type(node).__name__}) is malformed: {e}", "<nir graph>") from None
+
+
+def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
     nir = _nir()
     kind = type(node).__name__
 
@@ -1315,9 +1339,14 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
     return NIRNetwork(modules, kinds, flat.edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
 
 
+_ATTRIBUTES = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict key cannot take ("forward", "_modules", ...)
+
+
 def _key(name: str, taken: set[str]) -> str:
-    """A ModuleDict key for a node name (no dots, not empty, unique)."""
+    """A ModuleDict key for a node name (no dots, not empty, no attribute's name, unique)."""
     base = re.sub(r"[^0-9A-Za-z_]", "_", name) or "node"
+    if base in _ATTRIBUTES:
+        base = "node_" + base
     key, k = base, 1
     while key in taken:
         key = f"{base}_{k}"

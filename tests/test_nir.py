@@ -370,31 +370,34 @@ def test_spikingjelly_multistep_layers_and_a_lone_neuron_export():
 def _cuba_li_graph(**kw):
     shape = (3,)
     p = {k: np.full(shape, v) for k, v in dict(tau_syn=3e-3, tau_mem=5e-3, r=2.0, v_leak=0.1, w_in=1.5).items()}
-    p.update({k: np.full(shape, v) for k, v in kw.items()})
+    p.update({k: np.broadcast_to(v, shape).astype(np.float64) for k, v in kw.items()})
     return nir.NIRGraph.from_list(nir.CubaLI(**p)), p
 
 
 def test_exact_discretisation_against_scipy():
-    g, p = _cuba_li_graph()
+    # per neuron: distinct, equal, and nearly equal time constants (where a closed form that
+    # divides by tau_syn - tau_mem would lose all precision)
+    g, p = _cuba_li_graph(tau_syn=np.array([3e-3, 4e-3, 4e-3]), tau_mem=np.array([5e-3, 4e-3, 4e-3 * (1 + 1e-9)]))
     dt = 1e-3
     net = flexdsl.nir.load(g, dt=dt, method="exact", backend="torch").double()
     torch.manual_seed(1)
-    x = torch.rand(15, 2, 3, dtype=torch.float64) * 4 - 1
+    x = torch.rand(12, 1, 3, dtype=torch.float64) * 4 - 1
     with torch.no_grad():
         v = net(x)
     # reference: NIR's ODEs, the input held constant over each step, integrated by scipy
-    ts, tm, r, vl, w = (p[k][0] for k in ("tau_syn", "tau_mem", "r", "v_leak", "w_in"))
-    ref = np.zeros((15, 2, 3))
-    for b in range(2):
-        for n in range(3):
-            state = [0.0, vl]  # i = 0, v = v_leak
-            for t in range(15):
-                xin = float(x[t, b, n])
-                sol = solve_ivp(lambda _, y, xin=xin: [(w * xin - y[0]) / ts, ((vl - y[1]) + r * y[0]) / tm],
-                                (0, dt), state, method="DOP853", rtol=1e-12, atol=1e-14)
-                state = sol.y[:, -1]
-                ref[t, b, n] = state[1]
-    np.testing.assert_allclose(v.numpy(), ref, rtol=1e-9, atol=1e-11)
+    def rhs(_, y, xin, ts, tm, r, vl, w):
+        return [(w * xin - y[0]) / ts, ((vl - y[1]) + r * y[0]) / tm]
+
+    ref = np.zeros((12, 3))
+    for n in range(3):
+        ps = tuple(p[k][n] for k in ("tau_syn", "tau_mem", "r", "v_leak", "w_in"))
+        state = [0.0, ps[3]]  # i = 0, v = v_leak
+        for t in range(12):
+            sol = solve_ivp(rhs, (0, dt), state, args=(float(x[t, 0, n]), *ps), method="DOP853", rtol=1e-12,
+                            atol=1e-14)
+            state = sol.y[:, -1]
+            ref[t, n] = state[1]
+    np.testing.assert_allclose(v[:, 0].numpy(), ref, rtol=1e-9, atol=1e-11)
 
 
 def test_euler_discretisation_by_hand():
@@ -464,9 +467,10 @@ def test_recurrent_graph_runs_step_by_step():
 
 
 # ---------------------------------------------------------------------------- training
-def test_learnable_time_constant_gradient_matches_finite_differences():
-    g, _ = _cuba_li_graph()
-    net = flexdsl.nir.load(g, dt=1e-3, learnable=["tau_mem"], backend="torch").double()
+@pytest.mark.parametrize("method", ["euler", "exact"])
+def test_learnable_time_constant_gradient_matches_finite_differences(method):
+    g, _ = _cuba_li_graph(tau_syn=np.array([3e-3, 5e-3, 5e-3]))  # equal time constants in two neurons
+    net = flexdsl.nir.load(g, dt=1e-3, method=method, learnable=["tau_mem"], backend="torch").double()
     tau = net.nodes["cubali"].tau_mem
     assert isinstance(tau, nn.Parameter) and tau.shape == (3,)
     x = torch.rand(12, 2, 3, dtype=torch.float64)
@@ -664,6 +668,8 @@ def test_export_errors_name_the_layer():
         flexdsl.nir.export(nn.Sequential(nn.Linear(2, 2), flexdsl.load("lif")), torch.zeros(3, 1, 5), dt=1e-3)
     with pytest.raises(flexdsl.FlexDSLError, match="dt must be a positive finite number"):
         flexdsl.nir.export(nn.Sequential(nn.Linear(2, 2)), torch.zeros(3, 1, 2), dt=0)
+    with pytest.raises(flexdsl.FlexDSLError, match="dt is needed"):
+        flexdsl.nir.export(nn.Sequential(nn.Linear(2, 2)), torch.zeros(3, 1, 2))
     with pytest.raises(flexdsl.FlexDSLError, match=r"<string>:11:19: error: a NIR node has one output"):
         flexdsl.nir.match(USER_LIF.replace("output spike", "output spike, u"), dt=1e-3)
 
@@ -693,6 +699,9 @@ def test_load_errors(tmp_path):
     delay = nir.NIRGraph.from_list(nir.Delay(delay=np.array([1.0, 2.0])))
     with pytest.raises(flexdsl.FlexDSLError, match="is a Delay, which flexdsl cannot run"):
         flexdsl.nir.load(delay, dt=1e-3)
+    affine = nir.Affine(weight=np.ones((3, 2)), bias=np.zeros(4))
+    with pytest.raises(flexdsl.FlexDSLError, match=r"NIR node `affine` \(Affine\) is malformed"):
+        flexdsl.nir.load(nir.NIRGraph.from_list(affine, type_check=False), dt=1e-3)
 
 
 def test_graph_text_never_reaches_the_model_unchecked():
@@ -701,9 +710,11 @@ def test_graph_text_never_reaches_the_model_unchecked():
     node.metadata = {"flexdsl_surrogate": "sigmoid(alpha=4.0)\n    on spike:\n        v = 99",
                      "flexdsl_method": "rk4; import os"}
     # odd node names become module names, never model text
-    g.nodes = {"in.put": g.nodes["input"], "if": node, "__class__": g.nodes["output"]}
-    g.edges = [("in.put", "if"), ("if", "__class__")]
+    fc = nir.Linear(weight=np.eye(2))
+    g.nodes = {"in.put": g.nodes["input"], "forward": fc, "if": node, "__class__": g.nodes["output"]}
+    g.edges = [("in.put", "forward"), ("forward", "if"), ("if", "__class__")]
     net = flexdsl.nir.load(g, dt=1e-3)
+    assert net.names["forward"] == "node_forward" and isinstance(net.nodes["node_forward"], nn.Linear)
     text = net.neuron_texts["if"]
     assert "99" not in text and "os" not in text
     assert "surrogate sigmoid(alpha=4.0)" in text and "update:" in text  # defaults: euler, sigmoid
