@@ -79,8 +79,9 @@ class Primitive:
     states: tuple[str, ...]  # membrane `v`, synaptic current `i`
     spiking: bool
     euler: tuple[str, ...]  # `update:` statements
-    exact: tuple[str, ...]  # `equations method exact:` lines
+    exact: tuple[str, ...]  # `equations method exact:` lines (`update:` statements where exact_update)
     ode: str  # the NIR equations, for the docstring
+    exact_update: bool = False
 
     @property
     def output(self) -> str:
@@ -115,9 +116,9 @@ PRIMITIVES: dict[str, Primitive] = {p.name: p for p in [
     Primitive("IF", ("r", "v_threshold", "v_reset"), ("v",), True, _INT_EULER, _INT_EXACT, "dv/dt = r x"),
     Primitive("I", ("r",), ("v",), False, _INT_EULER, _INT_EXACT, "dv/dt = r x"),
     Primitive("CubaLIF", ("tau_syn", "tau_mem", "r", "v_leak", "v_threshold", "v_reset", "w_in"), ("i", "v"),
-              True, _CUBA_EULER, _CUBA_EXACT, _CUBA_ODE),
+              True, _CUBA_EULER, _CUBA_EXACT, _CUBA_ODE, exact_update=True),
     Primitive("CubaLI", ("tau_syn", "tau_mem", "r", "v_leak", "w_in"), ("i", "v"), False, _CUBA_EULER,
-              _CUBA_EXACT, _CUBA_ODE),
+              _CUBA_EXACT, _CUBA_ODE, exact_update=True),
     Primitive("Threshold", ("threshold",), (), True, (), (), "z = x > threshold"),
 ]}
 
@@ -141,6 +142,11 @@ def neuron_text(kind: str, values: Mapping[str, float], dt: float, method: str =
     """The `.neuron` text of a NIR primitive: its ODEs discretised with `method` over the step
     `dt`, `values` as the params' defaults (per-channel params, named in `shapes`, get their
     values at load)."""
+    if kind not in PRIMITIVES:
+        raise FlexDSLError(f"`{kind}` is not a NIR neuron primitive", "<flexdsl.nir>",
+                           hint=did_you_mean(str(kind), PRIMITIVES) or "primitives: " + ", ".join(PRIMITIVES))
+    if method not in METHODS:
+        raise FlexDSLError(f"method must be 'euler' or 'exact', not {method!r}", "<flexdsl.nir>")
     p = PRIMITIVES[kind]
     learn = set(learnable)
     shapes = dict(shapes or {})
@@ -166,7 +172,7 @@ def neuron_text(kind: str, values: Mapping[str, float], dt: float, method: str =
         lines.append('    state i = 0.0    "synaptic current"')
     lines.append("")
     if p.states:
-        ode = method == "exact" and not p.exact[0].startswith("let ")
+        ode = method == "exact" and not p.exact_update
         lines.append("    equations method exact:" if ode else "    update:")
         lines += [f"        {s}" for s in (p.euler if method == "euler" else p.exact)]
         lines.append("")
@@ -858,8 +864,15 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, 
                              "use layers (e.g. torch.nn.Flatten instead of x.flatten()); exportable: " + _EXPORTABLE)
     g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
     if path is not None:
-        nir.write(str(path), g)
+        _write(nir, path, g)
     return g
+
+
+def _write(nir, path: str | Path, g) -> None:
+    try:
+        nir.write(str(path), g)
+    except OSError as e:
+        raise FlexDSLError(f"cannot write the NIR graph: {e}", str(path)) from None
 
 
 def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: str, path) -> nir_t.NIRGraph:
@@ -915,7 +928,7 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
              for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
     g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
     if path is not None:
-        nir.write(str(path), g)
+        _write(nir, path, g)
     return g
 
 

@@ -313,6 +313,12 @@ def test_generated_text_compiles_and_shows(tmp_path, capsys):
     assert "def core(x, v, i, dt, tau_syn" in capsys.readouterr().out
     assert cli_main(["show", str(tmp_path / "missing.nir")]) == 1
     assert "error: no such NIR file" in capsys.readouterr().err
+    other = tmp_path / "other.nir"  # as other tools write it: no step recorded
+    nir.write(str(other), _lif_graph())
+    assert cli_main(["show", str(other)]) == 1
+    assert "error: dt is needed" in capsys.readouterr().err
+    assert cli_main(["show", str(other), "--dt", "1e-3", "--equations"]) == 0
+    assert "v_1 = dt*(" in capsys.readouterr().out
 
 
 def test_export_leaves_the_network_as_it_was():
