@@ -254,12 +254,14 @@ def _models():
     per_lif.tau = torch.tensor([2.0, 3.0, 4.0, 6.0, 8.0])
     per_cuba = flexdsl.load("cuba_lif", param_shapes={"v_decay": (4,)})
     per_cuba.v_decay = torch.tensor([0.5, 0.6, 0.75, 0.9])
+    per_if = flexdsl.load("if", v_threshold=torch.tensor([0.5, 0.75, 1.0, 1.5, 2.0]))
+    per_li = flexdsl.loads(USER_LI, k=torch.tensor([0.1, 0.25, 0.5, 0.9]))
     return {
         "lif-scalar": (flexdsl.load("lif", tau=2.0), flexdsl.load("lif", tau=4.0), "LIF"),
         "lif-per-channel": (per_lif, flexdsl.load("lif_no_decay_input"), "LIF"),
-        "if": (flexdsl.load("if"), flexdsl.load("if", v_threshold=0.75), "IF"),
+        "if": (per_if, flexdsl.load("if", v_threshold=0.75), "IF"),
         "cuba_lif": (flexdsl.load("cuba_lif"), per_cuba, "CubaLIF"),
-        "li": (flexdsl.load("norse_lif_box"), flexdsl.loads(USER_LI), "LI"),
+        "li": (flexdsl.load("norse_lif_box"), per_li, "LI"),
         "exact": (flexdsl.load("lif_ode", v_rest=0.0, v_reset=0.0, v_threshold=1.0, R=1.0, tau_m=0.3),
                   flexdsl.load("lif_ode", v_rest=0.0, v_reset=0.0, v_threshold=1.0, R=1.0, tau_m=0.2), "LIF"),
     }
