@@ -150,8 +150,8 @@ class NeuronModule(nn.Module):
                 how = f" (method `{c.method}`)" if c.method else ""
                 raise self._error(
                     f"with these params the step is not defined: `{name}`{how} is not finite", pos,
-                    "a division by zero or an overflow among the params; with `exact`, equal time constants "
-                    "make the closed form singular: change one slightly or use another method")
+                    "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
+                    "`dt` so long that a decay factor overflows)")
 
     def _check_constraint(self, name: str, value: Any) -> None:
         p = self._param_decls[name]
@@ -197,9 +197,9 @@ class NeuronModule(nn.Module):
                                                        bool(value))
 
     def _core_params(self) -> list[Any]:
+        """The params `core` takes: the declared ones, then those derived from them."""
         out = []
-        for name in self._param_decls:
-            v = getattr(self, name)
+        for v in self._compiled.with_derived([getattr(self, name) for name in self._param_decls]):
             out.append(torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v)
         return out
 
@@ -254,7 +254,7 @@ class NeuronModule(nn.Module):
             raise FlexDSLError(f"{c.name}: inputs must be [T, *shape] in step_mode 'm'", c.filename)
         backend = backends.choose(self.backend, xs)
         program = c.program(backend)
-        params = [getattr(self, name) for name in self._param_decls]
+        params = c.with_derived([getattr(self, name) for name in self._param_decls])
         res = program.run(xs, self._initial_states(xs[0]), params, store_seqs=bool(self.store_state_seqs))
         for name, s in zip(self._state_names, res.states):
             self._states[name] = s
