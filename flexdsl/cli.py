@@ -102,7 +102,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             overrides[k] = float(v)
         except ValueError:
             raise FlexDSLError(f"bad --param `{kv}`", "<command line>", hint="use NAME=VALUE") from None
-    m = load(args.file, backend="torch", store_state_seqs=True, **overrides).to(torch.float64)
+    m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
+             **overrides).to(torch.float64)
     c = m.compiled
     T = args.T
     x = _parse_input(args.input, T).reshape(T, 1)
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", default="1.5")
     r.add_argument("--param", action="append", metavar="NAME=VALUE")
     r.add_argument("--plot", metavar="OUT.png")
+    r.add_argument("--check-finite", action="store_true",
+                   help="stop with an error at the first NaN or inf, naming the state and the step")
     r.set_defaults(fn=_cmd_run)
     d = sub.add_parser("doc", help="documentation from the equations (not yet available)")
     d.add_argument("paths", nargs="+")

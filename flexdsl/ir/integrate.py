@@ -94,11 +94,20 @@ def linear_step(x: sp.Symbol, a: sp.Expr, b: sp.Expr, dt: sp.Expr, ctx: Context)
         decay = ctx.emit(f"{x}_decay", sp.exp(z))
         if b == 0:
             return x * decay
-        return x * decay + b * ctx.emit(f"{x}_gain", dt * exprel(z))
+        k, rest = _constant_factor(b, ctx)  # the gain absorbs b's constant factor (e.g. 1/tau)
+        return x * decay + rest * ctx.emit(f"{x}_gain", k * dt * exprel(z))
     if b == 0:
         return x * ctx.emit(f"{x}_decay", sp.exp(z))
     # a changes every step: one transcendental function per step
     return x + (a * x + b) * dt * ctx.emit(f"{x}_exprel", exprel(z))
+
+
+def _constant_factor(e: sp.Expr, ctx: Context) -> tuple[sp.Expr, sp.Expr]:
+    """(k, r) with e = k*r, k the factors of e that are constant over a call."""
+    e = sp.factor_terms(e)
+    factors = e.args if e.is_Mul else (e,)
+    k = [f for f in factors if ctx.constant(f)]
+    return sp.Mul(*k), sp.Mul(*(f for f in factors if not ctx.constant(f)))
 
 
 def _split_linear(fx: sp.Expr, x: sp.Symbol) -> tuple[sp.Expr, sp.Expr] | None:

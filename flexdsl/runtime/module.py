@@ -42,6 +42,7 @@ class NeuronModule(nn.Module):
         backend: str = "auto",
         store_state_seqs: bool = False,
         param_shapes: Mapping[str, Sequence[int]] | None = None,
+        check_finite: bool = False,
     ) -> None:
         super().__init__()
         c = compiled
@@ -66,6 +67,7 @@ class NeuronModule(nn.Module):
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
+        self.check_finite = check_finite  # raise at the first NaN/inf of a call (runtime/finite.py)
         shapes = dict(param_shapes or {})
         for name in shapes:
             if name not in d["_param_decls"]:
@@ -255,7 +257,12 @@ class NeuronModule(nn.Module):
         backend = backends.choose(self.backend, xs)
         program = c.program(backend)
         params = c.with_derived([getattr(self, name) for name in self._param_decls])
-        res = program.run(xs, self._initial_states(xs[0]), params, store_seqs=bool(self.store_state_seqs))
+        init = self._initial_states(xs[0])
+        res = program.run(xs, init, params, store_seqs=bool(self.store_state_seqs or self.check_finite))
+        if self.check_finite:
+            from .finite import check
+
+            check(c, xs, init, params, res)
         for name, s in zip(self._state_names, res.states):
             self._states[name] = s
         if self.store_state_seqs and res.seqs is not None:
