@@ -84,13 +84,15 @@ def emit_core(step: StepModel) -> str:
     lines.append(f"    return ({', '.join(rets)},)")
     lines.append("")
     lines += derived_params_lines(step, pr, src_lines)
+    derived = [p.symbol for p in step.params if p.derived]
     h = hoist(step)
     lines += [
         "",
         f"def invariants({', '.join(params)}):",
-        "    # The values of the step that depend on params only (checked finite when params change).",
+        "    # The values of the step that depend on params only, derived params included (checked",
+        "    # finite when params change).",
         *lhs_rhs_lines(pr, h.invariants),
-        "    return {" + ", ".join(f"{y.name!r}: {pr._print(y)}" for y in h.used) + "}",
+        "    return {" + ", ".join(f"{y.name!r}: {pr._print(y)}" for y in [*derived, *h.used]) + "}",
         "",
     ]
     return "\n".join(lines) + "\n"
