@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
 from ..frontend.check import CheckedModel, check
-from ..frontend.parse import parse
+from ..frontend.parse import normalize, parse
 from ..library import resolve
 from . import cache
 
@@ -105,7 +105,7 @@ class Compiled:
         import torch
 
         tensors = [p for p in params if isinstance(p, torch.Tensor)]
-        if not tensors:
+        if not tensors and not torch.compiler.is_compiling():  # (a trace keeps tensors, and no cache)
             key = tuple(float(p) for p in params)
             hit = self._derived_cache.get(key)
             if hit is None:
@@ -116,12 +116,12 @@ class Compiled:
                     self._derived_cache.clear()
                 self._derived_cache[key] = hit
             return params + hit
-        dtype = tensors[0].dtype
+        dtype = tensors[0].dtype if tensors else torch.float64
         for t in tensors[1:]:
             dtype = torch.promote_types(dtype, t.dtype)
         if not dtype.is_floating_point:
             dtype = torch.float64
-        device = tensors[0].device
+        device = tensors[0].device if tensors else None
         args = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=device)
                 for p in params]
         return params + [v.to(dtype) for v in self.torch_module.derived_params(*args)]
@@ -175,6 +175,10 @@ class Compiled:
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"
 
+    def __reduce__(self):
+        # pickled as its text: unpickling (in any process) compiles it again, from the caches
+        return compile_text, (self.text, self.filename, self.detach_reset)
+
 
 def _backend(b: Backend | str) -> Backend:
     if isinstance(b, str):
@@ -207,6 +211,12 @@ _CACHE_SIZE = 256
 def compile_model(model: str | Path, detach_reset: bool = False) -> Compiled:
     """Compile a model given as a path, a library stem, or text (cached per text)."""
     text, filename = resolve(model)
+    return compile_text(text, filename, detach_reset)
+
+
+def compile_text(text: str, filename: str = "<string>", detach_reset: bool = False) -> Compiled:
+    """Compile model text; `filename` names it in errors and generated code (cached per text)."""
+    text = normalize(text)  # line breaks as errors count them
     key = (text, filename, bool(detach_reset))
     with _LOCK:
         hit = _CACHE.get(key)
