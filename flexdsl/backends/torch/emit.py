@@ -106,8 +106,9 @@ def derived_params_lines(step: StepModel, pr: TorchPrinter, src_lines: list[str]
         "",
         f"def derived_params({', '.join(declared)}):",
         "    # Params the step derives from the declared ones, computed once per call and passed to",
-        "    # `core` after them: E_a_b is the coefficient of b in a's new value, F_a_b that of b's",
-        "    # forcing (the state-free part of db/dt); the top rows of expm([[A*dt, dt*I], [0, 0]]).",
+        "    # `core` after them. E_a_b: the coefficient of b in a's new value (expm(A*dt)); F_a_b: that",
+        "    # of b's forcing, the state-free part of db/dt (the integral of expm(A*s) over the step).",
+        "    # Both are read off the exponential of A*dt bordered by a column dt per forcing term.",
     ]
     names: list[str] = []
     for k, d in enumerate(step.derived):
