@@ -413,6 +413,23 @@ neuron Coupled4:
         du/dt = a * x - d * y + c * z - b * u - e
     output x
 """,
+    # coefficients that expand into thousands of terms: found linear by differentiation
+    "big_coefficients": """\
+neuron Big:
+    input I
+    param dt = 0.1
+    param a = 0.1
+    param b = 0.2
+    param c = 0.3
+    param d = 0.4
+    param e = 0.5 learnable
+    state v = 0.0
+    state w = 0.0
+    equations:
+        dv/dt = (a + b + c + d + e)**12 * (I - v) + w
+        dw/dt = -w * (a + b + c)**8 + (a + b)**6 * v
+    output v
+""",
 }
 
 _BOUND_SCRIPT = """
