@@ -61,9 +61,11 @@ def _first_bad(t: Any) -> tuple[tuple[int, ...], float] | None:
 
 def _first_bad_step(seq: torch.Tensor) -> int | None:
     """The first step (index of dim 0) holding a non-finite value, or None."""
+    if seq.numel() == 0:
+        return None
     bad = ~torch.isfinite(seq.detach())
     if seq.dim() > 1:
-        bad = bad.reshape(seq.shape[0], -1).any(1)
+        bad = bad.flatten(1).any(1)
     steps = bad.nonzero()
     return int(steps[0, 0]) if steps.numel() else None
 
