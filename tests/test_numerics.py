@@ -209,28 +209,38 @@ def test_coupled_exact_against_expm(name, backend, dtype, learnable):
                 assert e <= grad_tol, f"{name} sep={sep} {backend} {dtype}: d/d{k} {g.item()!r} vs {want[k]!r}"
 
 
+@pytest.mark.parametrize("learnable", [False, True], ids=["buffers", "learnable"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_per_channel_learnable_time_constants(backend):
-    """Per-channel params give one propagator per channel (a batch of matrix exponentials)."""
+def test_per_channel_time_constants(backend, learnable):
+    """Per-channel params (float64 buffers, or float32 Parameters) give one propagator per
+    channel: a batch of matrix exponentials, each channel's entries read by its lanes."""
     C = 4
-    m = flexdsl.loads(TWO.format(learn=" learnable"), backend=backend, param_shapes={"tau_s": (C,), "tau_m": (C,)})
-    with torch.no_grad():
-        m.tau_s.copy_(torch.tensor([5.0, 5.0, 2.0, 7.0]))
-        m.tau_m.copy_(torch.tensor([5.0, torch.nextafter(torch.tensor(5.0), torch.tensor(9.0)).item(), 2.001, 3.0]))
+    text = TWO.format(learn=" learnable" if learnable else "")
+    m = flexdsl.loads(text, backend=backend, param_shapes={"tau_s": (C,), "tau_m": (C,)})
+    tau_s = torch.tensor([5.0, 5.0, 2.0, 7.0])
+    tau_m = torch.tensor([5.0, torch.nextafter(torch.tensor(5.0), torch.tensor(9.0)).item(), 2.001, 3.0])
+    if learnable:
+        with torch.no_grad():
+            m.tau_s.copy_(tau_s)
+            m.tau_m.copy_(tau_m)
+    else:
+        m.tau_s, m.tau_m = tau_s, tau_m
     gen = np.random.default_rng(2)
     x = torch.as_tensor(gen.uniform(0, 1, size=(T, 2, C)), dtype=torch.float32)
     w = gen.normal(size=(T, 2, 2, C))  # [T, (i, v), batch, channel]
     i, v = m(x)
-    (torch.stack([i, v], 1) * torch.as_tensor(w, dtype=torch.float32)).sum().backward()
+    if learnable:
+        (torch.stack([i, v], 1) * torch.as_tensor(w, dtype=torch.float32)).sum().backward()
     for c in range(C):
-        p = {"dt": DT, "tau_s": m.tau_s[c].item(), "tau_m": m.tau_m[c].item()}
+        p = {"dt": DT, "tau_s": float(tau_s[c]), "tau_m": float(tau_m[c])}
         xc = x[:, :, c].double().numpy()
         ref = simulate_scipy("two", p, xc)
-        assert _rel(torch.stack([i[:, :, c], v[:, :, c]], 1).detach(), ref) <= 1e-5
-        want = simulate_autograd("two", p, xc, w[:, :, :, c], ["tau_s", "tau_m"])
-        for k in want:
-            got = getattr(m, k).grad[c].item()
-            assert abs(got - want[k]) <= 1e-5 * max(abs(want[k]), 1e-3), (c, k, got, want[k])
+        assert _rel(torch.stack([i[:, :, c], v[:, :, c]], 1).detach(), ref) <= 1e-5, c
+        if learnable:
+            want = simulate_autograd("two", p, xc, w[:, :, :, c], ["tau_s", "tau_m"])
+            for k in want:
+                got = getattr(m, k).grad[c].item()
+                assert abs(got - want[k]) <= 1e-5 * max(abs(want[k]), 1e-3), (c, k, got, want[k])
 
 
 def test_exact_coupled_with_a_varying_coefficient_is_a_located_error():

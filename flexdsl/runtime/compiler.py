@@ -124,7 +124,7 @@ class Compiled:
         device = tensors[0].device if tensors else None
         args = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=device)
                 for p in params]
-        return params + [v.to(dtype) for v in self.torch_module.derived_params(*args)]
+        return params + [v.to(dtype).contiguous() for v in self.torch_module.derived_params(*args)]
 
     # ------------------------------------------------------------------ inspection (LANGUAGE §7)
     @property
