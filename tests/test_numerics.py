@@ -226,18 +226,19 @@ def test_per_channel_time_constants(backend, learnable):
     else:
         m.tau_s, m.tau_m = tau_s, tau_m
     gen = np.random.default_rng(2)
-    x = torch.as_tensor(gen.uniform(0, 1, size=(T, 2, C)), dtype=torch.float32)
-    w = gen.normal(size=(T, 2, 2, C))  # [T, (i, v), batch, channel]
+    # the step's shape is the params' shape: each lane reads its own entry of the propagators
+    x = torch.as_tensor(gen.uniform(0, 1, size=(T, C)), dtype=torch.float32)
+    w = gen.normal(size=(T, 2, C))  # [T, (i, v), channel]
     i, v = m(x)
     if learnable:
         (torch.stack([i, v], 1) * torch.as_tensor(w, dtype=torch.float32)).sum().backward()
     for c in range(C):
         p = {"dt": DT, "tau_s": float(tau_s[c]), "tau_m": float(tau_m[c])}
-        xc = x[:, :, c].double().numpy()
+        xc = x[:, c:c + 1].double().numpy()
         ref = simulate_scipy("two", p, xc)
-        assert _rel(torch.stack([i[:, :, c], v[:, :, c]], 1).detach(), ref) <= 1e-5, c
+        assert _rel(torch.stack([i[:, c:c + 1], v[:, c:c + 1]], 1).detach(), ref) <= 1e-5, c
         if learnable:
-            want = simulate_autograd("two", p, xc, w[:, :, :, c], ["tau_s", "tau_m"])
+            want = simulate_autograd("two", p, xc, w[:, :, c:c + 1], ["tau_s", "tau_m"])
             for k in want:
                 got = getattr(m, k).grad[c].item()
                 assert abs(got - want[k]) <= 1e-5 * max(abs(want[k]), 1e-3), (c, k, got, want[k])
