@@ -17,7 +17,7 @@ from ..frontend import ast as A
 from ..frontend.catalog import FUNCTIONS
 from ..frontend.check import CheckedModel
 from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, make
-from .integrate import INTEGRATORS, NotApplicable, linear_system
+from .integrate import INTEGRATORS, Context, NotApplicable
 from .surrogates import BUILTIN_SURROGATES
 
 
@@ -120,13 +120,40 @@ def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = No
 
 @dataclass
 class ParamInfo:
+    """A param of the step: declared in the model (`decl`), or derived from the declared ones
+    (`decl` None: an entry of a `MatrixExp`, learnable when its definition involves a learnable
+    param). Every backend takes the derived params after the declared ones."""
+
     name: str
     symbol: sp.Symbol
-    decl: A.Param
+    decl: A.Param | None
+    derived_learnable: bool = False
 
     @property
     def learnable(self) -> bool:
-        return self.decl.learnable
+        return self.decl.learnable if self.decl is not None else self.derived_learnable
+
+    @property
+    def derived(self) -> bool:
+        return self.decl is None
+
+
+@dataclass
+class MatrixExp:
+    """Derived params: entries of expm(matrix), where the matrix is made of params only. They are
+    computed once per call, numerically (the torch backend's `derived_params`), before any
+    backend's program runs, and passed to it like params (with autograd to the declared ones)."""
+
+    states: list[str]  # the coupled states whose propagator this is
+    matrix: sp.Matrix
+    entries: list[tuple[sp.Symbol, int, int]]  # (symbol, row, column)
+    pos: A.Pos  # the equations that need it
+
+    def describe(self) -> str:
+        names = ", ".join(s.name for s, _, _ in self.entries)
+        rows = ", ".join("[" + ", ".join(sp.sstr(e) for e in self.matrix.row(i)) + "]"
+                         for i in range(self.matrix.rows))
+        return f"{names} = entries {[(i, j) for _, i, j in self.entries]} of expm([{rows}])"
 
 
 @dataclass
@@ -145,7 +172,7 @@ class StepModel:
     checked: CheckedModel
     inputs: list[sp.Symbol]
     states: list[sp.Symbol]
-    params: list[ParamInfo]
+    params: list[ParamInfo]  # declared, then derived
     assignments: list[tuple[sp.Symbol, sp.Expr]]
     next_states: list[sp.Expr]
     outputs: list[tuple[str, sp.Expr]]
@@ -156,6 +183,7 @@ class StepModel:
     detach_reset: bool
     taken: set[str] = field(default_factory=set)
     origins: dict[str, A.Pos] = field(default_factory=dict)  # SSA name -> source position
+    derived: list[MatrixExp] = field(default_factory=list)  # how the derived params are computed
 
     @property
     def name(self) -> str:
@@ -164,6 +192,10 @@ class StepModel:
     @property
     def learnable(self) -> list[ParamInfo]:
         return [p for p in self.params if p.learnable]
+
+    @property
+    def declared_params(self) -> list[ParamInfo]:
+        return [p for p in self.params if not p.derived]
 
     def equations(self) -> list[sp.Eq]:
         eqs = [sp.Eq(y, e, evaluate=False) for y, e in self.assignments]
@@ -215,6 +247,7 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
 
     # -- 1. equations
     subexpr_defs: dict[str, A.Expr] = {}
+    derived: list[MatrixExp] = []
     method = model.method
     auto = method is None
     if model.equations is not None:
@@ -232,21 +265,40 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                 local[name] = to_sympy(e, local, n)
             return {sym(o.state): to_sympy(o.value, local, n) for o in odes}
 
-        if auto:
+        dt = env["dt"]
+        here[0] = model.equations.pos
+        constants = {p.symbol for p in params}
+
+        def matrix_exp(states_: list[sp.Symbol], matrix: sp.Matrix, wanted: dict[tuple[int, int], str]
+                       ) -> dict[tuple[int, int], sp.Symbol]:
+            pos = next(o.pos for o in odes if o.state == states_[0].name)
+            out = {k: names.new(base) for k, base in wanted.items()}
+            derived.append(MatrixExp([s_.name for s_ in states_], matrix, [(y, i, j) for (i, j), y in out.items()],
+                                     pos))
+            for y in out.values():
+                origins[y.name] = pos
+            return out
+
+        ctx = Context(emit, lambda e: e.free_symbols <= constants, matrix_exp)
+        if auto:  # `exact` where it applies, else `euler`
             try:
-                linear_system(ode_syms, rhs_at({s_: s_ for s_ in ode_syms}))
+                new = INTEGRATORS["exact"](ode_syms, rhs_at, dt, ctx)
                 method = "exact"
             except NotApplicable:
                 method = "euler"
-        dt = env["dt"]
-        here[0] = model.equations.pos
-        try:
-            new = INTEGRATORS[method](ode_syms, rhs_at, dt, emit)
-        except NotApplicable as e:
-            line = next(o for o in odes if o.state == e.state.name)
-            raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
-                               line.pos.column, n.source,
-                               "use `method euler`, `rk4` or `exponential_euler` for nonlinear equations") from None
+                new = INTEGRATORS["euler"](ode_syms, rhs_at, dt, ctx)
+        else:
+            try:
+                new = INTEGRATORS[method](ode_syms, rhs_at, dt, ctx)
+            except NotApplicable as e:
+                line = next(o for o in odes if o.state == e.state.name)
+                raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
+                                   line.pos.column, n.source, e.hint or
+                                   "use `method euler`, `rk4` or `exponential_euler` for nonlinear equations") from None
+        learnable = {p.symbol for p in params if p.learnable}
+        for d in derived:
+            dl = bool(d.matrix.free_symbols & learnable)
+            params += [ParamInfo(y.name, y, None, dl) for y, _, _ in d.entries]
         for s_, o in zip(ode_syms, odes):
             here[0] = o.pos
             env[s_.name] = emit(s_.name, new[s_])
@@ -329,7 +381,8 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     next_states = [env[s_.name] for s_ in states]
     assignments = share_subexpressions(assignments, names)
     return StepModel(model, inputs, states, params, assignments, next_states, outputs, spike_sym, surrogate,
-                     method if model.equations is not None else None, auto, detach_reset, names.taken, origins)
+                     method if model.equations is not None else None, auto, detach_reset, names.taken, origins,
+                     derived)
 
 
 def _surrogate(model: CheckedModel, env: Mapping[str, sp.Expr]) -> SurrogateInfo:
