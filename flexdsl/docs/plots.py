@@ -47,7 +47,8 @@ def _margins(fig: Figure, left: float = 0.8, right: float = 0.2, top: float = 0.
 
 def save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
-    fig.savefig(path, dpi=DPI, metadata={"Software": "flexdsl"})
+    png = path.suffix.lower() == ".png"
+    fig.savefig(path, dpi=DPI, metadata={"Software": "flexdsl"} if png else None)
     return path
 
 
@@ -56,7 +57,8 @@ def supported_formats() -> list[str]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    return sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
+    # pgf needs a LaTeX installation to write
+    return sorted(f for f in FigureCanvasAgg(Figure()).get_supported_filetypes() if f != "pgf")
 
 
 # ----------------------------------------------------------------------------- surrogate

@@ -398,53 +398,57 @@ class LatexPrinterFlex(LatexPrinter):
             return r"\left(" + self._print(t) + r"\right)"
         return self._print(t)
 
-    def _call(self, name: str, *args: sp.Expr) -> str:
-        return name + r"\left(" + ", ".join(self._print(a) for a in args) + r"\right)"
+    def _call(self, name: str, *args: sp.Expr, exp: str | None = None) -> str:
+        call = name + r"\left(" + ", ".join(self._print(a) for a in args) + r"\right)"
+        return call if exp is None else r"\left(" + call + r"\right)^{" + str(exp) + "}"
 
     def _print_Abs(self, expr, exp=None):
         s = r"\left\lvert " + self._print(expr.args[0]) + r" \right\rvert"
         return s if exp is None else f"{s}^{{{exp}}}"
 
     def _print_sigmoid(self, e, exp=None):
-        return self._call(r"\sigma", *e.args)
+        return self._call(r"\sigma", *e.args, exp=exp)
 
     def _print_relu(self, e, exp=None):
-        return self._call(r"\operatorname{relu}", *e.args)
+        return self._call(r"\operatorname{relu}", *e.args, exp=exp)
 
     def _print_fmin(self, e, exp=None):
-        return self._call(r"\min", *e.args)
+        return self._call(r"\min", *e.args, exp=exp)
 
     def _print_fmax(self, e, exp=None):
-        return self._call(r"\max", *e.args)
+        return self._call(r"\max", *e.args, exp=exp)
 
     def _print_clip(self, e, exp=None):
-        return self._call(r"\operatorname{clip}", *e.args)
+        return self._call(r"\operatorname{clip}", *e.args, exp=exp)
 
     def _print_heaviside(self, e, exp=None):
-        return self._call(r"\Theta", *e.args)
+        return self._call(r"\Theta", *e.args, exp=exp)
 
     def _print_Detach(self, e, exp=None):
-        return self._call(r"\operatorname{detach}", *e.args)
+        return self._call(r"\operatorname{detach}", *e.args, exp=exp)
 
     def _print_sign(self, e, exp=None):
-        return self._call(r"\operatorname{sgn}", *e.args)
+        return self._call(r"\operatorname{sgn}", *e.args, exp=exp)
 
     def _print_SurrogateGrad(self, e, exp=None):
-        return self._call("S'", *e.args)
+        return self._call("S'", *e.args, exp=exp)
 
     def _print_SpikeGE(self, e, exp=None):
-        return r"\left[" + self._print(e.args[0]) + r" \geq 0\right]"
+        return _power(r"\left[" + self._print(e.args[0]) + r" \geq 0\right]", exp)
 
     def _print_SpikeGT(self, e, exp=None):
-        return r"\left[" + self._print(e.args[0]) + r" > 0\right]"
+        return _power(r"\left[" + self._print(e.args[0]) + r" > 0\right]", exp)
 
     def _print_Where(self, e, exp=None):
         cond, a, b = e.args
-        return (r"\begin{cases} " + self._print(a) + r" & \text{if } " + self._print(cond) + r" \\ "
-                + self._print(b) + r" & \text{otherwise} \end{cases}")
+        cases = (r"\begin{cases} " + self._print(a) + r" & \text{if } " + self._print(cond) + r" \\ "
+                 + self._print(b) + r" & \text{otherwise} \end{cases}")
+        return cases if exp is None else r"\left(" + cases + r"\right)^{" + str(exp) + "}"
 
-    def _print_Function(self, e, exp=None):
-        return self._call(r"\operatorname{" + _tex_text(type(e).__name__) + "}", *e.args)
+
+
+def _power(s: str, exp: str | None) -> str:
+    return s if exp is None else s + "^{" + str(exp) + "}"
 
 
 def latex(expr: sp.Basic, adjoints: Collection[str] = ()) -> str:
