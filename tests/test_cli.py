@@ -1,4 +1,4 @@
-"""The command line (LANGUAGE.md §8, §9): `python -m flexdsl check|show|run`."""
+"""The command line (docs/language.md, sections 9 and 10): `python -m flexdsl check|show|run`."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_check_missing_file(tmp_path):
 
 
 def test_check_long_expression_no_traceback(tmp_path):
-    """§8: the CLI never shows a Python traceback, even for a 1000-term sum."""
+    """Section 10: the CLI never shows a Python traceback, even for a 1000-term sum."""
     p = tmp_path / "long.neuron"
     p.write_text(LIF.replace("/ tau", "/ (" + " + ".join(["tau"] * 1000) + ")", 1))
     r = cli("check", p)

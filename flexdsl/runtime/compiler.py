@@ -86,7 +86,7 @@ class Compiled:
                     self._programs[b.name] = p
         return p
 
-    # ------------------------------------------------------------------ inspection (LANGUAGE §7)
+    # ------------------------------------------------------------------ inspection (docs/language.md, section 8)
     @property
     def name(self) -> str:
         return self.checked.name
@@ -134,6 +134,23 @@ class Compiled:
 
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"
+
+    # ------------------------------------------------------------------ documentation (flexdsl.docs)
+    def latex(self, part: str = "equations", environment: str = "align*") -> str:
+        """The equations as LaTeX for a paper: "equations" (as written), "step" or "backward"."""
+        from ..docs import latex
+
+        return latex(self, part, environment)
+
+    def _repr_latex_(self) -> str:
+        from ..docs.latexdoc import repr_latex
+
+        return repr_latex(self)
+
+    def _repr_html_(self) -> str:
+        from ..docs import render_html
+
+        return render_html(self, plots=False, sources=False, standalone=False)
 
 
 def _backend(b: Backend | str) -> Backend:

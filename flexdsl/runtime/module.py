@@ -263,6 +263,15 @@ class NeuronModule(nn.Module):
         outs = [o[0] for o in res.outputs] if single else res.outputs
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _repr_html_(self) -> str:
+        """Notebooks: the model's documentation, with this module's param values."""
+        from ..docs import render_html
+
+        return render_html(self, plots=False, sources=False, standalone=False)
+
+    def _repr_latex_(self) -> str:
+        return self._compiled._repr_latex_()
+
     def extra_repr(self) -> str:
         c = self._compiled
         fixed = ", ".join(f"{k}={v:g}" for k, v in self._fixed.items())
