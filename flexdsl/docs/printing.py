@@ -89,8 +89,8 @@ class MathMLPrinter(MathMLPresentationPrinter):
         el = self.dom.createElement(tag)
         for k, v in attrs.items():
             el.setAttribute(k, v)
-        if text is not None:
-            el.appendChild(self.dom.createTextNode(text))
+        if text is not None:  # sympy's text nodes are written raw (for its entities): escape here
+            el.appendChild(self.dom.createTextNode(html.escape(text, quote=False)))
         for c in children:
             el.appendChild(c)
         return el
