@@ -143,8 +143,8 @@ def _sym(name: str) -> sp.Symbol:
     return sp.Symbol(name, real=True)
 
 
-def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset()) -> Math:
-    return Math(mathml_inner(expr, adjoints), latex(expr, adjoints), sp.sstr(expr, order="none"))
+def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset(), order: str | None = None) -> Math:
+    return Math(mathml_inner(expr, adjoints, order), latex(expr, adjoints, order), sp.sstr(expr, order=order))
 
 
 def _name(name: str) -> Math:
@@ -167,7 +167,7 @@ class _Written:
             return self.to_sympy(e, self.env)
 
     def math(self, e: A.Expr) -> Math:
-        return _math(self.expr(e))
+        return _math(self.expr(e), order="none")
 
     def compare(self, e: A.Compare) -> Math:
         """A comparison or a chain (`0 <= a <= 1`) as written."""
@@ -402,7 +402,7 @@ def _surrogate_doc(c: Compiled, w: _Written, a: Math, b: Math) -> SurrogateDoc:
     u = Statement(Math("<mi>u</mi>", "u", "u"), "=",
                   Math(f"<mrow>{a.mathml}<mo>-</mo>{_paren(b)}</mrow>", f"{a.latex} - {_paren_tex(b)}",
                        f"{a.text} - ({b.text})"))
-    return SurrogateDoc(rs.name, call, Statement(lhs_g, "=", _math(generic)), Statement(lhs_u, "=",
+    return SurrogateDoc(rs.name, call, Statement(lhs_g, "=", _math(generic, order="none" if rs.user else None)), Statement(lhs_u, "=",
                         _math(sur.derivative)), u, source, rs.user is not None)
 
 

@@ -80,8 +80,8 @@ def _tex_text(s: str) -> str:
 class MathMLPrinter(MathMLPresentationPrinter):
     """sympy's presentation printer with flexdsl's names and functions (see the module doc)."""
 
-    def __init__(self, adjoints: Collection[str] = ()) -> None:
-        super().__init__({"order": "none"})
+    def __init__(self, adjoints: Collection[str] = (), order: str | None = None) -> None:
+        super().__init__({"order": order})
         self.adjoints = set(adjoints)
 
     # elements
@@ -142,7 +142,7 @@ class MathMLPrinter(MathMLPresentationPrinter):
 
     # sums and products that may be unevaluated: parenthesize by precedence, never re-evaluate
     def _print_Add(self, expr, order=None):
-        args = list(expr.args) if order == "none" or self.order == "none" else self._as_ordered_terms(expr)
+        args = list(expr.args) if self.order == "none" else self._as_ordered_terms(expr)
         row = self._row(self._print(args[0]))
         for a in args[1:]:
             neg = _negated(a)
@@ -175,8 +175,8 @@ class MathMLPrinter(MathMLPresentationPrinter):
                 row.appendChild(self._mo("\u00b7" if number else "\u2062"))
             if i == 0 and _negated(f) is not None and not f.is_Number:  # -a b: no parentheses needed
                 row.appendChild(self._print(f))
-            else:
-                row.appendChild(self.parenthesize(f, PRECEDENCE["Mul"]))
+            else:  # a product inside a product needs none either: (a b) c is a b c
+                row.appendChild(self.parenthesize(f, PRECEDENCE["Mul"], strict=isinstance(f, sp.Mul)))
         return row
 
     def parenthesize(self, item, level, strict=False):
@@ -291,19 +291,25 @@ def _negated(term: sp.Expr) -> sp.Expr | None:
     return None
 
 
-_ENTITY = re.compile(r"&([A-Za-z][A-Za-z0-9]*);")
-_XML_ENTITIES = {"lt", "gt", "amp", "quot", "apos"}
+_ENTITY = re.compile(r"&(#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
+_XML_SPECIAL = {"<", ">", "&", '"', "'"}
 
 
 def _plain_entities(markup: str) -> str:
-    """Named entities that only HTML knows (`&InvisibleTimes;`) as characters, so the markup is
-    also well-formed XML."""
-    return _ENTITY.sub(lambda m: m.group(0) if m.group(1) in _XML_ENTITIES else html.unescape(m.group(0)), markup)
+    """Character references as the characters (sympy writes `&#964;`, `&InvisibleTimes;`), except
+    those XML needs escaped: readable markup that is also well-formed XML."""
+
+    def repl(m: re.Match[str]) -> str:
+        ch = html.unescape(m.group(0))
+        return m.group(0) if ch in _XML_SPECIAL or ch == m.group(0) else ch
+
+    return _ENTITY.sub(repl, markup)
 
 
-def mathml_inner(expr: sp.Basic, adjoints: Collection[str] = ()) -> str:
-    """The presentation markup of `expr`, without the `<math>` element."""
-    return _plain_entities(MathMLPrinter(adjoints).doprint(expr))
+def mathml_inner(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None) -> str:
+    """The presentation markup of `expr`, without the `<math>` element. `order="none"` keeps the
+    terms as they are (an expression as written); the default orders an evaluated one."""
+    return _plain_entities(MathMLPrinter(adjoints, order).doprint(expr))
 
 
 def math_element(inner: str, display: bool = False, alttext: str = "") -> str:
@@ -314,9 +320,9 @@ def math_element(inner: str, display: bool = False, alttext: str = "") -> str:
     return f"<math{attrs}>{inner}</math>"
 
 
-def mathml(expr: sp.Basic, display: bool = False, adjoints: Collection[str] = ()) -> str:
+def mathml(expr: sp.Basic, display: bool = False, adjoints: Collection[str] = (), order: str | None = None) -> str:
     """`expr` as a `<math>` element (MathML Core)."""
-    return math_element(mathml_inner(expr, adjoints), display, alttext=sp.sstr(expr, order="none"))
+    return math_element(mathml_inner(expr, adjoints, order), display, alttext=sp.sstr(expr, order=order))
 
 
 class _Row:
@@ -356,8 +362,8 @@ def derivative_mathml(state: str) -> str:
 class LatexPrinterFlex(LatexPrinter):
     """sympy's LaTeX printer with flexdsl's names and functions (see the module doc)."""
 
-    def __init__(self, adjoints: Collection[str] = ()) -> None:
-        super().__init__({"order": "none"})
+    def __init__(self, adjoints: Collection[str] = (), order: str | None = None) -> None:
+        super().__init__({"order": order})
         self.adjoints = set(adjoints)
 
     def _print_Symbol(self, expr, style="plain"):
@@ -451,9 +457,9 @@ def _power(s: str, exp: str | None) -> str:
     return s if exp is None else s + "^{" + str(exp) + "}"
 
 
-def latex(expr: sp.Basic, adjoints: Collection[str] = ()) -> str:
-    """`expr` as LaTeX (math mode, no delimiters)."""
-    return LatexPrinterFlex(adjoints).doprint(expr)
+def latex(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None) -> str:
+    """`expr` as LaTeX (math mode, no delimiters); `order` as for `mathml_inner`."""
+    return LatexPrinterFlex(adjoints, order).doprint(expr)
 
 
 def latex_name(name: str) -> str:
