@@ -228,7 +228,7 @@ def _cmd_doc(args: argparse.Namespace) -> int:
     targets = expand(args.paths)
     print(f"documenting {len(targets)} model{'s' if len(targets) != 1 else ''} into {out}/", file=sys.stderr)
     res = build(targets, out, plots=not args.no_plots, progress=_Progress(), title=args.title)
-    for label, e in res.failed:
+    for _, e in res.failed:
         print(e, file=sys.stderr)
     n = len(res.pages)
     print(f"wrote {n} page{'s' if n != 1 else ''} (HTML and Markdown) in {res.seconds:.1f} s; open {res.index}")

@@ -145,6 +145,10 @@ def test_page_content(site, stem):
     for s in imgs:
         assert "/" not in s and not s.startswith("data:")
         _png_ok(out / s)
+    caption = " ".join(doc.find("figure").find("figcaption").text().split())
+    if ck.spike is not None:  # the library's spiking models do spike in their step response
+        n = int(re.search(r"(\d+) spikes?\.", caption).group(1))
+        assert n >= 1, caption
 
     # generated code, collapsed
     details = doc.find_all("details")

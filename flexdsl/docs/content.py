@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import sympy as sp
 
+from .._paths import NEURONS_DIR
 from ..frontend import ast as A
 from ..frontend.catalog import METHODS, SURROGATES
 from ..frontend.evaluate import evaluate
-from .._paths import NEURONS_DIR
 from .printing import (
     derivative_latex,
     derivative_mathml,

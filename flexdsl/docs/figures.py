@@ -68,6 +68,9 @@ def make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> Fi
     if t.unit:
         cap += f", dt = {_g(t.dt or 0)} {t.unit}"
     cap += ". "
+    if run.spikes is not None:
+        n = int(run.spikes[:, ex.lane].sum())
+        cap += f"{n} spike{'s' if n != 1 else ''}. "
     if run.threshold_state is not None:
         cap += (f"At each spike, {run.threshold_state} is drawn through its value before the reset (where it "
                 f"crossed the threshold, dashed) down to its reset value. ")
