@@ -262,7 +262,7 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
             env[p.name] = float(evaluate(p.default, env))
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
             env[p.name] = float("nan")
-        plain = isinstance(p.default, A.Num)
+        plain = _plain_number(p.default)
         params.append(Row(p.name, _name(p.name), p.doc, unit_of(p), declared_unit(p), w.math(p.default),
                           None if plain else env[p.name], w.compare(p.where) if p.where is not None else None,
                           _where_text(c, p.where), p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
@@ -273,7 +273,7 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
             v0 = float("nan")
         states.append(Row(s.name, _name(s.name), s.doc, unit_of(s), declared_unit(s), w.math(s.init),
-                          None if isinstance(s.init, A.Num) else v0, line=s.pos.line))
+                          None if _plain_number(s.init) else v0, line=s.pos.line))
     inputs = [Row(i.name, _name(i.name), i.doc, unit_of(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
 
     # the equations as written, in the order of a step
@@ -287,7 +287,7 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
             else:
                 sts.append(Statement(_name(ln.name), "=", w.math(ln.value), ln.pos.line,
                                      _source_line(c, ln.pos.line)))
-        how = f"method `{ck.method}`" if ck.method else f"method `{c.step.method}`, chosen automatically"
+        how = f"method {ck.method}" if ck.method else f"method {c.step.method}, chosen automatically"
         written.append(Block("equations", sts, f"integrated over one step dt ({how})"))
     if ck.update:
         written.append(Block("update", [_assign(c, w, st) for st in ck.update],
@@ -345,6 +345,11 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         step=Block("step", sts), next_states=next_states, step_outputs=outs, surrogate=spike_doc,
         backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
         sources=srcs)
+
+
+def _plain_number(e: A.Expr) -> bool:
+    """A number as written (`2.0`, `-70.6`): its value needs no second mention."""
+    return isinstance(e, A.Num) or (isinstance(e, A.Neg) and isinstance(e.operand, A.Num))
 
 
 def _differs(current: dict[str, Any] | None, name: str, default: float) -> str | None:
