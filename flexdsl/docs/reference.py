@@ -1,8 +1,8 @@
 """The generated sections of the language reference (`docs/language.md`): the tables of
 functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form) and
-integration methods, the reserved words and the grammar, all read from the registries
-(`frontend/catalog.py`, `ir/surrogates.py`, `frontend/parse.py`, `grammar/neuron.lark`), so that
-the reference cannot drift from the code.
+integration methods, the reserved words, the names taken by the torch module, the size limits and
+the grammar, all read from the code (`frontend/catalog.py`, `ir/surrogates.py`, `frontend/parse.py`,
+`ir/lower.py`, `grammar/neuron.lark`), so that the reference cannot drift from it.
 
 A generated section sits between `<!-- BEGIN GENERATED: name -->` and `<!-- END GENERATED: name -->`;
 the text around it is written by hand.
@@ -94,6 +94,24 @@ def reserved() -> str:
     return " ".join(f"`{w}`" for w in sorted(RESERVED))
 
 
+def module_attributes() -> str:
+    from ..frontend.catalog import MODULE_ATTRIBUTES
+
+    return " ".join(f"`{w}`" for w in sorted(MODULE_ATTRIBUTES, key=str.lower))
+
+
+def limits() -> str:
+    from ..frontend.parse import MAX_DEPTH, MAX_SOURCE
+    from ..ir.lower import MAX_EXPONENT
+
+    return "\n".join([
+        "| limit | value |", "| --- | --- |",
+        f"| characters of model text | {MAX_SOURCE:,} |",
+        f"| nesting depth of an expression (calls, parentheses, powers, unary minus) | {MAX_DEPTH} |",
+        f"| a constant exponent of a non-constant base (`x ** n`) | {MAX_EXPONENT} |",
+    ])
+
+
 def grammar() -> str:
     text = (GRAMMAR_DIR / "neuron.lark").read_text(encoding="utf-8").rstrip()
     return "```lark\n" + text + "\n```"
@@ -101,7 +119,7 @@ def grammar() -> str:
 
 SECTIONS: dict[str, Callable[[], str]] = {
     "functions": functions, "constants": constants, "surrogates": surrogates, "methods": methods,
-    "reserved": reserved, "grammar": grammar,
+    "reserved": reserved, "module_attributes": module_attributes, "limits": limits, "grammar": grammar,
 }
 
 
