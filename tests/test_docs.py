@@ -304,3 +304,37 @@ def test_same_stem_twice_gets_two_pages(tmp_path):
     (b / "lif.neuron").write_text((NEURONS / "if.neuron").read_text())
     res = docs.build([a / "lif.neuron", b / "lif.neuron", "lif"], tmp_path / "out", plots=False)
     assert sorted(p.name for p in res.pages) == ["lif-2.html", "lif-3.html", "lif.html"]
+
+
+def test_a_model_that_cannot_run_still_gets_a_page(tmp_path, monkeypatch):
+    import flexdsl.docs.figures as figures
+
+    def refuse(c, *a, **k):
+        raise flexdsl.FlexDSLError("with these params the step is not defined", c.filename)
+
+    monkeypatch.setattr(figures, "explore", refuse)
+    res = docs.build(["lif"], tmp_path / "out")
+    assert not res.failed
+    html_text = res.pages[0].read_text()
+    assert "No plots: the model cannot run with its default params. with these params" in html_text
+    assert "<img" not in html_text and "<math" in html_text
+
+
+def test_a_model_that_diverges_says_so(tmp_path):
+    text = """neuron Blowup:
+    \"\"\"Divides by a param that is zero by default.\"\"\"
+    input x
+    param k = 0.0
+    state v = 0.0
+    update:
+        v = v + x / k
+    spike when v >= 1.0
+    on spike:
+        v = 0.0
+"""
+    p = tmp_path / "blowup.neuron"
+    p.write_text(text)
+    res = docs.build([p], tmp_path / "out")
+    assert not res.failed
+    html_text = res.pages[0].read_text()
+    assert "not finite" in html_text

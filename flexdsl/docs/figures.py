@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import FlexDSLError
 from . import plots
 from .simulate import explore
 from .units import unit_of
@@ -28,6 +29,7 @@ class Figures:
     response_caption: str = ""
     fi_caption: str = ""
     surrogate_caption: str = ""
+    note: str = ""  # why there are no plots, where there are none
 
     def files(self) -> list[str]:
         return [s for s in (self.response, self.fi, self.surrogate, self.thumbnail)
@@ -40,10 +42,20 @@ def _g(v: float) -> str:
 
 def make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> Figures:
     """Simulate the model (torch backend, float64) and draw its figures as `<stem>.<kind>.png` in
-    `outdir`; without `outdir` the images are embedded in the sources as data URIs."""
+    `outdir`; without `outdir` the images are embedded in the sources as data URIs. A model that
+    cannot be simulated with its defaults gets a page without plots that says why."""
+    try:
+        return _make_figures(c, stem, outdir)
+    except FlexDSLError as e:
+        return Figures(note=f"No plots: the model cannot run with its default params. {e.reason}")
+    except (ArithmeticError, RuntimeError, TypeError, ValueError) as e:
+        return Figures(note=f"No plots: simulating the model failed ({type(e).__name__}: {e}).")
+
+
+def _make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> Figures:
     if outdir is None:
         with tempfile.TemporaryDirectory(prefix="flexdsl-doc-") as tmp:
-            figs = make_figures(c, stem, tmp)
+            figs = _make_figures(c, stem, tmp)
             for name in ("response", "fi", "surrogate", "thumbnail"):
                 src = getattr(figs, name)
                 if src is not None:
@@ -75,7 +87,9 @@ def make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> Fi
         cap += (f"At each spike, {run.threshold_state} is drawn through its value before the reset (where it "
                 f"crossed the threshold, dashed) down to its reset value. ")
     if ex.note:
-        cap += ex.note[0].upper() + ex.note[1:] + "."
+        cap += ex.note[0].upper() + ex.note[1:] + ". "
+    if not bool(run.finite()[ex.lane]):
+        cap += "The states are not finite (NaN or inf) with these params and this input."
     figs.response_caption = cap.strip()
     if ex.spiking and ex.rheobase is not None:
         figs.fi = plots.fi_figure(c, ex, out / f"{stem}.fi.png").name

@@ -123,6 +123,8 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None)
 
     if fig is not None:
         add("## Plots\n")
+        if fig.note:
+            add(f"*{text(fig.note)}*\n")
         for src, cap, alt in ((fig.response, fig.response_caption, "response to a step input"),
                               (fig.fi, fig.fi_caption, "f-I curve"), (fig.surrogate, fig.surrogate_caption, "surrogate")):
             if src:

@@ -131,9 +131,7 @@ def _apply(node: sp.Basic, args: list[Any]) -> Any:
         return out
     if isinstance(node, sp.Pow):
         b, x = args
-        if isinstance(b, float) and isinstance(x, float):
-            return math.pow(b, x)
-        return torch.as_tensor(b, dtype=DTYPE) ** x if isinstance(b, float) else b**x
+        return torch.as_tensor(b, dtype=DTYPE) ** x  # IEEE semantics: 0 ** -1 is inf, not an error
     if type(node) in _CMP:
         return _CMP[type(node)](*args)
     if isinstance(node, sp.And):
@@ -146,6 +144,17 @@ def _apply(node: sp.Basic, args: list[Any]) -> Any:
         for a in args[1:]:
             out = out | a
         return out
+    if isinstance(node, sp.Max | sp.Min):
+        f = torch.maximum if isinstance(node, sp.Max) else torch.minimum
+        out = torch.as_tensor(args[0], dtype=DTYPE)
+        for a in args[1:]:
+            out = f(out, torch.as_tensor(a, dtype=DTYPE))
+        return out
+    if isinstance(node, sp.Piecewise):  # (value, condition) pairs, the first that holds
+        out = torch.as_tensor(float("nan"), dtype=DTYPE)
+        for (value, cond) in reversed(list(zip(args[0::2], args[1::2]))):
+            out = torch.where(torch.as_tensor(cond), torch.as_tensor(value, dtype=DTYPE), out)
+        return out
     name = type(node).__name__
     if name in _NUMERIC:
         return _NUMERIC[name](*args)
@@ -154,8 +163,9 @@ def _apply(node: sp.Basic, args: list[Any]) -> Any:
 
 def evaluate_step(step: StepModel, values: Mapping[str, Any], spike: Any = None) -> dict[str, Any]:
     """Every SSA value of one step, by name, from the inputs', states' and params' values.
-    `spike` replaces the spike's value (0: the values before the reset)."""
-    env: dict[sp.Basic, Any] = {sp.Symbol(k, real=True): v for k, v in values.items()}
+    `spike` replaces the spike's value (0: the values before the reset). Everything is computed
+    on float64 tensors (IEEE semantics: an overflow is inf, not an exception)."""
+    env: dict[sp.Basic, Any] = {sp.Symbol(k, real=True): torch.as_tensor(v, dtype=DTYPE) for k, v in values.items()}
     for y, e in step.assignments:
         if spike is not None and y == step.spike:
             env[y] = spike
@@ -259,8 +269,9 @@ def _as_lanes(v: Any, B: int, T: int | None = None) -> torch.Tensor:
 
 def _threshold(c: Compiled, run: Run, params: Mapping[str, float]) -> tuple[str | None, torch.Tensor | None]:
     """The threshold of `spike when A >= B` as a level of one state: `B` itself where `A` is a
-    state (exact at every step: A − u), else the state's value where `A − B = 0` when that is
-    a constant of the params (e.g. `was_below * (v - v_spike) > 0` → v_spike)."""
+    state (exact at every step: A − u), else the state's value where `A − B = 0` when `A − B` is
+    linear in it and that value is a constant of the params (e.g. `was_below * (v - v_spike) > 0`
+    → v_spike)."""
     rule = c.checked.spike
     states = [s.name for s in c.checked.states]
     if rule is None or run.u is None:
@@ -279,16 +290,20 @@ def _threshold(c: Compiled, run: Run, params: Mapping[str, float]) -> tuple[str 
         expr = to_sympy(rule.left, env) - to_sympy(rule.right, env)
     except Exception:  # noqa: BLE001 - a plot without a threshold line is still a plot
         return None, None
-    for s in (n.id for n in A.names(rule.left)):
+    for s in dict.fromkeys(n.id for n in A.names(rule.left)):
         if s not in states:
             continue
-        try:
-            sols = sp.solve(expr, env[s])
-        except (NotImplementedError, ValueError, TypeError):
+        # only where A - B is linear in the state: its root is then s - (A - B) / slope (no solver
+        # that could take long on a user's expression)
+        sym_s = env[s]
+        slope = expr.diff(sym_s)
+        if slope == 0 or slope.has(sym_s):
             continue
-        if len(sols) == 1 and {x.name for x in sols[0].free_symbols} <= set(params):
-            value = evaluate_expr(sols[0], {sym(k): v for k, v in params.items()})
-            return s, torch.full((1, 1), float(value), dtype=DTYPE)
+        root = sym_s - expr / slope
+        if {x.name for x in root.free_symbols} <= set(params):
+            value = evaluate_expr(root, {sym(k): v for k, v in params.items()})
+            if math.isfinite(float(value)):
+                return s, torch.full((1, 1), float(value), dtype=DTYPE)
     return None, None
 
 
