@@ -244,6 +244,8 @@ def thumbnail(c: Compiled, ex: Exploration, path: str | Path) -> Path:
         thr = run.threshold
         if s == run.threshold_state and thr is not None and thr.numel() == 1:
             ax.axhline(float(thr), color=THRESHOLD_COLOR, ls="--", lw=0.8)
+        elif s == run.threshold_state and thr is not None:
+            ax.plot(t[1:].numpy(), thr[:, lane].numpy(), color=THRESHOLD_COLOR, ls="--", lw=0.8)
     ax.set_axis_off()
     fig.subplots_adjust(0.02, 0.04, 0.98, 0.96)
     return save(fig, path)

@@ -341,7 +341,7 @@ def explore(c: Compiled, T: int | None = None, params: Mapping[str, float] | Non
         run = simulate(c, torch.tensor([1.0], dtype=DTYPE), T, onset, params)
         return Exploration(time, run, 0, None, "non-spiking: the response to a unit step")
     rheo = None
-    t_scan = min(T, onset + max((T - onset) // 2, 50))  # the first spikes tell; half the time is enough
+    t_scan = min(T, onset + max((T - onset) // 4, 50))  # the first spikes tell: a quarter of the time is enough
     for sign in (1.0, -1.0):
         scan = simulate(c, torch.cat([torch.zeros(1, dtype=DTYPE), sign * SCAN]), t_scan, onset, params)
         counts, finite = scan.counts(), scan.finite()

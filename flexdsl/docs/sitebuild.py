@@ -156,8 +156,11 @@ def _copy_reference(out: Path, result: BuildResult) -> str | None:
     src = DOCS_DIR / "language.md"
     if not src.is_file():
         return None
+    dst = out / "language.md"
     try:
-        shutil.copyfile(src, out / "language.md")
+        if dst.exists() and dst.samefile(src):  # writing into flexdsl's own docs: nothing to copy
+            return "language.md"
+        shutil.copyfile(src, dst)
     except OSError as e:
         raise FlexDSLError(f"cannot write `{out / 'language.md'}`: {e.strerror or e}", str(out)) from None
     result.files.append(out / "language.md")
