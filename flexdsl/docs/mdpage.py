@@ -83,7 +83,7 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None)
         add(f"> **Reference.** {text(d.reference)}\n")
     for kind, body in d.blocks:
         add((fence(body, "text") if kind == "pre" else text(body)) + "\n")
-    add(fence(usage(d), "python") + "\n")
+    add(fence(usage(d), "text") + "\n")
 
     add("## Inputs, parameters and states\n")
     add("### Inputs\n\n| name | description | unit |\n| --- | --- | --- |")
