@@ -56,8 +56,37 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
+    if str(args.file).endswith(".nir"):
+        return _show_nir(args)
+    if args.dt is not None:
+        raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset)
-    what = args.what or "torch"
+    _show_compiled(c, args.what or "torch")
+    return 0
+
+
+def _show_nir(args: argparse.Namespace) -> int:
+    """Each neuron node of a NIR file: its generated `.neuron` text (default) or code."""
+    from . import nir
+
+    net = nir.load(args.file, dt=args.dt, backend="torch", detach_reset=args.detach_reset)
+    kinds = net.node_kinds
+    texts = net.neuron_texts
+    print(f"# {args.file}: {len(kinds)} nodes, dt={net.dt:g}" + (", recurrent" if net.recurrent else ""))
+    for name, kind in kinds.items():
+        if name not in texts:
+            print(f"# node {name!r}: {kind}")
+            continue
+        print(f"\n# ---- node {name!r}: NIR {kind}")
+        if args.what in (None, "neuron"):
+            print(texts[name], end="")
+        else:
+            _show_compiled(net.nodes[net.names[name]].compiled, args.what)
+        print()
+    return 0
+
+
+def _show_compiled(c, what: str) -> None:
     if what == "torch":
         print(c.torch_source, end="")
     elif what == "triton":
@@ -66,7 +95,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print(_format_equations(c, backward=False))
     elif what == "backward":
         print(_format_equations(c, backward=True))
-    return 0
+    elif what == "neuron":
+        print(c.text, end="")
 
 
 def _format_equations(c, backward: bool) -> str:
@@ -271,24 +301,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a .neuron file, a library model name, or a directory (every .neuron file below it)")
     c.set_defaults(fn=_cmd_check)
 
-    s = sub.add_parser("show", help="print the generated code or the derived equations", formatter_class=_Formatter,
-                       description="Print what flexdsl generates for a model (default: the PyTorch core).",
+    s = sub.add_parser("show", help="print the generated code or the derived equations (of a .neuron, or of "
+                       "each neuron of a .nir graph)", formatter_class=_Formatter,
+                       description="Print what flexdsl generates for a model (default: the PyTorch core), or for\n"
+                                   "each neuron node of a NIR graph (default: its generated .neuron text).",
                        epilog="examples:\n  flexdsl show lif                  # the generated PyTorch core\n"
                               "  flexdsl show lif --triton         # the Triton kernels\n"
                               "  flexdsl show adex --equations     # the discretized step (sympy)\n"
-                              "  flexdsl show adex --backward      # the derived vector-Jacobian product")
-    s.add_argument("file", metavar="MODEL", help="a .neuron file or a library model name")
+                              "  flexdsl show adex --backward      # the derived vector-Jacobian product\n"
+                              "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
+                              "  flexdsl show net.nir --torch --dt 1e-4")
+    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, or a .nir file")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--torch", dest="what", action="store_const", const="torch",
-                   help="the generated PyTorch single-step core (the default)")
+                   help="the generated PyTorch single-step core (the default for a model)")
     g.add_argument("--triton", dest="what", action="store_const", const="triton",
                    help="the generated Triton kernels (inference/training forward, backward)")
     g.add_argument("--equations", dest="what", action="store_const", const="equations",
                    help="the discretized step as sympy assignments, with the integration method")
     g.add_argument("--backward", dest="what", action="store_const", const="backward",
                    help="the derived backward (vector-Jacobian product) of one step")
+    g.add_argument("--neuron", dest="what", action="store_const", const="neuron",
+                   help="the model's .neuron text (the default for a .nir file)")
     s.add_argument("--detach-reset", action="store_true",
                    help="compile with the spike detached in the reset (as load(..., detach_reset=True))")
+    s.add_argument("--dt", type=float, help="for a .nir file: the step, in the graph's time unit "
+                   "(default: the one flexdsl.nir.export recorded)")
     s.set_defaults(fn=_cmd_show)
 
     r = sub.add_parser("run", help="simulate one neuron, print a summary, optionally plot it", formatter_class=_Formatter,
