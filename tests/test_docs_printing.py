@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import sympy as sp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import flexdsl
@@ -194,7 +194,10 @@ def _exprs():
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_exprs())
 def test_mathml_round_trip(text):
-    expr, node = written(text)
+    try:
+        expr, node = written(text)
+    except flexdsl.FlexDSLError:  # e.g. x / (x - x): a constant division by zero is a located error
+        assume(False)
     source = _read(ET.fromstring(mathml(expr, order="none"))).replace("@", "")
     env = {"x": 0.37, "a": 0.7, "b": 1.3, "c": 2.1, "v": 0.5, "v_reset": -0.4, "tau_m": 1.9}
     try:
