@@ -154,7 +154,7 @@ FUNCTIONS: dict[str, Function] = {
         _fn("where", 3, "where(cond, a, b): a where cond holds, else b",
             _numeric(lambda c, a, b: a if c else b, "where"), "Where",
             "ops.where({0}, {1}, {2})", "tl.where({0}, {1}, {2})", "({1} if {0} else {2})"),
-        _fn("heaviside", 1, "1 where u >= 0, else 0 (zero gradient)",
+        _fn("heaviside", 1, "heaviside(u): 1 where u >= 0, else 0 (zero gradient)",
             _numeric(lambda u: 1.0 if u >= 0 else 0.0, "heaviside"), "heaviside",
             "ops.heaviside({0})", "tl.where({0} >= 0, 1.0, 0.0)", "(1.0 if {0} >= 0 else 0.0)"),
     ]
