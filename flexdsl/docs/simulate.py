@@ -238,6 +238,8 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     states = {s: m.state_seqs[s].to(DTYPE) for s in m._state_names}
     # the step once more, for all steps at once, with the spike forced to 0: the pre-reset values
     pvals = param_defaults(c, params)
+    declared = [pvals[p.name] for p in c.checked.params]
+    pvals.update(zip(c.derived_names, c.with_derived(declared)[len(declared):]))  # e.g. exact propagators
     prev = {s: torch.cat([init[s].reshape(1, B), states[s][:-1]]) for s in states}
     values: dict[str, Any] = {**pvals, **prev, c.checked.inputs[0].name: x}
     for i in c.checked.inputs[1:]:
