@@ -53,8 +53,10 @@ def _states(name, shape, gen):
     return out
 
 
-def _run(name, x, states, backend, **kw):
+def _run(name, x, states, backend, training=None, **kw):
     m = flexdsl.load(name, backend=backend, **kw)
+    if training is not None:
+        m.compiled.program("triton").training = training
     leaves = []
     for s, v in states.items():
         v2 = v.detach().clone().requires_grad_(True)
@@ -67,16 +69,27 @@ def _run(name, x, states, backend, **kw):
     return m, xx, leaves, outs, fins
 
 
+@pytest.fixture(autouse=True)
+def _restore_training_plans():
+    """Tests that force a training plan on a (shared) program put the default back."""
+    yield
+    for name in MODELS:
+        p = flexdsl.compile(name)._programs.get("triton")
+        if p is not None:
+            p.training = p.abi.training
+
+
+@pytest.mark.parametrize("training", ["save", "recompute"])
 @pytest.mark.parametrize("name", MODELS)
-def test_model_matches_torch(name):
+def test_model_matches_torch(name, training, T=7):
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)  # stable across processes
-    T, N = 7, 13
+    N = 13
     scale = SCALE.get(name, 3.0)
     # a non-contiguous input: every other column of a wider tensor
     x = (torch.rand(T, 2 * N, generator=gen) * scale)[:, ::2]
     states = _states(name, (N,), gen)
     before = dict(LAUNCHES)
-    mt, xt, st_t, ot, ft = _run(name, x, states, "triton")
+    mt, xt, st_t, ot, ft = _run(name, x, states, "triton", training)
     mr, xr, st_r, orr, fr = _run(name, x, states, "torch")
     assert LAUNCHES["fwd"] == before.get("fwd", 0) + 1  # the kernel ran: no silent fallback
     for i, (a, b) in enumerate(zip(ot, orr)):
@@ -99,13 +112,43 @@ def test_model_matches_torch(name):
     lr = [xr, *st_r, *params_r]
     g_t = torch.autograd.grad(loss(ot, ft), lt, allow_unused=True)
     g_r = torch.autograd.grad(loss(orr, fr), lr, allow_unused=True)
-    assert LAUNCHES["bwd"] >= before.get("bwd", 0) + 1
+    kind = "bwd_rc" if training == "recompute" else "bwd"  # the plan asked for really ran
+    assert LAUNCHES[kind] >= before.get(kind, 0) + 1
     for i, (a, b) in enumerate(zip(g_t, g_r)):
         if b is None:
             assert a is None or a.abs().max() == 0, f"{name}: grad {i} should be zero"
             continue
         assert a is not None, f"{name}: grad {i} missing"
         _close(a, b, what=f"{name} grad {i}")
+
+
+@pytest.mark.parametrize("name", ["lif", "alif", "izhikevich", "plif", "cuba_lif", "snn_synaptic"])
+def test_recompute_over_several_chunks(name):
+    """Three checkpoints (16 + 16 + 5 steps): the chunks join exactly."""
+    test_model_matches_torch(name, "recompute", T=37)
+
+
+@pytest.mark.parametrize("name", ["lif", "izhikevich", "plif", "adex"])
+def test_recompute_and_save_plans_agree(name):
+    """The same call forced to recompute and forced to save: equal outputs and gradients."""
+    gen = torch.Generator().manual_seed(11)
+    T, N = 21, 9
+    x = torch.rand(T, N, generator=gen) * SCALE.get(name, 3.0)
+    states = _states(name, (N,), gen)
+    res = {}
+    for training in ("save", "recompute"):
+        before = dict(LAUNCHES)
+        m, xx, leaves, outs, fins = _run(name, x, states, "triton", training)
+        loss = sum((o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum() for o in outs) + sum(
+            f.sum() for f in fins)
+        grads = torch.autograd.grad(loss, [xx, *leaves, *m.parameters()])
+        kind = "bwd_rc" if training == "recompute" else "bwd"
+        assert LAUNCHES[kind] == before.get(kind, 0) + 1
+        res[training] = (outs, grads)
+    for a, b in zip(res["save"][0], res["recompute"][0]):
+        assert torch.equal(a, b)
+    for a, b in zip(res["save"][1], res["recompute"][1]):
+        _close(a, b, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["lif", "snn_synaptic", "izhikevich", "plif", "li"])
@@ -262,7 +305,8 @@ def test_source_and_plan():
     abi = c.artefact("triton").meta["abi"]
     assert "def fwd_kernel" in src and "def bwd_kernel" in src
     assert abi["saved"] == ["v_1"] and abi["reread"] == [] and abi["train_passes"] == 6
-    assert "Saved for backward per step: v_1." in src and "training forward + backward 6" in src
+    assert "training forward + backward\n# 6 when saving (v_1), 5.12 when recomputing (inputs re-read: x)" in src
+    assert abi["training"] == "recompute" and "Training plan: recomputing" in src  # the choice, stated
     assert "for _step in range(0, _T):" in src  # a runtime loop bound, never unrolled
     # the loop invariant 1/tau is hoisted before the backward loop
     bwd = src[src.index("def bwd_kernel"):]
@@ -311,8 +355,10 @@ def test_custom_op_fake_and_compile():
 
     with FakeTensorMode() as mode:
         fx = mode.from_tensor(x)
-        res = tm.op_fwd([fx], [], [], [0.0], [2.0, 1.0, 0.0], [False, False, False, False], False, True)
-        assert [tuple(r.shape) for r in res] == [(4, 6), (6,), (1, 4, 6)]
+        res = tm.op_fwd([fx], [], [], [0.0], [2.0, 1.0, 0.0], [False, False, False, False], False, True, False)
+        assert [tuple(r.shape) for r in res] == [(4, 6), (6,), (1, 4, 6)]  # saving: v_1 [K=1, T, N]
+        res = tm.op_fwd([fx], [], [], [0.0], [2.0, 1.0, 0.0], [False, False, False, False], False, True, True)
+        assert [tuple(r.shape) for r in res] == [(4, 6), (6,), (1, 1, 6)]  # recomputing: checkpoints [C, S, N]
 
     net = torch.nn.Sequential(torch.nn.Linear(6, 6), flexdsl.load("lif", backend="triton"))
     ref = torch.nn.Sequential(torch.nn.Linear(6, 6), flexdsl.load("lif", backend="torch"))
@@ -327,24 +373,28 @@ def test_custom_op_fake_and_compile():
     _close(net[0].weight.grad, ref[0].weight.grad)
 
 
-def test_bf16_backward_sees_the_forward_spike():
-    """With 16-bit I/O the saved pre-spike membrane is stored rounded and the backward
-    recomputes the spike from it; the forward's spike decision must see the same rounded value,
-    or a lane next to the threshold gets the derivative of the other reset branch. Here
+@pytest.mark.parametrize("training", ["save", "recompute"])
+def test_bf16_backward_sees_the_forward_spike(training):
+    """Saving with 16-bit I/O stores the pre-spike membrane rounded and the backward recomputes
+    the spike from it; the forward's spike decision must see the same rounded value, or a lane
+    next to the threshold gets the derivative of the other reset branch. Recomputing re-runs the
+    float32 step from a float32 checkpoint, so both see the float32 value. Here
     h = v + (x - (v - v_reset))/tau = -0.5 - 2**-9 in float32 (just under the threshold -0.5) and
     -0.5 once stored in bfloat16 (round-to-nearest-even and truncation agree)."""
     import math
 
     m = flexdsl.load("lif", backend="triton", v_threshold=-0.5, v_reset=-1.0)
+    m.compiled.program("triton").training = training
     m.v = torch.tensor([-(2**-9)], dtype=torch.bfloat16)
     x = torch.tensor([[-(2**-9)]], dtype=torch.bfloat16, requires_grad=True)
     s = m(x)
     (g,) = torch.autograd.grad(m.v.float().sum(), [x])
     fired = s.item()
-    h = -0.5  # the stored value: what the forward's spike decision and the backward both see
+    # what the forward's spike decision and the backward both see
+    h = -0.5 if training == "save" else -0.5 - 2**-9
     sig = 1 / (1 + math.exp(-4.0 * (h + 0.5)))
     sg = 4.0 * sig * (1 - sig)
     # v_next = s*v_reset + (1-s)*h, dh/dx = 1/tau: d v_next/dx = ((v_reset - h)*S'(h - v_th) + (1 - s))/tau
     expected = ((-1.0 - h) * sg + (1 - fired)) / 2.0
-    assert fired == 1.0
+    assert fired == (1.0 if training == "save" else 0.0)
     assert abs(g.item() - expected) < 1e-2, (g.item(), expected)

@@ -4,7 +4,7 @@ Model names (`[A-Za-z][A-Za-z0-9_]*`, never starting with `_`) and the lowering'
 are printed as written, except those that generated code needs for itself (Python's
 builtins, the modules it imports): those are printed as `_u__<name>`. Every name that
 generated code derives from a model name has the form `_<role>__<name>`, with `role` made of
-lowercase letters only; internal names without a model name (`_offs`, `_mask`, `_t0`, ...)
+lowercase letters and digits (no `_`, so the first `__` ends it); internal names without a model name (`_offs`, `_mask`, `_t0`, ...)
 start with `_` and contain no `__`. So no model name can collide with another, with a
 derived name, or with anything generated code defines or imports.
 """
@@ -23,7 +23,7 @@ GENERATED_GLOBALS = frozenset({
 
 RESERVED = frozenset(set(dir(builtins)) | set(keyword.kwlist) | set(keyword.softkwlist) | GENERATED_GLOBALS)
 
-_ROLE = re.compile(r"^[a-z]+$")
+_ROLE = re.compile(r"^[a-z][a-z0-9]*$")
 
 
 def ident(name: str) -> str:

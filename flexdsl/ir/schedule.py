@@ -8,14 +8,19 @@ backward (`BackwardModel`) it decides what runs where:
   them — a minimum vertex cut of the step's SSA graph, where saving a value costs a write
   and a read per step and re-reading an input costs one read (`plan`);
 - the bodies that remain per step (forward and backward), which gradients can be nonzero,
-  and the number of passes over `[T, N]` memory this implies.
+  and the number of passes over `[T, N]` memory this implies;
+- the alternative to saving, recompute: the training forward writes only its outputs and,
+  every `chunk` steps, a checkpoint of the states; the backward re-runs the forward of each
+  chunk from its checkpoint (the values it needs stay in registers) and walks back through it.
+  `training` is the cheaper of the two by the bytes each moves, unless recomputing costs more
+  arithmetic than the bytes it saves (e.g. Hodgkin-Huxley) or the unrolled chunk gets too big.
 
 Backends print these lists; none of them repeats the analysis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy as sp
 
@@ -91,22 +96,34 @@ class Schedule:
     grad_inputs_nonzero: list[bool]
     grad_states_nonzero: list[bool]
     grad_params_nonzero: list[bool]
+    # recompute
+    rc_body: Assignments = field(default_factory=list)  # the forward values a backward step recomputes
+    rc_inputs: list[sp.Symbol] = field(default_factory=list)  # inputs the recompute reads
+    rc_hoisted: Assignments = field(default_factory=list)  # invariants the recompute kernel needs
+    chunk: int = 16  # steps per checkpoint (unrolled in the recompute kernel)
+    training: str = "save"  # the default training plan: "save" or "recompute"
+    why: str = ""  # the reason for it, in words
 
     @property
     def hoisted(self) -> Assignments:
         """Every invariant of either direction, once, in order."""
         out: Assignments = []
         seen: set[sp.Symbol] = set()
-        for y, e in [*self.fwd_hoisted, *self.bwd_fwd_hoisted, *self.bwd_hoisted]:
+        for y, e in [*self.fwd_hoisted, *self.bwd_fwd_hoisted, *self.bwd_hoisted, *self.rc_hoisted]:
             if y not in seen:
                 seen.add(y)
                 out.append((y, e))
         return out
 
     def passes(self, n_inputs: int, n_outputs: int) -> tuple[int, int]:
-        """Passes over [T, N] per step: (inference, training forward + backward)."""
+        """Passes over [T, N] per step: (inference, training forward + backward when saving)."""
         k, r = len(self.saved), len(self.reread)
         return n_inputs + n_outputs, n_inputs + n_outputs + k + n_outputs + k + r + n_inputs
+
+    def recompute_passes(self, n_inputs: int, n_outputs: int, n_states: int) -> float:
+        """Passes over [T, N] per step of training when recomputing (a checkpoint of every state
+        every `chunk` steps, written once and read once)."""
+        return n_inputs + n_outputs + n_outputs + len(self.rc_inputs) + n_inputs + 2 * n_states / self.chunk
 
 
 def _maxflow_cut(nodes, cost, edges, sources, sinks):
@@ -221,11 +238,66 @@ def plan(step: StepModel, bw: BackwardModel) -> Schedule:
         used |= _free(e)
     for r in results:
         used |= _free(r)
-    return Schedule(
+    sch = Schedule(
         fwd_hoisted, fwd_body, saved, reread, bwd_fwd_hoisted, recompute, bwd_hoisted, bwd_body,
         [g in used for g in bw.grad_outputs], [g in used for g in bw.grad_next_states],
         [not _is_zero(g) for g in bw.grad_inputs], [not _is_zero(g) for g in bw.grad_states],
         [not _is_zero(g) for g in bw.grad_params])
+    _plan_recompute(step, sch, need_fwd, fhoist, hoisted_assign, bwd_hoisted)
+    return sch
+
+
+# One pass over [T, N] float32 memory costs about as much time as this many arithmetic
+# operations per lane on current GPUs (an H100: ~3 TB/s against ~60 TFLOP/s of float32).
+OPS_PER_PASS = 40
+_TRANSCENDENTAL = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
+MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), for registers and compile time
+
+
+def _ops(assignments: Assignments) -> int:
+    """Arithmetic of a body, transcendental functions counted 4 times."""
+    n = 0
+    for _, e in assignments:
+        n += int(sp.count_ops(e))
+        n += 3 * sum(1 for a in sp.preorder_traversal(e) if isinstance(a, _TRANSCENDENTAL))
+    return n
+
+
+def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fhoist: set[sp.Symbol],
+                    hoisted_assign: Assignments, bwd_hoisted: Assignments) -> None:
+    """The recompute alternative, and which of the two trains by default."""
+    states, inputs = list(step.states), list(step.inputs)
+    roots = set(need_fwd) | set().union(*(_free(v) for v in step.next_states))
+    body = [(y, e) for y, e in step.assignments if y in live(step.assignments, roots) and y not in fhoist]
+    used = set().union(*(_free(e) for _, e in body)) | roots
+    sch.rc_body = body
+    sch.rc_inputs = [x for x in inputs if x in used]
+    need_h = used | set().union(*(_free(e) for _, e in [*sch.bwd_body, *bwd_hoisted]))
+    for r in [*sch.bwd_body]:
+        need_h |= _free(r[1])
+    h_live = live(hoisted_assign, need_h | set().union(*(_free(e) for _, e in bwd_hoisted)))
+    rc_h = [(y, e) for y, e in hoisted_assign if y in h_live]
+    sch.rc_hoisted = rc_h + [(y, e) for y, e in bwd_hoisted if y not in {a for a, _ in rc_h}]
+    n_in, n_out, n_st = len(inputs), len(step.outputs), len(states)
+    save = sch.passes(n_in, n_out)[1]
+    for chunk in (16, 8):
+        sch.chunk = chunk
+        if (len(body) + len(sch.bwd_body)) * chunk <= MAX_UNROLLED:
+            break
+    else:
+        sch.why = "saving: the unrolled recompute would be too big"
+        return
+    rc = sch.recompute_passes(n_in, n_out, n_st)
+    ops = _ops(body)
+    if rc >= save:
+        sch.why = f"saving: {save} passes per step, recomputing would take {rc:.2f}"
+    elif ops > OPS_PER_PASS * (save - rc):
+        sch.why = (f"saving: recomputing would move {save - rc:.2f} fewer passes per step but add {ops} "
+                   "operations per step, more than that memory costs")
+    else:
+        sch.training = "recompute"
+        sch.why = (f"recomputing: {rc:.2f} passes per step instead of {save} (and {ops} more operations per "
+                   f"step); states checkpointed every {sch.chunk} steps")
 
 
 __all__ = ["Hoisted", "Schedule", "hoist", "plan", "param_only", "live"]

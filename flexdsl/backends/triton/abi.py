@@ -14,6 +14,9 @@ Roles of `bwd` (the derived backward, reverse time):
   in, stride (per input; only re-read inputs are passed) · saved · param · gout (per output) ·
   gseq, gfin (per state) · gx (per input) · gs (per state) · gp (per learnable) · hoisted ·
   N, T · constexpr: mode, hasgout, hasgseq, hasgfin, needgx, needgs, needgp, host, block
+Roles of `bwd_rc` (the recompute backward): as `bwd`, with `ckpt` for `saved`, `hoisted` from
+`hoisted_rc`, and `C` (the number of chunks); `fwd` also has `ckpt` and the constexprs
+`checkpoint` (write checkpoints) and `round` (the spike decision reads saved values as stored).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class Arg:
 
 # internal identifiers (no model name: a leading `_`, no `__`, never produced by `derived`)
 _FIXED = {"saved": "_saved", "N": "_N", "T": "_T", "host": "_HOST", "store_seqs": "_STORE_SEQS",
-          "save": "_SAVE", "block": "_BLOCK"}
+          "save": "_SAVE", "block": "_BLOCK", "ckpt": "_ckpt", "C": "_C", "checkpoint": "_CKPT",
+          "round": "_ROUND"}
 
 
 def arg(role: str, of: str = "", constexpr: bool = False) -> Arg:
@@ -62,14 +66,24 @@ class KernelABI:
     grad_params: list[bool]
     infer_passes: int
     train_passes: int
+    # recompute: the forward writes a float32 checkpoint of the states every `chunk` steps
+    # ([C, S, N]); the backward re-runs each chunk from it, re-reading `rc_inputs`
+    rc_inputs: list[str] = field(default_factory=list)
+    hoisted_rc: list[str] = field(default_factory=list)
+    chunk: int = 16
+    rc_passes: float = 0.0
+    training: str = "save"  # the default plan, "save" or "recompute"
     fwd: list[Arg] = field(default_factory=list)
     bwd: list[Arg] = field(default_factory=list)
+    bwd_rc: list[Arg] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.fwd:
             self.fwd = self._fwd_args()
         if not self.bwd:
             self.bwd = self._bwd_args()
+        if not self.bwd_rc:
+            self.bwd_rc = self._bwd_rc_args()
 
     def _fwd_args(self) -> list[Arg]:
         a: list[Arg] = []
@@ -81,11 +95,35 @@ class KernelABI:
         a += [arg("fin", s) for s in self.states]
         a += [arg("seq", s) for s in self.states]
         a += [arg("hoisted", h) for h in self.hoisted_fwd]
-        a += [arg("saved"), arg("N"), arg("T")]
+        a += [arg("saved"), arg("ckpt"), arg("N"), arg("T")]
         a += [arg("initmode", s, True) for s in self.states]
         a += [arg("mode", p, True) for p in self.params]
         a += [arg("host", constexpr=True), arg("store_seqs", constexpr=True), arg("save", constexpr=True),
-              arg("block", constexpr=True)]
+              arg("checkpoint", constexpr=True), arg("round", constexpr=True), arg("block", constexpr=True)]
+        return a
+
+    def _bwd_rc_args(self) -> list[Arg]:
+        a: list[Arg] = []
+        for x in self.inputs:
+            a += [arg("in", x), arg("stride", x)]
+        a += [arg("ckpt")]
+        a += [arg("param", p) for p in self.params]
+        a += [arg("gout", o) for o in self.outputs]
+        a += [arg("gseq", s) for s in self.states]
+        a += [arg("gfin", s) for s in self.states]
+        a += [arg("gx", x) for x in self.inputs]
+        a += [arg("gs", s) for s in self.states]
+        a += [arg("gp", p) for p in self.learnable]
+        a += [arg("hoisted", h) for h in self.hoisted_rc]
+        a += [arg("N"), arg("T"), arg("C")]
+        a += [arg("mode", p, True) for p in self.params]
+        a += [arg("hasgout", o, True) for o in self.outputs]
+        a += [arg("hasgseq", s, True) for s in self.states]
+        a += [arg("hasgfin", s, True) for s in self.states]
+        a += [arg("needgx", x, True) for x in self.inputs]
+        a += [arg("needgs", s, True) for s in self.states]
+        a += [arg("needgp", p, True) for p in self.learnable]
+        a += [arg("host", constexpr=True), arg("block", constexpr=True)]
         return a
 
     def _bwd_args(self) -> list[Arg]:
@@ -118,8 +156,8 @@ class KernelABI:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.pop("fwd")
-        d.pop("bwd")
+        for k in ("fwd", "bwd", "bwd_rc"):
+            d.pop(k)
         return d
 
     @classmethod

@@ -58,7 +58,7 @@ class TritonPrinter(BasePrinter):
         return self._print(a)
 
     def _print_Stored(self, e) -> str:
-        return f"{self._print(e.args[0])}.to({self.io_ptr}.dtype.element_ty).to(tl.float32)"
+        return f"_stored({self._print(e.args[0])}, {self.io_ptr}, _ROUND)"
 
     def _print_Pow(self, e, rational=False):
         base, ex = e.args
@@ -139,7 +139,9 @@ def build_abi(ir: IR) -> KernelABI:
         reread=[x.name for x in sch.reread], hoisted_fwd=[y.name for y, _ in sch.fwd_hoisted],
         hoisted_bwd=[y.name for y, _ in [*sch.bwd_fwd_hoisted, *sch.bwd_hoisted]],
         grad_inputs=list(sch.grad_inputs_nonzero), grad_states=list(sch.grad_states_nonzero),
-        grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train)
+        grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
+        rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
+        chunk=sch.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states)), training=sch.training)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
@@ -216,6 +218,8 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
                         for s, g, nz in zip(abi.states, grad_next, abi.grad_states) if nz],
     })
 
+    rc = _recompute_view(ir, abi, P, grad_next)
+
     hp = HostPrinter()
     hoisted = sch.hoisted
     saved_note = ", ".join(s.name for s in sch.saved) or "nothing"
@@ -227,9 +231,60 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         params=[ident(p) for p in abi.params],
         host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
         host_return="{" + ", ".join(f"{y.name!r}: {hp._print(y)}" for y, _ in hoisted) + "}",
-        param_loads=param_loads, fwd=fwd, bwd=bwd,
+        param_loads=param_loads, fwd=fwd, bwd=bwd, rc=rc, why=comment_text(sch.why, 400),
         exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32]})
     return source, abi
+
+
+def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -> SimpleNamespace:
+    """What the recompute backward prints: per unrolled step j of a chunk, the forward values it
+    recomputes (every name suffixed by the step: `_j3__v_1`) and the backward through them."""
+    step, bw, sch = ir.step, ir.backward, ir.schedule
+    S = P.pr._print
+    renamed = [*step.states, *step.inputs, *(y for y, _ in sch.rc_body)]
+
+    def ren(j: int) -> dict[sp.Symbol, sp.Symbol]:
+        return {s: sp.Symbol(derived(f"j{j}", s.name), real=True) for s in renamed}
+
+    steps = []
+    for j in range(sch.chunk):
+        r, r_next = ren(j), ren(j + 1)
+        lanes = _lanes([(r.get(y, y), e.xreplace(r)) for y, e in sch.rc_body],
+                       {r[s] for s in [*step.states, *sch.rc_inputs]})
+        forward = P.lines([(r[y], e.xreplace(r)) for y, e in sch.rc_body], comments=False)
+        if j + 1 < sch.chunk:
+            forward += [f"{S(r_next[s])} = {P.block(v.xreplace(r), lanes)}" for s, v in zip(step.states,
+                                                                                       step.next_states)]
+        lanes_b = _lanes([(y, e.xreplace(r)) for y, e in sch.bwd_body],
+                         lanes | set(bw.grad_outputs) | set(bw.grad_next_states))
+        steps.append(SimpleNamespace(
+            j=j,
+            inputs=[{"name": S(r[x]), "arg": abi.name_of("in", x.name), "stride": abi.name_of("stride", x.name)}
+                    for x in sch.rc_inputs],
+            forward=forward,
+            backward=P.lines([(y, e.xreplace(r)) for y, e in sch.bwd_body], comments=False),
+            grad_inputs=[{"arg": abi.name_of("gx", x), "need": abi.name_of("needgx", x), "value": S(g.xreplace(r))}
+                         for x, g, nz in zip(abi.inputs, bw.grad_inputs, abi.grad_inputs) if nz],
+            learnable=[{"acc": derived("acc", p), "value": P.block(g.xreplace(r), lanes_b)}
+                       for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params) if nz],
+            update=_simultaneous([(g, f"tl.where(_ok{j}, {P.block(v.xreplace(r), lanes_b)}, {g})")
+                                  for g, v in zip(grad_next, bw.grad_states)]),
+        ))
+    first = ren(0)
+    return SimpleNamespace(
+        hoisted=[{"name": S(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in sch.rc_hoisted],
+        hoisted_lines=P.lines(sch.rc_hoisted),
+        states=[{"grad": g, "gfin": abi.name_of("gfin", s), "hasgfin": abi.name_of("hasgfin", s),
+                 "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s), "first": S(first[sym])}
+                for s, g, sym in zip(abi.states, grad_next, step.states)],
+        learnable=[{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
+                    "value": nz} for p, nz in zip(abi.learnable, abi.grad_params)],
+        outputs=[{"grad": S(g), "arg": abi.name_of("gout", n), "hasg": abi.name_of("hasgout", n)}
+                 for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],
+        grad_states=[{"arg": abi.name_of("gs", s), "need": abi.name_of("needgs", s), "grad": g}
+                     for s, g, nz in zip(abi.states, grad_next, abi.grad_states) if nz],
+        steps=steps,
+    )
 
 
 @lru_cache(maxsize=1)

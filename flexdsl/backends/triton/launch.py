@@ -89,20 +89,24 @@ class _Kernel:
         if interpret() or not self.fast:
             self.fn[grid](*full, num_warps=self.warps)
             return
-        # a cache of compiled kernels keyed like Triton's own specialization (tensor dtype and
-        # 16-byte alignment, ints ==1 / %16 / 64-bit, None, constexpr values)
-        key: list[Any] = []
+        # a cache of compiled kernels keyed like Triton's own specialization: tensor dtype and
+        # 16-byte alignment, ints ==1 / %16, None, constexpr values (floats are not specialized)
+        key: list[Any] = [self.warps]
         dev = 0
         for a, c in zip(full, self.constexpr):
             if c:
                 key.append(a)
-            elif isinstance(a, torch.Tensor):
+                continue
+            t = type(a)
+            if t is float:
+                continue
+            if t is int:
+                key.append((a == 1, a % 16 == 0))
+            elif a is None:
+                key.append(None)
+            else:
                 dev = a.device.index or 0
                 key.append((a.dtype, a.data_ptr() % 16 == 0))
-            elif a is None or isinstance(a, float):
-                key.append(a is None)
-            else:
-                key.append((a == 1, a % 16 == 0, a >= 2**31 or a < -2**31))
         k = tuple(key)
         ck = self.cache.get(k)
         if ck is None:
@@ -129,29 +133,49 @@ class TritonProgram:
         self.learnable, self.outputs = abi.learnable, abi.outputs
         self.saved, self.reread = abi.saved, abi.reread
         self.reread_idx = [self.inputs.index(x) for x in self.reread]
+        self.rc_idx = [self.inputs.index(x) for x in abi.rc_inputs]
         self.grad_inputs, self.grad_states, self.grad_params = abi.grad_inputs, abi.grad_states, abi.grad_params
         self.learn_idx = [self.params.index(p) for p in self.learnable]
-        self.has_hoisted = bool(abi.hoisted_fwd or abi.hoisted_bwd)
+        self.has_hoisted = bool(abi.hoisted_fwd or abi.hoisted_bwd or abi.hoisted_rc)
         # ~8 lanes per thread for small models, fewer for big ones (whose registers would spill);
         # the kernels' argument count (params, states, saved values...) measures the size
         big = len(abi.fwd) + len(abi.bwd) >= 84
         self.block = int(os.environ.get("FLEXDSL_TRITON_BLOCK", 0)) or (256 if big else 1024)
+        # the recompute backward keeps a chunk's values in registers: fewer lanes per program
+        self.block_rc = int(os.environ.get("FLEXDSL_TRITON_BLOCK_RC", 0)) or 256
         warps = int(os.environ.get("FLEXDSL_TRITON_WARPS", 0)) or 4
         self.k_fwd = _Kernel(module.fwd_kernel, abi.fwd, warps)
         self.k_bwd = _Kernel(module.bwd_kernel, abi.bwd, warps)
+        self.k_bwd_rc = _Kernel(module.bwd_rc_kernel, abi.bwd_rc, warps)
+        # "save" or "recompute": the schedule's choice, or FLEXDSL_TRITON_TRAINING
+        self.training = os.environ.get("FLEXDSL_TRITON_TRAINING", "") or abi.training
         self._host_cache: dict = {}
         self._register_ops()
 
+    @property
+    def warps(self) -> int:
+        return self.k_fwd.warps
+
+    @warps.setter
+    def warps(self, value: int) -> None:
+        self.k_fwd.warps = self.k_bwd.warps = self.k_bwd_rc.warps = int(value)
+
+    @property
+    def recompute(self) -> bool:
+        if self.training not in ("save", "recompute"):
+            raise ValueError(f"FLEXDSL_TRITON_TRAINING must be 'save' or 'recompute', not {self.training!r}")
+        return self.training == "recompute"
+
     # ------------------------------------------------------------------ launch helpers
-    def _block(self, N: int) -> int:
+    def _block(self, N: int, rc: bool = False) -> int:
         if interpret():  # few big programs: the interpreter runs programs one after another
             return max(16, min(4096, 1 << max(0, N - 1).bit_length()))
-        return self.block
+        return self.block_rc if rc else self.block
 
     def _host(self, params, param_vals) -> tuple[bool, dict]:
         """Loop invariants in float64 on the host when every param is a Python float (as the
         torch path computes them), else (False, {}): the kernel computes them."""
-        if any(p is not None for p in params) or not self.has_hoisted:
+        if not self.has_hoisted or any(p is not None for p in params):
             return False, {}
         key = tuple(param_vals)
         hit = self._host_cache.get(key)
@@ -175,12 +199,26 @@ class TritonProgram:
             return p.reshape(1), 1
         return p.detach().expand(shape).reshape(N).contiguous(), 2  # the kernel reads [N] at unit stride
 
+    def _params(self, params, param_vals, shape, N, dev) -> tuple[list, list]:
+        pargs, modes = [], []
+        for p, v in zip(params, param_vals):
+            a, mode = self._param(p, v, shape, N, dev)
+            pargs.append(a)
+            modes.append(mode)
+        return pargs, modes
+
     @staticmethod
     def _unpack(tensors, vals, is_t):
         it = iter(tensors)
         return [next(it) if k else None for k in is_t], list(vals)
 
-    def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save):
+    def chunks(self, T: int) -> int:
+        return cdiv(T, self.abi.chunk)
+
+    def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
+                 recompute=False):
+        """The forward kernel. With `save`, the last result is what the backward reads: the saved
+        values [K, T, *shape] or, with `recompute`, the float32 checkpoints [C, S, N]."""
         n_st = len(self.states)
         states, state_vals = self._unpack(states, state_vals, is_tensor[:n_st])
         params, param_vals = self._unpack(params, param_vals, is_tensor[n_st:])
@@ -191,8 +229,13 @@ class TritonProgram:
         outs = [torch.empty((T, *shape), dtype=dtype, device=dev) for _ in self.outputs]
         fins = [torch.empty(shape, dtype=dtype, device=dev) for _ in self.states]
         seqs = [torch.empty((T, *shape), dtype=dtype, device=dev) for _ in self.states] if store_seqs else []
-        sav = torch.empty((len(self.saved), T, *shape), dtype=dtype, device=dev) if save and self.saved else None
-        result = outs + fins + seqs + ([sav] if sav is not None else [])
+        sav = ckpt = None
+        if save and recompute:
+            ckpt = torch.empty((self.chunks(T), n_st, N), dtype=torch.float32, device=dev)
+        elif save and self.saved:
+            sav = torch.empty((len(self.saved), T, *shape), dtype=dtype, device=dev)
+        extra = sav if sav is not None else ckpt
+        result = outs + fins + seqs + ([extra] if extra is not None else [])
         if N == 0:
             return result
         xs, strides = [], []
@@ -210,25 +253,25 @@ class TritonProgram:
             else:
                 inits.append(s.to(dev).expand(shape).reshape(N))
                 initmodes.append(2)
-        pargs, modes = [], []
-        for p, v in zip(params, param_vals):
-            a, mode = self._param(p, v, shape, N, dev)
-            pargs.append(a)
-            modes.append(mode)
+        pargs, modes = self._params(params, param_vals, shape, N, dev)
         host, hv = self._host(params, param_vals)
         block = self._block(N)
         values = {
             "in": xs, "stride": strides, "init": inits, "param": pargs, "out": outs, "fin": fins,
-            "seq": seqs if store_seqs else [None] * len(self.states),
-            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_fwd], "saved": [sav], "N": [N], "T": [T],
-            "initmode": initmodes, "mode": modes, "host": [host], "store_seqs": [bool(store_seqs)],
-            "save": [sav is not None], "block": [block],
+            "seq": seqs if store_seqs else [None] * n_st,
+            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_fwd], "saved": [sav], "ckpt": [ckpt], "N": [N],
+            "T": [T], "initmode": initmodes, "mode": modes, "host": [host], "store_seqs": [bool(store_seqs)],
+            "save": [sav is not None], "checkpoint": [ckpt is not None], "round": [sav is not None],
+            "block": [block],
         }
         self.k_fwd.launch((cdiv(N, block),), values)
         LAUNCHES["fwd"] += 1
         return result
 
-    def bwd_impl(self, reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype):
+    def bwd_impl(self, reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype,
+                 recompute=False):
+        """The backward kernel: `reread` are the inputs it reads again (per the plan), `saved`
+        the forward's saved values or, with `recompute`, its checkpoints."""
         params, param_vals = self._unpack(params, param_vals, is_param_t)
         shape = tuple(int(s) for s in shape)
         N = _prod(shape)
@@ -251,16 +294,12 @@ class TritonProgram:
             return result
         xs: list[Any] = [None] * n_in
         strides = [0] * n_in
-        for i, x in zip(self.reread_idx, reread):
+        for i, x in zip(self.rc_idx if recompute else self.reread_idx, reread):
             x2 = x.reshape(T, N)
             if x2.stride(1) != 1:
                 x2 = x2.contiguous()
             xs[i], strides[i] = x2, x2.stride(0)
-        pargs, modes = [], []
-        for p, v in zip(params, param_vals):
-            a, mode = self._param(p, v, shape, N, dev)
-            pargs.append(a)
-            modes.append(mode)
+        pargs, modes = self._params(params, param_vals, shape, N, dev)
 
         def flat(g, lead):
             if g is None:
@@ -269,19 +308,20 @@ class TritonProgram:
             return g if g.is_contiguous() else g.contiguous()
 
         host, hv = self._host(params, param_vals)
-        block = self._block(N)
+        block = self._block(N, recompute)
         values = {
-            "in": xs, "stride": strides, "saved": [saved], "param": pargs,
+            "in": xs, "stride": strides, "saved": [saved], "ckpt": [saved], "param": pargs,
             "gout": [flat(g, (T,)) for g in g_outs], "gseq": [flat(g, (T,)) for g in g_seqs],
             "gfin": [flat(g, ()) for g in g_fins], "gx": gx, "gs": gs, "gp": gp,
-            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_bwd], "N": [N], "T": [T], "mode": modes,
+            "hoisted": [hv.get(y, 0.0) for y in (self.abi.hoisted_rc if recompute else self.abi.hoisted_bwd)],
+            "N": [N], "T": [T], "C": [self.chunks(T)], "mode": modes,
             "hasgout": [g is not None for g in g_outs], "hasgseq": [g is not None for g in g_seqs],
             "hasgfin": [g is not None for g in g_fins], "needgx": [bool(n) for n in need_gx],
             "needgs": [bool(n) for n in need_gs], "needgp": [bool(n) for n in need_gp], "host": [host],
             "block": [block],
         }
-        self.k_bwd.launch((cdiv(N, block),), values)
-        LAUNCHES["bwd"] += 1
+        (self.k_bwd_rc if recompute else self.k_bwd).launch((cdiv(N, block),), values)
+        LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
         return result
 
     # ------------------------------------------------------------------ custom ops
@@ -294,18 +334,21 @@ class TritonProgram:
         @lib_ops.custom_op(f"{ns}::fwd", mutates_args=())
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
-                save: bool) -> list[torch.Tensor]:
-            return tm.fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save)
+                save: bool, recompute: bool) -> list[torch.Tensor]:
+            return tm.fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
+                               recompute)
 
         @fwd.register_fake
-        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save):
+        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute):
             x0 = inputs[0]
             T, shape = x0.shape[0], x0.shape[1:]
             mk = lambda sh: x0.new_empty(sh)  # noqa: E731
             res = [mk((T, *shape)) for _ in range(n_out)] + [mk(shape) for _ in range(n_st)]
             if store_seqs:
                 res += [mk((T, *shape)) for _ in range(n_st)]
-            if save and tm.saved:
+            if save and recompute:
+                res.append(x0.new_empty((tm.chunks(T), n_st, _prod(shape)), dtype=torch.float32))
+            elif save and tm.saved:
                 res.append(mk((len(tm.saved), T, *shape)))
             return res
 
@@ -313,12 +356,13 @@ class TritonProgram:
         def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
                 param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
                 g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool],
-                T: int, shape: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
+                T: int, shape: list[int], dtype: torch.dtype, recompute: bool) -> list[torch.Tensor]:
             return tm.bwd_impl(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T,
-                               shape, dtype)
+                               shape, dtype, recompute)
 
         @bwd.register_fake
-        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype):
+        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype,
+              recompute):
             n_in = len(tm.inputs)
             like = next(t for t in [*reread, saved, *g_outs, *g_seqs, *g_fins, *params] if t is not None)
             res = [like.new_empty((T, *shape), dtype=dtype) for n in need[:n_in] if n]
@@ -339,67 +383,80 @@ class TritonProgram:
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult:
         x0 = inputs[0]
-        if x0.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        if x0.dtype not in _DTYPES:
             raise FlexDSLError(f"the Triton kernels take float32, float16 or bfloat16 inputs, not {x0.dtype}",
                                self.abi.name, hint="use backend='torch' for float64")
-        shape = tuple(x0.shape[1:])
-        xs = [x if x.shape == x0.shape else x.expand(x0.shape) for x in inputs]
-        pr_t: list[torch.Tensor | None] = []
-        pr_v: list[float] = []
-        for v in params:
-            if isinstance(v, torch.Tensor):
-                pr_t.append(v)
-                pr_v.append(0.0)
-            else:
-                pr_t.append(None)
-                pr_v.append(float(v))
-        st_t: list[torch.Tensor | None] = []
-        st_v: list[float] = []
+        if len(inputs) > 1:
+            full = (x0.shape[0], *torch.broadcast_shapes(*(x.shape[1:] for x in inputs)))
+            xs = [x if x.shape == full else x.expand(full) for x in inputs]
+        else:
+            xs = list(inputs)
+        shape = xs[0].shape[1:]
+        grad = torch.is_grad_enabled()
+        save = grad and any(x.requires_grad for x in xs)
+        tensors: list[torch.Tensor] = []
+        vals: list[float] = []
+        is_t: list[bool] = []
         for v in states:
-            if isinstance(v, torch.Tensor):
-                st_t.append(v.to(x0.device).expand(shape) if tuple(v.shape) != shape or v.device != x0.device else v)
-                st_v.append(0.0)
+            if type(v) is float or not isinstance(v, torch.Tensor):
+                vals.append(float(v))
+                is_t.append(False)
             else:
-                st_t.append(None)
-                st_v.append(float(v))
-        save = torch.is_grad_enabled() and (
-            any(x.requires_grad for x in xs) or any(s is not None and s.requires_grad for s in st_t)
-            or any(p is not None and p.requires_grad for p in pr_t))
-        is_t = [t is not None for t in [*st_t, *pr_t]]
-        res = _call(self, xs, [t for t in st_t if t is not None], [t for t in pr_t if t is not None], st_v, pr_v,
-                    is_t, bool(store_seqs), bool(save))
+                if v.shape != shape or v.device != x0.device:
+                    v = v.to(x0.device).expand(shape)
+                save = save or (grad and v.requires_grad)
+                tensors.append(v)
+                vals.append(0.0)
+                is_t.append(True)
+        n_st_t = len(tensors)
+        pvals: list[float] = []
+        for v in params:
+            if type(v) is float or not isinstance(v, torch.Tensor):
+                pvals.append(float(v))
+                is_t.append(False)
+            else:
+                save = save or (grad and v.requires_grad)
+                tensors.append(v)
+                pvals.append(0.0)
+                is_t.append(True)
+        res = _call(self, xs, tensors[:n_st_t], tensors[n_st_t:], vals, pvals, is_t, bool(store_seqs), save)
         n_out, n_st = len(self.outputs), len(self.states)
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
 
 
-def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, output):
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, output):
     """What the backward needs (shared by the custom op and the eager autograd.Function)."""
     n_out, n_st = len(tm.outputs), len(tm.states)
     x0 = xs[0]
     ctx.T, ctx.shape, ctx.dtype = x0.shape[0], tuple(x0.shape[1:]), x0.dtype
     ctx.store_seqs = store_seqs
-    ctx.param_vals = list(param_vals)
-    ctx.is_param_t = list(is_tensor[n_st:])
+    ctx.recompute = recompute
+    ctx.param_vals = param_vals
+    ctx.is_param_t = is_tensor[n_st:]
     st, _ = tm._unpack(states, state_vals, is_tensor[:n_st])
     pr, _ = tm._unpack(params, param_vals, is_tensor[n_st:])
     ctx.state_pos = [i for i, s in enumerate(st) if s is not None]
     ctx.param_pos = [i for i, p in enumerate(pr) if p is not None]
     ctx.param_shapes = [None if p is None else p.shape for p in pr]
-    ctx.need_gx = [bool(x.requires_grad) and nz for x, nz in zip(xs, tm.grad_inputs)]
-    ctx.need_gs = [s is not None and bool(s.requires_grad) and nz for s, nz in zip(st, tm.grad_states)]
-    ctx.need_gp = [pr[i] is not None and bool(pr[i].requires_grad) and nz
-                   for i, nz in zip(tm.learn_idx, tm.grad_params)]
+    ctx.need_gx = [x.requires_grad and nz for x, nz in zip(xs, tm.grad_inputs)]
+    ctx.need_gs = [s is not None and s.requires_grad and nz for s, nz in zip(st, tm.grad_states)]
+    ctx.need_gp = [pr[i] is not None and pr[i].requires_grad and nz for i, nz in zip(tm.learn_idx, tm.grad_params)]
     ctx.state_dtypes = [None if s is None else s.dtype for s in st]
-    sav = output[n_out + n_st + (n_st if store_seqs else 0)] if (save and tm.saved) else None
-    ctx.save_for_backward(*[xs[i] for i in tm.reread_idx], sav, *params)
+    extra = save and (recompute or bool(tm.saved))
+    sav = output[n_out + n_st + (n_st if store_seqs else 0)] if extra else None
+    ctx.n_reread = len(tm.rc_idx if recompute else tm.reread_idx)
+    ctx.save_for_backward(*[xs[i] for i in (tm.rc_idx if recompute else tm.reread_idx)], sav, *params)
     ctx.set_materialize_grads(False)
 
 
 def _backward(tm, ctx, grads, bwd):
     n_out, n_st = len(tm.outputs), len(tm.states)
     saved = ctx.saved_tensors
-    k = len(tm.reread_idx)
+    k = ctx.n_reread
     reread, sav, params = list(saved[:k]), saved[k], list(saved[k + 1:])
     g_outs = list(grads[:n_out])
     g_fins = list(grads[n_out:n_out + n_st])
@@ -410,7 +467,7 @@ def _backward(tm, ctx, grads, bwd):
     g_pr: list = [None] * len(ctx.param_shapes)
     if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
         res = iter(bwd(reread, sav, params, ctx.param_vals, ctx.is_param_t, g_outs, g_seqs, g_fins, need,
-                       ctx.T, list(ctx.shape), ctx.dtype))
+                       ctx.T, list(ctx.shape), ctx.dtype, ctx.recompute))
         for i, n in enumerate(ctx.need_gx):
             if n:
                 g_in[i] = next(res)
@@ -424,18 +481,19 @@ def _backward(tm, ctx, grads, bwd):
                 g_pr[i] = g.sum().reshape(pshape) if _prod(pshape) == 1 else g.sum_to_size(pshape)
     g_st = [g_st[i] for i in ctx.state_pos]
     g_pr = [g_pr[i] for i in ctx.param_pos]
-    return g_in, g_st, g_pr, None, None, None, None, None
+    return g_in, g_st, g_pr, None, None, None, None, None, None
 
 
 class _Eager(torch.autograd.Function):
     """The eager path: the same kernels without the dispatcher's per-call cost of custom ops."""
 
     @staticmethod
-    def forward(ctx, tm, n_x, n_s, state_vals, param_vals, is_t, store_seqs, *tensors):
+    def forward(ctx, call, *tensors):
+        tm, n_x, n_s, state_vals, param_vals, is_t, store_seqs, recompute = call
         xs, sts, prs = list(tensors[:n_x]), list(tensors[n_x:n_x + n_s]), list(tensors[n_x + n_s:])
-        res = tm.fwd_impl(xs, sts, prs, state_vals, param_vals, is_t, store_seqs, True)
+        res = tm.fwd_impl(xs, sts, prs, state_vals, param_vals, is_t, store_seqs, True, recompute)
         ctx.tm = tm
-        _setup(tm, ctx, xs, sts, prs, state_vals, param_vals, is_t, store_seqs, True, res)
+        _setup(tm, ctx, xs, sts, prs, state_vals, param_vals, is_t, store_seqs, True, recompute, res)
         n_keep = len(tm.outputs) + len(tm.states) * (2 if store_seqs else 1)
         if len(res) > n_keep:
             ctx.mark_non_differentiable(*res[n_keep:])
@@ -445,15 +503,16 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, *grads):
         tm = ctx.tm
         g_in, g_st, g_pr, *_ = _backward(tm, ctx, grads, tm.bwd_impl)
-        return (None,) * 7 + (*g_in, *g_st, *g_pr)
+        return (None, *g_in, *g_st, *g_pr)
 
 
 def _call(tm, xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, save):
+    recompute = save and tm.recompute
     if torch.compiler.is_compiling():
-        return tm.op_fwd(xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, save)
+        return tm.op_fwd(xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, save, recompute)
     if not save:
         return tm.fwd_impl(xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, False)
-    return list(_Eager.apply(tm, len(xs), len(st_tensors), st_v, pr_v, is_t, store_seqs,
+    return list(_Eager.apply((tm, len(xs), len(st_tensors), st_v, pr_v, is_t, store_seqs, recompute),
                              *xs, *st_tensors, *pr_tensors))
 
 

@@ -1,0 +1,20 @@
+#!/bin/bash
+# On the device machine, from the repository root (with .whl/ carried, and .old/ for a baseline):
+#   bash bench/gpu_session.sh STEP...      STEP: check | harness | harness_old | extra | profile | full | memory
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache
+OUT=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee -a $OUT/session.log
+for step in "$@"; do
+  echo "=== $step" | tee -a $OUT/session.log
+  case $step in
+    check) timeout 420 python3 bench/bench_gpu.py check ;;
+    full) timeout 560 python3 bench/bench_gpu.py full ;;
+    harness) timeout 300 python3 .harness/flexdsl_gpu.py ;;
+    harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 .harness/flexdsl_gpu.py ;;
+    extra) timeout 300 python3 .harness/extra_gpu.py ;;
+    profile) timeout 200 python3 bench/profile_overhead.py ;;
+    *) echo "unknown step $step" ;;
+  esac 2>&1 | tee -a $OUT/$step.log | grep -v "Warning\|warn(" 
+done
