@@ -17,6 +17,7 @@ from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.evaluate import evaluate, holds
+from ..frontend.units import param_value
 from .compiler import Compiled, compile_model
 
 STEP_MODES = ("s", "m")
@@ -102,6 +103,7 @@ class NeuronModule(nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
         if name in d.get("_param_decls", {}):
+            value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
             self._check_constraint(name, value)
             self._set_param(name, value)
             self._check_invariants()
@@ -281,7 +283,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
                                c.text, did_you_mean(k, names) or ("params: " + ", ".join(names) if names else None))
     env: dict[str, Any] = {}
     for p in ck.params:
-        v = overrides[p.name] if p.name in overrides else evaluate(p.default, env)
+        v = param_value(ck, p.name, overrides[p.name]) if p.name in overrides else evaluate(p.default, env)
         if isinstance(v, torch.Tensor):
             v = v.detach().item() if v.numel() == 1 else v
         env[p.name] = v
