@@ -29,9 +29,9 @@ class FlexDSLError(ValueError):
         self.hint = hint
         self.source_line = ""
         if source is not None and line >= 1:
-            lines = source.splitlines()
+            lines = source.split("\n")  # lines as the parser counts them (str.splitlines also splits at \f, \x85...)
             if line <= len(lines):
-                self.source_line = lines[line - 1].expandtabs(1)
+                self.source_line = "".join(ch if ch.isprintable() else " " for ch in lines[line - 1].expandtabs(1))
         super().__init__(self.format())
 
     def format(self) -> str:

@@ -54,6 +54,11 @@ def names() -> list[str]:
     return list(_FACTORIES)
 
 
+def auto_names() -> list[str]:
+    """The backends `backend="auto"` considers, most preferred first."""
+    return list(_AUTO)
+
+
 def get(name: str) -> Backend:
     b = _LOADED.get(name)
     if b is None:
@@ -77,4 +82,4 @@ def choose(name: str, inputs: Sequence[Any]) -> Backend:
     return get("torch")
 
 
-__all__ = ["register", "names", "get", "choose", "Backend"]
+__all__ = ["register", "names", "auto_names", "get", "choose", "Backend"]

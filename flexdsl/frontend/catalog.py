@@ -202,6 +202,22 @@ METHODS: dict[str, Method] = {
 
 METHOD_ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
 
+# Attributes of the torch module a model is loaded as (`torch.nn.Module` and `NeuronModule`):
+# params and states are attributes by name, so they cannot take these names. (A test checks
+# that this covers every public attribute of the installed torch's nn.Module.)
+MODULE_ATTRIBUTES: frozenset[str] = frozenset("""
+    T_destination add_module apply bfloat16 buffers call_super_init children compile cpu cuda double
+    dump_patches eval extra_repr float forward get_buffer get_extra_state get_parameter get_submodule half
+    ipu load_state_dict modules mtia named_buffers named_children named_modules named_parameters parameters
+    register_backward_hook register_buffer register_forward_hook register_forward_pre_hook
+    register_full_backward_hook register_full_backward_pre_hook register_load_state_dict_post_hook
+    register_load_state_dict_pre_hook register_module register_parameter register_state_dict_post_hook
+    register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
+    to_empty train training type xpu zero_grad
+    backend check_finite compiled core detach detach_reset initial_state param_values reset state_names state_seqs
+    step step_mode store_state_seqs
+""".split())
+
 # ---------------------------------------------------------------- units
 # Unit names: a base (a `sympy.physics.units` quantity) with an optional SI prefix, short
 # (`ms`, `mV`, `nS`, `uF`, `cm`, `mM`) or Brian2's long form (`msecond`, `mvolt`, `namp`).

@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
-from .catalog import CONSTANTS, DEFAULT_SURROGATE, FUNCTIONS, METHOD_ALIASES, METHODS, is_unit
+from .catalog import (
+    CONSTANTS,
+    DEFAULT_SURROGATE,
+    FUNCTIONS,
+    METHOD_ALIASES,
+    METHODS,
+    MODULE_ATTRIBUTES,
+    is_unit,
+)
 from .catalog import SURROGATES as BUILTIN_SURROGATES
 from .units import UnitInfo, check_units, unit_vocabulary, uses_units
 
@@ -125,6 +133,10 @@ class _Checker:
                 raise self.err(f"`{name}` is a built-in function and cannot be declared", pos)
             if name in CONSTANTS:
                 raise self.err(f"`{name}` is a built-in constant and cannot be declared", pos)
+            if kind != "an input" and name in MODULE_ATTRIBUTES:
+                raise self.err(f"`{name}` cannot name {kind}: the loaded torch module has an attribute `{name}`",
+                               pos, "params and states are attributes of the module by name; these names are "
+                               "taken: " + ", ".join(sorted(MODULE_ATTRIBUTES, key=str.lower)))
             declared[name] = (kind, pos)
 
         for it in n.items:
@@ -224,11 +236,13 @@ class _Checker:
                     if ln.name in visible:
                         raise self.err(f"`{ln.name}` is already declared; a subexpression needs a new name", ln.pos)
                     self.check_expr(ln.value, visible, "in an equation")
-                    visible = visible | {ln.name}
+                    visible.add(ln.name)
                     subexprs.append(ln.name)
 
         # update
         locals_: list[str] = []
+        local_set: set[str] = set()
+        subexpr_set = set(subexprs)
         statements = upd.statements if upd is not None else []
         for st in statements:
             self.check_expr(st.value, visible, "here")
@@ -237,11 +251,11 @@ class _Checker:
                 raise self.err(f"cannot assign to input `{tgt}`", st.pos)
             if tgt in param_names:
                 raise self.err(f"cannot assign to param `{tgt}`", st.pos, "params are constant during a step")
-            if tgt in subexprs:
+            if tgt in subexpr_set:
                 raise self.err(f"cannot assign to the subexpression `{tgt}`", st.pos)
             if st.is_let and tgt in state_names:
                 raise self.err(f"`let {tgt}`: `{tgt}` is a state", st.pos, f"write `{tgt} = ...` to update it")
-            if st.op != "=" and tgt not in state_names and tgt not in locals_:
+            if st.op != "=" and tgt not in state_names and tgt not in local_set:
                 raise self.err(f"`{tgt} {st.op} ...` needs `{tgt}` to be defined first", st.pos,
                                did_you_mean(tgt, visible))
             if st.held:
@@ -250,11 +264,12 @@ class _Checker:
                                    "declaration", st.pos, "declare e.g. `refractory 2 ms`")
                 if tgt not in state_names:
                     raise self.err(f"`unless refractory` holds a state, and `{tgt}` is not a state", st.pos)
-            if tgt not in state_names and tgt not in locals_:
+            if tgt not in state_names and tgt not in local_set:
                 if st.is_let is False and tgt in self.all_declared:
                     raise self.err(f"cannot assign to `{tgt}`", st.pos)
                 locals_.append(tgt)
-                visible = visible | {tgt}
+                local_set.add(tgt)
+                visible.add(tgt)
 
         # spike rule and its surrogate
         surrogate: ResolvedSurrogate | None = None
@@ -294,7 +309,7 @@ class _Checker:
                 if name == "spike":
                     if spike is None:
                         raise self.err("`output spike` in a model without a spike rule", pos)
-                elif name not in state_names and name not in locals_ and name not in subexprs:
+                elif name not in state_names and name not in local_set and name not in subexprs:
                     if name in input_names or name in param_names:
                         raise self.err(f"`{name}` cannot be an output: outputs are `spike`, states or locals", pos)
                     raise self.unknown(name, pos, state_names | set(locals_) | set(subexprs) | {"spike"}, "output")

@@ -6,6 +6,7 @@ Syntax errors become located FlexDSLErrors here; names and rules are checked in 
 from __future__ import annotations
 
 import keyword
+import re
 import threading
 from functools import lru_cache
 
@@ -18,6 +19,12 @@ from ..errors import FlexDSLError
 from . import ast as A
 
 _RECURSION_HINT = "split long expressions into several `let` statements"
+
+MAX_SOURCE = 2_000_000  # characters of model text
+MAX_DEPTH = 64  # nesting of an expression (calls, parentheses, powers, unary minus)
+# characters no model text may hold: C0 controls other than tab, newline and form feed, DEL,
+# C1 controls, and lone surrogates (which no file can encode)
+_BAD_CHARS = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff]")
 
 RESERVED = frozenset(
     "neuron input param state update equations method spike when surrogate on output where learnable let".split()
@@ -111,7 +118,11 @@ class _ToAST(Transformer_NonRecursive):
 
     # ---- expressions
     def number(self, tok: Token) -> A.Num:
-        return A.Num(float(tok), str(tok), _pos(tok))
+        value = float(tok)
+        if value == float("inf"):
+            raise FlexDSLError(f"the number `{tok}` is too large for a float", self.filename, tok.line, tok.column,
+                               self.source, "the largest float is about 1.8e308")
+        return A.Num(value, str(tok), _pos(tok))
 
     def name(self, tok: Token) -> A.Name:
         return A.Name(str(tok), _pos(tok))
@@ -308,8 +319,31 @@ def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLEr
     return FlexDSLError(str(err), filename, getattr(err, "line", 0), getattr(err, "column", 0), source)
 
 
+def normalize(source: str) -> str:
+    """The text as the parser sees it (and as errors quote it): no byte-order mark, and every
+    line break (`\\r\\n`, a lone `\\r`) a `\\n`."""
+    if source.startswith("\ufeff"):
+        source = source[1:]
+    return source.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _check_text(source: str, filename: str) -> None:
+    if len(source) > MAX_SOURCE:
+        raise FlexDSLError(f"the model text is too large ({len(source):,} characters; the limit is "
+                           f"{MAX_SOURCE:,})", filename, 1, 1, source)
+    bad = _BAD_CHARS.search(source)
+    if bad is not None:
+        i = bad.start()
+        line = source.count("\n", 0, i) + 1
+        col = i - (source.rfind("\n", 0, i) + 1) + 1
+        raise FlexDSLError(f"invalid character U+{ord(bad.group()):04X} in the model text", filename, line, col,
+                           source, "a .neuron file is UTF-8 text without control characters")
+
+
 def parse(source: str, filename: str = "<string>") -> A.Neuron:
     """Parse `.neuron` text into a typed AST. Raises FlexDSLError on syntax errors."""
+    source = normalize(source)
+    _check_text(source, filename)
     text = source if source.endswith("\n") else source + "\n"
     try:
         with _PARSE_LOCK:
@@ -318,21 +352,45 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
         tok = e.token
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
                            "indent blocks with 4 spaces or with tabs, the same way throughout the file") from None
-    except RecursionError:
-        raise FlexDSLError("an expression is nested too deeply to compile", filename, hint=_RECURSION_HINT) from None
     except UnexpectedInput as e:
         raise _syntax_error(e, filename, source) from None
     try:
         neuron = _ToAST(filename, source).transform(tree)
     except VisitError as e:
-        if isinstance(e.orig_exc, RecursionError):
-            raise FlexDSLError("an expression is nested too deeply to compile", filename,
-                               hint=_RECURSION_HINT) from None
+        if isinstance(e.orig_exc, FlexDSLError):
+            raise e.orig_exc from None
         raise e.orig_exc from None  # pragma: no cover - a transformer bug, not a user error
-    except RecursionError:
-        raise FlexDSLError("an expression is nested too deeply to compile", filename, hint=_RECURSION_HINT) from None
     _check_identifiers(neuron)
+    _check_depth(neuron)
     return neuron
+
+
+def _depth_errors(e: A.Expr) -> A.Expr | None:
+    """The first node nested deeper than MAX_DEPTH, or None. A chain of `+`/`-` (or `*`/`/`)
+    is one level however long, so a flat sum of many terms is never "too deep"."""
+    stack: list[tuple[A.Expr, int]] = [(e, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return node
+        if isinstance(node, A.BinOp) and node.op in "+-*/":
+            group = "+-" if node.op in "+-" else "*/"
+            left = node.left
+            same = isinstance(left, A.BinOp) and left.op in group
+            stack.append((left, depth if same else depth + 1))
+            stack.append((node.right, depth + 1))
+        else:
+            stack.extend((k, depth + 1) for k in A.children(node))
+    return None
+
+
+def _check_depth(neuron: A.Neuron) -> None:
+    for it in neuron.items:
+        for e in A.item_exprs(it):
+            deep = _depth_errors(e)
+            if deep is not None:
+                raise FlexDSLError(f"this expression is nested more than {MAX_DEPTH} levels deep",
+                                   neuron.filename, deep.pos.line, deep.pos.column, neuron.source, _RECURSION_HINT)
 
 
 def _check_identifiers(neuron: A.Neuron) -> None:

@@ -888,59 +888,61 @@ def check_units(ck: CheckedModel) -> CheckedModel:
 
 # ---------------------------------------------------------------- values at the API
 def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
-    """A param value given to `load`/assignment: numbers are in the param's declared unit; a
-    string (`"20 ms"`) is a value with a unit, converted to the declared unit."""
-    if not isinstance(value, str):
+    """A param value given to `load` or assigned: numbers are in the param's declared unit; in
+    a model with units, a string is a value with a unit (`"20 ms"`), converted to the declared
+    unit. (Anything else, and strings for a model without units, is returned as it is.)"""
+    if not isinstance(value, str) or ck.units is None:
         return value
     decl = next(p for p in ck.params if p.name == name)
+    info = ck.units
+    unit_ = info.unit.get(name, "1")
+    want = info.dim.get(name, DIMENSIONLESS)
+
+    def fail(reason: str, hint: str | None = None) -> FlexDSLError:
+        example = f"\"{_example(decl)} {unit_}\"" if unit_ != "1" else "2.0"
+        return FlexDSLError(f"`{name}` takes a number (in {unit_}) or a value with a unit, not {value!r}: {reason}",
+                            ck.filename, decl.pos.line, decl.pos.column, ck.source, hint or f"e.g. {name}={example}")
+
     text = value.strip()
-    where = f"`{name}={value!r}`"
-    if not text or any(ch in text for ch in "\n\r\"#"):
-        raise FlexDSLError(f"{where}: not a value with a unit", ck.filename, decl.pos.line, decl.pos.column,
-                           ck.source, "write a number and a unit, e.g. \"20 ms\"")
+    if not text or any(ch in text for ch in "\n\r\"#\x00"):
+        raise fail("not a number with a unit")
     from .parse import parse
 
     try:
         tree = parse(f"neuron Value:\n    input x\n    param value = {text}\n", "<value>")
     except FlexDSLError as e:
-        raise FlexDSLError(f"{where}: cannot read the value: {e.reason}", ck.filename, decl.pos.line,
-                           decl.pos.column, ck.source, "write a number and a unit, e.g. \"20 ms\"") from None
+        raise fail(e.reason) from None
     decl_v = next(it for it in tree.items if isinstance(it, A.Param))
     expr = decl_v.default
     if decl_v.where is not None or decl_v.learnable or decl_v.doc or len(tree.items) != 2:
-        raise FlexDSLError(f"{where}: a value is a number with a unit", ck.filename, decl.pos.line,
-                           decl.pos.column, ck.source, "e.g. \"20 ms\"")
+        raise fail("not a number with a unit")
     for n in A.nodes(expr):
         if isinstance(n, A.Name) and n.id not in CONSTANTS and not is_unit(n.id):
-            raise FlexDSLError(f"{where}: `{n.id}` is not a unit", ck.filename, decl.pos.line, decl.pos.column,
-                               ck.source, did_you_mean(n.id, unit_vocabulary()))
+            raise fail(f"`{n.id}` is not a unit", did_you_mean(n.id, unit_vocabulary()))
+        if isinstance(n, A.Quantity) and not is_unit(n.unit):
+            raise fail(f"`{n.unit}` is not a unit", did_you_mean(n.unit, unit_vocabulary()))
         if isinstance(n, A.Call | A.Compare):
-            raise FlexDSLError(f"{where}: a value is a number with a unit", ck.filename, decl.pos.line,
-                               decl.pos.column, ck.source)
-    uc = _UnitChecker(ck)
+            raise fail("not a number with a unit")
     try:
-        d = _Dims(uc, {}, None, "").fold(expr)
+        d = _Dims(_UnitChecker(ck), {}, None, "").fold(expr)
     except FlexDSLError as e:
-        raise FlexDSLError(f"{where}: {e.reason}", ck.filename, decl.pos.line, decl.pos.column, ck.source,
-                           e.hint) from None
-    info = ck.units
-    if info is None and d.has_unit:
-        raise FlexDSLError(f"{where}: `{ck.name}` is written without units, so its params are plain numbers",
-                           ck.filename, decl.pos.line, decl.pos.column, ck.source, "give a number")
-    want = info.dim.get(name, DIMENSIONLESS) if info is not None else DIMENSIONLESS
-    if d.dim != want:
-        unit_ = info.unit.get(name, "1") if info is not None else "1"
-        raise FlexDSLError(f"{where} is {d.dim}, but `{name}` is {want} (declared in {unit_})", ck.filename,
-                           decl.pos.line, decl.pos.column, ck.source,
-                           f"give a value in a unit of {want}, e.g. \"{unit_}\"" if unit_ != "1"
-                           else "give a number")
+        raise fail(e.reason, e.hint) from None
+    if d.dim != want and not (d.zero and not d.has_unit):
+        raise fail(f"that is {d.dim}, but `{name}` is {want}")
     base = d.const if d.const is not None else d.number
     if base is None:
-        raise FlexDSLError(f"{where}: not a constant value", ck.filename, decl.pos.line, decl.pos.column, ck.source)
-    factor = info.factor.get(name, 1.0) if info is not None else 1.0
-    if isinstance(base, Fraction):
-        return float(base / Fraction(factor))
-    return float(base) / factor
+        raise fail("not a constant")
+    if not d.has_unit:  # a plain number in a string: in the declared unit, like a number
+        return float(base)
+    factor = Fraction(info.factor.get(name, 1.0))
+    return float(Fraction(base) / factor) if isinstance(base, Fraction) else float(base) / float(factor)
+
+
+def _example(p: A.Param) -> str:
+    lit = literal_unit(p.default, set())
+    if lit is not None:
+        return A.to_text(lit[0])
+    return "1"
 
 
 def value_unit(ck: CheckedModel, name: str) -> str | None:

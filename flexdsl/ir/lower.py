@@ -5,6 +5,9 @@ common subexpressions shared (sympy.cse).
 
 from __future__ import annotations
 
+import math
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -26,9 +29,40 @@ _CMP = {"<": sp.StrictLessThan, "<=": sp.LessThan, ">": sp.StrictGreaterThan, ">
         "==": sp.Eq, "!=": sp.Ne}
 
 
+MAX_EXPONENT = 32  # of a constant power of a non-constant base (sympy expands powers)
+_NONFINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
+
+
 class _ToSympy(A.ExprFold[sp.Expr]):
-    def __init__(self, env: dict[str, sp.Expr]) -> None:
+    """AST -> sympy. With `neuron` given, a value that is not a finite real (x/0, log(0),
+    exp(1000), sqrt(-1)...) or a power too large to expand is a located FlexDSLError."""
+
+    def __init__(self, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> None:
         self.env = env
+        self.neuron = neuron
+
+    def fail(self, e: A.Expr, msg: str, hint: str | None = None) -> FlexDSLError:
+        n = self.neuron
+        assert n is not None
+        return FlexDSLError(msg, n.filename, e.pos.line, e.pos.column, n.source, hint)
+
+    def checked(self, e: A.Expr, v: sp.Expr, divides: bool) -> sp.Expr:
+        if self.neuron is None:
+            return v
+        if v.is_number:
+            try:
+                z = complex(v)
+            except (TypeError, ValueError, OverflowError):
+                z = complex("nan")
+            if not (math.isfinite(z.real) and math.isfinite(z.imag)):
+                raise self.fail(e, "this expression is not a finite number (a division by zero, an overflow or "
+                                   "log of 0)", "check the constants; values must stay within float range")
+            if z.imag != 0:
+                raise self.fail(e, "this expression is a complex number", "e.g. sqrt or log of a negative "
+                                                                          "constant, or a fractional power of one")
+        elif divides and v.has(*_NONFINITE):
+            raise self.fail(e, "this expression divides by zero or takes log(0)")
+        return v
 
     def visit_Num(self, e: A.Num) -> sp.Expr:
         v = e.value
@@ -46,26 +80,42 @@ class _ToSympy(A.ExprFold[sp.Expr]):
 
     def visit_BinOp(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
         if e.op == "+":
-            return a + b
+            return self.checked(e, a + b, False)
         if e.op == "-":
-            return a - b
+            return self.checked(e, a - b, False)
         if e.op == "*":
-            return a * b
+            return self.checked(e, a * b, False)
         if e.op == "/":
-            return a / b
+            return self.checked(e, a / b, True)
+        return self.checked(e, self.power(e, a, b), True)
+
+    def power(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
+        if self.neuron is not None and b.is_number and not a.is_number:
+            if abs(complex(b)) > MAX_EXPONENT:
+                raise self.fail(e.right, f"the exponent is too large (the limit is {MAX_EXPONENT})",
+                                "write exp(k*log(x)) for large powers")
+        if self.neuron is not None and a.is_number and b.is_number:
+            # constant powers: sympy would compute 9**9**9 exactly; a float overflow is an error
+            try:
+                size = abs(float(b)) * math.log10(max(abs(float(a)), 1e-300))
+            except (TypeError, ValueError, OverflowError):
+                size = math.inf
+            if not size < 308:
+                raise self.fail(e, "this power is too large for a float", "the largest float is about 1.8e308")
         return a**b
 
     def visit_Call(self, e: A.Call, *args: sp.Expr) -> sp.Expr:
-        return make(e.func, *args)
+        return self.checked(e, make(e.func, *args), True)
 
     def visit_Compare(self, e: A.Compare, *vals: sp.Expr) -> sp.Expr:
         parts = [_CMP[op](left, right) for op, left, right in zip(e.ops, vals[:-1], vals[1:])]
         return parts[0] if len(parts) == 1 else sp.And(*parts)
 
 
-def to_sympy(e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
-    """An AST expression as sympy, with names replaced by env[name]."""
-    return _ToSympy(env).fold(e)
+def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> sp.Expr:
+    """An AST expression as sympy, with names replaced by env[name]; with `neuron`, values that
+    are not finite reals are located errors."""
+    return _ToSympy(env, neuron).fold(e)
 
 
 @dataclass
@@ -125,13 +175,15 @@ class NameGen:
 
     def __init__(self, taken: set[str]) -> None:
         self.taken = set(taken)
+        self.next: dict[str, int] = {}  # the next suffix to try per base (names are never freed)
 
     def new(self, base: str) -> sp.Symbol:
-        name = base
-        i = 1
+        i = self.next.get(base, 0)
+        name = base if i == 0 else f"{base}_{i}"
         while name in self.taken:
-            name = f"{base}_{i}"
             i += 1
+            name = f"{base}_{i}"
+        self.next[base] = i + 1
         self.taken.add(name)
         return sym(name)
 
@@ -149,12 +201,16 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     origins: dict[str, A.Pos] = {}
     here: list[A.Pos] = [n.pos]
 
+    dynamic: set[sp.Symbol] = {*inputs, *states}  # symbols that depend on inputs or states
+
     def emit(base: str, expr: sp.Expr) -> sp.Expr:
         if expr.is_Atom:
             return expr
         y = names.new(base)
         assignments.append((y, expr))
         origins[y.name] = here[0]
+        if expr.free_symbols & dynamic:
+            dynamic.add(y)
         return y
 
     subexpr_defs: dict[str, A.Expr] = {}
@@ -164,10 +220,13 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                 subexpr_defs[ln.name] = ln.value
 
     def value(e: A.Expr) -> sp.Expr:
-        local = dict(env)
+        if not subexpr_defs:
+            return to_sympy(e, env, n)
+        subs: dict[str, sp.Expr] = {}
+        local = ChainMap(subs, env)
         for name, d in subexpr_defs.items():
-            local[name] = to_sympy(d, local)
-        return to_sympy(e, local)
+            subs[name] = to_sympy(d, local, n)
+        return to_sympy(e, local, n)
 
     # -- 0. refractoriness, decided at the start of the step (Brian2's `not_refractory`)
     not_refractory = _refractoriness(model, env, value, emit, here)
@@ -185,8 +244,8 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             for s_, v in values.items():
                 local[s_.name] = v
             for name, e in subexpr_defs.items():
-                local[name] = to_sympy(e, local)
-            return {sym(o.state): to_sympy(o.value, local) for o in odes}
+                local[name] = to_sympy(e, local, n)
+            return {sym(o.state): to_sympy(o.value, local, n) for o in odes}
 
         if auto:
             try:
@@ -223,6 +282,9 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             v = cur * v
         elif st.op == "/=":
             v = cur / v
+            if v.has(*_NONFINITE):
+                raise FlexDSLError("this statement divides by zero", n.filename, st.value.pos.line,
+                                   st.value.pos.column, n.source)
         if st.held and not_refractory is not None:
             v = Where(sp.StrictGreaterThan(not_refractory, 0), v, cur)
         env[st.target] = emit(st.target, v)
@@ -233,7 +295,12 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     if model.spike is not None:
         rule = model.spike
         here[0] = rule.pos
-        u = emit("u_spike", value(rule.left) - value(rule.right))
+        u_value = value(rule.left) - value(rule.right)
+        if not u_value.free_symbols & dynamic:
+            raise FlexDSLError("the spike condition does not depend on any input or state: it is the same at "
+                               "every step", n.filename, rule.left.pos.line, rule.left.pos.column, n.source,
+                               "compare a state (or an expression of states and inputs) with a threshold")
+        u = emit("u_spike", u_value)
         fire = SpikeGE if rule.op == ">=" else SpikeGT  # `crosses`: above (u > 0) now ...
         spike_sym = sym("spike")  # `spike` is reserved: never a model name
         gates: list[sp.Expr] = []
@@ -256,10 +323,11 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             pre = dict(env)
             new_vals: dict[str, sp.Expr] = {}
             for st in model.on_spike:
-                local = dict(pre)
+                subs: dict[str, sp.Expr] = {}
+                local = ChainMap(subs, pre)
                 for name, d in subexpr_defs.items():
-                    local[name] = to_sympy(d, local)
-                e = to_sympy(st.value, local)
+                    subs[name] = to_sympy(d, local, n)
+                e = to_sympy(st.value, local, n)
                 x = pre[st.target]
                 if st.op == "=":
                     new_vals[st.target] = s * e + (1 - s) * x
@@ -371,18 +439,29 @@ def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, emit,
     return out
 
 
-def _surrogate(model: CheckedModel, env: dict[str, sp.Expr]) -> SurrogateInfo:
+def _surrogate(model: CheckedModel, env: Mapping[str, sp.Expr]) -> SurrogateInfo:
+    """S'(u) with the keywords' values; a surrogate that is degenerate (not finite, or zero
+    everywhere, e.g. `rect(alpha=0)`) is a located error."""
     rs = model.surrogate
     assert rs is not None
+    n = model.ast
     u = sym("_u")
-    kwargs = {k: to_sympy(v, env) for k, v in rs.kwargs.items()}
-    if rs.user is not None:
-        local = dict(env)
-        local.update(kwargs)
-        local[rs.arg] = u
-        deriv = to_sympy(rs.user.body, local)
-    else:
-        deriv = BUILTIN_SURROGATES[rs.name].derivative(u, **kwargs)
+    kwargs = {k: to_sympy(v, env, n) for k, v in rs.kwargs.items()}
+    pos = rs.pos or n.pos
+    try:
+        if rs.user is not None:
+            local = ChainMap({**kwargs, rs.arg: u}, env)
+            deriv = to_sympy(rs.user.body, local, n)
+        else:
+            deriv = BUILTIN_SURROGATES[rs.name].derivative(u, **kwargs)
+        degenerate = deriv.has(*_NONFINITE) or deriv == 0
+    except (TypeError, ValueError, ZeroDivisionError):  # sympy refuses e.g. |x| < 1/(2*0)
+        degenerate = True
+    if degenerate:
+        shown = ", ".join(f"{k}={sp.sstr(v)}" for k, v in kwargs.items())
+        raise FlexDSLError(f"the surrogate `{rs.name}({shown})` is degenerate: its derivative is not finite or is "
+                           "zero everywhere", n.filename, pos.line, pos.column, n.source,
+                           "surrogate widths must be finite and nonzero (e.g. alpha > 0)")
     return SurrogateInfo(rs.name, kwargs, deriv, u)
 
 

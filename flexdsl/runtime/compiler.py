@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
 from ..frontend.check import CheckedModel, check
-from ..frontend.parse import parse
+from ..frontend.parse import normalize, parse
 from ..library import resolve
 from . import cache
 
@@ -135,6 +135,10 @@ class Compiled:
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"
 
+    def __reduce__(self):
+        # pickled as its text: unpickling (in any process) compiles it again, from the caches
+        return compile_text, (self.text, self.filename, self.detach_reset)
+
 
 def _backend(b: Backend | str) -> Backend:
     if isinstance(b, str):
@@ -167,6 +171,12 @@ _CACHE_SIZE = 256
 def compile_model(model: str | Path, detach_reset: bool = False) -> Compiled:
     """Compile a model given as a path, a library stem, or text (cached per text)."""
     text, filename = resolve(model)
+    return compile_text(text, filename, detach_reset)
+
+
+def compile_text(text: str, filename: str = "<string>", detach_reset: bool = False) -> Compiled:
+    """Compile model text; `filename` names it in errors and generated code (cached per text)."""
+    text = normalize(text)  # line breaks as errors count them
     key = (text, filename, bool(detach_reset))
     with _LOCK:
         hit = _CACHE.get(key)

@@ -3,6 +3,12 @@
 It owns the params (Parameters, buffers or plain floats) and the states between calls, and
 talks to the backends only through their interface (`backends.base`): it chooses a backend
 from the registry, and passes inputs, states and params explicitly to its program.
+
+What it guarantees to a caller: inputs are floating-point tensors on one device that agree
+on T and broadcast to one step shape; a state kept from an earlier call must fit the new
+input (else a clear error asks for `reset()`); every `where` constraint holds after any
+assignment and after `load_state_dict`; non-learnable params travel in checkpoints (extra
+state); the module pickles, deep-copies and `torch.compile`s like any torch module.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.evaluate import evaluate, holds
 from ..frontend.units import param_value
-from .compiler import Compiled, compile_model
+from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")
+_EXTRA_STATE_FORMAT = 1
 
 
 def triton_available() -> bool:
@@ -33,6 +40,8 @@ class NeuronModule(nn.Module):
 
     `m(*inputs)`: inputs are `[T, *shape]` (step_mode "m") or `[*shape]` ("s"); returns the
     single output or a tuple in `output` order. States are readable by name after a call.
+    `m(*inputs, state)` and `m.step(*inputs, state=...)` are the functional form: they take
+    and return the states as a dict and leave the module's own states alone.
     """
 
     def __init__(
@@ -49,12 +58,10 @@ class NeuronModule(nn.Module):
         ck = c.checked
         d = self.__dict__
         d["_compiled"] = c
-        d["_param_decls"] = {p.name: p for p in ck.params}
-        d["_state_names"] = [s.name for s in ck.states]
+        self._derive_fields()
         d["_fixed"] = {}
-        d["_states"] = dict.fromkeys(d["_state_names"])
+        d["_states"] = dict.fromkeys(self._state_names)
         d["state_seqs"] = {}
-        d["_init_cache"] = {}
         if step_mode not in STEP_MODES:
             raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", c.filename)
         known = ["auto", *backends.names()]
@@ -67,27 +74,43 @@ class NeuronModule(nn.Module):
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
-        shapes = dict(param_shapes or {})
+        shapes = {k: tuple(int(s) for s in v) for k, v in (param_shapes or {}).items()}
         for name in shapes:
-            if name not in d["_param_decls"]:
+            if name not in self._param_decls:
                 raise self._error(f"param_shapes names unknown param `{name}`", ck.ast.pos,
-                                  did_you_mean(name, d["_param_decls"]))
+                                  did_you_mean(name, self._param_decls))
         values = resolve_params(c, dict(params or {}))
         for p in ck.params:
             v = values[p.name]
-            shape = tuple(shapes.get(p.name, ()))
-            t = torch.full(shape, float(v)) if shape else None
+            t: torch.Tensor | None = None
+            if p.name in shapes:
+                t = torch.as_tensor(v, dtype=torch.float64).expand(shapes[p.name]).clone()
+            elif isinstance(v, torch.Tensor):
+                t = v.detach().to(torch.float64).clone()
             if p.learnable:
-                self.register_parameter(p.name, nn.Parameter(t if t is not None else torch.tensor(float(v))))
+                init = t if t is not None else torch.tensor(float(v), dtype=torch.float64)
+                self.register_parameter(p.name, nn.Parameter(init.to(torch.get_default_dtype())))
             elif t is not None:
-                self.register_buffer(p.name, t.to(torch.float64))
+                self.register_buffer(p.name, t)
             else:
                 d["_fixed"][p.name] = float(v)
         self._check_invariants()
+        self._prepare(None)
+
+    def _derive_fields(self) -> None:
+        """Fields that follow from the compiled model (rebuilt after unpickling)."""
+        d = self.__dict__
+        ck = self._compiled.checked
+        d["_param_decls"] = {p.name: p for p in ck.params}
+        d["_state_names"] = [s.name for s in ck.states]
+        d["_input_decls"] = list(ck.inputs)
+        d["_init_cache"] = {}
 
     # ------------------------------------------------------------------ errors
-    def _error(self, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
+    def _error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
         c = self._compiled
+        if pos is None:
+            return FlexDSLError(msg, c.filename, hint=hint)
         return FlexDSLError(msg, c.filename, pos.line, pos.column, c.text, hint)
 
     # ------------------------------------------------------------------ attributes
@@ -103,39 +126,69 @@ class NeuronModule(nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
         if name in d.get("_param_decls", {}):
-            value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
-            self._check_constraint(name, value)
-            self._set_param(name, value)
-            self._check_invariants()
+            self._assign_param(name, value)
             return
         if name in d.get("_states", {}):
+            if value is not None and not isinstance(value, torch.Tensor | float | int):
+                raise self._error(f"state `{name}` takes a tensor or a number, not {type(value).__name__}")
             d["_states"][name] = value
             return
         super().__setattr__(name, value)
 
-    def _set_param(self, name: str, value: Any) -> None:
+    def _assign_param(self, name: str, value: Any) -> None:
+        p = self._param_decls[name]
+        value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
+        if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
+            raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
+                              p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
+                                     "`value.detach()`")
+        try:
+            float_value = float(value) if not isinstance(value, torch.Tensor) else None
+        except (TypeError, ValueError):
+            raise self._error(f"`{name}` takes a number or a tensor, not {type(value).__name__}", p.pos) from None
+        env = self._param_env()
+        env[name] = value.detach() if isinstance(value, torch.Tensor) else float_value
+        self._check_constraints(env, {name: value})
         d = self.__dict__
         if name in d["_fixed"]:
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
+            if isinstance(value, torch.Tensor) and value.numel() > 1:
                 del d["_fixed"][name]
-                self.register_buffer(name, value.detach().to(torch.float64))
+                self.register_buffer(name, value.detach().to(torch.float64).clone())
             else:
                 d["_fixed"][name] = float(value)
         elif name in self._parameters:
             if isinstance(value, nn.Parameter):
                 super().__setattr__(name, value)
             else:
+                param = self._parameters[name]
+                new = torch.as_tensor(value, dtype=param.dtype, device=param.device)
+                if torch.broadcast_shapes(new.shape, param.shape) != param.shape:
+                    raise self._error(f"learnable `{name}` has shape {tuple(param.shape)}; a value of shape "
+                                      f"{tuple(new.shape)} does not fit", p.pos,
+                                      "per-channel learnable params get their shape at load: param_shapes=...")
                 with torch.no_grad():
-                    self._parameters[name].copy_(torch.as_tensor(value))
+                    param.copy_(new.expand_as(param))
         else:
-            self._buffers[name] = torch.as_tensor(value, dtype=torch.float64).expand_as(self._buffers[name]).clone()
+            buf = self._buffers[name]
+            new = torch.as_tensor(value, dtype=torch.float64, device=buf.device)
+            self._buffers[name] = new.clone() if new.numel() > 1 else new.expand_as(buf).clone()
+        self._init_cache.clear()
+        self._check_invariants()
+
+    def _param_env(self) -> dict[str, Any]:
+        return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.param_values().items()}
+
+    def _check_constraints(self, env: Mapping[str, Any], changed: Mapping[str, Any]) -> None:
+        """Every `where` constraint (cross-param ones included) on these param values."""
+        for p in self._param_decls.values():
+            if p.where is not None and not holds(p.where, env):
+                what = ", ".join(f"`{k} = {_show(v)}`" for k, v in changed.items())
+                raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
+                                  f"`{p.name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
 
     def param_values(self) -> dict[str, Any]:
         """Current value of every param (floats, buffers or Parameters)."""
-        out: dict[str, Any] = {}
-        for name in self._param_decls:
-            out[name] = getattr(self, name)
-        return out
+        return {name: getattr(self, name) for name in self._param_decls}
 
     def _check_invariants(self) -> None:
         """The step's param-only values must be finite (e.g. an `exact` solution is singular
@@ -155,17 +208,65 @@ class NeuronModule(nn.Module):
                     "a division by zero or an overflow among the params; with `exact`, equal time constants "
                     "make the closed form singular: change one slightly or use another method")
 
-    def _check_constraint(self, name: str, value: Any) -> None:
-        p = self._param_decls[name]
-        if p.where is None:
-            return
-        env = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.param_values().items()}
-        env[name] = value.detach() if isinstance(value, torch.Tensor) else float(value)
-        if not holds(p.where, env):
-            raise self._error(f"`{name} = {_show(value)}` violates the constraint of `{name}`", p.where.pos,
-                              f"`{name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
+    # ------------------------------------------------------------------ checkpoints
+    def get_extra_state(self) -> dict[str, Any]:
+        """The params that are neither Parameters nor buffers (plain floats), so that a
+        checkpoint restores the exact model."""
+        return {"flexdsl": _EXTRA_STATE_FORMAT, "model": self._compiled.name, "params": dict(self._fixed)}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, Mapping) or not isinstance(state.get("params"), Mapping):
+            raise self._error("the checkpoint's extra state is not one of a flexdsl model")
+        for k, v in state["params"].items():
+            if k not in self._param_decls:
+                raise self._error(f"the checkpoint has a param `{k}` that `{self._compiled.name}` does not declare",
+                                  hint=did_you_mean(k, self._param_decls))
+            if k in self._buffers:  # a per-channel param here, a float in the checkpoint
+                self._buffers[k] = torch.full_like(self._buffers[k], float(v))
+            else:
+                self._fixed[k] = float(v)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # every constraint must hold for the incoming values, before anything is copied
+        env = self._param_env()
+        changed: dict[str, Any] = {}
+        for name in self._param_decls:
+            if prefix + name in state_dict and isinstance(state_dict[prefix + name], torch.Tensor):
+                env[name] = changed[name] = state_dict[prefix + name].detach()
+        extra = state_dict.get(prefix + "_extra_state")
+        if isinstance(extra, Mapping) and isinstance(extra.get("params"), Mapping):
+            for k, v in extra["params"].items():
+                if k in env and k not in changed:
+                    env[k] = changed[k] = float(v)
+        if changed:
+            self._check_constraints(env, changed)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if prefix + "_extra_state" in missing_keys:  # a checkpoint from before extra state: keep the floats
+            missing_keys.remove(prefix + "_extra_state")
+        self._init_cache.clear()
+        self._check_invariants()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy keeps the states' values, not the autograd graph of the call that made them
+        state = self.__dict__.copy()
+        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache"):
+            state.pop(k, None)
+        state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
+        state["state_seqs"] = {k: v.detach() for k, v in self.state_seqs.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._derive_fields()
 
     # ------------------------------------------------------------------ states
+    @property
+    def state_names(self) -> list[str]:
+        """The model's states, in declaration order."""
+        return list(self._state_names)
+
     def _initial_value(self, name: str) -> Any:
         st = next(s for s in self._compiled.checked.states if s.name == name)
         try:
@@ -174,11 +275,71 @@ class NeuronModule(nn.Module):
             raise self._error(f"the initial value of `{name}` cannot be evaluated with these params: {e}",
                               st.init.pos) from None
 
+    def _initial_values(self) -> dict[str, Any]:
+        """Initial values from the current params (cached while every param is a float)."""
+        key = tuple(self._fixed.values()) if not self._parameters and not self._buffers else None
+        hit = self._init_cache.get(key) if key is not None else None
+        if hit is None:
+            hit = {s: self._initial_value(s) for s in self._state_names}
+            if key is not None and not torch.compiler.is_compiling():  # no side effects in a trace
+                if len(self._init_cache) > 64:
+                    self._init_cache.clear()
+                self._init_cache[key] = hit
+        return hit
+
+    def initial_state(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every state at its initial value, shaped for these inputs (one step's shape, in the
+        inputs' dtype and device): the `state` of the functional form `m(x, state)`."""
+        xs, shape = self._check_inputs(inputs)
+        x0 = xs[0]
+        out = {}
+        for name, v in self._initial_values().items():
+            if isinstance(v, torch.Tensor):
+                v = v.to(device=x0.device, dtype=x0.dtype)
+            out[name] = torch.zeros(shape, dtype=x0.dtype, device=x0.device) + v
+        return out
+
     def reset(self) -> None:
         """Restore the initial states (SpikingJelly's `functional.reset_net` calls this)."""
         for k in self._states:
             self._states[k] = None
         self.state_seqs = {}
+
+    def detach(self) -> None:
+        """Cut the kept states from the graph of earlier calls (truncated BPTT; SpikingJelly's
+        `functional.detach_net` calls this)."""
+        for k, v in self._states.items():
+            if isinstance(v, torch.Tensor):
+                self._states[k] = v.detach()
+        self.state_seqs = {k: v.detach() for k, v in self.state_seqs.items()}
+
+    def _apply(self, fn, recurse: bool = True):
+        """`.to()`, `.cuda()`, `.half()`... also move the kept states, and prepare the kernels of
+        the device the module moves to (so that a first call under torch.compile finds them)."""
+        out = super()._apply(fn, recurse)
+        d = self.__dict__
+        d["_states"] = {k: (fn(v) if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
+        d["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
+        try:
+            self._prepare(fn(torch.empty(0)).device)
+        except (RuntimeError, TypeError):
+            pass
+        return out
+
+    def _prepare(self, device: torch.device | None) -> None:
+        """Load the programs a call will use, outside any torch.compile trace: the chosen backend,
+        or for "auto" the kernels when a CUDA device is in sight."""
+        c = self._compiled
+        if self.backend != "auto":
+            c.program(self.backend)
+            return
+        c.program("torch")
+        cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
+        if cuda:
+            for name in backends.auto_names():
+                b = backends.get(name)
+                if name != "torch" and b.available():
+                    c.program(b)
 
     # ------------------------------------------------------------------ compute
     @property
@@ -195,8 +356,8 @@ class NeuronModule(nn.Module):
     def detach_reset(self, value: bool) -> None:
         c = self._compiled
         if bool(value) != c.detach_reset:
-            self.__dict__["_compiled"] = compile_model(c.text if c.filename == "<string>" else c.filename,
-                                                       bool(value))
+            self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value))
+            self._prepare(None)
 
     def _core_params(self) -> list[Any]:
         out = []
@@ -207,63 +368,127 @@ class NeuronModule(nn.Module):
 
     @property
     def core(self):
-        """The generated single-step function with params bound: core(*inputs, *states) -> (*outputs, *new_states)."""
-        params = self._core_params()
+        """The generated single-step function with the module's params (read at each call):
+        core(*inputs, *states) -> (*outputs, *new_states)."""
         fn = self._compiled.torch_module.core
 
         def core(*args):
-            return fn(*args, *params)
+            return fn(*args, *self._core_params())
 
         return core
 
-    def _initial_states(self, like: torch.Tensor) -> list[Any]:
-        """Each state's current value, or its initial value (a float, or a tensor for
-        per-channel params) where it has none."""
+    def _check_inputs(self, inputs: Sequence[Any]) -> tuple[list[torch.Tensor], torch.Size]:
+        """The inputs as [T, *shape] tensors (step_mode "s" adds T=1) and the step shape they
+        broadcast to; a located error for anything else."""
+        c = self._compiled
+        decls = self._input_decls
+        if len(inputs) != len(decls):
+            names = ", ".join(i.name for i in decls)
+            raise TypeError(f"{c.name} takes {len(decls)} input{'s' if len(decls) != 1 else ''} ({names}), "
+                            f"got {len(inputs)}")
+        single = self.step_mode == "s"
+        xs: list[torch.Tensor] = []
+        for x, decl in zip(inputs, decls):
+            if not isinstance(x, torch.Tensor):
+                raise self._error(f"input `{decl.name}` must be a torch.Tensor, not {type(x).__name__}", decl.pos,
+                                  "e.g. torch.as_tensor(values, dtype=torch.float32)")
+            if not x.is_floating_point():
+                raise self._error(f"input `{decl.name}` has dtype {x.dtype}; neurons compute in floating point",
+                                  decl.pos, "pass x.float() (float32), x.double() (float64), x.half() or "
+                                            "x.bfloat16()")
+            if single:
+                x = x.unsqueeze(0)
+            elif x.dim() < 1:
+                raise self._error(f"input `{decl.name}` must be [T, *shape] in step_mode 'm', got a 0-d tensor",
+                                  decl.pos, "use step_mode='s' for one step at a time")
+            xs.append(x)
+        x0 = xs[0]
+        for x, decl in zip(xs[1:], decls[1:]):
+            if x.shape[0] != x0.shape[0]:
+                raise self._error(f"input `{decl.name}` has {x.shape[0]} steps but `{decls[0].name}` has "
+                                  f"{x0.shape[0]}", decl.pos, "every input is [T, *shape] with the same T")
+            if x.device != x0.device:
+                raise self._error(f"input `{decl.name}` is on {x.device} but `{decls[0].name}` is on {x0.device}",
+                                  decl.pos)
+        if len(xs) == 1:
+            return xs, x0.shape[1:]
+        try:
+            shape = torch.broadcast_shapes(*(x.shape[1:] for x in xs))
+        except RuntimeError:
+            shapes = ", ".join(f"`{d.name}` {tuple(x.shape[1:])}" for x, d in zip(xs, decls))
+            raise self._error(f"the inputs' step shapes do not broadcast: {shapes}", decls[0].pos,
+                              "inputs broadcast like torch tensors (e.g. [T, B, N] with [T, 1, N])") from None
+        return xs, shape
+
+    def _states_for(self, x0: torch.Tensor, shape: torch.Size, given: Mapping[str, Any] | None) -> list[Any]:
+        """Each state's value for a call: given, kept from the last call, or initial."""
         out: list[Any] = []
         inits = None
         for name in self._state_names:
-            v = self._states[name]
+            v = self._states[name] if given is None else given.get(name)
             if v is None:
+                if given is not None and name not in given and given:
+                    raise self._error(f"the state dict has no `{name}`",
+                                      hint=f"states of {self._compiled.name}: {', '.join(self._state_names)}")
                 if inits is None:
                     inits = self._initial_values()
                 v = inits[name]
                 if isinstance(v, torch.Tensor):
-                    v = v.to(device=like.device, dtype=like.dtype)
+                    v = v.to(device=x0.device, dtype=x0.dtype)
+            elif isinstance(v, torch.Tensor):
+                if v.device != x0.device:
+                    raise self._error(f"state `{name}` is on {v.device} but the input is on {x0.device}",
+                                      hint="call m.reset() before a new sequence, or move the module with "
+                                           "m.to(device)")
+                if torch.broadcast_shapes(v.shape, shape) != shape:
+                    raise self._error(f"state `{name}` has shape {tuple(v.shape)} (from an earlier call) but the "
+                                      f"input's step shape is {tuple(shape)}",
+                                      hint="call m.reset() (or spikingjelly's functional.reset_net) before a batch "
+                                           "of another size")
             out.append(v)
         return out
 
-    def _initial_values(self) -> dict[str, Any]:
-        """Initial values from the current params (cached while every param is a float)."""
-        key = tuple(self._fixed.values()) if not self._parameters and not self._buffers else None
-        hit = self._init_cache.get(key) if key is not None else None
-        if hit is None:
-            hit = {s: self._initial_value(s) for s in self._state_names}
-            if key is not None:
-                if len(self._init_cache) > 64:
-                    self._init_cache.clear()
-                self._init_cache[key] = hit
-        return hit
-
-    def forward(self, *inputs: torch.Tensor):
-        c = self._compiled
-        n_in = len(c.checked.inputs)
-        if len(inputs) != n_in:
-            names = ", ".join(i.name for i in c.checked.inputs)
-            raise TypeError(f"{c.name} takes {n_in} input{'s' if n_in != 1 else ''} ({names}), got {len(inputs)}")
-        single = self.step_mode == "s"
-        xs = [x.unsqueeze(0) for x in inputs] if single else list(inputs)
-        if xs[0].dim() < 1:
-            raise FlexDSLError(f"{c.name}: inputs must be [T, *shape] in step_mode 'm'", c.filename)
-        backend = backends.choose(self.backend, xs)
-        program = c.program(backend)
+    def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool):
+        xs, shape = self._check_inputs(inputs)
+        x0 = xs[0]
+        program = self._compiled.program(backends.choose(self.backend, xs))
         params = [getattr(self, name) for name in self._param_decls]
-        res = program.run(xs, self._initial_states(xs[0]), params, store_seqs=bool(self.store_state_seqs))
+        for name, v in zip(self._param_decls, params):
+            if isinstance(v, torch.Tensor) and v.numel() > 1 and v.device != x0.device:
+                raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
+                                  self._param_decls[name].pos, "move the module: m.to(device)")
+        res = program.run(xs, self._states_for(x0, shape, given), params, store_seqs=store_seqs)
+        outs = [o[0] for o in res.outputs] if self.step_mode == "s" else res.outputs
+        return (outs[0] if len(outs) == 1 else tuple(outs)), res
+
+    def forward(self, *inputs: Any):
+        if len(inputs) == len(self._input_decls) + 1 and (inputs[-1] is None or isinstance(inputs[-1], Mapping)):
+            return self.step(*inputs[:-1], state=inputs[-1])
+        out, res = self._run(inputs, None, bool(self.store_state_seqs))
         for name, s in zip(self._state_names, res.states):
             self._states[name] = s
-        if self.store_state_seqs and res.seqs is not None:
+        if res.seqs is not None:
             self.state_seqs = dict(zip(self._state_names, res.seqs))
-        outs = [o[0] for o in res.outputs] if single else res.outputs
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return out
+
+    def step(self, *inputs: Any, state: Mapping[str, Any] | None = None):
+        """The functional form: `out, state = m.step(x, state)` runs the inputs from `state`
+        (a dict of the model's states; None or empty: initial values) and returns the outputs
+        and the new state, leaving the module's kept states untouched. Params are read live;
+        on CUDA a multi-step input runs on the Triton kernels."""
+        if len(inputs) == len(self._input_decls) + 1 and (inputs[-1] is None or isinstance(inputs[-1], Mapping)):
+            inputs, state = inputs[:-1], inputs[-1]
+        if state is not None and not isinstance(state, Mapping):
+            raise self._error(f"`state` must be a dict of the model's states, not {type(state).__name__}",
+                              hint=f"states: {', '.join(self._state_names)}; see m.initial_state(x)")
+        if state:
+            unknown = [k for k in state if k not in self._states]
+            if unknown:
+                raise self._error(f"`{unknown[0]}` is not a state of {self._compiled.name}",
+                                  hint=did_you_mean(unknown[0], self._state_names) or
+                                  f"states: {', '.join(self._state_names)}")
+        out, res = self._run(inputs, dict(state) if state else {}, False)
+        return out, dict(zip(self._state_names, res.states))
 
     def extra_repr(self) -> str:
         c = self._compiled
@@ -274,7 +499,8 @@ class NeuronModule(nn.Module):
 
 def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
     """Param values in declaration order: overrides, else defaults (which may use earlier
-    params); every `where` constraint checked."""
+    params); every `where` constraint checked. A one-element tensor becomes a float; a tensor
+    of several elements is a per-channel value (its shape is the param's)."""
     ck = c.checked
     names = [p.name for p in ck.params]
     for k in overrides:
@@ -283,9 +509,23 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
                                c.text, did_you_mean(k, names) or ("params: " + ", ".join(names) if names else None))
     env: dict[str, Any] = {}
     for p in ck.params:
-        v = param_value(ck, p.name, overrides[p.name]) if p.name in overrides else evaluate(p.default, env)
-        if isinstance(v, torch.Tensor):
-            v = v.detach().item() if v.numel() == 1 else v
+        if p.name in overrides:
+            v = param_value(ck, p.name, overrides[p.name])  # "20 ms": to the declared unit
+            if isinstance(v, torch.Tensor):
+                if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
+                    raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
+                v = v.detach().item() if v.numel() == 1 else v.detach().to(torch.float64)
+            elif isinstance(v, bool) or not isinstance(v, int | float):
+                try:
+                    v = float(v)
+                except (TypeError, ValueError):
+                    raise _override_error(c, p, repr(v)) from None
+        else:
+            try:
+                v = evaluate(p.default, env)
+            except (ArithmeticError, ValueError) as e:
+                raise FlexDSLError(f"the default of `{p.name}` cannot be evaluated with these params: {e}",
+                                   c.filename, p.default.pos.line, p.default.pos.column, c.text) from None
         env[p.name] = v
         if p.where is not None and not holds(p.where, env):
             what = "the override" if p.name in overrides else "the default"
@@ -293,6 +533,11 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
                                p.where.pos.line, p.where.pos.column, c.text,
                                f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}")
     return env
+
+
+def _override_error(c: Compiled, p: A.Param, what: str) -> FlexDSLError:
+    return FlexDSLError(f"`{p.name}` takes a number or a float tensor, not {what}", c.filename, p.pos.line,
+                        p.pos.column, c.text, f"e.g. {p.name}=2.0 or {p.name}=torch.tensor([2.0, 3.0])")
 
 
 def _show(v: Any) -> str:
@@ -305,7 +550,7 @@ def _show(v: Any) -> str:
 
 
 def _source_of(text: str, e: A.Compare) -> str:
-    line = text.splitlines()[e.pos.line - 1]
+    line = text.split("\n")[e.pos.line - 1]
     frag = line[e.pos.column - 1:]
     for stop in (' "', " learnable"):
         i = frag.find(stop)
