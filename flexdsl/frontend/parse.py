@@ -132,6 +132,7 @@ class _ToAST(Transformer_NonRecursive):
         return float(text), text
 
     def quantity(self, num: Token, unit: Token, _pow: Token | None, exponent: tuple[float, str] | None) -> A.Quantity:
+        self.number(num)  # (its checks)
         power, ptext = exponent if exponent is not None else (1.0, "")
         return A.Quantity(float(num), str(num), str(unit), power, _pos(num), _pos(unit), ptext)
 

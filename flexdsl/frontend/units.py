@@ -53,6 +53,7 @@ BASE_DIMENSIONS = ("length", "mass", "time", "current", "temperature", "amount_o
 BASE_UNITS = ("um", "mV", "ms", "pA", "K", "mM", "cd")
 
 TIME = (0, 0, 1, 0, 0, 0, 0)
+MAX_UNIT_POWER = 8
 
 
 # ---------------------------------------------------------------- dimensions
@@ -261,7 +262,7 @@ class UnitInfo:
     `unit[name]`: the unit the API exchanges the value in (declared for params and inputs,
     base for states); `dim[name]`: the dimension of every declared name."""
 
-    factor: dict[str, float] = field(default_factory=dict)
+    factor: dict[str, Fraction] = field(default_factory=dict)
     unit: dict[str, str] = field(default_factory=dict)
     dim: dict[str, Dim] = field(default_factory=dict)
 
@@ -296,8 +297,14 @@ class _Dims(A.ExprFold[_D]):
     def visit_Quantity(self, e: A.Quantity) -> _D:
         f, d = self.uc.unit_at(e.unit, e.unit_pos)
         p = _exponent(e.power, e.power_text)
+        if abs(p) > MAX_UNIT_POWER or p.denominator > 2:
+            raise self.uc.err(f"the power of a unit must be a small integer or a half, not {e.power_text}",
+                              e.unit_pos, f"e.g. `2 cm**2`; powers up to {MAX_UNIT_POWER}")
         v = Fraction(e.text) if _exact_text(e.text) else e.value
         c = _mul(v, _pow(f, p))
+        if c is None or not math.isfinite(float(c)):
+            raise self.uc.err(f"`{A.to_text(e)}` is too large for a float in base units ({show(d ** p, 'base')})",
+                              e.pos, "the largest float is about 1.8e308")
         return self._keep(e, _D(d ** p, False, None, c, True))
 
     def visit_Name(self, e: A.Name) -> _D:
@@ -535,7 +542,7 @@ class _UnitChecker:
             if i.unit is not None:
                 f, d = self.unit_expr(i.unit)
                 env[i.name] = d
-                self.info.factor[i.name] = float(f)
+                self.info.factor[i.name] = f
                 text = unit_text(i.unit)
                 i.meta["unit"] = text
                 self.info.unit[i.name] = text
@@ -551,10 +558,10 @@ class _UnitChecker:
             if lit is not None:
                 _, u_expr, text = lit
                 f, _ = self.unit_expr(u_expr)
-                self.info.factor[p.name] = float(f)
+                self.info.factor[p.name] = f
                 p.meta["unit"] = text
             else:
-                self.info.factor[p.name] = 1.0
+                self.info.factor[p.name] = Fraction(1)
                 p.meta["unit"] = show(d, "base")
             self.info.unit[p.name] = p.meta["unit"]
             if p.where is not None:
@@ -779,14 +786,21 @@ class _Convert(A.ExprFold[tuple[A.Expr, _D]]):
     """An expression rewritten in base units: each constant with a unit becomes one number,
     each param or input declared in another unit is multiplied by its factor."""
 
-    def __init__(self, uc: _UnitChecker, factors: Mapping[str, float], env: Mapping[str, Dim]) -> None:
+    def __init__(self, uc: _UnitChecker, factors: Mapping[str, Fraction], env: Mapping[str, Dim]) -> None:
         self.uc, self.factors, self.env = uc, factors, env
         self.dims = _Dims(uc, env, None, "", checking=False)
 
     def _node(self, e: A.Expr, new: A.Expr, kids: tuple[_D, ...]) -> tuple[A.Expr, _D]:
         d = getattr(self.dims, f"visit_{type(e).__name__}")(e, *kids)
         if d.has_unit and d.const is not None:
-            return _number(d.const, e), d
+            try:
+                finite = math.isfinite(float(d.const))
+            except OverflowError:
+                finite = False
+            if finite:
+                return _number(d.const, e), d
+        if isinstance(new, A.Quantity):  # (not finite: reported where the quantity was checked)
+            raise self.uc.err(f"`{A.to_text(e)}` is not a finite number in base units", e.pos)
         return new, d
 
     def enter(self, node: A.Expr, parent: A.Expr | None) -> None:
@@ -800,9 +814,9 @@ class _Convert(A.ExprFold[tuple[A.Expr, _D]]):
 
     def visit_Name(self, e: A.Name) -> tuple[A.Expr, _D]:
         new, d = self._node(e, e, ())
-        f = self.factors.get(e.id, 1.0)
-        if e.id in self.env and f != 1.0:
-            new = A.BinOp("*", _number(Fraction(f) if math.isfinite(f) else f, e), e, e.pos)
+        f = self.factors.get(e.id)
+        if e.id in self.env and f is not None and f != 1:
+            new = A.BinOp("*", _factor(f, e.pos), e, e.pos)
         return new, d
 
     def visit_Neg(self, e: A.Neg, a) -> tuple[A.Expr, _D]:
@@ -827,6 +841,15 @@ def _number(v: Fraction | float, at: A.Expr) -> A.Expr:
         return A.Num(float(v), str(v.numerator), at.pos)
     x = float(v)
     return A.Num(x, repr(x), at.pos)
+
+
+def _factor(f: Fraction, pos: A.Pos) -> A.Expr:
+    """An exact factor (`1000`, or `1/100` as a ratio of integers, which sympy keeps exact, so
+    that `R/1000 * 1000*I` cancels)."""
+    if f.denominator == 1:
+        return A.Num(float(f), str(f.numerator), pos)
+    return A.BinOp("/", A.Num(float(f.numerator), str(f.numerator), pos),
+                   A.Num(float(f.denominator), str(f.denominator), pos), pos)
 
 
 def _int_text(text: str) -> bool:
@@ -934,7 +957,7 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
         raise fail("not a constant")
     if not d.has_unit:  # a plain number in a string: in the declared unit, like a number
         return float(base)
-    factor = Fraction(info.factor.get(name, 1.0))
+    factor = info.factor.get(name, Fraction(1))
     return float(Fraction(base) / factor) if isinstance(base, Fraction) else float(base) / float(factor)
 
 
