@@ -97,11 +97,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     overrides = {}
     for kv in args.param or []:
-        k, _, v = kv.partition("=")
+        k, sep, v = kv.partition("=")
+        if not sep or not k or not v.strip():
+            raise FlexDSLError(f"bad --param `{kv}`", "<command line>", hint="use NAME=VALUE") from None
         try:
             overrides[k] = float(v)
         except ValueError:
-            raise FlexDSLError(f"bad --param `{kv}`", "<command line>", hint="use NAME=VALUE") from None
+            overrides[k] = v  # a value with a unit, `tau=20 ms` (checked by the model)
     m = load(args.file, backend="torch", store_state_seqs=True, **overrides).to(torch.float64)
     c = m.compiled
     T = args.T
@@ -126,9 +128,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"output {n}: final {o[-1, 0].item():.6g}, min {o.min().item():.6g}, max {o.max().item():.6g}"
                   if T else f"output {n}: (no steps)")
     for s in c.checked.states:
+        if s.meta.get("hidden"):  # bookkeeping of refractoriness and crossing rules
+            continue
         v = getattr(m, s.name)
         val = v.flatten()[0].item() if isinstance(v, torch.Tensor) else float(v)
-        print(f"state {s.name}: final {val:.6g}" + (f"  ({s.doc})" if s.doc else ""))
+        print(f"state {s.name}: final {val:.6g}{_unit(c, s.name)}" + (f"  ({s.doc})" if s.doc else ""))
     if args.plot:
         _plot(args.plot, c, x[:, 0], m.state_seqs, spikes, args.input)
         print(f"plot written to {args.plot}")
@@ -141,17 +145,17 @@ def _plot(path: str, c, x, seqs, spikes, label: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    states = list(seqs)
+    states = [s.name for s in c.checked.states if not s.meta.get("hidden") and s.name in seqs]
     n = 1 + len(states) + (1 if spikes is not None else 0)
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.6 * n + 0.6), sharex=True, squeeze=False)
     axes = axes[:, 0]
     t = range(len(x))
     axes[0].plot(t, x.numpy(), color="tab:gray")
-    axes[0].set_ylabel(c.checked.inputs[0].name)
+    axes[0].set_ylabel(c.checked.inputs[0].name + _unit(c, c.checked.inputs[0].name, " ({})"))
     axes[0].set_title(f"{c.name}: input {label}")
     for ax, s in zip(axes[1:], states):
         ax.plot(t, seqs[s][:, 0].numpy(), color="tab:blue")
-        ax.set_ylabel(s)
+        ax.set_ylabel(s + _unit(c, s, " ({})"))
     if spikes is not None:
         ax = axes[-1]
         idx = torch_nonzero(spikes)
@@ -163,6 +167,12 @@ def _plot(path: str, c, x, seqs, spikes, label: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _unit(c, name: str, fmt: str = " {}") -> str:
+    """The unit of a value at the API (models with units), e.g. " mV"."""
+    u = c.checked.units.unit.get(name) if c.checked.units is not None else None
+    return fmt.format(u) if u and u != "1" else ""
 
 
 def torch_nonzero(s):

@@ -962,10 +962,9 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
 
 
 def _example(p: A.Param) -> str:
-    lit = literal_unit(p.default, set())
-    if lit is not None:
-        return A.to_text(lit[0])
-    return "1"
+    """The declared default as an example (defaults are numbers in the declared unit once converted)."""
+    d = p.default
+    return A.to_text(d) if isinstance(d, A.Num) or (isinstance(d, A.Neg) and isinstance(d.operand, A.Num)) else "1"
 
 
 def value_unit(ck: CheckedModel, name: str) -> str | None:
