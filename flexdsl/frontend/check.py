@@ -21,7 +21,7 @@ from .catalog import (
     is_unit,
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
-from .units import UnitInfo, check_units, unit_vocabulary, uses_units
+from .units import UnitInfo, check_units, suggest_unit, uses_units
 
 # Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
 # start with `_`, which no model name can, so they never collide with the model's.
@@ -412,7 +412,7 @@ class _ExprChecker(A.ExprFold[None]):
                                  f"a number followed by a name is a value with a unit (`10 ms`); to multiply, "
                                  f"write `{e.text} * {e.unit}`")
                 raise ck.err(f"unknown unit `{e.unit}`", e.unit_pos,
-                             did_you_mean(e.unit, unit_vocabulary()) or "e.g. `ms`, `mV`, `nA`, `nS`, `pF`, `um`")
+                             suggest_unit(e.unit) or "e.g. `ms`, `mV`, `nA`, `nS`, `pF`, `um`")
         elif isinstance(e, A.Call):
             b = FUNCTIONS.get(e.func)
             if b is None:

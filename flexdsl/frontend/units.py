@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -190,7 +190,7 @@ def _si(name: str) -> tuple[Fraction, tuple[Fraction, ...]]:
         key = UNIT_BASES[base]
         q = u.mole / u.liter if key == "molar" else getattr(u, key)
         if prefix:
-            q = PREFIXES[UNIT_PREFIXES[prefix]] * q
+            q = PREFIXES[UNIT_PREFIXES[prefix]].scale_factor * q
     base_units = [u.meter, u.kilogram, u.second, u.ampere, u.kelvin, u.mole, u.candela]
     r = convert_to(q, base_units)
     coeff, rest = r.as_coeff_Mul()
@@ -199,15 +199,33 @@ def _si(name: str) -> tuple[Fraction, tuple[Fraction, ...]]:
     return Fraction(str(coeff)), exps
 
 
+# Where unit definitions are kept between processes: the runtime installs its disk cache here
+# (`runtime/compiler.py`), so a process that loads a model with units seen before does not
+# import sympy. A store is `store(name, make) -> definition`, `make()` giving the definition
+# from sympy as JSON-able data.
+DefinitionStore = Callable[[str, Callable[[], list]], list]
+_STORE: list[DefinitionStore] = []
+
+
+def set_definition_store(store: DefinitionStore | None) -> None:
+    _STORE[:] = [store] if store is not None else []
+    unit.cache_clear()
+
+
 @lru_cache(maxsize=256)
 def unit(name: str) -> tuple[Fraction, Dim]:
     """(factor to base units, dimension) of a unit name: `unit("nA") == (1000, current)`."""
-    c, e = _si(name)
-    scales = _system()
-    f = c
-    for s, x in zip(scales, e):
-        f /= s ** int(x) if x.denominator == 1 else Fraction(float(s) ** float(x))
-    return f, Dim(e)
+
+    def make() -> list:
+        c, e = _si(name)
+        scales = _system()
+        f = c
+        for s, x in zip(scales, e):
+            f /= s ** int(x) if x.denominator == 1 else Fraction(float(s) ** float(x))
+        return [str(f), [str(x) for x in e]]
+
+    data = _STORE[0](name, make) if _STORE else make()
+    return Fraction(data[0]), Dim(tuple(Fraction(x) for x in data[1]))
 
 
 # ---------------------------------------------------------------- the sympy-free scan
@@ -501,9 +519,11 @@ class _UnitChecker:
         also = f" = {show(expected, 'base')}" if show(expected, "base") != str(expected) else ""
         kind = "the term " if term else ""
         return self.err(f"{what} has unit {expected}{also}, but {kind}`{A.to_text(e)}` is {got} — expected {expected}",
-                        e.pos, self.hint_for(e, expected))
+                        e.pos, self.hint_for(e, expected, got))
 
-    def hint_for(self, e: A.Expr, expected: Dim) -> str | None:
+    def hint_for(self, e: A.Expr, expected: Dim, got: Dim | None = None) -> str | None:
+        if got is not None and not got.dimensionless and got / expected == Dim.of(TIME):
+            return "a derivative is per time: divide by a time constant (e.g. `(E_L - v) / tau`)"
         if isinstance(e, A.Name):
             if e.id in self.zero_init:
                 return (f"`{e.id}` starts at a plain 0, so it is dimensionless: give its initial value a unit, "
@@ -520,7 +540,7 @@ class _UnitChecker:
             if name in declared:
                 raise self.err(f"`{name}` is not a unit", pos, f"a number followed by a name is a quantity "
                                                                  f"(`10 ms`); to multiply, write `* {name}`")
-            raise self.err(f"unknown unit `{name}`", pos, did_you_mean(name, unit_vocabulary())
+            raise self.err(f"unknown unit `{name}`", pos, suggest_unit(name)
                            or "units: " + ", ".join(sorted(set(UNIT_BASES))) + " with a prefix "
                            + " ".join(UNIT_PREFIXES))
         return unit(name)
@@ -688,7 +708,7 @@ class _UnitChecker:
         for n in A.nodes(e):
             if isinstance(n, A.Name):
                 if not is_unit(n.id):
-                    raise self.err(f"`{n.id}` is not a unit", n.pos, did_you_mean(n.id, unit_vocabulary()))
+                    raise self.err(f"`{n.id}` is not a unit", n.pos, suggest_unit(n.id))
             elif isinstance(n, A.Num):
                 pass
             elif isinstance(n, A.BinOp) and n.op in ("*", "/", "**"):
@@ -711,6 +731,14 @@ def _is_exponent(root: A.Expr, n: A.Expr) -> bool:
             if any(k is n for k in A.nodes(m.right)):
                 return True
     return False
+
+
+def suggest_unit(name: str) -> str | None:
+    """A did-you-mean hint for a misspelt unit (`pf` -> `pF`, `msec` -> `ms`...)."""
+    same = [u for u in unit_vocabulary() if u.lower() == name.lower()]
+    if same:
+        return "did you mean " + " or ".join(f"`{u}`" for u in same[:3]) + "? (units are case-sensitive)"
+    return did_you_mean(name, unit_vocabulary())
 
 
 @lru_cache(maxsize=1)
@@ -941,9 +969,9 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
         raise fail("not a number with a unit")
     for n in A.nodes(expr):
         if isinstance(n, A.Name) and n.id not in CONSTANTS and not is_unit(n.id):
-            raise fail(f"`{n.id}` is not a unit", did_you_mean(n.id, unit_vocabulary()))
+            raise fail(f"`{n.id}` is not a unit", suggest_unit(n.id))
         if isinstance(n, A.Quantity) and not is_unit(n.unit):
-            raise fail(f"`{n.unit}` is not a unit", did_you_mean(n.unit, unit_vocabulary()))
+            raise fail(f"`{n.unit}` is not a unit", suggest_unit(n.unit))
         if isinstance(n, A.Call | A.Compare):
             raise fail("not a number with a unit")
     try:

@@ -253,7 +253,7 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                 method = "exact"
             except NotApplicable:
                 method = "euler"
-        dt = env["dt"]
+        dt = _step(model, env)
         here[0] = model.equations.pos
         try:
             if held and not_refractory is not None:
@@ -363,6 +363,12 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                      method if model.equations is not None else None, auto, detach_reset, names.taken, origins)
 
 
+def _step(model: CheckedModel, env: Mapping[str, sp.Expr]) -> sp.Expr:
+    """The step `dt` in base units (with units, `dt` is a param in its declared unit)."""
+    f = model.units.factor.get("dt", 1) if model.units is not None else 1
+    return env["dt"] if f == 1 else sp.Rational(f.numerator, f.denominator) * env["dt"]
+
+
 def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, here: list[A.Pos]
                     ) -> sp.Expr | None:
     """`not_refractory` of this step (1 or 0), as Brian2 computes it before integrating:
@@ -382,7 +388,11 @@ def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, h
     if rf.period is not None:
         steps = emit("steps_since_spike", Detach(env["_steps_since_spike"]) + 1)
         period = value(rf.period)
-        last = (period + env["dt"] / 1000) / env["dt"] - 1 if "dt" in env else period + sp.Rational(1, 1000) - 1
+        if "dt" in env:
+            dt = _step(model, env)
+            last = (period + dt / 1000) / dt - 1
+        else:
+            last = period + sp.Rational(1, 1000) - 1
         bound = emit("refractory_steps", last)
         env["_steps_since_spike"] = steps
         return emit("not_refractory", Where(sp.StrictGreaterThan(steps, bound), 1, 0))
