@@ -300,6 +300,10 @@ class _Checker:
             else:
                 assert refractory.condition is not None
                 start = input_names | set(param_names) | state_names | set(subexprs)
+                for nm in A.names(refractory.condition):
+                    if nm.id in local_set:
+                        raise self.err(f"`{nm.id}` is computed in `update`, after the refractory condition is "
+                                       "decided", nm.pos, self.scope_hint("in the refractory condition"))
                 self.check_expr(refractory.condition, start, "in the refractory condition", allow_compare=True)
 
         # outputs
