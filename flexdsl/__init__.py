@@ -2,6 +2,7 @@
 
     m = flexdsl.load("lif")            # a trainable torch.nn.Module
     c = flexdsl.compile("lif")         # generated sources and sympy equations
+    flexdsl.nir.export(net, x, dt=1e-4), flexdsl.nir.load("net.nir")   # NIR interchange (flexdsl[nir])
 
 torch is imported on first use of `load`/`loads`/`NeuronModule`, so `flexdsl check` stays fast.
 """
@@ -14,19 +15,24 @@ from .errors import FlexDSLError
 from .library import library
 
 if TYPE_CHECKING:
+    from . import nir
     from .api import compile, load, loads
     from .runtime.compiler import Compiled
     from .runtime.module import NeuronModule
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NeuronModule", "Compiled", "__version__"]
+__all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NeuronModule", "Compiled", "nir", "__version__"]
 
 _LAZY = {"load": "api", "loads": "api", "compile": "api", "Compiled": "runtime.compiler",
          "NeuronModule": "runtime.module"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "nir":  # the submodule flexdsl.nir (imports torch, sympy and the `nir` package on use)
+        import importlib
+
+        return importlib.import_module(".nir", __name__)
     if name in _LAZY:
         import importlib
 

@@ -34,8 +34,37 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
+    if str(args.file).endswith(".nir"):
+        return _show_nir(args)
+    if args.dt is not None:
+        raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset)
-    what = args.what or "torch"
+    _show_compiled(c, args.what or "torch")
+    return 0
+
+
+def _show_nir(args: argparse.Namespace) -> int:
+    """Each neuron node of a NIR file: its generated `.neuron` text (default) or code."""
+    from . import nir
+
+    net = nir.load(args.file, dt=args.dt, backend="torch", detach_reset=args.detach_reset)
+    kinds = net.node_kinds
+    texts = net.neuron_texts
+    print(f"# {args.file}: {len(kinds)} nodes, dt={net.dt:g}" + (", recurrent" if net.recurrent else ""))
+    for name, kind in kinds.items():
+        if name not in texts:
+            print(f"# node {name!r}: {kind}")
+            continue
+        print(f"\n# ---- node {name!r}: NIR {kind}")
+        if args.what in (None, "neuron"):
+            print(texts[name], end="")
+        else:
+            _show_compiled(net.nodes[net.names[name]].compiled, args.what)
+        print()
+    return 0
+
+
+def _show_compiled(c, what: str) -> None:
     if what == "torch":
         print(c.torch_source, end="")
     elif what == "triton":
@@ -44,7 +73,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print(_format_equations(c, backward=False))
     elif what == "backward":
         print(_format_equations(c, backward=True))
-    return 0
+    elif what == "neuron":
+        print(c.text, end="")
 
 
 def _format_equations(c, backward: bool) -> str:
@@ -192,12 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="validate .neuron files")
     c.add_argument("files", nargs="+")
     c.set_defaults(fn=_cmd_check)
-    s = sub.add_parser("show", help="print generated code or equations")
+    s = sub.add_parser("show", help="print generated code or equations (of a .neuron, or of each neuron of a .nir)")
     s.add_argument("file")
     g = s.add_mutually_exclusive_group()
-    for w in ("torch", "triton", "equations", "backward"):
+    for w in ("torch", "triton", "equations", "backward", "neuron"):
         g.add_argument(f"--{w}", dest="what", action="store_const", const=w)
     s.add_argument("--detach-reset", action="store_true")
+    s.add_argument("--dt", type=float, help="for a .nir file: the step, in the graph's time unit "
+                   "(default: the one flexdsl.nir.export recorded)")
     s.set_defaults(fn=_cmd_show)
     r = sub.add_parser("run", help="simulate one neuron and summarize (optionally plot)")
     r.add_argument("file")

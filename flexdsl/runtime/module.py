@@ -347,6 +347,11 @@ class NeuronModule(nn.Module):
         return self._compiled
 
     @property
+    def neuron_text(self) -> str:
+        """The `.neuron` text this module was compiled from (`flexdsl.compile(text)` gives it back)."""
+        return self._compiled.text
+
+    @property
     def detach_reset(self) -> bool:
         """Whether the reset sees the spike detached from the graph (set at load; assigning it
         switches to the other compiled variant)."""
