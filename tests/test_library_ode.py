@@ -2,7 +2,7 @@
 Brian2 cannot integrate the same way against independent closed forms:
 
 * adex (euler), izhikevich_2003 (euler), hodgkin_huxley (rk4, spike on an upward crossing),
-  lif_ode (exact, refractory period): written with units, against Brian2 run with its units (SI),
+  lif_ode (exact), lif_refractory (exact, refractory period): written with units, against Brian2 run with its units (SI),
   numpy target, float64, defaultclock.dt = the model's dt, piecewise-constant input set between runs
   (held constant within each step, as the contract's inputs are). Spike steps must be equal and
   traces within 1e-7 relative (flexdsl's states are in its base units: mV, pA, mV/ms).
@@ -273,8 +273,24 @@ I : amp
 """
 
 
+def test_lif_ode_matches_brian2_exact():
+    dt, seg = 0.1, 300
+    ns = dict(tau_m=10 * b2.ms, R=10 * b2.Mohm, v_rest=-65 * b2.mV, v_threshold=-50 * b2.mV, v_reset=-65 * b2.mV)
+    eqs = """
+    dv/dt = (v_rest - v + R*I)/tau_m : volt
+    I : amp
+    """
+    levels, x = piecewise_input(np.random.default_rng(3), 5, seg, 4, 0.0, 3.0)  # nA
+    spikes, tr = brian2_run(eqs, ns, dict(v=-65 * b2.mV), levels, seg, dt, "exact", threshold="v > v_threshold",
+                            reset="v = v_reset", input_unit=b2.nA, trace_units=dict(v=b2.mV))
+    assert spikes.sum() >= 10
+    m, (s,) = run_flexdsl("lif_ode", x)
+    assert_spike_steps_equal(s.numpy(), spikes)
+    assert_traces_close(m.state_seqs["v"].numpy(), tr["v"], 100.0)
+
+
 @pytest.mark.parametrize("t_ref", [2.0, 0.3, 0.0])
-def test_lif_ode_matches_brian2_exact_with_refractory_period(t_ref):
+def test_lif_refractory_matches_brian2_exact_with_refractory_period(t_ref):
     """Brian2's `refractory=t_ref` with `(unless refractory)`: held and silent for the period
     (0.3 ms is 2.9999... steps of 0.1 ms in floating point: Brian2 rounds it to 3 steps)."""
     dt, seg = 0.1, 300
@@ -287,7 +303,7 @@ def test_lif_ode_matches_brian2_exact_with_refractory_period(t_ref):
         reset="v = v_reset", refractory=t_ref * b2.ms, input_unit=b2.nA, trace_units=dict(v=b2.mV),
     )
     assert spikes.sum() >= 10
-    m, (s,) = run_flexdsl("lif_ode", x, t_ref=t_ref)
+    m, (s,) = run_flexdsl("lif_refractory", x, t_ref=t_ref)
     assert_spike_steps_equal(s.numpy(), spikes)
     assert_traces_close(m.state_seqs["v"].numpy(), tr["v"], 100.0)
     if t_ref > 0:  # the period matters: v stays at v_reset for round(t_ref/dt) steps from the spike, then moves

@@ -262,7 +262,7 @@ def test_crossing_fires_once_and_its_gradient_matches_a_reference(backend):
 def test_hidden_states_carry_over_between_calls():
     """Refractoriness and the crossing's memory continue across calls, like any state."""
     x = torch.full((300, 2), 3.0, dtype=torch.float64)
-    for stem in ("lif_ode", "hodgkin_huxley"):
+    for stem in ("lif_refractory", "hodgkin_huxley"):
         scale = 10.0 if stem == "hodgkin_huxley" else 1.0
         whole = flexdsl.load(stem, backend="torch")(x * scale)
         m = flexdsl.load(stem, backend="torch")

@@ -400,7 +400,7 @@ def test_meta_units_of_declarations():
 
 
 def test_unitless_library_models_have_no_units():
-    with_units = {"adex", "hodgkin_huxley", "izhikevich_2003", "lif_ode", "morris_lecar"}
+    with_units = {"adex", "hodgkin_huxley", "izhikevich_2003", "lif_ode", "lif_refractory", "morris_lecar"}
     for stem in flexdsl.library():
         assert (flexdsl.compile(stem).checked.units is not None) == (stem in with_units), stem
 
