@@ -18,14 +18,16 @@ if TYPE_CHECKING:
     from . import nir
     from .api import compile, load, loads
     from .runtime.compiler import Compiled
+    from .runtime.finite import NonFiniteError
     from .runtime.module import NeuronModule
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NeuronModule", "Compiled", "nir", "__version__"]
+__all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule", "Compiled",
+           "nir", "__version__"]
 
 _LAZY = {"load": "api", "loads": "api", "compile": "api", "Compiled": "runtime.compiler",
-         "NeuronModule": "runtime.module"}
+         "NeuronModule": "runtime.module", "NonFiniteError": "runtime.finite"}
 
 
 def __getattr__(name: str) -> Any:

@@ -29,14 +29,17 @@ def load(
     detach_reset: bool = False,
     store_state_seqs: bool = False,
     param_shapes: Mapping[str, Sequence[int]] | None = None,
+    check_finite: bool = False,
     **params: Any,
 ) -> NeuronModule:
     """A trainable torch.nn.Module from a `.neuron` path or a library stem; keyword
-    arguments other than the options override params (checked against `where`)."""
+    arguments other than the options override params (checked against `where`).
+    `check_finite=True` (also `m.check_finite = True` later) raises a located error at the first
+    NaN or inf of a call, naming the state, the step and the element."""
     from .runtime.module import NeuronModule
 
     c = compile_model(model, detach_reset)
-    return NeuronModule(c, params, step_mode, backend, store_state_seqs, param_shapes)
+    return NeuronModule(c, params, step_mode, backend, store_state_seqs, param_shapes, check_finite)
 
 
 def loads(text: str, **kwargs: Any) -> NeuronModule:

@@ -86,6 +86,7 @@ def _format_equations(c, backward: bool) -> str:
         lines.append(f"# integration: {step.method}" + (" (chosen automatically)" if step.method_auto else ""))
     lines.append(f"# inputs: {', '.join(s.name for s in step.inputs)}; states: {', '.join(s.name for s in step.states)}")
     if not backward:
+        lines += [f"# computed once per call from the params: {d.describe()}" for d in step.derived]
         lines.append("# one step, in order (previous state values are the plain state names):")
         for y, e in step.assignments:
             lines.append(f"{y} = {sp.sstr(e)}")
@@ -134,7 +135,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             overrides[k] = float(v)
         except ValueError:
             overrides[k] = v  # a value with a unit, `tau=20 ms` (checked by the model)
-    m = load(args.file, backend="torch", store_state_seqs=True, **overrides).to(torch.float64)
+    m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
+             **overrides).to(torch.float64)
     c = m.compiled
     T = args.T
     x = _parse_input(args.input, T).reshape(T, 1)
@@ -237,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", default="1.5")
     r.add_argument("--param", action="append", metavar="NAME=VALUE")
     r.add_argument("--plot", metavar="OUT.png")
+    r.add_argument("--check-finite", action="store_true",
+                   help="stop with an error at the first NaN or inf, naming the state and the step")
     r.set_defaults(fn=_cmd_run)
     d = sub.add_parser("doc", help="documentation from the equations (not yet available)")
     d.add_argument("paths", nargs="+")

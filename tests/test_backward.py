@@ -68,6 +68,14 @@ def check_vjp(c: flexdsl.Compiled, seed: int = 0, n: int = 64) -> None:
             t = t.clone().requires_grad_()
             leaves.append(t)
         pvals.append(t)
+    # the params derived from the declared ones (propagators of coupled `exact` states) are
+    # leaves of the step too: learnable where they depend on a learnable param
+    for name, v in zip(c.derived_names, c.with_derived([p.detach() for p in pvals])[len(pvals):]):
+        t = torch.as_tensor(v, dtype=torch.float64).detach().clone()
+        if name in learn:
+            t.requires_grad_()
+            leaves.append(t)
+        pvals.append(t)
     outs = c.torch_module.core(*inputs, *states, *pvals)
     grads = [torch.randn(n, dtype=torch.float64, generator=gen) for _ in outs]
     wrt = [*inputs, *states, *leaves]

@@ -4,7 +4,8 @@ these, so loading a model never imports sympy).
 - `FUNCTIONS`: one record per built-in function — arity, doc, numeric form (floats or
   tensors), the name of its sympy form (`flexdsl.ir.functions.SYMPY`, which also gives its
   derivative) and its spelling in each generated-code target. Printers dispatch from these
-  records; `INTERNAL` holds the functions the lowering produces (spike, detach, sign).
+  records; `INTERNAL` holds the functions the lowering produces (spike, detach, sign, and
+  `exprel`, the removable singularity of exact steps, with its derivative).
 - `SURROGATES`: name, keyword defaults, `S'(x)` as text (the sympy form is in
   `flexdsl.ir.surrogates`).
 - `METHODS`: the ODE integration methods, with aliases (implementations in
@@ -57,11 +58,41 @@ _TORCH_FORMS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "heaviside": lambda t: (lambda u: (u >= 0).to(u.dtype)),
     "heaviside_gt": lambda t: (lambda u: (u > 0).to(u.dtype)),
     "sign": lambda t: t.sign, "identity": lambda t: (lambda x: x),
+    "exprel": lambda t: _torch_ops().exprel, "exprel_d": lambda t: _torch_ops().exprel_d,
 }
+
+
+def _torch_ops() -> Any:
+    from ..backends.torch import ops
+
+    return ops
 
 
 def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+# exprel(z) = (exp(z) - 1)/z (1 at z = 0) and its derivative, the removable singularities of an
+# exact step: x*exp(a*dt) + b*dt*exprel(a*dt) is exact for every a, a = 0 included. exprel is
+# expm1(z)/z (accurate to an ulp or two); its derivative ((z - 1)*exp(z) + 1)/z**2 cancels near
+# 0, so for |z| < EXPREL_SERIES_BOUND it is a Taylor series, sum (k+1)/(k+2)! z**k: 20 terms
+# reach float64 rounding on the whole interval, the first 12 float32 rounding (the Triton kernels).
+EXPREL_SERIES_BOUND = 1.0
+EXPREL_D_SERIES: tuple[float, ...] = tuple((k + 1) / math.factorial(k + 2) for k in range(20))
+EXPREL_D_SERIES_F32: tuple[float, ...] = EXPREL_D_SERIES[:12]
+
+
+def exprel_float(z: float) -> float:
+    return math.expm1(z) / z if z != 0 else 1.0
+
+
+def exprel_d_float(z: float) -> float:
+    if abs(z) < EXPREL_SERIES_BOUND:
+        acc = 0.0
+        for c in reversed(EXPREL_D_SERIES):
+            acc = acc * z + c
+        return acc
+    return ((z - 1.0) * math.exp(z) + 1.0) / (z * z)
 
 
 @dataclass(frozen=True)
@@ -156,6 +187,11 @@ INTERNAL: dict[str, Function] = {
         _fn("sign", 1, "sign of x", _numeric(lambda x: float((x > 0) - (x < 0)), "sign"), "sign",
             "torch.sign({0})", "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
             "float(({0} > 0) - ({0} < 0))", user=False),
+        _fn("exprel", 1, "(exp(z) - 1)/z, 1 at z = 0 (the exact step of a linear equation)",
+            _numeric(exprel_float, "exprel"), "exprel", "ops.exprel({0})", "_exprel({0})", "_host_exprel({0})",
+            user=False),
+        _fn("exprel_d", 1, "the derivative of exprel, 1/2 at z = 0", _numeric(exprel_d_float, "exprel_d"),
+            "exprel_d", "ops.exprel_d({0})", "_exprel_d({0})", "_host_exprel_d({0})", user=False),
     ]
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import mpmath
 import sympy as sp
 
 from ..frontend.catalog import ALL_FUNCTIONS, FUNCTIONS
@@ -120,6 +121,52 @@ class clip(sp.Function):
         return d
 
 
+class exprel(sp.Function):
+    """(exp(z) - 1)/z, continued by 1 at z = 0: exp(a*dt) = 1 + a*dt*exprel(a*dt), and the exact step
+    of dx/dt = a*x + b is x*exp(a*dt) + b*dt*exprel(a*dt), finite and exact at a = 0. Printed as a
+    call (`ops.exprel`, `_exprel`) that every backend evaluates without cancellation near 0."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, z):  # type: ignore[override]
+        if z.is_zero:
+            return sp.Integer(1)
+        if z.is_Float:  # numerically, without the cancellation of exp(z) - 1
+            return sp.Float(mpmath.expm1(z._to_mpmath(z._prec)) / z._to_mpmath(z._prec), precision=z._prec)
+        if z.is_Number:
+            return (sp.exp(z) - 1) / z
+        return None
+
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
+        return exprel_d(self.args[0])
+
+
+class exprel_d(sp.Function):
+    """The derivative of exprel: ((z - 1)*exp(z) + 1)/z**2, continued by 1/2 at z = 0 (a Taylor
+    series near 0 in every backend). The backward of a step differentiates once, so it is the
+    last function of the family the pipeline needs; its own derivative is given in closed form."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, z):  # type: ignore[override]
+        if z.is_zero:
+            return sp.Rational(1, 2)
+        if z.is_Float:
+            with mpmath.workprec(2 * z._prec + 20):
+                x = z._to_mpmath(2 * z._prec + 20)
+                v = ((x - 1) * mpmath.exp(x) + 1) / x**2
+            return sp.Float(v, precision=z._prec)
+        if z.is_Number:
+            return ((z - 1) * sp.exp(z) + 1) / z**2
+        return None
+
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
+        z = self.args[0]
+        return Where(sp.Eq(z, 0), sp.Rational(1, 3), (sp.exp(z) - 2 * exprel_d(z)) / z)
+
+
 # --- the spike and its reset (not callable from a model; produced by the lowering)
 class SurrogateGrad(sp.Function):
     """Placeholder for S'(u) inside derivatives; replaced by the model's surrogate formula."""
@@ -165,7 +212,7 @@ SYMPY: dict[str, Callable[..., sp.Expr]] = {
     "exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "Abs": sp.Abs, "sin": sp.sin, "cos": sp.cos,
     "tanh": sp.tanh, "sigmoid": sigmoid, "relu": relu, "fmin": fmin, "fmax": fmax, "clip": clip,
     "Where": _where, "heaviside": heaviside, "SpikeGE": SpikeGE, "SpikeGT": SpikeGT, "Detach": Detach,
-    "sign": sp.sign,
+    "sign": sp.sign, "exprel": exprel, "exprel_d": exprel_d,
 }
 assert {f.sympy for f in ALL_FUNCTIONS.values()} == set(SYMPY), "catalog and functions.SYMPY disagree"
 

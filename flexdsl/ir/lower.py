@@ -17,7 +17,7 @@ from ..frontend import ast as A
 from ..frontend.catalog import FUNCTIONS
 from ..frontend.check import CheckedModel
 from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, Where, make
-from .integrate import INTEGRATORS, NotApplicable, linear_system
+from .integrate import INTEGRATORS, Context, NotApplicable
 from .surrogates import BUILTIN_SURROGATES
 
 
@@ -120,13 +120,40 @@ def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = No
 
 @dataclass
 class ParamInfo:
+    """A param of the step: declared in the model (`decl`), or derived from the declared ones
+    (`decl` None: an entry of a `MatrixExp`, learnable when its definition involves a learnable
+    param). Every backend takes the derived params after the declared ones."""
+
     name: str
     symbol: sp.Symbol
-    decl: A.Param
+    decl: A.Param | None
+    derived_learnable: bool = False
 
     @property
     def learnable(self) -> bool:
-        return self.decl.learnable
+        return self.decl.learnable if self.decl is not None else self.derived_learnable
+
+    @property
+    def derived(self) -> bool:
+        return self.decl is None
+
+
+@dataclass
+class MatrixExp:
+    """Derived params: entries of expm(matrix), where the matrix is made of params only. They are
+    computed once per call, numerically (the torch backend's `derived_params`), before any
+    backend's program runs, and passed to it like params (with autograd to the declared ones)."""
+
+    states: list[str]  # the coupled states whose propagator this is
+    matrix: sp.Matrix
+    entries: list[tuple[sp.Symbol, int, int]]  # (symbol, row, column)
+    pos: A.Pos  # the equations that need it
+
+    def describe(self) -> str:
+        names = ", ".join(s.name for s, _, _ in self.entries)
+        rows = ", ".join("[" + ", ".join(sp.sstr(e) for e in self.matrix.row(i)) + "]"
+                         for i in range(self.matrix.rows))
+        return f"{names} = entries {[(i, j) for _, i, j in self.entries]} of expm([{rows}])"
 
 
 @dataclass
@@ -145,7 +172,7 @@ class StepModel:
     checked: CheckedModel
     inputs: list[sp.Symbol]
     states: list[sp.Symbol]
-    params: list[ParamInfo]
+    params: list[ParamInfo]  # declared, then derived
     assignments: list[tuple[sp.Symbol, sp.Expr]]
     next_states: list[sp.Expr]
     outputs: list[tuple[str, sp.Expr]]
@@ -156,6 +183,7 @@ class StepModel:
     detach_reset: bool
     taken: set[str] = field(default_factory=set)
     origins: dict[str, A.Pos] = field(default_factory=dict)  # SSA name -> source position
+    derived: list[MatrixExp] = field(default_factory=list)  # how the derived params are computed
 
     @property
     def name(self) -> str:
@@ -164,6 +192,10 @@ class StepModel:
     @property
     def learnable(self) -> list[ParamInfo]:
         return [p for p in self.params if p.learnable]
+
+    @property
+    def declared_params(self) -> list[ParamInfo]:
+        return [p for p in self.params if not p.derived]
 
     def equations(self) -> list[sp.Eq]:
         eqs = [sp.Eq(y, e, evaluate=False) for y, e in self.assignments]
@@ -232,6 +264,7 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     not_refractory = _refractoriness(model, env, value, emit, here)
 
     # -- 1. equations
+    derived: list[MatrixExp] = []
     method = model.method
     auto = method is None
     if model.equations is not None:
@@ -247,24 +280,46 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                 local[name] = to_sympy(e, local, n)
             return {sym(o.state): to_sympy(o.value, local, n) for o in odes}
 
-        if auto:
+        dt = _step(model, env)
+        here[0] = model.equations.pos
+        constants = {p.symbol for p in params}
+
+        def matrix_exp(states_: list[sp.Symbol], matrix: sp.Matrix, wanted: dict[tuple[int, int], str]
+                       ) -> dict[tuple[int, int], sp.Symbol]:
+            pos = next(o.pos for o in odes if o.state == states_[0].name)
+            out = {k: names.new(base) for k, base in wanted.items()}
+            derived.append(MatrixExp([s_.name for s_ in states_], matrix, [(y, i, j) for (i, j), y in out.items()],
+                                     pos))
+            for y in out.values():
+                origins[y.name] = pos
+            return out
+
+        ctx = Context(emit, lambda e: e.free_symbols <= constants, matrix_exp)
+
+        def integrate(m: str) -> dict[sp.Symbol, sp.Expr]:
+            if held and not_refractory is not None:
+                return _integrate_held(m, ode_syms, rhs_at, dt, ctx, held, not_refractory, assignments, derived)
+            return INTEGRATORS[m](ode_syms, rhs_at, dt, ctx)
+
+        if auto:  # `exact` where it applies, else `euler`
             try:
-                linear_system(ode_syms, rhs_at({s_: s_ for s_ in ode_syms}))
+                new = integrate("exact")
                 method = "exact"
             except NotApplicable:
                 method = "euler"
-        dt = _step(model, env)
-        here[0] = model.equations.pos
-        try:
-            if held and not_refractory is not None:
-                new = _integrate_held(method, ode_syms, rhs_at, dt, emit, held, not_refractory, assignments)
-            else:
-                new = INTEGRATORS[method](ode_syms, rhs_at, dt, emit)
-        except NotApplicable as e:
-            line = next(o for o in odes if o.state == e.state.name)
-            raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
-                               line.pos.column, n.source,
-                               "use `method euler`, `rk4` or `exponential_euler` for nonlinear equations") from None
+                new = integrate("euler")
+        else:
+            try:
+                new = integrate(method)
+            except NotApplicable as e:
+                line = next(o for o in odes if o.state == e.state.name)
+                raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
+                                   line.pos.column, n.source, e.hint or
+                                   "use `method euler`, `rk4` or `exponential_euler` for nonlinear equations") from None
+        learnable = {p.symbol for p in params if p.learnable}
+        for d in derived:
+            dl = bool(d.matrix.free_symbols & learnable)
+            params += [ParamInfo(y.name, y, None, dl) for y, _, _ in d.entries]
         for s_, o in zip(ode_syms, odes):
             here[0] = o.pos
             env[s_.name] = emit(s_.name, new[s_])
@@ -360,7 +415,8 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     next_states = [env[s_.name] for s_ in states]
     assignments = share_subexpressions(assignments, names)
     return StepModel(model, inputs, states, params, assignments, next_states, outputs, spike_sym, surrogate,
-                     method if model.equations is not None else None, auto, detach_reset, names.taken, origins)
+                     method if model.equations is not None else None, auto, detach_reset, names.taken, origins,
+                     derived)
 
 
 def _step(model: CheckedModel, env: Mapping[str, sp.Expr]) -> sp.Expr:
@@ -400,24 +456,25 @@ def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, h
     return emit("not_refractory", Where(value(rf.condition), Detach(env["_not_refractory"]), 1))
 
 
-def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, emit, held: set[sp.Symbol],
-                    not_refractory: sp.Expr, assignments: list) -> dict[sp.Symbol, sp.Expr]:
+def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, ctx: Context, held: set[sp.Symbol],
+                    not_refractory: sp.Expr, assignments: list, derived: list[MatrixExp]
+                    ) -> dict[sp.Symbol, sp.Expr]:
     """The step of a system whose `held` states do not move while refractory, with Brian2's
     meaning (`dX/dt = int(not_refractory) * f` for each held X):
 
     - the explicit methods integrate exactly that right-hand side;
     - `exponential_euler` treats each equation on its own, from the step's starting values, so
       a held state keeps its value and the others are unaffected;
-    - `exact` gives the closed form of both systems (free, and with the held rows 0) and chooses
-      per state (the free one where the state is neither held nor driven by a held one)."""
+    - `exact` steps both systems (free, and with the held rows 0) and chooses per state (the
+      free one where the state is neither held nor driven by a held one)."""
     active = sp.StrictGreaterThan(not_refractory, 0)
     if method not in ("exact", "exponential_euler"):
         def gated(values):
             rhs = rhs_at(values)
             return {x: (not_refractory * f if x in held else f) for x, f in rhs.items()}
 
-        return INTEGRATORS[method](xs, gated, dt, emit)
-    free = INTEGRATORS[method](xs, rhs_at, dt, emit)
+        return INTEGRATORS[method](xs, gated, dt, ctx)
+    free = INTEGRATORS[method](xs, rhs_at, dt, ctx)
     if method == "exponential_euler":
         return {x: (Where(active, free[x], x) if x in held else free[x]) for x in xs}
     # exact: the states driven by a held one (transitively) need the held system's solution
@@ -430,13 +487,13 @@ def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, emit,
             if x not in driven and rhs[x].free_symbols & driven:
                 driven.add(x)
                 changed = True
-    start = len(assignments)
+    start, start_derived = len(assignments), len(derived)
 
     def frozen(values):
         r = rhs_at(values)
         return {x: (sp.Integer(0) if x in held else f) for x, f in r.items()}
 
-    stopped = INTEGRATORS[method](xs, frozen, dt, emit)
+    stopped = INTEGRATORS[method](xs, frozen, dt, ctx)
     out = {x: (Where(active, free[x], stopped[x]) if x in driven else free[x]) for x in xs}
     # drop what the held system computed for states that do not need it
     need: set[sp.Symbol] = set()
@@ -446,6 +503,7 @@ def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, emit,
         if y in need:
             need |= e.free_symbols
     assignments[start:] = [(y, e) for y, e in assignments[start:] if y in need]
+    derived[start_derived:] = [d for d in derived[start_derived:] if any(y in need for y, _, _ in d.entries)]
     return out
 
 

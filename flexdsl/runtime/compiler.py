@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from functools import cached_property, lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -60,6 +61,7 @@ class Compiled:
         self.checked: CheckedModel = check(parse(text, filename))
         self._programs: dict[str, Program] = {}
         self._lock = threading.Lock()
+        self._derived_cache: dict[tuple[float, ...], list[float]] = {}
 
     # ------------------------------------------------------------------ the stages
     @cached_property
@@ -103,6 +105,44 @@ class Compiled:
                     p = _load_program(b, self.key(b), lambda: self.artefact(b))
                     self._programs[b.name] = p
         return p
+
+    # ------------------------------------------------------------------ derived params
+    @property
+    def derived_names(self) -> list[str]:
+        """The names of the params the step derives from the declared ones (matrix exponentials
+        of coupled linear states), which every program takes after the declared params."""
+        return self.program("torch").derived  # type: ignore[attr-defined]
+
+    def with_derived(self, params: Sequence[Any]) -> list[Any]:
+        """The declared params' values followed by the derived params' values (computed once per
+        call by the generated `derived_params`: floats when every param is a float, else tensors
+        with autograd to the declared params, in their floating dtype)."""
+        params = list(params)
+        if not self.derived_names:
+            return params
+        import torch
+
+        tensors = [p for p in params if isinstance(p, torch.Tensor)]
+        if not tensors and not torch.compiler.is_compiling():  # (a trace keeps tensors, and no cache)
+            key = tuple(float(p) for p in params)
+            hit = self._derived_cache.get(key)
+            if hit is None:
+                with torch.no_grad():
+                    vals = self.torch_module.derived_params(*(torch.tensor(v, dtype=torch.float64) for v in key))
+                hit = [float(v) for v in vals]
+                if len(self._derived_cache) > 64:
+                    self._derived_cache.clear()
+                self._derived_cache[key] = hit
+            return params + hit
+        dtype = tensors[0].dtype if tensors else torch.float64
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+        if not dtype.is_floating_point:
+            dtype = torch.float64
+        device = tensors[0].device if tensors else None
+        args = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=device)
+                for p in params]
+        return params + [v.to(dtype).contiguous() for v in self.torch_module.derived_params(*args)]
 
     # ------------------------------------------------------------------ inspection (LANGUAGE §7)
     @property

@@ -52,6 +52,7 @@ class NeuronModule(nn.Module):
         backend: str = "auto",
         store_state_seqs: bool = False,
         param_shapes: Mapping[str, Sequence[int]] | None = None,
+        check_finite: bool = False,
     ) -> None:
         super().__init__()
         c = compiled
@@ -74,6 +75,7 @@ class NeuronModule(nn.Module):
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
+        self.check_finite = check_finite  # raise at the first NaN/inf of a call (runtime/finite.py)
         shapes = {k: tuple(int(s) for s in v) for k, v in (param_shapes or {}).items()}
         for name in shapes:
             if name not in self._param_decls:
@@ -191,8 +193,8 @@ class NeuronModule(nn.Module):
         return {name: getattr(self, name) for name in self._param_decls}
 
     def _check_invariants(self) -> None:
-        """The step's param-only values must be finite (e.g. an `exact` solution is singular
-        for equal time constants): a located error names the first that is not."""
+        """The step's param-only values, derived params included, must be finite (e.g. a decay
+        factor that overflows): a located error names the first that is not."""
         c = self._compiled
         with torch.no_grad():
             vals = c.torch_module.invariants(*(v.detach() if isinstance(v, torch.Tensor) else v
@@ -205,8 +207,8 @@ class NeuronModule(nn.Module):
                 how = f" (method `{c.method}`)" if c.method else ""
                 raise self._error(
                     f"with these params the step is not defined: `{name}`{how} is not finite", pos,
-                    "a division by zero or an overflow among the params; with `exact`, equal time constants "
-                    "make the closed form singular: change one slightly or use another method")
+                    "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
+                    "`dt` so long that a decay factor overflows)")
 
     # ------------------------------------------------------------------ checkpoints
     def get_extra_state(self) -> dict[str, Any]:
@@ -365,9 +367,9 @@ class NeuronModule(nn.Module):
             self._prepare(None)
 
     def _core_params(self) -> list[Any]:
+        """The params `core` takes: the declared ones, then those derived from them."""
         out = []
-        for name in self._param_decls:
-            v = getattr(self, name)
+        for v in self._compiled.with_derived([getattr(self, name) for name in self._param_decls]):
             out.append(torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v)
         return out
 
@@ -462,7 +464,15 @@ class NeuronModule(nn.Module):
             if isinstance(v, torch.Tensor) and v.numel() > 1 and v.device != x0.device:
                 raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
                                   self._param_decls[name].pos, "move the module: m.to(device)")
-        res = program.run(xs, self._states_for(x0, shape, given), params, store_seqs=store_seqs)
+        params = self._compiled.with_derived(params)
+        init = self._states_for(x0, shape, given)
+        res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        if self.check_finite:
+            from .finite import check
+
+            check(self._compiled, xs, init, params, res)
+            if not store_seqs:
+                res.seqs = None
         outs = [o[0] for o in res.outputs] if self.step_mode == "s" else res.outputs
         return (outs[0] if len(outs) == 1 else tuple(outs)), res
 

@@ -83,16 +83,47 @@ def emit_core(step: StepModel) -> str:
     rets = [core_pr._print(v) for _, v in step.outputs] + [core_pr._print(v) for v in step.next_states]
     lines.append(f"    return ({', '.join(rets)},)")
     lines.append("")
+    lines += derived_params_lines(step, pr, src_lines)
+    derived = [p.symbol for p in step.params if p.derived]
     h = hoist(step)
     lines += [
         "",
         f"def invariants({', '.join(params)}):",
-        "    # The values of the step that depend on params only (checked finite when params change).",
+        "    # The values of the step that depend on params only, derived params included (checked",
+        "    # finite when params change).",
         *lhs_rhs_lines(pr, h.invariants),
-        "    return {" + ", ".join(f"{y.name!r}: {pr._print(y)}" for y in h.used) + "}",
+        "    return {" + ", ".join(f"{y.name!r}: {pr._print(y)}" for y in [*derived, *h.used]) + "}",
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def derived_params_lines(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:
+    """`derived_params(*declared params)`: the step's derived params, once per call (matrix
+    exponentials in float64, differentiable: `torch.linalg.matrix_exp`)."""
+    declared = [pr._print(p.symbol) for p in step.declared_params]
+    lines = [
+        "",
+        f"def derived_params({', '.join(declared)}):",
+        "    # Params the step derives from the declared ones, computed once per call and passed to",
+        "    # `core` after them. E_a_b: the coefficient of b in a's new value (expm(A*dt)); F_a_b: that",
+        "    # of b's forcing, the state-free part of db/dt (the integral of expm(A*s) over the step).",
+        "    # Both are read off the exponential of A*dt bordered by a column dt per forcing term.",
+    ]
+    names: list[str] = []
+    for k, d in enumerate(step.derived):
+        line = d.pos.line
+        if 0 < line <= len(src_lines):
+            lines.append(f"    # line {line}: {comment_text(src_lines[line - 1])}")
+        lines.append(f"    # the propagator of ({comment_text(', '.join(d.states))}) over one step")
+        rows = ", ".join("[" + ", ".join(pr._print(e) for e in d.matrix.row(i)) + "]" for i in range(d.matrix.rows))
+        lines.append(f"    _expm{k} = ops.expm([{rows}])")
+        for y, i, j in d.entries:
+            lines.append(f"    {pr._print(y)} = _expm{k}[..., {i}, {j}]")
+            names.append(pr._print(y))
+    lines.append(f"    return ({''.join(n + ', ' for n in names)})")
+    lines.append("")
+    return lines
 
 
 def emit_core_backward(step: StepModel, bw: BackwardModel) -> str:

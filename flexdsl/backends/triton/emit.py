@@ -25,6 +25,7 @@ from typing import Any
 
 import sympy as sp
 
+from ...frontend.catalog import EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
 from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
@@ -226,7 +227,8 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         params=[ident(p) for p in abi.params],
         host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
         host_return="{" + ", ".join(f"{y.name!r}: {hp._print(y)}" for y, _ in hoisted) + "}",
-        param_loads=param_loads, fwd=fwd, bwd=bwd)
+        param_loads=param_loads, fwd=fwd, bwd=bwd,
+        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32]})
     return source, abi
 
 

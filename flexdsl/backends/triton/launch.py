@@ -173,7 +173,7 @@ class TritonProgram:
             p = p.to(dev)
         if p.numel() == 1:
             return p.reshape(1), 1
-        return p.detach().expand(shape).reshape(N), 2
+        return p.detach().expand(shape).reshape(N).contiguous(), 2  # the kernel reads [N] at unit stride
 
     @staticmethod
     def _unpack(tensors, vals, is_t):
