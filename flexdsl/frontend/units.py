@@ -309,7 +309,7 @@ class _Dims(A.ExprFold[_D]):
 
     # leaves
     def visit_Num(self, e: A.Num) -> _D:
-        v = Fraction(e.text) if _exact_text(e.text) else e.value
+        v = _exact(e.text, e.value)
         return self._keep(e, _D(DIMENSIONLESS, e.value == 0, v, v))
 
     def visit_Quantity(self, e: A.Quantity) -> _D:
@@ -318,10 +318,10 @@ class _Dims(A.ExprFold[_D]):
         if abs(p) > MAX_UNIT_POWER or p.denominator > 2:
             raise self.uc.err(f"the power of a unit must be a small integer or a half, not {e.power_text}",
                               e.unit_pos, f"e.g. `2 cm**2`; powers up to {MAX_UNIT_POWER}")
-        v = Fraction(e.text) if _exact_text(e.text) else e.value
+        v = _exact(e.text, e.value)
         c = _mul(v, _pow(f, p))
         if c is None or not math.isfinite(float(c)):
-            raise self.uc.err(f"`{A.to_text(e)}` is too large for a float in base units ({show(d ** p, 'base')})",
+            raise self.uc.err(f"`{_text(e)}` is too large for a float in base units ({show(d ** p, 'base')})",
                               e.pos, "the largest float is about 1.8e308")
         return self._keep(e, _D(d ** p, False, None, c, True))
 
@@ -361,16 +361,20 @@ class _Dims(A.ExprFold[_D]):
             p = _as_fraction(exponent) if exponent is not None else Fraction(1)
             return self._keep(e, _D(a.dim ** p, False, _pow(a.number, b.number), _pow(a.const, b.const), has_unit))
         if not b.dim.dimensionless:
-            raise self.uc.err(f"an exponent must be dimensionless, but `{A.to_text(e.right)}` is {b.dim}",
+            raise self.uc.err(f"an exponent must be dimensionless, but `{_text(e.right)}` is {b.dim}",
                               e.right.pos)
         if a.dim.dimensionless:
             return self._keep(e, _D(DIMENSIONLESS, False, _pow(a.number, b.number), _pow(a.const, b.const),
                                     has_unit))
         if exponent is None:
-            raise self.uc.err(f"`{A.to_text(e.left)}` has the unit {a.dim}, so its exponent must be a number, "
-                              f"not `{A.to_text(e.right)}`", e.right.pos,
+            raise self.uc.err(f"`{_text(e.left)}` has the unit {a.dim}, so its exponent must be a number, "
+                              f"not `{_text(e.right)}`", e.right.pos,
                               "a quantity with a unit can only be raised to a constant power")
         p = _as_fraction(exponent)
+        if abs(p) > 4 * MAX_UNIT_POWER:
+            raise self.uc.err(f"`{_text(e.left)}` has the unit {a.dim}: its power must be a small number, not "
+                              f"{_text(e.right)}", e.right.pos, f"powers of a quantity with a unit are limited to "
+                              f"{4 * MAX_UNIT_POWER}")
         return self._keep(e, _D(a.dim ** p, False, None, _pow(a.const, p), True))
 
     def _check_sum(self, top: A.BinOp) -> None:
@@ -399,15 +403,15 @@ class _Dims(A.ExprFold[_D]):
         ref_term = next(t for t, d in real if d.dim == ref)
         for t, d in real:
             if d.dim != ref:
-                raise self.uc.err(f"the terms of a sum must have the same unit, but `{A.to_text(t)}` is {d.dim} "
-                                  f"and `{A.to_text(ref_term)}` is {ref}", t.pos, self.uc.hint_for(t, ref))
+                raise self.uc.err(f"the terms of a sum must have the same unit, but `{_text(t)}` is {d.dim} "
+                                  f"and `{_text(ref_term)}` is {ref}", t.pos, self.uc.hint_for(t, ref))
 
     def visit_Call(self, e: A.Call, *args: _D) -> _D:
         f = e.func
         if f in ("exp", "log", "sin", "cos", "tanh", "sigmoid"):
             a = args[0]
             if self.checking and not a.dim.dimensionless:
-                raise self.uc.err(f"the argument of `{f}` must be dimensionless, but `{A.to_text(e.args[0])}` "
+                raise self.uc.err(f"the argument of `{f}` must be dimensionless, but `{_text(e.args[0])}` "
                                   f"is {a.dim}", e.args[0].pos,
                                   "divide by a scale of the same unit, e.g. `exp((v - v_T)/delta_T)`")
             return self._keep(e, _D(DIMENSIONLESS, has_unit=a.has_unit))
@@ -434,8 +438,8 @@ class _Dims(A.ExprFold[_D]):
         for x, d in real[1:]:
             if d.dim != d0.dim:
                 what = "the two values of `where`" if f == "where" else f"the arguments of `{f}`"
-                raise self.uc.err(f"{what} must have the same unit, but `{A.to_text(x0)}` is {d0.dim} "
-                                  f"and `{A.to_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
+                raise self.uc.err(f"{what} must have the same unit, but `{_text(x0)}` is {d0.dim} "
+                                  f"and `{_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
         return d0.dim
 
     def visit_Compare(self, e: A.Compare, *vals: _D) -> _D:
@@ -447,16 +451,30 @@ class _Dims(A.ExprFold[_D]):
         real = [(x, d) for x, d in zip(e.operands, vals) if not d.zero]
         for (x0, d0), (x, d) in zip(real, real[1:]):
             if d.dim != d0.dim:
-                raise self.uc.err(f"a comparison needs the same unit on both sides, but `{A.to_text(x0)}` is "
-                                  f"{d0.dim} and `{A.to_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
+                raise self.uc.err(f"a comparison needs the same unit on both sides, but `{_text(x0)}` is "
+                                  f"{d0.dim} and `{_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
 
 
-def _exact_text(text: str) -> bool:
-    return len(text) < 40
+def _text(e: A.Expr, limit: int = 60) -> str:
+    """An expression for a message (long ones shortened)."""
+    t = A.to_text(e)
+    return t if len(t) <= limit else t[: limit - 3] + "..."
+
+
+def _exact(text: str, value: float) -> Fraction | float:
+    """A literal's exact value (its decimal text as a fraction), or the float where the text
+    would make a huge fraction (`1e-999999`, a thousand digits)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    if len(mantissa) > 40 or (exponent and abs(int(exponent)) > 330):
+        return value
+    return Fraction(text)
 
 
 def _exponent(power: float, text: str) -> Fraction:
-    return Fraction(text) if text else Fraction(1)
+    if not text:
+        return Fraction(1)
+    v = _exact(text, power)
+    return v if isinstance(v, Fraction) else Fraction(power).limit_denominator(1000)
 
 
 def _as_fraction(x: Fraction | float) -> Fraction:
@@ -518,13 +536,20 @@ class _UnitChecker:
     def mismatch(self, what: str, expected: Dim, e: A.Expr, got: Dim, term: bool = False) -> FlexDSLError:
         also = f" = {show(expected, 'base')}" if show(expected, "base") != str(expected) else ""
         kind = "the term " if term else ""
-        return self.err(f"{what} has unit {expected}{also}, but {kind}`{A.to_text(e)}` is {got} — expected {expected}",
+        return self.err(f"{what} has unit {expected}{also}, but {kind}`{_text(e)}` is {got} — expected {expected}",
                         e.pos, self.hint_for(e, expected, got))
 
     def hint_for(self, e: A.Expr, expected: Dim, got: Dim | None = None) -> str | None:
         if got is not None and not got.dimensionless and got / expected == Dim.of(TIME):
             return "a derivative is per time: divide by a time constant (e.g. `(E_L - v) / tau`)"
         if isinstance(e, A.Name):
+            unit_ = show(expected, "base")
+            if any(i.name == e.id and i.unit is None for i in self.ck.inputs) and not expected.dimensionless:
+                return f"`{e.id}` is an input without a unit: declare it, e.g. `input {e.id} : {unit_}`"
+            decl = next((p for p in self.ck.params if p.name == e.id), None)
+            if decl is not None and isinstance(decl.default, A.Num) and not expected.dimensionless:
+                return f"`{e.id}` is a plain number: give its value a unit, e.g. `param {e.id} = " \
+                       f"{decl.default.text} {unit_}`"
             if e.id in self.zero_init:
                 return (f"`{e.id}` starts at a plain 0, so it is dimensionless: give its initial value a unit, "
                         f"e.g. `state {e.id} = 0 {show(expected, 'base')}`")
@@ -617,11 +642,11 @@ class _UnitChecker:
             if rf.period is not None:
                 pd = self.dim(rf.period, env)
                 if "dt" in env and pd.dim != Dim.of(TIME) and not pd.zero:
-                    raise self.err(f"the refractory period must be a time, but `{A.to_text(rf.period)}` is {pd.dim}",
+                    raise self.err(f"the refractory period must be a time, but `{_text(rf.period)}` is {pd.dim}",
                                    rf.period.pos, "e.g. `refractory 2 ms`")
                 if "dt" not in env and not pd.dim.dimensionless:
                     raise self.err(f"without `dt`, the refractory period is a number of steps, but "
-                                   f"`{A.to_text(rf.period)}` is {pd.dim}", rf.period.pos,
+                                   f"`{_text(rf.period)}` is {pd.dim}", rf.period.pos,
                                    "declare the step, e.g. `param dt = 0.1 ms`, to give the period in time")
             if rf.condition is not None:
                 self.dim(rf.condition, env)
@@ -631,8 +656,8 @@ class _UnitChecker:
             left = self.dim(rule.left, env)
             right = self.dim(rule.right, env)
             if not left.zero and not right.zero and left.dim != right.dim:
-                raise self.err(f"the spike rule compares `{A.to_text(rule.left)}` ({left.dim}) with "
-                               f"`{A.to_text(rule.right)}` ({right.dim}): both sides need the same unit",
+                raise self.err(f"the spike rule compares `{_text(rule.left)}` ({left.dim}) with "
+                               f"`{_text(rule.right)}` ({right.dim}): both sides need the same unit",
                                rule.right.pos, self.hint_for(rule.right, left.dim))
             u_dim = left.dim if not left.zero else right.dim
             self.surrogate(u_dim, env, A.BinOp("-", rule.left, rule.right, rule.left.pos))
@@ -656,7 +681,7 @@ class _UnitChecker:
             d = self.dim(st.value, env)
             if not d.dim.dimensionless:
                 raise self.err(f"`{tgt} {st.op} ...` would change the unit of `{tgt}`: the factor "
-                               f"`{A.to_text(st.value)}` is {d.dim}, but it must be dimensionless", st.value.pos)
+                               f"`{_text(st.value)}` is {d.dim}, but it must be dimensionless", st.value.pos)
             return
         what = f"`{tgt}`" if st.op == "=" else f"`{tgt} {st.op} ...`"
         if tgt in {s.name for s in self.ck.states}:
@@ -676,7 +701,7 @@ class _UnitChecker:
             spec = BUILTIN_SURROGATES[rs.name]
             if spec.unitless_arg and not u_dim.dimensionless:
                 raise self.err(f"the surrogate `{rs.name}` has no scale keyword, so its argument must be "
-                               f"dimensionless, but `{A.to_text(u_expr)}` is {u_dim}", pos,
+                               f"dimensionless, but `{_text(u_expr)}` is {u_dim}", pos,
                                "compare dimensionless values (e.g. `v / v_th > 1`) or use a surrogate with a "
                                f"scale, e.g. `sigmoid(alpha=4/{show(u_dim, 'base')})`")
             for name, k in given.items():
@@ -687,9 +712,9 @@ class _UnitChecker:
                     role = ("dimensionless" if p == 0 else f"{want}, the unit of 1/u" if p == -1
                             else f"{want}, the unit of u" if p == 1 else str(want))
                     raise self.err(f"`{name}` of the surrogate `{rs.name}` must be {role} (u = "
-                                   f"`{A.to_text(u_expr)}` is {u_dim}), but `{A.to_text(k.value)}` is {d.dim}",
+                                   f"`{_text(u_expr)}` is {u_dim}), but `{_text(k.value)}` is {d.dim}",
                                    k.value.pos, f"the surrogate's argument (`{name}` with u) must be dimensionless"
-                                   + (f": write e.g. `{name}={A.to_text(k.value)}/{show(u_dim, 'base')}`"
+                                   + (f": write e.g. `{name}={_text(k.value)}/{show(u_dim, 'base')}`"
                                       if p == -1 and d.dim.dimensionless else ""))
             return
         sd = rs.user
@@ -701,7 +726,7 @@ class _UnitChecker:
             if k.name in given:
                 self.dim(k.value, env)
         self.dim(sd.body, local, DIMENSIONLESS / u_dim, f"the surrogate `{sd.name}` (d spike / d u, u = "
-                                                         f"`{A.to_text(u_expr)}`)")
+                                                         f"`{_text(u_expr)}`)")
 
     def unit_expr(self, e: A.Expr) -> tuple[Fraction, Dim]:
         """A unit written as an expression of unit names (`uA/cm**2`, `1/ms`)."""
@@ -714,23 +739,16 @@ class _UnitChecker:
             elif isinstance(n, A.BinOp) and n.op in ("*", "/", "**"):
                 pass
             else:
-                raise self.err(f"a unit is written with unit names, `*`, `/` and `**`, not `{A.to_text(n)}`",
+                raise self.err(f"a unit is written with unit names, `*`, `/` and `**`, not `{_text(n)}`",
                                n.pos, "e.g. `input I : nA` or `input I : uA/cm**2`")
         d = _Dims(self, {}, None, "").fold(e)
+        exponents = {id(k) for m in A.nodes(e) if isinstance(m, A.BinOp) and m.op == "**" for k in A.nodes(m.right)}
         for n in A.nodes(e):
-            if isinstance(n, A.Num) and not _is_exponent(e, n) and n.value != 1:
+            if isinstance(n, A.Num) and id(n) not in exponents and n.value != 1:
                 raise self.err(f"a unit has no number in it (`{n.text}`)", n.pos,
                                "the unit of an input is like `nA` or `1/ms`")
         assert d.const is not None
         return Fraction(d.const) if not isinstance(d.const, Fraction) else d.const, d.dim
-
-
-def _is_exponent(root: A.Expr, n: A.Expr) -> bool:
-    for m in A.nodes(root):
-        if isinstance(m, A.BinOp) and m.op == "**":
-            if any(k is n for k in A.nodes(m.right)):
-                return True
-    return False
 
 
 def suggest_unit(name: str) -> str | None:
@@ -828,7 +846,7 @@ class _Convert(A.ExprFold[tuple[A.Expr, _D]]):
             if finite:
                 return _number(d.const, e), d
         if isinstance(new, A.Quantity):  # (not finite: reported where the quantity was checked)
-            raise self.uc.err(f"`{A.to_text(e)}` is not a finite number in base units", e.pos)
+            raise self.uc.err(f"`{_text(e)}` is not a finite number in base units", e.pos)
         return new, d
 
     def enter(self, node: A.Expr, parent: A.Expr | None) -> None:
