@@ -27,7 +27,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ck = c.checked
         kind = "spiking" if ck.spike is not None else "non-spiking"
         print(f"{f}: ok — neuron {ck.name} ({kind}{method}; {len(ck.inputs)} input(s), {len(ck.params)} param(s), "
-              f"{len(ck.states)} state(s))")
+              f"{len(ck.states) - len(ck.hidden)} state(s))")
     return 1 if failed else 0
 
 

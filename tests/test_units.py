@@ -414,3 +414,27 @@ def test_a_model_with_units_loads_from_the_disk_cache_without_sympy(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     (used1, *v1), (used2, *v2) = (r.stdout.split() for r in runs)
     assert used1 == "True" and used2 == "False" and v1 == v2
+
+
+def test_cli_run_takes_and_prints_units():
+    r = subprocess.run([sys.executable, "-m", "flexdsl", "run", "lif_refractory", "--T", "300", "--input", "3",
+                        "--param", "t_ref=5 ms", "--param", "tau_m=0.02 second"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "state v: final" in r.stdout and " mV" in r.stdout and "_steps_since_spike" not in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "flexdsl", "run", "lif_refractory", "--param", "t_ref=5 mV"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr and "`t_ref` takes a number (in ms)" in bad.stderr
+
+
+def test_one_over_a_unit_after_a_number():
+    """`0.02 1/ms` (NESTML's way) is `0.02 / ms`; its declared unit is 1/ms."""
+    text = ("neuron U:\n    input x : 1/ms\n    param a = 0.02 1/ms\n    param b = 0.02 / ms\n"
+            "    param c = 3 1/um**2\n    state s = 0\n    update:\n        s = (a - b) * x * 1 ms**2 + c * 1 cm**2\n"
+            "    output s\n")
+    m = flexdsl.loads(text, backend="torch")
+    ck = m.compiled.checked
+    assert {p.name: p.meta["unit"] for p in ck.params} == {"a": "1/ms", "b": "1/ms", "c": "1/um**2"}
+    assert m.a == m.b == 0.02
+    out = m(torch.ones(2, 1, dtype=torch.float64))
+    assert torch.equal(out, torch.full((2, 1), 3.0e8, dtype=torch.float64))  # 3/um**2 * 1 cm**2

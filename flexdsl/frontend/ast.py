@@ -367,8 +367,7 @@ class _ToText(ExprFold[tuple[str, int]]):
         return e.text, _PREC["atom"]
 
     def visit_Quantity(self, e: Quantity) -> tuple[str, int]:
-        unit = e.unit + (f"**{e.power_text}" if e.power_text else "")
-        return f"{e.text} {unit}", _PREC["*"]
+        return f"{e.text} {quantity_unit(e)}", _PREC["*"]
 
     def visit_Name(self, e: Name) -> tuple[str, int]:
         return e.id, _PREC["atom"]
@@ -391,6 +390,14 @@ class _ToText(ExprFold[tuple[str, int]]):
         for op, v in zip(e.ops, vals[1:]):
             out += f" {op} {v[0]}"
         return out, 0
+
+
+def quantity_unit(e: Quantity) -> str:
+    """The unit of a number with a unit, as written: `ms`, `cm**2`, `1/ms`."""
+    p = e.power_text
+    if p.startswith("-"):
+        return f"1/{e.unit}" + (f"**{p[1:]}" if p[1:] != "1" else "")
+    return e.unit + (f"**{p}" if p else "")
 
 
 def to_text(e: Expr) -> str:

@@ -136,6 +136,14 @@ class _ToAST(Transformer_NonRecursive):
         power, ptext = exponent if exponent is not None else (1.0, "")
         return A.Quantity(float(num), str(num), str(unit), power, _pos(num), _pos(unit), ptext)
 
+    def quantity_per(self, num: Token, _one_over: Token, unit: Token, _pow: Token | None,
+                     exponent: tuple[float, str] | None) -> A.Quantity:
+        """`0.02 1/ms`: the unit to a negative power."""
+        self.number(num)
+        power, ptext = exponent if exponent is not None else (1.0, "1")
+        ptext = ptext[1:] if ptext.startswith("-") else "-" + ptext
+        return A.Quantity(float(num), str(num), str(unit), -power, _pos(num), _pos(unit), ptext)
+
     def binop(self, left, op: Token, right) -> A.BinOp:
         return A.BinOp(str(op), left, right, _pos_of_expr(left))
 
@@ -269,7 +277,7 @@ _TOKEN_WORDS = {
     "NAME": "a name", "NUMBER": "a number", "STRING": "a string", "LONG_STRING": "a docstring",
     "EQUALS": "`=`", "AUG_OP": "`+=`", "COLON": "`:`", "LPAR": "`(`", "RPAR": "`)`", "COMMA": "`,`",
     "ADD": "`+`", "SUB": "`-`", "MUL": "`*`", "DIV": "`/`", "POW": "`**`", "GE": "`>=`", "GT": "`>`",
-    "LE": "`<=`", "LT": "`<`", "EQ": "`==`", "NE": "`!=`",
+    "LE": "`<=`", "LT": "`<`", "EQ": "`==`", "NE": "`!=`", "ONE_OVER": "`1/` (a unit after a number)",
 }
 
 

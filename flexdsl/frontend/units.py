@@ -787,7 +787,7 @@ def literal_unit(e: A.Expr, shadow: Mapping[str, Any] | set[str]) -> tuple[A.Exp
     chain.reverse()
     if isinstance(node, A.Quantity):
         number: A.Expr = A.Num(node.value, node.text, node.pos)
-        head = node.unit + (f"**{node.power_text}" if node.power_text else "")
+        head = A.quantity_unit(node)
         unit_e: A.Expr = A.Name(node.unit, node.unit_pos)
         if node.power_text:
             unit_e = A.BinOp("**", unit_e, A.Num(float(node.power_text), node.power_text, node.unit_pos),
