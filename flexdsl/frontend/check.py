@@ -21,7 +21,7 @@ from .catalog import (
     is_unit,
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
-from .units import UnitInfo, check_units, suggest_unit, uses_units
+from .units import UnitInfo, check_units, model_names, suggest_unit, uses_units
 
 # Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
 # start with `_`, which no model name can, so they never collide with the model's.
@@ -165,6 +165,7 @@ class _Checker:
             return found[0] if found else None
 
         with_units = uses_units(n)
+        self.model_names = model_names(n)
         refractory: A.Refractory | None = single(A.Refractory, "`refractory` declaration")
         eqs: A.Equations | None = single(A.Equations, "`equations` block")
         upd: A.Update | None = single(A.Update, "`update` block")
@@ -406,7 +407,7 @@ class _ExprChecker(A.ExprFold[None]):
             if e.id not in self.visible and e.id not in CONSTANTS:
                 if e.id in ck.all_declared:
                     raise ck.err(f"`{e.id}` cannot be used {self.context}", e.pos, ck.scope_hint(self.context))
-                if is_unit(e.id):  # a bare unit name (`0.02 / ms`): the units stage checks it
+                if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see units.py
                     return
                 raise ck.unknown(e.id, e.pos, self.visible | set(CONSTANTS))
         elif isinstance(e, A.Quantity):

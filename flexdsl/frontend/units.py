@@ -231,31 +231,34 @@ def unit(name: str) -> tuple[Fraction, Dim]:
 # ---------------------------------------------------------------- the sympy-free scan
 def uses_units(neuron: A.Neuron) -> bool:
     """Whether a model writes units (without importing anything): a number with a unit, an
-    input unit, or a bare unit name that no declaration shadows."""
-    declared = {it.name for it in neuron.items if isinstance(it, A.Input | A.Param | A.State)}
+    input unit, or a bare unit name that no name of the model shadows."""
+    names = model_names(neuron)
     for it in neuron.items:
         if isinstance(it, A.Input) and it.unit is not None:
             return True
-        shadow = declared
+        shadow = names
         if isinstance(it, A.SurrogateDef):
-            shadow = declared | {it.arg} | {k.name for k in it.kwargs}
-        local = _locals(it)
+            shadow = names | {it.arg} | {k.name for k in it.kwargs}
         for e in A.item_exprs(it):
             for n in A.nodes(e):
                 if isinstance(n, A.Quantity):
                     return True
-                if (isinstance(n, A.Name) and n.id not in shadow and n.id not in local
-                        and n.id not in CONSTANTS and is_unit(n.id)):
+                if isinstance(n, A.Name) and n.id not in shadow and n.id not in CONSTANTS and is_unit(n.id):
                     return True
     return False
 
 
-def _locals(it: A.Item) -> set[str]:
-    if isinstance(it, A.Update):
-        return {s.target for s in it.statements}
-    if isinstance(it, A.Equations):
-        return {ln.name for ln in it.lines if isinstance(ln, A.Subexpr)}
-    return set()
+def model_names(neuron: A.Neuron) -> set[str]:
+    """Every name the model defines: inputs, params, states, locals and subexpressions."""
+    out: set[str] = set()
+    for it in neuron.items:
+        if isinstance(it, A.Input | A.Param | A.State):
+            out.add(it.name)
+        elif isinstance(it, A.Update):
+            out |= {s.target for s in it.statements}
+        elif isinstance(it, A.Equations):
+            out |= {ln.name for ln in it.lines if isinstance(ln, A.Subexpr)}
+    return out
 
 
 # ---------------------------------------------------------------- the check
@@ -668,11 +671,11 @@ class _UnitChecker:
         return convert(ck, self)
 
     def note_bare_units(self) -> None:
-        declared = {it.name for it in self.n.items if isinstance(it, A.Input | A.Param | A.State)}
+        names = model_names(self.n)
         for it in self.n.items:
             for e in A.item_exprs(it):
                 for n in A.nodes(e):
-                    if isinstance(n, A.Name) and n.id not in declared and is_unit(n.id):
+                    if isinstance(n, A.Name) and n.id not in names and is_unit(n.id):
                         self.bare_units.add(n.id)
 
     def assignment(self, st: A.Assign, env: dict[str, Dim], where: str) -> None:
