@@ -41,8 +41,9 @@ def encode(x: torch.Tensor, T: int, gen: torch.Generator, how: str) -> torch.Ten
 
 
 class Net(nn.Module):
-    def __init__(self, neuron: nn.Module, hidden: int, dropout: float = 0.0) -> None:
+    def __init__(self, neuron: nn.Module, hidden: int, dropout: float = 0.0, gain: float = 1.0) -> None:
         super().__init__()
+        self.gain = gain
         self.fc1 = nn.Linear(64, hidden)
         self.neuron = neuron
         self.drop = nn.Dropout(dropout)
@@ -50,7 +51,7 @@ class Net(nn.Module):
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:  # s: [T, B, 64]
         self.neuron.reset()
-        h = self.neuron(self.fc1(s))
+        h = self.neuron(self.fc1(s * self.gain))
         h = h[0] if isinstance(h, tuple) else h
         return self.fc2(self.drop(h)).mean(0)  # [B, 10]
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--input-gain", type=float, default=1.0, help="scale of the input (intensity x gain)")
     ap.add_argument("--test-T", type=int, default=0, help="time steps per test image (default: --T)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (runs the Triton kernels)")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> float:
     x_tr, x_te, y_tr, y_te = load_digits_split(a.seed)
     x_tr, x_te, y_tr, y_te = x_tr.to(dev), x_te.to(dev), y_tr.to(dev), y_te.to(dev)
     neuron = flexdsl.load(a.neuron)
-    net = Net(neuron, a.hidden, a.dropout).to(dev)
+    net = Net(neuron, a.hidden, a.dropout, a.input_gain).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.epochs)
     gen = torch.Generator(device=dev).manual_seed(a.seed)

@@ -1,4 +1,5 @@
-"""Where the grammar and the model library live (installed wheel or source checkout)."""
+"""Where the grammar, the model library and the user documentation live (installed wheel or
+source checkout)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,6 @@ def _first_existing(*candidates: Path) -> Path:
 
 GRAMMAR_DIR = _first_existing(_PKG / "grammar", _PKG.parent / "grammar")
 NEURONS_DIR = _first_existing(_PKG / "neurons", _PKG.parent / "neurons")
+# the user documentation (`docs/` of the source, `flexdsl/manual/` of a wheel): language.md, ...
+DOCS_DIR = _first_existing(_PKG / "manual", _PKG.parent / "docs")
+LANGUAGE_REFERENCE = DOCS_DIR / "language.md"

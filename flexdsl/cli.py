@@ -1,4 +1,5 @@
-"""The `flexdsl` command line: check, show, run, doc (LANGUAGE.md §9).
+"""The `flexdsl` command line: check, show, run, doc (the language reference, docs/language.md,
+section "Command line", describes each).
 
 User errors print the located message and exit 1 — never a traceback.
 """
@@ -6,17 +7,37 @@ User errors print the located message and exit 1 — never a traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .errors import FlexDSLError
+
+CMDLINE = "<command line>"
+
+
+# ----------------------------------------------------------------------------- check
+def _neuron_files(args: Sequence[str]) -> list[str]:
+    """Files as given; a directory stands for every `.neuron` file below it (sorted)."""
+    out: list[str] = []
+    for a in args:
+        p = Path(a)
+        if p.is_dir():
+            found = sorted(str(q) for q in p.rglob("*.neuron") if q.is_file())
+            if not found:
+                raise FlexDSLError(f"no `.neuron` files in the directory `{a}`", a)
+            out += found
+        else:
+            out.append(a)
+    return out
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
     failed = 0
-    for f in args.files:
+    for f in _neuron_files(args.files):
         try:
             c = compile_model(f)
             method = f", method {c.method}" if c.method else ""  # lowering: its errors count too
@@ -31,6 +52,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# ----------------------------------------------------------------------------- show
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
@@ -106,19 +128,55 @@ def _format_equations(c, backward: bool) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- run
+INPUT_HELP = "use a number (`--input 1.5`) or a step `step:AMPLITUDE@STEP` (`--input step:1.5@20`)"
+
+
 def _parse_input(spec: str, T: int):
+    """`--input`: a constant (`1.5`) or a step (`step:1.5@20`: 0 before step 20, then 1.5)."""
     import torch
+
+    def bad(why: str = "") -> FlexDSLError:
+        return FlexDSLError(f"bad --input `{spec}`" + (f": {why}" if why else ""), CMDLINE, hint=INPUT_HELP)
 
     try:
         if spec.startswith("step:"):
-            amp, _, at = spec[5:].partition("@")
-            x = torch.zeros(T, dtype=torch.float64)
-            x[int(at or 0):] = float(amp)
-            return x
-        return torch.full((T,), float(spec), dtype=torch.float64)
+            amp_s, sep, at_s = spec[5:].partition("@")
+            amp = float(amp_s)
+            at = int(at_s) if sep else 0
+        else:
+            amp, at = float(spec), 0
     except ValueError:
-        raise FlexDSLError(f"bad --input `{spec}`", "<command line>",
-                           hint="use a number (`--input 1.5`) or a step (`--input step:1.5@20`)") from None
+        raise bad() from None
+    if not math.isfinite(amp):
+        raise bad("the amplitude must be a finite number")
+    if at < 0:
+        raise bad("the step starts at a step >= 0")
+    if at >= T:
+        raise bad(f"the step starts at step {at}, after the last step ({T - 1}); raise --T or start it earlier")
+    x = torch.zeros(T, dtype=torch.float64)
+    x[at:] = amp
+    return x
+
+
+def _plot_target(path: str) -> Path:
+    """The --plot file, checked before simulating: a known image format, an existing folder."""
+    from .docs.plots import supported_formats
+
+    p = Path(path)
+    ext = p.suffix.lower().lstrip(".")
+    formats = supported_formats()
+    if not ext or ext not in formats:
+        why = f"`.{ext}` is not an image format matplotlib writes" if ext else "the name has no extension"
+        raise FlexDSLError(f"cannot write a plot to `{path}`: {why}", CMDLINE,
+                           hint="the extension picks the format: " + ", ".join(f".{f}" for f in formats))
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise FlexDSLError(f"cannot write a plot to `{path}`: the directory `{parent}` does not exist", CMDLINE,
+                           hint="create it first, or choose another path")
+    if p.is_dir():
+        raise FlexDSLError(f"cannot write a plot to `{path}`: it is a directory", CMDLINE)
+    return p
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -126,125 +184,197 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .api import load
 
+    if args.T < 1:
+        raise FlexDSLError(f"--T must be a positive number of steps, not {args.T}", CMDLINE, hint="e.g. --T 200")
+    plot = _plot_target(args.plot) if args.plot else None
     overrides = {}
     for kv in args.param or []:
-        k, sep, v = kv.partition("=")
-        if not sep or not k or not v.strip():
-            raise FlexDSLError(f"bad --param `{kv}`", "<command line>", hint="use NAME=VALUE") from None
+        k, eq, v = kv.partition("=")
+        if not eq or not k or not v.strip():
+            raise FlexDSLError(f"bad --param `{kv}`", CMDLINE, hint="use NAME=VALUE, e.g. --param tau=3.0")
         try:
-            overrides[k] = float(v)
+            overrides[k.strip()] = float(v)
         except ValueError:
-            overrides[k] = v  # a value with a unit, `tau=20 ms` (checked by the model)
+            overrides[k.strip()] = v  # a value with a unit, `tau=20 ms` (the model converts it)
+    T = args.T
+    x = _parse_input(args.input, T).reshape(T, 1)
     m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
              **overrides).to(torch.float64)
     c = m.compiled
-    T = args.T
-    x = _parse_input(args.input, T).reshape(T, 1)
+    overrides = {k: getattr(m, k) for k in overrides}  # numbers in the declared units
+    from .docs.simulate import param_defaults, run_module, time_axis
+
+    run = run_module(m, x, overrides)
     n_in = len(c.checked.inputs)
-    inputs = [x] + [torch.zeros_like(x) for _ in range(n_in - 1)]
-    with torch.no_grad():
-        out = m(*inputs)
-    outs = out if isinstance(out, tuple) else (out,)
-    names = [n for n, _ in c.checked.outputs]
     print(f"neuron {c.name} ({c.filename}): {T} steps, input {args.input}"
           + (f" on `{c.checked.inputs[0].name}`" if n_in else ""))
-    spikes = None
-    for n, o in zip(names, outs):
+    for n in (n for n, _ in c.checked.outputs):
+        o = run.outputs[n]
         if n == "spike":
-            spikes = o[:, 0]
-            k = int(spikes.sum().item())
-            steps = [int(i) for i in torch.nonzero(spikes).flatten()[:10]]
+            k = int(o.sum().item())
+            steps = [int(i) for i in torch.nonzero(o[:, 0]).flatten()[:10]]
             more = " ..." if k > 10 else ""
-            print(f"spikes: {k} ({k / max(T, 1):.3f} per step) at steps {steps}{more}")
+            print(f"spikes: {k} ({k / T:.3f} per step) at steps {steps}{more}")
         else:
-            print(f"output {n}: final {o[-1, 0].item():.6g}, min {o.min().item():.6g}, max {o.max().item():.6g}"
-                  if T else f"output {n}: (no steps)")
+            print(f"output {n}: final {o[-1, 0].item():.6g}, min {o.min().item():.6g}, max {o.max().item():.6g}")
     for s in c.checked.states:
-        if s.meta.get("hidden"):  # bookkeeping of refractoriness and crossing rules
+        if s.meta.get("hidden"):  # the bookkeeping of refractoriness and crossing rules
             continue
-        v = getattr(m, s.name)
-        val = v.flatten()[0].item() if isinstance(v, torch.Tensor) else float(v)
-        print(f"state {s.name}: final {val:.6g}{_unit(c, s.name)}" + (f"  ({s.doc})" if s.doc else ""))
-    if args.plot:
-        _plot(args.plot, c, x[:, 0], m.state_seqs, spikes, args.input)
-        print(f"plot written to {args.plot}")
+        v = run.states[s.name][-1, 0]
+        unit = c.checked.units.unit.get(s.name, "1") if c.checked.units is not None else "1"
+        print(f"state {s.name}: final {v.item():.6g}" + (f" {unit}" if unit != "1" else "")
+              + (f"  ({s.doc})" if s.doc else ""))
+    if plot is not None:
+        from .docs.plots import response_figure
+
+        tm = time_axis(c, param_defaults(c, overrides))
+        try:
+            response_figure(c, run, 0, tm, plot, title=f"{c.name}: input {args.input}")
+        except OSError as e:
+            raise FlexDSLError(f"cannot write the plot `{plot}`: {e.strerror or e}", CMDLINE) from None
+        except (ValueError, RuntimeError) as e:  # a format matplotlib lists but cannot write here
+            raise FlexDSLError(f"cannot write the plot `{plot}`: {e}", CMDLINE) from None
+        print(f"plot written to {plot}")
     return 0
 
 
-def _plot(path: str, c, x, seqs, spikes, label: str) -> None:
-    import matplotlib
+# ----------------------------------------------------------------------------- doc
+class _Progress:
+    """One line per model on stderr: a bar, the count, the model, its time."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def __init__(self, width: int = 24) -> None:
+        self.width = width
 
-    states = [s.name for s in c.checked.states if not s.meta.get("hidden") and s.name in seqs]
-    n = 1 + len(states) + (1 if spikes is not None else 0)
-    fig, axes = plt.subplots(n, 1, figsize=(8, 1.6 * n + 0.6), sharex=True, squeeze=False)
-    axes = axes[:, 0]
-    t = range(len(x))
-    axes[0].plot(t, x.numpy(), color="tab:gray")
-    axes[0].set_ylabel(c.checked.inputs[0].name + _unit(c, c.checked.inputs[0].name, " ({})"))
-    axes[0].set_title(f"{c.name}: input {label}")
-    for ax, s in zip(axes[1:], states):
-        ax.plot(t, seqs[s][:, 0].numpy(), color="tab:blue")
-        ax.set_ylabel(s + _unit(c, s, " ({})"))
-    if spikes is not None:
-        ax = axes[-1]
-        idx = torch_nonzero(spikes)
-        ax.vlines(idx, 0, 1, color="black")
-        ax.set_ylim(0, 1.2)
-        ax.set_yticks([])
-        ax.set_ylabel("spikes")
-    axes[-1].set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _unit(c, name: str, fmt: str = " {}") -> str:
-    """The unit of a value at the API (models with units), e.g. " mV"."""
-    u = c.checked.units.unit.get(name) if c.checked.units is not None else None
-    return fmt.format(u) if u and u != "1" else ""
-
-
-def torch_nonzero(s):
-    import torch
-
-    return torch.nonzero(s).flatten().numpy()
+    def __call__(self, done: int, total: int, label: str, seconds: float) -> None:
+        fill = round(self.width * done / max(total, 1))
+        bar = "#" * fill + "-" * (self.width - fill)
+        print(f"[{bar}] {done:>{len(str(total))}}/{total} {label} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 
 
 def _cmd_doc(args: argparse.Namespace) -> int:
-    raise FlexDSLError("`flexdsl doc` is not implemented yet", "<command line>",
-                       hint="use `flexdsl show FILE --equations` to see what is computed")
+    from ._paths import DOCS_DIR
+    from .docs.sitebuild import build, expand
+
+    out = Path(args.out)
+    try:
+        if out.resolve() == DOCS_DIR.resolve():
+            raise FlexDSLError(f"`{args.out}` holds flexdsl's own documentation; write the pages elsewhere",
+                               CMDLINE, hint="e.g. -o site")
+    except OSError:
+        pass
+    targets = expand(args.paths)
+    print(f"documenting {len(targets)} model{'s' if len(targets) != 1 else ''} into {out}/", file=sys.stderr)
+    res = build(targets, out, plots=not args.no_plots, progress=_Progress(), title=args.title)
+    for _, e in res.failed:
+        print(e, file=sys.stderr)
+    n = len(res.pages)
+    print(f"wrote {n} page{'s' if n != 1 else ''} (HTML and Markdown) in {res.seconds:.1f} s; open {res.index}")
+    if res.failed:
+        print(f"{len(res.failed)} model(s) not documented: " + ", ".join(lb for lb, _ in res.failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+def _language_reference() -> str:
+    from ._paths import LANGUAGE_REFERENCE
+
+    return str(LANGUAGE_REFERENCE)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    pass
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flexdsl", description="Spiking neurons from equations.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="validate .neuron files")
-    c.add_argument("files", nargs="+")
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="flexdsl", formatter_class=_Formatter,
+        description="Spiking neurons from equations: check, inspect, simulate and document `.neuron` models.",
+        epilog="A MODEL is a path to a .neuron file or the name of a packaged model (`lif`, `adex`, ...;\n"
+               "python -c 'import flexdsl; print(flexdsl.library())' lists them).\n"
+               f"The language reference: {_language_reference()}\n"
+               "Run `flexdsl COMMAND --help` for a command's options and examples.")
+    p.add_argument("--version", action="version", version=f"flexdsl {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("check", help="validate .neuron files (exit 1 with located errors)", formatter_class=_Formatter,
+                       description="Parse, check and lower each model; print `ok` or its located errors.\n"
+                                   "Exits 1 if any model has an error.",
+                       epilog="examples:\n  flexdsl check my_lif.neuron\n  flexdsl check models/          "
+                              "# every .neuron file below models/\n  flexdsl check neurons/*.neuron lif")
+    c.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
+                   help="a .neuron file, a library model name, or a directory (every .neuron file below it)")
     c.set_defaults(fn=_cmd_check)
-    s = sub.add_parser("show", help="print generated code or equations (of a .neuron, or of each neuron of a .nir)")
-    s.add_argument("file")
+
+    s = sub.add_parser("show", help="print the generated code or the derived equations (of a .neuron, or of "
+                       "each neuron of a .nir graph)", formatter_class=_Formatter,
+                       description="Print what flexdsl generates for a model (default: the PyTorch core), or for\n"
+                                   "each neuron node of a NIR graph (default: its generated .neuron text).",
+                       epilog="examples:\n  flexdsl show lif                  # the generated PyTorch core\n"
+                              "  flexdsl show lif --triton         # the Triton kernels\n"
+                              "  flexdsl show adex --equations     # the discretized step (sympy)\n"
+                              "  flexdsl show adex --backward      # the derived vector-Jacobian product\n"
+                              "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
+                              "  flexdsl show net.nir --torch --dt 1e-4")
+    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, or a .nir file")
     g = s.add_mutually_exclusive_group()
-    for w in ("torch", "triton", "equations", "backward", "neuron"):
-        g.add_argument(f"--{w}", dest="what", action="store_const", const=w)
-    s.add_argument("--detach-reset", action="store_true")
+    g.add_argument("--torch", dest="what", action="store_const", const="torch",
+                   help="the generated PyTorch single-step core (the default for a model)")
+    g.add_argument("--triton", dest="what", action="store_const", const="triton",
+                   help="the generated Triton kernels (inference/training forward, backward)")
+    g.add_argument("--equations", dest="what", action="store_const", const="equations",
+                   help="the discretized step as sympy assignments, with the integration method")
+    g.add_argument("--backward", dest="what", action="store_const", const="backward",
+                   help="the derived backward (vector-Jacobian product) of one step")
+    g.add_argument("--neuron", dest="what", action="store_const", const="neuron",
+                   help="the model's .neuron text (the default for a .nir file)")
+    s.add_argument("--detach-reset", action="store_true",
+                   help="compile with the spike detached in the reset (as load(..., detach_reset=True))")
     s.add_argument("--dt", type=float, help="for a .nir file: the step, in the graph's time unit "
                    "(default: the one flexdsl.nir.export recorded)")
     s.set_defaults(fn=_cmd_show)
-    r = sub.add_parser("run", help="simulate one neuron and summarize (optionally plot)")
-    r.add_argument("file")
-    r.add_argument("--T", type=int, default=200)
-    r.add_argument("--input", default="1.5")
-    r.add_argument("--param", action="append", metavar="NAME=VALUE")
-    r.add_argument("--plot", metavar="OUT.png")
+
+    r = sub.add_parser("run", help="simulate one neuron, print a summary, optionally plot it", formatter_class=_Formatter,
+                       description="Simulate a model for T steps (torch backend, float64) with the input on its first\n"
+                                   "input (the others 0); print the spikes and final states; optionally plot the input,\n"
+                                   "every state (with the threshold) and the spikes, against time in the model's unit\n"
+                                   "where it declares `dt` with one (else in steps).",
+                       epilog="input formats (--input):\n"
+                              "  1.5            a constant input of 1.5 at every step\n"
+                              "  step:1.5@20    0 before step 20, then 1.5 (steps count from 0)\n"
+                              "  step:1.5       1.5 from step 0 (the same as 1.5)\n\n"
+                              "examples:\n  flexdsl run lif --T 100 --input step:1.5@20 --plot lif.png\n"
+                              "  flexdsl run adex --T 2000 --input step:800@200 --param b=0 --plot adex.svg\n"
+                              "  flexdsl run my_model.neuron --input 0.8")
+    r.add_argument("file", metavar="MODEL", help="a .neuron file or a library model name")
+    r.add_argument("--T", type=int, default=200, metavar="STEPS", help="number of steps to simulate (default 200)")
+    r.add_argument("--input", default="1.5", metavar="SPEC",
+                   help="the input: a number, or step:AMPLITUDE@STEP (see below; default 1.5)")
+    r.add_argument("--param", action="append", metavar="NAME=VALUE",
+                   help="override a param (repeatable; `where` constraints are checked), e.g. --param tau=3")
+    r.add_argument("--plot", metavar="OUT.png",
+                   help="write a plot; the extension picks the format (.png, .svg, .pdf, ...)")
     r.add_argument("--check-finite", action="store_true",
-                   help="stop with an error at the first NaN or inf, naming the state and the step")
+                   help="stop with an error at the first NaN or inf, naming the state, the step and the element")
     r.set_defaults(fn=_cmd_run)
-    d = sub.add_parser("doc", help="documentation from the equations (not yet available)")
-    d.add_argument("paths", nargs="+")
-    d.add_argument("-o", "--out", default="docs")
+
+    d = sub.add_parser("doc", help="HTML and Markdown pages generated from the equations", formatter_class=_Formatter,
+                       description="For each model: an HTML page and a Markdown page with its docstring and reference,\n"
+                                   "tables of inputs, params and states, the equations as written and as derived\n"
+                                   "(the discretized step, the backward), plots (surrogate, step response, f-I curve)\n"
+                                   "and the generated code; then index.html / index.md linking them, and a copy of the\n"
+                                   "language reference. Math is MathML: the pages need no network and no script.",
+                       epilog="examples:\n  flexdsl doc neurons/ -o site          # the packaged library; open site/index.html\n"
+                              "  flexdsl doc lif adex -o site           # library models by name\n"
+                              "  flexdsl doc my_model.neuron -o out --no-plots")
+    d.add_argument("paths", nargs="+", metavar="FILE_OR_DIR_OR_STEM",
+                   help="a .neuron file, a directory (every .neuron file below it) or a library model name")
+    d.add_argument("-o", "--out", default="flexdsl-docs", metavar="OUTDIR",
+                   help="the output directory, created if missing (default: flexdsl-docs)")
+    d.add_argument("--no-plots", action="store_true", help="skip the simulations and plots (faster)")
+    d.add_argument("--title", default="flexdsl models", help="the title of the index page")
     d.set_defaults(fn=_cmd_doc)
     return p
 
@@ -258,6 +388,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `flexdsl show lif | head`
+        try:
+            sys.stdout = open(__import__("os").devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        except OSError:
+            pass
+        return 0
+    except OSError as e:
+        print(f"{getattr(e, 'filename', None) or CMDLINE}: error: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f"{CMDLINE}: error: out of memory (try a smaller --T)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

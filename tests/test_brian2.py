@@ -1,4 +1,4 @@
-"""ODE models integrate like Brian2 with the same method (LANGUAGE.md §4.1).
+"""ODE models integrate like Brian2 with the same method (docs/language.md, section 4, item 1).
 
 Per step Brian2 integrates, thresholds, then resets — the contract's order.
 Brian2's StateMonitor records at the *start* of each step (before integration),

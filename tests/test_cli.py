@@ -1,4 +1,4 @@
-"""The command line (LANGUAGE.md §8, §9): `python -m flexdsl check|show|run`."""
+"""The command line (docs/language.md, sections 9 and 10): `python -m flexdsl check|show|run`."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_check_missing_file(tmp_path):
 
 
 def test_check_long_expression_no_traceback(tmp_path):
-    """§8: the CLI never shows a Python traceback, even for a 1000-term sum."""
+    """Section 10: the CLI never shows a Python traceback, even for a 1000-term sum."""
     p = tmp_path / "long.neuron"
     p.write_text(LIF.replace("/ tau", "/ (" + " + ".join(["tau"] * 1000) + ")", 1))
     r = cli("check", p)
@@ -328,3 +328,131 @@ def test_run_bad_input_spec():
     r = cli_inproc("run", "lif", "--T", "10", "--input", "step:abc")
     no_traceback(r)
     assert r.returncode != 0
+
+
+# ---------------------------------------------------------------- the documentation issue's CLI items
+def test_version():
+    r = cli_inproc("--version")
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"flexdsl {flexdsl.__version__}"
+
+
+@pytest.mark.parametrize("cmd", ["check", "show", "run", "doc"])
+def test_help_describes_options_with_examples(cmd):
+    r = cli_inproc(cmd, "--help")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "examples:" in out and f"flexdsl {cmd} " in out.split("examples:")[1]
+    from flexdsl.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for action in sub.choices[cmd]._actions:
+        assert action.help, (cmd, action.dest)  # every option and argument says what it does
+        for opt in action.option_strings:
+            assert opt in out
+    if cmd == "run":
+        assert "input formats" in out and "step:1.5@20" in out and "1.5" in out
+
+
+def test_top_level_help_names_the_language_reference():
+    r = cli_inproc("--help")
+    assert r.returncode == 0
+    assert "language.md" in r.stdout
+    for cmd in ("check", "show", "run", "doc"):
+        assert cmd in r.stdout
+
+
+@pytest.mark.parametrize("T", ["-5", "0"])
+def test_run_rejects_a_bad_T(T):
+    r = cli_inproc("run", "lif", "--T", T)
+    no_traceback(r)
+    assert r.returncode == 1
+    assert "<command line>: error: --T must be a positive number of steps" in r.stderr
+
+
+@pytest.mark.parametrize("target,why", [("/nonexistent/dir/x.png", "does not exist"),
+                                        ("x.unknownext", "not an image format"),
+                                        ("noextension", "has no extension")])
+def test_run_bad_plot_target(tmp_path, target, why):
+    r = cli_inproc("run", "lif", "--T", "10", "--plot", target)
+    no_traceback(r)
+    assert r.returncode == 1
+    assert why in r.stderr and "error:" in r.stderr
+    assert "spikes:" not in r.stdout  # rejected before simulating
+
+
+@pytest.mark.parametrize("spec,why", [("step:1.5@300", "after the last step"), ("step:1.5@-3", ">= 0"),
+                                      ("nan", "finite"), ("step:", "")])
+def test_run_bad_input(spec, why):
+    r = cli_inproc("run", "lif", "--T", "100", "--input", spec)
+    no_traceback(r)
+    assert r.returncode == 1
+    assert why in r.stderr and "step:AMPLITUDE@STEP" in r.stderr
+
+
+def _svg_run(tmp_path, *args):
+    import matplotlib
+
+    out = tmp_path / "run.svg"
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text: the labels can be read
+        r = cli_inproc("run", *args, "--plot", out)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    return out.read_text()
+
+
+def test_run_plot_threshold_and_time_unit(tmp_path):
+    svg = _svg_run(tmp_path, "adex", "--T", "1500", "--input", "step:900@100")
+    assert "time (ms)" in svg  # adex declares dt in ms
+    assert "threshold" in svg
+    # the threshold: a horizontal dashed line in the threshold color (V_peak, a constant)
+    dashed = re.findall(r'<path d="M ([\d.]+) ([\d.]+)\s+L ([\d.]+) ([\d.]+)[^"]*"[^>]*style="[^"]*stroke-dasharray'
+                        r'[^"]*stroke: #d62728', svg)
+    assert dashed and any(y1 == y2 for _, y1, _, y2 in dashed), "no horizontal dashed threshold line"
+    svg = _svg_run(tmp_path, "lif", "--T", "60", "--input", "step:1.5@20")
+    assert ">step<" in svg and "time (" not in svg  # lif counts steps
+
+
+def test_check_directory(tmp_path):
+    (tmp_path / "a.neuron").write_text(LIF)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.neuron").write_text(ODE)
+    bad = [c for c in CLI_CASES if c.id == "unknown_in_update"][0]
+    (tmp_path / "sub" / "c.neuron").write_text(bad.text)
+    (tmp_path / "notes.txt").write_text("not a model")
+    r = cli_inproc("check", tmp_path)
+    no_traceback(r)
+    assert r.returncode == 1
+    assert f"{tmp_path / 'a.neuron'}: ok" in r.stdout and f"{tmp_path / 'sub' / 'b.neuron'}: ok" in r.stdout
+    line, col = bad.positions()[0]
+    assert f"{tmp_path / 'sub' / 'c.neuron'}:{line}:{col}: error:" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = cli_inproc("check", empty)
+    no_traceback(r)
+    assert r.returncode == 1 and "no `.neuron` files" in r.stderr
+
+
+def test_doc_command(tmp_path):
+    out = tmp_path / "site"
+    r = cli_inproc("doc", "lif", "if", "-o", out)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert "1/2 lif" in r.stderr and "2/2 if" in r.stderr  # progress per model
+    for f in ("index.html", "index.md", "lif.html", "lif.md", "if.html", "lif.response.png", "if.fi.png"):
+        assert (out / f).is_file(), f
+    assert str(out / "index.html") in r.stdout
+
+
+def test_doc_errors(tmp_path):
+    r = cli_inproc("doc", "nosuchmodel", "-o", tmp_path / "o")
+    no_traceback(r)
+    assert r.returncode == 1 and "nosuchmodel" in r.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = cli_inproc("doc", "lif", "-o", f, "--no-plots")
+    no_traceback(r)
+    assert r.returncode == 1 and "not a directory" in r.stderr
+    r = cli_inproc("doc", "lif", "-o", ROOT / "docs", "--no-plots")
+    no_traceback(r)
+    assert r.returncode == 1 and "flexdsl's own documentation" in r.stderr

@@ -1,6 +1,6 @@
-"""Located errors for malformed `.neuron` inputs (LANGUAGE.md §2, §3, §4, §5, §8).
+"""Located errors for malformed `.neuron` inputs (docs/language.md, sections 2–5 and 10).
 
-Every case is a small model (mostly the LIF of LANGUAGE.md §1) with one thing
+Every case is a small model (mostly the LIF of docs/language.md, section 1) with one thing
 broken.  The expected position is the 1-based (line, column) of the start of the
 offending token; it is computed from the case text by `At(line_substring, token)`
 so that the numbers cannot drift from the text.  Where the contract leaves the
@@ -742,7 +742,7 @@ def test_tab_indented_file_is_valid():
 
 
 def test_mixed_tabs_and_spaces_rejected():
-    """§2: blocks are indented by 4 spaces *or* a tab, consistently: a file indented
+    """Section 2: blocks are indented by 4 spaces *or* a tab, consistently: a file indented
     with spaces that has one tab-indented line is an error (not a tab counted as 8)."""
     text = LIF.replace(RESET_LINE, "\tv = v_reset\n")
     with pytest.raises(flexdsl.FlexDSLError) as ei:
@@ -754,7 +754,7 @@ def test_mixed_tabs_and_spaces_rejected():
 
 @pytest.mark.parametrize("n", [1000])
 def test_long_expression_is_not_a_crash(n):
-    """§8: every problem raises FlexDSLError; a long (flat) sum must not hit Python's
+    """Section 10: every problem raises FlexDSLError; a long (flat) sum must not hit Python's
     recursion limit (either it compiles, or it is a located FlexDSLError)."""
     import torch
 
@@ -768,7 +768,7 @@ def test_long_expression_is_not_a_crash(n):
 
 
 def test_state_init_domain_error_is_a_flexdsl_error():
-    """§8: a state's initial value that cannot be evaluated (like a param default that
+    """Section 10: a state's initial value that cannot be evaluated (like a param default that
     cannot, which is a located error at load) raises FlexDSLError, not a bare ValueError."""
     import torch
 
@@ -914,7 +914,7 @@ RESERVED_WORDS = (
 @pytest.mark.parametrize("word", RESERVED_WORDS)
 @pytest.mark.parametrize("kind", ["param", "state", "input", "let"])
 def test_reserved_words_rejected_as_names(word, kind):
-    """LANGUAGE.md §2: reserved words are rejected with a located error."""
+    """docs/language.md, section 2: reserved words are rejected with a located error."""
     if kind == "param":
         text = mut(LIF, "    param v_reset = 0.0\n", f"    param v_reset = 0.0\n    param {word} = 1.0\n")
         at = At(f"param {word} =", word)

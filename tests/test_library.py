@@ -180,7 +180,7 @@ def test_reset_restores_initial_state(stem):
 # SpikingJelly 2.0.0
 # ---------------------------------------------------------------------------------------------
 
-# SpikingJelly surrogate -> the same surrogate in the .neuron language (LANGUAGE.md §6).
+# SpikingJelly surrogate -> the same surrogate in the .neuron language (docs/language.md, section 6).
 # "default" keeps the file's own surrogate clause and SpikingJelly's default surrogate of the class.
 SJ_SURROGATES: dict[str, tuple[Callable[[], object] | None, str | None]] = {
     "default": (None, None),

@@ -69,3 +69,17 @@ def test_second_process_loads_from_the_disk_cache_without_sympy(tmp_path: Path) 
     assert used1 == "True" and used2 == "False"
     assert vals1 == vals2
     assert list((tmp_path / "cache" / "v1").glob("*.json"))
+
+
+def test_wheel_ships_the_language_reference_and_the_doc_templates(installed_site: Path, tmp_path: Path) -> None:
+    pkg = installed_site / "flexdsl"
+    assert (pkg / "manual" / "language.md").read_text() == (ROOT / "docs" / "language.md").read_text()
+    assert not list((pkg / "manual").glob("*.png"))  # the README's images stay in the source
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import flexdsl.docs as d; "
+        "p = d.language_reference(); assert p.is_file() and p.parent.name == 'manual', p; "
+        "html = d.render_html('lif', plots=False); assert '<math' in html and 'LIF' in html; print('ok')"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(installed_site)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ok")

@@ -1,4 +1,4 @@
-"""Semantics of one step (LANGUAGE.md §3–§7), checked against values computed by
+"""Semantics of one step (docs/language.md, sections 3–8), checked against values computed by
 hand in plain Python/numpy, independently of flexdsl."""
 
 from __future__ import annotations
@@ -687,9 +687,9 @@ def test_surrogate_derivatives(surr):
     "arg,inp", [("u", "x"), ("x", "I"), ("x", "x")], ids=["arg_u", "arg_x_input_I", "arg_x_input_x"]
 )
 def test_user_defined_surrogate(arg, inp):
-    """§3: `surrogate name(x, k=v) = expr`, expr the derivative as a function of x and k.
+    """Section 3: `surrogate name(x, k=v) = expr`, expr the derivative as a function of x and k.
     The argument is bound inside the definition, so naming it `x` in a model whose
-    input is `x` (as in §1's LIF) is the contract's literal form."""
+    input is `x` (as in section 1's LIF) is the contract's literal form."""
     m = mk(f"""\
         neuron S:
             input {inp}
@@ -1126,7 +1126,7 @@ def test_ode_with_spike_and_reset():
 
 
 # --------------------------------------------------------------------------- #
-# more of §2–§7
+# more of sections 2–8
 # --------------------------------------------------------------------------- #
 def test_number_literals():
     m = mk("""\
@@ -1148,7 +1148,7 @@ def test_number_literals():
 
 
 def test_declarations_and_blocks_in_any_order():
-    """§2/§3: declarations may appear in any order, before or between blocks."""
+    """Sections 2 and 3: declarations may appear in any order, before or between blocks."""
     text = """\
         neuron Shuffled:
             \"\"\"Blocks first, declarations after.\"\"\"
@@ -1172,7 +1172,7 @@ def test_declarations_and_blocks_in_any_order():
 
 
 def test_reset_uses_exact_blend_form():
-    """§4.4: `X = e` is computed as s*e + (1-s)*X (exact for s in {0, 1})."""
+    """Section 4, item 4: `X = e` is computed as s*e + (1-s)*X (exact for s in {0, 1})."""
     m = mk("""\
         neuron Big:
             input x

@@ -54,7 +54,7 @@ _TORCH_FORMS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "exp": lambda t: t.exp, "log": lambda t: t.log, "sqrt": lambda t: t.sqrt, "abs": lambda t: t.abs,
     "sin": lambda t: t.sin, "cos": lambda t: t.cos, "tanh": lambda t: t.tanh, "sigmoid": lambda t: t.sigmoid,
     "relu": lambda t: t.relu, "minimum": lambda t: t.minimum, "maximum": lambda t: t.maximum,
-    "clamp": lambda t: t.clamp, "where": lambda t: t.where,
+    "clamp": lambda t: t.clamp, "where": lambda t: (lambda c, a, b: t.where(c.bool(), a, b)),
     "heaviside": lambda t: (lambda u: (u >= 0).to(u.dtype)),
     "heaviside_gt": lambda t: (lambda u: (u > 0).to(u.dtype)),
     "sign": lambda t: t.sign, "identity": lambda t: (lambda x: x),
@@ -165,7 +165,7 @@ FUNCTIONS: dict[str, Function] = {
         _fn("where", 3, "where(cond, a, b): a where cond holds, else b",
             _numeric(lambda c, a, b: a if c else b, "where"), "Where",
             "ops.where({0}, {1}, {2})", "tl.where({0}, {1}, {2})", "({1} if {0} else {2})"),
-        _fn("heaviside", 1, "1 where u >= 0, else 0 (zero gradient)",
+        _fn("heaviside", 1, "heaviside(u): 1 where u >= 0, else 0 (zero gradient)",
             _numeric(lambda u: 1.0 if u >= 0 else 0.0, "heaviside"), "heaviside",
             "ops.heaviside({0})", "tl.where({0} >= 0, 1.0, 0.0)", "(1.0 if {0} >= 0 else 0.0)"),
     ]

@@ -1,4 +1,5 @@
-"""Stage 2: the checker. Names, declarations and their order, the rules of LANGUAGE.md §3–§5.
+"""Stage 2: the checker. Names, declarations and their order, the rules of the language reference
+(docs/language.md, sections 3–5).
 
 Input: the AST from parse.py. Output: a `CheckedModel` (the same nodes, sorted by role and
 validated). Every violation is a located FlexDSLError.

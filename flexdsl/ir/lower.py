@@ -194,6 +194,14 @@ class StepModel:
         return [p for p in self.params if p.learnable]
 
     @property
+    def spike_u(self) -> sp.Expr | None:
+        """The `u` the spike fires on (`spike` is `SpikeGE/GT(u)`, times its gates where the model
+        is refractory or fires on a crossing)."""
+        if self.spike is None:
+            return None
+        return next(e.args[0] for _, e in self.assignments if isinstance(e, SpikeGE | SpikeGT))
+
+    @property
     def declared_params(self) -> list[ParamInfo]:
         return [p for p in self.params if not p.derived]
 
@@ -272,13 +280,18 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
         ode_syms = [sym(o.state) for o in odes]
         held = {sym(o.state) for o in odes if o.held}
 
+        rhs_cache: list[dict[sp.Symbol, sp.Expr]] = []
+
         def rhs_at(values: dict[sp.Symbol, sp.Expr]) -> dict[sp.Symbol, sp.Expr]:
-            local = dict(env)
-            for s_, v in values.items():
-                local[s_.name] = v
-            for name, e in subexpr_defs.items():
-                local[name] = to_sympy(e, local, n)
-            return {sym(o.state): to_sympy(o.value, local, n) for o in odes}
+            """The right-hand sides at given state values: built (and checked) once from the
+            AST, then substituted for each stage of a method."""
+            if not rhs_cache:
+                local = dict(env)
+                for name, e in subexpr_defs.items():
+                    local[name] = to_sympy(e, local, n)
+                rhs_cache.append({sym(o.state): to_sympy(o.value, local, n) for o in odes})
+            sub = {k: v for k, v in values.items() if k != v}
+            return {k: e.xreplace(sub) for k, e in rhs_cache[0].items()} if sub else dict(rhs_cache[0])
 
         dt = _step(model, env)
         here[0] = model.equations.pos

@@ -144,7 +144,7 @@ class Compiled:
                 for p in params]
         return params + [v.to(dtype).contiguous() for v in self.torch_module.derived_params(*args)]
 
-    # ------------------------------------------------------------------ inspection (LANGUAGE §7)
+    # ------------------------------------------------------------------ inspection (docs/language.md, section 8)
     @property
     def name(self) -> str:
         return self.checked.name
@@ -196,6 +196,23 @@ class Compiled:
     def __reduce__(self):
         # pickled as its text: unpickling (in any process) compiles it again, from the caches
         return compile_text, (self.text, self.filename, self.detach_reset)
+
+    # ------------------------------------------------------------------ documentation (flexdsl.docs)
+    def latex(self, part: str = "equations", environment: str = "align*") -> str:
+        """The equations as LaTeX for a paper: "equations" (as written), "step" or "backward"."""
+        from ..docs import latex
+
+        return latex(self, part, environment)
+
+    def _repr_latex_(self) -> str:
+        from ..docs.latexdoc import repr_latex
+
+        return repr_latex(self)
+
+    def _repr_html_(self) -> str:
+        from ..docs import render_html
+
+        return render_html(self, plots=False, sources=False, standalone=False)
 
 
 def _backend(b: Backend | str) -> Backend:

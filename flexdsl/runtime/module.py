@@ -505,6 +505,15 @@ class NeuronModule(nn.Module):
         out, res = self._run(inputs, dict(state) if state else {}, False)
         return out, dict(zip(self._state_names, res.states))
 
+    def _repr_html_(self) -> str:
+        """Notebooks: the model's documentation, with this module's param values."""
+        from ..docs import render_html
+
+        return render_html(self, plots=False, sources=False, standalone=False)
+
+    def _repr_latex_(self) -> str:
+        return self._compiled._repr_latex_()
+
     def extra_repr(self) -> str:
         c = self._compiled
         fixed = ", ".join(f"{k}={v:g}" for k, v in self._fixed.items())

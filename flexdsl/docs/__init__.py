@@ -1,0 +1,91 @@
+"""Documentation generated from the equations.
+
+    flexdsl.docs.render_html(model)        # a page: tables, MathML equations, derived step and backward,
+    flexdsl.docs.render_markdown(model)    #   plots, generated code (images embedded, or written to `outdir`)
+    flexdsl.docs.build(["neurons/"], "site/")   # pages + index (what `flexdsl doc` runs)
+    flexdsl.docs.latex(model)              # the equations as LaTeX, for papers
+    flexdsl.docs.language_reference()      # the path of the language reference (language.md)
+
+`model` is anything `flexdsl.compile` takes (a path, a library stem, model text), a compiled
+model, or a loaded module. The modules: `content` (what a page says), `printing` (MathML and
+LaTeX printers), `simulate` + `plots` + `figures` (the plots), `htmlpage`, `mdpage`, `latexdoc`,
+`sitebuild` (pages + index), and `reference` (the generated tables of the language reference).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._paths import LANGUAGE_REFERENCE
+
+if TYPE_CHECKING:
+    from ..runtime.compiler import Compiled
+    from .sitebuild import BuildResult
+
+
+def compiled(model: Any) -> Compiled:
+    """A Compiled from a model argument, a Compiled, or a NeuronModule."""
+    from ..runtime.compiler import Compiled, compile_model
+
+    if isinstance(model, Compiled):
+        return model
+    c = getattr(model, "compiled", None)
+    if isinstance(c, Compiled):
+        return c
+    return compile_model(model)
+
+
+def _current(model: Any) -> dict[str, Any] | None:
+    values = getattr(model, "param_values", None)
+    return values() if callable(values) else None
+
+
+def render_html(model: Any, outdir: str | Path | None = None, *, plots: bool = True, sources: bool = True,
+                standalone: bool = True) -> str:
+    """The model's HTML page. Plots are written as PNGs into `outdir` (save the page there too)
+    or, without `outdir`, embedded as data URIs; `standalone=False` gives a fragment."""
+    from . import htmlpage
+    from .content import describe
+    from .figures import make_figures
+
+    c = compiled(model)
+    d = describe(c, sources=sources, current=_current(model))
+    figs = make_figures(c, d.stem, outdir) if plots else None
+    return htmlpage.page(d, figs) if standalone else htmlpage.fragment(d, figs)
+
+
+def render_markdown(model: Any, outdir: str | Path | None = None, *, plots: bool = True,
+                    sources: bool = True) -> str:
+    """The model's Markdown page (math as LaTeX); plots as for `render_html`."""
+    from . import mdpage
+    from .content import describe
+    from .figures import make_figures
+
+    c = compiled(model)
+    d = describe(c, sources=sources, current=_current(model))
+    figs = make_figures(c, d.stem, outdir) if plots else None
+    return mdpage.page(d, figs)
+
+
+def latex(model: Any, part: str = "equations", environment: str = "align*") -> str:
+    """The model's equations as LaTeX: `part` "equations" (as written), "step" (discretized)
+    or "backward" (derived); in an `align*` environment (amsmath), or `aligned` for notebooks."""
+    from .latexdoc import model_latex
+
+    return model_latex(compiled(model), part, environment)
+
+
+def build(targets: Any, outdir: str | Path, **kwargs: Any) -> BuildResult:
+    """Pages for files, directories and library stems, plus the index (see `flexdsl doc`)."""
+    from .sitebuild import build as _build
+
+    return _build(list(targets) if not isinstance(targets, str | Path) else [targets], outdir, **kwargs)
+
+
+def language_reference() -> Path:
+    """The language reference that ships with flexdsl (Markdown)."""
+    return LANGUAGE_REFERENCE
+
+
+__all__ = ["render_html", "render_markdown", "latex", "build", "language_reference", "compiled"]

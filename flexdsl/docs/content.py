@@ -1,0 +1,435 @@
+"""What a model's documentation says, gathered once from the compiled stages and rendered by
+`html.py`, `markdown.py` and the notebook hooks.
+
+`describe(c)` reads the checked AST (`c.checked`: declarations, the docstring, the equations as
+written — converted to sympy with the lowering's `to_sympy` under `sympy.evaluate(False)`, so
+they keep the form the user wrote), the discretized step (`c.step`, with its method) and the
+derived backward (`c.backward`). Every equation carries its MathML and its LaTeX; user text
+(docstring, descriptions, file names) stays plain text here and is escaped by the renderers.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sympy as sp
+
+from .._paths import NEURONS_DIR
+from ..frontend import ast as A
+from ..frontend.catalog import METHODS, SURROGATES
+from ..frontend.evaluate import evaluate
+from .printing import (
+    derivative_latex,
+    derivative_mathml,
+    latex,
+    math_element,
+    mathml_inner,
+)
+from .units import declared_unit, unit_of
+
+if TYPE_CHECKING:
+    from ..runtime.compiler import Compiled
+
+
+@dataclass
+class Math:
+    """One piece of math in both notations (MathML presentation markup, without `<math>`; LaTeX)."""
+
+    mathml: str
+    latex: str
+    text: str = ""  # a plain-text form (alt text, Markdown fallbacks)
+
+    def element(self, display: bool = False) -> str:
+        return math_element(self.mathml, display, self.text)
+
+
+@dataclass
+class Statement:
+    """One line of math: `lhs op rhs` (`op` is "=", "←", "+=" ...), from a source line."""
+
+    lhs: Math
+    op: str
+    rhs: Math
+    line: int = 0
+    source: str = ""
+    note: str = ""
+
+    @property
+    def mathml(self) -> str:
+        op = html.escape(self.op)
+        return math_element(f"<mrow>{self.lhs.mathml}<mo>{op}</mo>{self.rhs.mathml}</mrow>",
+                            alttext=f"{self.lhs.text} {self.op} {self.rhs.text}")
+
+    @property
+    def latex(self) -> str:
+        op = {"←": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
+              "/=": r"\mathrel{/}="}.get(self.op, self.op)
+        return f"{self.lhs.latex} {op} {self.rhs.latex}"
+
+
+@dataclass
+class Row:
+    """A row of the inputs, params or states table."""
+
+    name: str
+    symbol: Math
+    description: str
+    unit: str | None
+    unit_declared: bool
+    value: Math | None = None  # default / initial value as written
+    number: float | None = None  # its value (None where it is the plain number written)
+    constraint: Math | None = None
+    constraint_text: str = ""
+    learnable: bool = False
+    line: int = 0
+    current: str | None = None  # a loaded module's value where it differs from the default
+
+
+@dataclass
+class Block:
+    """A titled group of statements (one block of the model, or a derived one)."""
+
+    title: str
+    statements: list[Statement]
+    note: str = ""
+
+
+@dataclass
+class SurrogateDoc:
+    name: str
+    call: str  # as used: sigmoid(alpha=4.0)
+    generic: Statement  # S'(x) with its keywords as symbols
+    applied: Statement  # S'(u) of this model, keywords substituted
+    u: Statement  # u = A - B
+    source: str  # who defines it (SpikingJelly, snnTorch; user)
+    user: bool
+
+
+@dataclass
+class ModelDoc:
+    name: str
+    stem: str
+    filename: str
+    library: bool  # a packaged model (loadable by its stem)
+    summary: str
+    blocks: list[tuple[str, str]]  # the docstring: ("p" | "pre", text)
+    reference: str
+    inputs: list[Row]
+    params: list[Row]
+    states: list[Row]
+    written: list[Block]  # the equations as written
+    outputs: list[str]
+    spiking: bool
+    method: str | None
+    method_auto: bool
+    method_doc: str
+    step: Block
+    next_states: list[Statement]
+    step_outputs: list[Statement]
+    surrogate: SurrogateDoc | None
+    backward: Block
+    backward_given: list[Math]
+    backward_results: list[Statement]
+    source: str
+    sources: dict[str, str] = field(default_factory=dict)  # "torch" / "triton" -> generated code
+
+
+# ----------------------------------------------------------------------------- helpers
+def _sym(name: str) -> sp.Symbol:
+    return sp.Symbol(name, real=True)
+
+
+def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset(), order: str | None = None) -> Math:
+    return Math(mathml_inner(expr, adjoints, order), latex(expr, adjoints, order), sp.sstr(expr, order=order))
+
+
+def _name(name: str) -> Math:
+    return _math(_sym(name))
+
+
+class _Written:
+    """AST expressions to sympy as written (no evaluation) and to Math."""
+
+    def __init__(self, c: Compiled) -> None:
+        from ..ir.lower import to_sympy
+
+        ck = c.checked
+        names = [d.name for d in [*ck.inputs, *ck.params, *ck.states]] + list(ck.locals) + list(ck.subexprs)
+        self.env = {n: _sym(n) for n in names}
+        self.to_sympy = to_sympy
+
+    def expr(self, e: A.Expr) -> sp.Expr:
+        with sp.evaluate(False):
+            return self.to_sympy(e, self.env)
+
+    def math(self, e: A.Expr) -> Math:
+        return _math(self.expr(e), order="none")
+
+    def compare(self, e: A.Compare) -> Math:
+        """A comparison or a chain (`0 <= a <= 1`) as written."""
+        ops = {"<": ("<", "<"), "<=": ("\u2264", r"\leq"), ">": (">", ">"), ">=": ("\u2265", r"\geq"),
+               "==": ("=", "="), "!=": ("\u2260", r"\neq")}
+        parts = [self.math(o) for o in e.operands]
+        ml = parts[0].mathml
+        tx = parts[0].latex
+        text = parts[0].text
+        for op, p in zip(e.ops, parts[1:]):
+            ml += f"<mo>{html.escape(ops[op][0])}</mo>{p.mathml}"
+            tx += f" {ops[op][1]} {p.latex}"
+            text += f" {op} {p.text}"
+        return Math(f"<mrow>{ml}</mrow>", tx, text)
+
+
+def _source_line(c: Compiled, line: int) -> str:
+    lines = c.text.splitlines()
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+_OPS = {"=": "\u2190"}
+
+
+def _assign(c: Compiled, w: _Written, st: A.Assign) -> Statement:
+    op = _OPS.get(st.op, st.op)
+    return Statement(_name(st.target), op, w.math(st.value), st.pos.line, _source_line(c, st.pos.line),
+                     "let" if st.is_let else "")
+
+
+def split_doc(doc: str) -> tuple[str, list[tuple[str, str]], str]:
+    """(summary, blocks, reference) of a docstring: the first line; the rest as paragraphs
+    ("p") and indented runs ("pre", e.g. hand-written equations); the paragraph(s) starting
+    with "Reference:" apart."""
+    text = inspect.cleandoc(doc or "")
+    if not text:
+        return "", [], ""
+    first, _, rest = text.partition("\n")
+    blocks: list[tuple[str, str]] = []
+    refs: list[str] = []
+    for para in re.split(r"\n\s*\n", rest.strip("\n")):
+        if not para.strip():
+            continue
+        if re.match(r"\s*References?\s*:", para):
+            refs.append(re.sub(r"^\s*References?\s*:\s*", "", para))
+            continue
+        run: list[str] = []
+        kind = None
+        for ln in para.splitlines():
+            k = "pre" if ln[:1].isspace() else "p"
+            if kind is not None and k != kind:
+                blocks.append((kind, _join(kind, run)))
+                run = []
+            kind = k
+            run.append(ln)
+        if run and kind is not None:
+            blocks.append((kind, _join(kind, run)))
+    return first.strip(), blocks, "\n\n".join(" ".join(r.split()) for r in refs)
+
+
+def _join(kind: str, lines: list[str]) -> str:
+    if kind == "pre":
+        return inspect.cleandoc("\n".join(lines)) if len(lines) > 1 else lines[0].strip()
+    return " ".join(" ".join(ln.split()) for ln in lines)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
+
+
+# ----------------------------------------------------------------------------- describe
+def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None = None) -> ModelDoc:
+    """Everything a model's page shows (without the plots); `current`: a loaded module's param
+    values, shown where they differ from the defaults."""
+    ck = c.checked
+    w = _Written(c)
+    from pathlib import Path
+
+    path = Path(c.filename)
+    stem = path.stem if c.filename != "<string>" else ck.name.lower()
+    try:
+        library = path.resolve().parent == NEURONS_DIR.resolve() and path.suffix == ".neuron"
+    except OSError:
+        library = False
+    summary, blocks, reference = split_doc(ck.ast.doc)
+
+    # tables
+    env: dict[str, float] = {}
+    params: list[Row] = []
+    for p in ck.params:
+        try:
+            env[p.name] = float(evaluate(p.default, env))
+        except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
+            env[p.name] = float("nan")
+        plain = _plain_number(p.default)
+        params.append(Row(p.name, _name(p.name), p.doc, unit_of(p), declared_unit(p), w.math(p.default),
+                          None if plain else env[p.name], w.compare(p.where) if p.where is not None else None,
+                          _where_text(c, p.where), p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
+    states = []
+    for s in ck.states:
+        if s.meta.get("hidden"):  # bookkeeping of refractoriness and crossing rules, not the model's own
+            continue
+        try:
+            v0 = float(evaluate(s.init, env))
+        except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
+            v0 = float("nan")
+        states.append(Row(s.name, _name(s.name), s.doc, unit_of(s), declared_unit(s), w.math(s.init),
+                          None if _plain_number(s.init) else v0, line=s.pos.line))
+    inputs = [Row(i.name, _name(i.name), i.doc, unit_of(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
+
+    # the equations as written, in the order of a step
+    written: list[Block] = []
+    if ck.equations is not None:
+        sts = []
+        for ln in ck.equations.lines:
+            if isinstance(ln, A.ODE):
+                lhs = Math(derivative_mathml(ln.state), derivative_latex(ln.state), f"d{ln.state}/dt")
+                sts.append(Statement(lhs, "=", w.math(ln.value), ln.pos.line, _source_line(c, ln.pos.line)))
+            else:
+                sts.append(Statement(_name(ln.name), "=", w.math(ln.value), ln.pos.line,
+                                     _source_line(c, ln.pos.line)))
+        how = f"method {ck.method}" if ck.method else f"method {c.step.method}, chosen automatically"
+        written.append(Block("equations", sts, f"integrated over one step dt ({how})"))
+    if ck.update:
+        written.append(Block("update", [_assign(c, w, st) for st in ck.update],
+                             "in order; each statement sees the results of the previous ones"))
+    spike_doc = None
+    if ck.spike is not None:
+        rule = ck.spike
+        a, b = w.math(rule.left), w.math(rule.right)
+        op_ml, op_tx = ("\u2265", r"\geq") if rule.op == ">=" else (">", ">")
+        rhs = Math(f'<mrow><mo stretchy="false">[</mo>{a.mathml}<mo>{op_ml}</mo>{b.mathml}<mo stretchy="false">]</mo></mrow>',
+                   rf"\left[{a.latex} {op_tx} {b.latex}\right]", f"[{a.text} {rule.op} {b.text}]")
+        st = Statement(_name("spike"), "=", rhs, rule.pos.line, _source_line(c, rule.pos.line))
+        written.append(Block("spike", [st], "[\u2026] is 1 where the condition holds, else 0; "
+                                            "backward uses the surrogate's S\u2032(u) as d spike / d u"))
+        spike_doc = _surrogate_doc(c, w, a, b)
+    if ck.on_spike:
+        written.append(Block("on spike", [_assign(c, w, st) for st in ck.on_spike],
+                             "simultaneously, on the values after the update: X \u2190 e means "
+                             "X \u2190 spike\u00b7e + (1 \u2212 spike)\u00b7X, X += e means X \u2190 X + spike\u00b7e"))
+
+    # the derived step
+    step = c.step
+    sts = [Statement(_math(y), "=", _math(e), (step.origins.get(y.name) or A.Pos(0, 0)).line,
+                     _source_line(c, (step.origins.get(y.name) or A.Pos(0, 0)).line))
+           for y, e in step.assignments]
+    next_states = [Statement(Math(_next(s.name), rf"{latex(s)}'", f"{s.name}'"), "=", _math(v))
+                   for s, v in zip(step.states, step.next_states)]
+    outs = [Statement(_name(n) if n != "spike" else _name("spike"), "=", _math(v)) for n, v in step.outputs]
+    method_doc = METHODS[step.method].doc if step.method else ""
+
+    bw = c.backward
+    adj = frozenset({g.name for g in [*bw.grad_outputs, *bw.grad_next_states]}
+                    | {y.name for y, _ in bw.assignments if y.name.startswith("grad_")})
+    bsts = [Statement(_math(y, adj), "=", _math(e, adj)) for y, e in bw.assignments]
+    given = [_math(g, adj) for g in [*bw.grad_outputs, *bw.grad_next_states]]
+    results = []
+    for leaf, g in [*zip(step.inputs, bw.grad_inputs), *zip(step.states, bw.grad_states),
+                    *zip((p.symbol for p in step.learnable), bw.grad_params)]:
+        lhs = Math(f"<mfrac><mrow><mo>\u2202</mo><mi>L</mi></mrow><mrow><mo>\u2202</mo>{mathml_inner(leaf)}</mrow>"
+                   "</mfrac>", rf"\frac{{\partial L}}{{\partial {latex(leaf)}}}", f"dL/d{leaf.name}")
+        results.append(Statement(lhs, "=", _math(g, adj)))
+
+    srcs: dict[str, str] = {}
+    if sources:
+        srcs["torch"] = c.torch_source
+        try:
+            srcs["triton"] = c.triton_source
+        except Exception as e:  # noqa: BLE001 - the page says why instead of failing
+            srcs["triton"] = f"# the Triton kernels could not be generated here: {e}\n"
+    return ModelDoc(
+        name=ck.name, stem=stem, filename=c.filename, library=library, summary=summary, blocks=blocks,
+        reference=reference, inputs=inputs, params=params, states=states, written=written,
+        outputs=[n for n, _ in ck.outputs], spiking=ck.spike is not None, method=step.method,
+        method_auto=bool(step.method and step.method_auto), method_doc=method_doc,
+        step=Block("step", sts), next_states=next_states, step_outputs=outs, surrogate=spike_doc,
+        backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
+        sources=srcs)
+
+
+def _plain_number(e: A.Expr) -> bool:
+    """A number as written (`2.0`, `-70.6`): its value needs no second mention."""
+    return isinstance(e, A.Num) or (isinstance(e, A.Neg) and isinstance(e.operand, A.Num))
+
+
+def _differs(current: dict[str, Any] | None, name: str, default: float) -> str | None:
+    if not current or name not in current:
+        return None
+    v = current[name]
+    try:
+        f = float(v)
+    except (TypeError, ValueError, RuntimeError):  # a per-channel tensor
+        shape = tuple(getattr(v, "shape", ()))
+        return f"per channel, shape {shape}"
+    return None if f == default else f"{f:.6g}"
+
+
+_S_PRIME = '<mi>S</mi><mo lspace="0" rspace="0">\u2032</mo>'
+
+
+def _next(name: str) -> str:
+    return f'<mrow>{mathml_inner(_sym(name))}<mo lspace="0" rspace="0">\u2032</mo></mrow>'
+
+
+def _where_text(c: Compiled, where: A.Compare | None) -> str:
+    if where is None:
+        return ""
+    from ..runtime.module import _source_of  # the constraint's text as written
+
+    return _source_of(c.text, where)
+
+
+def _surrogate_doc(c: Compiled, w: _Written, a: Math, b: Math) -> SurrogateDoc:
+    ck = c.checked
+    rs = ck.surrogate
+    sur = c.step.surrogate
+    assert rs is not None and sur is not None
+    x = _sym("x")
+    kw_syms = {k: _sym(k) for k in rs.kwargs}
+    if rs.user is not None:
+        local = dict(w.env)
+        local.update(kw_syms)
+        local[rs.arg] = _sym(rs.arg)
+        with sp.evaluate(False):
+            generic = w.to_sympy(rs.user.body, local)
+        x = _sym(rs.arg)
+        source = "defined in this model"
+    else:
+        from ..ir.surrogates import BUILTIN_SURROGATES
+
+        generic = BUILTIN_SURROGATES[rs.name].derivative(x, **kw_syms)
+        source = SURROGATES[rs.name].source
+    call = f"{rs.name}(" + ", ".join(f"{k}={_kw_text(w, v)}" for k, v in rs.kwargs.items()) + ")"
+    lhs_g = Math(f"<mrow>{_S_PRIME}<mo stretchy=\"false\">(</mo>{mathml_inner(x)}<mo stretchy=\"false\">)</mo></mrow>",
+                 f"S'({latex(x)})", f"S'({x.name})")
+    lhs_u = Math(f"<mrow>{_S_PRIME}<mo stretchy=\"false\">(</mo><mi>u</mi><mo stretchy=\"false\">)</mo></mrow>", "S'(u)",
+                 "S'(u)")
+    u = Statement(Math("<mi>u</mi>", "u", "u"), "=",
+                  Math(f"<mrow>{a.mathml}<mo>-</mo>{_paren(b)}</mrow>", f"{a.latex} - {_paren_tex(b)}",
+                       f"{a.text} - ({b.text})"))
+    return SurrogateDoc(rs.name, call, Statement(lhs_g, "=", _math(generic, order="none" if rs.user else None)), Statement(lhs_u, "=",
+                        _math(sur.derivative)), u, source, rs.user is not None)
+
+
+def _paren(m: Math) -> str:
+    return m.mathml if re.fullmatch(r"<m[in]>[^<]*</m[in]>|<msub>.*</msub>", m.mathml) else (
+        f"<mrow><mo>(</mo>{m.mathml}<mo>)</mo></mrow>")
+
+
+def _paren_tex(m: Math) -> str:
+    return m.latex if re.fullmatch(r"[\\A-Za-z0-9_{}.]+", m.latex) else rf"\left({m.latex}\right)"
+
+
+def _kw_text(w: _Written, e: A.Expr) -> str:
+    return e.text if isinstance(e, A.Num) else sp.sstr(w.expr(e), order="none")
+
+
+def method_text(doc: ModelDoc) -> str:
+    if not doc.method:
+        return ""
+    return f"{doc.method}" + (" (chosen automatically)" if doc.method_auto else "")
+
+
+__all__ = ["describe", "ModelDoc", "Statement", "Math", "Row", "Block", "SurrogateDoc", "split_doc", "method_text"]

@@ -1,0 +1,180 @@
+"""Markdown pages: the same content as the HTML pages, math as LaTeX (`$…$`, `$$…$$`: GitHub,
+Jupyter, MkDocs render it), images linked beside the page. User text is escaped so that it
+stays text: HTML special characters become entities, Markdown punctuation is backslash-escaped,
+and the docstring's indented runs and all code go into fences longer than any backtick run."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+
+from .content import Math, ModelDoc, Statement
+from .figures import Figures
+from .htmlpage import SOURCE_TITLES, Failure, IndexEntry, file_label, usage
+
+_PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-!|~$])")
+
+
+def text(s: str) -> str:
+    """User text as literal Markdown inline text (one line)."""
+    one = " ".join(str(s).split())
+    return html.escape(_PUNCT.sub(r"\\\1", one), quote=False)
+
+
+def fence(body: str, lang: str = "") -> str:
+    """A fenced code block that `body` cannot close."""
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    f = "`" * max(3, longest + 1)
+    return f"{f}{lang}\n{body.rstrip()}\n{f}"
+
+
+def code(s: str) -> str:
+    """An inline code span that `s` cannot close (pipes escaped for tables)."""
+    one = " ".join(str(s).split())
+    longest = max((len(m) for m in re.findall(r"`+", one)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if one.startswith("`") or one.endswith("`") else ""
+    body = one.replace("|", "\\|")
+    return f"{ticks}{pad}{body}{pad}{ticks}"
+
+
+def _tex(s: str) -> str:
+    return s.replace("<", r"\lt ").replace(">", r"\gt ")
+
+
+def im(m: Math) -> str:
+    return f"${_tex(m.latex)}$"
+
+
+def _aligned(statements: Sequence[Statement], lines: bool = True) -> str:
+    rows = []
+    for s in statements:
+        op = {"←": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
+              "/=": r"\mathrel{/}="}.get(s.op, s.op)
+        row = f"{_tex(s.lhs.latex)} &{op} {_tex(s.rhs.latex)}"
+        if lines and s.line:
+            row += rf" && \text{{line {s.line}}}"
+        rows.append(row)
+    return "$$\n\\begin{aligned}\n" + " \\\\\n".join(rows) + "\n\\end{aligned}\n$$"
+
+
+def _unit(r) -> str:
+    if not r.unit:
+        return ""
+    return text(r.unit) + ("" if r.unit_declared else "\\*")
+
+
+def _value(r) -> str:
+    if r.value is None:
+        return ""
+    return im(r.value) + (f" = {r.number:.6g}" if r.number is not None else "")
+
+
+def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None) -> str:
+    out: list[str] = []
+    add = out.append
+    if index_link:
+        add(f"[\u2190 all models]({index_link})\n")
+    add(f"# {text(d.name)} \u2014 {code(file_label(d))}\n")
+    if d.summary:
+        add(f"**{text(d.summary)}**\n")
+    if d.reference:
+        add(f"> **Reference.** {text(d.reference)}\n")
+    for kind, body in d.blocks:
+        add((fence(body, "text") if kind == "pre" else text(body)) + "\n")
+    add(fence(usage(d), "text") + "\n")
+
+    add("## Inputs, parameters and states\n")
+    add("### Inputs\n\n| name | description | unit |\n| --- | --- | --- |")
+    for r in d.inputs:
+        add(f"| {im(r.symbol)} {code(r.name)} | {text(r.description)} | {_unit(r)} |")
+    add("")
+    if d.params:
+        add("### Parameters\n\n| name | default | constraint | learnable | description | unit |\n"
+            "| --- | --- | --- | --- | --- | --- |")
+        for r in d.params:
+            cons = im(r.constraint) if r.constraint else ""
+            add(f"| {im(r.symbol)} {code(r.name)} | {_value(r)} | {cons} | {'yes' if r.learnable else ''} | "
+                f"{text(r.description)} | {_unit(r)} |")
+        add("")
+    if d.states:
+        add("### States\n\n| name | initial value | description | unit |\n| --- | --- | --- | --- |")
+        for r in d.states:
+            add(f"| {im(r.symbol)} {code(r.name)} | {_value(r)} | {text(r.description)} | {_unit(r)} |")
+        add("")
+    add("Outputs, in return order: " + ", ".join(code(o) for o in d.outputs) + ".")
+    if any(r.unit and not r.unit_declared for r in [*d.inputs, *d.params, *d.states]):
+        add(" Units marked \\* are read from the descriptions.")
+    add("")
+
+    add("## Equations as written\n\nOne step computes, in this order:\n")
+    for b in d.written:
+        add(f"### {code(b.title)}\n")
+        if b.note:
+            add(f"*{text(b.note)}*\n")
+        add(_aligned(b.statements) + "\n")
+    if d.surrogate:
+        s = d.surrogate
+        add(f"### Surrogate {code(s.call)}\n")
+        who = "Defined in this model" if s.user else f"Built in ({text(s.source)})"
+        add(f"{who}: the derivative backward uses for the spike.\n")
+        add(_aligned([s.generic, s.u, s.applied], lines=False) + "\n")
+
+    if fig is not None:
+        add("## Plots\n")
+        if fig.note:
+            add(f"*{text(fig.note)}*\n")
+        for src, cap, alt in ((fig.response, fig.response_caption, "response to a step input"),
+                              (fig.fi, fig.fi_caption, "f-I curve"), (fig.surrogate, fig.surrogate_caption, "surrogate")):
+            if src:
+                add(f"![{text(d.name)}: {alt}](<{src}>)\n\n*{text(cap)}*\n")
+
+    add("## What the compiler derived\n\n### The discretized step\n")
+    if d.method:
+        auto = " (chosen automatically)" if d.method_auto else ""
+        add(f"ODEs integrated with **{text(d.method)}**{auto}: {text(d.method_doc)}.\n")
+    add("SSA assignments of one step, in order; plain names are the values before the step, "
+        "$\\tilde{t}_k$ are shared subexpressions, $[u \\geq 0]$ is the spike (1 or 0).\n")
+    add(_aligned(d.step.statements) + "\n")
+    add("New states and outputs:\n")
+    add(_aligned(d.next_states + d.step_outputs, lines=False) + "\n")
+    add("### The backward (vector-Jacobian product of one step)\n")
+    given = ", ".join(im(g) for g in d.backward_given)
+    add(f"$\\bar{{x}}$ is the gradient of the loss with respect to $x$; given {given} (the gradients of the "
+        "outputs and of the new states), one step back computes:\n")
+    if d.backward.statements:
+        add(_aligned(d.backward.statements, lines=False) + "\n")
+    add(_aligned(d.backward_results, lines=False) + "\n")
+
+    if d.sources:
+        add("## Generated code\n")
+        for name, src in d.sources.items():
+            add(f"<details><summary>{html.escape(SOURCE_TITLES.get(name, name))}</summary>\n\n"
+                + fence(src, "python") + "\n\n</details>\n")
+    add(f"<details><summary>The model file {html.escape(file_label(d))}</summary>\n\n" + fence(d.source, "text")
+        + "\n\n</details>\n")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def index(entries: Sequence[IndexEntry], failed: Sequence[Failure] = (), title: str = "flexdsl models",
+          reference_link: str | None = None) -> str:
+    out = [f"# {text(title)}\n"]
+    n = len(entries)
+    line = f"{n} model{'s' if n != 1 else ''}, documented from their equations."
+    if reference_link:
+        line += f" The language: [language reference](<{reference_link}>)."
+    out.append(line + "\n")
+    out.append("| model | summary | kind | page |\n| --- | --- | --- | --- |")
+    for e in entries:
+        kind = e.kind + (f", {e.method}" if e.method else "")
+        out.append(f"| [{text(e.name)}](<{e.markdown}>) {code(e.file_label)} | {text(e.summary)} | {text(kind)} | "
+                   f"[HTML](<{e.html}>) |")
+    if failed:
+        out.append("\n## Not documented\n")
+        for f in failed:
+            out.append(f"- {code(f.label)}\n\n" + fence(f.error, "text"))
+    return "\n".join(out).rstrip() + "\n"
+
+
+__all__ = ["page", "index", "text", "fence", "code"]

@@ -1,0 +1,174 @@
+"""`flexdsl doc`: pages for many models and the index that links them.
+
+`build(targets, outdir)` takes files, directories (every `.neuron` below them) and library stems;
+for each model it writes `<stem>.html`, `<stem>.md` and the PNGs beside them, then `index.html`,
+`index.md` and a copy of the language reference. A model that does not compile is reported
+(located error) and left out; the others are still written.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._paths import DOCS_DIR
+from ..errors import FlexDSLError
+from ..library import library, library_path, looks_like_source
+from . import htmlpage, mdpage
+from .content import describe, method_text
+from .figures import Figures, make_figures
+
+Progress = Callable[[int, int, str, float], None]  # (done, total, label, seconds for this model)
+
+
+@dataclass
+class Target:
+    label: str  # as the user named it (a path, or a stem)
+    model: str  # what compile_model takes
+
+
+@dataclass
+class BuildResult:
+    outdir: Path
+    pages: list[Path] = field(default_factory=list)  # the HTML pages
+    files: list[Path] = field(default_factory=list)  # everything written
+    failed: list[tuple[str, FlexDSLError]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def index(self) -> Path:
+        return self.outdir / "index.html"
+
+
+def expand(args: Iterable[str | Path]) -> list[Target]:
+    """Files, directories (their `.neuron` files, recursively, sorted) and library stems, each
+    model once. A directory without models or a name that is none of these is an error."""
+    out: list[Target] = []
+    seen: set[str] = set()
+
+    def add(label: str, model: str, key: str) -> None:
+        if key not in seen:
+            seen.add(key)
+            out.append(Target(label, model))
+
+    for a in args:
+        s = str(a)
+        if isinstance(a, str) and looks_like_source(a):
+            add("<string>", a, a)
+            continue
+        p = Path(s)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*.neuron") if q.is_file())
+            if not found:
+                raise FlexDSLError(f"no `.neuron` files in the directory `{s}`", s)
+            for q in found:
+                add(str(q), str(q), str(q.resolve()))
+        elif p.is_file():
+            add(s, s, str(p.resolve()))
+        elif "/" not in s and not s.endswith(".neuron") and library_path(s).is_file():
+            add(s, s, str(library_path(s).resolve()))
+        else:
+            from ..errors import did_you_mean
+
+            hint = did_you_mean(p.stem, library())
+            raise FlexDSLError(f"no such file, directory or library model: `{s}`", s,
+                               hint=hint or "library models: " + ", ".join(library()))
+    return out
+
+
+def page_name(stem: str, taken: set[str]) -> str:
+    """A file-system-safe, unique page name for a model."""
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", stem).strip(".") or "model"
+    name, i = base, 2
+    while name.lower() in taken or name.lower() in ("index", "language"):
+        name, i = f"{base}-{i}", i + 1
+    taken.add(name.lower())
+    return name
+
+
+def prepare(outdir: str | Path) -> Path:
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise FlexDSLError(f"`{out}` exists and is not a directory", str(out), hint="choose another -o OUTDIR")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FlexDSLError(f"cannot create the output directory `{out}`: {e.strerror or e}", str(out)) from None
+    return out
+
+
+def _write(path: Path, text: str) -> Path:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise FlexDSLError(f"cannot write `{path}`: {e.strerror or e}", str(path)) from None
+    return path
+
+
+def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, *, plots: bool = True,
+          progress: Progress | None = None, title: str = "flexdsl models") -> BuildResult:
+    """Write the pages of every model, the index and the language reference into `outdir`."""
+    from ..runtime.compiler import compile_model
+
+    t_all = time.perf_counter()
+    tg = [t if isinstance(t, Target) else None for t in targets]
+    items: list[Target] = [t for t in tg if t is not None] or expand(targets)  # type: ignore[arg-type]
+    out = prepare(outdir)
+    result = BuildResult(out)
+    reference = _copy_reference(out, result)
+    taken: set[str] = set()
+    entries: list[htmlpage.IndexEntry] = []
+    failures: list[htmlpage.Failure] = []
+    for k, t in enumerate(items):
+        t0 = time.perf_counter()
+        try:
+            c = compile_model(t.model)
+            d = describe(c)
+            name = page_name(d.stem, taken)
+            figs = make_figures(c, name, out) if plots else None
+            html_path = _write(out / f"{name}.html", htmlpage.page(d, figs, "index.html", reference))
+            md_path = _write(out / f"{name}.md", mdpage.page(d, figs, "index.md"))
+        except FlexDSLError as e:
+            result.failed.append((t.label, e))
+            failures.append(htmlpage.Failure(t.label, str(e)))
+            if progress:
+                progress(k + 1, len(items), t.label, time.perf_counter() - t0)
+            continue
+        result.pages.append(html_path)
+        result.files += [html_path, md_path] + [out / f for f in (figs.files() if figs else [])]
+        entries.append(htmlpage.IndexEntry(
+            d.name, htmlpage.file_label(d), d.summary, html_path.name, md_path.name,
+            figs.thumbnail if figs else None, "spiking" if d.spiking else "non-spiking", method_text(d) or None))
+        if progress:
+            progress(k + 1, len(items), t.label, time.perf_counter() - t0)
+    result.files.append(_write(out / "index.html", htmlpage.index(entries, failures, title, reference)))
+    result.files.append(_write(out / "index.md", mdpage.index(entries, failures, title, reference)))
+    result.seconds = time.perf_counter() - t_all
+    return result
+
+
+def _copy_reference(out: Path, result: BuildResult) -> str | None:
+    """The language reference beside the pages (it ships with flexdsl)."""
+    src = DOCS_DIR / "language.md"
+    if not src.is_file():
+        return None
+    dst = out / "language.md"
+    try:
+        if dst.exists() and dst.samefile(src):  # writing into flexdsl's own docs: nothing to copy
+            return "language.md"
+        shutil.copyfile(src, dst)
+    except OSError as e:
+        raise FlexDSLError(f"cannot write `{out / 'language.md'}`: {e.strerror or e}", str(out)) from None
+    result.files.append(out / "language.md")
+    return "language.md"
+
+
+def figures_of(result: BuildResult) -> list[Path]:
+    return [f for f in result.files if f.suffix == ".png"]
+
+
+__all__ = ["build", "expand", "BuildResult", "Target", "Figures"]
