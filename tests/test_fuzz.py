@@ -62,81 +62,124 @@ def run_case(text: str, tmp: Path | None = None) -> None:
 
 
 # ------------------------------------------------------------------ grammar-aware models
-NAMES = ["x", "v", "w", "a", "b", "tau", "dt", "I", "torch", "tl", "range", "float", "spike", "where", "exp",
-         "v_fin", "out_v", "_hidden", "neuron", "T", "état", "x1"]
-NUMBERS = ["0", "1", "2.5", ".5", "1e-3", "0.0", "1e999", "9", "100", "3"]
-FUNCS = ["exp", "log", "sqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "min", "max", "clip", "where",
-         "heaviside", "atan", "foo"]
+# A quarter of the models mix hostile pieces into plausible ones; the others are plausible, so
+# that a good share get through the checker and exercise lowering, code generation and a call.
+HOSTILE = [False]
+
+
+class _Mix:
+    def __init__(self, sane: list[str], hostile: list[str]) -> None:
+        self.sane, self.hostile = st.sampled_from(sane), st.sampled_from(sane * 3 + hostile)
+
+
+def mix(sane: list[str], hostile: list[str]) -> _Mix:
+    return _Mix(sane, hostile)
+
+
+def pick(draw, m: _Mix) -> str:
+    return draw(m.hostile if HOSTILE[0] else m.sane)
+
+
+NUMBERS = mix(["0", "1", "2.5", ".5", "1e-3", "0.0", "9", "3", "0.25", "1.5"], ["1e999", "100", "1e308", "007"])
+FUNCS = mix(["exp", "log", "sqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "min", "max", "clip", "where",
+             "heaviside"], ["atan", "foo", "spike", "exp2"])
 ARITY = {"min": 2, "max": 2, "clip": 3, "where": 3}
-SURROGATES = ["sigmoid", "atan", "rect", "triangle", "fast_sigmoid", "piecewise_quadratic", "straight_through",
-              "super_spike", "erf", "nope"]
+SURROGATES = mix(["sigmoid", "atan", "rect", "triangle", "fast_sigmoid", "piecewise_quadratic", "straight_through",
+                  "super_spike", "erf"], ["nope", "exp"])
+KWARGS = mix([""], ["alpha=2.0", "alpha=0.5", "alpha=0", "slope=1e999", "k=1", "alpha=-1"])
 
 
 @st.composite
 def expr(draw, names: list[str], depth: int = 0) -> str:
+    leaves = names + ["0", "1", "2.5", ".5"] if names else ["0", "1", "2.5"]
     if depth >= 3 or draw(st.integers(0, 3)) == 0:
-        return draw(st.sampled_from(names + NUMBERS))
+        return draw(st.sampled_from(leaves)) if draw(st.booleans()) else pick(draw, NUMBERS)
     kind = draw(st.integers(0, 5))
     a = draw(expr(names, depth + 1))
     if kind <= 2:
-        op = draw(st.sampled_from(["+", "-", "*", "/", "**"]))
-        return f"({a} {op} {draw(expr(names, depth + 1))})"
+        op = pick(draw, mix(["+", "-", "*", "/"], ["**", "//", "%"]))
+        b = draw(expr(names, depth + 1))
+        if op == "/" and not HOSTILE[0]:
+            b = f"(1.5 + abs({b}))"
+        return f"({a} {op} {b})"
     if kind == 3:
         return f"-{a}"
-    f = draw(st.sampled_from(FUNCS))
-    n = ARITY.get(f, 1) + draw(st.sampled_from([0, 0, 0, 0, 1, -1]))
+    f = pick(draw, FUNCS)
+    n = ARITY.get(f, 1) + (draw(st.sampled_from([0] * 9 + [1, -1])) if HOSTILE[0] else 0)
     args = [a] + [draw(expr(names, depth + 1)) for _ in range(max(n - 1, 0))]
     if f == "where" and args:
         args[0] = f"{args[0]} {draw(st.sampled_from(['>', '<=', '==']))} {draw(expr(names, depth + 1))}"
     return f"{f}({', '.join(args[:max(n, 0)])})"
 
 
+DOC = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=30)
+
+
+def _names(m: _Mix):
+    return m.hostile if HOSTILE[0] else m.sane
+
+
 @st.composite
 def model(draw) -> str:
-    inputs = draw(st.lists(st.sampled_from(["x", "I", "y", "torch", "x1"]), min_size=0, max_size=2, unique=True))
-    params = draw(st.lists(st.sampled_from(["tau", "a", "b", "dt", "tl", "range", "float"]), max_size=3,
+    HOSTILE[0] = draw(st.integers(0, 3)) == 0
+    inputs = draw(st.lists(_names(mix(["x", "I", "y"], ["torch", "spike", "x1"])), min_size=1, max_size=2,
                            unique=True))
-    states = draw(st.lists(st.sampled_from(["v", "w", "u", "spike", "T"]), min_size=0, max_size=2, unique=True))
-    lines = [f"neuron {draw(st.sampled_from(['M', 'Model_1', 'x', 'neuron']))}:"]
+    if HOSTILE[0] and draw(st.integers(0, 4)) == 0:
+        inputs = []
+    params = draw(st.lists(_names(mix(["tau", "a", "b", "dt", "g"], ["tl", "range", "float", "_p"])), max_size=3,
+                           unique=True))
+    states = draw(st.lists(_names(mix(["v", "w", "u"], ["spike", "training", "T"])), min_size=1, max_size=2,
+                           unique=True))
+    name = pick(draw, mix(["M", "Model_1", "Lif2"], ["neuron", "1x", "x y"]))
+    lines = [f"neuron {name}:"]
     if draw(st.booleans()):
-        lines.append('    """' + draw(st.text(max_size=20)).replace('"', "'") + '"""')
-    if inputs:
-        lines.append(f"    input {', '.join(inputs)}")
+        doc = draw(st.text(max_size=10) if HOSTILE[0] else DOC)
+        lines.append('    """' + doc.replace('"', "'") + '"""')
+    lines.append(f"    input {', '.join(inputs)}")
     visible: list[str] = []
     for p in params:
-        default = draw(expr(visible)) if visible and draw(st.booleans()) else draw(st.sampled_from(NUMBERS))
-        where = f" where {p} {draw(st.sampled_from(['>', '>=', '<']))} {draw(st.sampled_from(NUMBERS))}" \
-            if draw(st.booleans()) else ""
+        default = draw(expr(visible)) if visible and draw(st.booleans()) else pick(draw, NUMBERS)
+        where = f" where {p} {draw(st.sampled_from(['>', '>=', '<']))} {pick(draw, NUMBERS)}" \
+            if draw(st.integers(0, 3)) == 0 else ""
         learn = " learnable" if draw(st.integers(0, 3)) == 0 else ""
         lines.append(f"    param {p} = {default}{where}{learn}")
         visible.append(p)
     for s in states:
-        lines.append(f"    state {s} = {draw(expr(visible))}")
-    names = visible + inputs + states
-    pool = names or NAMES
-    if states and draw(st.booleans()):
-        method = draw(st.sampled_from(["", " method exact", " method euler", " method rk4",
-                                       " method exponential_euler", " method heun", " method bogus"]))
+        init = draw(expr(visible)) if HOSTILE[0] or draw(st.booleans()) else pick(draw, NUMBERS)
+        lines.append(f"    state {s} = {init}")
+    pool = visible + inputs + states
+    if draw(st.integers(0, 2)) == 0:
+        method = pick(draw, mix(["", " method exact", " method euler", " method rk4", " method exponential_euler",
+                                 " method heun", " method rk2"], [" method bogus"]))
         lines.append(f"    equations{method}:")
         for s in states:
             lines.append(f"        d{s}/dt = {draw(expr(pool))}")
+        if "dt" not in params and draw(st.integers(0, 4)) > 0:
+            lines.insert(2, "    param dt = 0.1")
     if draw(st.integers(0, 4)) > 0:
         lines.append("    update:")
         targets = states + ["loc"]
         for _ in range(draw(st.integers(1, 3))):
-            op = draw(st.sampled_from(["=", "=", "+=", "-=", "*=", "/="]))
-            lines.append(f"        {draw(st.sampled_from(targets))} {op} {draw(expr(pool))}")
-    if draw(st.booleans()):
-        sg = draw(st.sampled_from(SURROGATES))
-        kw = draw(st.sampled_from(["", "alpha=2.0", "alpha=0", "slope=1e999", "k=1"]))
-        lines.append(f"    spike when {draw(expr(pool))} {draw(st.sampled_from(['>=', '>']))} "
-                     f"{draw(expr(pool))} surrogate {sg}({kw})")
-        if states and draw(st.booleans()):
+            target = draw(st.sampled_from(targets))
+            op = pick(draw, mix(["=", "=", "+=", "-="], ["*=", "/=", "=="]))
+            if target == "loc" and not HOSTILE[0]:
+                op = "let loc ="
+                target = ""
+                pool = pool + ["loc"]
+            lines.append(f"        {target}{' ' if target else ''}{op} {draw(expr(pool))}")
+    spiking = draw(st.booleans())
+    if spiking:
+        lhs = draw(st.sampled_from(states)) if draw(st.integers(0, 3)) else draw(expr(pool))
+        lines.append(f"    spike when {lhs} {draw(st.sampled_from(['>=', '>']))} {draw(expr(visible))} "
+                     f"surrogate {pick(draw, SURROGATES)}({pick(draw, KWARGS)})")
+        if draw(st.booleans()):
             lines.append("    on spike:")
-            lines.append(f"        {draw(st.sampled_from(states))} {draw(st.sampled_from(['=', '-=', '+=']))} "
-                         f"{draw(expr(pool))}")
-    if draw(st.booleans()):
-        lines.append(f"    output {', '.join(draw(st.lists(st.sampled_from(['spike', *states, 'loc']), min_size=1, max_size=2)))}")
+            lines.append(f"        {draw(st.sampled_from(states))} {pick(draw, mix(['=', '-=', '+='], ['*=']))} "
+                         f"{draw(expr(visible))}")
+    if draw(st.integers(0, 3)) == 0:
+        outs = draw(st.lists(st.sampled_from(["spike", *states, "loc"] if HOSTILE[0] or spiking else states),
+                             min_size=1, max_size=2, unique=True))
+        lines.append(f"    output {', '.join(outs)}")
     return "\n".join(lines) + "\n"
 
 

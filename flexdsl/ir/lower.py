@@ -79,15 +79,20 @@ class _ToSympy(A.ExprFold[sp.Expr]):
         return -a
 
     def visit_BinOp(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
-        if e.op == "+":
-            return self.checked(e, a + b, False)
-        if e.op == "-":
-            return self.checked(e, a - b, False)
-        if e.op == "*":
-            return self.checked(e, a * b, False)
-        if e.op == "/":
-            return self.checked(e, a / b, True)
-        return self.checked(e, self.power(e, a, b), True)
+        try:
+            if e.op == "+":
+                return self.checked(e, a + b, False)
+            if e.op == "-":
+                return self.checked(e, a - b, False)
+            if e.op == "*":
+                return self.checked(e, a * b, False)
+            if e.op == "/":
+                return self.checked(e, a / b, True)
+            return self.checked(e, self.power(e, a, b), True)
+        except (ZeroDivisionError, OverflowError) as exc:  # sympy's Float arithmetic raises these
+            if self.neuron is None:
+                raise
+            raise self.fail(e, "this expression divides by zero or overflows") from exc
 
     def power(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
         if self.neuron is not None and b.is_number and not a.is_number:
