@@ -11,12 +11,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flexdsl
 from flexdsl.frontend.units import Dim, show, unit
@@ -438,3 +441,54 @@ def test_one_over_a_unit_after_a_number():
     assert m.a == m.b == 0.02
     out = m(torch.ones(2, 1, dtype=torch.float64))
     assert torch.equal(out, torch.full((2, 1), 3.0e8, dtype=torch.float64))  # 3/um**2 * 1 cm**2
+
+
+# --------------------------------------------------------------------------- robustness
+_UNITS = ["ms", "mV", "nA", "pA", "nS", "pF", "um", "cm", "mM", "second", "V", "Mohm", "Hz", "m", "s", "x", "v",
+          "tau", "mv", "MS", "1", "0", "2.5", "1e-300", "1e300", "cm**2", "ms**-1", "(ms*mV)", "1/ms"]
+_OPS = ["*", "/", "+", "-", "**"]
+
+
+@st.composite
+def _unit_model(draw) -> str:
+    """Mostly plausible models with units (about half load), with hostile pieces mixed in."""
+
+    def const() -> str:
+        number = draw(st.sampled_from(["1", "2.5", "-3", "0", "10", "1e-3", "1e-300", "1e300"]))
+        unit = draw(st.sampled_from(["mV", "mV", "ms", " ", "nA", "mV**2", "1/ms", "cm**2", "tau", "mv", "MS"]))
+        return f"{number} {unit}".strip()
+
+    def expr(names: list[str]) -> str:
+        parts = [draw(st.sampled_from([*names, const(), const()]))]
+        for _ in range(draw(st.integers(0, 3))):
+            parts.append(draw(st.sampled_from([" + ", " - ", " * ", " / ", "**"])))
+            parts.append(draw(st.sampled_from([*names, const(), *_UNITS])))
+        return "".join(parts)
+
+    unit = draw(st.sampled_from(["", " : mV/ms", " : mV/ms", " : nA", " : 1/ms", " : tau", " : 2 ms", " : ms**99"]))
+    ref = draw(st.sampled_from(["", "    refractory 2 ms\n", "    refractory while v > 1 mV\n", "    refractory tau\n",
+                                "    refractory 2 mV\n"]))
+    held = draw(st.sampled_from(["", " unless refractory"]))
+    rule = draw(st.sampled_from([">", ">=", "crosses"]))
+    dt = draw(st.sampled_from(["0.1 ms", "0.1 ms", "100 us", "0.1"]))
+    tau = draw(st.sampled_from(["10 ms", "0.01 second", const()]))
+    rhs = draw(st.sampled_from(["(-v + x * 1 ms) / tau", f"({expr(['v', 'x', 'tau'])} - v) / tau"]))
+    return (f"neuron F:\n    input x{unit}\n    param dt = {dt}\n    param tau = {tau}\n"
+            f"    state v = {draw(st.sampled_from(['0 mV', '-65 mV', const()]))}\n{ref}"
+            f"    equations:\n        dv/dt = {rhs}{held}\n"
+            f"    spike when v {rule} {draw(st.sampled_from(['1 mV', '-50 mV', const()]))} surrogate "
+            f"{draw(st.sampled_from(['sigmoid(alpha=1/mV)', 'sigmoid()', 'fast_sigmoid()', 'atan(alpha=2)']))}\n"
+            f"    output spike\n")
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_unit_model())
+def test_random_models_with_units_fail_only_with_located_errors(text):
+    t0 = time.perf_counter()
+    try:
+        m = flexdsl.loads(text, backend="torch")
+        with torch.no_grad():
+            m(torch.linspace(-2.0, 3.0, 6, dtype=torch.float64).reshape(2, 3))
+    except flexdsl.FlexDSLError as e:
+        assert e.format().startswith("<string>")
+    assert time.perf_counter() - t0 < 2.0, text

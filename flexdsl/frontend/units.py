@@ -323,7 +323,7 @@ class _Dims(A.ExprFold[_D]):
                               e.unit_pos, f"e.g. `2 cm**2`; powers up to {MAX_UNIT_POWER}")
         v = _exact(e.text, e.value)
         c = _mul(v, _pow(f, p))
-        if c is None or not math.isfinite(float(c)):
+        if not _finite(c):
             raise self.uc.err(f"`{_text(e)}` is too large for a float in base units ({show(d ** p, 'base')})",
                               e.pos, "the largest float is about 1.8e308")
         return self._keep(e, _D(d ** p, False, None, c, True))
@@ -477,7 +477,9 @@ def _exponent(power: float, text: str) -> Fraction:
     if not text:
         return Fraction(1)
     v = _exact(text, power)
-    return v if isinstance(v, Fraction) else Fraction(power).limit_denominator(1000)
+    if isinstance(v, Fraction):
+        return v
+    return Fraction(power).limit_denominator(1000) if math.isfinite(power) else Fraction(10**6)
 
 
 def _as_fraction(x: Fraction | float) -> Fraction:
@@ -491,23 +493,39 @@ def _neg(a):
 def _add(a, b, op):
     if a is None or b is None:
         return None
-    return a + b if op == "+" else a - b
+    try:
+        return a + b if op == "+" else a - b
+    except OverflowError:  # a fraction beyond float range mixed with a float
+        return None
 
 
 def _mul(a, b):
     if a is None or b is None:
         return None
-    if isinstance(a, float) or isinstance(b, float):
-        return float(a) * float(b)
-    return a * b
+    try:
+        if isinstance(a, float) or isinstance(b, float):
+            return float(a) * float(b)
+        return a * b
+    except OverflowError:
+        return None
 
 
 def _div(a, b):
     if a is None or b is None or b == 0:
         return None
-    if isinstance(a, float) or isinstance(b, float):
-        return float(a) / float(b)
-    return a / b
+    try:
+        if isinstance(a, float) or isinstance(b, float):
+            return float(a) / float(b)
+        return a / b
+    except (OverflowError, ZeroDivisionError):
+        return None
+
+
+def _finite(c) -> bool:
+    try:
+        return c is not None and math.isfinite(float(c))
+    except OverflowError:
+        return False
 
 
 def _pow(a, p):
@@ -842,11 +860,7 @@ class _Convert(A.ExprFold[tuple[A.Expr, _D]]):
     def _node(self, e: A.Expr, new: A.Expr, kids: tuple[_D, ...]) -> tuple[A.Expr, _D]:
         d = getattr(self.dims, f"visit_{type(e).__name__}")(e, *kids)
         if d.has_unit and d.const is not None:
-            try:
-                finite = math.isfinite(float(d.const))
-            except OverflowError:
-                finite = False
-            if finite:
+            if _finite(d.const):
                 return _number(d.const, e), d
         if isinstance(new, A.Quantity):  # (not finite: reported where the quantity was checked)
             raise self.uc.err(f"`{_text(e)}` is not a finite number in base units", e.pos)
@@ -1004,10 +1018,11 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
     base = d.const if d.const is not None else d.number
     if base is None:
         raise fail("not a constant")
-    if not d.has_unit:  # a plain number in a string: in the declared unit, like a number
-        return float(base)
-    factor = info.factor.get(name, Fraction(1))
-    return float(Fraction(base) / factor) if isinstance(base, Fraction) else float(base) / float(factor)
+    factor = info.factor.get(name, Fraction(1)) if d.has_unit else Fraction(1)  # plain numbers: declared unit
+    result = _div(base, factor)
+    if not _finite(result):
+        raise fail("the value is too large for a float")
+    return float(result)
 
 
 def _example(p: A.Param) -> str:
