@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +40,26 @@ _warm_up()
 
 
 def run_case(text: str, tmp: Path | None = None) -> None:
-    """The pipeline on one model text: only FlexDSLError may escape; < 1 s."""
+    """The pipeline on one model text: only FlexDSLError may escape; < 1 s. A case over the
+    limit runs once more from cold caches (a pause of the machine is not the input's fault; a
+    pathological input is slow every time)."""
+    elapsed = _timed_case(text, tmp)
+    if elapsed >= 1.0:
+        _forget_compiled()
+        elapsed = _timed_case(text, tmp)
+    assert elapsed < 1.0, f"{elapsed:.2f} s for:\n{text}"
+
+
+def _forget_compiled() -> None:
+    from flexdsl.runtime import cache, compiler
+
+    compiler._CACHE.clear()
+    compiler._PROGRAMS.clear()
+    cache._memory.clear()
+    os.environ["FLEXDSL_CACHE_DIR"] = tempfile.mkdtemp(prefix="flexdsl-fuzz-")
+
+
+def _timed_case(text: str, tmp: Path | None) -> float:
     t0 = time.perf_counter()
     try:
         m = flexdsl.loads(text, backend="torch")
@@ -57,8 +77,7 @@ def run_case(text: str, tmp: Path | None = None) -> None:
         assert code in (0, 1) and "Traceback" not in err.getvalue()
         if code == 1:
             assert "error:" in err.getvalue()
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"{elapsed:.2f} s for:\n{text}"
+    return time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------ grammar-aware models

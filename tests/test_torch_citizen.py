@@ -173,7 +173,12 @@ def test_per_channel_values_at_load():
 
 # ------------------------------------------------------------------ SpikingJelly habits
 def test_spikingjelly_reset_step_mode_and_tbptt():
-    from spikingjelly.activation_based import functional, neuron, surrogate
+    from loguru import logger
+    from spikingjelly.activation_based import base, functional, neuron, surrogate
+
+    assert isinstance(flexdsl.load("lif"), base.MemoryModule)  # SpikingJelly's own kind of stateful module
+    logged: list[str] = []
+    sink = logger.add(lambda msg: logged.append(str(msg)), level="WARNING")
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(5, 5)
@@ -193,6 +198,9 @@ def test_spikingjelly_reset_step_mode_and_tbptt():
     assert ours[1]._states["v"] is None
     functional.set_step_mode(ours, "s")
     assert ours[1].step_mode == "s" and ours[1](x[0]).shape == x[0].shape
+    assert dict(base.named_memories(ours)).keys() == {"1.v"}
+    logger.remove(sink)
+    assert not logged, logged  # no "not a MemoryModule" warnings
 
 
 # ------------------------------------------------------------------ state passing

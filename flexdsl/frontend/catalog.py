@@ -43,6 +43,8 @@ def _numeric(fmath: Callable[..., Any], ftorch: str) -> Callable[..., Any]:
             import torch
 
             t = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.float64) for a in args]
+            if ftorch == "where":  # the condition is a truth value, whatever made it
+                t[0] = t[0].to(torch.bool)
             return _TORCH_FORMS[ftorch](torch)(*t)
         return fmath(*args)
 
@@ -252,6 +254,9 @@ MODULE_ATTRIBUTES: frozenset[str] = frozenset("""
     to_empty train training type xpu zero_grad
     backend check_finite compiled core detach detach_reset initial_state param_values reset state_names state_seqs
     step step_mode store_state_seqs
+    memories named_memories register_memory set_reset_value get_reset_value supported_step_mode
+    single_step_forward multi_step_forward functional_forward materialize_states single_step_functional_forward
+    multi_step_functional_forward
 """.split())
 
 # ---------------------------------------------------------------- units

@@ -14,7 +14,16 @@ from ..frontend.catalog import ALL_FUNCTIONS, FUNCTIONS
 from ..frontend.catalog import CONSTANTS as CONSTANT_VALUES
 
 
-class sigmoid(sp.Function):
+class _Real:
+    """flexdsl's functions take and give real values (every model symbol is real): sympy must
+    not rewrite them through re()/im()."""
+
+    is_real = True
+    is_extended_real = True
+    is_complex = True
+
+
+class sigmoid(_Real, sp.Function):
     """Logistic function 1/(1+exp(-x))."""
 
     @classmethod
@@ -28,7 +37,7 @@ class sigmoid(sp.Function):
         return s * (1 - s)
 
 
-class Where(sp.Function):
+class Where(_Real, sp.Function):
     """where(cond, a, b): a where cond holds, else b. Differentiates through a and b only."""
 
     nargs = 3
@@ -48,7 +57,7 @@ class Where(sp.Function):
         return Where(cond, a.diff(s), b.diff(s))
 
 
-class relu(sp.Function):
+class relu(_Real, sp.Function):
     @classmethod
     def eval(cls, x):  # type: ignore[override]
         if x.is_Number:
@@ -60,7 +69,7 @@ class relu(sp.Function):
         return Where(sp.StrictGreaterThan(x, 0), x.diff(s), sp.Integer(0))
 
 
-class heaviside(sp.Function):
+class heaviside(_Real, sp.Function):
     """1 where u >= 0, else 0. Zero gradient (only the spike rule carries a surrogate)."""
 
     @classmethod
@@ -73,7 +82,7 @@ class heaviside(sp.Function):
         return sp.Integer(0)
 
 
-class fmin(sp.Function):
+class fmin(_Real, sp.Function):
     nargs = 2
 
     @classmethod
@@ -87,7 +96,7 @@ class fmin(sp.Function):
         return Where(sp.StrictLessThan(a, b), a.diff(s), b.diff(s))
 
 
-class fmax(sp.Function):
+class fmax(_Real, sp.Function):
     nargs = 2
 
     @classmethod
@@ -101,7 +110,7 @@ class fmax(sp.Function):
         return Where(sp.StrictGreaterThan(a, b), a.diff(s), b.diff(s))
 
 
-class clip(sp.Function):
+class clip(_Real, sp.Function):
     nargs = 3
 
     @classmethod
@@ -121,7 +130,7 @@ class clip(sp.Function):
         return d
 
 
-class exprel(sp.Function):
+class exprel(_Real, sp.Function):
     """(exp(z) - 1)/z, continued by 1 at z = 0: exp(a*dt) = 1 + a*dt*exprel(a*dt), and the exact step
     of dx/dt = a*x + b is x*exp(a*dt) + b*dt*exprel(a*dt), finite and exact at a = 0. Printed as a
     call (`ops.exprel`, `_exprel`) that every backend evaluates without cancellation near 0."""
@@ -142,7 +151,7 @@ class exprel(sp.Function):
         return exprel_d(self.args[0])
 
 
-class exprel_d(sp.Function):
+class exprel_d(_Real, sp.Function):
     """The derivative of exprel: ((z - 1)*exp(z) + 1)/z**2, continued by 1/2 at z = 0 (a Taylor
     series near 0 in every backend). The backward of a step differentiates once, so it is the
     last function of the family the pipeline needs; its own derivative is given in closed form."""
@@ -168,13 +177,13 @@ class exprel_d(sp.Function):
 
 
 # --- the spike and its reset (not callable from a model; produced by the lowering)
-class SurrogateGrad(sp.Function):
+class SurrogateGrad(_Real, sp.Function):
     """Placeholder for S'(u) inside derivatives; replaced by the model's surrogate formula."""
 
     nargs = 1
 
 
-class SpikeGE(sp.Function):
+class SpikeGE(_Real, sp.Function):
     """heaviside(u) with u >= 0 firing; d/du is the surrogate S'(u)."""
 
     nargs = 1
@@ -184,7 +193,7 @@ class SpikeGE(sp.Function):
         return SurrogateGrad(u) * u.diff(s)
 
 
-class SpikeGT(sp.Function):
+class SpikeGT(_Real, sp.Function):
     """heaviside(u) with u > 0 firing; d/du is the surrogate S'(u)."""
 
     nargs = 1
@@ -194,7 +203,7 @@ class SpikeGT(sp.Function):
         return SurrogateGrad(u) * u.diff(s)
 
 
-class Detach(sp.Function):
+class Detach(_Real, sp.Function):
     """The value, cut from the graph (detach_reset=True)."""
 
     nargs = 1

@@ -249,7 +249,7 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     dynamic: set[sp.Symbol] = {*inputs, *states}  # symbols that depend on inputs or states
 
     def emit(base: str, expr: sp.Expr) -> sp.Expr:
-        if expr.is_Atom:
+        if expr.is_Atom or expr.is_number:  # constants stay inline (printed as numbers)
             return expr
         y = names.new(base)
         assignments.append((y, expr))
@@ -563,6 +563,17 @@ def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: Na
             yield names.new("_t")
 
     repl, reduced = sp.cse([e for _, e in assignments], symbols=gen(), order="none")
+    # constants stay inline: a temporary must never hold a plain number (torch functions take tensors)
+    consts: dict[sp.Symbol, sp.Expr] = {}
+    kept = []
+    for t, d in repl:
+        d = d.xreplace(consts)
+        if d.is_number:
+            consts[t] = d
+        else:
+            kept.append((t, d))
+    if consts:
+        repl, reduced = kept, [e.xreplace(consts) for e in reduced]
     # a temporary assigned as-is to an SSA name takes that name (no `y = _t` aliases)
     alias: dict[sp.Symbol, sp.Symbol] = {}
     for (y, _), e in zip(assignments, reduced):

@@ -30,12 +30,30 @@ STEP_MODES = ("s", "m")
 _EXTRA_STATE_FORMAT = 1
 
 
+def _base_class() -> type[nn.Module]:
+    """SpikingJelly's `MemoryModule` where SpikingJelly is installed (so that its
+    `functional.reset_net`, `set_step_mode` and `detach_net` treat flexdsl neurons as their own,
+    without warnings), else `nn.Module`. The states are the MemoryModule's memories."""
+    import importlib.util
+
+    if importlib.util.find_spec("spikingjelly") is None:
+        return nn.Module
+    try:
+        from spikingjelly.activation_based.base import MemoryModule
+    except Exception:  # a broken installation: flexdsl works without it
+        return nn.Module
+    return MemoryModule
+
+
+_Base = _base_class()
+
+
 def triton_available() -> bool:
     """Whether the Triton backend can run here (a GPU, or TRITON_INTERPRET=1 on the CPU)."""
     return backends.get("triton").available()
 
 
-class NeuronModule(nn.Module):
+class NeuronModule(_Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
     `m(*inputs)`: inputs are `[T, *shape]` (step_mode "m") or `[*shape]` ("s"); returns the
@@ -62,6 +80,9 @@ class NeuronModule(nn.Module):
         self._derive_fields()
         d["_fixed"] = {}
         d["_states"] = dict.fromkeys(self._state_names)
+        if _Base is not nn.Module:  # SpikingJelly's MemoryModule: the states are its memories
+            d["_memories"] = d["_states"]
+            d["_memories_rv"] = dict.fromkeys(self._state_names)
         d["state_seqs"] = {}
         if step_mode not in STEP_MODES:
             raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", c.filename)
@@ -256,11 +277,17 @@ class NeuronModule(nn.Module):
         for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
+        if "_memories" in state:
+            state["_memories"] = state["_states"]
         state["state_seqs"] = {k: v.detach() for k, v in self.state_seqs.items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
+        nn.Module.__setstate__(self, state)
+        if _Base is not nn.Module:  # (also for a module pickled where SpikingJelly was not installed)
+            self.__dict__["_memories"] = self._states
+            self.__dict__["_memories_rv"] = dict.fromkeys(self._states)
+            self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
         self._derive_fields()
 
     # ------------------------------------------------------------------ states
@@ -318,10 +345,11 @@ class NeuronModule(nn.Module):
     def _apply(self, fn, recurse: bool = True):
         """`.to()`, `.cuda()`, `.half()`... also move the kept states, and prepare the kernels of
         the device the module moves to (so that a first call under torch.compile finds them)."""
-        out = super()._apply(fn, recurse)
-        d = self.__dict__
-        d["_states"] = {k: (fn(v) if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
-        d["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
+        out = nn.Module._apply(self, fn, recurse)  # (MemoryModule._apply would move the states once more)
+        for k, v in self._states.items():  # in place: the dict is also SpikingJelly's memories
+            if isinstance(v, torch.Tensor):
+                self._states[k] = fn(v)
+        self.__dict__["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
         try:
             self._prepare(fn(torch.empty(0)).device)
         except (RuntimeError, TypeError):

@@ -27,7 +27,8 @@ class TorchProgram:
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult:
         x0 = inputs[0]
-        T, shape, dtype = x0.shape[0], x0.shape[1:], x0.dtype
+        T, dtype = x0.shape[0], x0.dtype
+        shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
         prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64) for p in params]
         st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=dtype, device=x0.device)
               for s in states]
@@ -38,7 +39,8 @@ class TorchProgram:
         core = self.core
         for xs in steps:
             res = core(*xs, *st, *prm)
-            res = [r if isinstance(r, torch.Tensor) else torch.full_like(xs[0], r) for r in res]
+            res = [r if isinstance(r, torch.Tensor) else torch.full(shape, float(r), dtype=dtype, device=x0.device)
+                   for r in res]
             res = [r.to(dtype) if r.dtype != dtype else r for r in res]
             for i in range(n_out):
                 outs[i].append(res[i])
@@ -49,8 +51,17 @@ class TorchProgram:
         if T == 0:
             outputs = [x0.new_zeros(x0.shape) for _ in range(n_out)]
             return RunResult(outputs, list(st), [x0.new_zeros(x0.shape) for _ in st] if store_seqs else None)
-        return RunResult([torch.stack(o) for o in outs], list(st),
-                         [torch.stack(s) for s in seqs] if store_seqs else None)
+        return RunResult([_stack(o, shape) for o in outs], list(st),
+                         [_stack(s, shape) for s in seqs] if store_seqs else None)
+
+
+def _stack(seq: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """[T, *shape] from the steps' values (a value that does not depend on the inputs may have a
+    smaller, broadcastable shape, e.g. a constant output)."""
+    if all(t.shape == shape for t in seq):
+        return torch.stack(seq)
+    common = torch.broadcast_shapes(shape, *(t.shape for t in seq))
+    return torch.stack([t.expand(common) for t in seq])
 
 
 class TorchBackend:
