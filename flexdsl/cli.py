@@ -48,7 +48,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ck = c.checked
         kind = "spiking" if ck.spike is not None else "non-spiking"
         print(f"{f}: ok — neuron {ck.name} ({kind}{method}; {len(ck.inputs)} input(s), {len(ck.params)} param(s), "
-              f"{len(ck.states)} state(s))")
+              f"{len(ck.states) - len(ck.hidden)} state(s))")
     return 1 if failed else 0
 
 
@@ -190,17 +190,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     overrides = {}
     for kv in args.param or []:
         k, eq, v = kv.partition("=")
+        if not eq or not k or not v.strip():
+            raise FlexDSLError(f"bad --param `{kv}`", CMDLINE, hint="use NAME=VALUE, e.g. --param tau=3.0")
         try:
-            if not eq or not k:
-                raise ValueError
             overrides[k.strip()] = float(v)
         except ValueError:
-            raise FlexDSLError(f"bad --param `{kv}`", CMDLINE, hint="use NAME=VALUE, e.g. --param tau=3.0") from None
+            overrides[k.strip()] = v  # a value with a unit, `tau=20 ms` (the model converts it)
     T = args.T
     x = _parse_input(args.input, T).reshape(T, 1)
     m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
              **overrides).to(torch.float64)
     c = m.compiled
+    overrides = {k: getattr(m, k) for k in overrides}  # numbers in the declared units
     from .docs.simulate import param_defaults, run_module, time_axis
 
     run = run_module(m, x, overrides)
@@ -217,8 +218,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else:
             print(f"output {n}: final {o[-1, 0].item():.6g}, min {o.min().item():.6g}, max {o.max().item():.6g}")
     for s in c.checked.states:
+        if s.meta.get("hidden"):  # the bookkeeping of refractoriness and crossing rules
+            continue
         v = run.states[s.name][-1, 0]
-        print(f"state {s.name}: final {v.item():.6g}" + (f"  ({s.doc})" if s.doc else ""))
+        unit = c.checked.units.unit.get(s.name, "1") if c.checked.units is not None else "1"
+        print(f"state {s.name}: final {v.item():.6g}" + (f" {unit}" if unit != "1" else "")
+              + (f"  ({s.doc})" if s.doc else ""))
     if plot is not None:
         from .docs.plots import response_figure
 

@@ -326,7 +326,18 @@ def _analyse(c: Compiled) -> LinearStep:
         if why is not None:
             raise err(f"{what} {why}: no NIR primitive has this form", at, _LINEAR_HINT)
 
-    for item in ck.ast.items:
+    if ck.refractory is not None or (ck.spike is not None and ck.spike.op == "crosses"):
+        at = ck.refractory.pos if ck.refractory is not None else ck.spike.pos  # type: ignore[union-attr]
+        raise err("NIR's neurons have no refractoriness and no crossing rule", at, _LINEAR_HINT)
+    for item in ck.ast.items:  # in source order, with the checked (in a model with units: converted) values
+        if isinstance(item, A.Equations):
+            item = ck.equations
+        elif isinstance(item, A.Update):
+            item = A.Update(ck.update, item.pos)
+        elif isinstance(item, A.SpikeRule):
+            item = ck.spike
+        elif isinstance(item, A.OnSpike):
+            item = A.OnSpike(ck.on_spike, item.pos)
         if isinstance(item, A.Equations):
             for ln in item.lines:
                 if isinstance(ln, A.ODE):

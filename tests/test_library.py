@@ -107,16 +107,22 @@ def test_library_lists_every_file():
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_file_is_documented(stem):
-    """Docstring naming a reference, a description string on every input, param and state."""
+    """Docstring naming a reference, a description string on every input, param and state, and
+    its unit: written with the value (a model with units) or in parentheses in the description."""
     text = text_of(stem)
     assert re.search(r'^neuron \w+:\n\s+"""', text, re.M), "the docstring must open the body"
     doc = text.split('"""')[1]
     assert "Reference" in doc, "the docstring must name its reference"
+    checked = flexdsl.compile(stem).checked
     for line in text.splitlines():
         if re.match(r"\s+(input|param|state)\s", line):
             m = re.search(r'"([^"]+)"\s*$', line)
             assert m, f"undocumented declaration: {line.strip()}"
-            assert re.search(r"\([^)]+\)", m.group(1)), f"no unit in parentheses: {line.strip()}"
+            if checked.units is None:
+                assert re.search(r"\([^)]+\)", m.group(1)), f"no unit in parentheses: {line.strip()}"
+    if checked.units is not None:  # every declaration has a unit ("1": dimensionless)
+        for decl in [*checked.inputs, *checked.params, *checked.states]:
+            assert decl.meta.get("unit"), decl.name
 
 
 def test_check_cli_accepts_the_library():

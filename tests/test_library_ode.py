@@ -1,9 +1,11 @@
 """Continuous-time library models against Brian2 2.9.0 (same integration method), and the two models
 Brian2 cannot integrate the same way against independent closed forms:
 
-* adex (euler), izhikevich_2003 (euler), hodgkin_huxley (rk4), lif_ode (exact): Brian2, numpy target,
-  float64, defaultclock.dt = the model's dt, piecewise-constant input set between runs (held constant
-  within each step, as the contract's inputs are). Spike steps must be equal and traces within 1e-7.
+* adex (euler), izhikevich_2003 (euler), hodgkin_huxley (rk4, spike on an upward crossing),
+  lif_ode (exact), lif_refractory (exact, refractory period): written with units, against Brian2 run with its units (SI),
+  numpy target, float64, defaultclock.dt = the model's dt, piecewise-constant input set between runs
+  (held constant within each step, as the contract's inputs are). Spike steps must be equal and
+  traces within 1e-7 relative (flexdsl's states are in its base units: mV, pA, mV/ms).
 * resonate_fire (exact): the complex closed form z <- e^{lambda dt} z + I (e^{lambda dt} - 1)/lambda
   (Brian2's `exact` refuses systems with complex eigenvalues).
 * alif (discrete): the Bellec et al. equations written out in torch, with their pseudo-derivative.
@@ -31,10 +33,12 @@ def piecewise_input(rng, n_seg, seg_steps, n, lo, hi):
 
 
 def brian2_run(
-    eqs, namespace, init, levels, seg_steps, dt, method, threshold=None, reset=None, record=("v",)
+    eqs, namespace, init, levels, seg_steps, dt, method, threshold=None, reset=None, record=("v",),
+    input_unit=1.0, trace_units=None, refractory=False,
 ):
-    """Run a NeuronGroup with input variable I held at levels[k] during segment k. Returns the [T, n]
-    spike raster (by step index) and the [T, n] traces recorded after each step's reset."""
+    """Run a NeuronGroup with input variable I held at levels[k] * input_unit during segment k.
+    Returns the [T, n] spike raster (by step index) and the [T, n] traces recorded after each step's
+    reset, as numbers in trace_units[name] (a Brian2 unit; plain numbers where not given)."""
     b2.start_scope()
     b2.prefs.codegen.target = "numpy"
     b2.defaultclock.dt = dt * b2.ms
@@ -44,6 +48,8 @@ def brian2_run(
         kw["threshold"] = threshold
     if reset is not None:
         kw["reset"] = reset
+    if refractory is not False:
+        kw["refractory"] = refractory
     G = b2.NeuronGroup(n, eqs, method=method, namespace=namespace, **kw)
     for k, v in init.items():
         setattr(G, k, v)
@@ -51,14 +57,15 @@ def brian2_run(
     S = b2.SpikeMonitor(G) if threshold is not None else None
     net = b2.Network(G, M, *([S] if S is not None else []))
     for level in levels:
-        G.I = level
+        G.I = level * input_unit
         net.run(seg_steps * dt * b2.ms, namespace={})
     T = levels.shape[0] * seg_steps
     spikes = np.zeros((T, n))
     if S is not None:
         steps = np.round(np.asarray(S.t / b2.ms) / dt).astype(int)
         spikes[steps, np.asarray(S.i)] = 1.0
-    traces = {k: np.asarray(getattr(M, k)).T for k in record}
+    units = trace_units or {}
+    traces = {k: np.asarray(getattr(M, k) / units.get(k, 1.0)).T for k in record}
     assert traces[record[0]].shape == (T, n)
     return spikes, traces
 
@@ -87,23 +94,25 @@ def assert_traces_close(mine, ref, scale):
 # ---------------------------------------------------------------------------------------------
 
 
-ADEX = dict(C=281.0, g_L=30.0, E_L=-70.6, V_T=-50.4, Delta_T=2.0, tau_w=144.0, a=4.0, b=80.5)
+# AdEx in Brian2 with its units: Brette & Gerstner 2005, Table 1
+ADEX = dict(C=281 * b2.pF, g_L=30 * b2.nS, E_L=-70.6 * b2.mV, V_T=-50.4 * b2.mV, Delta_T=2 * b2.mV,
+            tau_w=144 * b2.ms, a=4 * b2.nS, b=0.0805 * b2.nA)
 ADEX_EQS = """
-dv/dt = (-g_L*(v - E_L) + g_L*Delta_T*exp((v - V_T)/Delta_T) - w + I)/C/ms : 1
-dw/dt = (a*(v - E_L) - w)/tau_w/ms : 1
-I : 1
+dv/dt = (-g_L*(v - E_L) + g_L*Delta_T*exp((v - V_T)/Delta_T) - w + I)/C : volt
+dw/dt = (a*(v - E_L) - w)/tau_w : amp
+I : amp
 """
+ADEX_TRACES = dict(v=b2.mV, w=b2.pA)  # flexdsl's states are in mV and pA
 
 
 def test_adex_matches_brian2_euler():
     dt, seg = 0.1, 400
     ns = dict(ADEX, V_r=ADEX["E_L"], V_peak=ADEX["V_T"] + 5 * ADEX["Delta_T"])
-    eqs = ADEX_EQS
-    levels, x = piecewise_input(np.random.default_rng(0), 5, seg, 4, 0.0, 1500.0)
+    levels, x = piecewise_input(np.random.default_rng(0), 5, seg, 4, 0.0, 1500.0)  # pA
     spikes, tr = brian2_run(
-        eqs,
+        ADEX_EQS,
         ns,
-        dict(v=ADEX["E_L"], w=0.0),
+        dict(v=ADEX["E_L"], w=0 * b2.amp),
         levels,
         seg,
         dt,
@@ -111,6 +120,8 @@ def test_adex_matches_brian2_euler():
         threshold="v > V_peak",
         reset="v = V_r; w += b",
         record=("v", "w"),
+        input_unit=b2.pA,
+        trace_units=ADEX_TRACES,
     )
     assert spikes.sum() >= 10, "the input must make the cells fire"
     m, (s,) = run_flexdsl("adex", x)
@@ -120,25 +131,28 @@ def test_adex_matches_brian2_euler():
 
 
 def test_adex_params_override_matches_brian2():
-    """Bursting-like variant (Naud et al. 2008 style: smaller tau_w, larger b, higher reset)."""
+    """Bursting-like variant (Naud et al. 2008 style: smaller tau_w, larger b, higher reset); the
+    overrides are numbers in the declared units and strings with units."""
     dt, seg = 0.1, 400
-    p = dict(ADEX, tau_w=40.0, a=2.0, b=120.0)
-    ns = dict(p, V_r=-48.0, V_peak=p["V_T"] + 5 * p["Delta_T"])
-    eqs = ADEX_EQS
+    p = dict(ADEX, tau_w=40 * b2.ms, a=2 * b2.nS, b=120 * b2.pA)
+    ns = dict(p, V_r=-48 * b2.mV, V_peak=p["V_T"] + 5 * p["Delta_T"])
     levels, x = piecewise_input(np.random.default_rng(1), 4, seg, 3, 300.0, 1500.0)
     spikes, tr = brian2_run(
-        eqs,
+        ADEX_EQS,
         ns,
-        dict(v=p["E_L"], w=0.0),
+        dict(v=p["E_L"], w=0 * b2.amp),
         levels,
         seg,
         dt,
         "euler",
         threshold="v > V_peak",
         reset="v = V_r; w += b",
+        input_unit=b2.pA,
+        trace_units=ADEX_TRACES,
     )
     assert spikes.sum() >= 10
-    m, (s,) = run_flexdsl("adex", x, tau_w=40.0, a=2.0, b=120.0, V_r=-48.0)
+    m, (s,) = run_flexdsl("adex", x, tau_w="0.04 second", a=2.0, b="0.12 nA", V_r="-48 mV")
+    assert (m.tau_w, m.a, m.b, m.V_r) == (40.0, 2.0, 120.0, -48.0)  # read back in the declared units
     assert_spike_steps_equal(s.numpy(), spikes)
     assert_traces_close(m.state_seqs["v"].numpy(), tr["v"], 100.0)
 
@@ -157,17 +171,19 @@ IZH_PRESETS = {
 def test_izhikevich_2003_matches_brian2_euler(preset):
     dt = 0.5
     p, seg = IZH_PRESETS[preset]
-    ns = dict(p, k2=0.04, k1=5.0, k0=140.0, v_peak=30.0)
+    ms, mV = b2.ms, b2.mV
+    ns = dict(a=p["a"] / ms, b=p["b"] / ms, c=p["c"] * mV, d=p["d"] * mV / ms, k2=0.04 / mV / ms, k1=5 / ms,
+              k0=140 * mV / ms, v_peak=30 * mV)
     eqs = """
-    dv/dt = (k2*v**2 + k1*v + k0 - u + I)/ms : 1
-    du/dt = a*(b*v - u)/ms : 1
-    I : 1
+    dv/dt = k2*v**2 + k1*v + k0 - u + I : volt
+    du/dt = a*(b*v - u) : volt/second
+    I : volt/second
     """
-    levels, x = piecewise_input(np.random.default_rng(2), 4, seg, 4, 0.0, 15.0)
+    levels, x = piecewise_input(np.random.default_rng(2), 4, seg, 4, 0.0, 15.0)  # mV/ms
     spikes, tr = brian2_run(
         eqs,
         ns,
-        dict(v=-65.0, u=p["b"] * -65.0),
+        dict(v=-65 * mV, u=ns["b"] * -65 * mV),
         levels,
         seg,
         dt,
@@ -175,6 +191,8 @@ def test_izhikevich_2003_matches_brian2_euler(preset):
         threshold="v >= v_peak",
         reset="v = c; u += d",
         record=("v", "u"),
+        input_unit=mV / ms,
+        trace_units=dict(v=mV, u=mV / ms),
     )
     assert spikes.sum() >= 10
     overrides = {} if preset == "regular_spiking" else p
@@ -194,39 +212,48 @@ def _hh_rates(v):
     return am, bm, ah, bh, an, bn
 
 
+HH_EQS = """
+dv/dt = (I - g_Na*m**3*h*(v - E_Na) - g_K*n**4*(v - E_K) - g_L*(v - E_L))/C_m : volt
+dm/dt = alpha_m*(1 - m) - beta_m*m : 1
+dh/dt = alpha_h*(1 - h) - beta_h*h : 1
+dn/dt = alpha_n*(1 - n) - beta_n*n : 1
+alpha_m = 0.1/mV*(v + 40*mV)/(1 - exp(-(v + 40*mV)/(10*mV)))/ms : Hz
+beta_m = 4*exp(-(v + 65*mV)/(18*mV))/ms : Hz
+alpha_h = 0.07*exp(-(v + 65*mV)/(20*mV))/ms : Hz
+beta_h = 1/(1 + exp(-(v + 35*mV)/(10*mV)))/ms : Hz
+alpha_n = 0.01/mV*(v + 55*mV)/(1 - exp(-(v + 55*mV)/(10*mV)))/ms : Hz
+beta_n = 0.125*exp(-(v + 65*mV)/(80*mV))/ms : Hz
+I : amp/meter**2
+"""
+
+
 def test_hodgkin_huxley_matches_brian2_rk4():
+    """One spike per action potential: flexdsl's `spike when v crosses v_spike` against Brian2's
+    threshold `v > 0*mV` with `refractory='v > 0*mV'` (its way of detecting an upward crossing)."""
     dt, seg = 0.01, 500
-    ns = dict(g_Na=120.0, g_K=36.0, g_L=0.3, E_Na=50.0, E_K=-77.0, E_L=-54.387, C_m=1.0)
-    eqs = """
-    dv/dt = (I - g_Na*m**3*h*(v - E_Na) - g_K*n**4*(v - E_K) - g_L*(v - E_L))/C_m/ms : 1
-    dm/dt = (alpha_m*(1 - m) - beta_m*m)/ms : 1
-    dh/dt = (alpha_h*(1 - h) - beta_h*h)/ms : 1
-    dn/dt = (alpha_n*(1 - n) - beta_n*n)/ms : 1
-    alpha_m = 0.1*(v + 40)/(1 - exp(-(v + 40)/10)) : 1
-    beta_m = 4*exp(-(v + 65)/18) : 1
-    alpha_h = 0.07*exp(-(v + 65)/20) : 1
-    beta_h = 1/(1 + exp(-(v + 35)/10)) : 1
-    alpha_n = 0.01*(v + 55)/(1 - exp(-(v + 55)/10)) : 1
-    beta_n = 0.125*exp(-(v + 65)/80) : 1
-    I : 1
-    """
+    ucm2 = b2.uA / b2.cm**2
+    ns = dict(g_Na=120 * b2.msiemens / b2.cm**2, g_K=36 * b2.msiemens / b2.cm**2, g_L=0.3 * b2.msiemens / b2.cm**2,
+              E_Na=50 * b2.mV, E_K=-77 * b2.mV, E_L=-54.387 * b2.mV, C_m=1 * b2.uF / b2.cm**2)
     v0 = -65.0
     am, bm, ah, bh, an, bn = _hh_rates(v0)
-    init = dict(v=v0, m=am / (am + bm), h=ah / (ah + bh), n=an / (an + bn))
-    levels = np.array([[0.0, 0.0, 0.0], [12.0, 4.0, 30.0], [20.0, 8.0, 15.0], [30.0, 0.0, 10.0]])
+    init = dict(v=v0 * b2.mV, m=am / (am + bm), h=ah / (ah + bh), n=an / (an + bn))
+    levels = np.array([[0.0, 0.0, 0.0], [12.0, 4.0, 30.0], [20.0, 8.0, 15.0], [30.0, 0.0, 10.0]])  # uA/cm**2
     x = np.repeat(levels, seg, axis=0)
-    _, tr = brian2_run(eqs, ns, init, levels, seg, dt, "rk4", record=("v", "m", "h", "n"))
-    # one spike per action potential: upward crossings of 0 mV, from Brian2's own trace
+    spikes, tr = brian2_run(HH_EQS, ns, init, levels, seg, dt, "rk4", threshold="v > 0*mV",
+                            refractory="v > 0*mV", record=("v", "m", "h", "n"), input_unit=ucm2,
+                            trace_units=dict(v=b2.mV))
+    assert spikes.sum() >= 4, "the input must elicit action potentials"
+    assert spikes[:seg].sum() == 0, "no spike at rest"
+    # one spike per action potential: Brian2's spikes are the upward crossings of its own trace
     v_b = tr["v"]
     prev = np.vstack([np.full((1, v_b.shape[1]), v0), v_b[:-1]])
-    crossings = ((prev < 0) & (v_b > 0)).astype(float)
-    assert crossings.sum() >= 4, "the input must elicit action potentials"
-    assert crossings[:seg].sum() == 0, "no spike at rest"
+    np.testing.assert_array_equal(spikes, ((prev <= 0) & (v_b > 0)).astype(float))
     m, (s, v_out) = run_flexdsl("hodgkin_huxley", x)
-    assert_spike_steps_equal(s.numpy(), crossings)
+    assert_spike_steps_equal(s.numpy(), spikes)
     assert_traces_close(v_out.numpy(), v_b, 100.0)
     for k in ("v", "m", "h", "n"):
         assert_traces_close(m.state_seqs[k].numpy(), tr[k], 100.0 if k == "v" else 1.0)
+    assert set(m.state_seqs) == {"v", "m", "h", "n", "_above_threshold"}  # no helper state in the model text
 
 
 def test_hodgkin_huxley_initial_gates_are_steady_state():
@@ -240,21 +267,50 @@ def test_hodgkin_huxley_initial_gates_are_steady_state():
     np.testing.assert_allclose(m.state_seqs["n"][0, 0].item(), an / (an + bn), rtol=1e-3)
 
 
+LIF_EQS = """
+dv/dt = (v_rest - v + R*I)/tau_m : volt (unless refractory)
+I : amp
+"""
+
+
 def test_lif_ode_matches_brian2_exact():
     dt, seg = 0.1, 300
-    ns = dict(tau_m=10.0, R=10.0, v_rest=-65.0, v_threshold=-50.0, v_reset=-65.0)
+    ns = dict(tau_m=10 * b2.ms, R=10 * b2.Mohm, v_rest=-65 * b2.mV, v_threshold=-50 * b2.mV, v_reset=-65 * b2.mV)
     eqs = """
-    dv/dt = (v_rest - v + R*I)/tau_m/ms : 1
-    I : 1
+    dv/dt = (v_rest - v + R*I)/tau_m : volt
+    I : amp
     """
-    levels, x = piecewise_input(np.random.default_rng(3), 5, seg, 4, 0.0, 3.0)
-    spikes, tr = brian2_run(
-        eqs, ns, dict(v=-65.0), levels, seg, dt, "exact", threshold="v > v_threshold", reset="v = v_reset"
-    )
+    levels, x = piecewise_input(np.random.default_rng(3), 5, seg, 4, 0.0, 3.0)  # nA
+    spikes, tr = brian2_run(eqs, ns, dict(v=-65 * b2.mV), levels, seg, dt, "exact", threshold="v > v_threshold",
+                            reset="v = v_reset", input_unit=b2.nA, trace_units=dict(v=b2.mV))
     assert spikes.sum() >= 10
     m, (s,) = run_flexdsl("lif_ode", x)
     assert_spike_steps_equal(s.numpy(), spikes)
     assert_traces_close(m.state_seqs["v"].numpy(), tr["v"], 100.0)
+
+
+@pytest.mark.parametrize("t_ref", [2.0, 0.3, 0.0])
+def test_lif_refractory_matches_brian2_exact_with_refractory_period(t_ref):
+    """Brian2's `refractory=t_ref` with `(unless refractory)`: held and silent for the period
+    (0.3 ms is 2.9999... steps of 0.1 ms in floating point: Brian2 rounds it to 3 steps)."""
+    dt, seg = 0.1, 300
+    ns = dict(tau_m=10 * b2.ms, R=10 * b2.Mohm, v_rest=-65 * b2.mV, v_threshold=-50 * b2.mV, v_reset=-65 * b2.mV)
+    levels, x = piecewise_input(np.random.default_rng(3), 5, seg, 4, 0.0, 3.0)  # nA
+    if t_ref > 0:
+        x[:, 0] = levels[:, 0] = 6.0  # a strongly driven cell, whose rate the refractory period limits
+    spikes, tr = brian2_run(
+        LIF_EQS, ns, dict(v=-65 * b2.mV), levels, seg, dt, "exact", threshold="v > v_threshold",
+        reset="v = v_reset", refractory=t_ref * b2.ms, input_unit=b2.nA, trace_units=dict(v=b2.mV),
+    )
+    assert spikes.sum() >= 10
+    m, (s,) = run_flexdsl("lif_refractory", x, t_ref=t_ref)
+    assert_spike_steps_equal(s.numpy(), spikes)
+    assert_traces_close(m.state_seqs["v"].numpy(), tr["v"], 100.0)
+    if t_ref > 0:  # the period matters: v stays at v_reset for round(t_ref/dt) steps from the spike, then moves
+        n_ref = round(t_ref / dt)
+        v = m.state_seqs["v"].numpy()[:, 0]
+        for k in np.flatnonzero(spikes[:, 0])[:-1]:
+            assert np.all(v[k: k + n_ref] == -65.0) and v[k + n_ref] > -65.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from flexdsl.runtime import cache  # noqa: E402
 assert backends.get("triton").available(), "triton must be importable for these tests"
 
 # input scale per model (units differ: pA, uA/cm^2, mV/ms ...), so that some neurons spike
-SCALE = {"adex": 3000.0, "hodgkin_huxley": 60.0, "izhikevich_2003": 40.0, "lif_ode": 4.0, "li": 1.0,
+SCALE = {"adex": 3000.0, "hodgkin_huxley": 60.0, "izhikevich_2003": 40.0, "lif_ode": 4.0, "lif_refractory": 4.0,
+         "li": 1.0, "morris_lecar": 150.0,
          "norse_lif": 300.0, "resonate_fire": 300.0}
 MODELS = flexdsl.library()
 

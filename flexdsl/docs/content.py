@@ -268,6 +268,8 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
                           _where_text(c, p.where), p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
     states = []
     for s in ck.states:
+        if s.meta.get("hidden"):  # bookkeeping of refractoriness and crossing rules, not the model's own
+            continue
         try:
             v0 = float(evaluate(s.init, env))
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already

@@ -144,7 +144,8 @@ def _with_peaks(t: torch.Tensor, post: torch.Tensor, pre: torch.Tensor, init: fl
 def response_figure(c: Compiled, run: Run, lane: int, time: TimeAxis, path: str | Path,
                     title: str | None = None) -> Path:
     ck = c.checked
-    states = list(run.states)
+    hidden = set(ck.hidden)  # bookkeeping of refractoriness and crossing rules
+    states = [s for s in run.states if s not in hidden]
     has_spikes = run.spikes is not None
     n = 1 + len(states) + (1 if has_spikes else 0)
     heights = [0.7] + [1.0] * len(states) + ([0.45] if has_spikes else [])

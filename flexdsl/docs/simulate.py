@@ -250,7 +250,7 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     pre = {s.name: _as_lanes(evaluate_expr(nxt, env), B, T) for s, nxt in zip(step.states, step.next_states)}
     u = spikes = None
     if step.spike is not None:
-        u = _as_lanes(evaluate_expr(dict(step.assignments)[step.spike].args[0], env), B, T)
+        u = _as_lanes(evaluate_expr(step.spike_u, env), B, T)
         if "spike" in outputs:
             spikes = outputs["spike"]
         else:

@@ -31,6 +31,21 @@ class Num:
 
 
 @dataclass(frozen=True)
+class Quantity:
+    """A number with a unit, `10 ms` or `2 cm**2`: `value * unit**power` (the unit is a
+    unit name, never a model name; compound units are built with operators on bare unit
+    names, `120 mS/cm**2`). The units stage replaces it with a `Num` in the base units."""
+
+    value: float
+    text: str
+    unit: str
+    power: float
+    pos: Pos
+    unit_pos: Pos
+    power_text: str = ""
+
+
+@dataclass(frozen=True)
 class Name:
     id: str
     pos: Pos
@@ -66,16 +81,20 @@ class Compare:
     pos: Pos
 
 
-Expr = Num | Name | BinOp | Neg | Call | Compare
+Expr = Num | Quantity | Name | BinOp | Neg | Call | Compare
 
 
 # ---------------------------------------------------------------- declarations
 @dataclass
 class Input:
+    """`input name [: unit] ["doc"]`; `unit` is the unit expression as parsed (its text is
+    `meta["unit"]`)."""
+
     name: str
     pos: Pos
     doc: str = ""
     meta: dict = field(default_factory=dict)
+    unit: Expr | None = None
 
 
 @dataclass
@@ -131,6 +150,7 @@ class Assign:
     value: Expr
     pos: Pos
     is_let: bool = False
+    held: bool = False  # `unless refractory`: not applied while the neuron is refractory
 
 
 @dataclass
@@ -149,6 +169,7 @@ class ODE:
     written: str = ""  # the numerator as written, e.g. "dv"
     denom: str = "dt"
     denom_pos: Pos | None = None
+    held: bool = False  # `unless refractory`: the state is held while the neuron is refractory
 
 
 @dataclass
@@ -174,9 +195,19 @@ class SurrogateUse:
 
 
 @dataclass
+class Refractory:
+    """`refractory PERIOD` (a time, or a number of steps in a model without `dt`) or
+    `refractory while CONDITION` (Brian2's boolean refractoriness)."""
+
+    period: Expr | None
+    condition: Compare | None
+    pos: Pos
+
+
+@dataclass
 class SpikeRule:
     left: Expr
-    op: str  # ">=" or ">"
+    op: str  # ">=", ">" or "crosses" (an upward crossing: above now, not above at the previous step)
     right: Expr
     pos: Pos
     surrogate: SurrogateUse | None = None
@@ -188,7 +219,7 @@ class OnSpike:
     pos: Pos
 
 
-Item = Input | Param | State | SurrogateDef | Output | Update | Equations | SpikeRule | OnSpike
+Item = Input | Param | State | SurrogateDef | Output | Update | Equations | SpikeRule | OnSpike | Refractory
 
 
 @dataclass
@@ -265,7 +296,10 @@ class ExprFold(Generic[R]):
 
 def item_exprs(it: Item) -> Iterator[Expr]:
     """The expressions of a declaration or block."""
-    if isinstance(it, Param):
+    if isinstance(it, Input):
+        if it.unit is not None:
+            yield it.unit
+    elif isinstance(it, Param):
         yield it.default
         if it.where is not None:
             yield it.where
@@ -287,6 +321,11 @@ def item_exprs(it: Item) -> Iterator[Expr]:
         if it.surrogate is not None:
             for k in it.surrogate.kwargs:
                 yield k.value
+    elif isinstance(it, Refractory):
+        if it.period is not None:
+            yield it.period
+        if it.condition is not None:
+            yield it.condition
 
 
 def declared_names(neuron: Neuron) -> Iterator[tuple[str, Pos]]:
@@ -311,5 +350,56 @@ def declared_names(neuron: Neuron) -> Iterator[tuple[str, Pos]]:
             for n in nodes(e):
                 if isinstance(n, Name):
                     yield n.id, n.pos
+                elif isinstance(n, Quantity):
+                    yield n.unit, n.unit_pos
                 elif isinstance(n, Call) and n.func != "where":
                     yield n.func, n.pos
+
+
+# ---------------------------------------------------------------- printing
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "neg": 3, "**": 4, "atom": 5}
+
+
+class _ToText(ExprFold[tuple[str, int]]):
+    """An expression as text with the parentheses its structure needs (for messages)."""
+
+    def visit_Num(self, e: Num) -> tuple[str, int]:
+        return e.text, _PREC["atom"]
+
+    def visit_Quantity(self, e: Quantity) -> tuple[str, int]:
+        return f"{e.text} {quantity_unit(e)}", _PREC["*"]
+
+    def visit_Name(self, e: Name) -> tuple[str, int]:
+        return e.id, _PREC["atom"]
+
+    def visit_Neg(self, e: Neg, a: tuple[str, int]) -> tuple[str, int]:
+        return "-" + (a[0] if a[1] >= _PREC["neg"] else f"({a[0]})"), _PREC["neg"]
+
+    def visit_BinOp(self, e: BinOp, a: tuple[str, int], b: tuple[str, int]) -> tuple[str, int]:
+        p = _PREC[e.op]
+        left = a[0] if a[1] > p or (a[1] == p and e.op != "**") else f"({a[0]})"
+        right = b[0] if b[1] > p or (b[1] == p and e.op in "+*" and e.op != "**") else f"({b[0]})"
+        sep = "**" if e.op == "**" else ("*" if e.op == "*" else f" {e.op} " if p == 1 else e.op)
+        return f"{left}{sep}{right}", p
+
+    def visit_Call(self, e: Call, *args: tuple[str, int]) -> tuple[str, int]:
+        return f"{e.func}({', '.join(a[0] for a in args)})", _PREC["atom"]
+
+    def visit_Compare(self, e: Compare, *vals: tuple[str, int]) -> tuple[str, int]:
+        out = vals[0][0]
+        for op, v in zip(e.ops, vals[1:]):
+            out += f" {op} {v[0]}"
+        return out, 0
+
+
+def quantity_unit(e: Quantity) -> str:
+    """The unit of a number with a unit, as written: `ms`, `cm**2`, `1/ms`."""
+    p = e.power_text
+    if p.startswith("-"):
+        return f"1/{e.unit}" + (f"**{p[1:]}" if p[1:] != "1" else "")
+    return e.unit + (f"**{p}" if p else "")
+
+
+def to_text(e: Expr) -> str:
+    """An expression as text, e.g. for an error message (`(v - E_L)/tau`)."""
+    return _ToText().fold(e)[0]

@@ -10,6 +10,9 @@ these, so loading a model never imports sympy).
   `flexdsl.ir.surrogates`).
 - `METHODS`: the ODE integration methods, with aliases (implementations in
   `flexdsl.ir.integrate`).
+- `UNIT_BASES`, `UNIT_PREFIXES`: the unit names a model may write (`ms`, `mV`, `nS`, `uF`,
+  `cm`...); what they mean (scale and dimension) comes from `sympy.physics.units`, read by
+  `flexdsl.frontend.units` only when a model uses units.
 
 A spelling is a format string over the printed arguments (`{0}`, `{1}`, ...). Targets:
 `torch` (the generated torch core), `triton` (kernel code, float32), `host` (Python floats,
@@ -53,7 +56,7 @@ _TORCH_FORMS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "exp": lambda t: t.exp, "log": lambda t: t.log, "sqrt": lambda t: t.sqrt, "abs": lambda t: t.abs,
     "sin": lambda t: t.sin, "cos": lambda t: t.cos, "tanh": lambda t: t.tanh, "sigmoid": lambda t: t.sigmoid,
     "relu": lambda t: t.relu, "minimum": lambda t: t.minimum, "maximum": lambda t: t.maximum,
-    "clamp": lambda t: t.clamp, "where": lambda t: t.where,
+    "clamp": lambda t: t.clamp, "where": lambda t: (lambda c, a, b: t.where(c.bool(), a, b)),
     "heaviside": lambda t: (lambda u: (u >= 0).to(u.dtype)),
     "heaviside_gt": lambda t: (lambda u: (u > 0).to(u.dtype)),
     "sign": lambda t: t.sign, "identity": lambda t: (lambda x: x),
@@ -107,10 +110,18 @@ class Function:
 
 @dataclass(frozen=True)
 class Surrogate:
+    """A built-in surrogate. With units, the spike rule's `u` has a unit; `scales` gives the
+    power of u's unit that each keyword must have so that the surrogate's argument (`alpha*x`,
+    `x/width`) is dimensionless and S'(u) has the unit of 1/u; a keyword not listed is
+    dimensionless. `unitless_arg`: the formula has no scale keyword, so `u` itself must be
+    dimensionless."""
+
     name: str
     defaults: dict[str, float]
     doc: str  # S'(x) as text
     source: str = "SpikingJelly"
+    scales: dict[str, int] = field(default_factory=dict)
+    unitless_arg: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,21 +204,23 @@ CONSTANTS: dict[str, float] = {"pi": math.pi}
 SURROGATES: dict[str, Surrogate] = {
     s.name: s
     for s in [
-        Surrogate("sigmoid", {"alpha": 4.0}, "alpha*sigma(alpha*x)*(1-sigma(alpha*x))"),
-        Surrogate("atan", {"alpha": 2.0}, "(alpha/2)/(1+(pi/2*alpha*x)^2)"),
-        Surrogate("piecewise_quadratic", {"alpha": 1.0}, "alpha-alpha^2*|x| where |x| <= 1/alpha, else 0"),
-        Surrogate("piecewise_exp", {"alpha": 1.0}, "(alpha/2)*exp(-alpha*|x|)"),
-        Surrogate("soft_sign", {"alpha": 2.0}, "1/(2*alpha*(1/alpha+|x|)^2)"),
-        Surrogate("super_spike", {"alpha": 1.0}, "alpha/(|x|+1)^2"),
-        Surrogate("erf", {"alpha": 2.0}, "(alpha/sqrt(pi))*exp(-(alpha*x)^2)"),
-        Surrogate("fast_sigmoid", {"slope": 25.0}, "1/(slope*|x|+1)^2", "snnTorch; Norse `super`"),
-        Surrogate("triangle", {"alpha": 1.0}, "alpha*relu(1-alpha*|x|)"),
-        Surrogate("rect", {"alpha": 1.0}, "alpha where |x| < 1/(2*alpha), else 0"),
-        Surrogate("straight_through", {}, "1"),
+        Surrogate("sigmoid", {"alpha": 4.0}, "alpha*sigma(alpha*x)*(1-sigma(alpha*x))", scales={"alpha": -1}),
+        Surrogate("atan", {"alpha": 2.0}, "(alpha/2)/(1+(pi/2*alpha*x)^2)", scales={"alpha": -1}),
+        Surrogate("piecewise_quadratic", {"alpha": 1.0}, "alpha-alpha^2*|x| where |x| <= 1/alpha, else 0",
+                  scales={"alpha": -1}),
+        Surrogate("piecewise_exp", {"alpha": 1.0}, "(alpha/2)*exp(-alpha*|x|)", scales={"alpha": -1}),
+        Surrogate("soft_sign", {"alpha": 2.0}, "1/(2*alpha*(1/alpha+|x|)^2)", scales={"alpha": -1}),
+        Surrogate("super_spike", {"alpha": 1.0}, "alpha/(|x|+1)^2", unitless_arg=True),
+        Surrogate("erf", {"alpha": 2.0}, "(alpha/sqrt(pi))*exp(-(alpha*x)^2)", scales={"alpha": -1}),
+        Surrogate("fast_sigmoid", {"slope": 25.0}, "1/(slope*|x|+1)^2", "snnTorch; Norse `super`",
+                  unitless_arg=True),
+        Surrogate("triangle", {"alpha": 1.0}, "alpha*relu(1-alpha*|x|)", scales={"alpha": -1}),
+        Surrogate("rect", {"alpha": 1.0}, "alpha where |x| < 1/(2*alpha), else 0", scales={"alpha": -1}),
+        Surrogate("straight_through", {}, "1", unitless_arg=True),
         Surrogate("pseudo_derivative", {"gamma": 0.3, "width": 1.0}, "gamma/width*relu(1-|x|/width)",
-                  "Bellec et al. 2018 (LSNN)"),
-        Surrogate("norse_triangle", {"alpha": 0.3}, "alpha*relu(1-|x|)", "Norse `triangle`"),
-        Surrogate("norse_tanh", {"k": 1.0}, "1-tanh(k*x)^2", "Norse `tanh`"),
+                  "Bellec et al. 2018 (LSNN)", scales={"width": 1}),
+        Surrogate("norse_triangle", {"alpha": 0.3}, "alpha*relu(1-|x|)", "Norse `triangle`", unitless_arg=True),
+        Surrogate("norse_tanh", {"k": 1.0}, "1-tanh(k*x)^2", "Norse `tanh`", unitless_arg=True),
     ]
 }
 
@@ -245,3 +258,39 @@ MODULE_ATTRIBUTES: frozenset[str] = frozenset("""
     single_step_forward multi_step_forward functional_forward materialize_states single_step_functional_forward
     multi_step_functional_forward
 """.split())
+
+# ---------------------------------------------------------------- units
+# Unit names: a base (a `sympy.physics.units` quantity) with an optional SI prefix, short
+# (`ms`, `mV`, `nS`, `uF`, `cm`, `mM`) or Brian2's long form (`msecond`, `mvolt`, `namp`).
+UNIT_BASES: dict[str, str] = {
+    "s": "second", "second": "second",
+    "m": "meter", "metre": "meter", "meter": "meter",
+    "V": "volt", "volt": "volt",
+    "A": "ampere", "amp": "ampere", "ampere": "ampere",
+    "S": "siemens", "siemens": "siemens",
+    "F": "farad", "farad": "farad",
+    "ohm": "ohm", "Ohm": "ohm",
+    "C": "coulomb", "coulomb": "coulomb",
+    "Hz": "hertz", "hertz": "hertz",
+    "mol": "mole", "mole": "mole",
+    "M": "molar", "molar": "molar",  # mol/liter
+    "K": "kelvin", "kelvin": "kelvin",
+}
+
+# prefix as written -> its key in sympy.physics.units.prefixes.PREFIXES
+UNIT_PREFIXES: dict[str, str] = {
+    "f": "f", "p": "p", "n": "n", "u": "mu", "m": "m", "c": "c", "k": "k", "M": "M", "G": "G",
+}
+
+
+def unit_parts(name: str) -> tuple[str, str] | None:
+    """(prefix, base) of a unit name (`"ms"` -> `("m", "s")`, `"mol"` -> `("", "mol")`), or None."""
+    if name in UNIT_BASES:
+        return "", name
+    if len(name) > 1 and name[0] in UNIT_PREFIXES and name[1:] in UNIT_BASES:
+        return name[0], name[1:]
+    return None
+
+
+def is_unit(name: str) -> bool:
+    return unit_parts(name) is not None

@@ -7,12 +7,30 @@ validated). Every violation is a located FlexDSLError.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
-from .catalog import CONSTANTS, DEFAULT_SURROGATE, FUNCTIONS, METHOD_ALIASES, METHODS, MODULE_ATTRIBUTES
+from .catalog import (
+    CONSTANTS,
+    DEFAULT_SURROGATE,
+    FUNCTIONS,
+    METHOD_ALIASES,
+    METHODS,
+    MODULE_ATTRIBUTES,
+    is_unit,
+)
 from .catalog import SURROGATES as BUILTIN_SURROGATES
+from .units import UnitInfo, check_units, model_names, suggest_unit, uses_units
+
+# Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
+# start with `_`, which no model name can, so they never collide with the model's.
+HIDDEN_STATES = {
+    "_steps_since_spike": (1e9, "steps since the last spike (1e9 before the first): `refractory PERIOD`"),
+    "_not_refractory": (1.0, "1 where the neuron is not refractory: `refractory while ...` (Brian2's meaning)"),
+    "_above_threshold": (0.0, "1 where the crossing rule's value was above the threshold at the previous step"),
+}
 
 
 @dataclass
@@ -39,6 +57,13 @@ class CheckedModel:
     outputs: list[tuple[str, A.Pos]]
     locals: list[str] = field(default_factory=list)
     subexprs: list[str] = field(default_factory=list)
+    refractory: A.Refractory | None = None
+    units: UnitInfo | None = None  # None: a model written without units
+
+    @property
+    def hidden(self) -> list[str]:
+        """The bookkeeping states the lowering adds (`HIDDEN_STATES`), after the model's own."""
+        return [s.name for s in self.states if s.meta.get("hidden")]
 
     @property
     def name(self) -> str:
@@ -81,6 +106,11 @@ class _Checker:
             return "a state's initial value is an expression of params"
         if context == "in a surrogate keyword":
             return "surrogate keywords are numbers or expressions of params"
+        if context == "in the refractory period":
+            return "the refractory period is an expression of params"
+        if context == "in the refractory condition":
+            return ("the refractory condition is evaluated at the start of a step, before `update`: it may use "
+                    "inputs, params, states and the equations' subexpressions")
         return "names must be declared before they are used"
 
     # ------------------------------------------------------------------ main
@@ -135,6 +165,9 @@ class _Checker:
                 raise self.err(f"a model has at most one {what}", found[1].pos)
             return found[0] if found else None
 
+        with_units = uses_units(n)
+        self.model_names = model_names(n)
+        refractory: A.Refractory | None = single(A.Refractory, "`refractory` declaration")
         eqs: A.Equations | None = single(A.Equations, "`equations` block")
         upd: A.Update | None = single(A.Update, "`update` block")
         spike: A.SpikeRule | None = single(A.SpikeRule, "spike rule")
@@ -155,7 +188,8 @@ class _Checker:
             raise self.err("`dt` is the integration step and must be a param", declared["dt"][1])
         for s in states:
             self.check_expr(s.init, set(param_names), "in a state's initial value")
-        self.check_defaults(params, states)
+        if not with_units:  # (with units, the defaults are evaluated once converted to base units)
+            self.check_defaults(params, states)
 
         # user surrogates
         for sd in self.user_surrogates.values():
@@ -197,6 +231,9 @@ class _Checker:
                         raise self.err("an ODE needs the step `dt` declared as a param", ln.pos,
                                        "add e.g. `param dt = 0.1  \"step (ms)\"`")
                     self.check_expr(ln.value, visible, "in an equation")
+                    if ln.held and refractory is None:
+                        raise self.err(f"`d{st}/dt ... unless refractory` in a model without a `refractory` "
+                                       "declaration", ln.pos, "declare e.g. `refractory 2 ms`")
                 else:
                     if ln.name in visible:
                         raise self.err(f"`{ln.name}` is already declared; a subexpression needs a new name", ln.pos)
@@ -223,6 +260,12 @@ class _Checker:
             if st.op != "=" and tgt not in state_names and tgt not in local_set:
                 raise self.err(f"`{tgt} {st.op} ...` needs `{tgt}` to be defined first", st.pos,
                                did_you_mean(tgt, visible))
+            if st.held:
+                if refractory is None:
+                    raise self.err(f"`{tgt} {st.op} ... unless refractory` in a model without a `refractory` "
+                                   "declaration", st.pos, "declare e.g. `refractory 2 ms`")
+                if tgt not in state_names:
+                    raise self.err(f"`unless refractory` holds a state, and `{tgt}` is not a state", st.pos)
             if tgt not in state_names and tgt not in local_set:
                 if st.is_let is False and tgt in self.all_declared:
                     raise self.err(f"cannot assign to `{tgt}`", st.pos)
@@ -246,7 +289,24 @@ class _Checker:
                 if st.target not in state_names:
                     raise self.err(f"`on spike` can only reset states; `{st.target}` is not a state", st.pos,
                                    did_you_mean(st.target, state_names))
+                if st.held:
+                    raise self.err("`unless refractory` is for equations and `update` statements, not for "
+                                   "`on spike` (no spike happens while refractory)", st.pos)
                 self.check_expr(st.value, visible, "here")
+        if refractory is not None:
+            if spike is None:
+                raise self.err("`refractory` in a model without a spike rule", refractory.pos,
+                               "refractoriness starts at a spike: add `spike when ...`")
+            if refractory.period is not None:
+                self.check_expr(refractory.period, set(param_names), "in the refractory period")
+            else:
+                assert refractory.condition is not None
+                start = input_names | set(param_names) | state_names | set(subexprs)
+                for nm in A.names(refractory.condition):
+                    if nm.id in local_set:
+                        raise self.err(f"`{nm.id}` is computed in `update`, after the refractory condition is "
+                                       "decided", nm.pos, self.scope_hint("in the refractory condition"))
+                self.check_expr(refractory.condition, start, "in the refractory condition", allow_compare=True)
 
         # outputs
         out_names: list[tuple[str, A.Pos]] = []
@@ -270,8 +330,12 @@ class _Checker:
             else:
                 raise self.err(f"neuron `{n.name}` has no output", n.pos, "add e.g. `output spike`")
 
-        return CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
-                            ons.statements if ons else [], out_names, locals_, subexprs)
+        ck = CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
+                          ons.statements if ons else [], out_names, locals_, subexprs, refractory)
+        if with_units:
+            ck = check_units(ck)
+            self.check_defaults(ck.params, ck.states)
+        return _with_hidden_states(ck)
 
     def check_defaults(self, params: list[A.Param], states: list[A.State]) -> None:
         """Evaluate every default in order and check its `where` constraint; evaluate the
@@ -344,7 +408,17 @@ class _ExprChecker(A.ExprFold[None]):
             if e.id not in self.visible and e.id not in CONSTANTS:
                 if e.id in ck.all_declared:
                     raise ck.err(f"`{e.id}` cannot be used {self.context}", e.pos, ck.scope_hint(self.context))
+                if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see units.py
+                    return
                 raise ck.unknown(e.id, e.pos, self.visible | set(CONSTANTS))
+        elif isinstance(e, A.Quantity):
+            if not is_unit(e.unit):
+                if e.unit in ck.all_declared or e.unit in self.visible:
+                    raise ck.err(f"`{e.unit}` is not a unit", e.unit_pos,
+                                 f"a number followed by a name is a value with a unit (`10 ms`); to multiply, "
+                                 f"write `{e.text} * {e.unit}`")
+                raise ck.err(f"unknown unit `{e.unit}`", e.unit_pos,
+                             suggest_unit(e.unit) or "e.g. `ms`, `mV`, `nA`, `nS`, `pF`, `um`")
         elif isinstance(e, A.Call):
             b = FUNCTIONS.get(e.func)
             if b is None:
@@ -362,12 +436,30 @@ class _ExprChecker(A.ExprFold[None]):
     def visit_Num(self, e: A.Num) -> None:
         return None
 
-    visit_Name = visit_Num
+    visit_Name = visit_Quantity = visit_Num
 
     def visit_BinOp(self, e: A.BinOp, *_: None) -> None:
         return None
 
     visit_Neg = visit_Call = visit_Compare = visit_BinOp
+
+
+def _with_hidden_states(ck: CheckedModel) -> CheckedModel:
+    """The model with the bookkeeping states its refractoriness and crossing rule need."""
+    names = []
+    rf = ck.refractory
+    if rf is not None:
+        names.append("_steps_since_spike" if rf.period is not None else "_not_refractory")
+    if ck.spike is not None and ck.spike.op == "crosses":
+        names.append("_above_threshold")
+    if not names:
+        return ck
+    hidden = []
+    for name in names:
+        value, doc = HIDDEN_STATES[name]
+        pos = rf.pos if rf is not None and name != "_above_threshold" else ck.spike.pos  # type: ignore[union-attr]
+        hidden.append(A.State(name, A.Num(value, repr(value), pos), pos, doc, {"hidden": True, "unit": "1"}))
+    return dataclasses.replace(ck, states=[*ck.states, *hidden])
 
 
 def check(neuron: A.Neuron) -> CheckedModel:

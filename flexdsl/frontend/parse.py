@@ -127,6 +127,23 @@ class _ToAST(Transformer_NonRecursive):
     def name(self, tok: Token) -> A.Name:
         return A.Name(str(tok), _pos(tok))
 
+    def exponent(self, sign: Token | None, num: Token) -> tuple[float, str]:
+        text = (str(sign) if sign is not None and str(sign) == "-" else "") + str(num)
+        return float(text), text
+
+    def quantity(self, num: Token, unit: Token, _pow: Token | None, exponent: tuple[float, str] | None) -> A.Quantity:
+        self.number(num)  # (its checks)
+        power, ptext = exponent if exponent is not None else (1.0, "")
+        return A.Quantity(float(num), str(num), str(unit), power, _pos(num), _pos(unit), ptext)
+
+    def quantity_per(self, num: Token, _one_over: Token, unit: Token, _pow: Token | None,
+                     exponent: tuple[float, str] | None) -> A.Quantity:
+        """`0.02 1/ms`: the unit to a negative power."""
+        self.number(num)
+        power, ptext = exponent if exponent is not None else (1.0, "1")
+        ptext = ptext[1:] if ptext.startswith("-") else "-" + ptext
+        return A.Quantity(float(num), str(num), str(unit), -power, _pos(num), _pos(unit), ptext)
+
     def binop(self, left, op: Token, right) -> A.BinOp:
         return A.BinOp(str(op), left, right, _pos_of_expr(left))
 
@@ -163,8 +180,11 @@ class _ToAST(Transformer_NonRecursive):
     def out_name(self, tok: Token) -> Token:
         return tok
 
-    def input_decl(self, names: list[Token], doc) -> list[A.Input]:
-        return [A.Input(str(t), _pos(t), doc or "") for t in names]
+    def input_unit(self, unit) -> A.Expr:
+        return unit
+
+    def input_decl(self, names: list[Token], unit, doc) -> list[A.Input]:
+        return [A.Input(str(t), _pos(t), doc or "", {}, unit) for t in names]
 
     def where_clause(self, kw: Token, cmp: A.Compare) -> A.Compare:
         return cmp
@@ -186,8 +206,11 @@ class _ToAST(Transformer_NonRecursive):
         return A.Output([(str(t), _pos(t)) for t in names], _pos(names[0]))
 
     # ---- blocks
-    def assign(self, target: Token, op: Token, value) -> A.Assign:
-        return A.Assign(str(target), str(op), value, _pos(target))
+    def held(self, _unless: Token, _refractory: Token) -> bool:
+        return True
+
+    def assign(self, target: Token, op: Token, value, held) -> A.Assign:
+        return A.Assign(str(target), str(op), value, _pos(target), held=bool(held))
 
     def let_assign(self, target: Token, _eq, value) -> A.Assign:
         return A.Assign(str(target), "=", value, _pos(target), is_let=True)
@@ -201,12 +224,18 @@ class _ToAST(Transformer_NonRecursive):
     def method(self, tok: Token) -> Token:
         return tok
 
-    def ode(self, dname: Token, _div, denom: Token, _eq, value) -> A.ODE:
+    def ode(self, dname: Token, _div, denom: Token, _eq, value, held) -> A.ODE:
         written = str(dname)
         p = _pos(dname)
         if written.startswith("d") and len(written) > 1:
-            return A.ODE(written[1:], value, A.Pos(p.line, p.column + 1), written, str(denom), _pos(denom))
-        return A.ODE("", value, p, written, str(denom), _pos(denom))
+            return A.ODE(written[1:], value, A.Pos(p.line, p.column + 1), written, str(denom), _pos(denom),
+                         bool(held))
+        return A.ODE("", value, p, written, str(denom), _pos(denom), bool(held))
+
+    def refractory_decl(self, kw: Token, *rest) -> A.Refractory:
+        if len(rest) == 2:  # `refractory while CONDITION`
+            return A.Refractory(None, rest[1], _pos(kw))
+        return A.Refractory(rest[0], None, _pos(kw))
 
     def subexpr(self, name: Token, _eq, value) -> A.Subexpr:
         return A.Subexpr(str(name), value, _pos(name))
@@ -242,12 +271,13 @@ def _pos_of_expr(e) -> A.Pos:
     return e.pos
 
 
+
 _TOKEN_WORDS = {
     "_NL": "end of line", "_INDENT": "indent", "_DEDENT": "dedent", "$END": "end of file",
     "NAME": "a name", "NUMBER": "a number", "STRING": "a string", "LONG_STRING": "a docstring",
     "EQUALS": "`=`", "AUG_OP": "`+=`", "COLON": "`:`", "LPAR": "`(`", "RPAR": "`)`", "COMMA": "`,`",
     "ADD": "`+`", "SUB": "`-`", "MUL": "`*`", "DIV": "`/`", "POW": "`**`", "GE": "`>=`", "GT": "`>`",
-    "LE": "`<=`", "LT": "`<`", "EQ": "`==`", "NE": "`!=`",
+    "LE": "`<=`", "LT": "`<`", "EQ": "`==`", "NE": "`!=`", "ONE_OVER": "`1/` (a unit after a number)",
 }
 
 

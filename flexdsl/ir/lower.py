@@ -16,7 +16,7 @@ from ..errors import FlexDSLError
 from ..frontend import ast as A
 from ..frontend.catalog import FUNCTIONS
 from ..frontend.check import CheckedModel
-from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, make
+from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, Where, make
 from .integrate import INTEGRATORS, Context, NotApplicable
 from .surrogates import BUILTIN_SURROGATES
 
@@ -199,6 +199,14 @@ class StepModel:
         return [p for p in self.params if p.learnable]
 
     @property
+    def spike_u(self) -> sp.Expr | None:
+        """The `u` the spike fires on (`spike` is `SpikeGE/GT(u)`, times its gates where the model
+        is refractory or fires on a crossing)."""
+        if self.spike is None:
+            return None
+        return next(e.args[0] for _, e in self.assignments if isinstance(e, SpikeGE | SpikeGT))
+
+    @property
     def declared_params(self) -> list[ParamInfo]:
         return [p for p in self.params if not p.derived]
 
@@ -250,17 +258,32 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             dynamic.add(y)
         return y
 
-    # -- 1. equations
     subexpr_defs: dict[str, A.Expr] = {}
+    if model.equations is not None:
+        for ln in model.equations.lines:
+            if isinstance(ln, A.Subexpr):
+                subexpr_defs[ln.name] = ln.value
+
+    def value(e: A.Expr) -> sp.Expr:
+        if not subexpr_defs:
+            return to_sympy(e, env, n)
+        subs: dict[str, sp.Expr] = {}
+        local = ChainMap(subs, env)
+        for name, d in subexpr_defs.items():
+            subs[name] = to_sympy(d, local, n)
+        return to_sympy(e, local, n)
+
+    # -- 0. refractoriness, decided at the start of the step (Brian2's `not_refractory`)
+    not_refractory = _refractoriness(model, env, value, emit, here)
+
+    # -- 1. equations
     derived: list[MatrixExp] = []
     method = model.method
     auto = method is None
     if model.equations is not None:
         odes = [ln for ln in model.equations.lines if isinstance(ln, A.ODE)]
-        for ln in model.equations.lines:
-            if isinstance(ln, A.Subexpr):
-                subexpr_defs[ln.name] = ln.value
         ode_syms = [sym(o.state) for o in odes]
+        held = {sym(o.state) for o in odes if o.held}
 
         rhs_cache: list[dict[sp.Symbol, sp.Expr]] = []
 
@@ -275,7 +298,7 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             sub = {k: v for k, v in values.items() if k != v}
             return {k: e.xreplace(sub) for k, e in rhs_cache[0].items()} if sub else dict(rhs_cache[0])
 
-        dt = env["dt"]
+        dt = _step(model, env)
         here[0] = model.equations.pos
         constants = {p.symbol for p in params}
 
@@ -290,16 +313,22 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             return out
 
         ctx = Context(emit, lambda e: e.free_symbols <= constants, matrix_exp)
+
+        def integrate(m: str) -> dict[sp.Symbol, sp.Expr]:
+            if held and not_refractory is not None:
+                return _integrate_held(m, ode_syms, rhs_at, dt, ctx, held, not_refractory, assignments, derived)
+            return INTEGRATORS[m](ode_syms, rhs_at, dt, ctx)
+
         if auto:  # `exact` where it applies, else `euler`
             try:
-                new = INTEGRATORS["exact"](ode_syms, rhs_at, dt, ctx)
+                new = integrate("exact")
                 method = "exact"
             except NotApplicable:
                 method = "euler"
-                new = INTEGRATORS["euler"](ode_syms, rhs_at, dt, ctx)
+                new = integrate("euler")
         else:
             try:
-                new = INTEGRATORS[method](ode_syms, rhs_at, dt, ctx)
+                new = integrate(method)
             except NotApplicable as e:
                 line = next(o for o in odes if o.state == e.state.name)
                 raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
@@ -312,15 +341,6 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
         for s_, o in zip(ode_syms, odes):
             here[0] = o.pos
             env[s_.name] = emit(s_.name, new[s_])
-
-    def value(e: A.Expr) -> sp.Expr:
-        if not subexpr_defs:
-            return to_sympy(e, env, n)
-        subs: dict[str, sp.Expr] = {}
-        local = ChainMap(subs, env)
-        for name, d in subexpr_defs.items():
-            subs[name] = to_sympy(d, local, n)
-        return to_sympy(e, local, n)
 
     # -- 2. update
     for st in model.update:
@@ -338,6 +358,8 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             if v.has(*_NONFINITE):
                 raise FlexDSLError("this statement divides by zero", n.filename, st.value.pos.line,
                                    st.value.pos.column, n.source)
+        if st.held and not_refractory is not None:
+            v = Where(sp.StrictGreaterThan(not_refractory, 0), v, cur)
         env[st.target] = emit(st.target, v)
 
     # -- 3. spike, 4. on spike
@@ -352,9 +374,18 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                                "every step", n.filename, rule.left.pos.line, rule.left.pos.column, n.source,
                                "compare a state (or an expression of states and inputs) with a threshold")
         u = emit("u_spike", u_value)
-        fire = SpikeGE if rule.op == ">=" else SpikeGT
+        fire = SpikeGE if rule.op == ">=" else SpikeGT  # `crosses`: above (u > 0) now ...
         spike_sym = sym("spike")  # `spike` is reserved: never a model name
-        assignments.append((spike_sym, fire(u)))
+        gates: list[sp.Expr] = []
+        if not_refractory is not None:
+            gates.append(not_refractory)
+        if rule.op == "crosses":  # ... and not above at the previous step
+            gates.append(1 - Detach(env["_above_threshold"]))
+        if gates:
+            raw = emit("spike_raw", fire(u))
+            assignments.append((spike_sym, sp.Mul(*gates) * raw))
+        else:
+            assignments.append((spike_sym, fire(u)))
         origins["spike"] = rule.pos
         surrogate = _surrogate(model, env)
         s = spike_sym
@@ -380,6 +411,17 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
             for st in model.on_spike:
                 here[0] = st.pos
                 env[st.target] = emit(st.target, new_vals[st.target])
+        # the bookkeeping states for the next step
+        fired = sp.StrictGreaterThan(spike_sym, 0)
+        if "_steps_since_spike" in env:
+            here[0] = model.refractory.pos  # type: ignore[union-attr]
+            env["_steps_since_spike"] = emit("_steps_since_spike", Where(fired, 0, env["_steps_since_spike"]))
+        if "_not_refractory" in env:
+            here[0] = model.refractory.pos  # type: ignore[union-attr]
+            env["_not_refractory"] = emit("_not_refractory", Where(fired, 0, not_refractory))
+        if rule.op == "crosses":
+            here[0] = rule.pos
+            env["_above_threshold"] = emit("_above_threshold", Where(sp.StrictGreaterThan(u, 0), 1, 0))
 
     # -- 5. outputs
     outputs: list[tuple[str, sp.Expr]] = []
@@ -393,6 +435,94 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     return StepModel(model, inputs, states, params, assignments, next_states, outputs, spike_sym, surrogate,
                      method if model.equations is not None else None, auto, detach_reset, names.taken, origins,
                      derived)
+
+
+def _step(model: CheckedModel, env: Mapping[str, sp.Expr]) -> sp.Expr:
+    """The step `dt` in base units (with units, `dt` is a param in its declared unit)."""
+    f = model.units.factor.get("dt", 1) if model.units is not None else 1
+    return env["dt"] if f == 1 else sp.Rational(f.numerator, f.denominator) * env["dt"]
+
+
+def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, here: list[A.Pos]
+                    ) -> sp.Expr | None:
+    """`not_refractory` of this step (1 or 0), as Brian2 computes it before integrating:
+
+    - `refractory PERIOD`: `timestep(t - lastspike, dt) >= timestep(PERIOD, dt)` with Brian2's
+      `timestep(x, dt) = int((x + 1e-3 dt)/dt)`; the hidden state `_steps_since_spike` counts
+      the steps since the last spike (t - lastspike = steps * dt). Without `dt`, PERIOD is a
+      number of steps;
+    - `refractory while COND`: `not_refractory or not COND` (a spike sets it to 0; it becomes 1
+      again at the first step that starts with COND false), COND on the step's starting values.
+
+    It is a gate without gradient (the surrogate sees `not_refractory * S'(u)`)."""
+    rf = model.refractory
+    if rf is None:
+        return None
+    here[0] = rf.pos
+    if rf.period is not None:
+        steps = emit("steps_since_spike", Detach(env["_steps_since_spike"]) + 1)
+        period = value(rf.period)
+        if "dt" in env:
+            dt = _step(model, env)
+            last = (period + dt / 1000) / dt - 1
+        else:
+            last = period + sp.Rational(1, 1000) - 1
+        bound = emit("refractory_steps", last)
+        env["_steps_since_spike"] = steps
+        return emit("not_refractory", Where(sp.StrictGreaterThan(steps, bound), 1, 0))
+    assert rf.condition is not None
+    return emit("not_refractory", Where(value(rf.condition), Detach(env["_not_refractory"]), 1))
+
+
+def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, ctx: Context, held: set[sp.Symbol],
+                    not_refractory: sp.Expr, assignments: list, derived: list[MatrixExp]
+                    ) -> dict[sp.Symbol, sp.Expr]:
+    """The step of a system whose `held` states do not move while refractory, with Brian2's
+    meaning (`dX/dt = int(not_refractory) * f` for each held X):
+
+    - the explicit methods integrate exactly that right-hand side;
+    - `exponential_euler` treats each equation on its own, from the step's starting values, so
+      a held state keeps its value and the others are unaffected;
+    - `exact` steps both systems (free, and with the held rows 0) and chooses per state (the
+      free one where the state is neither held nor driven by a held one)."""
+    active = sp.StrictGreaterThan(not_refractory, 0)
+    if method not in ("exact", "exponential_euler"):
+        def gated(values):
+            rhs = rhs_at(values)
+            return {x: (not_refractory * f if x in held else f) for x, f in rhs.items()}
+
+        return INTEGRATORS[method](xs, gated, dt, ctx)
+    free = INTEGRATORS[method](xs, rhs_at, dt, ctx)
+    if method == "exponential_euler":
+        return {x: (Where(active, free[x], x) if x in held else free[x]) for x in xs}
+    # exact: the states driven by a held one (transitively) need the held system's solution
+    rhs = rhs_at({x: x for x in xs})
+    driven = set(held)
+    changed = True
+    while changed:
+        changed = False
+        for x in xs:
+            if x not in driven and rhs[x].free_symbols & driven:
+                driven.add(x)
+                changed = True
+    start, start_derived = len(assignments), len(derived)
+
+    def frozen(values):
+        r = rhs_at(values)
+        return {x: (sp.Integer(0) if x in held else f) for x, f in r.items()}
+
+    stopped = INTEGRATORS[method](xs, frozen, dt, ctx)
+    out = {x: (Where(active, free[x], stopped[x]) if x in driven else free[x]) for x in xs}
+    # drop what the held system computed for states that do not need it
+    need: set[sp.Symbol] = set()
+    for e in out.values():
+        need |= e.free_symbols
+    for y, e in reversed(assignments[start:]):
+        if y in need:
+            need |= e.free_symbols
+    assignments[start:] = [(y, e) for y, e in assignments[start:] if y in need]
+    derived[start_derived:] = [d for d in derived[start_derived:] if any(y in need for y, _, _ in d.entries)]
+    return out
 
 
 def _surrogate(model: CheckedModel, env: Mapping[str, sp.Expr]) -> SurrogateInfo:

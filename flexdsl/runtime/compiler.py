@@ -1,7 +1,8 @@
 """The pipeline: parse -> check -> lower -> derive -> schedule -> emit, cached per model text.
 
 `compile_model()` returns a `Compiled`: the artefacts of one model. Parsing and checking
-happen at construction (sympy-free); the sympy stages run on first use; each backend's
+happen at construction (sympy-free; the definitions of the units a model uses come from the
+disk cache, once sympy has given them); the sympy stages run on first use; each backend's
 artefact comes from the disk cache when a process has seen the model before, and is loaded
 into a program once per process.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
+from ..frontend import units
 from ..frontend.check import CheckedModel, check
 from ..frontend.parse import normalize, parse
 from ..library import resolve
@@ -27,6 +29,22 @@ if TYPE_CHECKING:
     from ..ir.derive import BackwardModel
     from ..ir.lower import StepModel
     from ..ir.schedule import Schedule
+
+
+@lru_cache(maxsize=1)
+def _sympy_version() -> str:
+    from importlib.metadata import version
+
+    return version("sympy")
+
+
+def _unit_definition(name: str, make) -> list:
+    """A unit's definition (from sympy.physics.units), kept in the disk cache."""
+    k = cache.key("unit", name, _sympy_version())
+    return cache.get_or_make(k, lambda: cache.Artefact("unit", "", {"definition": make()})).meta["definition"]
+
+
+units.set_definition_store(_unit_definition)
 
 
 class Compiled:

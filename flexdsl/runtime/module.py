@@ -23,6 +23,7 @@ from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.evaluate import evaluate, holds
+from ..frontend.units import param_value
 from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")
@@ -159,6 +160,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
 
     def _assign_param(self, name: str, value: Any) -> None:
         p = self._param_decls[name]
+        value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
         if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
             raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
                               p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
@@ -560,7 +562,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for p in ck.params:
         if p.name in overrides:
-            v = overrides[p.name]
+            v = param_value(ck, p.name, overrides[p.name])  # "20 ms": to the declared unit
             if isinstance(v, torch.Tensor):
                 if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
                     raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
