@@ -10,6 +10,8 @@ for step in "$@"; do
   echo "=== $step" | tee -a $OUT/session.log
   case $step in
     check) timeout 420 python3 bench/bench_gpu.py check ;;
+    check_save) FLEXDSL_TRITON_TRAINING=save timeout 300 python3 bench/bench_gpu.py check ;;
+    sweep) timeout 500 python3 bench/sweep_rc.py ;;
     full) timeout 560 python3 bench/bench_gpu.py full ;;
     harness) timeout 300 python3 .harness/flexdsl_gpu.py ;;
     harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 .harness/flexdsl_gpu.py ;;

@@ -107,19 +107,19 @@ class Compiled:
         return p
 
     # ------------------------------------------------------------------ derived params
-    @property
+    @cached_property
     def derived_names(self) -> list[str]:
         """The names of the params the step derives from the declared ones (matrix exponentials
         of coupled linear states), which every program takes after the declared params."""
-        return self.program("torch").derived  # type: ignore[attr-defined]
+        return list(self.program("torch").derived)  # type: ignore[attr-defined]
 
     def with_derived(self, params: Sequence[Any]) -> list[Any]:
         """The declared params' values followed by the derived params' values (computed once per
         call by the generated `derived_params`: floats when every param is a float, else tensors
         with autograd to the declared params, in their floating dtype)."""
-        params = list(params)
         if not self.derived_names:
-            return params
+            return params if isinstance(params, list) else list(params)
+        params = list(params)
         import torch
 
         tensors = [p for p in params if isinstance(p, torch.Tensor)]

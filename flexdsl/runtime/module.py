@@ -209,6 +209,14 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                 raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
                                   f"`{p.name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
 
+    def _param_list(self) -> list[Any]:
+        """Every param's current value, in declaration order."""
+        fixed = self._fixed
+        if len(fixed) == len(self._param_decls):
+            return [fixed[n] for n in self._param_decls]
+        ps, bs = self._parameters, self._buffers
+        return [fixed[n] if n in fixed else ps[n] if n in ps else bs[n] for n in self._param_decls]
+
     def param_values(self) -> dict[str, Any]:
         """Current value of every param (floats, buffers or Parameters)."""
         return {name: getattr(self, name) for name in self._param_decls}
@@ -422,6 +430,10 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             raise TypeError(f"{c.name} takes {len(decls)} input{'s' if len(decls) != 1 else ''} ({names}), "
                             f"got {len(inputs)}")
         single = self.step_mode == "s"
+        if len(inputs) == 1 and not single:  # the common case, quickly
+            x = inputs[0]
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1:
+                return [x], x.shape[1:]
         xs: list[torch.Tensor] = []
         for x, decl in zip(inputs, decls):
             if not isinstance(x, torch.Tensor):
@@ -475,7 +487,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                     raise self._error(f"state `{name}` is on {v.device} but the input is on {x0.device}",
                                       hint="call m.reset() before a new sequence, or move the module with "
                                            "m.to(device)")
-                if torch.broadcast_shapes(v.shape, shape) != shape:
+                if v.shape != shape and torch.broadcast_shapes(v.shape, shape) != shape:
                     raise self._error(f"state `{name}` has shape {tuple(v.shape)} (from an earlier call) but the "
                                       f"input's step shape is {tuple(shape)}",
                                       hint="call m.reset() (or spikingjelly's functional.reset_net) before a batch "
@@ -487,11 +499,12 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         xs, shape = self._check_inputs(inputs)
         x0 = xs[0]
         program = self._compiled.program(backends.choose(self.backend, xs))
-        params = [getattr(self, name) for name in self._param_decls]
-        for name, v in zip(self._param_decls, params):
-            if isinstance(v, torch.Tensor) and v.numel() > 1 and v.device != x0.device:
-                raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
-                                  self._param_decls[name].pos, "move the module: m.to(device)")
+        params = self._param_list()
+        if self._parameters or self._buffers:
+            for name, v in zip(self._param_decls, params):
+                if isinstance(v, torch.Tensor) and v.numel() > 1 and v.device != x0.device:
+                    raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
+                                      self._param_decls[name].pos, "move the module: m.to(device)")
         params = self._compiled.with_derived(params)
         init = self._states_for(x0, shape, given)
         res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))

@@ -84,43 +84,65 @@ class _Kernel:
         self.cache: dict = {}
         self.fast = os.environ.get("FLEXDSL_TRITON_FAST_LAUNCH", "1") == "1"
 
-    def launch(self, grid: tuple[int], values: dict[str, list]) -> None:
-        full = [values[r][i] for r, i in self.index]
+    def launch(self, grid: tuple[int], values: dict[str, list], key: tuple, device: torch.device) -> None:
+        """Launch with the arguments in ABI order. `key` must determine Triton's specialization
+        of this launch (the dtypes and 16-byte alignment of the tensors that are not fresh
+        allocations, ints ==1 / %16, which args are None, the constexpr values): with it, a
+        cache of compiled kernels skips Triton's per-call argument binding."""
+        self.launch_full(grid, [values[r][i] for r, i in self.index], key, device)
+
+    def launch_full(self, grid: tuple[int], full: list, key: tuple, device: torch.device) -> None:
+        """Launch with the full argument list, in ABI order."""
         if interpret() or not self.fast:
             self.fn[grid](*full, num_warps=self.warps)
             return
-        # a cache of compiled kernels keyed like Triton's own specialization: tensor dtype and
-        # 16-byte alignment, ints ==1 / %16, None, constexpr values (floats are not specialized)
-        key: list[Any] = [self.warps]
-        dev = 0
-        for a, c in zip(full, self.constexpr):
-            if c:
-                key.append(a)
-                continue
-            t = type(a)
-            if t is float:
-                continue
-            if t is int:
-                key.append((a == 1, a % 16 == 0))
-            elif a is None:
-                key.append(None)
-            else:
-                dev = a.device.index or 0
-                key.append((a.dtype, a.data_ptr() % 16 == 0))
-        k = tuple(key)
-        ck = self.cache.get(k)
+        ck = self.cache.get(key)
         if ck is None:
             ck = self.fn[grid](*full, num_warps=self.warps)
             if hasattr(ck, "run"):
-                self.cache[k] = ck
+                self.cache[key] = ck
             return
         try:
-            stream = _stream(dev)
+            stream = _stream(device.index or 0)
             ck.run(grid[0], 1, 1, stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
                    None, None, *full)
         except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
             self.fast = False
             self.fn[grid](*full, num_warps=self.warps)
+
+
+def _spec(t: Any) -> Any:
+    """What Triton specializes a non-constexpr argument on."""
+    if t is None:
+        return None
+    if type(t) is float:
+        return 0
+    if type(t) is int:
+        return (t == 1, t % 16 == 0)
+    return (t.dtype, t.data_ptr() % 16 == 0)
+
+
+class _Plan:
+    """A kernel launch with everything fixed but the call's own tensors: the argument list,
+    where each call's tensors go (`slots`: position -> (kind, index)), the grid and the
+    specialization key. Recorded from a first launch per call signature (shape, dtype, flags,
+    float params and states), so that a later call only allocates its outputs, fills the slots
+    and launches."""
+
+    def __init__(self, kernel: _Kernel, values: dict[str, list], per_call: tuple[str, ...], grid: tuple[int],
+                 key: tuple) -> None:
+        self.kernel, self.grid, self.key = kernel, grid, key
+        where = {id(t): (kind, i) for kind in per_call for i, t in enumerate(values[kind]) if t is not None}
+        self.full = [values[r][i] for r, i in kernel.index]
+        self.slots = [(j, *where[id(a)]) for j, a in enumerate(self.full) if a is not None and id(a) in where]
+        for j, _, _ in self.slots:
+            self.full[j] = None
+
+    def launch(self, tensors: dict[str, list], device: torch.device) -> None:
+        full = self.full.copy()
+        for j, kind, i in self.slots:
+            full[j] = tensors[kind][i]
+        self.kernel.launch_full(self.grid, full, self.key, device)
 
 
 class TritonProgram:
@@ -150,6 +172,13 @@ class TritonProgram:
         # "save" or "recompute": the schedule's choice, or FLEXDSL_TRITON_TRAINING
         self.training = os.environ.get("FLEXDSL_TRITON_TRAINING", "") or abi.training
         self._host_cache: dict = {}
+        self._plans: dict[tuple, _Plan] = {}
+        self.interpret = interpret()
+        self.fast_keys = not self.interpret and self.k_fwd.fast  # (the interpreter launches no compiled kernel)
+        self._float_modes = [0] * len(self.params)
+        self._float_initmodes = [0] * len(self.states)
+        self._nones_st = [None] * len(self.states)
+        self._zeros_hf = [0.0] * len(abi.hoisted_fwd)
         self._register_ops()
 
     @property
@@ -168,7 +197,7 @@ class TritonProgram:
 
     # ------------------------------------------------------------------ launch helpers
     def _block(self, N: int, rc: bool = False) -> int:
-        if interpret():  # few big programs: the interpreter runs programs one after another
+        if self.interpret:  # few big programs: the interpreter runs programs one after another
             return max(16, min(4096, 1 << max(0, N - 1).bit_length()))
         return self.block_rc if rc else self.block
 
@@ -200,6 +229,9 @@ class TritonProgram:
         return p.detach().expand(shape).reshape(N).contiguous(), 2  # the kernel reads [N] at unit stride
 
     def _params(self, params, param_vals, shape, N, dev) -> tuple[list, list]:
+        """The kernel arguments of the params and their MODEs (all-float params: the values)."""
+        if not any(p is not None for p in params):
+            return list(param_vals), self._float_modes
         pargs, modes = [], []
         for p, v in zip(params, param_vals):
             a, mode = self._param(p, v, shape, N, dev)
@@ -209,8 +241,10 @@ class TritonProgram:
 
     @staticmethod
     def _unpack(tensors, vals, is_t):
+        if not tensors:
+            return [None] * len(is_t), vals
         it = iter(tensors)
-        return [next(it) if k else None for k in is_t], list(vals)
+        return [next(it) if k else None for k in is_t], vals
 
     def chunks(self, T: int) -> int:
         return cdiv(T, self.abi.chunk)
@@ -222,62 +256,100 @@ class TritonProgram:
         n_st = len(self.states)
         states, state_vals = self._unpack(states, state_vals, is_tensor[:n_st])
         params, param_vals = self._unpack(params, param_vals, is_tensor[n_st:])
+        return self._fwd(inputs, states, params, state_vals, param_vals, store_seqs, save, recompute)
+
+    def _fwd(self, inputs, states, params, state_vals, param_vals, store_seqs, save, recompute):
+        """fwd_impl with states and params as lists (None where a value is a float)."""
         x0 = inputs[0]
-        T, shape = x0.shape[0], tuple(x0.shape[1:])
-        N = _prod(shape)
+        T = x0.shape[0]
+        shape = x0.shape[1:]
+        N = x0.numel() // T if T else _prod(shape)
         dev, dtype = x0.device, x0.dtype
-        outs = [torch.empty((T, *shape), dtype=dtype, device=dev) for _ in self.outputs]
+        n_st = len(self.states)
+        outs = [torch.empty(x0.shape, dtype=dtype, device=dev) for _ in self.outputs]
         fins = [torch.empty(shape, dtype=dtype, device=dev) for _ in self.states]
-        seqs = [torch.empty((T, *shape), dtype=dtype, device=dev) for _ in self.states] if store_seqs else []
+        seqs = [torch.empty(x0.shape, dtype=dtype, device=dev) for _ in self.states] if store_seqs else []
         sav = ckpt = None
         if save and recompute:
             ckpt = torch.empty((self.chunks(T), n_st, N), dtype=torch.float32, device=dev)
         elif save and self.saved:
-            sav = torch.empty((len(self.saved), T, *shape), dtype=dtype, device=dev)
+            sav = torch.empty((len(self.saved), *x0.shape), dtype=dtype, device=dev)
         extra = sav if sav is not None else ckpt
         result = outs + fins + seqs + ([extra] if extra is not None else [])
         if N == 0:
             return result
+        # a call like an earlier one (float states and params, contiguous aligned inputs): its plan
+        sig = None
+        if not any(t is not None for t in (*states, *params)) and all(
+                x.is_contiguous() and x.data_ptr() % 16 == 0 for x in inputs):
+            sig = (T, N, dtype, dev, store_seqs, sav is not None, ckpt is not None, *state_vals, *param_vals,
+                   *(x.dtype for x in inputs))
+            plan = self._plans.get(sig)
+            if plan is not None:
+                plan.launch({"in": [x.view(T, N) for x in inputs], "out": outs, "fin": fins, "seq": seqs,
+                             "saved": [sav], "ckpt": [ckpt]}, dev)
+                LAUNCHES["fwd"] += 1
+                return result
         xs, strides = [], []
         for x in inputs:
-            x2 = x.reshape(T, N)
+            x2 = x.view(T, N) if x.is_contiguous() else x.reshape(T, N)
             if x2.stride(1) != 1:
                 x2 = x2.contiguous()
             xs.append(x2)
             strides.append(x2.stride(0))
-        inits, initmodes = [], []
-        for s, v in zip(states, state_vals):
-            if s is None:
-                inits.append(float(v))
-                initmodes.append(0)
-            else:
-                inits.append(s.to(dev).expand(shape).reshape(N))
-                initmodes.append(2)
+        if any(s is not None for s in states):
+            inits, initmodes = [], []
+            for s, v in zip(states, state_vals):
+                if s is None:
+                    inits.append(float(v))
+                    initmodes.append(0)
+                else:
+                    inits.append(s.to(dev).expand(shape).reshape(N))
+                    initmodes.append(2)
+        else:
+            inits, initmodes = state_vals, self._float_initmodes
         pargs, modes = self._params(params, param_vals, shape, N, dev)
         host, hv = self._host(params, param_vals)
         block = self._block(N)
         values = {
             "in": xs, "stride": strides, "init": inits, "param": pargs, "out": outs, "fin": fins,
-            "seq": seqs if store_seqs else [None] * n_st,
-            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_fwd], "saved": [sav], "ckpt": [ckpt], "N": [N],
-            "T": [T], "initmode": initmodes, "mode": modes, "host": [host], "store_seqs": [bool(store_seqs)],
-            "save": [sav is not None], "checkpoint": [ckpt is not None], "round": [sav is not None],
-            "block": [block],
+            "seq": seqs if store_seqs else self._nones_st,
+            "hoisted": [hv.get(y, 0.0) for y in self.abi.hoisted_fwd] if host else self._zeros_hf,
+            "saved": [sav], "ckpt": [ckpt], "N": [N], "T": [T], "initmode": initmodes, "mode": modes,
+            "host": [host], "store_seqs": [bool(store_seqs)], "save": [sav is not None],
+            "checkpoint": [ckpt is not None], "round": [sav is not None], "block": [block],
         }
-        self.k_fwd.launch((cdiv(N, block),), values)
+        if self.fast_keys:
+            key = (dtype, bool(store_seqs), sav is not None, ckpt is not None, host, block, N == 1, N % 16 == 0,
+                   *map(_spec, xs), *map(_spec, strides), *map(_spec, inits), *map(_spec, pargs), *initmodes,
+                   *modes)
+        else:
+            key = ()
+        grid = (cdiv(N, block),)
+        self.k_fwd.launch(grid, values, key, dev)
+        if sig is not None:
+            self._remember(sig, _Plan(self.k_fwd, values, ("in", "out", "fin", "seq", "saved", "ckpt"), grid, key))
         LAUNCHES["fwd"] += 1
         return result
+
+    def _remember(self, sig: tuple, plan: _Plan) -> None:
+        if len(self._plans) > 64:
+            self._plans.clear()
+        self._plans[sig] = plan
 
     def bwd_impl(self, reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype,
                  recompute=False):
         """The backward kernel: `reread` are the inputs it reads again (per the plan), `saved`
         the forward's saved values or, with `recompute`, its checkpoints."""
         params, param_vals = self._unpack(params, param_vals, is_param_t)
-        shape = tuple(int(s) for s in shape)
+        return self._bwd(reread, saved, params, param_vals, g_outs, g_seqs, g_fins, need, T, tuple(shape), dtype,
+                         recompute)
+
+    def _bwd(self, reread, saved, params, param_vals, g_outs, g_seqs, g_fins, need, T, shape, dtype, recompute):
         N = _prod(shape)
         n_in, n_st = len(self.inputs), len(self.states)
         need_gx, need_gs, need_gp = need[:n_in], need[n_in:n_in + n_st], need[n_in + n_st:]
-        dev = _device_of([*reread, saved, *params, *g_outs, *g_seqs, *g_fins])
+        dev = _device_of([saved, *reread, *g_outs, *g_seqs, *g_fins, *params])
         gx = [torch.empty((T, *shape), dtype=dtype, device=dev) if n else None for n in need_gx]
         gs = [torch.empty(shape, dtype=torch.float32, device=dev) if n else None for n in need_gs]
         gp = [torch.empty(shape, dtype=torch.float32, device=dev) if n else None for n in need_gp]
@@ -292,6 +364,26 @@ class TritonProgram:
                 if g is not None:
                     g.zero_()
             return result
+        sig = None
+        if not any(p is not None for p in params) and all(
+                t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (*reread, *g_outs, *g_seqs, *g_fins)
+                if t is not None):
+            sig = ("bwd", T, N, dtype, dev, recompute, *need, *param_vals, *(x.dtype for x in reread),
+                   *((None if g is None else g.dtype) for g in (*g_outs, *g_seqs, *g_fins)),
+                   None if saved is None else saved.dtype)
+            plan = self._plans.get(sig)
+            if plan is not None:
+                idx = self.rc_idx if recompute else self.reread_idx
+                xs_call: list[Any] = [None] * n_in
+                for i, x in zip(idx, reread):
+                    xs_call[i] = x.view(T, N)
+                plan.launch({"in": xs_call, "saved": [saved], "ckpt": [saved],
+                             "gout": [None if g is None else g.view(T, N) for g in g_outs],
+                             "gseq": [None if g is None else g.view(T, N) for g in g_seqs],
+                             "gfin": [None if g is None else g.view(N) for g in g_fins],
+                             "gx": gx, "gs": gs, "gp": gp}, dev)
+                LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
+                return result
         xs: list[Any] = [None] * n_in
         strides = [0] * n_in
         for i, x in zip(self.rc_idx if recompute else self.reread_idx, reread):
@@ -309,18 +401,30 @@ class TritonProgram:
 
         host, hv = self._host(params, param_vals)
         block = self._block(N, recompute)
+        hoisted = self.abi.hoisted_rc if recompute else self.abi.hoisted_bwd
+        gout = [flat(g, (T,)) for g in g_outs]
+        gseq = [flat(g, (T,)) for g in g_seqs] if any(g is not None for g in g_seqs) else self._nones_st
+        gfin = [flat(g, ()) for g in g_fins]
         values = {
             "in": xs, "stride": strides, "saved": [saved], "ckpt": [saved], "param": pargs,
-            "gout": [flat(g, (T,)) for g in g_outs], "gseq": [flat(g, (T,)) for g in g_seqs],
-            "gfin": [flat(g, ()) for g in g_fins], "gx": gx, "gs": gs, "gp": gp,
-            "hoisted": [hv.get(y, 0.0) for y in (self.abi.hoisted_rc if recompute else self.abi.hoisted_bwd)],
+            "gout": gout, "gseq": gseq, "gfin": gfin, "gx": gx, "gs": gs, "gp": gp,
+            "hoisted": [hv.get(y, 0.0) for y in hoisted] if host else [0.0] * len(hoisted),
             "N": [N], "T": [T], "C": [self.chunks(T)], "mode": modes,
-            "hasgout": [g is not None for g in g_outs], "hasgseq": [g is not None for g in g_seqs],
-            "hasgfin": [g is not None for g in g_fins], "needgx": [bool(n) for n in need_gx],
-            "needgs": [bool(n) for n in need_gs], "needgp": [bool(n) for n in need_gp], "host": [host],
-            "block": [block],
+            "hasgout": [g is not None for g in gout], "hasgseq": [g is not None for g in gseq],
+            "hasgfin": [g is not None for g in gfin], "needgx": need_gx, "needgs": need_gs, "needgp": need_gp,
+            "host": [host], "block": [block],
         }
-        (self.k_bwd_rc if recompute else self.k_bwd).launch((cdiv(N, block),), values)
+        if self.fast_keys:
+            key = (dtype, host, block, N == 1, N % 16 == 0, *map(_spec, xs), *map(_spec, strides), _spec(saved),
+                   *map(_spec, pargs), *modes, *map(_spec, gout), *map(_spec, gseq), *map(_spec, gfin), *need)
+        else:
+            key = ()
+        kernel = self.k_bwd_rc if recompute else self.k_bwd
+        grid = (cdiv(N, block),)
+        kernel.launch(grid, values, key, dev)
+        if sig is not None:
+            self._remember(sig, _Plan(kernel, values, ("in", "saved", "ckpt", "gout", "gseq", "gfin", "gx", "gs",
+                                                        "gp"), grid, key))
         LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
         return result
 
@@ -373,7 +477,13 @@ class TritonProgram:
             _setup(tm, ctx, *inputs, output)
 
         def backward(ctx, grads):
-            return _backward(tm, ctx, grads, bwd)
+            def run(reread, sav, params, g_outs, g_seqs, g_fins, need):
+                return bwd(reread, sav, [p for p in params if p is not None], ctx.param_vals,
+                           [p is not None for p in params], g_outs, g_seqs, g_fins, need, ctx.T, list(ctx.shape),
+                           ctx.dtype, ctx.recompute)
+
+            g_in, g_st, g_pr = _backward(tm, ctx, grads, run)
+            return g_in, g_st, g_pr, None, None, None, None, None, None
 
         fwd.register_autograd(backward, setup_context=setup_context)
         self.op_fwd = fwd
@@ -394,32 +504,39 @@ class TritonProgram:
         shape = xs[0].shape[1:]
         grad = torch.is_grad_enabled()
         save = grad and any(x.requires_grad for x in xs)
-        tensors: list[torch.Tensor] = []
-        vals: list[float] = []
-        is_t: list[bool] = []
+        st: list[Any] = []
+        st_vals: list[float] = []
         for v in states:
-            if type(v) is float or not isinstance(v, torch.Tensor):
-                vals.append(float(v))
-                is_t.append(False)
-            else:
+            if isinstance(v, torch.Tensor):
                 if v.shape != shape or v.device != x0.device:
                     v = v.to(x0.device).expand(shape)
                 save = save or (grad and v.requires_grad)
-                tensors.append(v)
-                vals.append(0.0)
-                is_t.append(True)
-        n_st_t = len(tensors)
-        pvals: list[float] = []
-        for v in params:
-            if type(v) is float or not isinstance(v, torch.Tensor):
-                pvals.append(float(v))
-                is_t.append(False)
+                st.append(v)
+                st_vals.append(0.0)
             else:
+                st.append(None)
+                st_vals.append(float(v))
+        pr: list[Any] = []
+        pr_vals: list[float] = []
+        for v in params:
+            if isinstance(v, torch.Tensor):
                 save = save or (grad and v.requires_grad)
-                tensors.append(v)
-                pvals.append(0.0)
-                is_t.append(True)
-        res = _call(self, xs, tensors[:n_st_t], tensors[n_st_t:], vals, pvals, is_t, bool(store_seqs), save)
+                pr.append(v)
+                pr_vals.append(0.0)
+            else:
+                pr.append(None)
+                pr_vals.append(float(v))
+        store_seqs = bool(store_seqs)
+        recompute = save and self.recompute
+        if torch.compiler.is_compiling():
+            is_t = [t is not None for t in [*st, *pr]]
+            res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
+                              pr_vals, is_t, store_seqs, save, recompute)
+        elif not save:
+            res = self._fwd(xs, st, pr, st_vals, pr_vals, store_seqs, False, False)
+        else:
+            res = _Eager.apply((self, xs, st, pr, st_vals, pr_vals, store_seqs, recompute), *xs,
+                               *(t for t in st if t is not None), *(t for t in pr if t is not None))
         n_out, n_st = len(self.outputs), len(self.states)
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
@@ -429,59 +546,69 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, output):
-    """What the backward needs (shared by the custom op and the eager autograd.Function)."""
+    """What the backward needs (the custom op's setup_context)."""
+    n_st = len(tm.states)
+    st, _ = tm._unpack(states, state_vals, is_tensor[:n_st])
+    pr, _ = tm._unpack(params, param_vals, is_tensor[n_st:])
+    _keep(tm, ctx, xs, st, pr, param_vals, store_seqs, save, recompute, output)
+
+
+def _keep(tm, ctx, xs, st, pr, param_vals, store_seqs, save, recompute, output):
+    """Keep on `ctx` what the backward needs; `st` and `pr` hold the state and param tensors
+    (None where a value is a float)."""
     n_out, n_st = len(tm.outputs), len(tm.states)
     x0 = xs[0]
     ctx.T, ctx.shape, ctx.dtype = x0.shape[0], tuple(x0.shape[1:]), x0.dtype
     ctx.store_seqs = store_seqs
     ctx.recompute = recompute
     ctx.param_vals = param_vals
-    ctx.is_param_t = is_tensor[n_st:]
-    st, _ = tm._unpack(states, state_vals, is_tensor[:n_st])
-    pr, _ = tm._unpack(params, param_vals, is_tensor[n_st:])
-    ctx.state_pos = [i for i, s in enumerate(st) if s is not None]
-    ctx.param_pos = [i for i, p in enumerate(pr) if p is not None]
+    ctx.pr_none = [p is None for p in pr]
+    ctx.st = [s is not None for s in st]
     ctx.param_shapes = [None if p is None else p.shape for p in pr]
-    ctx.need_gx = [x.requires_grad and nz for x, nz in zip(xs, tm.grad_inputs)]
-    ctx.need_gs = [s is not None and s.requires_grad and nz for s, nz in zip(st, tm.grad_states)]
-    ctx.need_gp = [pr[i] is not None and pr[i].requires_grad and nz for i, nz in zip(tm.learn_idx, tm.grad_params)]
+    ctx.need = [*(x.requires_grad and nz for x, nz in zip(xs, tm.grad_inputs)),
+                *(s is not None and s.requires_grad and nz for s, nz in zip(st, tm.grad_states)),
+                *(pr[i] is not None and pr[i].requires_grad and nz for i, nz in zip(tm.learn_idx, tm.grad_params))]
     ctx.state_dtypes = [None if s is None else s.dtype for s in st]
     extra = save and (recompute or bool(tm.saved))
     sav = output[n_out + n_st + (n_st if store_seqs else 0)] if extra else None
-    ctx.n_reread = len(tm.rc_idx if recompute else tm.reread_idx)
-    ctx.save_for_backward(*[xs[i] for i in (tm.rc_idx if recompute else tm.reread_idx)], sav, *params)
+    idx = tm.rc_idx if recompute else tm.reread_idx
+    ctx.n_reread = len(idx)
+    ctx.save_for_backward(*[xs[i] for i in idx], sav, *(p for p in pr if p is not None))
     ctx.set_materialize_grads(False)
 
 
-def _backward(tm, ctx, grads, bwd):
-    n_out, n_st = len(tm.outputs), len(tm.states)
+def _backward(tm, ctx, grads, run):
+    """The gradients of a call: (of the inputs, of the state tensors, of the param tensors).
+    `run(reread, saved, params, g_outs, g_seqs, g_fins, need)` launches the backward kernel
+    (`params` with None where a param was a float)."""
+    n_out, n_st, n_in = len(tm.outputs), len(tm.states), len(tm.inputs)
     saved = ctx.saved_tensors
     k = ctx.n_reread
-    reread, sav, params = list(saved[:k]), saved[k], list(saved[k + 1:])
+    reread, sav = list(saved[:k]), saved[k]
+    it = iter(saved[k + 1:])
+    params = [None if none else next(it) for none in ctx.pr_none]
     g_outs = list(grads[:n_out])
     g_fins = list(grads[n_out:n_out + n_st])
-    g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
-    need = [*ctx.need_gx, *ctx.need_gs, *ctx.need_gp]
-    g_in: list = [None] * len(tm.inputs)
+    g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else tm._nones_st
+    need = ctx.need
+    g_in: list = [None] * n_in
     g_st: list = [None] * n_st
     g_pr: list = [None] * len(ctx.param_shapes)
     if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
-        res = iter(bwd(reread, sav, params, ctx.param_vals, ctx.is_param_t, g_outs, g_seqs, g_fins, need,
-                       ctx.T, list(ctx.shape), ctx.dtype, ctx.recompute))
-        for i, n in enumerate(ctx.need_gx):
-            if n:
+        res = iter(run(reread, sav, params, g_outs, g_seqs, g_fins, need))
+        for i in range(n_in):
+            if need[i]:
                 g_in[i] = next(res)
-        for i, n in enumerate(ctx.need_gs):
-            if n:
+        for i in range(n_st):
+            if need[n_in + i]:
                 g_st[i] = next(res).to(ctx.state_dtypes[i])
-        for i, n in zip(tm.learn_idx, ctx.need_gp):
+        for i, n in zip(tm.learn_idx, need[n_in + n_st:]):
             if n:
                 g = next(res)
                 pshape = ctx.param_shapes[i]
                 g_pr[i] = g.sum().reshape(pshape) if _prod(pshape) == 1 else g.sum_to_size(pshape)
-    g_st = [g_st[i] for i in ctx.state_pos]
-    g_pr = [g_pr[i] for i in ctx.param_pos]
-    return g_in, g_st, g_pr, None, None, None, None, None, None
+    return (g_in, [g for g, t in zip(g_st, ctx.st) if t],
+            [g for g, none in zip(g_pr, ctx.pr_none) if not none])
 
 
 class _Eager(torch.autograd.Function):
@@ -489,11 +616,10 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, *tensors):
-        tm, n_x, n_s, state_vals, param_vals, is_t, store_seqs, recompute = call
-        xs, sts, prs = list(tensors[:n_x]), list(tensors[n_x:n_x + n_s]), list(tensors[n_x + n_s:])
-        res = tm.fwd_impl(xs, sts, prs, state_vals, param_vals, is_t, store_seqs, True, recompute)
+        tm, xs, st, pr, st_vals, pr_vals, store_seqs, recompute = call
+        res = tm._fwd(xs, st, pr, st_vals, pr_vals, store_seqs, True, recompute)
         ctx.tm = tm
-        _setup(tm, ctx, xs, sts, prs, state_vals, param_vals, is_t, store_seqs, True, recompute, res)
+        _keep(tm, ctx, xs, st, pr, pr_vals, store_seqs, True, recompute, res)
         n_keep = len(tm.outputs) + len(tm.states) * (2 if store_seqs else 1)
         if len(res) > n_keep:
             ctx.mark_non_differentiable(*res[n_keep:])
@@ -502,18 +628,13 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         tm = ctx.tm
-        g_in, g_st, g_pr, *_ = _backward(tm, ctx, grads, tm.bwd_impl)
+
+        def run(reread, sav, params, g_outs, g_seqs, g_fins, need):
+            return tm._bwd(reread, sav, params, ctx.param_vals, g_outs, g_seqs, g_fins, need, ctx.T, ctx.shape,
+                           ctx.dtype, ctx.recompute)
+
+        g_in, g_st, g_pr = _backward(tm, ctx, grads, run)
         return (None, *g_in, *g_st, *g_pr)
-
-
-def _call(tm, xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, save):
-    recompute = save and tm.recompute
-    if torch.compiler.is_compiling():
-        return tm.op_fwd(xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, save, recompute)
-    if not save:
-        return tm.fwd_impl(xs, st_tensors, pr_tensors, st_v, pr_v, is_t, store_seqs, False)
-    return list(_Eager.apply((tm, len(xs), len(st_tensors), st_v, pr_v, is_t, store_seqs, recompute),
-                             *xs, *st_tensors, *pr_tensors))
 
 
 __all__ = ["TritonProgram", "LAUNCHES", "interpret"]
