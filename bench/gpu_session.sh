@@ -12,6 +12,9 @@ for step in "$@"; do
     check) timeout 420 python3 bench/bench_gpu.py check ;;
     check_save) FLEXDSL_TRITON_TRAINING=save timeout 300 python3 bench/bench_gpu.py check ;;
     sweep) timeout 500 python3 bench/sweep_rc.py ;;
+    diag) timeout 300 python3 bench/diag_rc.py ;;
+    models) timeout 300 python3 bench/models_gpu.py ;;
+    diagk) for k in 4 8 16; do FLEXDSL_CHUNK=$k timeout 200 python3 bench/diag_rc.py; done ;;
     full) timeout 560 python3 bench/bench_gpu.py full ;;
     harness) timeout 300 python3 .harness/flexdsl_gpu.py ;;
     harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 .harness/flexdsl_gpu.py ;;

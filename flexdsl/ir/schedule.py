@@ -100,7 +100,7 @@ class Schedule:
     rc_body: Assignments = field(default_factory=list)  # the forward values a backward step recomputes
     rc_inputs: list[sp.Symbol] = field(default_factory=list)  # inputs the recompute reads
     rc_hoisted: Assignments = field(default_factory=list)  # invariants the recompute kernel needs
-    chunk: int = 16  # steps per checkpoint (unrolled in the recompute kernel)
+    chunk: int = 8  # steps per checkpoint (unrolled in the recompute kernel)
     training: str = "save"  # the default training plan: "save" or "recompute"
     why: str = ""  # the reason for it, in words
 
@@ -254,6 +254,14 @@ _TRANSCENDENTAL = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
 MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), for registers and compile time
 
 
+def chunk_sizes() -> tuple[int, ...]:
+    """The chunk lengths the recompute plan tries, largest first (FLEXDSL_CHUNK fixes one)."""
+    import os
+
+    fixed = os.environ.get("FLEXDSL_CHUNK", "")
+    return (int(fixed),) if fixed else (8, 4)
+
+
 def _ops(assignments: Assignments) -> int:
     """Arithmetic of a body, transcendental functions counted 4 times."""
     n = 0
@@ -265,24 +273,25 @@ def _ops(assignments: Assignments) -> int:
 
 def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fhoist: set[sp.Symbol],
                     hoisted_assign: Assignments, bwd_hoisted: Assignments) -> None:
-    """The recompute alternative, and which of the two trains by default."""
+    """The recompute alternative, and which of the two trains by default. Within a chunk the
+    recompute keeps in registers only what saving would write to memory (the minimum cut:
+    `saved`, and the inputs the backward reads again); the backward recomputes the rest from
+    them per step, as the saving backward does."""
     states, inputs = list(step.states), list(step.inputs)
-    roots = set(need_fwd) | set().union(*(_free(v) for v in step.next_states))
+    roots = set(sch.saved) | set(sch.reread) | set().union(*(_free(v) for v in step.next_states))
     body = [(y, e) for y, e in step.assignments if y in live(step.assignments, roots) and y not in fhoist]
     used = set().union(*(_free(e) for _, e in body)) | roots
     sch.rc_body = body
     sch.rc_inputs = [x for x in inputs if x in used]
-    need_h = used | set().union(*(_free(e) for _, e in [*sch.bwd_body, *bwd_hoisted]))
-    for r in [*sch.bwd_body]:
-        need_h |= _free(r[1])
+    need_h = used | set().union(*(_free(e) for _, e in [*sch.recompute, *sch.bwd_body, *bwd_hoisted]))
     h_live = live(hoisted_assign, need_h | set().union(*(_free(e) for _, e in bwd_hoisted)))
     rc_h = [(y, e) for y, e in hoisted_assign if y in h_live]
     sch.rc_hoisted = rc_h + [(y, e) for y, e in bwd_hoisted if y not in {a for a, _ in rc_h}]
     n_in, n_out, n_st = len(inputs), len(step.outputs), len(states)
     save = sch.passes(n_in, n_out)[1]
-    for chunk in (16, 8):
+    for chunk in chunk_sizes():
         sch.chunk = chunk
-        if (len(body) + len(sch.bwd_body)) * chunk <= MAX_UNROLLED:
+        if (len(body) + len(sch.recompute) + len(sch.bwd_body)) * chunk <= MAX_UNROLLED:
             break
     else:
         sch.why = "saving: the unrolled recompute would be too big"

@@ -40,12 +40,14 @@ class TritonBackend:
         return x0.is_cuda and x0.dtype in DTYPES
 
     def version(self) -> str:
+        from ...ir.schedule import chunk_sizes
+
         try:
             import triton
 
-            return f"triton {triton.__version__}, torch {torch.__version__}"
+            return f"triton {triton.__version__}, torch {torch.__version__}, chunks {chunk_sizes()}"
         except Exception:
-            return f"no triton, torch {torch.__version__}"
+            return f"no triton, torch {torch.__version__}, chunks {chunk_sizes()}"
 
     def emit(self, ir: IR) -> Artefact:
         from .emit import emit

@@ -70,7 +70,7 @@ class KernelABI:
     # ([C, S, N]); the backward re-runs each chunk from it, re-reading `rc_inputs`
     rc_inputs: list[str] = field(default_factory=list)
     hoisted_rc: list[str] = field(default_factory=list)
-    chunk: int = 16
+    chunk: int = 8
     rc_passes: float = 0.0
     training: str = "save"  # the default plan, "save" or "recompute"
     fwd: list[Arg] = field(default_factory=list)

@@ -237,40 +237,46 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
 
 
 def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -> SimpleNamespace:
-    """What the recompute backward prints: per unrolled step j of a chunk, the forward values it
-    recomputes (every name suffixed by the step: `_j3__v_1`) and the backward through them."""
+    """What the recompute backward prints: per unrolled step j of a chunk, the forward (every
+    name suffixed by the step: `_j3__v_1`), keeping what saving would write (`saved`, re-read
+    inputs) in registers; then, in reverse, the saving backward's per-step code reading them."""
     step, bw, sch = ir.step, ir.backward, ir.schedule
     S = P.pr._print
     renamed = [*step.states, *step.inputs, *(y for y, _ in sch.rc_body)]
+    kept = [*step.states, *sch.saved, *sch.reread]  # what the backward of a step reads of its forward
 
-    def ren(j: int) -> dict[sp.Symbol, sp.Symbol]:
-        return {s: sp.Symbol(derived(f"j{j}", s.name), real=True) for s in renamed}
+    def ren(j: int, syms) -> dict[sp.Symbol, sp.Symbol]:
+        return {s: sp.Symbol(derived(f"j{j}", s.name), real=True) for s in syms}
 
     steps = []
     for j in range(sch.chunk):
-        r, r_next = ren(j), ren(j + 1)
+        r, r_next, rk = ren(j, renamed), ren(j + 1, step.states), ren(j, kept)
         lanes = _lanes([(r.get(y, y), e.xreplace(r)) for y, e in sch.rc_body],
                        {r[s] for s in [*step.states, *sch.rc_inputs]})
         forward = P.lines([(r[y], e.xreplace(r)) for y, e in sch.rc_body], comments=False)
         if j + 1 < sch.chunk:
             forward += [f"{S(r_next[s])} = {P.block(v.xreplace(r), lanes)}" for s, v in zip(step.states,
                                                                                        step.next_states)]
-        lanes_b = _lanes([(y, e.xreplace(r)) for y, e in sch.bwd_body],
-                         lanes | set(bw.grad_outputs) | set(bw.grad_next_states))
+        back = [(y, e.xreplace(rk)) for y, e in [*sch.recompute, *sch.bwd_body]]
+        lanes_b = _lanes(back, set(rk.values()) | set(bw.grad_outputs) | set(bw.grad_next_states))
         steps.append(SimpleNamespace(
             j=j,
             inputs=[{"name": S(r[x]), "arg": abi.name_of("in", x.name), "stride": abi.name_of("stride", x.name)}
                     for x in sch.rc_inputs],
             forward=forward,
-            backward=P.lines([(y, e.xreplace(r)) for y, e in sch.bwd_body], comments=False),
-            grad_inputs=[{"arg": abi.name_of("gx", x), "need": abi.name_of("needgx", x), "value": S(g.xreplace(r))}
+            outputs=[{"grad": S(g), "pre": derived(f"g{j}", n), "arg": abi.name_of("gout", n),
+                      "hasg": abi.name_of("hasgout", n)}
+                     for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],
+            backward=P.lines(back, comments=False),
+            grad_inputs=[{"arg": abi.name_of("gx", x), "need": abi.name_of("needgx", x),
+                          "value": S(g.xreplace(rk))}
                          for x, g, nz in zip(abi.inputs, bw.grad_inputs, abi.grad_inputs) if nz],
-            learnable=[{"acc": derived("acc", p), "value": P.block(g.xreplace(r), lanes_b)}
+            learnable=[{"acc": derived("acc", p), "value": P.block(g.xreplace(rk), lanes_b)}
                        for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params) if nz],
-            update=_simultaneous([(g, f"tl.where(_ok{j}, {P.block(v.xreplace(r), lanes_b)}, {g})")
+            update=_simultaneous([(g, f"tl.where(_ok{j}, {P.block(v.xreplace(rk), lanes_b)}, {g})")
                                   for g, v in zip(grad_next, bw.grad_states)]),
         ))
-    first = ren(0)
+    first = ren(0, step.states)
     return SimpleNamespace(
         hoisted=[{"name": S(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in sch.rc_hoisted],
         hoisted_lines=P.lines(sch.rc_hoisted),

@@ -7,6 +7,11 @@ Launch heuristics, visible here and settable by environment variables:
 - `FLEXDSL_TRITON_BLOCK` lanes per program (default 1024 for small kernels, 256 for big ones,
   whose registers would spill); the interpreter (`TRITON_INTERPRET=1`) uses few big programs;
 - `FLEXDSL_TRITON_WARPS` warps per program (default 4);
+- `FLEXDSL_TRITON_BLOCK_RC`, `FLEXDSL_TRITON_WARPS_RC`: the same for the recompute backward (default
+  128 or 64 lanes, by how many values a chunk keeps in registers, and 2 warps);
+- `FLEXDSL_TRITON_TRAINING=save|recompute` forces a training plan (default: the schedule's choice,
+  stated in the kernels' header); `FLEXDSL_CHUNK` fixes the recompute chunk (default 8, or 4 for
+  big models);
 - `FLEXDSL_TRITON_FAST_LAUNCH=0` turns off the cache of compiled kernels that skips Triton's
   per-call argument binding (tens of microseconds a launch).
 T is a runtime loop bound and N a runtime size: a new T or shape compiles nothing.
@@ -96,6 +101,7 @@ class _Kernel:
         if interpret() or not self.fast:
             self.fn[grid](*full, num_warps=self.warps)
             return
+        key = (self.warps, *key)
         ck = self.cache.get(key)
         if ck is None:
             ck = self.fn[grid](*full, num_warps=self.warps)
@@ -163,12 +169,15 @@ class TritonProgram:
         # the kernels' argument count (params, states, saved values...) measures the size
         big = len(abi.fwd) + len(abi.bwd) >= 84
         self.block = int(os.environ.get("FLEXDSL_TRITON_BLOCK", 0)) or (256 if big else 1024)
-        # the recompute backward keeps a chunk's values in registers: fewer lanes per program
-        self.block_rc = int(os.environ.get("FLEXDSL_TRITON_BLOCK_RC", 0)) or 256
+        # the recompute backward keeps a chunk's values in registers: fewer lanes per program, the
+        # fewer the more it keeps (measured on an H100: LIF best at 128 lanes of 2 warps, Izhikevich at 64)
+        kept = (len(abi.saved) + len(abi.reread)) * abi.chunk
+        self.block_rc = int(os.environ.get("FLEXDSL_TRITON_BLOCK_RC", 0)) or (128 if kept <= 8 else 64)
         warps = int(os.environ.get("FLEXDSL_TRITON_WARPS", 0)) or 4
         self.k_fwd = _Kernel(module.fwd_kernel, abi.fwd, warps)
         self.k_bwd = _Kernel(module.bwd_kernel, abi.bwd, warps)
-        self.k_bwd_rc = _Kernel(module.bwd_rc_kernel, abi.bwd_rc, warps)
+        self.k_bwd_rc = _Kernel(module.bwd_rc_kernel, abi.bwd_rc,
+                                int(os.environ.get("FLEXDSL_TRITON_WARPS_RC", 0)) or 2)
         # "save" or "recompute": the schedule's choice, or FLEXDSL_TRITON_TRAINING
         self.training = os.environ.get("FLEXDSL_TRITON_TRAINING", "") or abi.training
         self._host_cache: dict = {}
@@ -187,7 +196,7 @@ class TritonProgram:
 
     @warps.setter
     def warps(self, value: int) -> None:
-        self.k_fwd.warps = self.k_bwd.warps = self.k_bwd_rc.warps = int(value)
+        self.k_fwd.warps = self.k_bwd.warps = int(value)
 
     @property
     def recompute(self) -> bool:
@@ -282,21 +291,21 @@ class TritonProgram:
         sig = None
         if not any(t is not None for t in (*states, *params)) and all(
                 x.is_contiguous() and x.data_ptr() % 16 == 0 for x in inputs):
-            sig = (T, N, dtype, dev, store_seqs, sav is not None, ckpt is not None, *state_vals, *param_vals,
-                   *(x.dtype for x in inputs))
+            sig = (T, N, dtype, dev, store_seqs, sav is not None, ckpt is not None, self.block, self.k_fwd.warps,
+                   *state_vals, *param_vals, *(x.dtype for x in inputs))
             plan = self._plans.get(sig)
             if plan is not None:
-                plan.launch({"in": [x.view(T, N) for x in inputs], "out": outs, "fin": fins, "seq": seqs,
-                             "saved": [sav], "ckpt": [ckpt]}, dev)
+                plan.launch({"in": inputs, "out": outs, "fin": fins, "seq": seqs, "saved": [sav], "ckpt": [ckpt]},
+                            dev)
                 LAUNCHES["fwd"] += 1
                 return result
         xs, strides = [], []
-        for x in inputs:
-            x2 = x.view(T, N) if x.is_contiguous() else x.reshape(T, N)
-            if x2.stride(1) != 1:
+        for x in inputs:  # (a contiguous [T, *shape] tensor is already [T, N] in memory)
+            x2 = x if x.is_contiguous() else x.reshape(T, N)
+            if not x2.is_contiguous() and x2.stride(1) != 1:
                 x2 = x2.contiguous()
             xs.append(x2)
-            strides.append(x2.stride(0))
+            strides.append(N if x2 is x else x2.stride(0))
         if any(s is not None for s in states):
             inits, initmodes = [], []
             for s, v in zip(states, state_vals):
@@ -368,7 +377,9 @@ class TritonProgram:
         if not any(p is not None for p in params) and all(
                 t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (*reread, *g_outs, *g_seqs, *g_fins)
                 if t is not None):
-            sig = ("bwd", T, N, dtype, dev, recompute, *need, *param_vals, *(x.dtype for x in reread),
+            sig = ("bwd", T, N, dtype, dev, recompute, self.block_rc if recompute else self.block,
+                   (self.k_bwd_rc if recompute else self.k_bwd).warps, *need, *param_vals,
+                   *(x.dtype for x in reread),
                    *((None if g is None else g.dtype) for g in (*g_outs, *g_seqs, *g_fins)),
                    None if saved is None else saved.dtype)
             plan = self._plans.get(sig)
@@ -376,28 +387,24 @@ class TritonProgram:
                 idx = self.rc_idx if recompute else self.reread_idx
                 xs_call: list[Any] = [None] * n_in
                 for i, x in zip(idx, reread):
-                    xs_call[i] = x.view(T, N)
-                plan.launch({"in": xs_call, "saved": [saved], "ckpt": [saved],
-                             "gout": [None if g is None else g.view(T, N) for g in g_outs],
-                             "gseq": [None if g is None else g.view(T, N) for g in g_seqs],
-                             "gfin": [None if g is None else g.view(N) for g in g_fins],
-                             "gx": gx, "gs": gs, "gp": gp}, dev)
+                    xs_call[i] = x
+                plan.launch({"in": xs_call, "saved": [saved], "ckpt": [saved], "gout": g_outs, "gseq": g_seqs,
+                             "gfin": g_fins, "gx": gx, "gs": gs, "gp": gp}, dev)
                 LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
                 return result
         xs: list[Any] = [None] * n_in
         strides = [0] * n_in
         for i, x in zip(self.rc_idx if recompute else self.reread_idx, reread):
-            x2 = x.reshape(T, N)
-            if x2.stride(1) != 1:
+            x2 = x if x.is_contiguous() else x.reshape(T, N)
+            if not x2.is_contiguous() and x2.stride(1) != 1:
                 x2 = x2.contiguous()
-            xs[i], strides[i] = x2, x2.stride(0)
+            xs[i], strides[i] = x2, N if x2 is x else x2.stride(0)
         pargs, modes = self._params(params, param_vals, shape, N, dev)
 
         def flat(g, lead):
-            if g is None:
-                return None
-            g = g.reshape(*lead, N)
-            return g if g.is_contiguous() else g.contiguous()
+            if g is None or g.is_contiguous():  # (flat in memory already)
+                return g
+            return g.reshape(*lead, N).contiguous()
 
         host, hv = self._host(params, param_vals)
         block = self._block(N, recompute)

@@ -1,0 +1,59 @@
+"""Where the recompute plan's time goes on a GPU: the training kernels of LIF alone (forward with
+saved values or with checkpoints, backward reading saved values or recomputing), their registers
+and spills, at several launch shapes.
+
+    python bench/diag_rc.py
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import triton.testing as tt
+
+import flexdsl
+
+
+def bench(f):
+    return tt.do_bench(f, warmup=25, rep=200, return_mode="median")
+
+
+def main() -> None:
+    T, N = 32, 1 << 22
+    x = torch.rand(T, N, device="cuda") * 1.5
+    g = torch.rand_like(x)
+    for name in ("lif", "izhikevich"):
+        m = flexdsl.load(name, backend="triton").to("cuda")
+        tm = m.compiled.program("triton")
+        npar = len(tm.params)
+        pv = [float(v) for v in m._param_list()]
+        sv = [float(m._initial_values()[s]) for s in tm.states]
+        n_st = len(tm.states)
+        is_t = [False] * (n_st + npar)
+        for block, warps in ((256, 4), (128, 2), (64, 2)):
+            tm.block_rc = block
+            tm.k_bwd_rc.warps = warps
+            tm._plans.clear()
+
+            fwd = partial(tm.fwd_impl, [x], [], [], sv, pv, is_t, False, True)
+            rs, rc = fwd(False), fwd(True)
+            need = [True] + [False] * n_st
+            bwd = partial(tm.bwd_impl, params=[], param_vals=pv, is_param_t=[False] * npar, g_outs=[g],
+                          g_seqs=[None] * n_st, g_fins=[None] * n_st, need=need, T=T, shape=[N], dtype=x.dtype)
+            times = {
+                "fwd_save": bench(partial(fwd, False)), "fwd_ckpt": bench(partial(fwd, True)),
+                "bwd_save": bench(partial(bwd, [x][:len(tm.reread_idx)], rs[-1], recompute=False)),
+                "bwd_rc": bench(partial(bwd, [x], rc[-1], recompute=True)),
+            }
+            info = []
+            for kname, k in (("fwd", tm.k_fwd), ("bwd", tm.k_bwd), ("bwd_rc", tm.k_bwd_rc)):
+                for ck in k.cache.values():
+                    info.append(f"{kname}: regs {getattr(ck, 'n_regs', '?')} spills {getattr(ck, 'n_spills', '?')}")
+            print(f"{name} T={T} K={tm.abi.chunk} BLOCK_RC={block} warps={warps}: " +
+                  ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()) + " | " + "; ".join(sorted(set(info))),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
