@@ -152,6 +152,35 @@ def test_recompute_and_save_plans_agree(name):
         _close(a, b, rtol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["izhikevich_2003", "adex", "snn_synaptic"])  # (nonzero initial values first)
+def test_recompute_from_initial_values_and_across_calls(name):
+    """The backward starts the first chunk from the initial states, not a checkpoint: from the
+    model's initial values (floats) on a fresh module, and from the previous call's final states
+    (tensors in the graph) on the next call; BPTT through both calls equals the torch path."""
+    gen = torch.Generator().manual_seed(5)
+    T, N = 19, 6  # 3 chunks of 8 + 8 + 3 steps: 2 checkpoints
+    scale = SCALE.get(name, 3.0)
+    xs = [torch.rand(T, N, generator=gen) * scale for _ in range(2)]
+    grads, outs = {}, {}
+    for backend in ("triton", "torch"):
+        m = flexdsl.load(name, backend=backend)
+        if backend == "triton":
+            m.compiled.program("triton").training = "recompute"
+        before = LAUNCHES["bwd_rc"]
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        ys = [_tuple(m(x))[0] for x in leaves]
+        w = torch.linspace(-1, 1, T * N).reshape(T, N)
+        loss = sum((y * w).sum() for y in ys) + sum(getattr(m, s).sum() for s in m._state_names)
+        grads[backend] = torch.autograd.grad(loss, [*leaves, *m.parameters()])
+        outs[backend] = ys
+        if backend == "triton":
+            assert LAUNCHES["bwd_rc"] == before + 2
+    for a, b in zip(outs["triton"], outs["torch"]):
+        _close(a, b, what=f"{name} output")
+    for i, (a, b) in enumerate(zip(grads["triton"], grads["torch"])):
+        _close(a, b, what=f"{name} grad {i}")
+
+
 @pytest.mark.parametrize("name", ["lif", "snn_synaptic", "izhikevich", "plif", "li"])
 @pytest.mark.parametrize("T", [0, 1])
 def test_short_sequences(name, T):
@@ -359,7 +388,11 @@ def test_custom_op_fake_and_compile():
         res = tm.op_fwd([fx], [], [], [0.0], [2.0, 1.0, 0.0], [False, False, False, False], False, True, False)
         assert [tuple(r.shape) for r in res] == [(4, 6), (6,), (1, 4, 6)]  # saving: v_1 [K=1, T, N]
         res = tm.op_fwd([fx], [], [], [0.0], [2.0, 1.0, 0.0], [False, False, False, False], False, True, True)
-        assert [tuple(r.shape) for r in res] == [(4, 6), (6,), (1, 1, 6)]  # recomputing: checkpoints [C, S, N]
+        # recomputing: checkpoints [C - 1, S, N], the states at steps K, 2K, ... (none within one chunk)
+        assert [tuple(r.shape) for r in res] == [(4, 6), (6,), (0, 1, 6)]
+        fx20 = mode.from_tensor(torch.rand(20, 6))
+        res = tm.op_fwd([fx20], [], [], [0.0], [2.0, 1.0, 0.0], [False, False, False, False], False, True, True)
+        assert tuple(res[-1].shape) == (-(-20 // tm.abi.chunk) - 1, 1, 6)
 
     net = torch.nn.Sequential(torch.nn.Linear(6, 6), flexdsl.load("lif", backend="triton"))
     ref = torch.nn.Sequential(torch.nn.Linear(6, 6), flexdsl.load("lif", backend="torch"))

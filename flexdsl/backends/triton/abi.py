@@ -15,8 +15,10 @@ Roles of `bwd` (the derived backward, reverse time):
   gseq, gfin (per state) · gx (per input) · gs (per state) · gp (per learnable) · hoisted ·
   N, T · constexpr: mode, hasgout, hasgseq, hasgfin, needgx, needgs, needgp, host, block
 Roles of `bwd_rc` (the recompute backward): as `bwd`, with `ckpt` for `saved`, `hoisted` from
-`hoisted_rc`, and `C` (the number of chunks); `fwd` also has `ckpt` and the constexprs
-`checkpoint` (write checkpoints) and `round` (the spike decision reads saved values as stored).
+`hoisted_rc`, `C` (the number of chunks) and `init`/`initmode` (the initial states, where the
+first chunk starts); `fwd` also has `ckpt` ([C - 1, S, N]: the states at steps K, 2K, ...) and the
+constexprs `checkpoint` (write checkpoints) and `round` (the spike decision reads saved values
+as stored).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class KernelABI:
         for x in self.inputs:
             a += [arg("in", x), arg("stride", x)]
         a += [arg("ckpt")]
+        a += [arg("init", s) for s in self.states]
         a += [arg("param", p) for p in self.params]
         a += [arg("gout", o) for o in self.outputs]
         a += [arg("gseq", s) for s in self.states]
@@ -116,6 +119,7 @@ class KernelABI:
         a += [arg("gp", p) for p in self.learnable]
         a += [arg("hoisted", h) for h in self.hoisted_rc]
         a += [arg("N"), arg("T"), arg("C")]
+        a += [arg("initmode", s, True) for s in self.states]
         a += [arg("mode", p, True) for p in self.params]
         a += [arg("hasgout", o, True) for o in self.outputs]
         a += [arg("hasgseq", s, True) for s in self.states]

@@ -281,7 +281,8 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
         hoisted=[{"name": S(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in sch.rc_hoisted],
         hoisted_lines=P.lines(sch.rc_hoisted),
         states=[{"grad": g, "gfin": abi.name_of("gfin", s), "hasgfin": abi.name_of("hasgfin", s),
-                 "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s), "first": S(first[sym])}
+                 "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s), "first": S(first[sym]),
+                 "init": abi.name_of("init", s), "mode": abi.name_of("initmode", s)}
                 for s, g, sym in zip(abi.states, grad_next, step.states)],
         learnable=[{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
                     "value": nz} for p, nz in zip(abi.learnable, abi.grad_params)],

@@ -261,7 +261,8 @@ class TritonProgram:
     def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
                  recompute=False):
         """The forward kernel. With `save`, the last result is what the backward reads: the saved
-        values [K, T, *shape] or, with `recompute`, the float32 checkpoints [C, S, N]."""
+        values [K, T, *shape] or, with `recompute`, the float32 checkpoints [C - 1, S, N] (the
+        states at steps K, 2K, ...; the backward starts the first chunk from the initial states)."""
         n_st = len(self.states)
         states, state_vals = self._unpack(states, state_vals, is_tensor[:n_st])
         params, param_vals = self._unpack(params, param_vals, is_tensor[n_st:])
@@ -280,7 +281,7 @@ class TritonProgram:
         seqs = [torch.empty(x0.shape, dtype=dtype, device=dev) for _ in self.states] if store_seqs else []
         sav = ckpt = None
         if save and recompute:
-            ckpt = torch.empty((self.chunks(T), n_st, N), dtype=torch.float32, device=dev)
+            ckpt = torch.empty((max(self.chunks(T) - 1, 0), n_st, N), dtype=torch.float32, device=dev)
         elif save and self.saved:
             sav = torch.empty((len(self.saved), *x0.shape), dtype=dtype, device=dev)
         extra = sav if sav is not None else ckpt
@@ -347,14 +348,19 @@ class TritonProgram:
         self._plans[sig] = plan
 
     def bwd_impl(self, reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype,
-                 recompute=False):
+                 recompute=False, states=(), state_vals=(), is_state_t=()):
         """The backward kernel: `reread` are the inputs it reads again (per the plan), `saved`
-        the forward's saved values or, with `recompute`, its checkpoints."""
+        the forward's saved values or, with `recompute`, its checkpoints (then `states` and
+        `state_vals` are the initial states, where the first chunk starts)."""
         params, param_vals = self._unpack(params, param_vals, is_param_t)
+        st, state_vals = self._unpack(states, state_vals, is_state_t) if recompute else ([], [])
         return self._bwd(reread, saved, params, param_vals, g_outs, g_seqs, g_fins, need, T, tuple(shape), dtype,
-                         recompute)
+                         recompute, st, list(state_vals))
 
-    def _bwd(self, reread, saved, params, param_vals, g_outs, g_seqs, g_fins, need, T, shape, dtype, recompute):
+    def _bwd(self, reread, saved, params, param_vals, g_outs, g_seqs, g_fins, need, T, shape, dtype, recompute,
+             states=(), state_vals=()):
+        """bwd_impl with params (and, recomputing, the initial states) as lists, None where a
+        value is a float."""
         N = _prod(shape)
         n_in, n_st = len(self.inputs), len(self.states)
         need_gx, need_gs, need_gp = need[:n_in], need[n_in:n_in + n_st], need[n_in + n_st:]
@@ -373,12 +379,16 @@ class TritonProgram:
                 if g is not None:
                     g.zero_()
             return result
+        if not recompute:
+            states, state_vals = (), ()
+        elif not states:
+            states, state_vals = self._nones_st, [0.0] * len(self.states)
         sig = None
-        if not any(p is not None for p in params) and all(
+        if not any(p is not None for p in (*params, *states)) and all(
                 t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (*reread, *g_outs, *g_seqs, *g_fins)
                 if t is not None):
             sig = ("bwd", T, N, dtype, dev, recompute, self.block_rc if recompute else self.block,
-                   (self.k_bwd_rc if recompute else self.k_bwd).warps, *need, *param_vals,
+                   (self.k_bwd_rc if recompute else self.k_bwd).warps, *need, *param_vals, *state_vals,
                    *(x.dtype for x in reread),
                    *((None if g is None else g.dtype) for g in (*g_outs, *g_seqs, *g_fins)),
                    None if saved is None else saved.dtype)
@@ -400,6 +410,8 @@ class TritonProgram:
                 x2 = x2.contiguous()
             xs[i], strides[i] = x2, N if x2 is x else x2.stride(0)
         pargs, modes = self._params(params, param_vals, shape, N, dev)
+        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N) for s, v in zip(states, state_vals)]
+        initmodes = [0 if s is None else 2 for s in states]
 
         def flat(g, lead):
             if g is None or g.is_contiguous():  # (flat in memory already)
@@ -416,14 +428,14 @@ class TritonProgram:
             "in": xs, "stride": strides, "saved": [saved], "ckpt": [saved], "param": pargs,
             "gout": gout, "gseq": gseq, "gfin": gfin, "gx": gx, "gs": gs, "gp": gp,
             "hoisted": [hv.get(y, 0.0) for y in hoisted] if host else [0.0] * len(hoisted),
-            "N": [N], "T": [T], "C": [self.chunks(T)], "mode": modes,
+            "N": [N], "T": [T], "C": [self.chunks(T)], "init": inits, "initmode": initmodes, "mode": modes,
             "hasgout": [g is not None for g in gout], "hasgseq": [g is not None for g in gseq],
             "hasgfin": [g is not None for g in gfin], "needgx": need_gx, "needgs": need_gs, "needgp": need_gp,
             "host": [host], "block": [block],
         }
         if self.fast_keys:
             key = (dtype, host, block, N == 1, N % 16 == 0, *map(_spec, xs), *map(_spec, strides), _spec(saved),
-                   *map(_spec, pargs), *modes, *map(_spec, gout), *map(_spec, gseq), *map(_spec, gfin), *need)
+                   *map(_spec, pargs), *modes, *map(_spec, inits), *initmodes, *map(_spec, gout), *map(_spec, gseq), *map(_spec, gfin), *need)
         else:
             key = ()
         kernel = self.k_bwd_rc if recompute else self.k_bwd
@@ -458,7 +470,7 @@ class TritonProgram:
             if store_seqs:
                 res += [mk((T, *shape)) for _ in range(n_st)]
             if save and recompute:
-                res.append(x0.new_empty((tm.chunks(T), n_st, _prod(shape)), dtype=torch.float32))
+                res.append(x0.new_empty((max(tm.chunks(T) - 1, 0), n_st, _prod(shape)), dtype=torch.float32))
             elif save and tm.saved:
                 res.append(mk((len(tm.saved), T, *shape)))
             return res
@@ -467,13 +479,14 @@ class TritonProgram:
         def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
                 param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
                 g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool],
-                T: int, shape: list[int], dtype: torch.dtype, recompute: bool) -> list[torch.Tensor]:
+                T: int, shape: list[int], dtype: torch.dtype, recompute: bool, states: list[torch.Tensor],
+                state_vals: list[float], is_state_t: list[bool]) -> list[torch.Tensor]:
             return tm.bwd_impl(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T,
-                               shape, dtype, recompute)
+                               shape, dtype, recompute, states, state_vals, is_state_t)
 
         @bwd.register_fake
         def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype,
-              recompute):
+              recompute, states, state_vals, is_state_t):
             n_in = len(tm.inputs)
             like = next(t for t in [*reread, saved, *g_outs, *g_seqs, *g_fins, *params] if t is not None)
             res = [like.new_empty((T, *shape), dtype=dtype) for n in need[:n_in] if n]
@@ -484,10 +497,11 @@ class TritonProgram:
             _setup(tm, ctx, *inputs, output)
 
         def backward(ctx, grads):
-            def run(reread, sav, params, g_outs, g_seqs, g_fins, need):
+            def run(reread, sav, params, states, g_outs, g_seqs, g_fins, need):
                 return bwd(reread, sav, [p for p in params if p is not None], ctx.param_vals,
                            [p is not None for p in params], g_outs, g_seqs, g_fins, need, ctx.T, list(ctx.shape),
-                           ctx.dtype, ctx.recompute)
+                           ctx.dtype, ctx.recompute, [s for s in states if s is not None], ctx.state_vals,
+                           [s is not None for s in states])
 
             g_in, g_st, g_pr = _backward(tm, ctx, grads, run)
             return g_in, g_st, g_pr, None, None, None, None, None, None
@@ -557,19 +571,22 @@ def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store
     n_st = len(tm.states)
     st, _ = tm._unpack(states, state_vals, is_tensor[:n_st])
     pr, _ = tm._unpack(params, param_vals, is_tensor[n_st:])
-    _keep(tm, ctx, xs, st, pr, param_vals, store_seqs, save, recompute, output)
+    _keep(tm, ctx, xs, st, pr, state_vals, param_vals, store_seqs, save, recompute, output)
 
 
-def _keep(tm, ctx, xs, st, pr, param_vals, store_seqs, save, recompute, output):
+def _keep(tm, ctx, xs, st, pr, state_vals, param_vals, store_seqs, save, recompute, output):
     """Keep on `ctx` what the backward needs; `st` and `pr` hold the state and param tensors
-    (None where a value is a float)."""
+    (None where a value is a float). Recomputing, the initial states are kept too (a reference,
+    no copy): the backward starts the first chunk from them."""
     n_out, n_st = len(tm.outputs), len(tm.states)
     x0 = xs[0]
     ctx.T, ctx.shape, ctx.dtype = x0.shape[0], tuple(x0.shape[1:]), x0.dtype
     ctx.store_seqs = store_seqs
     ctx.recompute = recompute
     ctx.param_vals = param_vals
+    ctx.state_vals = list(state_vals)
     ctx.pr_none = [p is None for p in pr]
+    ctx.st_kept = [recompute and s is not None for s in st]
     ctx.st = [s is not None for s in st]
     ctx.param_shapes = [None if p is None else p.shape for p in pr]
     ctx.need = [*(x.requires_grad and nz for x, nz in zip(xs, tm.grad_inputs)),
@@ -580,20 +597,22 @@ def _keep(tm, ctx, xs, st, pr, param_vals, store_seqs, save, recompute, output):
     sav = output[n_out + n_st + (n_st if store_seqs else 0)] if extra else None
     idx = tm.rc_idx if recompute else tm.reread_idx
     ctx.n_reread = len(idx)
-    ctx.save_for_backward(*[xs[i] for i in idx], sav, *(p for p in pr if p is not None))
+    ctx.save_for_backward(*[xs[i] for i in idx], sav, *(p for p in pr if p is not None),
+                          *(s for s, k in zip(st, ctx.st_kept) if k))
     ctx.set_materialize_grads(False)
 
 
 def _backward(tm, ctx, grads, run):
     """The gradients of a call: (of the inputs, of the state tensors, of the param tensors).
-    `run(reread, saved, params, g_outs, g_seqs, g_fins, need)` launches the backward kernel
-    (`params` with None where a param was a float)."""
+    `run(reread, saved, params, states, g_outs, g_seqs, g_fins, need)` launches the backward
+    kernel (`params` and `states` with None where a value was a float or is not needed)."""
     n_out, n_st, n_in = len(tm.outputs), len(tm.states), len(tm.inputs)
     saved = ctx.saved_tensors
     k = ctx.n_reread
     reread, sav = list(saved[:k]), saved[k]
     it = iter(saved[k + 1:])
     params = [None if none else next(it) for none in ctx.pr_none]
+    states = [next(it) if kept else None for kept in ctx.st_kept]
     g_outs = list(grads[:n_out])
     g_fins = list(grads[n_out:n_out + n_st])
     g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else tm._nones_st
@@ -602,7 +621,7 @@ def _backward(tm, ctx, grads, run):
     g_st: list = [None] * n_st
     g_pr: list = [None] * len(ctx.param_shapes)
     if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
-        res = iter(run(reread, sav, params, g_outs, g_seqs, g_fins, need))
+        res = iter(run(reread, sav, params, states, g_outs, g_seqs, g_fins, need))
         for i in range(n_in):
             if need[i]:
                 g_in[i] = next(res)
@@ -626,7 +645,7 @@ class _Eager(torch.autograd.Function):
         tm, xs, st, pr, st_vals, pr_vals, store_seqs, recompute = call
         res = tm._fwd(xs, st, pr, st_vals, pr_vals, store_seqs, True, recompute)
         ctx.tm = tm
-        _keep(tm, ctx, xs, st, pr, pr_vals, store_seqs, True, recompute, res)
+        _keep(tm, ctx, xs, st, pr, st_vals, pr_vals, store_seqs, True, recompute, res)
         n_keep = len(tm.outputs) + len(tm.states) * (2 if store_seqs else 1)
         if len(res) > n_keep:
             ctx.mark_non_differentiable(*res[n_keep:])
@@ -636,9 +655,9 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, *grads):
         tm = ctx.tm
 
-        def run(reread, sav, params, g_outs, g_seqs, g_fins, need):
+        def run(reread, sav, params, states, g_outs, g_seqs, g_fins, need):
             return tm._bwd(reread, sav, params, ctx.param_vals, g_outs, g_seqs, g_fins, need, ctx.T, ctx.shape,
-                           ctx.dtype, ctx.recompute)
+                           ctx.dtype, ctx.recompute, states, ctx.state_vals)
 
         g_in, g_st, g_pr = _backward(tm, ctx, grads, run)
         return (None, *g_in, *g_st, *g_pr)
