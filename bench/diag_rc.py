@@ -2,11 +2,13 @@
 saved values or with checkpoints, backward reading saved values or recomputing), their registers
 and spills, at several launch shapes.
 
-    python bench/diag_rc.py
+    python bench/diag_rc.py [float32|bfloat16|float16]     (env DIAG_T, DIAG_MODELS, FLEXDSL_CHUNK)
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import partial
 
 import torch
@@ -20,10 +22,11 @@ def bench(f):
 
 
 def main() -> None:
-    T, N = 32, 1 << 22
-    x = torch.rand(T, N, device="cuda") * 1.5
+    T, N = int(os.environ.get("DIAG_T", 32)), 1 << 22
+    dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "float32")
+    x = (torch.rand(T, N, device="cuda") * 1.5).to(dtype)
     g = torch.rand_like(x)
-    for name in ("lif", "izhikevich"):
+    for name in os.environ.get("DIAG_MODELS", "lif,izhikevich").split(","):
         m = flexdsl.load(name, backend="triton").to("cuda")
         tm = m.compiled.program("triton")
         npar = len(tm.params)
@@ -31,7 +34,9 @@ def main() -> None:
         sv = [float(m._initial_values()[s]) for s in tm.states]
         n_st = len(tm.states)
         is_t = [False] * (n_st + npar)
-        for block, warps in ((256, 4), (128, 2), (64, 2)):
+        shapes = ((256, 4), (128, 2), (64, 2)) if dtype == torch.float32 else (
+            (512, 4), (256, 4), (256, 2), (128, 2), (128, 1), (64, 2))
+        for block, warps in shapes:
             tm.block_rc = block
             tm.k_bwd_rc.warps = warps
             tm._plans.clear()
@@ -50,7 +55,7 @@ def main() -> None:
             for kname, k in (("fwd", tm.k_fwd), ("bwd", tm.k_bwd), ("bwd_rc", tm.k_bwd_rc)):
                 for ck in k.cache.values():
                     info.append(f"{kname}: regs {getattr(ck, 'n_regs', '?')} spills {getattr(ck, 'n_spills', '?')}")
-            print(f"{name} T={T} K={tm.abi.chunk} BLOCK_RC={block} warps={warps}: " +
+            print(f"{name} {dtype} T={T} K={tm.abi.chunk} BLOCK_RC={block} warps={warps}: " +
                   ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()) + " | " + "; ".join(sorted(set(info))),
                   flush=True)
 

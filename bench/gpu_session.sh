@@ -13,6 +13,8 @@ for step in "$@"; do
     check_save) FLEXDSL_TRITON_TRAINING=save timeout 300 python3 bench/bench_gpu.py check ;;
     sweep) timeout 500 python3 bench/sweep_rc.py ;;
     diag) timeout 300 python3 bench/diag_rc.py ;;
+    diag16) timeout 300 python3 bench/diag_rc.py bfloat16 ;;
+    diagk128) for k in 8 16; do DIAG_T=128 DIAG_MODELS=lif FLEXDSL_CHUNK=$k timeout 200 python3 bench/diag_rc.py; done ;;
     models) timeout 300 python3 bench/models_gpu.py ;;
     diagk) for k in 4 8 16; do FLEXDSL_CHUNK=$k timeout 200 python3 bench/diag_rc.py; done ;;
     full) timeout 560 python3 bench/bench_gpu.py full ;;

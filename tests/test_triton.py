@@ -77,7 +77,7 @@ def _restore_training_plans():
     for name in MODELS:
         p = flexdsl.compile(name)._programs.get("triton")
         if p is not None:
-            p.training = p.abi.training
+            p.default_plans()
 
 
 @pytest.mark.parametrize("training", ["save", "recompute"])
@@ -280,6 +280,25 @@ def test_half_precision(name, dtype):
     assert err < 3e-2, err.item()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_training_plan_follows_the_dtype(dtype):
+    """LIF recomputes with float32 I/O and saves with 16-bit I/O (the schedule's choice per
+    element size); FLEXDSL_TRITON_TRAINING-style forcing (`training = ...`) covers every dtype."""
+    m = flexdsl.load("lif", backend="triton")
+    prog = m.compiled.program("triton")
+    x = (torch.rand(9, 5) * 2).to(dtype).requires_grad_(True)
+    expect = "bwd_rc" if dtype == torch.float32 else "bwd"
+    before = dict(LAUNCHES)
+    m(x).float().sum().backward()
+    assert LAUNCHES[expect] == before.get(expect, 0) + 1
+    prog.training = "save" if expect == "bwd_rc" else "recompute"
+    forced = "bwd" if expect == "bwd_rc" else "bwd_rc"
+    m.reset()
+    before = dict(LAUNCHES)
+    m(x).float().sum().backward()
+    assert LAUNCHES[forced] == before.get(forced, 0) + 1
+
+
 def test_single_step_mode():
     gen = torch.Generator().manual_seed(9)
     mt = flexdsl.load("snn_synaptic", backend="triton", step_mode="s")
@@ -336,7 +355,11 @@ def test_source_and_plan():
     assert "def fwd_kernel" in src and "def bwd_kernel" in src
     assert abi["saved"] == ["v_1"] and abi["reread"] == [] and abi["train_passes"] == 6
     assert "training forward + backward\n# 6 when saving (v_1), 5.25 when recomputing (inputs re-read: x)" in src
-    assert abi["training"] == "recompute" and "Training plan: recomputing" in src  # the choice, stated
+    # the choice, stated: recomputing moves 5.25 passes instead of 6 with float32 I/O; with 16-bit
+    # I/O a pass is half as long and the recompute backward's arithmetic takes longer than its bytes
+    header = " ".join(line[2:] for line in src.splitlines()[:12] if line.startswith("# "))
+    assert abi["training"] == "recompute" and "Training plan with float32 I/O: recomputing" in header
+    assert abi["training16"] == "save" and "With float16/bfloat16 I/O: saving" in header
     assert "for _step in range(0, _T):" in src  # a runtime loop bound, never unrolled
     # the loop invariant 1/tau is hoisted before the backward loop
     bwd = src[src.index("def bwd_kernel"):]

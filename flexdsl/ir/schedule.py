@@ -12,8 +12,10 @@ backward (`BackwardModel`) it decides what runs where:
 - the alternative to saving, recompute: the training forward writes only its outputs and,
   every `chunk` steps, a checkpoint of the states; the backward re-runs the forward of each
   chunk from its checkpoint (the values it needs stay in registers) and walks back through it.
-  `training` is the cheaper of the two by the bytes each moves, unless recomputing costs more
-  arithmetic than the bytes it saves (e.g. Hodgkin-Huxley) or the unrolled chunk gets too big.
+  `training` (32-bit I/O) and `training16` (16-bit I/O) are the faster of the two by a time
+  model: bytes moved, or the recompute backward's arithmetic where that takes longer (e.g.
+  Hodgkin-Huxley, and most models with 16-bit I/O, whose passes are half as long); saving
+  also where the unrolled chunk would get too big.
 
 Backends print these lists; none of them repeats the analysis.
 """
@@ -101,8 +103,10 @@ class Schedule:
     rc_inputs: list[sp.Symbol] = field(default_factory=list)  # inputs the recompute reads
     rc_hoisted: Assignments = field(default_factory=list)  # invariants the recompute kernel needs
     chunk: int = 8  # steps per checkpoint (unrolled in the recompute kernel)
-    training: str = "save"  # the default training plan: "save" or "recompute"
+    training: str = "save"  # the default training plan with 32-bit I/O: "save" or "recompute"
     why: str = ""  # the reason for it, in words
+    training16: str = "save"  # ... with 16-bit I/O (half the bytes per pass, float32 checkpoints)
+    why16: str = ""
 
     @property
     def hoisted(self) -> Assignments:
@@ -247,9 +251,10 @@ def plan(step: StepModel, bw: BackwardModel) -> Schedule:
     return sch
 
 
-# One pass over [T, N] float32 memory costs about as much time as this many arithmetic
-# operations per lane on current GPUs (an H100: ~3 TB/s against ~60 TFLOP/s of float32).
-OPS_PER_PASS = 40
+# One pass over [T, N] float32 memory costs about as much time as this many operations per
+# lane of the unrolled recompute backward, whose long dependent chains issue slowly (measured on an H100 at N*T = 2^27: LIF's 30 operations per step take
+# 0.44 ms, 2.5 passes; Izhikevich's 61 take 0.60 ms, 3.4 passes)
+OPS_PER_PASS_RC = 12
 _TRANSCENDENTAL = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
 MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), for registers and compile time
 
@@ -294,19 +299,29 @@ def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fh
         if (len(body) + len(sch.recompute) + len(sch.bwd_body)) * chunk <= MAX_UNROLLED:
             break
     else:
-        sch.why = "saving: the unrolled recompute would be too big"
+        sch.why = sch.why16 = "saving: the unrolled recompute would be too big"
         return
-    rc = sch.recompute_passes(n_in, n_out, n_st)
-    ops = _ops(body)
-    if rc >= save:
-        sch.why = f"saving: {save} passes per step, recomputing would take {rc:.2f}"
-    elif ops > OPS_PER_PASS * (save - rc):
-        sch.why = (f"saving: recomputing would move {save - rc:.2f} fewer passes per step but add {ops} "
-                   "operations per step, more than that memory costs")
-    else:
-        sch.training = "recompute"
-        sch.why = (f"recomputing: {rc:.2f} passes per step instead of {save} (and {ops} more operations per "
-                   f"step); states checkpointed every {sch.chunk} steps")
-
+    # the time of each plan, in float32 passes over [T, N], per I/O element size (4 or 2 bytes:
+    # the checkpoints stay float32); the recompute backward is bound by its bytes or by its
+    # arithmetic (the forward re-run and the backward), whichever takes longer
+    ops = _ops(body) + _ops(sch.recompute) + _ops(sch.bwd_body)
+    ck = n_st / sch.chunk  # one checkpoint of each state per chunk, written once and read once
+    io_fwd, io_bwd = n_in + n_out, n_out + len(sch.rc_inputs) + n_in
+    for size in (4, 2):
+        f = size / 4
+        t_save = save * f
+        t_rc = io_fwd * f + ck + max(io_bwd * f + ck, ops / OPS_PER_PASS_RC)
+        if t_rc < t_save:
+            plan_, why = "recompute", (
+                f"recomputing: {t_rc:.2f} float32 passes per step instead of {t_save:.2f} (the backward re-runs "
+                f"{ops} operations per step); states checkpointed every {sch.chunk} steps")
+        else:
+            bound = "its arithmetic" if ops / OPS_PER_PASS_RC > io_bwd * f + ck else "its bytes"
+            plan_, why = "save", (f"saving: {t_save:.2f} float32 passes per step; recomputing would take "
+                                  f"{t_rc:.2f} (its backward bound by {bound})")
+        if size == 4:
+            sch.training, sch.why = plan_, why
+        else:
+            sch.training16, sch.why16 = plan_, why
 
 __all__ = ["Hoisted", "Schedule", "hoist", "plan", "param_only", "live"]

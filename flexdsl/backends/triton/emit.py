@@ -17,6 +17,7 @@ schedule's decision; this module only prints it.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -141,7 +142,8 @@ def build_abi(ir: IR) -> KernelABI:
         grad_inputs=list(sch.grad_inputs_nonzero), grad_states=list(sch.grad_states_nonzero),
         grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
         rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
-        chunk=sch.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states)), training=sch.training)
+        chunk=sch.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states)), training=sch.training,
+        training16=sch.training16)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
@@ -231,7 +233,9 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         params=[ident(p) for p in abi.params],
         host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
         host_return="{" + ", ".join(f"{y.name!r}: {hp._print(y)}" for y, _ in hoisted) + "}",
-        param_loads=param_loads, fwd=fwd, bwd=bwd, rc=rc, why=comment_text(sch.why, 400),
+        param_loads=param_loads, fwd=fwd, bwd=bwd, rc=rc,
+        plan=textwrap.wrap(f"Training plan with float32 I/O: {comment_text(sch.why, 400)}. With float16/bfloat16 "
+                           f"I/O: {comment_text(sch.why16, 400)}.", 94),
         exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32]})
     return source, abi
 

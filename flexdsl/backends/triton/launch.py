@@ -178,8 +178,10 @@ class TritonProgram:
         self.k_bwd = _Kernel(module.bwd_kernel, abi.bwd, warps)
         self.k_bwd_rc = _Kernel(module.bwd_rc_kernel, abi.bwd_rc,
                                 int(os.environ.get("FLEXDSL_TRITON_WARPS_RC", 0)) or 2)
-        # "save" or "recompute": the schedule's choice, or FLEXDSL_TRITON_TRAINING
-        self.training = os.environ.get("FLEXDSL_TRITON_TRAINING", "") or abi.training
+        # "save" or "recompute" per I/O element size (4 or 2 bytes): the schedule's choice, or
+        # FLEXDSL_TRITON_TRAINING for both
+        forced = os.environ.get("FLEXDSL_TRITON_TRAINING", "")
+        self.plans = {4: forced or abi.training, 2: forced or abi.training16}
         self._host_cache: dict = {}
         self._plans: dict[tuple, _Plan] = {}
         self.interpret = interpret()
@@ -199,10 +201,24 @@ class TritonProgram:
         self.k_fwd.warps = self.k_bwd.warps = int(value)
 
     @property
-    def recompute(self) -> bool:
-        if self.training not in ("save", "recompute"):
-            raise ValueError(f"FLEXDSL_TRITON_TRAINING must be 'save' or 'recompute', not {self.training!r}")
-        return self.training == "recompute"
+    def training(self) -> str:
+        """The training plan with float32 I/O; setting it forces the plan for every dtype."""
+        return self.plans[4]
+
+    @training.setter
+    def training(self, value: str) -> None:
+        self.plans = {4: value, 2: value}
+
+    def default_plans(self) -> None:
+        """Back to the schedule's choices."""
+        self.plans = {4: self.abi.training, 2: self.abi.training16}
+
+    def recompute(self, dtype: torch.dtype) -> bool:
+        """Whether training with this I/O dtype recomputes (else saves)."""
+        plan = self.plans[4 if dtype == torch.float32 else 2]
+        if plan not in ("save", "recompute"):
+            raise ValueError(f"FLEXDSL_TRITON_TRAINING must be 'save' or 'recompute', not {plan!r}")
+        return plan == "recompute"
 
     # ------------------------------------------------------------------ launch helpers
     def _block(self, N: int, rc: bool = False) -> int:
@@ -548,7 +564,7 @@ class TritonProgram:
                 pr.append(None)
                 pr_vals.append(float(v))
         store_seqs = bool(store_seqs)
-        recompute = save and self.recompute
+        recompute = save and self.recompute(x0.dtype)
         if torch.compiler.is_compiling():
             is_t = [t is not None for t in [*st, *pr]]
             res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
