@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> float:
     for epoch in range(a.epochs):
         perm = torch.randperm(len(x_tr), device=dev)
         total, correct, seen = 0.0, 0, 0
-        bar = tqdm(perm.split(a.batch), desc=f"epoch {epoch + 1:2d}/{a.epochs}", leave=False, disable=a.quiet,
-                   file=sys.stdout)
+        bar = tqdm(perm.split(a.batch), desc=f"epoch {epoch + 1:2d}/{a.epochs}", leave=False,
+                   disable=a.quiet or not sys.stdout.isatty(), file=sys.stdout)  # (a log gets the epoch lines)
         for idx in bar:
             scores = net(encode(x_tr[idx], a.T, gen, a.encoding))
             loss = nn.functional.cross_entropy(scores, y_tr[idx])
