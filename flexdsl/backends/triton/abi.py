@@ -106,36 +106,15 @@ class KernelABI:
         return a
 
     def _bwd_rc_args(self) -> list[Arg]:
-        a: list[Arg] = []
-        for x in self.inputs:
-            a += [arg("in", x), arg("stride", x)]
-        a += [arg("ckpt")]
-        a += [arg("init", s) for s in self.states]
-        a += [arg("param", p) for p in self.params]
-        a += [arg("gout", o) for o in self.outputs]
-        a += [arg("gseq", s) for s in self.states]
-        a += [arg("gfin", s) for s in self.states]
-        a += [arg("gx", x) for x in self.inputs]
-        a += [arg("gs", s) for s in self.states]
-        a += [arg("gp", p) for p in self.learnable]
-        a += [arg("hoisted", h) for h in self.hoisted_rc]
-        a += [arg("N"), arg("T"), arg("C")]
-        a += [arg("initmode", s, True) for s in self.states]
-        a += [arg("mode", p, True) for p in self.params]
-        a += [arg("hasgout", o, True) for o in self.outputs]
-        a += [arg("hasgseq", s, True) for s in self.states]
-        a += [arg("hasgfin", s, True) for s in self.states]
-        a += [arg("needgx", x, True) for x in self.inputs]
-        a += [arg("needgs", s, True) for s in self.states]
-        a += [arg("needgp", p, True) for p in self.learnable]
-        a += [arg("host", constexpr=True), arg("block", constexpr=True)]
-        return a
+        return self._bwd_args(recompute=True)
 
-    def _bwd_args(self) -> list[Arg]:
+    def _bwd_args(self, recompute: bool = False) -> list[Arg]:
+        """The backward's arguments; recomputing, `ckpt` and the initial states replace `saved`,
+        and the invariants are `hoisted_rc`."""
         a: list[Arg] = []
         for x in self.inputs:
             a += [arg("in", x), arg("stride", x)]
-        a += [arg("saved")]
+        a += [arg("ckpt"), *(arg("init", s) for s in self.states)] if recompute else [arg("saved")]
         a += [arg("param", p) for p in self.params]
         a += [arg("gout", o) for o in self.outputs]
         a += [arg("gseq", s) for s in self.states]
@@ -143,8 +122,9 @@ class KernelABI:
         a += [arg("gx", x) for x in self.inputs]
         a += [arg("gs", s) for s in self.states]
         a += [arg("gp", p) for p in self.learnable]
-        a += [arg("hoisted", h) for h in self.hoisted_bwd]
-        a += [arg("N"), arg("T")]
+        a += [arg("hoisted", h) for h in (self.hoisted_rc if recompute else self.hoisted_bwd)]
+        a += [arg("N"), arg("T"), arg("C"), *(arg("initmode", s, True) for s in self.states)] if recompute else \
+            [arg("N"), arg("T")]
         a += [arg("mode", p, True) for p in self.params]
         a += [arg("hasgout", o, True) for o in self.outputs]
         a += [arg("hasgseq", s, True) for s in self.states]
