@@ -149,3 +149,30 @@ def test_toy_backend_is_a_module_plus_a_registry_entry(name):
 def test_unknown_backend_lists_the_registry():
     with pytest.raises(flexdsl.FlexDSLError, match="auto, triton, torch"):
         flexdsl.load("lif", backend="cuda-c")
+
+
+def test_a_code_printing_backend_keeps_its_spellings_in_its_own_module():
+    """A new target's printer names its spellings in its own `SPELL` table (no catalog edit);
+    a spelling it lacks is a clear error when the class is defined, naming the function."""
+    import sympy as sp
+
+    from flexdsl.backends.printing import BasePrinter
+    from flexdsl.frontend.catalog import ALL_FUNCTIONS
+    from flexdsl.ir.functions import SYMPY
+
+    spell = {f.name: f"np_{f.name}(" + ", ".join(f"{{{i}}}" for i in range(f.arity)) + ")"
+             for f in ALL_FUNCTIONS.values()}
+
+    class NumpyPrinter(BasePrinter):
+        TARGET = "numpy"
+        SPELL = spell
+
+    x, y = sp.symbols("x y", real=True)
+    pr = NumpyPrinter()
+    assert pr.doprint(sp.exp(x) + SYMPY["sigmoid"](y)) in ("np_exp(x) + np_sigmoid(y)", "np_sigmoid(y) + np_exp(x)")
+    assert pr.doprint(SYMPY["Where"](x > 0, x, y)) == "np_where(x > 0, x, y)"
+
+    with pytest.raises(TypeError, match=r"cannot print the built-in functions? .*clip.*SPELL"):
+        class Incomplete(BasePrinter):
+            TARGET = "numpy"
+            SPELL = {k: v for k, v in spell.items() if k != "clip"}

@@ -125,7 +125,11 @@ def test_page_content(site, stem):
     written = [n for n in doc.find_all("table", cls="written")]
     n_statements = len(ck.update) + len(ck.on_spike) + (1 if ck.spike else 0)
     n_statements += len(ck.equations.lines) if ck.equations else 0
+    n_statements += 1 if ck.refractory is not None else 0
     assert sum(len(rows(t)) for t in written) == n_statements
+    shown = " ".join(" ".join(t.text().split()) for t in written)
+    for held in re.findall(r"^\s*(?:d\w+/dt|\w+)\s*[-+*/]?=.*unless refractory", src, re.M):
+        assert "unless refractory" in shown, held
     for st in [*ck.update, *ck.on_spike]:
         assert f"line {st.pos.line}: {_source_line(stem, st.pos.line)}" in " ".join(doc.text().split())
 
@@ -291,6 +295,36 @@ def test_latex_for_papers_and_notebooks():
     assert r"\frac{\mathrm{d}v}{\mathrm{d}t} &= " in ode
 
 
+def test_equations_with_units_are_shown_as_written():
+    """A model with units is documented as its author wrote it: units upright, no conversion
+    factors to base units, `unless refractory` and the refractory period kept."""
+    src = """neuron R:
+    input I : nA
+    param dt = 0.1 ms
+    param tau_m = 10 ms
+    param R = 50 Mohm where R > 0
+    param v_rest = -70 mV
+    state v = v_rest
+    refractory 2 ms
+    equations method exact:
+        dv/dt = (v_rest - v + R * I) / tau_m unless refractory
+    spike when v > -50 mV
+    on spike:
+        v = v_rest
+"""
+    c = flexdsl.compile(src)
+    tex = c.latex()
+    assert r"\frac{v_{\mathrm{rest}} - v + R I}{\tau_{\mathrm{m}}} \quad \text{unless refractory}" in tex
+    assert r"\mathrm{refractory} &= 2 \mathrm{ms}" in tex
+    assert r"\left[v > - 50 \mathrm{mV}\right]" in tex
+    assert "1000" not in tex and "0.001" not in tex
+    page = docs.render_html(c, plots=False, sources=False)
+    assert '<mi mathvariant="normal">ms</mi>' in page and '<mi mathvariant="normal">mV</mi>' in page
+    params = {r[0].split()[0]: r for r in rows(parse(page).find("table", cls="params"))}
+    assert params["R"][1] == "50" and params["R"][-1] == "Mohm"  # the number; its unit has its column
+    assert params["R"][2].replace(" ", "") == "R>0"  # as written: no factor to base units
+
+
 def test_build_reports_a_bad_model_and_writes_the_others(tmp_path):
     bad = tmp_path / "bad.neuron"
     bad.write_text("neuron Bad:\n    input x\n    state v = q\n")
@@ -343,3 +377,17 @@ def test_a_model_that_diverges_says_so(tmp_path):
     assert not res.failed
     html_text = res.pages[0].read_text()
     assert "not finite" in html_text
+
+
+def test_summary_is_the_first_sentence_even_when_wrapped():
+    from flexdsl.docs.content import split_doc
+
+    summary, blocks, ref = split_doc("""Leaky integrator with a long summary that the author wrapped, e.g.
+        over two lines. A second sentence.
+
+        A paragraph.
+
+        Reference: Someone (2001).""")
+    assert summary == "Leaky integrator with a long summary that the author wrapped, e.g. over two lines."
+    assert blocks == [("p", "A second sentence."), ("p", "A paragraph.")] and ref == "Someone (2001)."
+    assert split_doc("One line.\n\nRest.")[:2] == ("One line.", [("p", "Rest.")])

@@ -403,3 +403,39 @@ def test_refractoriness_errors_are_located(case):
     col = lines[line - 1].index(token) + 1
     assert (ei.value.line, ei.value.column) == (line, col), str(ei.value)
     assert sub in str(ei.value), str(ei.value)
+
+
+@pytest.mark.parametrize("method", ["euler", "rk2", "exact"])
+def test_float64_runs_stay_float64_with_refractoriness(method):
+    """`unless refractory` multiplies by a 0/1 mask: in a float64 run that mask must not round
+    `dt` (or a user's `where(c, 1, 0) * th`) to float32. Reference: the recurrence by hand."""
+    m = flexdsl.loads(textwrap.dedent(f"""\
+        neuron L:
+            input I
+            param dt = 0.1
+            param tau = 10.0
+            param th = 0.3
+            state v = 0.0
+            state w = 0.0
+            refractory 2
+            equations method {method}:
+                dv/dt = (I - v) / tau unless refractory
+            update:
+                w = w + I - where(w > th, 1, 0) * th
+            spike when v > 100 surrogate sigmoid(alpha=1.0)
+        """), store_state_seqs=True).double()
+    T = 40
+    m(torch.ones(T, 1, dtype=torch.float64))
+    v = w = 0.0
+    vs, ws = [], []
+    decay = math.exp(-0.1 / 10.0)
+    for _ in range(T):
+        v = (v + 0.1 * (1.0 - v) / 10.0 if method == "euler" else
+             v + 0.1 * (1.0 - (v + 0.05 * (1.0 - v) / 10.0)) / 10.0 if method == "rk2" else
+             1.0 + (v - 1.0) * decay)
+        w = w + 1.0 - (1.0 if w > 0.3 else 0.0) * 0.3
+        vs.append(v)
+        ws.append(w)
+    assert m.state_seqs["v"].dtype == torch.float64
+    np.testing.assert_allclose(m.state_seqs["v"].flatten().numpy(), vs, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(m.state_seqs["w"].flatten().numpy(), ws, rtol=1e-14, atol=0)

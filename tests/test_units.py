@@ -142,6 +142,8 @@ CASES = [
     ("zero_state_hint", mut("state w = 0 pA", "state w = 0"), At("- w + I", "w"), ("`w` is 1", "0 pA")),
     ("param_sum", mut("param V_peak = V_T + 5 * Delta_T", "param V_peak = V_T + 5"), At("V_T + 5", "5"),
      ("sum", "`5` is 1", "5 mV")),
+    ("zero_times_a_quantity", mut(DW, "(a * (v - E_L) - w) / tau_w + 0 * v * v / ms"), At("0 * v * v", "0"),
+     ("`dw/dt`", "V**2/s", "expected A/s")),
     ("bare_unit_in_unitless_expression", mut("param V_peak = V_T + 5 * Delta_T", "param V_peak = V_T + ms"),
      At("V_T + ms", "ms"), ("sum", "is s", "the unit ms")),
 ]

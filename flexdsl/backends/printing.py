@@ -2,13 +2,14 @@
 
 `BasePrinter` prints numbers, names (through the one naming scheme, `naming.ident`) and
 operators; every built-in function is printed from its record in `frontend.catalog`
-(`Function.spell[TARGET]`): a subclass only names its target. `_print_<SympyClass>` methods
+(`Function.spell[TARGET]`, or the subclass's own `SPELL` table): a subclass only names its
+target. `_print_<SympyClass>` methods
 are installed from the records, as sympy's own printers install theirs from a table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
@@ -20,6 +21,9 @@ from . import naming
 
 class BasePrinter(PythonCodePrinter):
     TARGET = ""  # a key of Function.spell
+    # spellings of the printer's own (function name -> format string), before the catalog's: a
+    # new backend can keep them in its own module instead of adding a target to every record
+    SPELL: Mapping[str, str] = {}
 
     def __init__(self, settings: dict | None = None) -> None:
         super().__init__(settings or {"fully_qualified_modules": False})
@@ -28,12 +32,24 @@ class BasePrinter(PythonCodePrinter):
         super().__init_subclass__(**kwargs)
         if not cls.TARGET:
             return
+        missing = []
         for f in ALL_FUNCTIONS.values():
             if f.sympy == "sqrt":  # sympy's sqrt is a Pow: see _print_Pow
                 continue
             method = f"_print_{f.sympy}"
-            if method not in cls.__dict__:  # a subclass may still print one function by hand
-                setattr(cls, method, _printer_of(f, cls.TARGET))
+            if method in cls.__dict__:  # a subclass may still print one function by hand
+                continue
+            spelling = cls.SPELL.get(f.name, f.spell.get(cls.TARGET))
+            if spelling is None:
+                missing.append(f.name)
+                continue
+            setattr(cls, method, _printer_of(f, spelling))
+        if missing:
+            raise TypeError(f"printer {cls.__name__} (target {cls.TARGET!r}) cannot print the built-in "
+                            f"function{'s' if len(missing) > 1 else ''} {', '.join(missing)}: give each a format "
+                            f"string in its SPELL table (e.g. SPELL = {{{missing[0]!r}: \"...({{0}})\"}}), a "
+                            f"`_print_<SympyName>` method, or a {cls.TARGET!r} spelling in its "
+                            "flexdsl.frontend.catalog record")
 
     # names and numbers
     def _print_Symbol(self, expr: sp.Symbol) -> str:
@@ -72,7 +88,8 @@ class BasePrinter(PythonCodePrinter):
         return self._print(a)
 
     def call(self, name: str, *args: sp.Expr) -> str:
-        return ALL_FUNCTIONS[name].spell[self.TARGET].format(*(self.arg(a) for a in args))
+        f = ALL_FUNCTIONS[name]
+        return self.SPELL.get(name, f.spell.get(self.TARGET, "")).format(*(self.arg(a) for a in args))
 
     def _print_And(self, e):
         return " & ".join(f"({self._print(a)})" for a in e.args)
@@ -92,9 +109,7 @@ class BasePrinter(PythonCodePrinter):
         return super()._print_Pow(e, rational=rational)
 
 
-def _printer_of(f: Function, target: str):
-    spelling = f.spell[target]
-
+def _printer_of(f: Function, spelling: str):
     def _print(self: BasePrinter, e: sp.Expr) -> str:
         return spelling.format(*(self.arg(a) for a in e.args))
 

@@ -2,8 +2,9 @@
 `html.py`, `markdown.py` and the notebook hooks.
 
 `describe(c)` reads the checked AST (`c.checked`: declarations, the docstring, the equations as
-written — converted to sympy with the lowering's `to_sympy` under `sympy.evaluate(False)`, so
-they keep the form the user wrote), the discretized step (`c.step`, with its method) and the
+written — before any conversion to base units, `c.checked.written` in a model with units —,
+converted to sympy with the lowering's AST fold under `sympy.evaluate(False)`, so they keep
+the form the user wrote, units included), the discretized step (`c.step`, with its method) and the
 derived backward (`c.backward`). Every equation carries its MathML and its LaTeX; user text
 (docstring, descriptions, file names) stays plain text here and is escaped by the renderers.
 """
@@ -22,7 +23,10 @@ from .._paths import NEURONS_DIR
 from ..frontend import ast as A
 from ..frontend.catalog import METHODS, SURROGATES
 from ..frontend.evaluate import evaluate
+from ..ir.functions import CONSTANTS
+from ..ir.lower import ToSympy
 from .printing import (
+    UnitSymbol,
     derivative_latex,
     derivative_mathml,
     latex,
@@ -151,16 +155,33 @@ def _name(name: str) -> Math:
     return _math(_sym(name))
 
 
+class _WrittenSympy(ToSympy):
+    """The lowering's AST -> sympy, also for what only a model as written holds: numbers with
+    units (`10 ms`) and bare unit names (`0.1/mV/ms`), kept as upright unit symbols."""
+
+    def visit_Quantity(self, e: A.Quantity) -> sp.Expr:
+        num = self.visit_Num(A.Num(e.value, e.text, e.pos))
+        u: sp.Expr = UnitSymbol(e.unit)
+        if e.power != 1:
+            u = sp.Pow(u, sp.Integer(int(e.power)) if float(e.power).is_integer() else sp.Float(e.power))
+        return sp.Mul(num, u)
+
+    def visit_Name(self, e: A.Name) -> sp.Expr:
+        if e.id in self.env or e.id in CONSTANTS:
+            return super().visit_Name(e)
+        return UnitSymbol(e.id)
+
+
 class _Written:
     """AST expressions to sympy as written (no evaluation) and to Math."""
 
     def __init__(self, c: Compiled) -> None:
-        from ..ir.lower import to_sympy
-
         ck = c.checked
         names = [d.name for d in [*ck.inputs, *ck.params, *ck.states]] + list(ck.locals) + list(ck.subexprs)
         self.env = {n: _sym(n) for n in names}
-        self.to_sympy = to_sympy
+
+    def to_sympy(self, e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
+        return _WrittenSympy(env).fold(e)
 
     def expr(self, e: A.Expr) -> sp.Expr:
         with sp.evaluate(False):
@@ -194,18 +215,45 @@ _OPS = {"=": "\u2190"}
 
 def _assign(c: Compiled, w: _Written, st: A.Assign) -> Statement:
     op = _OPS.get(st.op, st.op)
-    return Statement(_name(st.target), op, w.math(st.value), st.pos.line, _source_line(c, st.pos.line),
-                     "let" if st.is_let else "")
+    return Statement(_name(st.target), op, _held(w.math(st.value), st.held), st.pos.line,
+                     _source_line(c, st.pos.line), "let" if st.is_let else "")
+
+
+def _held(m: Math, held: bool) -> Math:
+    """`m`, followed by "unless refractory" for a statement that holds while refractory."""
+    if not held:
+        return m
+    return Math(f'{m.mathml}<mspace width="1em"></mspace><mtext>unless refractory</mtext>',
+                rf"{m.latex} \quad \text{{unless refractory}}", f"{m.text} unless refractory")
+
+
+_ABBREV = r"(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)(?<!\bvs)(?<!\bal)(?<!\bFig)(?<!\bEq)(?<!\bapprox)"
+_SENTENCE_END = re.compile(_ABBREV + r"[.!?:]$")
+_FIRST_SENTENCE = re.compile(r"(.+?" + _ABBREV + r"[.!?])\s+([A-Z(\"'].*)$")
 
 
 def split_doc(doc: str) -> tuple[str, list[tuple[str, str]], str]:
-    """(summary, blocks, reference) of a docstring: the first line; the rest as paragraphs
+    """(summary, blocks, reference) of a docstring: the first sentence (wrapped over lines or
+    not); the rest as paragraphs
     ("p") and indented runs ("pre", e.g. hand-written equations); the paragraph(s) starting
     with "Reference:" apart."""
     text = inspect.cleandoc(doc or "")
     if not text:
         return "", [], ""
     first, _, rest = text.partition("\n")
+    # a summary wrapped over several lines: the first sentence of the first paragraph
+    lines = text.splitlines()
+    n = 1
+    while n < len(lines) and lines[n].strip() and not lines[n][:1].isspace() and not _SENTENCE_END.search(first):
+        first = f"{first} {lines[n].strip()}"
+        n += 1
+    m = _FIRST_SENTENCE.match(first)
+    head = ""
+    if m is not None and not re.match(r"\s*References?\s*:", first):
+        first, head = m.group(1), m.group(2)
+    rest = "\n".join(lines[n:])
+    if head:
+        rest = head + "\n" + rest if rest.strip() and not rest.startswith("\n") else head + "\n" + rest
     blocks: list[tuple[str, str]] = []
     refs: list[str] = []
     for para in re.split(r"\n\s*\n", rest.strip("\n")):
@@ -253,8 +301,11 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
     except OSError:
         library = False
     summary, blocks, reference = split_doc(ck.ast.doc)
+    wk = ck.written or ck  # as written: in a model with units, before their conversion to base units
+    w_params = {p.name: p for p in wk.params}
+    w_states = {s.name: s for s in wk.states}
 
-    # tables
+    # tables (values computed from the converted model, shown as written)
     env: dict[str, float] = {}
     params: list[Row] = []
     for p in ck.params:
@@ -262,9 +313,10 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
             env[p.name] = float(evaluate(p.default, env))
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
             env[p.name] = float("nan")
-        plain = _plain_number(p.default)
-        params.append(Row(p.name, _name(p.name), p.doc, unit_of(p), declared_unit(p), w.math(p.default),
-                          None if plain else env[p.name], w.compare(p.where) if p.where is not None else None,
+        pw = w_params.get(p.name, p)
+        plain = _plain_number(p.default)  # (a number with a unit, `10 ms`: the number; the unit has its column)
+        params.append(Row(p.name, _name(p.name), p.doc, unit_of(p), declared_unit(p),
+                          w.math(p.default if plain else pw.default), None if plain else env[p.name], w.compare(pw.where) if pw.where is not None else None,
                           _where_text(c, p.where), p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
     states = []
     for s in ck.states:
@@ -274,39 +326,58 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
             v0 = float(evaluate(s.init, env))
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
             v0 = float("nan")
-        states.append(Row(s.name, _name(s.name), s.doc, unit_of(s), declared_unit(s), w.math(s.init),
-                          None if _plain_number(s.init) else v0, line=s.pos.line))
+        sw = w_states.get(s.name, s)
+        states.append(Row(s.name, _name(s.name), s.doc, unit_of(s), declared_unit(s), w.math(sw.init),
+                          None if _plain_number(sw.init) else v0, line=s.pos.line))
     inputs = [Row(i.name, _name(i.name), i.doc, unit_of(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
 
     # the equations as written, in the order of a step
     written: list[Block] = []
-    if ck.equations is not None:
+    if wk.equations is not None:
         sts = []
-        for ln in ck.equations.lines:
+        for ln in wk.equations.lines:
             if isinstance(ln, A.ODE):
                 lhs = Math(derivative_mathml(ln.state), derivative_latex(ln.state), f"d{ln.state}/dt")
-                sts.append(Statement(lhs, "=", w.math(ln.value), ln.pos.line, _source_line(c, ln.pos.line)))
+                sts.append(Statement(lhs, "=", _held(w.math(ln.value), ln.held), ln.pos.line,
+                                     _source_line(c, ln.pos.line)))
             else:
                 sts.append(Statement(_name(ln.name), "=", w.math(ln.value), ln.pos.line,
                                      _source_line(c, ln.pos.line)))
         how = f"method {ck.method}" if ck.method else f"method {c.step.method}, chosen automatically"
         written.append(Block("equations", sts, f"integrated over one step dt ({how})"))
-    if ck.update:
-        written.append(Block("update", [_assign(c, w, st) for st in ck.update],
+    if wk.update:
+        written.append(Block("update", [_assign(c, w, st) for st in wk.update],
                              "in order; each statement sees the results of the previous ones"))
     spike_doc = None
-    if ck.spike is not None:
-        rule = ck.spike
+    if wk.spike is not None:
+        rule = wk.spike
         a, b = w.math(rule.left), w.math(rule.right)
-        op_ml, op_tx = ("\u2265", r"\geq") if rule.op == ">=" else (">", ">")
+        op_ml, op_tx = {">=": ("\u2265", r"\geq"), "crosses": ("\u2197", r"\nearrow")}.get(rule.op, (">", ">"))
         rhs = Math(f'<mrow><mo stretchy="false">[</mo>{a.mathml}<mo>{op_ml}</mo>{b.mathml}<mo stretchy="false">]</mo></mrow>',
                    rf"\left[{a.latex} {op_tx} {b.latex}\right]", f"[{a.text} {rule.op} {b.text}]")
         st = Statement(_name("spike"), "=", rhs, rule.pos.line, _source_line(c, rule.pos.line))
-        written.append(Block("spike", [st], "[\u2026] is 1 where the condition holds, else 0; "
-                                            "backward uses the surrogate's S\u2032(u) as d spike / d u"))
+        cond = ("is 1 at the step where the left side crosses the right side upwards (one spike per "
+                "excursion), else 0" if rule.op == "crosses" else
+                "is 1 where the condition holds, else 0")
+        written.append(Block("spike", [st], f"[\u2026] {cond}; backward uses the surrogate's S\u2032(u) as "
+                                            "d spike / d u"))
         spike_doc = _surrogate_doc(c, w, a, b)
-    if ck.on_spike:
-        written.append(Block("on spike", [_assign(c, w, st) for st in ck.on_spike],
+    rf = wk.refractory
+    if rf is not None:
+        ref = _name("refractory")
+        if rf.period is not None:
+            st = Statement(Math(ref.mathml, ref.latex, "refractory period"), "=", w.math(rf.period), rf.pos.line,
+                           _source_line(c, rf.pos.line))
+            what = "after a spike, for this long"
+        else:
+            assert rf.condition is not None
+            st = Statement(ref, "while", w.compare(rf.condition), rf.pos.line, _source_line(c, rf.pos.line))
+            what = "after a spike, as long as the condition holds"
+        written.append(Block("refractory", [st], f"{what} the neuron is refractory: it cannot spike, and "
+                                                 "statements marked \u201cunless refractory\u201d hold their "
+                                                 "state"))
+    if wk.on_spike:
+        written.append(Block("on spike", [_assign(c, w, st) for st in wk.on_spike],
                              "simultaneously, on the values after the update: X \u2190 e means "
                              "X \u2190 spike\u00b7e + (1 \u2212 spike)\u00b7X, X += e means X \u2190 X + spike\u00b7e"))
 

@@ -63,6 +63,7 @@ def _make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> F
                     setattr(figs, name, "data:image/png;base64," + data)
             return figs
     out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)  # (a folder that is not there yet: made, as `flexdsl doc -o` does)
     ck = c.checked
     figs = Figures()
     ex = explore(c)

@@ -40,6 +40,20 @@ _HEAD = re.compile(r"([A-Za-z]+?)(\d*)")
 _TEMP = re.compile(r"_t(?:_?(\d+))?")
 
 
+class UnitSymbol(sp.Symbol):
+    """A unit as written in a model (`ms`, `mV`, `uS`): printed upright, `u` as µ, `ohm` as Ω."""
+
+    @property
+    def label(self) -> str:
+        name = self.name
+        for word, sign in (("ohm", "\u03a9"), ("Ohm", "\u03a9")):
+            if name.endswith(word):
+                name = name[: -len(word)] + sign
+        if len(name) > 1 and name[0] == "u":
+            name = "\u00b5" + name[1:]
+        return name
+
+
 def split_name(name: str) -> tuple[str, str, str, bool]:
     """(base, base_tex, subscript, compound) of an identifier.
 
@@ -108,6 +122,9 @@ class MathMLPrinter(MathMLPresentationPrinter):
     # names
     def _print_Symbol(self, sym, style="plain"):
         return self._symbol(sym.name)
+
+    def _print_UnitSymbol(self, sym, style="plain"):
+        return self._el("mi", text=sym.label, mathvariant="normal")
 
     def _symbol(self, name: str, overline: bool = False):
         if name in self.adjoints and name.startswith("grad_") and not overline:
@@ -366,6 +383,9 @@ class LatexPrinterFlex(LatexPrinter):
         super().__init__({"order": order})
         self.adjoints = set(adjoints)
 
+    def _print_UnitSymbol(self, expr, style="plain"):
+        return r"\mathrm{" + _tex_text(expr.label).replace("\u00b5", r"\mu ").replace("\u03a9", r"\Omega ") + "}"
+
     def _print_Symbol(self, expr, style="plain"):
         name = expr.name
         if name in self.adjoints and name.startswith("grad_"):
@@ -471,4 +491,4 @@ def derivative_latex(state: str) -> str:
 
 
 __all__ = ["mathml", "mathml_inner", "math_element", "equation", "latex", "latex_name", "derivative_mathml",
-           "derivative_latex", "split_name", "MathMLPrinter", "LatexPrinterFlex", "MATHML_NS"]
+           "derivative_latex", "split_name", "UnitSymbol", "MathMLPrinter", "LatexPrinterFlex", "MATHML_NS"]

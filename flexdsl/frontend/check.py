@@ -59,6 +59,8 @@ class CheckedModel:
     subexprs: list[str] = field(default_factory=list)
     refractory: A.Refractory | None = None
     units: UnitInfo | None = None  # None: a model written without units
+    # the model as written, before the conversion to base units (None: this is it); the docs show it
+    written: CheckedModel | None = None
 
     @property
     def hidden(self) -> list[str]:
@@ -333,7 +335,7 @@ class _Checker:
         ck = CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
                           ons.statements if ons else [], out_names, locals_, subexprs, refractory)
         if with_units:
-            ck = check_units(ck)
+            ck = dataclasses.replace(check_units(ck), written=ck)
             self.check_defaults(ck.params, ck.states)
         return _with_hidden_states(ck)
 

@@ -351,8 +351,9 @@ class _Dims(A.ExprFold[_D]):
             num = _add(a.number, b.number, op)
             const = _add(a.const, b.const, op)
             return self._keep(e, _D(dim, a.zero and b.zero, num, const, a.has_unit or b.has_unit))
-        if op == "*":
-            return self._keep(e, _D(a.dim * b.dim, a.zero or b.zero, _mul(a.number, b.number),
+        if op == "*":  # (a zero times a quantity with a unit has that unit: `0*v*v/ms` is checked)
+            zero = (a.zero and (b.zero or b.dim.dimensionless)) or (b.zero and a.dim.dimensionless)
+            return self._keep(e, _D(a.dim * b.dim, zero, _mul(a.number, b.number),
                                     _mul(a.const, b.const), a.has_unit or b.has_unit))
         if op == "/":
             return self._keep(e, _D(a.dim / b.dim, a.zero, _div(a.number, b.number), _div(a.const, b.const),

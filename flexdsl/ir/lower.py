@@ -33,7 +33,7 @@ MAX_EXPONENT = 32  # of a constant power of a non-constant base (sympy expands p
 _NONFINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
 
 
-class _ToSympy(A.ExprFold[sp.Expr]):
+class ToSympy(A.ExprFold[sp.Expr]):
     """AST -> sympy. With `neuron` given, a value that is not a finite real (x/0, log(0),
     exp(1000), sqrt(-1)...) or a power too large to expand is a located FlexDSLError."""
 
@@ -120,7 +120,7 @@ class _ToSympy(A.ExprFold[sp.Expr]):
 def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> sp.Expr:
     """An AST expression as sympy, with names replaced by env[name]; with `neuron`, values that
     are not finite reals are located errors."""
-    return _ToSympy(env, neuron).fold(e)
+    return ToSympy(env, neuron).fold(e)
 
 
 @dataclass

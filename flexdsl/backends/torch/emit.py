@@ -19,9 +19,16 @@ from ..printing import BasePrinter, comment_text, lhs_rhs_lines
 class TorchPrinter(BasePrinter):
     TARGET = "torch"
 
-    def __init__(self, fire_args: list[str] | None = None) -> None:
+    def __init__(self, fire_args: list[str] | None = None, like: str | None = None) -> None:
         super().__init__()
         self.fire_args = fire_args  # in `core`: the spike with its surrogate and the surrogate's params
+        self.like = like  # a tensor argument whose float dtype a `where` of two numbers takes (float64 runs)
+
+    def _print_Where(self, e):
+        c, a, b = e.args
+        if self.like is not None and a.is_number and b.is_number:
+            return f"ops.where({self.arg(c)}, {self.arg(a)}, {self.arg(b)}, {self.like})"
+        return self.call("where", *e.args)
 
     def _fire(self, e: sp.Expr, kind: str) -> str:
         u = self._print(e.args[0])
@@ -72,7 +79,7 @@ def emit_core(step: StepModel) -> str:
             f"    return {pr._print(sur.derivative)}",
             "",
         ]
-    core_pr = TorchPrinter(fire_args=sur_params)
+    core_pr = TorchPrinter(fire_args=sur_params, like=args[0] if args else None)
     returns = ", ".join(outs + [s.name + "_next" for s in step.states])
     lines += [
         "",
@@ -131,6 +138,7 @@ def emit_core_backward(step: StepModel, bw: BackwardModel) -> str:
     pr = TorchPrinter()
     params = [pr._print(p.symbol) for p in step.params]
     args = [pr._print(s) for s in [*step.inputs, *step.states]]
+    pr.like = args[0] if args else None
     grads = [pr._print(g) for g in [*bw.grad_outputs, *bw.grad_next_states]]
     lines = [
         "",

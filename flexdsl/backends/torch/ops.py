@@ -61,16 +61,21 @@ def _like(*xs):
     return None
 
 
-def where(cond, a, b):
-    like = _like(a, b, cond)
-    if like is None:
+def where(cond, a, b, like=None):
+    """`a` where `cond` holds, else `b`. Two numbers give a float tensor of the default dtype, or
+    of `like`'s dtype where that is wider (a float64 run stays float64: `dt * where(c, 1, 0)`
+    must not round `dt` to float32)."""
+    ref = _like(a, b, cond)
+    if ref is None:
         return a if cond else b
     if not isinstance(cond, torch.Tensor):
-        cond = torch.as_tensor(cond, device=like.device)
-    dtype = torch.result_type(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else None
-    if dtype is None:
-        return torch.where(cond, a, b).to(torch.get_default_dtype())
-    return torch.where(cond, a, b)
+        cond = torch.as_tensor(cond, device=ref.device)
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.where(cond, a, b)
+    dtype = torch.get_default_dtype()
+    if isinstance(like, torch.Tensor) and like.is_floating_point():
+        dtype = torch.promote_types(dtype, like.dtype)
+    return torch.where(cond, a, b).to(dtype)
 
 
 def minimum(a, b):
