@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -83,11 +84,37 @@ def main(argv: list[str] | None = None) -> float:
 
     import flexdsl
 
+    # what would fail only after training, or with a traceback: said now, in one line
+    for name in ("T", "epochs", "hidden", "batch"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be a positive number, not {getattr(a, name)}")
+    if a.test_T < 0:
+        ap.error(f"--test-T must be a positive number (or 0: as --T), not {a.test_T}")
+    try:
+        dev = torch.device(a.device)
+    except RuntimeError:
+        ap.error(f"--device: unknown device `{a.device}` (use cpu or cuda)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this torch has no CUDA device (run on a GPU machine, or use --device cpu)")
+    if a.plot is not None:
+        from flexdsl.docs.plots import supported_formats
+
+        plot = Path(a.plot)
+        if plot.suffix.lower().lstrip(".") not in supported_formats():
+            ap.error(f"--plot {a.plot}: the extension picks the image format (e.g. .png, .svg, .pdf)")
+        if not (plot.parent if str(plot.parent) else Path(".")).is_dir():
+            ap.error(f"--plot {a.plot}: the folder {plot.parent} does not exist")
+    try:
+        neuron = flexdsl.load(a.neuron)
+    except flexdsl.FlexDSLError as e:
+        ap.exit(2, f"{e}\n")
+    if len(neuron.compiled.checked.inputs) != 1:
+        ap.error(f"--neuron {a.neuron}: the classifier drives one input per neuron, but "
+                 f"{neuron.compiled.name} has {len(neuron.compiled.checked.inputs)}")
+
     torch.manual_seed(a.seed)
-    dev = torch.device(a.device)
     x_tr, x_te, y_tr, y_te = load_digits_split(a.seed)
     x_tr, x_te, y_tr, y_te = x_tr.to(dev), x_te.to(dev), y_tr.to(dev), y_te.to(dev)
-    neuron = flexdsl.load(a.neuron)
     net = Net(neuron, a.hidden, a.dropout, a.input_gain).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr, weight_decay=a.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.epochs)

@@ -179,6 +179,9 @@ def _plot_target(path: str) -> Path:
     return p
 
 
+MAX_RUN_STEPS = 10_000_000  # float64 traces of every state and output: ~80 MB each
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
@@ -186,7 +189,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.T < 1:
         raise FlexDSLError(f"--T must be a positive number of steps, not {args.T}", CMDLINE, hint="e.g. --T 200")
-    plot = _plot_target(args.plot) if args.plot else None
+    if args.T > MAX_RUN_STEPS:
+        raise FlexDSLError(f"--T {args.T} is more steps than `flexdsl run` simulates (at most {MAX_RUN_STEPS:,})",
+                           CMDLINE, hint="for longer runs, call the module from Python in chunks of steps (its "
+                                         "states carry over between calls)")
+    plot = _plot_target(args.plot) if args.plot is not None else None
     overrides = {}
     for kv in args.param or []:
         k, eq, v = kv.partition("=")
@@ -398,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{getattr(e, 'filename', None) or CMDLINE}: error: {e.strerror or e}", file=sys.stderr)
         return 1
     except MemoryError:
+        print(f"{CMDLINE}: error: out of memory (try a smaller --T)", file=sys.stderr)
+        return 1
+    except RuntimeError as e:  # torch's allocator says "can't allocate memory" as a RuntimeError
+        if "allocate" not in str(e) and "out of memory" not in str(e):
+            raise
         print(f"{CMDLINE}: error: out of memory (try a smaller --T)", file=sys.stderr)
         return 1
 

@@ -370,9 +370,16 @@ def test_run_rejects_a_bad_T(T):
     assert "<command line>: error: --T must be a positive number of steps" in r.stderr
 
 
+def test_run_rejects_more_steps_than_it_can_hold():
+    r = cli_inproc("run", "lif", "--T", "100000000000")
+    no_traceback(r)
+    assert r.returncode == 1 and "more steps than `flexdsl run` simulates" in r.stderr
+
+
 @pytest.mark.parametrize("target,why", [("/nonexistent/dir/x.png", "does not exist"),
                                         ("x.unknownext", "not an image format"),
-                                        ("noextension", "has no extension")])
+                                        ("noextension", "has no extension"),
+                                        ("", "has no extension")])
 def test_run_bad_plot_target(tmp_path, target, why):
     r = cli_inproc("run", "lif", "--T", "10", "--plot", target)
     no_traceback(r)

@@ -23,6 +23,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 import flexdsl
 
@@ -960,3 +961,35 @@ def test_python_in_expressions_rejected(tmp_path, expr):
     with pytest.raises(flexdsl.FlexDSLError):
         flexdsl.compile(text)
     assert not s.exists()
+
+
+_LOWERING = """\
+neuron M:
+    input x
+    param a = 0.5
+    param dt = 1.0
+    state v = 0.0
+    state w = 0.0
+    {body}
+    spike when v >= 1
+    on spike:
+        v = 0
+    output spike, v
+"""
+
+
+@pytest.mark.parametrize("body, line, what", [
+    ("update:\n        v = x*1e300*1e300", 8, "overflow a float"),  # sympy folds it to 1e600*x
+    ("update:\n        v = v + x/(2e-200*1e-200)", 8, "overflow a float"),
+    ("equations method exact:\n        dv/dt = min(0.5, v - x/(where(a > 0, 2, 1) - 1))", 8, "cannot be lowered"),
+    ("equations method exponential_euler:\n        dw/dt = clip(1.0, log(where(1 > w, a, 0)*min(dt, 0.0)), 1e30)\n"
+     "        dv/dt = x - v", 8, "cannot be lowered"),
+], ids=["folded_overflow", "folded_division", "where_in_min", "where_in_log"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_lowering_failures_are_located_errors(body, line, what, backend):
+    """What sympy cannot lower, or folds into a constant beyond a float, is a located error on
+    load or on the first call — never sympy's TypeError or a NameError in generated code."""
+    text = _LOWERING.format(body=body)
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(text, backend=backend)(torch.rand(3, 2))
+    assert ei.value.line == line and what in str(ei.value), str(ei.value)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -36,3 +38,16 @@ def test_train_digits_reaches_97_percent_held_out(tmp_path):
         assert len(x_te) == 450 and overlap == 0
     finally:
         sys.path.pop(0)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--plot", "no/such/dir/x.png"], "does not exist"),
+    (["--plot", "curves.unknownext"], "image format"),
+    (["--neuron", "nosuch"], "no such file or library model"),
+    (["--T", "-3"], "--T must be a positive number"),
+])
+def test_train_digits_rejects_bad_arguments_before_training(args, says):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_digits.py"), *args], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
+    assert "epoch" not in r.stdout

@@ -146,6 +146,20 @@ def test_module_attribute_names_are_located_errors(name):
         assert "training" in (e.value.hint or "")  # the hint lists the reserved names
 
 
+def test_every_public_attribute_of_the_module_is_reserved():
+    """A param or state named like any public attribute of the loaded module (nn.Module's,
+    SpikingJelly's MemoryModule's or flexdsl's own) would shadow it: each is a reserved name."""
+    from flexdsl.frontend.catalog import MODULE_ATTRIBUTES
+    from flexdsl.runtime.module import NeuronModule
+
+    public = {a for a in dir(NeuronModule) if not a.startswith("_")}
+    public |= {a for a in vars(flexdsl.load("lif")) if not a.startswith("_")}
+    assert public <= MODULE_ATTRIBUTES, sorted(public - MODULE_ATTRIBUTES)
+    with pytest.raises(flexdsl.FlexDSLError, match="neuron_text"):
+        flexdsl.loads("neuron A:\n    input x\n    param neuron_text = 0.5 learnable\n    state v = 0.0\n"
+                      "    update:\n        v = v + x*neuron_text\n")
+
+
 # ------------------------------------------------------------------ the cache
 def _entry(tmp_path: Path) -> Path:
     files = list((tmp_path / "v1").glob("*.json"))
@@ -183,7 +197,7 @@ def test_tampered_cache_entry_is_rejected_and_regenerated(tmp_path, monkeypatch)
     assert p.exists()  # regenerated
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "wrong_key"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "wrong_key", "deep", "not_a_dict"])
 def test_damaged_cache_entries(tmp_path, monkeypatch, damage):
     _fresh(monkeypatch, tmp_path)
     text = _unique_model("Damaged" + damage.capitalize().replace("_", ""))
@@ -197,6 +211,10 @@ def test_damaged_cache_entries(tmp_path, monkeypatch, damage):
         p.write_bytes(b"\xff\xfe\x00 not json")
     elif damage == "empty":
         p.write_text("")
+    elif damage == "deep":  # the JSON reader recurses: RecursionError, not ValueError
+        p.write_text("[" * 100000 + "]" * 100000)
+    elif damage == "not_a_dict":
+        p.write_text('{"payload": [1, 2], "format": 1}')
     else:
         p.rename(p.with_name("0" * 32 + ".json"))  # a valid entry under another key
         p = p.with_name("0" * 32 + ".json")

@@ -294,6 +294,16 @@ def test_batch_or_device_change_without_reset_is_an_error():
         m(torch.rand(3, 1))
     m.reset()
     assert m(torch.rand(3, 1)).shape == (3, 1)
+    # a kept state that would broadcast is no licence: [T, 1] -> [T, 4], [T, 3] -> [T, 2, 3], [T, 4] -> [T, 3]
+    for first, then in (((3, 1), (3, 4)), ((3, 3), (3, 2, 3)), ((3, 4), (3, 3))):
+        m.reset()
+        m(torch.rand(*first))
+        with pytest.raises(flexdsl.FlexDSLError, match=r"call m.reset\(\)"):
+            m(torch.rand(*then))
+    with pytest.raises(flexdsl.FlexDSLError, match=r"has shape \(4,\) \(as given\)"):
+        m.step(torch.rand(5, 3), {"v": torch.zeros(4)})
+    m.reset()
+    m(torch.rand(3, 1))
     with pytest.raises(flexdsl.FlexDSLError, match="is on cpu but the input is on meta"):
         m(torch.rand(3, 1, device="meta"))
 

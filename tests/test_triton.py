@@ -455,3 +455,13 @@ def test_bf16_backward_sees_the_forward_spike(training):
     expected = ((-1.0 - h) * sg + (1 - fired)) / 2.0
     assert fired == (1.0 if training == "save" else 0.0)
     assert abs(g.item() - expected) < 1e-2, (g.item(), expected)
+
+
+def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):
+    """backend="triton" on a machine without a GPU (and without TRITON_INTERPRET=1): a located
+    error saying what to do, not Triton's "0 active drivers"."""
+    m = flexdsl.load("lif", backend="triton")
+    prog = m._compiled.program("triton")
+    monkeypatch.setattr(prog, "interpret", False)
+    with pytest.raises(flexdsl.FlexDSLError, match=r"run on CUDA tensors, but the input is on cpu(.|\n)*TRITON_INTERPRET"):
+        m(torch.rand(3, 2))

@@ -252,7 +252,8 @@ MODULE_ATTRIBUTES: frozenset[str] = frozenset("""
     register_load_state_dict_pre_hook register_module register_parameter register_state_dict_post_hook
     register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
     to_empty train training type xpu zero_grad
-    backend check_finite compiled core detach detach_reset initial_state param_values reset state_names state_seqs
+    backend check_finite compiled core detach detach_reset initial_state neuron_text param_values reset state_names
+    state_seqs
     step step_mode store_state_seqs
     memories named_memories register_memory set_reset_value get_reset_value supported_step_mode
     single_step_forward multi_step_forward functional_forward materialize_states single_step_functional_forward

@@ -234,6 +234,43 @@ class NameGen:
 
 
 def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
+    """The model's step as sympy SSA assignments. Whatever sympy cannot do with a statement (a
+    comparison of values it cannot order, a non-finite constant after folding) is a located
+    FlexDSLError, never sympy's own exception."""
+    here: list[A.Pos] = [model.ast.pos]
+    try:
+        step = _lower(model, detach_reset, here)
+    except FlexDSLError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as e:
+        n = model.ast
+        raise FlexDSLError(f"this statement cannot be lowered: {str(e).splitlines()[0][:200]}", n.filename,
+                           here[0].line, here[0].column, n.source,
+                           "simplify the expression (e.g. a `where` inside `min`, `max` or `clip` whose branches "
+                           "sympy cannot compare)") from None
+    _check_finite_constants(step)
+    return step
+
+
+def _check_finite_constants(step: StepModel) -> None:
+    """Every constant of the generated step must be a finite float: sympy folds constants with
+    unbounded exponents (`x*1e300*1e300` is `1e600*x`), which a float64 cannot hold."""
+    n = step.checked.ast
+    for y, e in step.assignments:
+        for c in e.atoms(sp.Number):
+            try:
+                ok = math.isfinite(float(c))
+            except (TypeError, OverflowError):
+                ok = False
+            if not ok or e.has(*_NONFINITE):
+                pos = step.origins.get(y.name) or n.pos
+                raise FlexDSLError("this statement's constants overflow a float (they fold to "
+                                   f"{sp.sstr(c) if ok else 'a value beyond 1.8e308'})", n.filename, pos.line,
+                                   pos.column, n.source, "the largest float is about 1.8e308: rescale the "
+                                                          "constants (or their units)")
+
+
+def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepModel:
     n = model.ast
     inputs = [sym(i.name) for i in model.inputs]
     states = [sym(s.name) for s in model.states]
@@ -244,7 +281,6 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
     env: dict[str, sp.Expr] = {s.name: s for s in [*inputs, *states]} | {p.name: p.symbol for p in params}
     assignments: list[tuple[sp.Symbol, sp.Expr]] = []
     origins: dict[str, A.Pos] = {}
-    here: list[A.Pos] = [n.pos]
 
     dynamic: set[sp.Symbol] = {*inputs, *states}  # symbols that depend on inputs or states
 

@@ -138,6 +138,9 @@ def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8", "surrogatepass")).hexdigest()
 
 
+MAX_ENTRY_BYTES = 64 << 20  # far above any generated source; larger files are not entries
+
+
 def read(k: str) -> Artefact | None:
     """The verified entry of key `k`, or None (a damaged entry is deleted)."""
     with _lock:
@@ -154,12 +157,14 @@ def read(k: str) -> Artefact | None:
         _warn(_trusted(p, False) or "")
         return None
     try:
+        if p.stat().st_size > MAX_ENTRY_BYTES:
+            raise ValueError("too large for an entry")
         doc = json.loads(p.read_text(encoding="utf-8"))
         payload = doc["payload"]
         ok = doc.get("format") == FORMAT and doc.get("sha256") == _digest(payload) and payload.get("key") == k
         art = Artefact(str(payload["kind"]), str(payload["source"]), dict(payload["meta"])) if ok else None
-    except (OSError, ValueError, KeyError, TypeError):
-        art = None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError):
+        art = None  # (anything a damaged file can make the JSON reader or the checks raise)
     if art is None:
         try:
             p.unlink()

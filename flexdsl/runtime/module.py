@@ -487,8 +487,9 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                     raise self._error(f"state `{name}` is on {v.device} but the input is on {x0.device}",
                                       hint="call m.reset() before a new sequence, or move the module with "
                                            "m.to(device)")
-                if v.shape != shape and torch.broadcast_shapes(v.shape, shape) != shape:
-                    raise self._error(f"state `{name}` has shape {tuple(v.shape)} (from an earlier call) but the "
+                if v.shape != shape and v.dim() > 0:  # (a 0-d state is one value for every element)
+                    raise self._error(f"state `{name}` has shape {tuple(v.shape)} "
+                                      f"{'(from an earlier call) ' if given is None else '(as given) '}but the "
                                       f"input's step shape is {tuple(shape)}",
                                       hint="call m.reset() (or spikingjelly's functional.reset_net) before a batch "
                                            "of another size")

@@ -530,6 +530,12 @@ class TritonProgram:
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult:
         x0 = inputs[0]
+        if x0.device.type != "cuda" and not self.interpret:
+            raise FlexDSLError(f"the Triton kernels run on CUDA tensors, but the input is on {x0.device}",
+                               self.abi.name, hint="move the module and the input to a GPU (m.to('cuda')), use "
+                                                   "backend='auto' (the torch path for CPU tensors), or set "
+                                                   "TRITON_INTERPRET=1 before importing flexdsl to run the "
+                                                   "kernels in Triton's interpreter")
         if x0.dtype not in _DTYPES:
             raise FlexDSLError(f"the Triton kernels take float32, float16 or bfloat16 inputs, not {x0.dtype}",
                                self.abi.name, hint="use backend='torch' for float64")
