@@ -993,3 +993,27 @@ def test_lowering_failures_are_located_errors(body, line, what, backend):
     with pytest.raises(flexdsl.FlexDSLError) as ei:
         flexdsl.loads(text, backend=backend)(torch.rand(3, 2))
     assert ei.value.line == line and what in str(ei.value), str(ei.value)
+
+
+def test_params_that_make_a_denominator_zero_are_located_errors():
+    """`x/(a - 1)` at a = 1 would run as NaN at every step: a located error at load and on
+    assignment; a division guarded by a `where` is the model's own business and stays allowed."""
+    text = """neuron M:
+    input x
+    param a = {a}
+    state v = 0.0
+    update:
+        v = v + x/(a - 1) + where(a > 5, x/(a - 5), 0)
+    spike when v >= 1
+    on spike:
+        v = 0
+"""
+    with pytest.raises(flexdsl.FlexDSLError, match="divides by zero") as ei:
+        flexdsl.loads(text.format(a="1.0"))
+    assert (ei.value.line, ei.value.column) == (6, 9)
+    m = flexdsl.loads(text.format(a="2.0"))
+    assert torch.equal(m(torch.ones(2, 1)), torch.ones(2, 1))  # v = 0 + 1/(2 - 1) = 1: a spike, a reset, again
+    with pytest.raises(flexdsl.FlexDSLError, match="divides by zero"):
+        m.a = 1.0
+    m.a = 5.0  # (the guarded division by a - 5 = 0 is not taken)
+    assert torch.isfinite(m(torch.ones(2, 1))).all()

@@ -169,6 +169,18 @@ def test_per_channel_values_at_load():
         flexdsl.load("lif", tau=torch.tensor([2.0, 0.5]))
     with pytest.raises(flexdsl.FlexDSLError, match="takes a number"):
         flexdsl.load("lif", tau="fast")
+    with pytest.raises(flexdsl.FlexDSLError, match="not learnable, so a tensor that requires grad"):
+        flexdsl.load("lif", tau=torch.tensor([2.0, 3.0], requires_grad=True))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_per_channel_values_must_broadcast_to_the_input(backend):
+    m = flexdsl.load("lif", tau=torch.tensor([2.0, 3.0]), backend=backend)
+    with pytest.raises(flexdsl.FlexDSLError, match=r"`tau` has shape \(2,\), which does not broadcast"):
+        m(torch.ones(3, 5))
+    with pytest.raises(flexdsl.FlexDSLError, match="does not broadcast"):
+        m(torch.ones(3, 2, 1))  # would broadcast *up* to [3, 2, 2]: not one step of this input
+    assert m(torch.ones(3, 4, 2)).shape == (3, 4, 2)
 
 
 # ------------------------------------------------------------------ SpikingJelly habits

@@ -230,6 +230,12 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                                                for v in self._core_params()))
         for name, v in vals.items():
             t = torch.as_tensor(v)
+            stmt, _, den = name.partition("|")
+            if den and bool((t == 0).any()):
+                pos = c.step.origins.get(stmt) or c.checked.ast.pos
+                raise self._error("with these params this statement divides by zero: a denominator that depends "
+                                  "on params only is 0", pos, "change the params (a `where` constraint on them "
+                                                              "catches this at load)")
             if not bool(torch.isfinite(t).all()):
                 eqs = c.checked.equations
                 pos = c.step.origins.get(name) or (eqs.pos if eqs is not None else c.checked.ast.pos)
@@ -503,9 +509,16 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         params = self._param_list()
         if self._parameters or self._buffers:
             for name, v in zip(self._param_decls, params):
-                if isinstance(v, torch.Tensor) and v.numel() > 1 and v.device != x0.device:
-                    raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
-                                      self._param_decls[name].pos, "move the module: m.to(device)")
+                if isinstance(v, torch.Tensor) and v.numel() > 1:
+                    if v.device != x0.device:
+                        raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
+                                          self._param_decls[name].pos, "move the module: m.to(device)")
+                    if v.shape != shape and (v.dim() > len(shape) or any(
+                            p != 1 and p != s for p, s in zip(v.shape[::-1], shape[::-1]))):
+                        raise self._error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to "
+                                          f"the input's step shape {tuple(shape)}", self._param_decls[name].pos,
+                                          "per-channel values broadcast like torch tensors against one step of "
+                                          "the input (e.g. shape (C,) for [T, B, C], (C, 1, 1) for [T, B, C, H, W])")
         params = self._compiled.with_derived(params)
         init = self._states_for(x0, shape, given)
         res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
@@ -580,6 +593,11 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
             if isinstance(v, torch.Tensor):
                 if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
                     raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
+                if v.requires_grad and not p.learnable:
+                    raise FlexDSLError(f"`{p.name}` is not learnable, so a tensor that requires grad would lose its "
+                                       "gradient", c.filename, p.pos.line, p.pos.column, c.text,
+                                       f"declare it `param {p.name} = ... learnable` to train it, or pass "
+                                       "`value.detach()`")
                 v = v.detach().item() if v.numel() == 1 else v.detach().to(torch.float64)
             elif isinstance(v, bool) or not isinstance(v, int | float):
                 try:
