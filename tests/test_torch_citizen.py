@@ -148,6 +148,29 @@ def test_checkpoint_restores_non_learnable_params():
     assert torch.equal(b(x), a(x))
 
 
+def test_checkpoint_restores_the_exact_model_across_scalar_and_per_channel_params():
+    x = _x(shape=(3, 4), seed=8)
+    per = flexdsl.load("lif", tau=torch.tensor([2.0, 3.0, 4.0, 5.0]))
+    scalar = flexdsl.load("lif")
+    scalar.load_state_dict(per.state_dict())  # per-channel checkpoint into a scalar model
+    assert torch.equal(scalar(x), per(x)) and torch.equal(scalar.tau, per.tau)
+    per2 = flexdsl.load("lif", tau=torch.tensor([2.0, 3.0, 4.0, 5.0]))
+    per2.load_state_dict(flexdsl.load("lif", tau=7.0).state_dict())  # and the reverse
+    assert per2.tau == 7.0 and torch.equal(per2(x), flexdsl.load("lif", tau=7.0)(x))
+    # a learnable per-channel param into a scalar one
+    a = flexdsl.load("plif", param_shapes={"w": (4,)})
+    with torch.no_grad():
+        a.w.copy_(torch.tensor([0.1, 0.2, -0.3, 0.4]))
+    b = flexdsl.load("plif")
+    b.load_state_dict(a.state_dict())
+    assert b.w.shape == (4,) and torch.equal(b(x), a(x))
+    # a damaged extra state is a located error, not a raw ValueError
+    sd = flexdsl.load("lif").state_dict()
+    sd["_extra_state"]["params"]["tau"] = "abc"
+    with pytest.raises(flexdsl.FlexDSLError, match="`tau` is not a number"):
+        flexdsl.load("lif").load_state_dict(sd)
+
+
 def test_load_state_dict_checks_constraints_before_copying():
     m = flexdsl.load("lif", tau=3.0)
     bad = flexdsl.load("lif", tau=3.0).state_dict()
@@ -346,3 +369,17 @@ def test_a_gradient_is_never_dropped_silently():
         m.tau = torch.tensor(3.0, requires_grad=True)
     m.tau = torch.tensor(3.0)  # without grad it is a value
     assert m.tau == 3.0
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_check_finite_under_torch_compile_fullgraph(backend):
+    """check_finite cannot name the step inside a compiled graph (no branching on values), but
+    it still stops the call: one traced assertion, no graph break."""
+    torch._dynamo.reset()
+    m = flexdsl.load("lif", check_finite=True, backend=backend)
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    x = torch.rand(4, 3)
+    assert torch.equal(cm(x), flexdsl.load("lif", backend=backend)(x))
+    m.reset()
+    with pytest.raises(RuntimeError, match="check_finite: a NaN or inf appeared in a call of LIF"):
+        cm(torch.full((4, 3), float("nan")))

@@ -90,7 +90,19 @@ def check(c: Compiled, inputs: Sequence[torch.Tensor], states: Sequence[Any], pa
     """Raise a NonFiniteError at the first non-finite value of a call (see the module docstring).
     `params` are the declared then the derived params as passed to the program, `states` the
     initial states, `res` the run with its state sequences. The error keeps the call's state
-    sequences and outputs (`state_seqs`, `outputs`) for a look at what led there."""
+    sequences and outputs (`state_seqs`, `outputs`) for a look at what led there.
+
+    Under `torch.compile` (which cannot branch on tensor values without a graph break) the check
+    is one traced assertion that stops the call with a shorter message; an eager call names
+    the state, the step and the element."""
+    if torch.compiler.is_compiling():
+        assert res.seqs is not None
+        values = [*(p for p in params if isinstance(p, torch.Tensor)), *res.seqs, *res.outputs]
+        ok = torch.stack([torch.isfinite(v).all() for v in values]).all() if values else None
+        if ok is not None:
+            torch._assert_async(ok, f"flexdsl check_finite: a NaN or inf appeared in a call of {c.name} "
+                                    "(run it without torch.compile for the state, step and element)")
+        return
     try:
         _check(c, inputs, states, params, res)
     except NonFiniteError as e:

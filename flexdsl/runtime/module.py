@@ -252,16 +252,56 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         return {"flexdsl": _EXTRA_STATE_FORMAT, "model": self._compiled.name, "params": dict(self._fixed)}
 
     def set_extra_state(self, state: Any) -> None:
+        for k, v in self._extra_params(state).items():
+            if k in self._buffers:  # (only when called directly: loading a state dict adopts the float)
+                self._buffers[k] = torch.full_like(self._buffers[k], v)
+            else:
+                self._fixed[k] = v
+
+    def _extra_params(self, state: Any) -> dict[str, float]:
+        """The float params of a checkpoint's extra state, checked: names this model declares,
+        numbers."""
         if not isinstance(state, Mapping) or not isinstance(state.get("params"), Mapping):
             raise self._error("the checkpoint's extra state is not one of a flexdsl model")
+        out = {}
         for k, v in state["params"].items():
             if k not in self._param_decls:
                 raise self._error(f"the checkpoint has a param `{k}` that `{self._compiled.name}` does not declare",
-                                  hint=did_you_mean(k, self._param_decls))
-            if k in self._buffers:  # a per-channel param here, a float in the checkpoint
-                self._buffers[k] = torch.full_like(self._buffers[k], float(v))
-            else:
-                self._fixed[k] = float(v)
+                                  hint=did_you_mean(str(k), self._param_decls))
+            try:
+                if isinstance(v, bool | str):
+                    raise TypeError
+                out[k] = float(v)
+            except (TypeError, ValueError):
+                raise self._error(f"the checkpoint's param `{k}` is not a number: {v!r}",
+                                  self._param_decls[k].pos) from None
+        return out
+
+    def _adopt_checkpoint_shapes(self, state_dict: Mapping[str, Any], prefix: str) -> None:
+        """A checkpoint restores the exact model, per-channel or not: a param stored as a tensor
+        of another shape than here (or as a float where here is a tensor, and the reverse) takes
+        the checkpoint's form before the values are copied. (A learnable param that changes shape
+        is a new Parameter: build the optimizer after loading.)"""
+        extra = state_dict.get(prefix + "_extra_state")
+        floats = self._extra_params(extra) if extra is not None else {}
+        d = self.__dict__
+        for name, p in self._param_decls.items():
+            t = state_dict.get(prefix + name)
+            if isinstance(t, torch.Tensor):
+                if p.learnable:
+                    cur = self._parameters.get(name)
+                    if cur is not None and cur.shape != t.shape:
+                        super().__setattr__(name, nn.Parameter(torch.zeros(t.shape, dtype=cur.dtype,
+                                                                           device=cur.device)))
+                elif name in d["_fixed"]:
+                    del d["_fixed"][name]
+                    self.register_buffer(name, torch.zeros(t.shape, dtype=torch.float64))
+                elif name in self._buffers and self._buffers[name].shape != t.shape:
+                    self._buffers[name] = torch.zeros(t.shape, dtype=torch.float64,
+                                                      device=self._buffers[name].device)
+            elif name in floats and not p.learnable and name in self._buffers:
+                del self._buffers[name]
+                d["_fixed"][name] = floats[name]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
@@ -272,12 +312,13 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             if prefix + name in state_dict and isinstance(state_dict[prefix + name], torch.Tensor):
                 env[name] = changed[name] = state_dict[prefix + name].detach()
         extra = state_dict.get(prefix + "_extra_state")
-        if isinstance(extra, Mapping) and isinstance(extra.get("params"), Mapping):
-            for k, v in extra["params"].items():
-                if k in env and k not in changed:
-                    env[k] = changed[k] = float(v)
+        if extra is not None:
+            for k, v in self._extra_params(extra).items():
+                if k not in changed:
+                    env[k] = changed[k] = v
         if changed:
             self._check_constraints(env, changed)
+        self._adopt_checkpoint_shapes(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         if prefix + "_extra_state" in missing_keys:  # a checkpoint from before extra state: keep the floats
