@@ -1017,3 +1017,40 @@ def test_params_that_make_a_denominator_zero_are_located_errors():
         m.a = 1.0
     m.a = 5.0  # (the guarded division by a - 5 = 0 is not taken)
     assert torch.isfinite(m(torch.ones(2, 1))).all()
+
+
+@pytest.mark.parametrize("surrogate, says", [
+    ("sigmoid(alpha=1e300)", "beyond float32"),  # S'(0) = alpha/4: inf in float32, NaN gradients
+    ("sigmoid(alpha=0-4)", "must be positive at the threshold"),
+])
+def test_surrogates_whose_gradients_cannot_be_used_are_located_errors(surrogate, says):
+    text = f"""neuron M:
+    input x
+    state v = 0.0
+    update:
+        v = v + x
+    spike when v >= 1 surrogate {surrogate}
+    on spike:
+        v = 0
+"""
+    with pytest.raises(flexdsl.FlexDSLError, match=says) as ei:
+        flexdsl.loads(text)(torch.rand(3, 2))
+    assert (ei.value.line, ei.value.column) == (6, 33)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_an_initial_state_beyond_the_input_dtype_is_a_located_error(backend):
+    text = """neuron M:
+    input x
+    state v = 0.0
+    state w = 1e300
+    update:
+        v = v + x
+        w = w * 0.5
+"""
+    with pytest.raises(flexdsl.FlexDSLError, match="starts at 1e.300, beyond what torch.float32 holds") as ei:
+        flexdsl.loads(text, backend=backend)(torch.rand(3, 2))
+    assert ei.value.line == 4
+    m = flexdsl.loads(text, backend="torch", store_state_seqs=True).double()
+    m(torch.rand(3, 2, dtype=torch.float64))
+    assert m.state_seqs["w"][-1, 0].item() == 1e300 / 8

@@ -584,7 +584,25 @@ def _surrogate(model: CheckedModel, env: Mapping[str, sp.Expr]) -> SurrogateInfo
         raise FlexDSLError(f"the surrogate `{rs.name}({shown})` is degenerate: its derivative is not finite or is "
                            "zero everywhere", n.filename, pos.line, pos.column, n.source,
                            "surrogate widths must be finite and nonzero (e.g. alpha > 0)")
+    if deriv.free_symbols <= {u}:  # constant keywords: the peak S'(0) must be a usable float
+        try:
+            peak = float(deriv.subs(u, 0))
+        except (TypeError, ValueError, OverflowError):
+            peak = math.inf
+        shown = ", ".join(f"{k}={sp.sstr(v)}" for k, v in kwargs.items())
+        if not abs(peak) <= FLOAT32_MAX:
+            raise FlexDSLError(f"the surrogate `{rs.name}({shown})` peaks at S'(0) = {peak:.3g}, beyond float32 "
+                               "(about 3.4e38): its gradients would be inf or NaN", n.filename, pos.line,
+                               pos.column, n.source, "choose a smaller scale (e.g. alpha between 1 and 100)")
+        if rs.user is None and peak <= 0:
+            raise FlexDSLError(f"the surrogate `{rs.name}({shown})` has S'(0) = {peak:.3g}: a surrogate's "
+                               "derivative must be positive at the threshold, or the gradients point the wrong "
+                               "way", n.filename, pos.line, pos.column, n.source, "use a positive scale, e.g. "
+                               "alpha=4.0")
     return SurrogateInfo(rs.name, kwargs, deriv, u)
+
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: NameGen

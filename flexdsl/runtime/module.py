@@ -529,6 +529,11 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                 v = inits[name]
                 if isinstance(v, torch.Tensor):
                     v = v.to(device=x0.device, dtype=x0.dtype)
+                elif x0.dtype != torch.float64 and abs(float(v)) > torch.finfo(x0.dtype).max:
+                    decl = next(s for s in self._compiled.checked.states if s.name == name)
+                    raise self._error(f"state `{name}` starts at {float(v):g}, beyond what {x0.dtype} holds "
+                                      f"({torch.finfo(x0.dtype).max:.3g})", decl.pos,
+                                      "run in float64 (m.double() and a float64 input), or rescale the model")
             elif isinstance(v, torch.Tensor):
                 if v.device != x0.device:
                     raise self._error(f"state `{name}` is on {v.device} but the input is on {x0.device}",
