@@ -375,8 +375,20 @@ def test_a_model_that_diverges_says_so(tmp_path):
     p.write_text(text)
     res = docs.build([p], tmp_path / "out")
     assert not res.failed
-    html_text = res.pages[0].read_text()
-    assert "not finite" in html_text
+    html_text = " ".join(res.pages[0].read_text().split())
+    assert "cannot run with its default params" in html_text and "divides by zero" in html_text
+    # a model that runs but blows up: the page says so under its plots
+    q = tmp_path / "square.neuron"
+    q.write_text("""neuron Square:
+    \"\"\"Squares its state: diverges for any input above 1.\"\"\"
+    input x
+    state v = 0.0
+    update:
+        v = v * v + x + 2
+""")
+    res = docs.build([q], tmp_path / "out2")
+    assert not res.failed
+    assert "not finite" in res.pages[0].read_text()
 
 
 def test_summary_is_the_first_sentence_even_when_wrapped():
