@@ -131,6 +131,9 @@ CASES = [
     ("user_surrogate", mut("surrogate sigmoid(alpha=1/mV)", "surrogate mine(k=1/mV)").replace(
         "    state w = 0 pA\n", "    state w = 0 pA\n    surrogate mine(x, k=1.0) = k / (1 + abs(x))**2\n"),
      At("surrogate mine(x", "abs(x)"), ("sum", "`abs(x)` is V")),
+    ("user_surrogate_keyword_at_use", mut("surrogate sigmoid(alpha=1/mV)", "surrogate mine(k=1/ms)").replace(
+        "    state w = 0 pA\n", "    state w = 0 pA\n    surrogate mine(x, k=1/mV) = k / (1 + (k*x)**2)\n"),
+     At("surrogate mine(k=", "1/ms"), ("`k` of the surrogate `mine` must be 1/V", "default `1/mV`", "is 1/s")),
     ("input_unit_name", mut("input I : pA", "input I : foo"), At("input I", "foo"), ("`foo` is not a unit",)),
     ("input_unit_value", mut("input I : pA", "input I : 2 pA"), At("input I", "2 pA"), ("unit",)),
     ("exponent_with_unit", mut(DW, "(a * (v - E_L) - w) / tau_w * (w / pA) ** (v - E_L)"), At("** (v", "v - E_L", 2),

@@ -744,6 +744,25 @@ class _UnitChecker:
         local[sd.arg] = u_dim
         for kname, kexpr in rs.kwargs.items():
             local[kname] = self.dim(kexpr, env).dim
+        # a keyword given at the spike rule with another unit than its default, where the default
+        # fits the body: the error belongs at the spike rule, naming the unit the keyword needs
+        defaults = {k.name: k for k in sd.kwargs}
+        wrong = [(n, k) for n, k in given.items() if n in defaults
+                 and self.dim(k.value, env).dim != self.dim(defaults[n].value, env).dim]
+        if wrong:
+            with_defaults = {**local, **{n: self.dim(defaults[n].value, env).dim for n, _ in wrong}}
+            try:
+                self.dim(sd.body, with_defaults, DIMENSIONLESS / u_dim, "")
+            except FlexDSLError:
+                pass  # the default does not fit either: the body's own error below says why
+            else:
+                n, k = wrong[0]
+                want = self.dim(defaults[n].value, env).dim
+                raise self.err(f"`{n}` of the surrogate `{sd.name}` must be {want}, as its default "
+                               f"`{_text(defaults[n].value)}`, but `{_text(k.value)}` is "
+                               f"{self.dim(k.value, env).dim}", k.value.pos,
+                               f"d spike / d u must have the unit of 1/u, and u (the spike rule's left side "
+                               f"minus its right side) is {u_dim}")
         for k in sd.kwargs:  # the defaults given are checked against the same use
             if k.name in given:
                 self.dim(k.value, env)
