@@ -257,17 +257,19 @@ def _check_finite_constants(step: StepModel) -> None:
     unbounded exponents (`x*1e300*1e300` is `1e600*x`), which a float64 cannot hold."""
     n = step.checked.ast
     for y, e in step.assignments:
-        for c in e.atoms(sp.Number):
-            try:
-                ok = math.isfinite(float(c))
-            except (TypeError, OverflowError):
-                ok = False
-            if not ok or e.has(*_NONFINITE):
-                pos = step.origins.get(y.name) or n.pos
-                raise FlexDSLError("this statement's constants overflow a float (they fold to "
-                                   f"{sp.sstr(c) if ok else 'a value beyond 1.8e308'})", n.filename, pos.line,
-                                   pos.column, n.source, "the largest float is about 1.8e308: rescale the "
-                                                          "constants (or their units)")
+        bad = e.has(*_NONFINITE) or any(not _fits_float(c) for c in e.atoms(sp.Number))
+        if bad:
+            pos = step.origins.get(y.name) or n.pos
+            raise FlexDSLError("this statement's constants overflow a float (they fold to a value beyond "
+                               "1.8e308)", n.filename, pos.line, pos.column, n.source,
+                               "the largest float is about 1.8e308: rescale the constants (or their units)")
+
+
+def _fits_float(c: sp.Number) -> bool:
+    try:
+        return math.isfinite(float(c))
+    except (TypeError, OverflowError):
+        return False
 
 
 def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepModel:

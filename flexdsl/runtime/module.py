@@ -277,13 +277,13 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                                   self._param_decls[k].pos) from None
         return out
 
-    def _adopt_checkpoint_shapes(self, state_dict: Mapping[str, Any], prefix: str) -> None:
+    def _adopt_checkpoint_shapes(self, state_dict: Mapping[str, Any], prefix: str, floats: Mapping[str, float]
+                                 ) -> None:
         """A checkpoint restores the exact model, per-channel or not: a param stored as a tensor
         of another shape than here (or as a float where here is a tensor, and the reverse) takes
-        the checkpoint's form before the values are copied. (A learnable param that changes shape
-        is a new Parameter: build the optimizer after loading.)"""
-        extra = state_dict.get(prefix + "_extra_state")
-        floats = self._extra_params(extra) if extra is not None else {}
+        the checkpoint's form before the values are copied (`floats`: the checkpoint's float
+        params). (A learnable param that changes shape is a new Parameter: build the optimizer
+        after loading.)"""
         d = self.__dict__
         for name, p in self._param_decls.items():
             t = state_dict.get(prefix + name)
@@ -312,13 +312,13 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             if prefix + name in state_dict and isinstance(state_dict[prefix + name], torch.Tensor):
                 env[name] = changed[name] = state_dict[prefix + name].detach()
         extra = state_dict.get(prefix + "_extra_state")
-        if extra is not None:
-            for k, v in self._extra_params(extra).items():
-                if k not in changed:
-                    env[k] = changed[k] = v
+        floats = self._extra_params(extra) if extra is not None else {}
+        for k, v in floats.items():
+            if k not in changed:
+                env[k] = changed[k] = v
         if changed:
             self._check_constraints(env, changed)
-        self._adopt_checkpoint_shapes(state_dict, prefix)
+        self._adopt_checkpoint_shapes(state_dict, prefix, floats)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         if prefix + "_extra_state" in missing_keys:  # a checkpoint from before extra state: keep the floats
