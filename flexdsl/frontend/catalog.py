@@ -12,7 +12,7 @@ these, so loading a model never imports sympy).
   `flexdsl.ir.integrate`).
 - `UNIT_BASES`, `UNIT_PREFIXES`: the unit names a model may write (`ms`, `mV`, `nS`, `uF`,
   `cm`...); what they mean (scale and dimension) comes from `sympy.physics.units`, read by
-  `flexdsl.frontend.units` only when a model uses units.
+  `flexdsl.frontend.dims` only when a model uses units.
 
 A spelling is a format string over the printed arguments (`{0}`, `{1}`, ...). Targets:
 `torch` (the generated torch core), `triton` (kernel code, float32), `host` (Python floats,

@@ -22,7 +22,9 @@ from .catalog import (
     is_unit,
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
-from .units import UnitInfo, check_units, model_names, suggest_unit, uses_units
+from .convert import check_units
+from .dims import suggest_unit
+from .unitcheck import UnitInfo, model_names, uses_units
 
 # Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
 # start with `_`, which no model name can, so they never collide with the model's.
@@ -410,7 +412,7 @@ class _ExprChecker(A.ExprFold[None]):
             if e.id not in self.visible and e.id not in CONSTANTS:
                 if e.id in ck.all_declared:
                     raise ck.err(f"`{e.id}` cannot be used {self.context}", e.pos, ck.scope_hint(self.context))
-                if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see units.py
+                if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see unitcheck.py
                     return
                 raise ck.unknown(e.id, e.pos, self.visible | set(CONSTANTS))
         elif isinstance(e, A.Quantity):

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
-from ..frontend import units
+from ..frontend import dims
 from ..frontend.check import CheckedModel, check
 from ..frontend.parse import normalize, parse
 from ..library import resolve
@@ -44,7 +44,7 @@ def _unit_definition(name: str, make) -> list:
     return cache.get_or_make(k, lambda: cache.Artefact("unit", "", {"definition": make()})).meta["definition"]
 
 
-units.set_definition_store(_unit_definition)
+dims.set_definition_store(_unit_definition)
 
 
 class Compiled:

@@ -1,5 +1,5 @@
-"""Stage 2b: physical units. The dimension check of a model that writes units, and the
-conversion of its values to flexdsl's base unit system before lowering.
+"""Stage 2b: physical units. The dimension check of a model that writes units (the conversion
+of its values to flexdsl's base unit system is `convert.py`, the unit definitions `dims.py`).
 
 A model "has units" when it writes a number with a unit (`10 ms`), a bare unit name that is
 no model name (`0.02 / ms`) or an input unit (`input I : nA`). A model without units never
@@ -28,204 +28,36 @@ keyword, `alpha`, has the inverse unit of the spike rule's `u`).
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FlexDSLError, did_you_mean
+from ..errors import FlexDSLError
 from . import ast as A
-from .catalog import CONSTANTS, UNIT_BASES, UNIT_PREFIXES, is_unit, unit_parts
+from .catalog import CONSTANTS, UNIT_BASES, UNIT_PREFIXES, is_unit
 from .catalog import SURROGATES as BUILTIN_SURROGATES
+from .dims import (
+    DIMENSIONLESS,
+    MAX_UNIT_POWER,
+    TIME,
+    Dim,
+    _add,
+    _as_fraction,
+    _div,
+    _exact,
+    _exponent,
+    _finite,
+    _mul,
+    _neg,
+    _pow,
+    show,
+    suggest_unit,
+    unit,
+)
 
 if TYPE_CHECKING:
     from .check import CheckedModel
-
-# The SI base dimensions, in the order of their sympy base units (meter, kilogram, second,
-# ampere, kelvin, mole, candela).
-BASE_DIMENSIONS = ("length", "mass", "time", "current", "temperature", "amount_of_substance",
-                   "luminous_intensity")
-
-# The base unit system: these units are 1 in it (one per base dimension, mV standing for mass).
-BASE_UNITS = ("um", "mV", "ms", "pA", "K", "mM", "cd")
-
-TIME = (0, 0, 1, 0, 0, 0, 0)
-MAX_UNIT_POWER = 8
-
-
-# ---------------------------------------------------------------- dimensions
-@dataclass(frozen=True)
-class Dim:
-    """A dimension: exponents of the SI base dimensions (BASE_DIMENSIONS order)."""
-
-    exps: tuple[Fraction, ...] = (Fraction(0),) * 7
-
-    @staticmethod
-    def of(exps) -> Dim:
-        return Dim(tuple(Fraction(x) for x in exps))
-
-    def __mul__(self, o: Dim) -> Dim:
-        return Dim(tuple(a + b for a, b in zip(self.exps, o.exps)))
-
-    def __truediv__(self, o: Dim) -> Dim:
-        return Dim(tuple(a - b for a, b in zip(self.exps, o.exps)))
-
-    def __pow__(self, p: Fraction | int) -> Dim:
-        return Dim(tuple(a * Fraction(p) for a in self.exps))
-
-    @property
-    def dimensionless(self) -> bool:
-        return not any(self.exps)
-
-    def __str__(self) -> str:
-        return show(self, "SI")
-
-
-DIMENSIONLESS = Dim()
-
-# Named units for messages and docs: (SI name, base-system name, exponents over V, A, s, m, K, mol, cd)
-_NAMED = [
-    ("V", "mV", (1, 0, 0, 0, 0, 0, 0)), ("A", "pA", (0, 1, 0, 0, 0, 0, 0)), ("s", "ms", (0, 0, 1, 0, 0, 0, 0)),
-    ("m", "um", (0, 0, 0, 1, 0, 0, 0)), ("S", "nS", (-1, 1, 0, 0, 0, 0, 0)), ("F", "pF", (-1, 1, 1, 0, 0, 0, 0)),
-    ("ohm", "GOhm", (1, -1, 0, 0, 0, 0, 0)), ("C", "fC", (0, 1, 1, 0, 0, 0, 0)),
-    ("M", "mM", (0, 0, 0, -3, 0, 1, 0)), ("K", "K", (0, 0, 0, 0, 1, 0, 0)), ("mol", "amol", (0, 0, 0, 0, 0, 1, 0)),
-    ("cd", "cd", (0, 0, 0, 0, 0, 0, 1)),
-]
-
-
-def _vasm(d: Dim) -> tuple[Fraction, ...]:
-    """Exponents over V, A, s, m, K, mol, cd (V carries the mass: V = kg m**2 s**-3 A**-1)."""
-    L, M, T, I, Th, N, J = d.exps
-    return (M, I + M, T + 3 * M, L - 2 * M, Th, N, J)
-
-
-def _fmt_power(name: str, p: Fraction) -> str:
-    if p == 1:
-        return name
-    return f"{name}**{p}" if p.denominator == 1 else f"{name}**({p})"
-
-
-def _fmt(factors: list[tuple[str, Fraction]]) -> str:
-    num = [_fmt_power(n, p) for n, p in factors if p > 0]
-    den = [_fmt_power(n, -p) for n, p in factors if p < 0]
-    top = "*".join(num) or "1"
-    if not den:
-        return top
-    return f"{top}/{den[0]}" if len(den) == 1 else f"{top}/({'*'.join(den)})"
-
-
-@lru_cache(maxsize=512)
-def show(d: Dim, system: str = "SI") -> str:
-    """A dimension as a short unit: `V/s`, `A/m**2`, `S`, `1/(V*s)` (system "SI"), or the
-    unit of flexdsl's base system (`mV/ms`, `pA/um**2`, `nS`; system "base")."""
-    if d.dimensionless:
-        return "1"
-    col = 0 if system == "SI" else 1
-    target = _vasm(d)
-    names = [(n[col], n[2]) for n in _NAMED]
-    best: tuple | None = None
-    powers = [Fraction(p) for p in (1, -1, 2, -2, 3, -3)]
-    for i, (n1, v1) in enumerate(names):
-        for p1 in powers:
-            rest = tuple(t - p1 * a for t, a in zip(target, v1))
-            if not any(rest):
-                cand = (1, abs(p1), i, [(n1, p1)])
-                best = min(best, cand, key=lambda c: c[:3]) if best else cand
-                continue
-            for j, (n2, v2) in enumerate(names):
-                if j <= i:
-                    continue
-                for p2 in powers:
-                    if all(r == p2 * b for r, b in zip(rest, v2)):
-                        factors = sorted([(n1, p1), (n2, p2)], key=lambda f: -f[1])
-                        cand = (2, abs(p1) + abs(p2), i * 100 + j, factors)
-                        best = min(best, cand, key=lambda c: c[:3]) if best else cand
-    if best is not None:
-        return _fmt(best[3])
-    base = [n[col] for n in _NAMED[:4]] + [n[col] for n in _NAMED[9:]]
-    order = [0, 1, 2, 3, 4, 5, 6]
-    return _fmt([(base[k], target[k]) for k in order if target[k]])
-
-
-# ---------------------------------------------------------------- unit definitions (sympy)
-@lru_cache(maxsize=1)
-def _system() -> tuple[Fraction, ...]:
-    """The base system's scale of each SI base dimension (an exact solve: every unit of
-    BASE_UNITS is 1 in it)."""
-    import sympy as sp
-
-    rows, logs = [], []
-    for name in BASE_UNITS:
-        c, e = _si(name)
-        rows.append([int(x) for x in e])
-        logs.append(c)
-    m = sp.Matrix(rows)
-    inv = m.inv()
-    assert all(x.is_integer for x in inv), "the base units must be a unimodular basis"
-    scales = []
-    for i in range(7):  # dimension i: prod_U c_U ** inv[i, U]
-        s = sp.Integer(1)
-        for k in range(7):
-            s *= sp.Rational(logs[k].numerator, logs[k].denominator) ** int(inv[i, k])
-        scales.append(Fraction(int(s.p), int(s.q)))
-    return tuple(scales)
-
-
-@lru_cache(maxsize=256)
-def _si(name: str) -> tuple[Fraction, tuple[Fraction, ...]]:
-    """(value in SI base units, dimension exponents) of the unit `name`, from sympy."""
-    from sympy.physics import units as u
-    from sympy.physics.units import convert_to
-    from sympy.physics.units.prefixes import PREFIXES
-
-    if name == "cd":
-        q = u.candela
-    else:
-        parts = unit_parts(name)
-        assert parts is not None, name
-        prefix, base = parts
-        key = UNIT_BASES[base]
-        q = u.mole / u.liter if key == "molar" else getattr(u, key)
-        if prefix:
-            q = PREFIXES[UNIT_PREFIXES[prefix]].scale_factor * q
-    base_units = [u.meter, u.kilogram, u.second, u.ampere, u.kelvin, u.mole, u.candela]
-    r = convert_to(q, base_units)
-    coeff, rest = r.as_coeff_Mul()
-    powers = rest.as_powers_dict()
-    exps = tuple(Fraction(str(powers.get(b, 0))) for b in base_units)
-    return Fraction(str(coeff)), exps
-
-
-# Where unit definitions are kept between processes: the runtime installs its disk cache here
-# (`runtime/compiler.py`), so a process that loads a model with units seen before does not
-# import sympy. A store is `store(name, make) -> definition`, `make()` giving the definition
-# from sympy as JSON-able data.
-DefinitionStore = Callable[[str, Callable[[], list]], list]
-_STORE: list[DefinitionStore] = []
-
-
-def set_definition_store(store: DefinitionStore | None) -> None:
-    _STORE[:] = [store] if store is not None else []
-    unit.cache_clear()
-
-
-@lru_cache(maxsize=256)
-def unit(name: str) -> tuple[Fraction, Dim]:
-    """(factor to base units, dimension) of a unit name: `unit("nA") == (1000, current)`."""
-
-    def make() -> list:
-        c, e = _si(name)
-        scales = _system()
-        f = c
-        for s, x in zip(scales, e):
-            f /= s ** int(x) if x.denominator == 1 else Fraction(float(s) ** float(x))
-        return [str(f), [str(x) for x in e]]
-
-    data = _STORE[0](name, make) if _STORE else make()
-    return Fraction(data[0]), Dim(tuple(Fraction(x) for x in data[1]))
 
 
 # ---------------------------------------------------------------- the sympy-free scan
@@ -465,82 +297,6 @@ def _text(e: A.Expr, limit: int = 60) -> str:
     return t if len(t) <= limit else t[: limit - 3] + "..."
 
 
-def _exact(text: str, value: float) -> Fraction | float:
-    """A literal's exact value (its decimal text as a fraction), or the float where the text
-    would make a huge fraction (`1e-999999`, a thousand digits)."""
-    mantissa, _, exponent = text.lower().partition("e")
-    if len(mantissa) > 40 or (exponent and abs(int(exponent)) > 330):
-        return value
-    return Fraction(text)
-
-
-def _exponent(power: float, text: str) -> Fraction:
-    if not text:
-        return Fraction(1)
-    v = _exact(text, power)
-    if isinstance(v, Fraction):
-        return v
-    return Fraction(power).limit_denominator(1000) if math.isfinite(power) else Fraction(10**6)
-
-
-def _as_fraction(x: Fraction | float) -> Fraction:
-    return x if isinstance(x, Fraction) else Fraction(x).limit_denominator(1000)
-
-
-def _neg(a):
-    return None if a is None else -a
-
-
-def _add(a, b, op):
-    if a is None or b is None:
-        return None
-    try:
-        return a + b if op == "+" else a - b
-    except OverflowError:  # a fraction beyond float range mixed with a float
-        return None
-
-
-def _mul(a, b):
-    if a is None or b is None:
-        return None
-    try:
-        if isinstance(a, float) or isinstance(b, float):
-            return float(a) * float(b)
-        return a * b
-    except OverflowError:
-        return None
-
-
-def _div(a, b):
-    if a is None or b is None or b == 0:
-        return None
-    try:
-        if isinstance(a, float) or isinstance(b, float):
-            return float(a) / float(b)
-        return a / b
-    except (OverflowError, ZeroDivisionError):
-        return None
-
-
-def _finite(c) -> bool:
-    try:
-        return c is not None and math.isfinite(float(c))
-    except OverflowError:
-        return False
-
-
-def _pow(a, p):
-    if a is None or p is None:
-        return None
-    try:
-        if isinstance(a, Fraction) and isinstance(p, Fraction) and p.denominator == 1 and (a != 0 or p >= 0):
-            if abs(p) > 64:
-                return float(a) ** float(p)
-            return a ** int(p)
-        return float(a) ** float(p)
-    except (OverflowError, ZeroDivisionError, ValueError):
-        return None
-
 
 class _UnitChecker:
     def __init__(self, ck: CheckedModel) -> None:
@@ -600,7 +356,7 @@ class _UnitChecker:
         return d
 
     # ------------------------------------------------------------------ the model
-    def run(self) -> CheckedModel:
+    def run(self) -> None:
         ck = self.ck
         self.note_bare_units()
         env: dict[str, Dim] = {}
@@ -687,7 +443,6 @@ class _UnitChecker:
             self.assignment(st, env, "on spike")
         for name, d in env.items():
             self.info.dim[name] = d
-        return convert(ck, self)
 
     def note_bare_units(self) -> None:
         names = model_names(self.n)
@@ -792,24 +547,6 @@ class _UnitChecker:
         return Fraction(d.const) if not isinstance(d.const, Fraction) else d.const, d.dim
 
 
-def suggest_unit(name: str) -> str | None:
-    """A did-you-mean hint for a misspelt unit (`pf` -> `pF`, `msec` -> `ms`...)."""
-    same = [u for u in unit_vocabulary() if u.lower() == name.lower()]
-    if same:
-        return "did you mean " + " or ".join(f"`{u}`" for u in same[:3]) + "? (units are case-sensitive)"
-    return did_you_mean(name, unit_vocabulary())
-
-
-@lru_cache(maxsize=1)
-def unit_vocabulary() -> tuple[str, ...]:
-    """Unit names for did-you-mean hints (bases, and the prefixed forms of short bases)."""
-    names = set(UNIT_BASES)
-    for p in UNIT_PREFIXES:
-        for b in UNIT_BASES:
-            if len(b) <= 3:
-                names.add(p + b)
-    return tuple(sorted(names))
-
 
 # ---------------------------------------------------------------- declared units
 def literal_unit(e: A.Expr, shadow: Mapping[str, Any] | set[str]) -> tuple[A.Expr, A.Expr, str] | None:
@@ -868,193 +605,4 @@ def unit_text(e: A.Expr) -> str:
     return A.to_text(e).replace(" ", "")
 
 
-# ---------------------------------------------------------------- the conversion
-class _Convert(A.ExprFold[tuple[A.Expr, _D]]):
-    """An expression rewritten in base units: each constant with a unit becomes one number,
-    each param or input declared in another unit is multiplied by its factor."""
-
-    def __init__(self, uc: _UnitChecker, factors: Mapping[str, Fraction], env: Mapping[str, Dim]) -> None:
-        self.uc, self.factors, self.env = uc, factors, env
-        self.dims = _Dims(uc, env, None, "", checking=False)
-
-    def _node(self, e: A.Expr, new: A.Expr, kids: tuple[_D, ...]) -> tuple[A.Expr, _D]:
-        d = getattr(self.dims, f"visit_{type(e).__name__}")(e, *kids)
-        if d.has_unit and d.const is not None:
-            if _finite(d.const):
-                return _number(d.const, e), d
-        if isinstance(new, A.Quantity):  # (not finite: reported where the quantity was checked)
-            raise self.uc.err(f"`{_text(e)}` is not a finite number in base units", e.pos)
-        return new, d
-
-    def enter(self, node: A.Expr, parent: A.Expr | None) -> None:
-        self.dims.enter(node, parent)
-
-    def visit_Num(self, e: A.Num) -> tuple[A.Expr, _D]:
-        return self._node(e, e, ())
-
-    def visit_Quantity(self, e: A.Quantity) -> tuple[A.Expr, _D]:
-        return self._node(e, e, ())
-
-    def visit_Name(self, e: A.Name) -> tuple[A.Expr, _D]:
-        new, d = self._node(e, e, ())
-        f = self.factors.get(e.id)
-        if e.id in self.env and f is not None and f != 1:
-            new = A.BinOp("*", _factor(f, e.pos), e, e.pos)
-        return new, d
-
-    def visit_Neg(self, e: A.Neg, a) -> tuple[A.Expr, _D]:
-        return self._node(e, A.Neg(a[0], e.pos), (a[1],))
-
-    def visit_BinOp(self, e: A.BinOp, a, b) -> tuple[A.Expr, _D]:
-        return self._node(e, A.BinOp(e.op, a[0], b[0], e.pos), (a[1], b[1]))
-
-    def visit_Call(self, e: A.Call, *args) -> tuple[A.Expr, _D]:
-        return self._node(e, A.Call(e.func, tuple(a[0] for a in args), e.pos), tuple(a[1] for a in args))
-
-    def visit_Compare(self, e: A.Compare, *vals) -> tuple[A.Expr, _D]:
-        return self._node(e, A.Compare(tuple(v[0] for v in vals), e.ops, e.pos), tuple(v[1] for v in vals))
-
-
-def _number(v: Fraction | float, at: A.Expr) -> A.Expr:
-    """A number node for an exact value: integer text where the value is an integer written
-    with integers only, else the shortest float text (as a model written in base units has)."""
-    ints = all(isinstance(n, A.Name) or (isinstance(n, A.Num | A.Quantity) and _int_text(n.text))
-               for n in A.nodes(at) if isinstance(n, A.Num | A.Quantity | A.Name))
-    if isinstance(v, Fraction) and v.denominator == 1 and ints:
-        return A.Num(float(v), str(v.numerator), at.pos)
-    x = float(v)
-    return A.Num(x, repr(x), at.pos)
-
-
-def _factor(f: Fraction, pos: A.Pos) -> A.Expr:
-    """An exact factor (`1000`, or `1/100` as a ratio of integers, which sympy keeps exact, so
-    that `R/1000 * 1000*I` cancels)."""
-    if f.denominator == 1:
-        return A.Num(float(f), str(f.numerator), pos)
-    return A.BinOp("/", A.Num(float(f.numerator), str(f.numerator), pos),
-                   A.Num(float(f.denominator), str(f.denominator), pos), pos)
-
-
-def _int_text(text: str) -> bool:
-    return "." not in text and "e" not in text.lower()
-
-
-def convert(ck: CheckedModel, uc: _UnitChecker) -> CheckedModel:
-    """The checked model with every expression in base units (see the module docstring)."""
-    env = uc.dims
-    factors = uc.info.factor
-
-    def cv(e: A.Expr, local: Mapping[str, Dim] | None = None, shadowed: frozenset[str] = frozenset()) -> A.Expr:
-        own = {k: v for k, v in factors.items() if k not in shadowed}
-        return _Convert(uc, own, local if local is not None else env).fold(e)[0]
-
-    def cv_cmp(e: A.Compare) -> A.Compare:
-        out = cv(e)
-        assert isinstance(out, A.Compare)
-        return out
-
-    params = []
-    for p in ck.params:
-        lit = literal_unit(p.default, env)
-        default = lit[0] if lit is not None else cv(p.default)
-        params.append(dataclasses.replace(p, default=default,
-                                          where=cv_cmp(p.where) if p.where is not None else None))
-    states = [dataclasses.replace(s, init=cv(s.init)) for s in ck.states]
-    eqs = ck.equations
-    if eqs is not None:
-        eqs = dataclasses.replace(eqs, lines=[dataclasses.replace(ln, value=cv(ln.value)) for ln in eqs.lines])
-    update = [dataclasses.replace(st, value=cv(st.value)) for st in ck.update]
-    on_spike = [dataclasses.replace(st, value=cv(st.value)) for st in ck.on_spike]
-    spike = ck.spike
-    if spike is not None:
-        spike = dataclasses.replace(spike, left=cv(spike.left), right=cv(spike.right))
-    sur = ck.surrogate
-    if sur is not None:
-        user = sur.user
-        if user is not None:
-            shadowed = frozenset({user.arg, *(k.name for k in user.kwargs)})
-            local = dict(env)
-            for k in shadowed:  # (the check is done: their dimensions do not matter here)
-                local[k] = DIMENSIONLESS
-            user = dataclasses.replace(user, body=cv(user.body, local, shadowed),
-                                       kwargs=[dataclasses.replace(k, value=cv(k.value)) for k in user.kwargs])
-        sur = dataclasses.replace(sur, kwargs={k: cv(v) for k, v in sur.kwargs.items()}, user=user)
-    rf = ck.refractory
-    if rf is not None:
-        rf = dataclasses.replace(rf, period=cv(rf.period) if rf.period is not None else None,
-                                 condition=cv_cmp(rf.condition) if rf.condition is not None else None)
-    return dataclasses.replace(ck, params=params, states=states, equations=eqs, update=update, on_spike=on_spike,
-                               spike=spike, surrogate=sur, refractory=rf, units=uc.info)
-
-
-def check_units(ck: CheckedModel) -> CheckedModel:
-    """The dimension check of a model with units, and the model converted to base units."""
-    return _UnitChecker(ck).run()
-
-
-# ---------------------------------------------------------------- values at the API
-def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
-    """A param value given to `load` or assigned: numbers are in the param's declared unit; in
-    a model with units, a string is a value with a unit (`"20 ms"`), converted to the declared
-    unit. (Anything else, and strings for a model without units, is returned as it is.)"""
-    if not isinstance(value, str) or ck.units is None:
-        return value
-    decl = next(p for p in ck.params if p.name == name)
-    info = ck.units
-    unit_ = info.unit.get(name, "1")
-    want = info.dim.get(name, DIMENSIONLESS)
-
-    def fail(reason: str, hint: str | None = None) -> FlexDSLError:
-        example = f"\"{_example(decl)} {unit_}\"" if unit_ != "1" else "2.0"
-        return FlexDSLError(f"`{name}` takes a number (in {unit_}) or a value with a unit, not {value!r}: {reason}",
-                            ck.filename, decl.pos.line, decl.pos.column, ck.source, hint or f"e.g. {name}={example}")
-
-    text = value.strip()
-    if not text or any(ch in text for ch in "\n\r\"#\x00"):
-        raise fail("not a number with a unit")
-    from .parse import parse
-
-    try:
-        tree = parse(f"neuron Value:\n    input x\n    param value = {text}\n", "<value>")
-    except FlexDSLError as e:
-        raise fail(e.reason) from None
-    decl_v = next(it for it in tree.items if isinstance(it, A.Param))
-    expr = decl_v.default
-    if decl_v.where is not None or decl_v.learnable or decl_v.doc or len(tree.items) != 2:
-        raise fail("not a number with a unit")
-    for n in A.nodes(expr):
-        if isinstance(n, A.Name) and n.id not in CONSTANTS and not is_unit(n.id):
-            raise fail(f"`{n.id}` is not a unit", suggest_unit(n.id))
-        if isinstance(n, A.Quantity) and not is_unit(n.unit):
-            raise fail(f"`{n.unit}` is not a unit", suggest_unit(n.unit))
-        if isinstance(n, A.Call | A.Compare):
-            raise fail("not a number with a unit")
-    try:
-        d = _Dims(_UnitChecker(ck), {}, None, "").fold(expr)
-    except FlexDSLError as e:
-        raise fail(e.reason, e.hint) from None
-    if d.dim != want and not (d.zero and not d.has_unit):
-        raise fail(f"that is {d.dim}, but `{name}` is {want}")
-    base = d.const if d.const is not None else d.number
-    if base is None:
-        raise fail("not a constant")
-    factor = info.factor.get(name, Fraction(1)) if d.has_unit else Fraction(1)  # plain numbers: declared unit
-    result = _div(base, factor)
-    if not _finite(result):
-        raise fail("the value is too large for a float")
-    return float(result)
-
-
-def _example(p: A.Param) -> str:
-    """The declared default as an example (defaults are numbers in the declared unit once converted)."""
-    d = p.default
-    return A.to_text(d) if isinstance(d, A.Num) or (isinstance(d, A.Neg) and isinstance(d.operand, A.Num)) else "1"
-
-
-def value_unit(ck: CheckedModel, name: str) -> str | None:
-    """The unit a name's values are exchanged in at the API (None for a model without units)."""
-    return ck.units.unit.get(name) if ck.units is not None else None
-
-
-__all__ = ["check_units", "uses_units", "param_value", "value_unit", "show", "unit", "Dim", "UnitInfo",
-           "literal_unit", "BASE_UNITS"]
+__all__ = ["uses_units", "model_names", "UnitInfo", "literal_unit", "unit_text"]
