@@ -13,57 +13,57 @@ from typing import TYPE_CHECKING, Any
 from ..errors import FlexDSLError
 from . import ast as A
 from .catalog import CONSTANTS, is_unit
-from .dims import DIMENSIONLESS, Dim, _div, _finite, suggest_unit
-from .unitcheck import _D, _Dims, _text, _UnitChecker, literal_unit
+from .dims import DIMENSIONLESS, Dim, literal_unit, suggest_unit, value_div, value_finite
+from .unitcheck import DimFold, DimValue, UnitChecker, expr_text
 
 if TYPE_CHECKING:
-    from .check import CheckedModel
+    from .model import CheckedModel
 
 
 # ---------------------------------------------------------------- the conversion
-class _Convert(A.ExprFold[tuple[A.Expr, _D]]):
+class _Convert(A.ExprFold[tuple[A.Expr, DimValue]]):
     """An expression rewritten in base units: each constant with a unit becomes one number,
     each param or input declared in another unit is multiplied by its factor."""
 
-    def __init__(self, uc: _UnitChecker, factors: Mapping[str, Fraction], env: Mapping[str, Dim]) -> None:
+    def __init__(self, uc: UnitChecker, factors: Mapping[str, Fraction], env: Mapping[str, Dim]) -> None:
         self.uc, self.factors, self.env = uc, factors, env
-        self.dims = _Dims(uc, env, None, "", checking=False)
+        self.dims = DimFold(uc, env, None, "", checking=False)
 
-    def _node(self, e: A.Expr, new: A.Expr, kids: tuple[_D, ...]) -> tuple[A.Expr, _D]:
+    def _node(self, e: A.Expr, new: A.Expr, kids: tuple[DimValue, ...]) -> tuple[A.Expr, DimValue]:
         d = getattr(self.dims, f"visit_{type(e).__name__}")(e, *kids)
         if d.has_unit and d.const is not None:
-            if _finite(d.const):
+            if value_finite(d.const):
                 return _number(d.const, e), d
         if isinstance(new, A.Quantity):  # (not finite: reported where the quantity was checked)
-            raise self.uc.err(f"`{_text(e)}` is not a finite number in base units", e.pos)
+            raise self.uc.err(f"`{expr_text(e)}` is not a finite number in base units", e.pos)
         return new, d
 
     def enter(self, node: A.Expr, parent: A.Expr | None) -> None:
         self.dims.enter(node, parent)
 
-    def visit_Num(self, e: A.Num) -> tuple[A.Expr, _D]:
+    def visit_Num(self, e: A.Num) -> tuple[A.Expr, DimValue]:
         return self._node(e, e, ())
 
-    def visit_Quantity(self, e: A.Quantity) -> tuple[A.Expr, _D]:
+    def visit_Quantity(self, e: A.Quantity) -> tuple[A.Expr, DimValue]:
         return self._node(e, e, ())
 
-    def visit_Name(self, e: A.Name) -> tuple[A.Expr, _D]:
+    def visit_Name(self, e: A.Name) -> tuple[A.Expr, DimValue]:
         new, d = self._node(e, e, ())
         f = self.factors.get(e.id)
         if e.id in self.env and f is not None and f != 1:
             new = A.BinOp("*", _factor(f, e.pos), e, e.pos)
         return new, d
 
-    def visit_Neg(self, e: A.Neg, a) -> tuple[A.Expr, _D]:
+    def visit_Neg(self, e: A.Neg, a) -> tuple[A.Expr, DimValue]:
         return self._node(e, A.Neg(a[0], e.pos), (a[1],))
 
-    def visit_BinOp(self, e: A.BinOp, a, b) -> tuple[A.Expr, _D]:
+    def visit_BinOp(self, e: A.BinOp, a, b) -> tuple[A.Expr, DimValue]:
         return self._node(e, A.BinOp(e.op, a[0], b[0], e.pos), (a[1], b[1]))
 
-    def visit_Call(self, e: A.Call, *args) -> tuple[A.Expr, _D]:
+    def visit_Call(self, e: A.Call, *args) -> tuple[A.Expr, DimValue]:
         return self._node(e, A.Call(e.func, tuple(a[0] for a in args), e.pos), tuple(a[1] for a in args))
 
-    def visit_Compare(self, e: A.Compare, *vals) -> tuple[A.Expr, _D]:
+    def visit_Compare(self, e: A.Compare, *vals) -> tuple[A.Expr, DimValue]:
         return self._node(e, A.Compare(tuple(v[0] for v in vals), e.ops, e.pos), tuple(v[1] for v in vals))
 
 
@@ -91,7 +91,7 @@ def _int_text(text: str) -> bool:
     return "." not in text and "e" not in text.lower()
 
 
-def convert(ck: CheckedModel, uc: _UnitChecker) -> CheckedModel:
+def convert(ck: CheckedModel, uc: UnitChecker) -> CheckedModel:
     """The checked model with every expression in base units (see the module docstring)."""
     env = uc.dims
     factors = uc.info.factor
@@ -141,7 +141,7 @@ def convert(ck: CheckedModel, uc: _UnitChecker) -> CheckedModel:
 
 def check_units(ck: CheckedModel) -> CheckedModel:
     """The dimension check of a model with units, and the model converted to base units."""
-    uc = _UnitChecker(ck)
+    uc = UnitChecker(ck)
     uc.run()
     return convert(ck, uc)
 
@@ -184,7 +184,7 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
         if isinstance(n, A.Call | A.Compare):
             raise fail("not a number with a unit")
     try:
-        d = _Dims(_UnitChecker(ck), {}, None, "").fold(expr)
+        d = DimFold(UnitChecker(ck), {}, None, "").fold(expr)
     except FlexDSLError as e:
         raise fail(e.reason, e.hint) from None
     if d.dim != want and not (d.zero and not d.has_unit):
@@ -193,8 +193,8 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
     if base is None:
         raise fail("not a constant")
     factor = info.factor.get(name, Fraction(1)) if d.has_unit else Fraction(1)  # plain numbers: declared unit
-    result = _div(base, factor)
-    if not _finite(result):
+    result = value_div(base, factor)
+    if not value_finite(result):
         raise fail("the value is too large for a float")
     return float(result)
 

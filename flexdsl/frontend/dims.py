@@ -1,6 +1,7 @@
 """Dimensions and unit definitions: the algebra of physical dimensions (`Dim`), the units a
 model may write and what they mean (scale to flexdsl's base units and dimension, from
-`sympy.physics.units`), their names in messages (`show`), and exact arithmetic on constant values.
+`sympy.physics.units`), their names in messages (`show`), how a model writes them (the
+sympy-free scan `uses_units`, `literal_unit`), and exact arithmetic on constant values.
 
 The base system is the one of NEST: ms, mV, pA, nS, pF (so `C dv/dt = g (E - v) + I` needs
 no constants), with lengths in um (per-area densities near 1: 1.2 nS/um**2 is 120 mS/cm**2)
@@ -11,13 +12,15 @@ and concentrations in mM. The dimension check is `unitcheck.py`, the conversion 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 from ..errors import did_you_mean
-from .catalog import UNIT_BASES, UNIT_PREFIXES, unit_parts
+from . import ast as A
+from .catalog import CONSTANTS, UNIT_BASES, UNIT_PREFIXES, is_unit, unit_parts
 
 # ampere, kelvin, mole, candela).
 BASE_DIMENSIONS = ("length", "mass", "time", "current", "temperature", "amount_of_substance",
@@ -223,8 +226,98 @@ def unit_vocabulary() -> tuple[str, ...]:
 
 
 
+# ---------------------------------------------------------------- the sympy-free scan
+def uses_units(neuron: A.Neuron) -> bool:
+    """Whether a model writes units (without importing anything): a number with a unit, an
+    input unit, or a bare unit name that no name of the model shadows."""
+    names = model_names(neuron)
+    for it in neuron.items:
+        if isinstance(it, A.Input) and it.unit is not None:
+            return True
+        shadow = names
+        if isinstance(it, A.SurrogateDef):
+            shadow = names | {it.arg} | {k.name for k in it.kwargs}
+        for e in A.item_exprs(it):
+            for n in A.nodes(e):
+                if isinstance(n, A.Quantity):
+                    return True
+                if isinstance(n, A.Name) and n.id not in shadow and n.id not in CONSTANTS and is_unit(n.id):
+                    return True
+    return False
+
+
+def model_names(neuron: A.Neuron) -> set[str]:
+    """Every name the model defines: inputs, params, states, locals and subexpressions."""
+    out: set[str] = set()
+    for it in neuron.items:
+        if isinstance(it, A.Input | A.Param | A.State):
+            out.add(it.name)
+        elif isinstance(it, A.Update):
+            out |= {s.target for s in it.statements}
+        elif isinstance(it, A.Equations):
+            out |= {ln.name for ln in it.lines if isinstance(ln, A.Subexpr)}
+    return out
+
+
+# ---------------------------------------------------------------- declared units
+def literal_unit(e: A.Expr, shadow: Mapping[str, Any] | set[str]) -> tuple[A.Expr, A.Expr, str] | None:
+    """A value written as a number and a unit (`10 ms`, `-70.6 mV`, `120 mS/cm**2`,
+    `0.02 / ms`): (the number, with its sign, as an expression; the unit as an expression;
+    the unit's text), else None. Names in `shadow` are model names, never units."""
+    sign = 1
+    node = e
+    while isinstance(node, A.Neg):
+        sign = -sign
+        node = node.operand
+    chain: list[tuple[str, A.Expr]] = []
+    while isinstance(node, A.BinOp) and node.op in ("*", "/") and _pure_unit(node.right, shadow):
+        chain.append((node.op, node.right))
+        node = node.left
+    chain.reverse()
+    if isinstance(node, A.Quantity):
+        number: A.Expr = A.Num(node.value, node.text, node.pos)
+        head = A.quantity_unit(node)
+        unit_e: A.Expr = A.Name(node.unit, node.unit_pos)
+        if node.power_text:
+            unit_e = A.BinOp("**", unit_e, A.Num(float(node.power_text), node.power_text, node.unit_pos),
+                             node.unit_pos)
+    elif isinstance(node, A.Num) and chain:
+        number, head, unit_e = node, "1", A.Num(1.0, "1", node.pos)
+    else:
+        return None
+    text = head
+    for op, r in chain:
+        rt = A.to_text(r)
+        if isinstance(r, A.BinOp) and r.op in ("*", "/"):
+            rt = f"({rt})"
+        text = f"{text}{op}{rt}"
+        unit_e = A.BinOp(op, unit_e, r, unit_e.pos)
+    if sign < 0:
+        number = A.Neg(number, e.pos)
+    return number, unit_e, text
+
+
+def _pure_unit(e: A.Expr, shadow) -> bool:
+    for n in A.nodes(e):
+        if isinstance(n, A.Name):
+            if n.id in shadow or not is_unit(n.id):
+                return False
+        elif isinstance(n, A.BinOp):
+            if n.op not in ("*", "/", "**"):
+                return False
+            if n.op == "**" and any(not isinstance(m, A.Num | A.Neg) for m in [n.right]):
+                return False
+        elif not isinstance(n, A.Num | A.Neg):
+            return False
+    return any(isinstance(n, A.Name) for n in A.nodes(e))
+
+
+def unit_text(e: A.Expr) -> str:
+    return A.to_text(e).replace(" ", "")
+
+
 # ---------------------------------------------------------------- exact values
-def _exact(text: str, value: float) -> Fraction | float:
+def exact_value(text: str, value: float) -> Fraction | float:
     """A literal's exact value (its decimal text as a fraction), or the float where the text
     would make a huge fraction (`1e-999999`, a thousand digits)."""
     mantissa, _, exponent = text.lower().partition("e")
@@ -233,24 +326,24 @@ def _exact(text: str, value: float) -> Fraction | float:
     return Fraction(text)
 
 
-def _exponent(power: float, text: str) -> Fraction:
+def exact_exponent(power: float, text: str) -> Fraction:
     if not text:
         return Fraction(1)
-    v = _exact(text, power)
+    v = exact_value(text, power)
     if isinstance(v, Fraction):
         return v
     return Fraction(power).limit_denominator(1000) if math.isfinite(power) else Fraction(10**6)
 
 
-def _as_fraction(x: Fraction | float) -> Fraction:
+def as_fraction(x: Fraction | float) -> Fraction:
     return x if isinstance(x, Fraction) else Fraction(x).limit_denominator(1000)
 
 
-def _neg(a):
+def value_neg(a):
     return None if a is None else -a
 
 
-def _add(a, b, op):
+def value_add(a, b, op):
     if a is None or b is None:
         return None
     try:
@@ -259,7 +352,7 @@ def _add(a, b, op):
         return None
 
 
-def _mul(a, b):
+def value_mul(a, b):
     if a is None or b is None:
         return None
     try:
@@ -270,7 +363,7 @@ def _mul(a, b):
         return None
 
 
-def _div(a, b):
+def value_div(a, b):
     if a is None or b is None or b == 0:
         return None
     try:
@@ -281,14 +374,14 @@ def _div(a, b):
         return None
 
 
-def _finite(c) -> bool:
+def value_finite(c) -> bool:
     try:
         return c is not None and math.isfinite(float(c))
     except OverflowError:
         return False
 
 
-def _pow(a, p):
+def value_pow(a, p):
     if a is None or p is None:
         return None
     try:
@@ -302,4 +395,4 @@ def _pow(a, p):
 
 
 __all__ = ["Dim", "DIMENSIONLESS", "BASE_UNITS", "TIME", "show", "unit", "set_definition_store", "suggest_unit",
-           "unit_vocabulary"]
+           "unit_vocabulary", "uses_units", "model_names", "literal_unit", "unit_text"]

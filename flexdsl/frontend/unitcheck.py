@@ -29,9 +29,9 @@ keyword, `alpha`, has the inverse unit of the spike rule's `u`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import FlexDSLError
 from . import ast as A
@@ -42,60 +42,31 @@ from .dims import (
     MAX_UNIT_POWER,
     TIME,
     Dim,
-    _add,
-    _as_fraction,
-    _div,
-    _exact,
-    _exponent,
-    _finite,
-    _mul,
-    _neg,
-    _pow,
+    as_fraction,
+    exact_exponent,
+    exact_value,
+    literal_unit,
+    model_names,
     show,
     suggest_unit,
     unit,
+    unit_text,
+    value_add,
+    value_div,
+    value_finite,
+    value_mul,
+    value_neg,
+    value_pow,
 )
+from .model import UnitInfo
 
 if TYPE_CHECKING:
-    from .check import CheckedModel
-
-
-# ---------------------------------------------------------------- the sympy-free scan
-def uses_units(neuron: A.Neuron) -> bool:
-    """Whether a model writes units (without importing anything): a number with a unit, an
-    input unit, or a bare unit name that no name of the model shadows."""
-    names = model_names(neuron)
-    for it in neuron.items:
-        if isinstance(it, A.Input) and it.unit is not None:
-            return True
-        shadow = names
-        if isinstance(it, A.SurrogateDef):
-            shadow = names | {it.arg} | {k.name for k in it.kwargs}
-        for e in A.item_exprs(it):
-            for n in A.nodes(e):
-                if isinstance(n, A.Quantity):
-                    return True
-                if isinstance(n, A.Name) and n.id not in shadow and n.id not in CONSTANTS and is_unit(n.id):
-                    return True
-    return False
-
-
-def model_names(neuron: A.Neuron) -> set[str]:
-    """Every name the model defines: inputs, params, states, locals and subexpressions."""
-    out: set[str] = set()
-    for it in neuron.items:
-        if isinstance(it, A.Input | A.Param | A.State):
-            out.add(it.name)
-        elif isinstance(it, A.Update):
-            out |= {s.target for s in it.statements}
-        elif isinstance(it, A.Equations):
-            out |= {ln.name for ln in it.lines if isinstance(ln, A.Subexpr)}
-    return out
+    from .model import CheckedModel
 
 
 # ---------------------------------------------------------------- the check
 @dataclass
-class _D:
+class DimValue:
     """What the fold knows of a sub-expression: its dimension; whether it is a literal zero
     (which agrees with every unit); its exact value when it is a constant without model
     names (`number`: no unit in it; `const`: units allowed, the value in base units)."""
@@ -107,30 +78,17 @@ class _D:
     has_unit: bool = False
 
 
-@dataclass
-class UnitInfo:
-    """The units of a model, for the runtime and the docs (sympy-free data).
-
-    `factor[name]`: the factor from a param's or an input's declared unit to base units;
-    `unit[name]`: the unit the API exchanges the value in (declared for params and inputs,
-    base for states); `dim[name]`: the dimension of every declared name."""
-
-    factor: dict[str, Fraction] = field(default_factory=dict)
-    unit: dict[str, str] = field(default_factory=dict)
-    dim: dict[str, Dim] = field(default_factory=dict)
-
-
-class _Dims(A.ExprFold[_D]):
+class DimFold(A.ExprFold[DimValue]):
     """The dimension of an expression, raising a located error at the first mismatch. Sums
     are checked at their top (the terms of `a + b - c` together), against `expect` at the
     root when given, else against the unit most of their terms share."""
 
-    def __init__(self, uc: _UnitChecker, env: Mapping[str, Dim], expect: Dim | None, what: str,
+    def __init__(self, uc: UnitChecker, env: Mapping[str, Dim], expect: Dim | None, what: str,
                  checking: bool = True) -> None:
         self.uc, self.env, self.expect, self.what = uc, env, expect, what
         self.checking = checking
         self.parent: dict[int, A.Expr | None] = {}
-        self.memo: dict[int, _D] = {}
+        self.memo: dict[int, DimValue] = {}
         self.root: A.Expr | None = None
 
     def enter(self, node: A.Expr, parent: A.Expr | None) -> None:
@@ -138,41 +96,41 @@ class _Dims(A.ExprFold[_D]):
         if parent is None:
             self.root = node
 
-    def _keep(self, node: A.Expr, d: _D) -> _D:
+    def _keep(self, node: A.Expr, d: DimValue) -> DimValue:
         self.memo[id(node)] = d
         return d
 
     # leaves
-    def visit_Num(self, e: A.Num) -> _D:
-        v = _exact(e.text, e.value)
-        return self._keep(e, _D(DIMENSIONLESS, e.value == 0, v, v))
+    def visit_Num(self, e: A.Num) -> DimValue:
+        v = exact_value(e.text, e.value)
+        return self._keep(e, DimValue(DIMENSIONLESS, e.value == 0, v, v))
 
-    def visit_Quantity(self, e: A.Quantity) -> _D:
+    def visit_Quantity(self, e: A.Quantity) -> DimValue:
         f, d = self.uc.unit_at(e.unit, e.unit_pos)
-        p = _exponent(e.power, e.power_text)
+        p = exact_exponent(e.power, e.power_text)
         if abs(p) > MAX_UNIT_POWER or p.denominator > 2:
             raise self.uc.err(f"the power of a unit must be a small integer or a half, not {e.power_text}",
                               e.unit_pos, f"e.g. `2 cm**2`; powers up to {MAX_UNIT_POWER}")
-        v = _exact(e.text, e.value)
-        c = _mul(v, _pow(f, p))
-        if not _finite(c):
-            raise self.uc.err(f"`{_text(e)}` is too large for a float in base units ({show(d ** p, 'base')})",
+        v = exact_value(e.text, e.value)
+        c = value_mul(v, value_pow(f, p))
+        if not value_finite(c):
+            raise self.uc.err(f"`{expr_text(e)}` is too large for a float in base units ({show(d ** p, 'base')})",
                               e.pos, "the largest float is about 1.8e308")
-        return self._keep(e, _D(d ** p, False, None, c, True))
+        return self._keep(e, DimValue(d ** p, False, None, c, True))
 
-    def visit_Name(self, e: A.Name) -> _D:
+    def visit_Name(self, e: A.Name) -> DimValue:
         if e.id in self.env:
-            return self._keep(e, _D(self.env[e.id]))
+            return self._keep(e, DimValue(self.env[e.id]))
         if e.id in CONSTANTS:
-            return self._keep(e, _D(DIMENSIONLESS, False, CONSTANTS[e.id], CONSTANTS[e.id]))
+            return self._keep(e, DimValue(DIMENSIONLESS, False, CONSTANTS[e.id], CONSTANTS[e.id]))
         f, d = self.uc.unit_at(e.id, e.pos)
-        return self._keep(e, _D(d, False, None, f, True))
+        return self._keep(e, DimValue(d, False, None, f, True))
 
     # operators
-    def visit_Neg(self, e: A.Neg, a: _D) -> _D:
-        return self._keep(e, _D(a.dim, a.zero, _neg(a.number), _neg(a.const), a.has_unit))
+    def visit_Neg(self, e: A.Neg, a: DimValue) -> DimValue:
+        return self._keep(e, DimValue(a.dim, a.zero, value_neg(a.number), value_neg(a.const), a.has_unit))
 
-    def visit_BinOp(self, e: A.BinOp, a: _D, b: _D) -> _D:
+    def visit_BinOp(self, e: A.BinOp, a: DimValue, b: DimValue) -> DimValue:
         op = e.op
         if op in "+-":
             parent = self.parent.get(id(e))
@@ -180,38 +138,38 @@ class _Dims(A.ExprFold[_D]):
             if top and self.checking:
                 self._check_sum(e)
             dim = a.dim if not a.zero else b.dim
-            num = _add(a.number, b.number, op)
-            const = _add(a.const, b.const, op)
-            return self._keep(e, _D(dim, a.zero and b.zero, num, const, a.has_unit or b.has_unit))
+            num = value_add(a.number, b.number, op)
+            const = value_add(a.const, b.const, op)
+            return self._keep(e, DimValue(dim, a.zero and b.zero, num, const, a.has_unit or b.has_unit))
         if op == "*":  # (a zero times a quantity with a unit has that unit: `0*v*v/ms` is checked)
             zero = (a.zero and (b.zero or b.dim.dimensionless)) or (b.zero and a.dim.dimensionless)
-            return self._keep(e, _D(a.dim * b.dim, zero, _mul(a.number, b.number),
-                                    _mul(a.const, b.const), a.has_unit or b.has_unit))
+            return self._keep(e, DimValue(a.dim * b.dim, zero, value_mul(a.number, b.number),
+                                    value_mul(a.const, b.const), a.has_unit or b.has_unit))
         if op == "/":
-            return self._keep(e, _D(a.dim / b.dim, a.zero, _div(a.number, b.number), _div(a.const, b.const),
+            return self._keep(e, DimValue(a.dim / b.dim, a.zero, value_div(a.number, b.number), value_div(a.const, b.const),
                                     a.has_unit or b.has_unit))
         # **
         has_unit = a.has_unit or b.has_unit
         exponent = b.number if b.number is not None else b.const
         if not self.checking:
-            p = _as_fraction(exponent) if exponent is not None else Fraction(1)
-            return self._keep(e, _D(a.dim ** p, False, _pow(a.number, b.number), _pow(a.const, b.const), has_unit))
+            p = as_fraction(exponent) if exponent is not None else Fraction(1)
+            return self._keep(e, DimValue(a.dim ** p, False, value_pow(a.number, b.number), value_pow(a.const, b.const), has_unit))
         if not b.dim.dimensionless:
-            raise self.uc.err(f"an exponent must be dimensionless, but `{_text(e.right)}` is {b.dim}",
+            raise self.uc.err(f"an exponent must be dimensionless, but `{expr_text(e.right)}` is {b.dim}",
                               e.right.pos)
         if a.dim.dimensionless:
-            return self._keep(e, _D(DIMENSIONLESS, False, _pow(a.number, b.number), _pow(a.const, b.const),
+            return self._keep(e, DimValue(DIMENSIONLESS, False, value_pow(a.number, b.number), value_pow(a.const, b.const),
                                     has_unit))
         if exponent is None:
-            raise self.uc.err(f"`{_text(e.left)}` has the unit {a.dim}, so its exponent must be a number, "
-                              f"not `{_text(e.right)}`", e.right.pos,
+            raise self.uc.err(f"`{expr_text(e.left)}` has the unit {a.dim}, so its exponent must be a number, "
+                              f"not `{expr_text(e.right)}`", e.right.pos,
                               "a quantity with a unit can only be raised to a constant power")
-        p = _as_fraction(exponent)
+        p = as_fraction(exponent)
         if abs(p) > 4 * MAX_UNIT_POWER:
-            raise self.uc.err(f"`{_text(e.left)}` has the unit {a.dim}: its power must be a small number, not "
-                              f"{_text(e.right)}", e.right.pos, f"powers of a quantity with a unit are limited to "
+            raise self.uc.err(f"`{expr_text(e.left)}` has the unit {a.dim}: its power must be a small number, not "
+                              f"{expr_text(e.right)}", e.right.pos, f"powers of a quantity with a unit are limited to "
                               f"{4 * MAX_UNIT_POWER}")
-        return self._keep(e, _D(a.dim ** p, False, None, _pow(a.const, p), True))
+        return self._keep(e, DimValue(a.dim ** p, False, None, value_pow(a.const, p), True))
 
     def _check_sum(self, top: A.BinOp) -> None:
         terms: list[A.Expr] = []
@@ -239,32 +197,32 @@ class _Dims(A.ExprFold[_D]):
         ref_term = next(t for t, d in real if d.dim == ref)
         for t, d in real:
             if d.dim != ref:
-                raise self.uc.err(f"the terms of a sum must have the same unit, but `{_text(t)}` is {d.dim} "
-                                  f"and `{_text(ref_term)}` is {ref}", t.pos, self.uc.hint_for(t, ref))
+                raise self.uc.err(f"the terms of a sum must have the same unit, but `{expr_text(t)}` is {d.dim} "
+                                  f"and `{expr_text(ref_term)}` is {ref}", t.pos, self.uc.hint_for(t, ref))
 
-    def visit_Call(self, e: A.Call, *args: _D) -> _D:
+    def visit_Call(self, e: A.Call, *args: DimValue) -> DimValue:
         f = e.func
         if f in ("exp", "log", "sin", "cos", "tanh", "sigmoid"):
             a = args[0]
             if self.checking and not a.dim.dimensionless:
-                raise self.uc.err(f"the argument of `{f}` must be dimensionless, but `{_text(e.args[0])}` "
+                raise self.uc.err(f"the argument of `{f}` must be dimensionless, but `{expr_text(e.args[0])}` "
                                   f"is {a.dim}", e.args[0].pos,
                                   "divide by a scale of the same unit, e.g. `exp((v - v_T)/delta_T)`")
-            return self._keep(e, _D(DIMENSIONLESS, has_unit=a.has_unit))
+            return self._keep(e, DimValue(DIMENSIONLESS, has_unit=a.has_unit))
         if f == "sqrt":
-            return self._keep(e, _D(args[0].dim ** Fraction(1, 2), has_unit=args[0].has_unit))
+            return self._keep(e, DimValue(args[0].dim ** Fraction(1, 2), has_unit=args[0].has_unit))
         if f in ("abs", "relu"):
-            return self._keep(e, _D(args[0].dim, args[0].zero, has_unit=args[0].has_unit))
+            return self._keep(e, DimValue(args[0].dim, args[0].zero, has_unit=args[0].has_unit))
         if f == "heaviside":
-            return self._keep(e, _D(DIMENSIONLESS))
+            return self._keep(e, DimValue(DIMENSIONLESS))
         if f == "where":
             vals = list(zip(e.args[1:], args[1:]))
         else:  # min, max, clip
             vals = list(zip(e.args, args))
         d = self._agree(f, vals)
-        return self._keep(e, _D(d, all(a.zero for _, a in vals), has_unit=any(a.has_unit for _, a in vals)))
+        return self._keep(e, DimValue(d, all(a.zero for _, a in vals), has_unit=any(a.has_unit for _, a in vals)))
 
-    def _agree(self, f: str, vals: list[tuple[A.Expr, _D]]) -> Dim:
+    def _agree(self, f: str, vals: list[tuple[A.Expr, DimValue]]) -> Dim:
         real = [(x, d) for x, d in vals if not d.zero]
         if not real:
             return DIMENSIONLESS
@@ -274,31 +232,31 @@ class _Dims(A.ExprFold[_D]):
         for x, d in real[1:]:
             if d.dim != d0.dim:
                 what = "the two values of `where`" if f == "where" else f"the arguments of `{f}`"
-                raise self.uc.err(f"{what} must have the same unit, but `{_text(x0)}` is {d0.dim} "
-                                  f"and `{_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
+                raise self.uc.err(f"{what} must have the same unit, but `{expr_text(x0)}` is {d0.dim} "
+                                  f"and `{expr_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
         return d0.dim
 
-    def visit_Compare(self, e: A.Compare, *vals: _D) -> _D:
+    def visit_Compare(self, e: A.Compare, *vals: DimValue) -> DimValue:
         if self.checking:
             self._agree_cmp(e, vals)
-        return self._keep(e, _D(DIMENSIONLESS))
+        return self._keep(e, DimValue(DIMENSIONLESS))
 
-    def _agree_cmp(self, e: A.Compare, vals: tuple[_D, ...]) -> None:
+    def _agree_cmp(self, e: A.Compare, vals: tuple[DimValue, ...]) -> None:
         real = [(x, d) for x, d in zip(e.operands, vals) if not d.zero]
         for (x0, d0), (x, d) in zip(real, real[1:]):
             if d.dim != d0.dim:
-                raise self.uc.err(f"a comparison needs the same unit on both sides, but `{_text(x0)}` is "
-                                  f"{d0.dim} and `{_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
+                raise self.uc.err(f"a comparison needs the same unit on both sides, but `{expr_text(x0)}` is "
+                                  f"{d0.dim} and `{expr_text(x)}` is {d.dim}", x.pos, self.uc.hint_for(x, d0.dim))
 
 
-def _text(e: A.Expr, limit: int = 60) -> str:
+def expr_text(e: A.Expr, limit: int = 60) -> str:
     """An expression for a message (long ones shortened)."""
     t = A.to_text(e)
     return t if len(t) <= limit else t[: limit - 3] + "..."
 
 
 
-class _UnitChecker:
+class UnitChecker:
     def __init__(self, ck: CheckedModel) -> None:
         self.ck = ck
         self.n = ck.ast
@@ -314,7 +272,7 @@ class _UnitChecker:
     def mismatch(self, what: str, expected: Dim, e: A.Expr, got: Dim, term: bool = False) -> FlexDSLError:
         also = f" = {show(expected, 'base')}" if show(expected, "base") != str(expected) else ""
         kind = "the term " if term else ""
-        return self.err(f"{what} has unit {expected}{also}, but {kind}`{_text(e)}` is {got} — expected {expected}",
+        return self.err(f"{what} has unit {expected}{also}, but {kind}`{expr_text(e)}` is {got} — expected {expected}",
                         e.pos, self.hint_for(e, expected, got))
 
     def hint_for(self, e: A.Expr, expected: Dim, got: Dim | None = None) -> str | None:
@@ -349,8 +307,8 @@ class _UnitChecker:
         return unit(name)
 
     # ------------------------------------------------------------------ folds
-    def dim(self, e: A.Expr, env: Mapping[str, Dim], expect: Dim | None = None, what: str = "") -> _D:
-        d = _Dims(self, env, expect, what).fold(e)
+    def dim(self, e: A.Expr, env: Mapping[str, Dim], expect: Dim | None = None, what: str = "") -> DimValue:
+        d = DimFold(self, env, expect, what).fold(e)
         if expect is not None and not d.zero and d.dim != expect:
             raise self.mismatch(what, expect, e, d.dim)
         return d
@@ -360,7 +318,37 @@ class _UnitChecker:
         ck = self.ck
         self.note_bare_units()
         env: dict[str, Dim] = {}
-        # inputs
+        self.declarations(env)
+        time = env.get("dt", DIMENSIONLESS)
+        self.dims = env
+        if ck.equations is not None:
+            for ln in ck.equations.lines:
+                if isinstance(ln, A.ODE):
+                    self.dim(ln.value, env, env[ln.state] / time, f"`d{ln.state}/dt`")
+                else:
+                    env[ln.name] = self.dim(ln.value, env).dim
+        for st in ck.update:
+            self.assignment(st, env, "update")
+        if ck.refractory is not None:
+            self.refractory(ck.refractory, env)
+        if ck.spike is not None:
+            rule = ck.spike
+            left = self.dim(rule.left, env)
+            right = self.dim(rule.right, env)
+            if not left.zero and not right.zero and left.dim != right.dim:
+                raise self.err(f"the spike rule compares `{expr_text(rule.left)}` ({left.dim}) with "
+                               f"`{expr_text(rule.right)}` ({right.dim}): both sides need the same unit",
+                               rule.right.pos, self.hint_for(rule.right, left.dim))
+            u_dim = left.dim if not left.zero else right.dim
+            self.surrogate(u_dim, env, A.BinOp("-", rule.left, rule.right, rule.left.pos))
+        for st in ck.on_spike:
+            self.assignment(st, env, "on spike")
+        for name, d in env.items():
+            self.info.dim[name] = d
+
+    def declarations(self, env: dict[str, Dim]) -> None:
+        """The units of the inputs, the params (in order; `dt` a time) and the states."""
+        ck = self.ck
         for i in ck.inputs:
             if i.unit is not None:
                 f, d = self.unit_expr(i.unit)
@@ -373,7 +361,6 @@ class _UnitChecker:
                 env[i.name] = DIMENSIONLESS
                 i.meta["unit"] = "1"
                 self.info.unit[i.name] = "1"
-        # params, in order
         for p in ck.params:
             lit = literal_unit(p.default, env)
             d = self.dim(p.default, env).dim
@@ -393,8 +380,6 @@ class _UnitChecker:
             p = ck.param("dt")
             raise self.err(f"`dt` is the integration step: it must be a time, but it is {env['dt']}", p.default.pos,
                            "give it a unit of time, e.g. `param dt = 0.1 ms`")
-        time = env.get("dt", DIMENSIONLESS)
-        # states
         for s in ck.states:
             d = self.dim(s.init, {k: v for k, v in env.items() if k in {q.name for q in ck.params}})
             env[s.name] = d.dim
@@ -403,46 +388,20 @@ class _UnitChecker:
             lit = literal_unit(s.init, env)
             s.meta["unit"] = lit[2] if lit is not None else show(d.dim, "base")
             self.info.unit[s.name] = show(d.dim, "base")
-        self.dims = env
-        # equations
-        if ck.equations is not None:
-            for ln in ck.equations.lines:
-                if isinstance(ln, A.ODE):
-                    self.dim(ln.value, env, env[ln.state] / time, f"`d{ln.state}/dt`")
-                else:
-                    env[ln.name] = self.dim(ln.value, env).dim
-        # update
-        for st in ck.update:
-            self.assignment(st, env, "update")
-        # refractoriness
-        rf = ck.refractory
-        if rf is not None:
-            if rf.period is not None:
-                pd = self.dim(rf.period, env)
-                if "dt" in env and pd.dim != Dim.of(TIME) and not pd.zero:
-                    raise self.err(f"the refractory period must be a time, but `{_text(rf.period)}` is {pd.dim}",
-                                   rf.period.pos, "e.g. `refractory 2 ms`")
-                if "dt" not in env and not pd.dim.dimensionless:
-                    raise self.err(f"without `dt`, the refractory period is a number of steps, but "
-                                   f"`{_text(rf.period)}` is {pd.dim}", rf.period.pos,
-                                   "declare the step, e.g. `param dt = 0.1 ms`, to give the period in time")
-            if rf.condition is not None:
-                self.dim(rf.condition, env)
-        # the spike rule and its surrogate
-        if ck.spike is not None:
-            rule = ck.spike
-            left = self.dim(rule.left, env)
-            right = self.dim(rule.right, env)
-            if not left.zero and not right.zero and left.dim != right.dim:
-                raise self.err(f"the spike rule compares `{_text(rule.left)}` ({left.dim}) with "
-                               f"`{_text(rule.right)}` ({right.dim}): both sides need the same unit",
-                               rule.right.pos, self.hint_for(rule.right, left.dim))
-            u_dim = left.dim if not left.zero else right.dim
-            self.surrogate(u_dim, env, A.BinOp("-", rule.left, rule.right, rule.left.pos))
-        for st in ck.on_spike:
-            self.assignment(st, env, "on spike")
-        for name, d in env.items():
-            self.info.dim[name] = d
+
+    def refractory(self, rf: A.Refractory, env: dict[str, Dim]) -> None:
+        """The refractory period is a time (a number of steps without `dt`)."""
+        if rf.period is not None:
+            pd = self.dim(rf.period, env)
+            if "dt" in env and pd.dim != Dim.of(TIME) and not pd.zero:
+                raise self.err(f"the refractory period must be a time, but `{expr_text(rf.period)}` is {pd.dim}",
+                               rf.period.pos, "e.g. `refractory 2 ms`")
+            if "dt" not in env and not pd.dim.dimensionless:
+                raise self.err(f"without `dt`, the refractory period is a number of steps, but "
+                               f"`{expr_text(rf.period)}` is {pd.dim}", rf.period.pos,
+                               "declare the step, e.g. `param dt = 0.1 ms`, to give the period in time")
+        if rf.condition is not None:
+            self.dim(rf.condition, env)
 
     def note_bare_units(self) -> None:
         names = model_names(self.n)
@@ -458,7 +417,7 @@ class _UnitChecker:
             d = self.dim(st.value, env)
             if not d.dim.dimensionless:
                 raise self.err(f"`{tgt} {st.op} ...` would change the unit of `{tgt}`: the factor "
-                               f"`{_text(st.value)}` is {d.dim}, but it must be dimensionless", st.value.pos)
+                               f"`{expr_text(st.value)}` is {d.dim}, but it must be dimensionless", st.value.pos)
             return
         what = f"`{tgt}`" if st.op == "=" else f"`{tgt} {st.op} ...`"
         if tgt in {s.name for s in self.ck.states}:
@@ -478,7 +437,7 @@ class _UnitChecker:
             spec = BUILTIN_SURROGATES[rs.name]
             if spec.unitless_arg and not u_dim.dimensionless:
                 raise self.err(f"the surrogate `{rs.name}` has no scale keyword, so its argument must be "
-                               f"dimensionless, but `{_text(u_expr)}` is {u_dim}", pos,
+                               f"dimensionless, but `{expr_text(u_expr)}` is {u_dim}", pos,
                                "compare dimensionless values (e.g. `v / v_th > 1`) or use a surrogate with a "
                                f"scale, e.g. `sigmoid(alpha=4/{show(u_dim, 'base')})`")
             for name, k in given.items():
@@ -489,9 +448,9 @@ class _UnitChecker:
                     role = ("dimensionless" if p == 0 else f"{want}, the unit of 1/u" if p == -1
                             else f"{want}, the unit of u" if p == 1 else str(want))
                     raise self.err(f"`{name}` of the surrogate `{rs.name}` must be {role} (u = "
-                                   f"`{_text(u_expr)}` is {u_dim}), but `{_text(k.value)}` is {d.dim}",
+                                   f"`{expr_text(u_expr)}` is {u_dim}), but `{expr_text(k.value)}` is {d.dim}",
                                    k.value.pos, f"the surrogate's argument (`{name}` with u) must be dimensionless"
-                                   + (f": write e.g. `{name}={_text(k.value)}/{show(u_dim, 'base')}`"
+                                   + (f": write e.g. `{name}={expr_text(k.value)}/{show(u_dim, 'base')}`"
                                       if p == -1 and d.dim.dimensionless else ""))
             return
         sd = rs.user
@@ -514,7 +473,7 @@ class _UnitChecker:
                 n, k = wrong[0]
                 want = self.dim(defaults[n].value, env).dim
                 raise self.err(f"`{n}` of the surrogate `{sd.name}` must be {want}, as its default "
-                               f"`{_text(defaults[n].value)}`, but `{_text(k.value)}` is "
+                               f"`{expr_text(defaults[n].value)}`, but `{expr_text(k.value)}` is "
                                f"{self.dim(k.value, env).dim}", k.value.pos,
                                f"d spike / d u must have the unit of 1/u, and u (the spike rule's left side "
                                f"minus its right side) is {u_dim}")
@@ -522,7 +481,7 @@ class _UnitChecker:
             if k.name in given:
                 self.dim(k.value, env)
         self.dim(sd.body, local, DIMENSIONLESS / u_dim, f"the surrogate `{sd.name}` (d spike / d u, u = "
-                                                         f"`{_text(u_expr)}`)")
+                                                         f"`{expr_text(u_expr)}`)")
 
     def unit_expr(self, e: A.Expr) -> tuple[Fraction, Dim]:
         """A unit written as an expression of unit names (`uA/cm**2`, `1/ms`)."""
@@ -535,9 +494,9 @@ class _UnitChecker:
             elif isinstance(n, A.BinOp) and n.op in ("*", "/", "**"):
                 pass
             else:
-                raise self.err(f"a unit is written with unit names, `*`, `/` and `**`, not `{_text(n)}`",
+                raise self.err(f"a unit is written with unit names, `*`, `/` and `**`, not `{expr_text(n)}`",
                                n.pos, "e.g. `input I : nA` or `input I : uA/cm**2`")
-        d = _Dims(self, {}, None, "").fold(e)
+        d = DimFold(self, {}, None, "").fold(e)
         exponents = {id(k) for m in A.nodes(e) if isinstance(m, A.BinOp) and m.op == "**" for k in A.nodes(m.right)}
         for n in A.nodes(e):
             if isinstance(n, A.Num) and id(n) not in exponents and n.value != 1:
@@ -548,61 +507,4 @@ class _UnitChecker:
 
 
 
-# ---------------------------------------------------------------- declared units
-def literal_unit(e: A.Expr, shadow: Mapping[str, Any] | set[str]) -> tuple[A.Expr, A.Expr, str] | None:
-    """A value written as a number and a unit (`10 ms`, `-70.6 mV`, `120 mS/cm**2`,
-    `0.02 / ms`): (the number, with its sign, as an expression; the unit as an expression;
-    the unit's text), else None. Names in `shadow` are model names, never units."""
-    sign = 1
-    node = e
-    while isinstance(node, A.Neg):
-        sign = -sign
-        node = node.operand
-    chain: list[tuple[str, A.Expr]] = []
-    while isinstance(node, A.BinOp) and node.op in ("*", "/") and _pure_unit(node.right, shadow):
-        chain.append((node.op, node.right))
-        node = node.left
-    chain.reverse()
-    if isinstance(node, A.Quantity):
-        number: A.Expr = A.Num(node.value, node.text, node.pos)
-        head = A.quantity_unit(node)
-        unit_e: A.Expr = A.Name(node.unit, node.unit_pos)
-        if node.power_text:
-            unit_e = A.BinOp("**", unit_e, A.Num(float(node.power_text), node.power_text, node.unit_pos),
-                             node.unit_pos)
-    elif isinstance(node, A.Num) and chain:
-        number, head, unit_e = node, "1", A.Num(1.0, "1", node.pos)
-    else:
-        return None
-    text = head
-    for op, r in chain:
-        rt = A.to_text(r)
-        if isinstance(r, A.BinOp) and r.op in ("*", "/"):
-            rt = f"({rt})"
-        text = f"{text}{op}{rt}"
-        unit_e = A.BinOp(op, unit_e, r, unit_e.pos)
-    if sign < 0:
-        number = A.Neg(number, e.pos)
-    return number, unit_e, text
-
-
-def _pure_unit(e: A.Expr, shadow) -> bool:
-    for n in A.nodes(e):
-        if isinstance(n, A.Name):
-            if n.id in shadow or not is_unit(n.id):
-                return False
-        elif isinstance(n, A.BinOp):
-            if n.op not in ("*", "/", "**"):
-                return False
-            if n.op == "**" and any(not isinstance(m, A.Num | A.Neg) for m in [n.right]):
-                return False
-        elif not isinstance(n, A.Num | A.Neg):
-            return False
-    return any(isinstance(n, A.Name) for n in A.nodes(e))
-
-
-def unit_text(e: A.Expr) -> str:
-    return A.to_text(e).replace(" ", "")
-
-
-__all__ = ["uses_units", "model_names", "UnitInfo", "literal_unit", "unit_text"]
+__all__ = ["UnitChecker"]
