@@ -16,111 +16,10 @@ from ..errors import FlexDSLError
 from ..frontend import ast as A
 from ..frontend.catalog import FUNCTIONS
 from ..frontend.check import CheckedModel
-from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, Where, make
-from .integrate import INTEGRATORS, Context, NotApplicable
-from .surrogates import BUILTIN_SURROGATES
-
-
-def sym(name: str) -> sp.Symbol:
-    return sp.Symbol(name, real=True)
-
-
-_CMP = {"<": sp.StrictLessThan, "<=": sp.LessThan, ">": sp.StrictGreaterThan, ">=": sp.GreaterThan,
-        "==": sp.Eq, "!=": sp.Ne}
-
-
-MAX_EXPONENT = 32  # of a constant power of a non-constant base (sympy expands powers)
-_NONFINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
-
-
-class ToSympy(A.ExprFold[sp.Expr]):
-    """AST -> sympy. With `neuron` given, a value that is not a finite real (x/0, log(0),
-    exp(1000), sqrt(-1)...) or a power too large to expand is a located FlexDSLError."""
-
-    def __init__(self, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> None:
-        self.env = env
-        self.neuron = neuron
-
-    def fail(self, e: A.Expr, msg: str, hint: str | None = None) -> FlexDSLError:
-        n = self.neuron
-        assert n is not None
-        return FlexDSLError(msg, n.filename, e.pos.line, e.pos.column, n.source, hint)
-
-    def checked(self, e: A.Expr, v: sp.Expr, divides: bool) -> sp.Expr:
-        if self.neuron is None:
-            return v
-        if v.is_number:
-            try:
-                z = complex(v)
-            except (TypeError, ValueError, OverflowError):
-                z = complex("nan")
-            if not (math.isfinite(z.real) and math.isfinite(z.imag)):
-                raise self.fail(e, "this expression is not a finite number (a division by zero, an overflow or "
-                                   "log of 0)", "check the constants; values must stay within float range")
-            if z.imag != 0:
-                raise self.fail(e, "this expression is a complex number", "e.g. sqrt or log of a negative "
-                                                                          "constant, or a fractional power of one")
-        elif divides and v.has(*_NONFINITE):
-            raise self.fail(e, "this expression divides by zero or takes log(0)")
-        return v
-
-    def visit_Num(self, e: A.Num) -> sp.Expr:
-        v = e.value
-        if v.is_integer() and abs(v) < 2**53 and "." not in e.text and "e" not in e.text.lower():
-            return sp.Integer(int(v))
-        return sp.Float(v)
-
-    def visit_Name(self, e: A.Name) -> sp.Expr:
-        if e.id in self.env:
-            return self.env[e.id]
-        return CONSTANTS[e.id]
-
-    def visit_Neg(self, e: A.Neg, a: sp.Expr) -> sp.Expr:
-        return -a
-
-    def visit_BinOp(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
-        try:
-            if e.op == "+":
-                return self.checked(e, a + b, False)
-            if e.op == "-":
-                return self.checked(e, a - b, False)
-            if e.op == "*":
-                return self.checked(e, a * b, False)
-            if e.op == "/":
-                return self.checked(e, a / b, True)
-            return self.checked(e, self.power(e, a, b), True)
-        except (ZeroDivisionError, OverflowError) as exc:  # sympy's Float arithmetic raises these
-            if self.neuron is None:
-                raise
-            raise self.fail(e, "this expression divides by zero or overflows") from exc
-
-    def power(self, e: A.BinOp, a: sp.Expr, b: sp.Expr) -> sp.Expr:
-        if self.neuron is not None and b.is_number and not a.is_number:
-            if abs(complex(b)) > MAX_EXPONENT:
-                raise self.fail(e.right, f"the exponent is too large (the limit is {MAX_EXPONENT})",
-                                "write exp(k*log(x)) for large powers")
-        if self.neuron is not None and a.is_number and b.is_number:
-            # constant powers: sympy would compute 9**9**9 exactly; a float overflow is an error
-            try:
-                size = abs(float(b)) * math.log10(max(abs(float(a)), 1e-300))
-            except (TypeError, ValueError, OverflowError):
-                size = math.inf
-            if not size < 308:
-                raise self.fail(e, "this power is too large for a float", "the largest float is about 1.8e308")
-        return a**b
-
-    def visit_Call(self, e: A.Call, *args: sp.Expr) -> sp.Expr:
-        return self.checked(e, make(e.func, *args), True)
-
-    def visit_Compare(self, e: A.Compare, *vals: sp.Expr) -> sp.Expr:
-        parts = [_CMP[op](left, right) for op, left, right in zip(e.ops, vals[:-1], vals[1:])]
-        return parts[0] if len(parts) == 1 else sp.And(*parts)
-
-
-def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> sp.Expr:
-    """An AST expression as sympy, with names replaced by env[name]; with `neuron`, values that
-    are not finite reals are located errors."""
-    return ToSympy(env, neuron).fold(e)
+from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, Where
+from .integrate import INTEGRATORS, Context, MatrixExp, NotApplicable, integrate_held
+from .surrogates import SurrogateInfo, surrogate_info
+from .tosympy import MAX_EXPONENT, NONFINITE, ToSympy, sym, to_sympy
 
 
 @dataclass
@@ -141,32 +40,6 @@ class ParamInfo:
     @property
     def derived(self) -> bool:
         return self.decl is None
-
-
-@dataclass
-class MatrixExp:
-    """Derived params: entries of expm(matrix), where the matrix is made of params only. They are
-    computed once per call, numerically (the torch backend's `derived_params`), before any
-    backend's program runs, and passed to it like params (with autograd to the declared ones)."""
-
-    states: list[str]  # the coupled states whose propagator this is
-    matrix: sp.Matrix
-    entries: list[tuple[sp.Symbol, int, int]]  # (symbol, row, column)
-    pos: A.Pos  # the equations that need it
-
-    def describe(self) -> str:
-        names = ", ".join(s.name for s, _, _ in self.entries)
-        rows = ", ".join("[" + ", ".join(sp.sstr(e) for e in self.matrix.row(i)) + "]"
-                         for i in range(self.matrix.rows))
-        return f"{names} = entries {[(i, j) for _, i, j in self.entries]} of expm([{rows}])"
-
-
-@dataclass
-class SurrogateInfo:
-    name: str
-    kwargs: dict[str, sp.Expr]  # keyword -> value (numbers or params)
-    derivative: sp.Expr  # S'(u) in terms of `u`
-    u: sp.Symbol
 
 
 @dataclass
@@ -257,7 +130,7 @@ def _check_finite_constants(step: StepModel) -> None:
     unbounded exponents (`x*1e300*1e300` is `1e600*x`), which a float64 cannot hold."""
     n = step.checked.ast
     for y, e in step.assignments:
-        bad = e.has(*_NONFINITE) or any(not _fits_float(c) for c in e.atoms(sp.Number))
+        bad = e.has(*NONFINITE) or any(not _fits_float(c) for c in e.atoms(sp.Number))
         if bad:
             pos = step.origins.get(y.name) or n.pos
             raise FlexDSLError("this statement's constants overflow a float (they fold to a value beyond "
@@ -354,7 +227,7 @@ def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepMo
 
         def integrate(m: str) -> dict[sp.Symbol, sp.Expr]:
             if held and not_refractory is not None:
-                return _integrate_held(m, ode_syms, rhs_at, dt, ctx, held, not_refractory, assignments, derived)
+                return integrate_held(m, ode_syms, rhs_at, dt, ctx, held, not_refractory, assignments, derived)
             return INTEGRATORS[m](ode_syms, rhs_at, dt, ctx)
 
         if auto:  # `exact` where it applies, else `euler`
@@ -393,7 +266,7 @@ def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepMo
             v = cur * v
         elif st.op == "/=":
             v = cur / v
-            if v.has(*_NONFINITE):
+            if v.has(*NONFINITE):
                 raise FlexDSLError("this statement divides by zero", n.filename, st.value.pos.line,
                                    st.value.pos.column, n.source)
         if st.held and not_refractory is not None:
@@ -425,7 +298,7 @@ def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepMo
         else:
             assignments.append((spike_sym, fire(u)))
         origins["spike"] = rule.pos
-        surrogate = _surrogate(model, env)
+        surrogate = surrogate_info(model, env)
         s = spike_sym
         if model.on_spike:
             here[0] = rule.pos
@@ -512,100 +385,6 @@ def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, h
     return emit("not_refractory", Where(value(rf.condition), Detach(env["_not_refractory"]), 1))
 
 
-def _integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, ctx: Context, held: set[sp.Symbol],
-                    not_refractory: sp.Expr, assignments: list, derived: list[MatrixExp]
-                    ) -> dict[sp.Symbol, sp.Expr]:
-    """The step of a system whose `held` states do not move while refractory, with Brian2's
-    meaning (`dX/dt = int(not_refractory) * f` for each held X):
-
-    - the explicit methods integrate exactly that right-hand side;
-    - `exponential_euler` treats each equation on its own, from the step's starting values, so
-      a held state keeps its value and the others are unaffected;
-    - `exact` steps both systems (free, and with the held rows 0) and chooses per state (the
-      free one where the state is neither held nor driven by a held one)."""
-    active = sp.StrictGreaterThan(not_refractory, 0)
-    if method not in ("exact", "exponential_euler"):
-        def gated(values):
-            rhs = rhs_at(values)
-            return {x: (not_refractory * f if x in held else f) for x, f in rhs.items()}
-
-        return INTEGRATORS[method](xs, gated, dt, ctx)
-    free = INTEGRATORS[method](xs, rhs_at, dt, ctx)
-    if method == "exponential_euler":
-        return {x: (Where(active, free[x], x) if x in held else free[x]) for x in xs}
-    # exact: the states driven by a held one (transitively) need the held system's solution
-    rhs = rhs_at({x: x for x in xs})
-    driven = set(held)
-    changed = True
-    while changed:
-        changed = False
-        for x in xs:
-            if x not in driven and rhs[x].free_symbols & driven:
-                driven.add(x)
-                changed = True
-    start, start_derived = len(assignments), len(derived)
-
-    def frozen(values):
-        r = rhs_at(values)
-        return {x: (sp.Integer(0) if x in held else f) for x, f in r.items()}
-
-    stopped = INTEGRATORS[method](xs, frozen, dt, ctx)
-    out = {x: (Where(active, free[x], stopped[x]) if x in driven else free[x]) for x in xs}
-    # drop what the held system computed for states that do not need it
-    need: set[sp.Symbol] = set()
-    for e in out.values():
-        need |= e.free_symbols
-    for y, e in reversed(assignments[start:]):
-        if y in need:
-            need |= e.free_symbols
-    assignments[start:] = [(y, e) for y, e in assignments[start:] if y in need]
-    derived[start_derived:] = [d for d in derived[start_derived:] if any(y in need for y, _, _ in d.entries)]
-    return out
-
-
-def _surrogate(model: CheckedModel, env: Mapping[str, sp.Expr]) -> SurrogateInfo:
-    """S'(u) with the keywords' values; a surrogate that is degenerate (not finite, or zero
-    everywhere, e.g. `rect(alpha=0)`) is a located error."""
-    rs = model.surrogate
-    assert rs is not None
-    n = model.ast
-    u = sym("_u")
-    kwargs = {k: to_sympy(v, env, n) for k, v in rs.kwargs.items()}
-    pos = rs.pos or n.pos
-    try:
-        if rs.user is not None:
-            local = ChainMap({**kwargs, rs.arg: u}, env)
-            deriv = to_sympy(rs.user.body, local, n)
-        else:
-            deriv = BUILTIN_SURROGATES[rs.name].derivative(u, **kwargs)
-        degenerate = deriv.has(*_NONFINITE) or deriv == 0
-    except (TypeError, ValueError, ZeroDivisionError):  # sympy refuses e.g. |x| < 1/(2*0)
-        degenerate = True
-    if degenerate:
-        shown = ", ".join(f"{k}={sp.sstr(v)}" for k, v in kwargs.items())
-        raise FlexDSLError(f"the surrogate `{rs.name}({shown})` is degenerate: its derivative is not finite or is "
-                           "zero everywhere", n.filename, pos.line, pos.column, n.source,
-                           "surrogate widths must be finite and nonzero (e.g. alpha > 0)")
-    if deriv.free_symbols <= {u}:  # constant keywords: the peak S'(0) must be a usable float
-        try:
-            peak = float(deriv.subs(u, 0))
-        except (TypeError, ValueError, OverflowError):
-            peak = math.inf
-        shown = ", ".join(f"{k}={sp.sstr(v)}" for k, v in kwargs.items())
-        if not abs(peak) <= FLOAT32_MAX:
-            raise FlexDSLError(f"the surrogate `{rs.name}({shown})` peaks at S'(0) = {peak:.3g}, beyond float32 "
-                               "(about 3.4e38): its gradients would be inf or NaN", n.filename, pos.line,
-                               pos.column, n.source, "choose a smaller scale (e.g. alpha between 1 and 100)")
-        if rs.user is None and peak <= 0:
-            raise FlexDSLError(f"the surrogate `{rs.name}({shown})` has S'(0) = {peak:.3g}: a surrogate's "
-                               "derivative must be positive at the threshold, or the gradients point the wrong "
-                               "way", n.filename, pos.line, pos.column, n.source, "use a positive scale, e.g. "
-                               "alpha=4.0")
-    return SurrogateInfo(rs.name, kwargs, deriv, u)
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-
 
 def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: NameGen
                          ) -> list[tuple[sp.Symbol, sp.Expr]]:
@@ -659,3 +438,7 @@ def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: Na
         place(e)
         out.append((y, e))
     return out
+
+
+__all__ = ["lower", "StepModel", "ParamInfo", "MatrixExp", "SurrogateInfo", "NameGen", "share_subexpressions",
+           "ToSympy", "to_sympy", "sym", "MAX_EXPONENT"]
