@@ -146,91 +146,100 @@ def _fits_float(c: sp.Number) -> bool:
 
 
 def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepModel:
-    n = model.ast
-    inputs = [sym(i.name) for i in model.inputs]
-    states = [sym(s.name) for s in model.states]
-    params = [ParamInfo(p.name, sym(p.name), p) for p in model.params]
-    taken = {i.name for i in model.inputs} | {s.name for s in model.states} | {p.name for p in model.params}
-    taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(FUNCTIONS) | set(CONSTANTS)
-    names = NameGen(taken)
-    env: dict[str, sp.Expr] = {s.name: s for s in [*inputs, *states]} | {p.name: p.symbol for p in params}
-    assignments: list[tuple[sp.Symbol, sp.Expr]] = []
-    origins: dict[str, A.Pos] = {}
+    return _Lowering(model, detach_reset, here).run()
 
-    dynamic: set[sp.Symbol] = {*inputs, *states}  # symbols that depend on inputs or states
 
-    def emit(base: str, expr: sp.Expr) -> sp.Expr:
+class _Lowering:
+    """One lowering: the environment (each name's current value), the SSA assignments emitted
+    so far with their source positions (`here[0]`: the statement being lowered, for errors),
+    and the derived params' matrix exponentials."""
+
+    def __init__(self, model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> None:
+        self.model, self.n, self.detach_reset, self.here = model, model.ast, detach_reset, here
+        self.inputs = [sym(i.name) for i in model.inputs]
+        self.states = [sym(s.name) for s in model.states]
+        self.params = [ParamInfo(p.name, sym(p.name), p) for p in model.params]
+        taken = {i.name for i in model.inputs} | {s.name for s in model.states} | {p.name for p in model.params}
+        taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(FUNCTIONS) | set(CONSTANTS)
+        self.names = NameGen(taken)
+        self.env: dict[str, sp.Expr] = ({s.name: s for s in [*self.inputs, *self.states]}
+                                        | {p.name: p.symbol for p in self.params})
+        self.assignments: list[tuple[sp.Symbol, sp.Expr]] = []
+        self.origins: dict[str, A.Pos] = {}
+        self.dynamic: set[sp.Symbol] = {*self.inputs, *self.states}  # symbols that depend on inputs or states
+        self.subexpr_defs: dict[str, A.Expr] = {}
+        if model.equations is not None:
+            for ln in model.equations.lines:
+                if isinstance(ln, A.Subexpr):
+                    self.subexpr_defs[ln.name] = ln.value
+        self.matrix_exps: list[MatrixExp] = []
+        self.not_refractory: sp.Expr | None = None
+
+    def emit(self, base: str, expr: sp.Expr) -> sp.Expr:
+        """An SSA assignment `base = expr` (a fresh name); constants stay inline."""
         if expr.is_Atom or expr.is_number:  # constants stay inline (printed as numbers)
             return expr
-        y = names.new(base)
-        assignments.append((y, expr))
-        origins[y.name] = here[0]
-        if expr.free_symbols & dynamic:
-            dynamic.add(y)
+        y = self.names.new(base)
+        self.assignments.append((y, expr))
+        self.origins[y.name] = self.here[0]
+        if expr.free_symbols & self.dynamic:
+            self.dynamic.add(y)
         return y
 
-    subexpr_defs: dict[str, A.Expr] = {}
-    if model.equations is not None:
-        for ln in model.equations.lines:
-            if isinstance(ln, A.Subexpr):
-                subexpr_defs[ln.name] = ln.value
-
-    def value(e: A.Expr) -> sp.Expr:
-        if not subexpr_defs:
-            return to_sympy(e, env, n)
+    def value(self, e: A.Expr) -> sp.Expr:
+        """An expression's value now (the equations' subexpressions at the current values)."""
+        n = self.n
+        if not self.subexpr_defs:
+            return to_sympy(e, self.env, n)
         subs: dict[str, sp.Expr] = {}
-        local = ChainMap(subs, env)
-        for name, d in subexpr_defs.items():
+        local = ChainMap(subs, self.env)
+        for name, d in self.subexpr_defs.items():
             subs[name] = to_sympy(d, local, n)
         return to_sympy(e, local, n)
 
-    # -- 0. refractoriness, decided at the start of the step (Brian2's `not_refractory`)
-    not_refractory = _refractoriness(model, env, value, emit, here)
+    def run(self) -> StepModel:
+        model = self.model
+        # -- 0. refractoriness, decided at the start of the step (Brian2's `not_refractory`)
+        self.not_refractory = _refractoriness(model, self.env, self.value, self.emit, self.here)
+        method = model.method
+        if model.equations is not None:  # -- 1. equations
+            method = self.equations(model.equations)
+        self.update()  # -- 2. update
+        spike_sym, surrogate = self.spike() if model.spike is not None else (None, None)  # -- 3., 4.
+        outputs: list[tuple[str, sp.Expr]] = []  # -- 5. outputs
+        for name, _ in model.outputs:
+            if name == "spike":
+                outputs.append((name, spike_sym))
+            else:
+                outputs.append((name, self.value(A.Name(name, A.Pos(0, 0)))))
+        next_states = [self.env[s_.name] for s_ in self.states]
+        assignments = share_subexpressions(self.assignments, self.names)
+        return StepModel(model, self.inputs, self.states, self.params, assignments, next_states, outputs, spike_sym,
+                         surrogate, method if model.equations is not None else None, model.method is None,
+                         self.detach_reset, self.names.taken, self.origins, self.matrix_exps)
 
-    # -- 1. equations
-    derived: list[MatrixExp] = []
-    method = model.method
-    auto = method is None
-    if model.equations is not None:
-        odes = [ln for ln in model.equations.lines if isinstance(ln, A.ODE)]
+    # ------------------------------------------------------------------ 1. equations
+    def equations(self, eqs: A.Equations) -> str:
+        """The ODEs discretized by the model's method (automatic: `exact` where it applies, else
+        `euler`); the method used."""
+        model, n, env, here = self.model, self.n, self.env, self.here
+        odes = [ln for ln in eqs.lines if isinstance(ln, A.ODE)]
         ode_syms = [sym(o.state) for o in odes]
+        dt = _dt_in_base_units(model, env)
+        here[0] = eqs.pos
+        rhs_at = self.right_hand_sides(odes)
+        constants = {p.symbol for p in self.params}
+        ctx = Context(self.emit, lambda e: e.free_symbols <= constants, self.request_matrix_exp(odes))
         held = {sym(o.state) for o in odes if o.held}
 
-        rhs_cache: list[dict[sp.Symbol, sp.Expr]] = []
-
-        def rhs_at(values: dict[sp.Symbol, sp.Expr]) -> dict[sp.Symbol, sp.Expr]:
-            """The right-hand sides at given state values: built (and checked) once from the
-            AST, then substituted for each stage of a method."""
-            if not rhs_cache:
-                local = dict(env)
-                for name, e in subexpr_defs.items():
-                    local[name] = to_sympy(e, local, n)
-                rhs_cache.append({sym(o.state): to_sympy(o.value, local, n) for o in odes})
-            sub = {k: v for k, v in values.items() if k != v}
-            return {k: e.xreplace(sub) for k, e in rhs_cache[0].items()} if sub else dict(rhs_cache[0])
-
-        dt = _step(model, env)
-        here[0] = model.equations.pos
-        constants = {p.symbol for p in params}
-
-        def matrix_exp(states_: list[sp.Symbol], matrix: sp.Matrix, wanted: dict[tuple[int, int], str]
-                       ) -> dict[tuple[int, int], sp.Symbol]:
-            pos = next(o.pos for o in odes if o.state == states_[0].name)
-            out = {k: names.new(base) for k, base in wanted.items()}
-            derived.append(MatrixExp([s_.name for s_ in states_], matrix, [(y, i, j) for (i, j), y in out.items()],
-                                     pos))
-            for y in out.values():
-                origins[y.name] = pos
-            return out
-
-        ctx = Context(emit, lambda e: e.free_symbols <= constants, matrix_exp)
-
         def integrate(m: str) -> dict[sp.Symbol, sp.Expr]:
-            if held and not_refractory is not None:
-                return integrate_held(m, ode_syms, rhs_at, dt, ctx, held, not_refractory, assignments, derived)
+            if held and self.not_refractory is not None:
+                return integrate_held(m, ode_syms, rhs_at, dt, ctx, held, self.not_refractory, self.assignments,
+                                      self.matrix_exps)
             return INTEGRATORS[m](ode_syms, rhs_at, dt, ctx)
 
-        if auto:  # `exact` where it applies, else `euler`
+        method = model.method
+        if method is None:  # `exact` where it applies, else `euler`
             try:
                 new = integrate("exact")
                 method = "exact"
@@ -245,110 +254,142 @@ def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepMo
                 raise FlexDSLError(f"method `{method}` does not apply: {e.reason}", n.filename, line.pos.line,
                                    line.pos.column, n.source, e.hint or
                                    "use `method euler`, `rk4` or `exponential_euler` for nonlinear equations") from None
-        learnable = {p.symbol for p in params if p.learnable}
-        for d in derived:
+        learnable = {p.symbol for p in self.params if p.learnable}
+        for d in self.matrix_exps:
             dl = bool(d.matrix.free_symbols & learnable)
-            params += [ParamInfo(y.name, y, None, dl) for y, _, _ in d.entries]
+            self.params += [ParamInfo(y.name, y, None, dl) for y, _, _ in d.entries]
         for s_, o in zip(ode_syms, odes):
             here[0] = o.pos
-            env[s_.name] = emit(s_.name, new[s_])
+            env[s_.name] = self.emit(s_.name, new[s_])
+        return method
 
-    # -- 2. update
-    for st in model.update:
-        here[0] = st.pos
-        v = value(st.value)
-        cur = env.get(st.target)
-        if st.op == "+=":
-            v = cur + v
-        elif st.op == "-=":
-            v = cur - v
-        elif st.op == "*=":
-            v = cur * v
-        elif st.op == "/=":
-            v = cur / v
-            if v.has(*NONFINITE):
-                raise FlexDSLError("this statement divides by zero", n.filename, st.value.pos.line,
-                                   st.value.pos.column, n.source)
-        if st.held and not_refractory is not None:
-            v = Where(sp.StrictGreaterThan(not_refractory, 0), v, cur)
-        env[st.target] = emit(st.target, v)
+    def right_hand_sides(self, odes: list[A.ODE]):
+        """`rhs_at(values)`: the right-hand sides at given state values, built (and checked) once
+        from the AST, then substituted for each stage of a method."""
+        n, env, subexpr_defs = self.n, self.env, self.subexpr_defs
+        rhs_cache: list[dict[sp.Symbol, sp.Expr]] = []
 
-    # -- 3. spike, 4. on spike
-    spike_sym = None
-    surrogate = None
-    if model.spike is not None:
+        def rhs_at(values: dict[sp.Symbol, sp.Expr]) -> dict[sp.Symbol, sp.Expr]:
+            if not rhs_cache:
+                local = dict(env)
+                for name, e in subexpr_defs.items():
+                    local[name] = to_sympy(e, local, n)
+                rhs_cache.append({sym(o.state): to_sympy(o.value, local, n) for o in odes})
+            sub = {k: v for k, v in values.items() if k != v}
+            return {k: e.xreplace(sub) for k, e in rhs_cache[0].items()} if sub else dict(rhs_cache[0])
+
+        return rhs_at
+
+    def request_matrix_exp(self, odes: list[A.ODE]):
+        """What an integrator calls for entries of a param-only matrix exponential: derived params."""
+
+        def matrix_exp(states_: list[sp.Symbol], matrix: sp.Matrix, wanted: dict[tuple[int, int], str]
+                       ) -> dict[tuple[int, int], sp.Symbol]:
+            pos = next(o.pos for o in odes if o.state == states_[0].name)
+            out = {k: self.names.new(base) for k, base in wanted.items()}
+            self.matrix_exps.append(MatrixExp([s_.name for s_ in states_], matrix,
+                                              [(y, i, j) for (i, j), y in out.items()], pos))
+            for y in out.values():
+                self.origins[y.name] = pos
+            return out
+
+        return matrix_exp
+
+    # ------------------------------------------------------------------ 2. update
+    def update(self) -> None:
+        n, env = self.n, self.env
+        for st in self.model.update:
+            self.here[0] = st.pos
+            v = self.value(st.value)
+            cur = env.get(st.target)
+            if st.op == "+=":
+                v = cur + v
+            elif st.op == "-=":
+                v = cur - v
+            elif st.op == "*=":
+                v = cur * v
+            elif st.op == "/=":
+                v = cur / v
+                if v.has(*NONFINITE):
+                    raise FlexDSLError("this statement divides by zero", n.filename, st.value.pos.line,
+                                       st.value.pos.column, n.source)
+            if st.held and self.not_refractory is not None:
+                v = Where(sp.StrictGreaterThan(self.not_refractory, 0), v, cur)
+            env[st.target] = self.emit(st.target, v)
+
+    # ------------------------------------------------------------------ 3. spike, 4. on spike
+    def spike(self) -> tuple[sp.Symbol, SurrogateInfo]:
+        """The spike (`gates * SpikeGE/GT(u)`), its surrogate, the reset, the bookkeeping states."""
+        model, n, env, here = self.model, self.n, self.env, self.here
         rule = model.spike
+        assert rule is not None
         here[0] = rule.pos
-        u_value = value(rule.left) - value(rule.right)
-        if not u_value.free_symbols & dynamic:
+        u_value = self.value(rule.left) - self.value(rule.right)
+        if not u_value.free_symbols & self.dynamic:
             raise FlexDSLError("the spike condition does not depend on any input or state: it is the same at "
                                "every step", n.filename, rule.left.pos.line, rule.left.pos.column, n.source,
                                "compare a state (or an expression of states and inputs) with a threshold")
-        u = emit("u_spike", u_value)
+        u = self.emit("u_spike", u_value)
         fire = SpikeGE if rule.op == ">=" else SpikeGT  # `crosses`: above (u > 0) now ...
         spike_sym = sym("spike")  # `spike` is reserved: never a model name
         gates: list[sp.Expr] = []
-        if not_refractory is not None:
-            gates.append(not_refractory)
+        if self.not_refractory is not None:
+            gates.append(self.not_refractory)
         if rule.op == "crosses":  # ... and not above at the previous step
             gates.append(1 - Detach(env["_above_threshold"]))
         if gates:
-            raw = emit("spike_raw", fire(u))
-            assignments.append((spike_sym, sp.Mul(*gates) * raw))
+            raw = self.emit("spike_raw", fire(u))
+            self.assignments.append((spike_sym, sp.Mul(*gates) * raw))
         else:
-            assignments.append((spike_sym, fire(u)))
-        origins["spike"] = rule.pos
+            self.assignments.append((spike_sym, fire(u)))
+        self.origins["spike"] = rule.pos
         surrogate = surrogate_info(model, env)
-        s = spike_sym
         if model.on_spike:
-            here[0] = rule.pos
-            if detach_reset:
-                s = emit("spike_detached", Detach(spike_sym))
-            pre = dict(env)
-            new_vals: dict[str, sp.Expr] = {}
-            for st in model.on_spike:
-                subs: dict[str, sp.Expr] = {}
-                local = ChainMap(subs, pre)
-                for name, d in subexpr_defs.items():
-                    subs[name] = to_sympy(d, local, n)
-                e = to_sympy(st.value, local, n)
-                x = pre[st.target]
-                if st.op == "=":
-                    new_vals[st.target] = s * e + (1 - s) * x
-                elif st.op == "+=":
-                    new_vals[st.target] = x + s * e
-                else:
-                    new_vals[st.target] = x - s * e
-            for st in model.on_spike:
-                here[0] = st.pos
-                env[st.target] = emit(st.target, new_vals[st.target])
-        # the bookkeeping states for the next step
+            self.on_spike(spike_sym)
+        self.bookkeeping(spike_sym, u)
+        return spike_sym, surrogate
+
+    def on_spike(self, spike_sym: sp.Symbol) -> None:
+        """The resets, all from the values before them: `s*e + (1 - s)*x`, `x + s*e`, `x - s*e`."""
+        model, n, env, rule = self.model, self.n, self.env, self.model.spike
+        assert rule is not None
+        self.here[0] = rule.pos
+        s = self.emit("spike_detached", Detach(spike_sym)) if self.detach_reset else spike_sym
+        pre = dict(env)
+        new_vals: dict[str, sp.Expr] = {}
+        for st in model.on_spike:
+            subs: dict[str, sp.Expr] = {}
+            local = ChainMap(subs, pre)
+            for name, d in self.subexpr_defs.items():
+                subs[name] = to_sympy(d, local, n)
+            e = to_sympy(st.value, local, n)
+            x = pre[st.target]
+            if st.op == "=":
+                new_vals[st.target] = s * e + (1 - s) * x
+            elif st.op == "+=":
+                new_vals[st.target] = x + s * e
+            else:
+                new_vals[st.target] = x - s * e
+        for st in model.on_spike:
+            self.here[0] = st.pos
+            env[st.target] = self.emit(st.target, new_vals[st.target])
+
+    def bookkeeping(self, spike_sym: sp.Symbol, u: sp.Expr) -> None:
+        """The bookkeeping states for the next step (refractoriness, the crossing rule)."""
+        model, env, here = self.model, self.env, self.here
         fired = sp.StrictGreaterThan(spike_sym, 0)
         if "_steps_since_spike" in env:
             here[0] = model.refractory.pos  # type: ignore[union-attr]
-            env["_steps_since_spike"] = emit("_steps_since_spike", Where(fired, 0, env["_steps_since_spike"]))
+            env["_steps_since_spike"] = self.emit("_steps_since_spike", Where(fired, 0, env["_steps_since_spike"]))
         if "_not_refractory" in env:
             here[0] = model.refractory.pos  # type: ignore[union-attr]
-            env["_not_refractory"] = emit("_not_refractory", Where(fired, 0, not_refractory))
-        if rule.op == "crosses":
-            here[0] = rule.pos
-            env["_above_threshold"] = emit("_above_threshold", Where(sp.StrictGreaterThan(u, 0), 1, 0))
-
-    # -- 5. outputs
-    outputs: list[tuple[str, sp.Expr]] = []
-    for name, _ in model.outputs:
-        if name == "spike":
-            outputs.append((name, spike_sym))
-        else:
-            outputs.append((name, value(A.Name(name, A.Pos(0, 0)))))
-    next_states = [env[s_.name] for s_ in states]
-    assignments = share_subexpressions(assignments, names)
-    return StepModel(model, inputs, states, params, assignments, next_states, outputs, spike_sym, surrogate,
-                     method if model.equations is not None else None, auto, detach_reset, names.taken, origins,
-                     derived)
+            env["_not_refractory"] = self.emit("_not_refractory", Where(fired, 0, self.not_refractory))
+        if model.spike is not None and model.spike.op == "crosses":
+            here[0] = model.spike.pos
+            env["_above_threshold"] = self.emit("_above_threshold", Where(sp.StrictGreaterThan(u, 0), 1, 0))
 
 
-def _step(model: CheckedModel, env: Mapping[str, sp.Expr]) -> sp.Expr:
+def _dt_in_base_units(model: CheckedModel, env: Mapping[str, sp.Expr]) -> sp.Expr:
     """The step `dt` in base units (with units, `dt` is a param in its declared unit)."""
     f = model.units.factor.get("dt", 1) if model.units is not None else 1
     return env["dt"] if f == 1 else sp.Rational(f.numerator, f.denominator) * env["dt"]
@@ -374,7 +415,7 @@ def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, h
         steps = emit("steps_since_spike", Detach(env["_steps_since_spike"]) + 1)
         period = value(rf.period)
         if "dt" in env:
-            dt = _step(model, env)
+            dt = _dt_in_base_units(model, env)
             last = (period + dt / 1000) / dt - 1
         else:
             last = period + sp.Rational(1, 1000) - 1
