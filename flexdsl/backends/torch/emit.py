@@ -19,6 +19,16 @@ from ..printing import BasePrinter, comment_text, lhs_rhs_lines
 
 class TorchPrinter(BasePrinter):
     TARGET = "torch"
+    SPELL = {
+        "exp": "torch.exp({0})", "log": "torch.log({0})", "sqrt": "torch.sqrt({0})", "abs": "torch.abs({0})",
+        "sin": "torch.sin({0})", "cos": "torch.cos({0})", "tanh": "torch.tanh({0})", "sigmoid": "torch.sigmoid({0})",
+        "relu": "torch.relu({0})", "min": "ops.minimum({0}, {1})", "max": "ops.maximum({0}, {1})",
+        "clip": "ops.clip({0}, {1}, {2})", "where": "ops.where({0}, {1}, {2})", "heaviside": "ops.heaviside({0})",
+        "sign": "torch.sign({0})", "detach": "ops.detach({0})", "exprel": "ops.exprel({0})",
+        "exprel_d": "ops.exprel_d({0})",
+        # the plain forward values of the spike (`core` prints it with its surrogate: `ops.fire_ge/gt`)
+        "spike_ge": "ops.heaviside_ge({0})", "spike_gt": "ops.heaviside_gt({0})",
+    }
 
     def __init__(self, fire_args: list[str] | None = None, like: str | None = None) -> None:
         super().__init__()

@@ -26,7 +26,7 @@ from typing import Any
 
 import sympy as sp
 
-from ...frontend.catalog import EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
+from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
 from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
@@ -45,6 +45,16 @@ class Stored(sp.Function):
 
 class TritonPrinter(BasePrinter):
     TARGET = "triton"
+    SPELL = {
+        "exp": "tl.exp({0})", "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "abs": "tl.abs({0})",
+        "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "_tanh({0})", "sigmoid": "tl.sigmoid({0})",
+        "relu": "tl.maximum({0}, 0.0)", "min": "tl.minimum({0}, {1})", "max": "tl.maximum({0}, {1})",
+        "clip": "tl.minimum(tl.maximum({0}, {1}), {2})", "where": "tl.where({0}, {1}, {2})",
+        "heaviside": "tl.where({0} >= 0, 1.0, 0.0)", "spike_ge": "tl.where({0} >= 0, 1.0, 0.0)",
+        "spike_gt": "tl.where({0} > 0, 1.0, 0.0)", "detach": "{0}",
+        "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))", "exprel": "_exprel({0})",
+        "exprel_d": "_exprel_d({0})",
+    }
 
     def __init__(self, io_ptr: str = "") -> None:
         super().__init__()
@@ -80,9 +90,18 @@ class TritonPrinter(BasePrinter):
 
 
 class HostPrinter(BasePrinter):
-    """Python floats (`math`), for the loop invariants computed on the host in float64."""
+    """Python floats (`math`), for the loop invariants computed on the host in float64 (the
+    helpers `_sigmoid`, `_relu`, `_clip`, `_host_exprel`... are defined in the kernels' module)."""
 
     TARGET = "host"
+    SPELL = {
+        "exp": "math.exp({0})", "log": "math.log({0})", "sqrt": "math.sqrt({0})", "abs": "abs({0})",
+        "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sigmoid": "_sigmoid({0})",
+        "relu": "_relu({0})", "min": "min({0}, {1})", "max": "max({0}, {1})", "clip": "_clip({0}, {1}, {2})",
+        "where": "({1} if {0} else {2})", "heaviside": "(1.0 if {0} >= 0 else 0.0)",
+        "spike_ge": "(1.0 if {0} >= 0 else 0.0)", "spike_gt": "(1.0 if {0} > 0 else 0.0)", "detach": "{0}",
+        "sign": "float(({0} > 0) - ({0} < 0))", "exprel": "_host_exprel({0})", "exprel_d": "_host_exprel_d({0})",
+    }
 
 
 def _free(e: Any) -> set[sp.Symbol]:
@@ -236,7 +255,8 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         param_loads=param_loads, fwd=fwd, bwd=bwd, rc=rc,
         plan=textwrap.wrap(f"Training plan with float32 I/O: {comment_text(sch.why, 400)}. With float16/bfloat16 "
                            f"I/O: {comment_text(sch.why16, 400)}.", 94),
-        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32]})
+        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32],
+                "series64": textwrap.wrap(", ".join(repr(c) for c in reversed(EXPREL_D_SERIES)) + ",", 100)})
     return source, abi
 
 
