@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..backends.base import Backend, Program
     from ..ir.derive import BackwardModel
     from ..ir.lower import StepModel
-    from ..ir.schedule import Schedule
+    from ..ir.schedule import Hoisted, Schedule
 
 
 @lru_cache(maxsize=1)
@@ -79,11 +79,18 @@ class Compiled:
         return derive(self.step)
 
     @cached_property
+    def hoisted(self) -> Hoisted:
+        """The step split into param-only values and the per-step body (no backward needed)."""
+        from ..ir.schedule import hoist
+
+        return hoist(self.step)
+
+    @cached_property
     def schedule(self) -> Schedule:
         """Hoisting and the save/recompute plan, shared by the backends."""
         from ..ir.schedule import plan
 
-        return plan(self.step, self.backward)
+        return plan(self.step, self.backward, self.hoisted)
 
     # ------------------------------------------------------------------ backends
     def key(self, backend: Backend) -> str:

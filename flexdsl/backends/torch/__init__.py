@@ -83,7 +83,7 @@ class TorchBackend:
         meta = {"inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
                 "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs],
                 "derived": [p.name for p in step.params if p.derived]}
-        return Artefact("torch", emit_core(step), meta)
+        return Artefact("torch", emit_core(step, ir.hoisted), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
         return TorchProgram(cache.load_module("torch", key, artefact.source), artefact.meta)

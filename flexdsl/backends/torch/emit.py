@@ -11,9 +11,8 @@ from __future__ import annotations
 import sympy as sp
 
 from ...ir.derive import BackwardModel
-from ...ir.functions import Where
 from ...ir.lower import StepModel
-from ...ir.schedule import hoist
+from ...ir.schedule import Hoisted
 from ..printing import BasePrinter, comment_text, lhs_rhs_lines
 
 
@@ -62,7 +61,7 @@ def header(step: StepModel, what: str) -> list[str]:
     ]
 
 
-def emit_core(step: StepModel) -> str:
+def emit_core(step: StepModel, h: Hoisted) -> str:
     """The generated module source: `surrogate`, `core` and `invariants`."""
     pr = TorchPrinter()
     src_lines = step.checked.source.splitlines()
@@ -103,10 +102,8 @@ def emit_core(step: StepModel) -> str:
     lines.append("")
     lines += derived_params_lines(step, pr, src_lines)
     derived = [p.symbol for p in step.params if p.derived]
-    h = hoist(step)
-    dens = param_denominators(step, h)
     entries = [f"{y.name!r}: {pr._print(y)}" for y in [*derived, *h.used]]
-    entries += [f"{f'{y.name}|denominator {i}'!r}: {pr._print(d)}" for i, (y, d) in enumerate(dens)]
+    entries += [f"{f'{y.name}|denominator {i}'!r}: {pr._print(d)}" for i, (y, d) in enumerate(h.denominators)]
     lines += [
         "",
         f"def invariants({', '.join(params)}):",
@@ -117,36 +114,6 @@ def emit_core(step: StepModel) -> str:
         "",
     ]
     return "\n".join(lines) + "\n"
-
-
-def param_denominators(step: StepModel, h) -> list[tuple[sp.Symbol, sp.Expr]]:
-    """(statement, denominator) for every denominator of the per-step body that depends on
-    params only: params that make one 0 make the step divide by zero (`x/(a - 1)` at a = 1)."""
-    pset = {p.symbol for p in step.params} | {y for y, _ in h.invariants}
-    out: list[tuple[sp.Symbol, sp.Expr]] = []
-    seen: set[sp.Expr] = set()
-    for y, e in h.body:
-        for pw in _unguarded_powers(e):
-            base = pw.base
-            if pw.exp.is_negative and base.free_symbols and base.free_symbols <= pset and base not in seen:
-                seen.add(base)
-                out.append((y, base))
-    return out
-
-
-def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
-    """The powers in `e` outside the branches of a `where` (a branch may guard its division)."""
-    out: list[sp.Pow] = []
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, sp.Pow):
-            out.append(n)
-        if isinstance(n, Where):
-            stack.append(n.args[0])
-            continue
-        stack.extend(n.args)
-    return out
 
 
 def derived_params_lines(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:

@@ -40,7 +40,7 @@ class TritonBackend:
         return x0.is_cuda and x0.dtype in DTYPES
 
     def version(self) -> str:
-        from ...ir.schedule import chunk_sizes
+        from .cost import chunk_sizes
 
         try:
             import triton
