@@ -506,7 +506,7 @@ def _evaluator(exprs: Mapping[str, sp.Expr], symbols: Sequence[sp.Symbol]):
     """A generated torch function of `symbols` returning the values of `exprs` (printed by the
     torch backend's printer from sympy; run through the one loader of generated code)."""
     from .backends.torch.emit import TorchPrinter
-    from .runtime import cache
+    from .store import cache
 
     pr = TorchPrinter()
     args = ", ".join(pr._print(s) for s in symbols)

@@ -21,7 +21,7 @@ from flexdsl.frontend.catalog import ALL_FUNCTIONS, METHODS, SURROGATES
 from flexdsl.ir.functions import SYMPY
 from flexdsl.ir.integrate import INTEGRATORS
 from flexdsl.ir.surrogates import BUILTIN_SURROGATES
-from flexdsl.runtime.cache import Artefact
+from flexdsl.store.cache import Artefact
 
 PRINTERS = [TorchPrinter, TritonPrinter, HostPrinter]
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..runtime.cache import Artefact
+from ..store.cache import Artefact
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ from ..frontend import dims
 from ..frontend.check import CheckedModel, check
 from ..frontend.parse import normalize, parse
 from ..library import resolve
-from . import cache
+from ..store import cache
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Program

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...runtime import cache
+from ...store import cache
 from ..base import IR, Artefact, RunResult
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime import cache
+from ...store import cache
 from ..base import IR, Artefact
 from .abi import KernelABI
 from .launch import LAUNCHES, TritonProgram
