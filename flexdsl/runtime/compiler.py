@@ -23,6 +23,7 @@ from ..frontend.check import CheckedModel, check
 from ..frontend.parse import normalize, parse
 from ..library import resolve
 from ..store import cache
+from ..store.generated import load_module
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Program
@@ -195,7 +196,7 @@ class Compiled:
     def torch_backward(self):
         """`core_backward(*inputs, *states, *grads, *params)`: the derived VJP as torch code."""
         source = self.torch_source + self.torch_backward_source
-        return cache.load_module("torchbackward", self.key(_backend("torch")), source).core_backward
+        return load_module("torchbackward", self.key(_backend("torch")), source).core_backward
 
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...store import cache
+from ...store.generated import load_module
 from ..base import IR, Artefact, RunResult
 
 
@@ -86,7 +86,7 @@ class TorchBackend:
         return Artefact("torch", emit_core(step, ir.hoisted), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
-        return TorchProgram(cache.load_module("torch", key, artefact.source), artefact.meta)
+        return TorchProgram(load_module("torch", key, artefact.source), artefact.meta)
 
 
 __all__ = ["TorchBackend", "TorchProgram"]
