@@ -22,7 +22,7 @@ from .catalog import (
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
 from .convert import check_units
-from .dims import model_names, suggest_unit, uses_units
+from .dims import DefinitionStore, model_names, suggest_unit, uses_units
 from .model import CheckedModel, ResolvedSurrogate
 
 # Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
@@ -35,8 +35,9 @@ HIDDEN_STATES = {
 
 
 class _Checker:
-    def __init__(self, neuron: A.Neuron) -> None:
+    def __init__(self, neuron: A.Neuron, definitions: DefinitionStore | None = None) -> None:
         self.n = neuron
+        self.definitions = definitions
 
     def err(self, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
         return FlexDSLError(msg, self.n.filename, pos.line, pos.column, self.n.source, hint)
@@ -100,7 +101,7 @@ class _Checker:
         ck = CheckedModel(n, self.inputs, self.params, self.states, eqs, method, statements, spike, surrogate,
                           ons.statements if ons else [], out_names, locals_, subexprs, refractory)
         if with_units:
-            ck = dataclasses.replace(check_units(ck), written=ck)
+            ck = dataclasses.replace(check_units(ck, self.definitions), written=ck)
             self.check_defaults(ck.params, ck.states)
         return _with_hidden_states(ck)
 
@@ -446,9 +447,10 @@ def _with_hidden_states(ck: CheckedModel) -> CheckedModel:
     return dataclasses.replace(ck, states=[*ck.states, *hidden])
 
 
-def check(neuron: A.Neuron) -> CheckedModel:
-    """Validate a parsed model; raises FlexDSLError at the first problem."""
-    return _Checker(neuron).run()
+def check(neuron: A.Neuron, definitions: DefinitionStore | None = None) -> CheckedModel:
+    """Validate a parsed model; raises FlexDSLError at the first problem. `definitions`: where
+    the definitions of the units a model writes are kept (see `dims.unit`)."""
+    return _Checker(neuron, definitions).run()
 
 
 __all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS"]

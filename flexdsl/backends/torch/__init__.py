@@ -22,7 +22,6 @@ class TorchProgram:
         self.module = module
         self.core = module.core
         self.n_outputs = len(meta["outputs"])
-        self.derived = list(meta.get("derived", ()))  # params computed by `module.derived_params`
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult:
@@ -83,7 +82,7 @@ class TorchBackend:
         meta = {"inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
                 "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs],
                 "derived": [p.name for p in step.params if p.derived]}
-        return Artefact("torch", emit_core(step, ir.hoisted), meta)
+        return Artefact("torch", emit_core(step), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
         return TorchProgram(load_module("torch", key, artefact.source), artefact.meta)

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import torch
 
 from ...frontend.numeric import exprel, exprel_d
-from ...frontend.numeric import matrix_exp as expm  # noqa: F401 - the derived params of generated code
 
 
 class _Fire(torch.autograd.Function):
