@@ -93,6 +93,17 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, 
         raise _net_error(f"cannot trace the network's forward with torch.fx: {e}",
                          "export a torch.nn.Sequential, or a module whose forward only calls layers and adds "
                          "branches") from None
+    nodes, edges = _graph(nir, root, graph, sample_input, lead, dt, method)
+    g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
+    if path is not None:
+        _write(nir, path, g)
+    return g
+
+
+def _graph(nir, root: nn.Module, graph: torch.fx.Graph, sample_input: torch.Tensor, lead: int, dt: float,
+           method: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The NIR nodes and edges of a traced network: a node per layer call (shapes recorded by
+    running it once), edges from the layers' inputs; `+` of two branches sums their edges."""
     records, out_shape = _shapes(root, sample_input, lead)
     nodes: dict[str, Any] = {}
     edges: list[tuple[str, str]] = []
@@ -153,10 +164,7 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, 
             what = getattr(n.target, "__name__", str(n.target))
             raise _net_error(f"the network's forward calls `{what}` ({n.op}); NIR has no such operation",
                              "use layers (e.g. torch.nn.Flatten instead of x.flatten()); exportable: " + _EXPORTABLE)
-    g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
-    if path is not None:
-        _write(nir, path, g)
-    return g
+    return nodes, edges
 
 
 def _write(nir, path: str | Path, g) -> None:

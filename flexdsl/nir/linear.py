@@ -125,19 +125,33 @@ def analyse(c: Compiled) -> LinearStep:
 
 
 def _analyse(c: Compiled) -> LinearStep:
-    from ..ir.functions import Detach
+    ck = c.checked
+    states = [s.name for s in ck.states]
+    x = ck.inputs[0].name
+    pos = _statements_linear(c)
+    nxt, rst, u_full = _step_map(c, pos)
+    fire_on, k, m, op = None, sp.Integer(0), sp.Integer(0), None
+    if ck.spike is not None:
+        assert u_full is not None
+        op = ck.spike.op
+        fire_on, k, m = _threshold(c, nxt, u_full)
+    return LinearStep(c, x, states, nxt, rst, fire_on, k, m, op, ck.outputs[0][0], pos)
+
+
+def _err(c: Compiled, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
+    ck = c.checked
+    return FlexDSLError(msg, ck.filename, pos.line, pos.column, ck.source, hint)
+
+
+def _statements_linear(c: Compiled) -> dict[str, A.Pos]:
+    """Every statement linear in the states, the input, and the locals that depend on them (in
+    source order, the first that is not is the located error); one input, one output, at most
+    two states. The positions of the statements that errors name (see `LinearStep.pos`)."""
     from ..ir.lower import sym, to_sympy
 
     ck = c.checked
-
-    def err(msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
-        return FlexDSLError(msg, ck.filename, pos.line, pos.column, ck.source, hint)
-
     states = [s.name for s in ck.states]
-    x = ck.inputs[0].name
     pos: dict[str, A.Pos] = {}
-
-    # -- every statement linear in the states, the input, and the locals that depend on them
     defs = [(st.target, st.value) for st in ck.update if st.target not in states]
     if ck.equations is not None:
         defs += [(ln.name, ln.value) for ln in ck.equations.lines if isinstance(ln, A.Subexpr)]
@@ -156,57 +170,62 @@ def _analyse(c: Compiled) -> LinearStep:
     def linear(e: A.Expr, what: str, at: A.Pos) -> None:
         why = _nonlinearity(to_sympy(e, env), variables)
         if why is not None:
-            raise err(f"{what} {why}: no NIR primitive has this form", at, _LINEAR_HINT)
+            raise _err(c, f"{what} {why}: no NIR primitive has this form", at, _LINEAR_HINT)
 
     if ck.refractory is not None or (ck.spike is not None and ck.spike.op == "crosses"):
         at = ck.refractory.pos if ck.refractory is not None else ck.spike.pos  # type: ignore[union-attr]
-        raise err("NIR's neurons have no refractoriness and no crossing rule", at, _LINEAR_HINT)
+        raise _err(c, "NIR's neurons have no refractoriness and no crossing rule", at, _LINEAR_HINT)
     for item in ck.ast.items:  # in source order, with the checked (in a model with units: converted) values
-        if isinstance(item, A.Equations):
-            item = ck.equations
-        elif isinstance(item, A.Update):
-            item = A.Update(ck.update, item.pos)
-        elif isinstance(item, A.SpikeRule):
-            item = ck.spike
-        elif isinstance(item, A.OnSpike):
-            item = A.OnSpike(ck.on_spike, item.pos)
-        if isinstance(item, A.Equations):
-            for ln in item.lines:
+        if isinstance(item, A.Equations) and ck.equations is not None:
+            for ln in ck.equations.lines:
                 if isinstance(ln, A.ODE):
                     pos.setdefault(ln.state, ln.pos)
                     linear(ln.value, f"d{ln.state}/dt", ln.pos)
                 else:
                     linear(ln.value, f"`{ln.name}`", ln.pos)
         elif isinstance(item, A.Update):
-            for st in item.statements:
+            for st in ck.update:
                 if st.target in states:
                     pos.setdefault(st.target, st.pos)
                 what = f"the update of `{st.target}`" if st.target in states else f"`{st.target}`"
                 if st.op in ("*=", "/=") and any(to_sympy(st.value, env).has(v) for v in variables):
-                    raise err(f"{what} {'multiplies' if st.op == '*=' else 'divides'} it by a state or the "
-                              "input: no NIR primitive has this form", st.pos, _LINEAR_HINT)
+                    raise _err(c, f"{what} {'multiplies' if st.op == '*=' else 'divides'} it by a state or the "
+                                  "input: no NIR primitive has this form", st.pos, _LINEAR_HINT)
                 linear(st.value, what, st.pos)
-        elif isinstance(item, A.SpikeRule):
-            pos["spike"] = item.pos
-            linear(A.BinOp("-", item.left, item.right, item.pos), "the spike condition", item.pos)
+        elif isinstance(item, A.SpikeRule) and ck.spike is not None:
+            pos["spike"] = ck.spike.pos
+            linear(A.BinOp("-", ck.spike.left, ck.spike.right, ck.spike.pos), "the spike condition", ck.spike.pos)
         elif isinstance(item, A.OnSpike):
-            for st in item.statements:
+            for st in ck.on_spike:
                 pos.setdefault(f"reset:{st.target}", st.pos)
     pos["output"] = ck.outputs[0][1]
     for s in ck.states:
         pos.setdefault(s.name, s.pos)
-    if len(ck.inputs) != 1:
-        raise err(f"a NIR node has one input; `{ck.name}` declares {len(ck.inputs)}", ck.inputs[1].pos,
-                  "NIR sums every edge into a node into its one input")
-    if len(ck.outputs) != 1:
-        raise err(f"a NIR node has one output; `{ck.name}` outputs {len(ck.outputs)}", ck.outputs[1][1],
-                  "output `spike` for a spiking neuron, the membrane potential for a non-spiking one")
-    if len(states) > 2:
-        raise err(f"`{ck.name}` has {len(states)} states; NIR's neurons have at most two (CubaLIF: a synaptic "
-                  "current and a membrane potential)", ck.states[2].pos)
+    _check_shape(c)
+    return pos
 
-    # -- the whole step as one map of the previous states and the input
+
+def _check_shape(c: Compiled) -> None:
+    ck = c.checked
+    if len(ck.inputs) != 1:
+        raise _err(c, f"a NIR node has one input; `{ck.name}` declares {len(ck.inputs)}", ck.inputs[1].pos,
+                   "NIR sums every edge into a node into its one input")
+    if len(ck.outputs) != 1:
+        raise _err(c, f"a NIR node has one output; `{ck.name}` outputs {len(ck.outputs)}", ck.outputs[1][1],
+                   "output `spike` for a spiking neuron, the membrane potential for a non-spiking one")
+    if len(ck.states) > 2:
+        raise _err(c, f"`{ck.name}` has {len(ck.states)} states; NIR's neurons have at most two (CubaLIF: a "
+                      "synaptic current and a membrane potential)", ck.states[2].pos)
+
+
+def _step_map(c: Compiled, pos: dict[str, A.Pos]) -> tuple[dict[str, Affine], dict[str, Affine], sp.Expr | None]:
+    """The whole step as one map of the previous states and the input: between spikes, at a
+    spike, and the spike's `u` in the same terms."""
+    from ..ir.functions import Detach
+    from ..ir.lower import sym
+
     step = c.step
+    states = [s.name for s in c.checked.states]
     subs: dict[sp.Symbol, sp.Expr] = {}
     u_full: sp.Expr | None = None
     for y, e in step.assignments:
@@ -216,7 +235,7 @@ def _analyse(c: Compiled) -> LinearStep:
             continue
         subs[y] = e.replace(Detach, lambda a: a)
     s = step.spike
-    prev = [sym(n) for n in [*states, x]]
+    prev = [sym(n) for n in [*states, c.checked.inputs[0].name]]
     nxt: dict[str, Affine] = {}
     rst: dict[str, Affine] = {}
     for name, e in zip(states, step.next_states):
@@ -224,34 +243,37 @@ def _analyse(c: Compiled) -> LinearStep:
         f0 = _affine(e.xreplace({s: 0}) if s is not None else e, prev)
         f1 = _affine(e.xreplace({s: 1}), prev) if s is not None else f0
         if f0 is None:
-            raise err(f"the step of `{name}` is not linear in the states and the input: no NIR primitive has "
-                      "this form", pos[name], _LINEAR_HINT)
+            raise _err(c, f"the step of `{name}` is not linear in the states and the input: no NIR primitive has "
+                          "this form", pos[name], _LINEAR_HINT)
         if f1 is None:
-            raise err(f"the reset of `{name}` is not linear", pos.get(f"reset:{name}", pos["spike"]))
+            raise _err(c, f"the reset of `{name}` is not linear", pos.get(f"reset:{name}", pos["spike"]))
         nxt[name], rst[name] = f0, f1
+    return nxt, rst, u_full
 
-    # -- the spike: a threshold on one state (on the input, without states)
-    fire_on, k, m, op = None, sp.Integer(0), sp.Integer(0), None
-    if ck.spike is not None:
-        assert u_full is not None
-        op = ck.spike.op
-        u = _affine(u_full, prev)
-        assert u is not None  # the condition was checked linear
-        rows = {n: nxt[n] for n in states} if states else {x: Affine({v.name: sp.Integer(int(v.name == x))
-                                                                     for v in prev}, sp.Integer(0))}
-        for name, row in rows.items():
-            lead = next((v for v in row.coef if not _is_zero(row.coef[v])), None)
-            if lead is None:
-                continue
-            ratio = sp.simplify(u.coef[lead] / row.coef[lead])
-            if all(_is_zero(u.coef[v] - ratio * row.coef[v]) for v in row.coef) and not _is_zero(ratio):
-                fire_on, k, m = name, ratio, sp.expand(u.const - ratio * row.const)
-                break
-        if fire_on is None:
-            raise err("the spike condition is not a threshold on one state: NIR's neurons fire when the "
-                      "membrane potential crosses v_threshold", ck.spike.pos, "write `spike when v >= v_threshold`")
-    output = ck.outputs[0][0]
-    return LinearStep(c, x, states, nxt, rst, fire_on, k, m, op, output, pos)
+
+def _threshold(c: Compiled, nxt: dict[str, Affine], u_full: sp.Expr) -> tuple[str, sp.Expr, sp.Expr]:
+    """The spike as a threshold on one state (on the input, without states): (the state, k, m)
+    with the spike firing on `k * state + m` compared with 0."""
+    from ..ir.lower import sym
+
+    ck = c.checked
+    states = [s.name for s in ck.states]
+    x = ck.inputs[0].name
+    prev = [sym(n) for n in [*states, x]]
+    u = _affine(u_full, prev)
+    assert u is not None  # the condition was checked linear
+    rows = {n: nxt[n] for n in states} if states else {x: Affine({v.name: sp.Integer(int(v.name == x))
+                                                                 for v in prev}, sp.Integer(0))}
+    for name, row in rows.items():
+        lead = next((v for v in row.coef if not _is_zero(row.coef[v])), None)
+        if lead is None:
+            continue
+        ratio = sp.simplify(u.coef[lead] / row.coef[lead])
+        if all(_is_zero(u.coef[v] - ratio * row.coef[v]) for v in row.coef) and not _is_zero(ratio):
+            return name, ratio, sp.expand(u.const - ratio * row.const)
+    assert ck.spike is not None
+    raise _err(c, "the spike condition is not a threshold on one state: NIR's neurons fire when the "
+                  "membrane potential crosses v_threshold", ck.spike.pos, "write `spike when v >= v_threshold`")
 
 
 def classify(ls: LinearStep) -> tuple[str, dict[str, str]]:
