@@ -31,7 +31,7 @@ from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
 from ..naming import derived, ident
-from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines
 from .abi import KernelABI
 from .cost import TrainingPlans, training_plans
 
