@@ -9,6 +9,7 @@ into a program once per process.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -61,7 +62,7 @@ class Compiled:
         self.checked: CheckedModel = check(parse(text, filename))
         self._programs: dict[str, Program] = {}
         self._lock = threading.Lock()
-        self._derived_cache: dict[tuple[float, ...], list[float]] = {}
+        self._derived_cache: dict[bytes, list[float]] = {}
 
     # ------------------------------------------------------------------ the stages
     @cached_property
@@ -124,11 +125,12 @@ class Compiled:
 
         tensors = [p for p in params if isinstance(p, torch.Tensor)]
         if not tensors and not torch.compiler.is_compiling():  # (a trace keeps tensors, and no cache)
-            key = tuple(float(p) for p in params)
+            floats = [float(p) for p in params]
+            key = struct.pack(f"{len(floats)}d", *floats)  # (the bits: 0.0 and -0.0 are different keys)
             hit = self._derived_cache.get(key)
             if hit is None:
                 with torch.no_grad():
-                    vals = self.torch_module.derived_params(*(torch.tensor(v, dtype=torch.float64) for v in key))
+                    vals = self.torch_module.derived_params(*(torch.tensor(v, dtype=torch.float64) for v in floats))
                 hit = [float(v) for v in vals]
                 if len(self._derived_cache) > 64:
                     self._derived_cache.clear()

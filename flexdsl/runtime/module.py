@@ -13,6 +13,7 @@ state); the module pickles, deep-copies and `torch.compile`s like any torch modu
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -361,7 +362,8 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
 
     def _initial_values(self) -> dict[str, Any]:
         """Initial values from the current params (cached while every param is a float)."""
-        key = tuple(self._fixed.values()) if not self._parameters and not self._buffers else None
+        # (keyed by the floats' bits: 0.0 and -0.0 may start a state differently)
+        key = _bits(self._fixed.values()) if not self._parameters and not self._buffers else None
         hit = self._init_cache.get(key) if key is not None else None
         if hit is None:
             hit = {s: self._initial_value(s) for s in self._state_names}
@@ -567,7 +569,15 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                                           "the input (e.g. shape (C,) for [T, B, C], (C, 1, 1) for [T, B, C, H, W])")
         params = self._compiled.with_derived(params)
         init = self._states_for(x0, shape, given)
-        res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        try:
+            res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        except RuntimeError:
+            escaped = [n for n, v in zip(self._state_names, init) if given is None and _vmapped(v)]
+            if escaped:  # (looked for only on failure: nothing on the path of a call)
+                raise self._error(f"the kept state `{escaped[0]}` comes from a call inside torch.func.vmap, and "
+                                  "cannot be used outside it", hint="call m.reset() after a vmapped call, or use "
+                                  "the functional form out, state = m.step(x, state) inside vmap") from None
+            raise
         if self.check_finite:
             from .finite import check
 
@@ -668,6 +678,18 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
 def _override_error(c: Compiled, p: A.Param, what: str) -> FlexDSLError:
     return FlexDSLError(f"`{p.name}` takes a number or a float tensor, not {what}", c.filename, p.pos.line,
                         p.pos.column, c.text, f"e.g. {p.name}=2.0 or {p.name}=torch.tensor([2.0, 3.0])")
+
+
+_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+
+
+def _vmapped(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and _is_batched is not None and bool(_is_batched(v))
+
+
+def _bits(vals) -> bytes:
+    vals = list(vals)
+    return struct.pack(f"{len(vals)}d", *vals)
 
 
 def _show(v: Any) -> str:

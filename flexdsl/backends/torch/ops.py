@@ -12,28 +12,51 @@ from ...frontend.catalog import EXPREL_D_SERIES, EXPREL_SERIES_BOUND, exprel_d_f
 
 
 class _Fire(torch.autograd.Function):
-    """heaviside(u) forward; the model's surrogate S'(u) backward."""
+    """heaviside(u) forward; the model's surrogate S'(u) backward (and as the forward-mode
+    derivative). Written in the form `torch.func` transforms accept (`grad`, `vmap`, `jacrev`,
+    `jvp`...)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+    def forward(u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        u, _, sg, args = inputs
         ctx.save_for_backward(u)
+        ctx.save_for_forward(u)
         ctx.sg = sg
         ctx.args = args
-        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def _slope(ctx, u: torch.Tensor) -> torch.Tensor:
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
+        return ctx.sg(u, *args)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (u,) = ctx.saved_tensors
-        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
-        return grad * ctx.sg(u, *args), None, None, None
+        return grad * _Fire._slope(ctx, u), None, None, None
+
+
+class _FireFwd(_Fire):
+    """`_Fire` with forward-mode AD (`torch.func.jvp`, `jacfwd`, `forward_ad`); eager only, as
+    torch.compile does not trace a custom jvp."""
+
+    @staticmethod
+    def jvp(ctx, u_t: torch.Tensor, *_):  # type: ignore[override]
+        (u,) = ctx.saved_tensors
+        return u_t * _Fire._slope(ctx, u)
 
 
 def fire_ge(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
-    return _Fire.apply(u, True, sg, args)
+    return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, True, sg, args)
 
 
 def fire_gt(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
-    return _Fire.apply(u, False, sg, args)
+    return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, False, sg, args)
 
 
 def heaviside_ge(u: torch.Tensor) -> torch.Tensor:
@@ -110,7 +133,7 @@ def detach(x):
 def exprel(z):
     if not isinstance(z, torch.Tensor):
         return exprel_float(float(z))
-    return _Exprel.apply(z)
+    return (_Exprel if torch.compiler.is_compiling() else _ExprelFwd).apply(z)
 
 
 def exprel_d(z):
@@ -133,17 +156,33 @@ def _exprel_tensor(z: torch.Tensor) -> torch.Tensor:
 
 
 class _Exprel(torch.autograd.Function):
-    """exprel with its derivative exprel_d (autograd of expm1(z)/z would cancel near 0)."""
+    """exprel with its derivative exprel_d (autograd of expm1(z)/z would cancel near 0); in the
+    form `torch.func` transforms accept."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(z)
+    def forward(z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return _exprel_tensor(z)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (z,) = ctx.saved_tensors
         return grad * exprel_d(z)
+
+
+class _ExprelFwd(_Exprel):
+    """`_Exprel` with forward-mode AD (eager only, as for `_FireFwd`)."""
+
+    @staticmethod
+    def jvp(ctx, z_t: torch.Tensor):  # type: ignore[override]
+        (z,) = ctx.saved_tensors
+        return z_t * exprel_d(z)
 
 
 # ---------------------------------------------------------------- derived params
