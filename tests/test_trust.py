@@ -197,3 +197,221 @@ def test_torch_func_transforms_work_on_the_torch_backend():
     auto = flexdsl.loads(LEARNABLE, backend="auto")
     torch.testing.assert_close(grad(lambda xx: auto(xx)[1].sum())(x.float()),
                                torch.func.grad(lambda xx: m.step(xx, None)[0][1].sum())(x).float())
+
+
+# ---------------------------------------------------------------- params: validated fully, then committed
+def _snapshot(m) -> dict:
+    out = {}
+    for k, v in m.param_values().items():
+        out[k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+# a step that is undefined for some finite params (exp(dt / tau) overflows)
+INVARIANT = """neuron Inv:
+    input x
+    param tau = 2.0 where tau > 0
+    param dt = 1.0
+    param g = 1.0 learnable
+    param w = 0.5
+    state v = 0.0
+    state u = 0.0
+    update:
+        v = v * exp(dt / tau) + g * w * x
+        u = u * exp(dt / tau) + x
+    output v
+"""
+
+
+@pytest.mark.parametrize("shapes", [None, {"w": (3,)}, {"g": (3,)}])
+def test_a_refused_assignment_changes_nothing(shapes):
+    m = flexdsl.loads(INVARIANT, param_shapes=shapes or {})
+    before = _snapshot(m)
+    bad = {"tau": [0.0, -1.0, float("nan"), 1e-3, "x", None, True, torch.tensor([1.0, -2.0, 3.0]), 10 ** 400],
+           "dt": [float("inf"), 1e6, torch.tensor(float("nan")), torch.tensor([1 + 2j])],
+           "g": [float("nan"), torch.tensor([True]), torch.zeros(0), torch.ones(4)],
+           "w": [float("-inf"), torch.tensor([0.5, float("nan"), 0.5]), torch.zeros(0), "1e999"]}
+    for name, values in bad.items():
+        for v in values:
+            with pytest.raises(flexdsl.FlexDSLError) as e:
+                setattr(m, name, v)
+            assert e.value.line, e.value  # located at the param or the statement
+            assert _same(before, _snapshot(m)), (name, v)
+    x = torch.ones(2, 3)
+    torch.testing.assert_close(m(x), flexdsl.loads(INVARIANT, param_shapes=shapes or {})(x))
+
+
+def test_a_refused_checkpoint_changes_nothing():
+    m = flexdsl.loads(INVARIANT)
+    good = m.state_dict()
+    m.tau = 3.0
+    before = _snapshot(m)
+    cases = []
+    for name, value in [("tau", float("inf")), ("dt", float("nan")), ("tau", 1e-3), ("tau", -2.0)]:
+        sd = m.state_dict()
+        sd["_extra_state"] = {**sd["_extra_state"], "params": {**sd["_extra_state"]["params"], name: value}}
+        cases.append(sd)
+    for g in (float("nan"), float("inf")):
+        sd = dict(good)
+        sd["g"] = torch.tensor(g)
+        cases.append(sd)
+    sd = dict(good)
+    sd["g"] = torch.tensor(True)
+    cases.append(sd)
+    for sd in cases:
+        with pytest.raises(flexdsl.FlexDSLError):
+            m.load_state_dict(sd)
+        assert _same(before, _snapshot(m))
+    m.load_state_dict(good)
+    assert m.tau == 2.0
+
+
+def test_a_checkpoint_of_another_model_or_missing_params_does_not_load():
+    lif = flexdsl.load("lif", tau=3.0)
+    for other in ("izhikevich", "lif_soft", "plif"):
+        m = flexdsl.load(other)
+        before = _snapshot(m)
+        with pytest.raises(flexdsl.FlexDSLError, match="LIF"):
+            m.load_state_dict(lif.state_dict())
+        assert _same(before, _snapshot(m))
+    m = flexdsl.load("lif")
+    with pytest.raises(flexdsl.FlexDSLError, match="no value for the params `tau`, `v_threshold`, `v_reset`"):
+        m.load_state_dict({})
+    with pytest.raises(flexdsl.FlexDSLError, match="no value"):
+        flexdsl.load("plif").load_state_dict({"w": torch.tensor(0.1)})
+    with pytest.raises(flexdsl.FlexDSLError, match="does not have"):
+        m.load_state_dict({**lif.state_dict(), "bogus": torch.zeros(1)})
+    assert m.tau == 2.0
+    m.load_state_dict({}, strict=False)  # strict=False keeps what a checkpoint lacks
+    assert m.tau == 2.0
+    m.load_state_dict(lif.state_dict())
+    assert m.tau == 3.0
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), flexdsl.load("plif"))
+    net2 = torch.nn.Sequential(torch.nn.Linear(2, 2), flexdsl.load("plif", w=0.3))
+    net.load_state_dict(net2.state_dict())  # inside a network (prefixed keys)
+    torch.testing.assert_close(net[1].w, net2[1].w)
+
+
+def test_nan_and_inf_params_are_located_errors_everywhere():
+    for v in (float("nan"), float("inf"), "nan", torch.tensor([1.0, float("nan")])):
+        with pytest.raises(flexdsl.FlexDSLError, match="finite") as e:
+            flexdsl.load("lif", v_threshold=v)
+        assert e.value.line == 17
+    m = flexdsl.load("lif")
+    with pytest.raises(flexdsl.FlexDSLError, match="finite"):
+        m.v_reset = float("nan")
+    sd = m.state_dict()
+    sd["_extra_state"]["params"]["v_threshold"] = float("nan")
+    with pytest.raises(flexdsl.FlexDSLError, match="finite"):
+        m.load_state_dict(sd)
+    # a default computed from finite overrides that overflows
+    text = "neuron D:\n    input x\n    param a = 1.0\n    param b = a * 1e300\n    state v = 0.0\n" \
+           "    update:\n        v = x * b\n    output v\n"
+    with pytest.raises(flexdsl.FlexDSLError, match="default of `b` is inf") as e:
+        flexdsl.loads(text, a=1e10)
+    assert (e.value.line, e.value.column) == (4, 15)
+
+
+def test_zero_denominators_and_param_ranges_are_checked_in_the_precision_of_the_run():
+    """tau = 1e-50 is nonzero in float64 but 0 in float32: a float32 run would divide by zero
+    silently; a float64 run is fine. Params beyond the run's dtype are errors too."""
+    text = "neuron L:\n    input x\n    param tau = 2.0\n    state v = 0.0\n    update:\n" \
+           "        v = v + (x - v) / tau\n    output v\n"
+    for backend in ("torch", "triton"):
+        m = flexdsl.loads(text, tau=1e-50, backend=backend)
+        with pytest.raises(flexdsl.FlexDSLError, match="divides by zero in float32") as e:
+            m(torch.ones(3, 2))
+        assert e.value.line == 6
+        m = flexdsl.loads(text, tau=1e39, backend=backend)
+        with pytest.raises(flexdsl.FlexDSLError, match="beyond what float32 holds"):
+            m(torch.ones(3, 2))
+    m = flexdsl.loads(text, tau=1e-50, backend="torch")
+    out = m(torch.ones(2, 1, dtype=torch.float64))
+    assert torch.isfinite(out).all() and out[0, 0].item() == 1e50
+    m = flexdsl.loads(text, backend="torch")
+    m(torch.ones(2, 1, dtype=torch.float16))  # checked once per dtype, again after a change
+    m.tau = 1e5
+    with pytest.raises(flexdsl.FlexDSLError, match="beyond what float16 holds"):
+        m(torch.ones(2, 1, dtype=torch.float16))
+
+
+def test_unvalidated_values_never_reach_torch_raw():
+    m = flexdsl.load("lif")
+    x = torch.ones(3, 2)
+    for state in ({"v": "abc"}, {"v": torch.tensor([True, False])}, {"v": torch.ones(2, dtype=torch.complex64)},
+                  {"v": 10 ** 400}, {"v": float("nan")}, {"v": [1.0, 2.0]}, {"v": True}):
+        with pytest.raises(flexdsl.FlexDSLError, match="state `v`"):
+            m.step(x, state=state)
+    for v in ("abc", torch.zeros(2, dtype=torch.int64), 1 + 2j):
+        with pytest.raises(flexdsl.FlexDSLError, match="state `v`"):
+            m.v = v
+    for bad in ({"tau": (-1,)}, {"tau": None}, {"tau": "abc"}, {"tau": (0,)}, {"tau": (2.5,)}, {"nope": (2,)},
+                {"tau": (True,)}, ["tau"]):
+        with pytest.raises(flexdsl.FlexDSLError, match="param_shapes"):
+            flexdsl.load("lif", param_shapes=bad)
+    with pytest.raises(flexdsl.FlexDSLError, match="param_shapes gives `tau` the shape"):
+        flexdsl.load("lif", tau=torch.tensor([2.0, 3.0]), param_shapes={"tau": (3,)})
+    for v in (10 ** 400, -(10 ** 400)):
+        with pytest.raises(flexdsl.FlexDSLError, match="too large for a float"):
+            flexdsl.load("lif", tau=v)
+    for v in (torch.zeros(0), torch.zeros(0, 3)):
+        with pytest.raises(flexdsl.FlexDSLError, match="empty"):
+            flexdsl.load("lif", v_reset=v)
+        with pytest.raises(flexdsl.FlexDSLError, match="empty"):
+            m.v_reset = v
+    assert flexdsl.load("lif", param_shapes={"tau": 3}).tau.shape == (3,)
+
+
+# ---------------------------------------------------------------- both backends agree at the edges
+def test_zero_steps_give_the_same_shapes_and_graph_on_both_backends():
+    """T = 0 with broadcast inputs: outputs [0, *broadcast shape], the initial states as final
+    states, differentiable (zero gradients) like any call, on both backends."""
+    text = TWO_INPUTS.replace("param a = 0.5", "param a = 0.5 learnable").replace(
+        "    output v\n", "    spike when v >= 1.0\n    output spike, v\n")
+    got = {}
+    for backend in ("torch", "triton"):
+        m = flexdsl.loads(text, backend=backend)
+        x = torch.ones(0, 1, 3, requires_grad=True)
+        outs = m(x, torch.ones(0, 4, 1))
+        st = m.v
+        got[backend] = [(o.shape, o.requires_grad) for o in outs] + [(st.shape, st.requires_grad)]
+        (outs[0].sum() + st.sum()).backward()
+        assert x.grad.shape == x.shape and not x.grad.any()
+        assert m.a.grad == 0
+        m.reset()
+        with torch.no_grad():
+            o, _ = m(torch.ones(0, 1, 3), torch.ones(0, 4, 1))
+        assert not o.requires_grad
+        m.reset()
+        m.v = torch.full((4, 3), 0.25, requires_grad=True)
+        m(torch.ones(0, 1, 3), torch.ones(0, 4, 1))
+        assert torch.equal(m.v.detach(), torch.full((4, 3), 0.25))
+    assert got["torch"] == got["triton"] == [((0, 4, 3), True)] * 2 + [((4, 3), True)]
+
+
+@pytest.mark.parametrize("var, value", [("FLEXDSL_TRITON_BLOCK", "-1"), ("FLEXDSL_TRITON_BLOCK", "0"),
+                                        ("FLEXDSL_TRITON_BLOCK", "100"), ("FLEXDSL_TRITON_BLOCK", "1e9"),
+                                        ("FLEXDSL_TRITON_WARPS", "3"), ("FLEXDSL_TRITON_BLOCK_RC", "abc"),
+                                        ("FLEXDSL_CHUNK", "0"), ("FLEXDSL_CHUNK", "-1"), ("FLEXDSL_CHUNK", "10000"),
+                                        ("FLEXDSL_CHUNK", "\u0663"), ("FLEXDSL_TRITON_TRAINING", "fast"),
+                                        ("FLEXDSL_TRITON_FAST_LAUNCH", "false")])
+def test_environment_variables_are_checked(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    text = TWO_INPUTS.replace("neuron TwoIn:", f"neuron Env{abs(hash((var, value)))}:")
+    with pytest.raises(flexdsl.FlexDSLError, match=var):
+        flexdsl.loads(text, backend="triton")(torch.ones(2, 3), torch.ones(2, 3))

@@ -185,7 +185,9 @@ def _maxflow_cut(nodes, cost, edges, sources, sinks):
     return {v for v in nodes if (v, 0) in seen and (v, 1) not in seen}
 
 
-def plan(step: StepModel, bw: BackwardModel) -> Schedule:
+def plan(step: StepModel, bw: BackwardModel, chunks: tuple[int, ...] | None = None) -> Schedule:
+    """The schedule of a step and its backward; `chunks`: the recompute chunk lengths to try
+    (default `chunk_sizes()`)."""
     params = {p.symbol for p in step.params}
     inputs, states = list(step.inputs), list(step.states)
     fhoist = param_only(step.assignments, params)
@@ -247,7 +249,7 @@ def plan(step: StepModel, bw: BackwardModel) -> Schedule:
         [g in used for g in bw.grad_outputs], [g in used for g in bw.grad_next_states],
         [not _is_zero(g) for g in bw.grad_inputs], [not _is_zero(g) for g in bw.grad_states],
         [not _is_zero(g) for g in bw.grad_params])
-    _plan_recompute(step, sch, need_fwd, fhoist, hoisted_assign, bwd_hoisted)
+    _plan_recompute(step, sch, need_fwd, fhoist, hoisted_assign, bwd_hoisted, chunks or chunk_sizes())
     return sch
 
 
@@ -261,10 +263,10 @@ MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), fo
 
 def chunk_sizes() -> tuple[int, ...]:
     """The chunk lengths the recompute plan tries, largest first (FLEXDSL_CHUNK fixes one)."""
-    import os
+    from ..settings import env_int
 
-    fixed = os.environ.get("FLEXDSL_CHUNK", "")
-    return (int(fixed),) if fixed else (8, 4)
+    fixed = env_int("FLEXDSL_CHUNK")
+    return (fixed,) if fixed else (8, 4)
 
 
 def _ops(assignments: Assignments) -> int:
@@ -277,7 +279,7 @@ def _ops(assignments: Assignments) -> int:
 
 
 def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fhoist: set[sp.Symbol],
-                    hoisted_assign: Assignments, bwd_hoisted: Assignments) -> None:
+                    hoisted_assign: Assignments, bwd_hoisted: Assignments, chunks: tuple[int, ...]) -> None:
     """The recompute alternative, and which of the two trains by default. Within a chunk the
     recompute keeps in registers only what saving would write to memory (the minimum cut:
     `saved`, and the inputs the backward reads again); the backward recomputes the rest from
@@ -294,7 +296,7 @@ def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fh
     sch.rc_hoisted = rc_h + [(y, e) for y, e in bwd_hoisted if y not in {a for a, _ in rc_h}]
     n_in, n_out, n_st = len(inputs), len(step.outputs), len(states)
     save = sch.passes(n_in, n_out)[1]
-    for chunk in chunk_sizes():
+    for chunk in chunks:
         sch.chunk = chunk
         if (len(body) + len(sch.recompute) + len(sch.bwd_body)) * chunk <= MAX_UNROLLED:
             break

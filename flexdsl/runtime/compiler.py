@@ -63,6 +63,7 @@ class Compiled:
         self._programs: dict[str, Program] = {}
         self._lock = threading.Lock()
         self._derived_cache: dict[bytes, list[float]] = {}
+        self._schedules: dict[tuple[int, ...], Schedule] = {}
 
     # ------------------------------------------------------------------ the stages
     @cached_property
@@ -79,12 +80,17 @@ class Compiled:
 
         return derive(self.step)
 
-    @cached_property
+    @property
     def schedule(self) -> Schedule:
-        """Hoisting and the save/recompute plan, shared by the backends."""
-        from ..ir.schedule import plan
+        """Hoisting and the save/recompute plan, shared by the backends (one per FLEXDSL_CHUNK
+        value, which the Triton backend's cache key includes: a key always names its content)."""
+        from ..ir.schedule import chunk_sizes, plan
 
-        return plan(self.step, self.backward)
+        chunks = chunk_sizes()
+        hit = self._schedules.get(chunks)
+        if hit is None:
+            hit = self._schedules.setdefault(chunks, plan(self.step, self.backward, chunks))
+        return hit
 
     # ------------------------------------------------------------------ backends
     def key(self, backend: Backend) -> str:

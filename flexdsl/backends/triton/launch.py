@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
+from ...settings import env_choice, env_int
 from ..base import RunResult
 from .abi import KernelABI
 
@@ -88,7 +89,7 @@ class _Kernel:
         self.constexpr = [a.constexpr for a in args]
         self.warps = warps
         self.cache: dict = {}
-        self.fast = os.environ.get("FLEXDSL_TRITON_FAST_LAUNCH", "1") == "1"
+        self.fast = env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
 
     def launch(self, grid: tuple[int], values: dict[str, list], key: tuple, device: torch.device) -> None:
         """Launch with the arguments in ABI order. `key` must determine Triton's specialization
@@ -162,6 +163,8 @@ class _Plan:
 
 
 class TritonProgram:
+    computes_in = torch.float32  # whatever the I/O dtype: the precision params and states are used in
+
     def __init__(self, module: ModuleType, abi: KernelABI, key: str) -> None:
         self.mod = module
         self.abi = abi
@@ -178,19 +181,19 @@ class TritonProgram:
         # ~8 lanes per thread for small models, fewer for big ones (whose registers would spill);
         # the kernels' argument count (params, states, saved values...) measures the size
         big = len(abi.fwd) + len(abi.bwd) >= 84
-        self.block = int(os.environ.get("FLEXDSL_TRITON_BLOCK", 0)) or (256 if big else 1024)
+        self.block = env_int("FLEXDSL_TRITON_BLOCK") or (256 if big else 1024)
         # the recompute backward keeps a chunk's values in registers: fewer lanes per program, the
         # fewer the more it keeps (measured on an H100: LIF best at 128 lanes of 2 warps, Izhikevich at 64)
         kept = (len(abi.saved) + len(abi.reread)) * abi.chunk
-        self.block_rc = int(os.environ.get("FLEXDSL_TRITON_BLOCK_RC", 0)) or (128 if kept <= 8 else 64)
-        warps = int(os.environ.get("FLEXDSL_TRITON_WARPS", 0)) or 4
+        self.block_rc = env_int("FLEXDSL_TRITON_BLOCK_RC") or (128 if kept <= 8 else 64)
+        warps = env_int("FLEXDSL_TRITON_WARPS") or 4
         self.k_fwd = _Kernel(module.fwd_kernel, abi.fwd, warps)
         self.k_bwd = _Kernel(module.bwd_kernel, abi.bwd, warps)
         self.k_bwd_rc = _Kernel(module.bwd_rc_kernel, abi.bwd_rc,
-                                int(os.environ.get("FLEXDSL_TRITON_WARPS_RC", 0)) or 2)
+                                env_int("FLEXDSL_TRITON_WARPS_RC") or 2)
         # "save" or "recompute" per I/O element size (4 or 2 bytes): the schedule's choice, or
         # FLEXDSL_TRITON_TRAINING for both
-        forced = os.environ.get("FLEXDSL_TRITON_TRAINING", "")
+        forced = env_choice("FLEXDSL_TRITON_TRAINING")
         self.plans = {4: forced or abi.training, 2: forced or abi.training16}
         self._host_cache: dict = {}
         self._plans: dict[tuple, _Plan] = {}
