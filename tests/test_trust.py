@@ -415,3 +415,48 @@ def test_environment_variables_are_checked(monkeypatch, var, value):
     text = TWO_INPUTS.replace("neuron TwoIn:", f"neuron Env{abs(hash((var, value)))}:")
     with pytest.raises(flexdsl.FlexDSLError, match=var):
         flexdsl.loads(text, backend="triton")(torch.ones(2, 3), torch.ones(2, 3))
+
+
+# ---------------------------------------------------------------- constraints that cannot be evaluated
+RAISING = """neuron W:
+    input x
+    param tau = 3.0
+    param k = 0.5 where k < 1/(tau - 2)
+    param q = 0.5 where q < log(tau)
+    state v = 0.0
+    update:
+        v = v + (x - v) / tau * k * q
+    output v
+"""
+
+
+def test_a_constraint_that_raises_is_a_located_error_everywhere(tmp_path, capsys):
+    from flexdsl import cli
+
+    for tau in (2.0, 0.0):
+        with pytest.raises(flexdsl.FlexDSLError) as e:
+            flexdsl.loads(RAISING, tau=tau)
+        assert e.value.line in (4, 5) and e.value.column == 25
+    m = flexdsl.loads(RAISING)
+    sd = m.state_dict()
+    for tau in (2.0, 0.0, -1.0):
+        with pytest.raises(flexdsl.FlexDSLError, match="constraint of `[kq]`") as e:
+            m.tau = tau
+        assert e.value.line in (4, 5)
+        sd["_extra_state"]["params"]["tau"] = tau
+        with pytest.raises(flexdsl.FlexDSLError, match="constraint of `[kq]`"):
+            m.load_state_dict(sd)
+        assert m.tau == 3.0
+    bad = tmp_path / "models" / "a_bad.neuron"
+    bad.parent.mkdir()
+    bad.write_text(RAISING.replace("param tau = 3.0", "param tau = 2.0"))
+    (tmp_path / "models" / "b_good.neuron").write_text(RAISING)
+    assert cli.main(["check", str(bad.parent)]) == 1
+    out, err = capsys.readouterr()
+    assert "b_good.neuron: ok" in out  # one bad file does not stop the others
+    assert f"{bad}:4:25: error: the constraint of `k` cannot be evaluated" in err and "Traceback" not in err
+    good = tmp_path / "models" / "b_good.neuron"
+    for tau in ("2", "0"):
+        assert cli.main(["run", str(good), "--T", "5", "--param", f"tau={tau}"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{good}:") and "Traceback" not in err

@@ -25,7 +25,7 @@ from torch import nn
 from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
-from ..frontend.evaluate import evaluate, holds
+from ..frontend.evaluate import evaluate, holds, reason
 from ..frontend.units import param_value
 from .compiler import Compiled, compile_text
 
@@ -806,7 +806,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
             try:
                 v = evaluate(p.default, env)
             except (ArithmeticError, ValueError) as e:
-                raise FlexDSLError(f"the default of `{p.name}` cannot be evaluated with these params: {_reason(e)}",
+                raise FlexDSLError(f"the default of `{p.name}` cannot be evaluated with these params: {reason(e)}",
                                    c.filename, p.default.pos.line, p.default.pos.column, c.text) from None
             finite = bool(torch.isfinite(v).all()) if isinstance(v, torch.Tensor) else math.isfinite(v)
             if not finite:
@@ -872,7 +872,7 @@ def constraint_holds(c: Compiled, p: A.Param, env: Mapping[str, Any]) -> bool:
     except (ArithmeticError, ValueError) as e:
         shown = ", ".join(f"{k} = {_show(env[k])}" for k in _names_in(p.where) if k in env)
         raise FlexDSLError(f"the constraint of `{p.name}` cannot be evaluated with {shown or 'these params'}: "
-                           f"{_reason(e)}", c.filename, p.where.pos.line, p.where.pos.column, c.text,
+                           f"{reason(e)}", c.filename, p.where.pos.line, p.where.pos.column, c.text,
                            f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}") from None
 
 
@@ -882,14 +882,6 @@ def _names_in(e: A.Expr) -> list[str]:
         if isinstance(n, A.Name) and n.id not in out:
             out.append(n.id)
     return out
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, ZeroDivisionError):
-        return "a division by zero"
-    if isinstance(e, OverflowError):
-        return "a value too large for a float"
-    return str(e) or type(e).__name__
 
 
 def _names(names: Sequence[str]) -> str:
