@@ -25,8 +25,10 @@ from torch import nn
 from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
+from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate, holds, reason
-from ..frontend.units import param_value
+from ..store.pipeline import unit_definition
+from . import display
 from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")
@@ -215,7 +217,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         every other param (finite, `where` constraints, a defined step) before anything changes."""
         p = self._param_decls[name]
         c = self._compiled
-        value = param_value(c.checked, name, value)  # "20 ms": to the declared unit
+        value = param_value(c.checked, name, value, unit_definition)  # "20 ms": to the declared unit
         if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
             raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
                               p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
@@ -280,7 +282,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             if p.where is not None and not constraint_holds(self._compiled, p, env):
                 what = ", ".join(f"`{k} = {_show(v)}`" for k, v in changed.items())
                 raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
-                                  f"`{p.name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
+                                  f"`{p.name}` must satisfy: {A.constraint_text(self._compiled.text, p.where)}")
 
     def _param_list(self) -> list[Any]:
         """Every param's current value, in declaration order."""
@@ -302,12 +304,12 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         c = self._compiled
         if values is None:
             values = [getattr(self, name) for name in self._param_decls]
-        params = [v.detach() if isinstance(v, torch.Tensor) else v for v in self._core_params(values)]
+        params = [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
         where = ""
-        if dtype is not None:
+        if dtype is not None:  # (the checked values are computed from the rounded params, then rounded)
             dname = str(dtype).replace("torch.", "")
             where = f" in {dname} (the precision of this call)"
-            params = [p.to(dtype) for p in params]
+            params = [torch.as_tensor(p, dtype=torch.float64).to(dtype) for p in params]
             for (name, p), v, shown in zip(self._param_decls.items(), params, values):
                 if not bool(torch.isfinite(v).all()):
                     if not bool(torch.isfinite(torch.as_tensor(shown, dtype=torch.float64)).all()):  # (trained)
@@ -316,9 +318,9 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                                       "this call)", p.pos,
                                       "run in float64 (m.double() and a float64 input), or rescale the model")
         with torch.no_grad():
-            vals = c.torch_module.invariants(*params)
+            vals = c.check_values(params)
         for name, v in vals.items():
-            t = torch.as_tensor(v)
+            t = torch.as_tensor(v) if dtype is None else torch.as_tensor(v).to(dtype)
             stmt, _, den = name.partition("|")
             if den and bool((t == 0).any()):
                 pos = c.step.origins.get(stmt) or c.checked.ast.pos
@@ -764,14 +766,12 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         out, res = self._run(inputs, dict(state) if state else {}, False)
         return out, dict(zip(self._state_names, res.states))
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """Notebooks: the model's documentation, with this module's param values."""
-        from ..docs import render_html
+        return display.show("html", self)
 
-        return render_html(self, plots=False, sources=False, standalone=False)
-
-    def _repr_latex_(self) -> str:
-        return self._compiled._repr_latex_()
+    def _repr_latex_(self) -> str | None:
+        return display.show("latex", self)
 
     def extra_repr(self) -> str:
         c = self._compiled
@@ -793,7 +793,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for p in ck.params:
         if p.name in overrides:
-            v = param_value(ck, p.name, overrides[p.name])  # "20 ms": to the declared unit
+            v = param_value(ck, p.name, overrides[p.name], unit_definition)  # "20 ms": to the declared unit
             if isinstance(v, torch.Tensor) and v.requires_grad and not p.learnable:
                 raise FlexDSLError(f"`{p.name}` is not learnable, so a tensor that requires grad would lose its "
                                    "gradient", c.filename, p.pos.line, p.pos.column, c.text,
@@ -818,7 +818,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
             what = "the override" if p.name in overrides else "the default"
             raise FlexDSLError(f"{what} `{p.name} = {_show(v)}` violates the constraint of `{p.name}`", c.filename,
                                p.where.pos.line, p.where.pos.column, c.text,
-                               f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}")
+                               f"`{p.name}` must satisfy: {A.constraint_text(c.text, p.where)}")
     return env
 
 
@@ -873,7 +873,7 @@ def constraint_holds(c: Compiled, p: A.Param, env: Mapping[str, Any]) -> bool:
         shown = ", ".join(f"{k} = {_show(env[k])}" for k in _names_in(p.where) if k in env)
         raise FlexDSLError(f"the constraint of `{p.name}` cannot be evaluated with {shown or 'these params'}: "
                            f"{reason(e)}", c.filename, p.where.pos.line, p.where.pos.column, c.text,
-                           f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}") from None
+                           f"`{p.name}` must satisfy: {A.constraint_text(c.text, p.where)}") from None
 
 
 def _names_in(e: A.Expr) -> list[str]:
@@ -934,13 +934,3 @@ def _show(v: Any) -> str:
         return f"{float(v):g}"
     except (TypeError, ValueError):
         return repr(v)
-
-
-def _source_of(text: str, e: A.Compare) -> str:
-    line = text.split("\n")[e.pos.line - 1]
-    frag = line[e.pos.column - 1:]
-    for stop in (' "', " learnable"):
-        i = frag.find(stop)
-        if i >= 0:
-            frag = frag[:i]
-    return frag.strip()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime import cache
+from ...store.generated import load_module
 from ..base import IR, Artefact
 from .abi import KernelABI
 from .launch import LAUNCHES, TritonProgram, transformed
@@ -41,7 +41,7 @@ class TritonBackend:
                                                       or not any(transformed(x) for x in inputs))
 
     def version(self) -> str:
-        from ...ir.schedule import chunk_sizes
+        from .cost import chunk_sizes
 
         try:
             import triton
@@ -57,7 +57,7 @@ class TritonBackend:
         return Artefact("triton", source, {"abi": abi.to_dict()})
 
     def load(self, artefact: Artefact, key: str) -> TritonProgram:
-        mod = cache.load_module("triton", key, artefact.source)
+        mod = load_module("triton", key, artefact.source)
         return TritonProgram(mod, KernelABI.from_dict(artefact.meta["abi"]), key)
 
 
