@@ -156,7 +156,7 @@ def test_a_code_printing_backend_keeps_its_spellings_in_its_own_module():
     a spelling it lacks is a clear error when the class is defined, naming the function."""
     import sympy as sp
 
-    from flexdsl.backends.printing import BasePrinter
+    from flexdsl.backends.printer import BasePrinter
     from flexdsl.frontend.catalog import ALL_FUNCTIONS
     from flexdsl.ir.functions import SYMPY
 

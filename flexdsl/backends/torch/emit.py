@@ -12,7 +12,7 @@ import sympy as sp
 
 from ...ir.derive import BackwardModel
 from ...ir.lower import StepModel
-from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines
 
 
 class TorchPrinter(BasePrinter):
