@@ -36,6 +36,10 @@ class RunResult:
 
 
 class Program(Protocol):
+    # the precision a call computes in when it is not the inputs' dtype (the Triton kernels: float32);
+    # the module checks the params in it (a denominator that rounds to 0, a param beyond its range)
+    computes_in: torch.dtype | None
+
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult: ...
 

@@ -18,6 +18,8 @@ from ..base import IR, Artefact, RunResult
 
 
 class TorchProgram:
+    computes_in = None  # the inputs' dtype
+
     def __init__(self, module: ModuleType, meta: dict[str, Any]) -> None:
         self.module = module
         self.core = module.core
@@ -48,8 +50,16 @@ class TorchProgram:
                 for i, s in enumerate(st):
                     seqs[i].append(s)
         if T == 0:
-            outputs = [x0.new_zeros(x0.shape) for _ in range(n_out)]
-            return RunResult(outputs, list(st), [x0.new_zeros(x0.shape) for _ in st] if store_seqs else None)
+            # no step: outputs [0, *shape] (the inputs' broadcast step shape) and the initial states,
+            # joined to the graph of every input, state and param (with zero gradients), as a
+            # step would be and as the other backends are
+            z = x0.new_zeros(())
+            for t in (*inputs, *st, *prm):
+                if t.requires_grad:
+                    z = z + t.reshape(-1)[:0].sum()  # (exactly 0 whatever t holds; its gradient is 0)
+            empty = x0.new_zeros((0, *shape)) + z
+            return RunResult([empty.clone() for _ in range(n_out)], [s.expand(shape).to(dtype) + z for s in st],
+                             [empty.clone() for _ in st] if store_seqs else None)
         return RunResult([_stack(o, shape) for o in outs], list(st),
                          [_stack(s, shape) for s in seqs] if store_seqs else None)
 

@@ -142,12 +142,13 @@ class _Printed:
         return lhs_rhs_lines(self.pr, assignments, indent="")
 
     def block(self, e: Any, lanes: set[sp.Symbol]) -> str:
-        """An expression as a [BLOCK] tensor (scalars are broadcast with `_zero`)."""
+        """An expression as a [BLOCK] tensor (scalars are broadcast by adding `_splat`, a -0.0,
+        which keeps every value's sign)."""
         if isinstance(e, sp.Basic) and _free(e) & lanes:
             return self.pr._print(e)
         if isinstance(e, sp.Basic) and e.is_number:
-            return f"_zero + {float(e)!r}"
-        return f"_zero + ({self.pr._print(e)})"
+            return f"_splat + {float(e)!r}"
+        return f"_splat + ({self.pr._print(e)})"
 
 
 def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
