@@ -330,7 +330,7 @@ class TritonProgram:
                     inits.append(float(v))
                     initmodes.append(0)
                 else:
-                    inits.append(s.to(dev).expand(shape).reshape(N))
+                    inits.append(s.to(dev).expand(shape).reshape(N).contiguous())
                     initmodes.append(2)
         else:
             inits, initmodes = state_vals, self._float_initmodes
@@ -426,7 +426,8 @@ class TritonProgram:
                 x2 = x2.contiguous()
             xs[i], strides[i] = x2, N if x2 is x else x2.stride(0)
         pargs, modes = self._params(params, param_vals, shape, N, dev)
-        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N) for s, v in zip(states, state_vals)]
+        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N).contiguous()
+                 for s, v in zip(states, state_vals)]
         initmodes = [0 if s is None else 2 for s in states]
 
         def flat(g, lead):
