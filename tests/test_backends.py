@@ -147,7 +147,7 @@ def test_toy_backend_is_a_module_plus_a_registry_entry(name):
 
 
 def test_unknown_backend_lists_the_registry():
-    with pytest.raises(flexdsl.FlexDSLError, match="auto, triton, torch"):
+    with pytest.raises(flexdsl.FlexDSLError, match="auto, triton, cpu, torch"):
         flexdsl.load("lif", backend="cuda-c")
 
 

@@ -17,6 +17,7 @@ call).
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -57,7 +58,17 @@ def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> 
     return program
 
 
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn):
+    """`torch.compiler.assume_constant_result`, without importing Dynamo when flexdsl is
+    imported (a second, and sympy): the decorator only marks the function, and Dynamo reads the
+    mark when a trace meets a call (tests/test_compile.py checks that it still does)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _resolve(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> str:
     """Run by Dynamo at trace time, outside the graph: choose and load the program, prepare it
     for the trace, and return its key in `_RESOLVED`."""

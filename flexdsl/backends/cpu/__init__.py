@@ -18,7 +18,7 @@ import torch
 from ...runtime import cache
 from ..base import IR, Artefact
 from . import build
-from .emit import CpuABI
+from .abi import CpuABI
 from .launch import CALLS, DTYPES, CpuProgram
 
 _warned: set[str] = set()

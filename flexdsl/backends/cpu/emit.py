@@ -25,7 +25,6 @@ with `_` and does not end with `_`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from ...frontend.catalog import ALL_FUNCTIONS, EXPREL_D_SERIES, EXPREL_SERIES_BO
 from ...ir.schedule import Assignments
 from ..base import IR
 from ..printing import comment_text
+from .abi import CpuABI
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -209,44 +209,6 @@ def _install_spellings() -> None:
 
 
 _install_spellings()
-
-
-# ---------------------------------------------------------------- the C ABI
-@dataclass
-class CpuABI:
-    """The kernels' arguments, the one description read by the emitter and the launcher.
-
-    Each entry point takes `(const int64_t* n, void* const* p, const double* f)`:
-    - `fwd`: n = [T, N, threads, step stride per input]; p = [per input, per state (initial
-      values, [N] in R, or null: the value f[state]), per param ([N] doubles, or null: the value
-      f[n_states + param]), per output, per state (final), per state (sequence, or null),
-      saved (or null)]; f = [per state, per param];
-    - `bwd`: n = [T, N, threads, step stride per input]; p = [per input (the re-read ones, else
-      null), saved, per param, per output (gradient, or null: 0), per state (gradient of the
-      sequence, or null), per state (gradient of the final state, or null: 0), per input
-      (gradient, or null: not needed), per state (gradient of the initial state, or null), per
-      learnable param (per-lane sums in double, or null)]; f = [per param].
-    """
-
-    name: str
-    inputs: list[str]
-    states: list[str]
-    params: list[str]
-    learnable: list[str]
-    outputs: list[str]
-    saved: list[str]
-    reread: list[str]
-    grad_inputs: list[bool]
-    grad_states: list[bool]
-    grad_params: list[bool]
-    lanes: int = 256
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CpuABI:
-        return cls(**d)
 
 
 def _lanes(n_arrays: int) -> int:

@@ -20,7 +20,7 @@ import torch
 
 from ...errors import FlexDSLError
 from ..base import RunResult
-from .emit import CpuABI
+from .abi import CpuABI
 
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 # kernel calls by kind ("fwd", "bwd"): lets tests check that the kernels ran
