@@ -255,7 +255,7 @@ def test_the_host_program_is_data_and_loads_without_sympy(tmp_path):
     import os
     import subprocess
 
-    code = ("import sys, json, torch, flexdsl; m = flexdsl.load(sys.argv[1]); "
+    code = ("import sys, json, torch, flexdsl; m = flexdsl.load(sys.argv[1], backend='torch'); "
             "x = torch.linspace(0, 2, 30, dtype=torch.float64).reshape(10, 3); y = m(x); "
             "print(json.dumps(['sympy' in sys.modules, y.tolist()]))")
     env = {**os.environ, "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}

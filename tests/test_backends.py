@@ -215,7 +215,7 @@ def test_the_numpy_backend_sees_spikes_and_resets():
 
 
 def test_unknown_backend_lists_the_registry():
-    with pytest.raises(flexdsl.FlexDSLError, match="auto, triton, torch"):
+    with pytest.raises(flexdsl.FlexDSLError, match="auto, triton, cpu, torch"):
         flexdsl.load("lif", backend="cuda-c")
 
 

@@ -28,7 +28,7 @@ from ..frontend import ast as A
 from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate, holds, reason
 from ..store.pipeline import unit_definition
-from . import display
+from . import display, programs
 from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")
@@ -84,6 +84,9 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         d["_compiled"] = c
         self._derive_fields()
         d["_fixed"] = {}
+        # the float params again, as one float64 tensor (an entry per declared param): what a
+        # torch.compile trace reads, so that their values are graph inputs, not guards
+        d["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
         d["_states"] = dict.fromkeys(self._state_names)
         if _Base is not nn.Module:  # SpikingJelly's MemoryModule: the states are its memories
             d["_memories"] = d["_states"]
@@ -96,7 +99,8 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             raise FlexDSLError(f"backend must be one of {', '.join(known)}, not {backend!r}", c.filename,
                                hint=did_you_mean(str(backend), known))
         if backend != "auto" and not backends.get(backend).available():
-            raise FlexDSLError(f"backend={backend!r} cannot run here (its libraries cannot be imported)",
+            why = getattr(backends.get(backend), "why_unavailable", lambda: None)()
+            raise FlexDSLError(f"backend={backend!r} cannot run here ({why or 'its libraries cannot be imported'})",
                                c.filename, hint="install them, or use backend='auto' or 'torch'")
         self.step_mode = step_mode
         self.backend = backend
@@ -124,6 +128,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                 self.register_buffer(p.name, t)
             else:
                 d["_fixed"][p.name] = float(v)
+        self._sync_fixed()
         self._check_invariants()
         self._prepare(None)
 
@@ -291,6 +296,28 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             return [fixed[n] for n in self._param_decls]
         ps, bs = self._parameters, self._buffers
         return [fixed[n] if n in fixed else ps[n] if n in ps else bs[n] for n in self._param_decls]
+
+    def _sync_fixed(self) -> None:
+        """Copy the float params into `_fixed_t` (after any change of `_fixed`)."""
+        t = self.__dict__["_fixed_t"]
+        fixed = self._fixed
+        vals = [fixed.get(n, 0.0) for n in self._param_decls]
+        # where each param lives ("f": a float, "p": a Parameter, "b": a buffer), read by a trace
+        # instead of the dict of floats (whose values it would guard)
+        self.__dict__["_param_kinds"] = tuple("f" if n in fixed else "p" if n in self._parameters else "b"
+                                              for n in self._param_decls)
+        if t.numel() != len(vals):  # (a module pickled before the tensor existed)
+            t = self.__dict__["_fixed_t"] = torch.zeros(len(vals), dtype=torch.float64)
+        with torch.no_grad():
+            t.copy_(torch.tensor(vals, dtype=torch.float64))
+
+    def _traced_param_list(self) -> list[Any]:
+        """Every param's value as a tensor, for a torch.compile trace: the float params are
+        entries of `_fixed_t`, so that the graph takes them as inputs (a new value of a
+        non-learnable param recompiles nothing) and no float is read (and guarded)."""
+        ps, bs, t = self._parameters, self._buffers, self._fixed_t
+        return [t[i] if k == "f" else ps[n] if k == "p" else bs[n]
+                for i, (n, k) in enumerate(zip(self._param_decls, self._param_kinds))]
 
     def param_values(self) -> dict[str, Any]:
         """Current value of every param (floats, buffers or Parameters)."""
@@ -464,6 +491,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         """Forget what was derived from the params' values."""
         self._init_cache.clear()
         self._dtypes_checked.clear()
+        self._sync_fixed()
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy keeps the states' values, not the autograd graph of the call that made them
@@ -483,6 +511,9 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             self.__dict__["_memories_rv"] = dict.fromkeys(self._states)
             self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
         self._derive_fields()
+        if "_fixed_t" not in self.__dict__:  # (pickled by a flexdsl without it)
+            self.__dict__["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
+            self._sync_fixed()
 
     # ------------------------------------------------------------------ states
     @property
@@ -499,7 +530,11 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                               st.init.pos) from None
 
     def _initial_values(self) -> dict[str, Any]:
-        """Initial values from the current params (cached while every param is a float)."""
+        """Initial values from the current params (cached while every param is a float; in a
+        torch.compile trace, from the params as tensors, so that no float param is read)."""
+        if torch.compiler.is_compiling():
+            env = dict(zip(self._param_decls, self._traced_param_list()))
+            return {s.name: evaluate(s.init, env) for s in self._compiled.checked.states}
         # (keyed by the floats' bits: 0.0 and -0.0 may start a state differently)
         key = _bits(self._fixed.values()) if not self._parameters and not self._buffers else None
         hit = self._init_cache.get(key) if key is not None else None
@@ -547,7 +582,13 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                 self._states[k] = fn(v)
         self.__dict__["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
         try:
-            self._prepare(fn(torch.empty(0)).device)
+            device = fn(torch.empty(0)).device
+        except (RuntimeError, TypeError):
+            return out
+        if device.type != "meta":  # (the float params stay float64: only their device follows)
+            self.__dict__["_fixed_t"] = self._fixed_t.to(device)
+        try:
+            self._prepare(device)
         except (RuntimeError, TypeError):
             pass
         return out
@@ -696,14 +737,14 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
     def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool):
         xs, shape = self._check_inputs(inputs)
         x0 = xs[0]
-        program = self._compiled.program(backends.choose(self.backend, xs))
+        program = programs.program_for(self._compiled, self.backend, x0)
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
             if dt not in self._dtypes_checked:
                 if dt != torch.float64:
                     self._check_invariants(None, dt)
                 self._dtypes_checked.add(dt)
-        params = self._param_list()
+        params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             for name, v in zip(self._param_decls, params):
                 if isinstance(v, torch.Tensor) and v.numel() > 1:

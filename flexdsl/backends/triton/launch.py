@@ -30,7 +30,7 @@ import torch
 
 from ...errors import FlexDSLError
 from ...settings import env_choice, env_int
-from ..base import RunResult
+from ..base import RunResult, transformed
 from .abi import KernelABI
 
 # kernel launches by kind ("fwd", "bwd"): lets tests check that the Triton path really ran
@@ -343,7 +343,7 @@ class TritonProgram:
                     inits.append(float(v))
                     initmodes.append(0)
                 else:
-                    inits.append(s.to(dev).expand(shape).reshape(N))
+                    inits.append(s.to(dev).expand(shape).reshape(N).contiguous())
                     initmodes.append(2)
         else:
             inits, initmodes = state_vals, self._float_initmodes
@@ -439,7 +439,8 @@ class TritonProgram:
                 x2 = x2.contiguous()
             xs[i], strides[i] = x2, N if x2 is x else x2.stride(0)
         pargs, modes = self._params(params, param_vals, shape, N, dev)
-        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N) for s, v in zip(states, state_vals)]
+        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N).contiguous()
+                 for s, v in zip(states, state_vals)]
         initmodes = [0 if s is None else 2 for s in states]
 
         def flat(g, lead):
@@ -608,14 +609,6 @@ class TritonProgram:
 
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
-
-
-def transformed(t: torch.Tensor) -> bool:
-    """Whether `t` is a tensor of a torch.func transform (no memory of its own to launch on)."""
-    return _is_wrapped is not None and bool(_is_wrapped(t))
-
-
 def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, output):
     """What the backward needs (the custom op's setup_context)."""
     n_st = len(tm.states)
@@ -724,4 +717,4 @@ class _Eager(torch.autograd.Function):
         return (None, *g_in, *g_st, *g_pr)
 
 
-__all__ = ["TritonProgram", "LAUNCHES", "interpret", "transformed"]
+__all__ = ["TritonProgram", "LAUNCHES", "interpret"]
