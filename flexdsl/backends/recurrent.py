@@ -19,6 +19,7 @@ disk like every artefact and loaded once per process.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -34,6 +35,8 @@ IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexd
 
 
 class RecurrentProgram(Protocol):
+    binary: bool  # the source is a spike (0/1)
+
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
                 states: Sequence[Any], params: Sequence[Any], save: bool) -> tuple[list, list, torch.Tensor, Any]:
         """(outputs [T, B, H] each, final states [B, H], S [T + 1, B, H]: s0 then the source
@@ -106,12 +109,33 @@ class _Scan(torch.autograd.Function):
         if n_w:
             prev = S[:-1].reshape(-1, H)
             gflat = gI.reshape(-1, H)
-            gw = gflat.t().mm(prev) if dense else (gflat * prev).sum(0)
+            gw = weight_grad(gflat, prev, prog.binary) if dense else (gflat * prev).sum(0)
         if n_s0:
             gs0 = gI[0].mm(w) if dense else gI[0] * w
         by = {"input": g_in, "state": g_st, "param": g_pr}
         rest = [by[kind][k] if n else None for (kind, k), n in zip(ctx.kinds, need_t)]
         return (None, gI if n_ix else None, gw, gs0, *rest)
+
+
+def weight_grad(g: torch.Tensor, s: torch.Tensor, binary: bool) -> torch.Tensor:
+    """`g^T s` ([H, M] @ [M, H]: dW_rec over all steps at once). On CUDA with float32 gradients
+    and spikes (exact in bfloat16), three bfloat16 products with float32 accumulation and output,
+    of the gradient's bfloat16 parts (which sum to it up to 2^-24), instead of one float32 product
+    (`FLEXDSL_RECURRENT_DW=fp32` keeps that)."""
+    if binary and g.is_cuda and g.dtype == torch.float32 and os.environ.get("FLEXDSL_RECURRENT_DW", "split") == "split":
+        try:
+            sb = s.to(torch.bfloat16)
+            hi = g.to(torch.bfloat16)
+            r = g - hi.float()
+            mid = r.to(torch.bfloat16)
+            lo = (r - mid.float()).to(torch.bfloat16)
+            out = torch.mm(lo.t(), sb, out_dtype=torch.float32)
+            out += torch.mm(mid.t(), sb, out_dtype=torch.float32)
+            out += torch.mm(hi.t(), sb, out_dtype=torch.float32)
+            return out
+        except (RuntimeError, TypeError, NotImplementedError):  # a torch without mm(out_dtype=)
+            pass
+    return g.t().mm(s)
 
 
 def scan(prog: RecurrentProgram, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
@@ -125,4 +149,4 @@ def scan(prog: RecurrentProgram, ix: torch.Tensor, w: torch.Tensor, s0: torch.Te
     return list(res[:n_out]), list(res[n_out:])
 
 
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan"]
+__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan", "weight_grad"]

@@ -71,7 +71,7 @@ class _NeuronView:
                 if full != step_shape:
                     raise self.error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to the "
                                      f"layer's step shape {tuple(step_shape)} ([*batch, hidden])", decl.pos,
-                                     "a value per neuron has shape (hidden,): param_shapes={'%s': (hidden,)}" % name)
+                                     f"a value per neuron has shape (hidden,): param_shapes={{'{name}': (hidden,)}}")
                 if v.dim() > 1:
                     v = v.expand(step_shape).reshape(flat, step_shape[-1])
             out.append(v)

@@ -97,6 +97,7 @@ class TorchRecurrentProgram:
     def __init__(self, module, meta: dict[str, Any], port: int, source: int, dense: bool) -> None:
         self.mod = module
         self.port, self.source, self.dense = port, source, dense
+        self.binary = meta["outputs"][source] == "spike"  # the source is 0/1
         self.n_in, self.n_st, self.n_out = len(meta["inputs"]), len(meta["states"]), len(meta["outputs"])
         self.saved_states = meta["saved_states"]
         self.reread = meta["reread"]

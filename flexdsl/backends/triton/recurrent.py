@@ -31,7 +31,7 @@ from ...errors import FlexDSLError
 from ...runtime import cache
 from ..base import IR
 from ..naming import ident
-from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, build_abi, emit
+from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
 from .launch import LAUNCHES, interpret
 
 TEMPLATE = "recurrent.py.j2"
@@ -154,7 +154,7 @@ class TritonRecurrentProgram:
         self.inputs, self.states, self.params, self.outputs = abi.inputs, abi.states, abi.params, abi.outputs
         self.learn_idx = [abi.params.index(p) for p in abi.learnable]
         self.interpret = interpret()
-        self.warps = int(os.environ.get("FLEXDSL_RECURRENT_WARPS", 0)) or 4
+        self.binary = self.outputs[source] == "spike"  # the source is 0/1: exact in any float dtype
         self._host_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
@@ -198,7 +198,7 @@ class TritonRecurrentProgram:
         nprog = max(1, min(programs, tiles))
         exact32 = self.interpret
         split_w = 3 if (dtype == torch.float32 and self.dense and not exact32) else 1
-        return {"grid": (nprog,), "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+        return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS", 0)) or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
                 "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
@@ -249,16 +249,12 @@ class TritonRecurrentProgram:
             kw.update(self._hoisted(self.meta["hoisted_fwd"], host, hv))
             grid = lay.pop("grid")
             kw.update(lay)
-            self.mod._rec_fwd_kernel[grid](**kw, num_warps=self.warps)
+            self.mod._rec_fwd_kernel[grid](**kw)
             LAUNCHES["rec_fwd"] += 1
         fins = [st[i].view(B, H).to(dtype) for i in range(len(self.states))]
         saved = (sav, xp, params, B, H, dtype, [inputs[k] for k in range(len(self.inputs)) if k != self.port and
                                    self.abi.name_of("in", self.inputs[k]) in self.meta["reread_others"]])
         return outs, fins, S, saved if save else None
-
-    @property
-    def binary(self) -> bool:
-        return self.outputs[self.source] == "spike"
 
     # ------------------------------------------------------------------ backward
     def backward(self, saved, w, g_outs, g_fins, need):
@@ -302,7 +298,7 @@ class TritonRecurrentProgram:
             kw.update(self._hoisted(self.meta["hoisted_bwd"], host, hv))
             grid = lay.pop("grid")
             kw.update(lay)
-            self.mod._rec_bwd_kernel[grid](**kw, num_warps=self.warps)
+            self.mod._rec_bwd_kernel[grid](**kw)
             LAUNCHES["rec_bwd"] += 1
         g_st = [gst[i].view(B, H) if n else None for i, n in enumerate(need["states"])]
         g_in: list[Any] = [None] * len(self.inputs)
