@@ -117,25 +117,85 @@ class _Scan(torch.autograd.Function):
         return (None, gI if n_ix else None, gw, gs0, *rest)
 
 
-def weight_grad(g: torch.Tensor, s: torch.Tensor, binary: bool) -> torch.Tensor:
-    """`g^T s` ([H, M] @ [M, H]: dW_rec over all steps at once). On CUDA with float32 gradients
-    and spikes (exact in bfloat16), three bfloat16 products with float32 accumulation and output,
-    of the gradient's bfloat16 parts (which sum to it up to 2^-24), instead of one float32 product
-    (`FLEXDSL_RECURRENT_DW=fp32` keeps that)."""
-    if binary and g.is_cuda and g.dtype == torch.float32 and os.environ.get("FLEXDSL_RECURRENT_DW", "split") == "split":
-        try:
-            sb = s.to(torch.bfloat16)
-            hi = g.to(torch.bfloat16)
-            r = g - hi.float()
-            mid = r.to(torch.bfloat16)
-            lo = (r - mid.float()).to(torch.bfloat16)
-            out = torch.mm(lo.t(), sb, out_dtype=torch.float32)
-            out += torch.mm(mid.t(), sb, out_dtype=torch.float32)
-            out += torch.mm(hi.t(), sb, out_dtype=torch.float32)
+def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bfloat16 (hi, mid, lo) with hi + mid + lo == t (float32) up to 2^-24 |t|."""
+    hi = t.to(torch.bfloat16)
+    r = t - hi.float()
+    mid = r.to(torch.bfloat16)
+    return hi, mid, (r - mid.float()).to(torch.bfloat16)
+
+
+_MM32: list[bool] = []  # whether torch.mm(bf16, bf16, out_dtype=float32) runs here (CUDA, torch >= 2.8)
+
+
+def _bf16_products(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+    """sum of a @ b over bfloat16 pairs, accumulated and returned in float32 (None where torch
+    cannot: then the caller multiplies in float32)."""
+    if _MM32 and not _MM32[0]:
+        return None
+    try:
+        out = torch.mm(*pairs[0], out_dtype=torch.float32)
+        for a, b in pairs[1:]:
+            out += torch.mm(a, b, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        _MM32[:] = [False]
+        return None
+    _MM32[:] = [True]
+    return out
+
+
+def _fast(t: torch.Tensor) -> bool:
+    return t.is_cuda and t.dtype == torch.float32 and os.environ.get("FLEXDSL_RECURRENT_DW", "split") == "split"
+
+
+def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool) -> torch.Tensor:
+    """`g^T s` ([H, M] @ [M, K]: a weight's gradient over all steps at once). Where `s` is exact in
+    bfloat16 (spikes; `exact`) and on CUDA in float32: three bfloat16 products of the gradient's
+    parts (summing to it up to 2^-24) with float32 accumulation, each product exact, instead of
+    one float32 product (`FLEXDSL_RECURRENT_DW=fp32` keeps that)."""
+    if exact and _fast(g):
+        sb = s.to(torch.bfloat16)
+        hi, mid, lo = split3(g)
+        out = _bf16_products([(lo.t(), sb), (mid.t(), sb), (hi.t(), sb)])
+        if out is not None:
             return out
-        except (RuntimeError, TypeError, NotImplementedError):  # a torch without mm(out_dtype=)
-            pass
     return g.t().mm(s)
+
+
+class _InputProduct(torch.autograd.Function):
+    """x W^T + b for an input exact in bfloat16 (spikes): W's three bfloat16 parts, three
+    products with float32 accumulation (each exact), as accurate as one float32 product."""
+
+    @staticmethod
+    def forward(ctx, x2, xb, w, b):  # type: ignore[override]
+        parts = split3(w)
+        out = _bf16_products([(xb, p.t()) for p in reversed(parts)])
+        if b is not None:
+            out += b
+        ctx.save_for_backward(xb, w)
+        ctx.has_b = b is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        xb, w = ctx.saved_tensors
+        gx = g.mm(w) if ctx.needs_input_grad[0] else None
+        gw = weight_grad(g, xb, True) if ctx.needs_input_grad[2] else None
+        gb = g.sum(0) if ctx.has_b and ctx.needs_input_grad[3] else None
+        return gx, None, gw, gb
+
+
+def input_current(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`x W^T + b` for every step at once (`F.linear`); on CUDA in float32 with an input that is
+    exact in bfloat16 (spikes, small integers), the exact bfloat16 products of `_InputProduct`."""
+    if _fast(x) and w.dtype == torch.float32 and _MM32 != [False] and not torch.is_autocast_enabled("cuda"):
+        xb = x.to(torch.bfloat16)
+        if torch.equal(xb.float(), x):
+            x2 = x.reshape(-1, x.shape[-1])
+            out = _InputProduct.apply(x2, xb.reshape(-1, x.shape[-1]), w, b)
+            if _MM32 == [True]:
+                return out.reshape(*x.shape[:-1], w.shape[0])
+    return torch.nn.functional.linear(x, w, b)
 
 
 def scan(prog: RecurrentProgram, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
@@ -149,4 +209,4 @@ def scan(prog: RecurrentProgram, ix: torch.Tensor, w: torch.Tensor, s0: torch.Te
     return list(res[:n_out]), list(res[n_out:])
 
 
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan", "weight_grad"]
+__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan", "weight_grad", "input_current"]

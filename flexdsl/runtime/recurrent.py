@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .. import backends
 from ..backends import recurrent as scans
@@ -278,7 +277,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                                             "under torch.autocast)")
         # the port's current for every step: one product over all steps
         if self.W_in is not None:
-            ix = F.linear(xs, self.W_in, self.bias)
+            ix = scans.input_current(xs, self.W_in, self.bias)
         else:
             ix = xs + self.bias if self.bias is not None else xs
         T = ix.shape[0]

@@ -9,7 +9,7 @@ same way, the source's gradient taking `gI[t + 1] W` (gI: the port's gradient), 
 for the products after the loop (`backends/recurrent.py`).
 
 The recurrent product exploits binary spikes: a spike is exact in bfloat16, so with float32
-weights split into three bfloat16 matrices (`_split3`, summing to the float32 value) three
+weights split into three bfloat16 matrices (`split3`, summing to the float32 value) three
 bfloat16 tensor-core products give the float32 result; a float32 operand that is not a spike
 (the backward's gradients, a non-spike source) is split too (six products, error ~2^-24). With
 16-bit I/O, one product in that dtype with float32 accumulation.
@@ -31,6 +31,7 @@ from ...errors import FlexDSLError
 from ...runtime import cache
 from ..base import IR
 from ..naming import ident
+from ..recurrent import split3
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
 from .launch import LAUNCHES, interpret
 
@@ -113,31 +114,30 @@ def _sm_count(index: int) -> int:
 
 def _split3(w: torch.Tensor) -> torch.Tensor:
     """[3, *w.shape] bfloat16: hi, mid, lo with hi + mid + lo == w (float32) up to 2^-24 |w|."""
-    w = w.float()
-    hi = w.to(torch.bfloat16)
-    r = w - hi.float()
-    mid = r.to(torch.bfloat16)
-    lo = (r - mid.float()).to(torch.bfloat16)
-    return torch.stack([hi, mid, lo]).contiguous()
+    return torch.stack(split3(w.float())).contiguous()
 
 
-def tile_shape(B: int, H: int, programs: int) -> tuple[int, int, int]:
-    """(BM, BN, BK): the smallest tiles (16 x 32 at least, as tl.dot needs) whose count fits the
-    programs, growing the neuron side first (a tile's W rows are read once per step)."""
+def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tuple[int, int, int]:
+    """(BM, BN, BK): the tile of the [B, H] step a program computes. Per step a tile reads BM rows
+    of the previous step (a_bytes each per neuron) and BN rows of W (w_bytes each), all from L2:
+    among the shapes (16..128 x 32..128, as tl.dot needs) whose count fits the programs, the one
+    reading the fewest bytes in all, of those keeping at least half the programs busy (else the
+    most tiles)."""
     fixed = os.environ.get("FLEXDSL_RECURRENT_TILE", "")
     if fixed:
         bm, bn, bk = (int(v) for v in fixed.lower().split("x"))
         return bm, bn, bk
-    bm, bn = 16, 32
-    while (-(-B // bm)) * (-(-H // bn)) > programs:
-        if bm < 64 and (bn >= 128 or bm * 2 <= bn):
-            bm *= 2
-        elif bn < 128:
-            bn *= 2
-        elif bm < 128:
-            bm *= 2
-        else:
-            break
+    best = None
+    for bm in (16, 32, 64, 128):
+        for bn in (32, 64, 128):
+            tiles = (-(-B // bm)) * (-(-H // bn))
+            if tiles > programs:
+                continue
+            busy = tiles >= programs // 2
+            key = (not busy, tiles * (bm * a_bytes + bn * w_bytes) if busy else -tiles, bm * bn)
+            if best is None or key < best[0]:
+                best = (key, bm, bn)
+    bm, bn = (best[1], best[2]) if best is not None else (128, 128)
     return bm, bn, 32 if max(bm, bn) >= 128 else 64
 
 
@@ -187,18 +187,18 @@ class TritonRecurrentProgram:
             kw[self.abi.name_of("mode", name)] = mode
         return kw
 
-    def _layout(self, B: int, H: int, dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    def _layout(self, B: int, H: int, dev: torch.device, dtype: torch.dtype, a_bytes: int) -> dict[str, Any]:
         if self.interpret or dev.type != "cuda":
             programs = 1
         else:
-            programs = int(os.environ.get("FLEXDSL_RECURRENT_PROGRAMS", 0)) or _sm_count(dev.index or 0)
+            programs = int(os.environ.get("FLEXDSL_RECURRENT_PROGRAMS") or 0) or _sm_count(dev.index or 0)
             programs = min(programs, _sm_count(dev.index or 0))
-        bm, bn, bk = tile_shape(B, H, programs)
-        tiles = (-(-B // bm)) * (-(-H // bn))
-        nprog = max(1, min(programs, tiles))
         exact32 = self.interpret
         split_w = 3 if (dtype == torch.float32 and self.dense and not exact32) else 1
-        return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS", 0)) or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+        bm, bn, bk = tile_shape(B, H, programs, a_bytes, 2 * split_w if dtype == torch.float32 else dtype.itemsize)
+        tiles = (-(-B // bm)) * (-(-H // bn))
+        nprog = max(1, min(programs, tiles))
+        return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS") or 0) or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
                 "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
@@ -233,12 +233,22 @@ class TritonRecurrentProgram:
         sav = torch.empty((K, T, B, H), dtype=dtype, device=dev) if save and K else None
         xp = torch.empty((T, B, H), dtype=dtype, device=dev) if save and self.meta["port_reread"] else None
         if T and N:
-            lay = self._layout(B, H, dev, dtype)
+            # the previous step's source as a product operand: spikes are exact in bfloat16 (the
+            # initial one too, unless it was given other values)
+            s0b = s0.to(torch.bfloat16) if self.dense and self.binary else None
+            exact = s0b is not None and (dtype != torch.float32 or torch.equal(s0b.to(dtype), s0))
+            shadow = exact and dtype == torch.float32 and not self.interpret
+            Sb = None
+            if shadow:
+                Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
+                Sb[0] = s0b
+            lay = self._layout(B, H, dev, dtype, 2 if (shadow or dtype != torch.float32) else 4)
             host, hv = self._host(params)
-            kw: dict[str, Any] = {"_ix": ix, "_S": S, "_W": self._weights(w, dtype, lay["_SPLIT_W"]), "_xp": xp,
-                                  "_st": st, "_saved": sav, "_bar": torch.zeros(1, dtype=torch.int32, device=dev),
-                                  "_B": B, "_H": H, "_T": T, "_HOST": host, "_SAVE": sav is not None or xp is not None,
-                                  "_ROUND": sav is not None, "_SPLIT_A": 1 if self.binary else 3}
+            kw: dict[str, Any] = {"_ix": ix, "_S": S, "_Sb": Sb, "_W": self._weights(w, dtype, lay["_SPLIT_W"]),
+                                  "_xp": xp, "_st": st, "_saved": sav,
+                                  "_bar": torch.zeros(1, dtype=torch.int32, device=dev), "_B": B, "_H": H, "_T": T,
+                                  "_HOST": host, "_SAVE": sav is not None or xp is not None, "_ROUND": sav is not None,
+                                  "_SPLIT_A": 1 if exact else 3, "_SHADOW": shadow}
             for k, name in enumerate(self.inputs):
                 if k != self.port:
                     kw[self.abi.name_of("in", name)] = inputs[k].contiguous()
@@ -276,7 +286,7 @@ class TritonRecurrentProgram:
         gp = torch.zeros((max(n_learn, 1), N), dtype=torch.float32, device=dev)
         need_p = [bool(need["params"][i]) for i in self.learn_idx]
         if T and N:
-            lay = self._layout(B, H, dev, dtype)
+            lay = self._layout(B, H, dev, dtype, dtype.itemsize)
             host, hv = self._host(params)
             kw: dict[str, Any] = {"_gI": gI, "_W": self._weights(w, dtype, lay["_SPLIT_W"]), "_xp": xp, "_gst": gst,
                                   "_gp": gp, "_saved": sav, "_bar": torch.zeros(1, dtype=torch.int32, device=dev),
