@@ -322,7 +322,7 @@ def exact_check(dev):
         same = torch.equal(res[0][0], res[1][0])
         rels = [float((a - b).norm() / b.norm()) for a, b in zip(res[1][1:], res[0][1:])]
         det = all(torch.equal(a, b) for a, b in zip(res[1], res[2]))
-        good = same and max(rels) < 1e-5 and det
+        good = same and max(rels) < 5e-5 and det  # (float32 sums of up to 10^5 terms vs float64)
         ok &= good
         print(f"  H={H:5d} T={T} B={B}: rate {float(res[0][0].mean()):.3f}, spikes {'equal' if same else 'DIFFER'}, grads "
               f"rel {max(rels):.1e}, repeat {'bitwise equal' if det else 'DIFFERS'} {'ok' if good else 'MISMATCH'}",
@@ -330,27 +330,36 @@ def exact_check(dev):
     return ok
 
 
+KNOBS = ("FLEXDSL_RECURRENT_BK", "FLEXDSL_RECURRENT_STAGES", "FLEXDSL_RECURRENT_WARPS", "FLEXDSL_RECURRENT_PRODUCTS",
+         "FLEXDSL_RECURRENT_TILE")
+
+
 def sweep(dev, cases, reps):
-    """flexdsl's training step under each tile / warps / dW setting (fp32, LIF)."""
+    """flexdsl's fp32 LIF training step under launch settings (K block, pipelining depth, warps,
+    products outside the kernels, tile); returns the fastest on the last case."""
     import os
 
-    print("sweep: fp32 LIF training, ms", flush=True)
-    settings = [("", "", "split"), ("", "", "fp32"), ("", "8", "split"), ("32x64x64", "", "split"),
-                ("64x32x32", "", "split"), ("128x32x64", "8", "split")]
+    print("sweep: fp32 LIF training, ms (BK/stages/warps/products/tile)", flush=True)
+    settings = [("", "", "", "", ""), ("128", "", "", "", ""), ("32", "", "", "", ""), ("", "2", "", "", ""),
+                ("", "4", "", "", ""), ("128", "4", "", "", ""), ("", "", "", "fp32", ""), ("", "", "8", "", ""),
+                ("", "", "", "", "32x64x64")]
+    best = None
     for H, T, B in cases:
         out = []
-        for tile, warps, dw in settings:
-            os.environ["FLEXDSL_RECURRENT_TILE"] = tile
-            os.environ["FLEXDSL_RECURRENT_WARPS"] = warps
-            os.environ["FLEXDSL_RECURRENT_DW"] = dw
+        for st in settings:
+            for k, v in zip(KNOBS, st):
+                os.environ[k] = v
             try:
                 ms = bench(flexdsl_layer("lif"), H, T, B, dev, "fp32", True, reps, 2)
-                out.append(f"{tile or 'auto'}/{warps or 4}/{dw} {ms:.2f}")
+                out.append(f"{'/'.join(v or '-' for v in st)} {ms:.2f}")
+                if best is None or ms < best[0]:
+                    best = (ms, st)
             except Exception as e:  # noqa: BLE001
-                out.append(f"{tile or 'auto'}/{warps or 4}/{dw} failed {type(e).__name__}: {str(e)[:80]}")
-        for k in ("FLEXDSL_RECURRENT_TILE", "FLEXDSL_RECURRENT_WARPS", "FLEXDSL_RECURRENT_DW"):
+                out.append(f"{'/'.join(v or '-' for v in st)} failed {type(e).__name__}: {str(e)[:80]}")
+        for k in KNOBS:
             os.environ.pop(k, None)
         print(f"  H={H} T={T} B={B}: " + " | ".join(out), flush=True)
+    return best
 
 
 def main() -> None:
@@ -365,7 +374,8 @@ def main() -> None:
     ap.add_argument("--peer-reps", type=int, default=5)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-breakdown", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="time tile / warps / dW settings first")
+    ap.add_argument("--sweep", default="", help="HxTxB,...: time launch settings on these cases first")
+    ap.add_argument("--tune", action="store_true", help="run the table with the sweep's fastest settings")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, one repetition")
@@ -387,7 +397,13 @@ def main() -> None:
               f"{ceil['gbs']:.0f} GB/s", flush=True)
     cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
     if a.sweep:
-        sweep(dev, cases, a.reps)
+        import os
+
+        best = sweep(dev, [tuple(int(v) for v in c.split("x")) for c in a.sweep.split(",")], a.reps)
+        if best is not None and a.tune:
+            chosen = {k: v for k, v in zip(KNOBS, best[1]) if v and k != "FLEXDSL_RECURRENT_TILE"}
+            os.environ.update(chosen)
+            print(f"the table below runs with {chosen or 'the defaults'}", flush=True)
     peers_of = {"lif": {"hand": HandLIF, "snntorch": snntorch_layer, "spikingjelly": sj_layer},
                 "alif": {"hand": HandLSNN}}
     rows = []

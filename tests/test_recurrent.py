@@ -465,3 +465,44 @@ def test_bad_calls_are_located_errors_before_anything_is_computed():
     with pytest.raises(FlexDSLError, match="call m.reset()"):
         m(torch.rand(4, 5, 3))
     assert m.feedback.shape == (2, 4)  # nothing was computed on the bad call
+
+
+def test_spike_inputs_take_exact_bfloat16_products(monkeypatch):
+    """On CUDA in float32, an input exact in bfloat16 (spikes) is multiplied by W_in's three
+    bfloat16 parts (exact products, float32 sums), and the weight gradients of spikes likewise:
+    here on the CPU with the products done in float64, the results equal the float32 path's."""
+    from flexdsl.backends import recurrent as scans
+
+    torch.manual_seed(13)
+    m = flexdsl.recurrent("lif", 6, 8, backend="torch")
+    with torch.no_grad():
+        m.W_in.mul_(3.0)
+        m.W_rec.mul_(3.0)
+    g = torch.randn(10, 3, 8)
+
+    def run(x):
+        m.reset()
+        m.zero_grad()
+        out = m(x)
+        (out * g).sum().backward()
+        return out.detach(), [p.grad.clone() for p in (m.W_in, m.W_rec, m.bias)]
+
+    spikes = (torch.rand(10, 3, 6) < 0.4).float() * 8
+    ref = run(spikes)
+    calls = []
+
+    def products(pairs, init=None):
+        calls.append(len(pairs))
+        out = sum(a.double() @ b.double() for a, b in pairs)
+        return (out if init is None else out + init.double()).float()
+
+    monkeypatch.setattr(scans, "_bf16_products", products)
+    monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
+    got = run(spikes)
+    assert calls[:1] == [3] and len(calls) == 3  # the input product, dW_in, dW_rec
+    assert ref[0].sum() > 10 and torch.equal(got[0], ref[0])
+    for a, b in zip(got[1], ref[1]):
+        assert rel(a, b) < 1e-6
+    calls.clear()
+    run(torch.rand(10, 3, 6))  # not exact in bfloat16: the float32 product
+    assert calls == [3]  # only dW_rec, of the spikes

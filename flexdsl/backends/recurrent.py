@@ -45,7 +45,9 @@ class RecurrentProgram(Protocol):
 
     def backward(self, saved: Any, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
                  g_fins: Sequence[torch.Tensor | None], need: dict[str, Any]) -> tuple:
-        """(gI [T, B, H], grads of the other inputs, of the initial states, of the params)."""
+        """(gI [T, B, H], grads of the other inputs, of the initial states, of the params, extras:
+        "parts" (gI as three bfloat16 parts [3, T, B, H]) and "sb" (S in bfloat16) where the
+        program has them and `need["parts"]` asks)."""
         ...
 
 
@@ -69,54 +71,6 @@ def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> Recurr
     return p
 
 
-class _Scan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, call, ix, w, s0, *tensors):  # type: ignore[override]
-        prog, inputs, states, params, dense = call
-        need = ctx.needs_input_grad
-        save = any(need[1:])
-        outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save)
-        ctx.call = call
-        ctx.T = ix.shape[0]
-        ctx.kinds = [("input", k) for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)] + \
-            [("state", k) for k, v in enumerate(states) if isinstance(v, torch.Tensor)] + \
-            [("param", k) for k, v in enumerate(params) if isinstance(v, torch.Tensor)]
-        ctx.saved = saved
-        if save:
-            ctx.save_for_backward(w, S)
-        ctx.set_materialize_grads(False)
-        ctx.n_out = len(outs)
-        return (*outs, *fins)
-
-    @staticmethod
-    def backward(ctx, *grads):  # type: ignore[override]
-        prog, inputs, states, params, dense = ctx.call
-        w, S = ctx.saved_tensors
-        n_out = ctx.n_out
-        g_outs, g_fins = grads[:n_out], grads[n_out:]
-        need_t = ctx.needs_input_grad[4:]
-        need: dict[str, Any] = {"T": ctx.T, "inputs": [False] * len(inputs), "states": [False] * len(states),
-                                "params": [False] * len(params)}
-        for (kind, k), n in zip(ctx.kinds, need_t):
-            need[kind + "s"][k] = bool(n)
-        n_ix, n_w, n_s0 = ctx.needs_input_grad[1:4]
-        if all(g is None for g in grads):
-            return (None,) * (4 + len(need_t))
-        gI, g_in, g_st, g_pr = prog.backward(ctx.saved, w, g_outs, g_fins, need)
-        ctx.saved = None
-        H = w.shape[0]
-        gw = gs0 = None
-        if n_w:
-            prev = S[:-1].reshape(-1, H)
-            gflat = gI.reshape(-1, H)
-            gw = weight_grad(gflat, prev, prog.binary) if dense else (gflat * prev).sum(0)
-        if n_s0:
-            gs0 = gI[0].mm(w) if dense else gI[0] * w
-        by = {"input": g_in, "state": g_st, "param": g_pr}
-        rest = [by[kind][k] if n else None for (kind, k), n in zip(ctx.kinds, need_t)]
-        return (None, gI if n_ix else None, gw, gs0, *rest)
-
-
 def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """bfloat16 (hi, mid, lo) with hi + mid + lo == t (float32) up to 2^-24 |t|."""
     hi = t.to(torch.bfloat16)
@@ -128,15 +82,25 @@ def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 _MM32: list[bool] = []  # whether torch.mm(bf16, bf16, out_dtype=float32) runs here (CUDA, torch >= 2.8)
 
 
-def _bf16_products(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
-    """sum of a @ b over bfloat16 pairs, accumulated and returned in float32 (None where torch
-    cannot: then the caller multiplies in float32)."""
-    if _MM32 and not _MM32[0]:
+def _bf16_products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], init: torch.Tensor | None = None
+                   ) -> torch.Tensor | None:
+    """init + the sum of a @ b over bfloat16 pairs, accumulated and returned in float32 (each
+    product of bfloat16 values is exact); None where torch cannot (the caller then multiplies in
+    float32)."""
+    if _MM32 == [False]:
         return None
     try:
-        out = torch.mm(*pairs[0], out_dtype=torch.float32)
-        for a, b in pairs[1:]:
-            out += torch.mm(a, b, out_dtype=torch.float32)
+        out = None
+        if init is not None:
+            out = init.expand(pairs[0][0].shape[0], pairs[0][1].shape[1]).contiguous()
+        for a, b in pairs:
+            if out is None:
+                out = torch.mm(a, b, out_dtype=torch.float32)
+            else:
+                try:
+                    out = torch.addmm(out, a, b, out_dtype=torch.float32)
+                except (RuntimeError, TypeError):
+                    out += torch.mm(a, b, out_dtype=torch.float32)
     except (RuntimeError, TypeError, NotImplementedError):
         _MM32[:] = [False]
         return None
@@ -144,69 +108,132 @@ def _bf16_products(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tens
     return out
 
 
-def _fast(t: torch.Tensor) -> bool:
-    return t.is_cuda and t.dtype == torch.float32 and os.environ.get("FLEXDSL_RECURRENT_DW", "split") == "split"
+def fast_products(t: torch.Tensor) -> bool:
+    """Whether float32 products of spikes run as exact bfloat16 products here (CUDA, and not
+    turned off by FLEXDSL_RECURRENT_PRODUCTS=fp32)."""
+    return (t.is_cuda and t.dtype == torch.float32 and _MM32 != [False]
+            and os.environ.get("FLEXDSL_RECURRENT_PRODUCTS", "bf16") != "fp32")
 
 
-def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool) -> torch.Tensor:
+def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool, parts: torch.Tensor | None = None) -> torch.Tensor:
     """`g^T s` ([H, M] @ [M, K]: a weight's gradient over all steps at once). Where `s` is exact in
-    bfloat16 (spikes; `exact`) and on CUDA in float32: three bfloat16 products of the gradient's
-    parts (summing to it up to 2^-24) with float32 accumulation, each product exact, instead of
-    one float32 product (`FLEXDSL_RECURRENT_DW=fp32` keeps that)."""
-    if exact and _fast(g):
-        sb = s.to(torch.bfloat16)
-        hi, mid, lo = split3(g)
-        out = _bf16_products([(lo.t(), sb), (mid.t(), sb), (hi.t(), sb)])
+    bfloat16 (spikes; `exact`, then `s` may be given in bfloat16) and on CUDA in float32: three
+    bfloat16 products of the gradient's parts (`parts` [3, M, H] if the kernel wrote them, summing
+    to it up to 2^-24) with float32 accumulation, each product exact."""
+    if exact and fast_products(g):
+        sb = s if s.dtype == torch.bfloat16 else s.to(torch.bfloat16)
+        ps = list(parts) if parts is not None else split3(g)
+        out = _bf16_products([(p.t(), sb) for p in reversed(ps)])
         if out is not None:
             return out
-    return g.t().mm(s)
+    return g.t().mm(s.to(g.dtype))
 
 
-class _InputProduct(torch.autograd.Function):
-    """x W^T + b for an input exact in bfloat16 (spikes): W's three bfloat16 parts, three
-    products with float32 accumulation (each exact), as accurate as one float32 product."""
+def _exact_bf16(x: torch.Tensor) -> torch.Tensor | None:
+    """x in bfloat16 where that is exact (spikes, small integers), else None."""
+    xb = x.to(torch.bfloat16)
+    return xb if torch.equal(xb.float(), x) else None
 
-    @staticmethod
-    def forward(ctx, x2, xb, w, b):  # type: ignore[override]
-        parts = split3(w)
-        out = _bf16_products([(xb, p.t()) for p in reversed(parts)])
-        if b is not None:
-            out += b
-        ctx.save_for_backward(xb, w)
-        ctx.has_b = b is not None
-        return out
+
+class _Scan(torch.autograd.Function):
+    """The layer: the input product (when fused: an input exact in bfloat16 and W_in in three
+    bfloat16 parts, exact products) and the recurrent scan, with BPTT."""
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        xb, w = ctx.saved_tensors
-        gx = g.mm(w) if ctx.needs_input_grad[0] else None
-        gw = weight_grad(g, xb, True) if ctx.needs_input_grad[2] else None
-        gb = g.sum(0) if ctx.has_b and ctx.needs_input_grad[3] else None
-        return gx, None, gw, gb
+    def forward(ctx, call, x, w, s0, w_in, b, *tensors):  # type: ignore[override]
+        prog, inputs, states, params, dense, xb = call
+        if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
+            x2 = xb.reshape(-1, xb.shape[-1])
+            ix = _bf16_products([(x2, p.t()) for p in reversed(split3(w_in))], init=b)
+            ix = ix.reshape(*xb.shape[:-1], w_in.shape[0])
+        else:
+            ix = x
+        need = ctx.needs_input_grad
+        save = any(need[1:])
+        outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save)
+        ctx.call = call
+        ctx.T = ix.shape[0]
+        ctx.kinds = [("input", k) for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)] + \
+            [("state", k) for k, v in enumerate(states) if isinstance(v, torch.Tensor)] + \
+            [("param", k) for k, v in enumerate(params) if isinstance(v, torch.Tensor)]
+        ctx.saved = saved
+        ctx.fused = xb is not None
+        # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
+        ctx.s_exact = bool(prog.binary and dense and save and fast_products(w)
+                           and torch.equal(s0.to(torch.bfloat16).to(s0.dtype), s0))
+        if save:
+            ctx.save_for_backward(w, S, w_in if xb is not None else None)
+        ctx.xb = xb if save else None
+        ctx.set_materialize_grads(False)
+        ctx.n_out = len(outs)
+        return (*outs, *fins)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        prog, inputs, states, params, dense, _ = ctx.call
+        w, S, w_in = ctx.saved_tensors
+        n_out = ctx.n_out
+        g_outs, g_fins = grads[:n_out], grads[n_out:]
+        need_t = ctx.needs_input_grad[6:]
+        n_x, n_w, n_s0, n_win, n_b = ctx.needs_input_grad[1:6]
+        if all(g is None for g in grads):
+            return (None,) * (6 + len(need_t))
+        need: dict[str, Any] = {"T": ctx.T, "inputs": [False] * len(inputs), "states": [False] * len(states),
+                                "params": [False] * len(params),
+                                "parts": fast_products(w) and dense and prog.binary and (n_w or n_win)}
+        for (kind, k), n in zip(ctx.kinds, need_t):
+            need[kind + "s"][k] = bool(n)
+        gI, g_in, g_st, g_pr, extra = prog.backward(ctx.saved, w, g_outs, g_fins, need)
+        ctx.saved = None
+        parts, sb = extra.get("parts"), extra.get("sb")
+        H = w.shape[0]
+        gflat = gI.reshape(-1, H)
+        pflat = parts.reshape(3, -1, H) if parts is not None else None
+        gw = gs0 = gx = gwin = gb = None
+        if n_w:
+            if dense:
+                prev = (sb if sb is not None else S)[:-1].reshape(-1, H)
+                gw = weight_grad(gflat, prev, ctx.s_exact, pflat)
+            else:
+                gw = (gflat * S[:-1].reshape(-1, H)).sum(0)
+        if n_s0:
+            gs0 = gI[0].mm(w) if dense else gI[0] * w
+        if ctx.fused:
+            xb = ctx.xb
+            if n_win:
+                gwin = weight_grad(gflat, xb.reshape(-1, xb.shape[-1]), True, pflat)
+            if n_b:
+                gb = gflat.sum(0)
+            if n_x:
+                gx = gI.matmul(w_in)
+        elif n_x:
+            gx = gI
+        ctx.xb = None
+        by = {"input": g_in, "state": g_st, "param": g_pr}
+        rest = [by[kind][k] if n else None for (kind, k), n in zip(ctx.kinds, need_t)]
+        return (None, gx, gw, gs0, gwin, gb, *rest)
 
 
-def input_current(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """`x W^T + b` for every step at once (`F.linear`); on CUDA in float32 with an input that is
-    exact in bfloat16 (spikes, small integers), the exact bfloat16 products of `_InputProduct`."""
-    if _fast(x) and w.dtype == torch.float32 and _MM32 != [False] and not torch.is_autocast_enabled("cuda"):
-        xb = x.to(torch.bfloat16)
-        if torch.equal(xb.float(), x):
-            x2 = x.reshape(-1, x.shape[-1])
-            out = _InputProduct.apply(x2, xb.reshape(-1, x.shape[-1]), w, b)
-            if _MM32 == [True]:
-                return out.reshape(*x.shape[:-1], w.shape[0])
-    return torch.nn.functional.linear(x, w, b)
-
-
-def scan(prog: RecurrentProgram, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
-         states: Sequence[Any], params: Sequence[Any], dense: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: torch.Tensor | None,
+         w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any], states: Sequence[Any], params: Sequence[Any],
+         dense: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The layer's T steps with autograd: (outputs [T, B, H] each, final states [B, H] each).
-    `inputs` has None at the port (the other inputs are [T, B, H] tensors); states and params
-    are tensors or floats."""
+    `x` is the layer's input `[T, B, F]`, multiplied by `w_in` (`[H, F]`, or None: `x` is the
+    port's current) plus `b` before the loop; `inputs` has None at the port (the other inputs are
+    [T, B, H] tensors); states and params are tensors or floats."""
+    xb = None
+    if w_in is not None:
+        if (fast_products(x) and w_in.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
+                and not torch.is_autocast_enabled("cuda")):
+            xb = _exact_bf16(x)
+        if xb is None:
+            x, w_in, b = torch.nn.functional.linear(x, w_in, b), None, None
+    elif b is not None:
+        x, b = x + b, None
     tensors = [v for v in (*inputs, *states, *params) if isinstance(v, torch.Tensor)]
-    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense), ix, w, s0, *tensors)
+    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb), x, w, s0, w_in, b, *tensors)
     n_out = len(res) - len(states)
     return list(res[:n_out]), list(res[n_out:])
 
 
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan", "weight_grad", "input_current"]
+__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan", "weight_grad", "split3", "fast_products"]

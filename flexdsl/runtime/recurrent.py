@@ -275,20 +275,18 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                     raise self._input_error(f"the input is {xs.dtype} but the layer's weights are {p.dtype}",
                                             f"convert one of them: m.to({xs.dtype}) or x.to({p.dtype}) (or run "
                                             "under torch.autocast)")
-        # the port's current for every step: one product over all steps
-        if self.W_in is not None:
-            ix = scans.input_current(xs, self.W_in, self.bias)
-        else:
-            ix = xs + self.bias if self.bias is not None else xs
-        T = ix.shape[0]
-        batch = ix.shape[1:-1]
+        # the current's dtype: the input's, or autocast's (which the input product runs in)
+        dtype = xs.dtype
+        if autocast and self.W_in is not None:
+            dtype = torch.get_autocast_dtype(dev.type)
+        T = xs.shape[0]
+        batch = xs.shape[1:-1]
         H = self.hidden
         flat = math.prod(batch)
         step_shape = torch.Size((*batch, H))
-        ix = ix.reshape(T, flat, H)
-        if not ix.is_contiguous():
-            ix = ix.contiguous()
-        dtype = ix.dtype
+        x3 = xs.reshape(T, flat, xs.shape[-1])
+        if not x3.is_contiguous():
+            x3 = x3.contiguous()
         w = self.W_rec if self.mask is None else self.W_rec * self.mask.to(self.W_rec.dtype)
         if w.dtype != dtype:
             w = w.to(dtype)
@@ -313,7 +311,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         # the states
         fb = self._states["feedback"]
         if fb is None:
-            s0 = ix.new_zeros((flat, H))
+            s0 = torch.zeros((flat, H), dtype=dtype, device=dev)
         else:
             if fb.shape != step_shape or fb.device != dev:
                 raise view.error(f"`feedback` has shape {tuple(fb.shape)} on {fb.device} (from an earlier call), but "
@@ -321,14 +319,15 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                                  "call m.reset() (or spikingjelly's functional.reset_net) before a batch of another "
                                  "size")
             s0 = fb.reshape(flat, H).to(dtype)
-        states = view.states(ix, step_shape, flat)
+        like = torch.empty((), dtype=dtype, device=dev)
+        states = view.states(like, step_shape, flat)
         params = view.params(step_shape, flat, dev)
-        bname = self._backend_for(ix)
+        bname = self._backend_for(like)
         c = view.compiled
         outputs = [n for n, _ in ck.outputs]
-        prog = scans.program(c, bname, names.index(self.port), outputs.index(self.source),
-                                          self.connectivity == "all")
-        outs, fins = scans.scan(prog, ix, w, s0, inputs, states, params, self.connectivity == "all")
+        prog = scans.program(c, bname, names.index(self.port), outputs.index(self.source), self.connectivity == "all")
+        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params,
+                                self.connectivity == "all")
         if T:
             view.keep(fins, step_shape)
             self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape)

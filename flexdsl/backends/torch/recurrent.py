@@ -188,7 +188,7 @@ class TorchRecurrentProgram:
                 p = prm[i]
                 g = acc[k] if acc[k] is not None else torch.zeros((), dtype=p.dtype, device=dev)
                 g_pr[i] = (g.sum() if p.numel() == 1 else g.sum_to_size(p.shape)).reshape(p.shape).to(p.dtype)
-        return gI, g_in, g_st, g_pr
+        return gI, g_in, g_st, g_pr, {}
 
 
 def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> TorchRecurrentProgram:

@@ -14,8 +14,10 @@ bfloat16 tensor-core products give the float32 result; a float32 operand that is
 (the backward's gradients, a non-spike source) is split too (six products, error ~2^-24). With
 16-bit I/O, one product in that dtype with float32 accumulation.
 
-Launch heuristics (env): `FLEXDSL_RECURRENT_TILE=BMxBNxBK` (the tile), `FLEXDSL_RECURRENT_WARPS`,
-`FLEXDSL_RECURRENT_PROGRAMS` (at most the multiprocessor count).
+Launch heuristics (env): `FLEXDSL_RECURRENT_TILE=BMxBNxBK` (the tile), `FLEXDSL_RECURRENT_BK` (the
+product's K block), `FLEXDSL_RECURRENT_WARPS` (4), `FLEXDSL_RECURRENT_STAGES` (Triton's pipelining
+depth, 3), `FLEXDSL_RECURRENT_PROGRAMS` (at most the multiprocessor count);
+`FLEXDSL_RECURRENT_PRODUCTS=fp32` turns off the exact bfloat16 products of spikes outside the kernels.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tup
             if best is None or key < best[0]:
                 best = (key, bm, bn)
     bm, bn = (best[1], best[2]) if best is not None else (128, 128)
-    return bm, bn, 32 if max(bm, bn) >= 128 else 64
+    return bm, bn, int(os.environ.get("FLEXDSL_RECURRENT_BK") or 0) or (32 if max(bm, bn) >= 128 else 64)
 
 
 class TritonRecurrentProgram:
@@ -198,7 +200,8 @@ class TritonRecurrentProgram:
         bm, bn, bk = tile_shape(B, H, programs, a_bytes, 2 * split_w if dtype == torch.float32 else dtype.itemsize)
         tiles = (-(-B // bm)) * (-(-H // bn))
         nprog = max(1, min(programs, tiles))
-        return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS") or 0) or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+        return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS") or 0) or 4,
+                "num_stages": int(os.environ.get("FLEXDSL_RECURRENT_STAGES") or 0) or 3, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
                 "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
@@ -232,13 +235,13 @@ class TritonRecurrentProgram:
         K = len(self.abi.saved)
         sav = torch.empty((K, T, B, H), dtype=dtype, device=dev) if save and K else None
         xp = torch.empty((T, B, H), dtype=dtype, device=dev) if save and self.meta["port_reread"] else None
+        Sb = None
         if T and N:
             # the previous step's source as a product operand: spikes are exact in bfloat16 (the
             # initial one too, unless it was given other values)
             s0b = s0.to(torch.bfloat16) if self.dense and self.binary else None
             exact = s0b is not None and (dtype != torch.float32 or torch.equal(s0b.to(dtype), s0))
             shadow = exact and dtype == torch.float32 and not self.interpret
-            Sb = None
             if shadow:
                 Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
                 Sb[0] = s0b
@@ -262,13 +265,13 @@ class TritonRecurrentProgram:
             self.mod._rec_fwd_kernel[grid](**kw)
             LAUNCHES["rec_fwd"] += 1
         fins = [st[i].view(B, H).to(dtype) for i in range(len(self.states))]
-        saved = (sav, xp, params, B, H, dtype, [inputs[k] for k in range(len(self.inputs)) if k != self.port and
+        saved = (sav, xp, Sb, params, B, H, dtype, [inputs[k] for k in range(len(self.inputs)) if k != self.port and
                                    self.abi.name_of("in", self.inputs[k]) in self.meta["reread_others"]])
         return outs, fins, S, saved if save else None
 
     # ------------------------------------------------------------------ backward
     def backward(self, saved, w, g_outs, g_fins, need):
-        sav, xp, params, B, H, dtype, reread = saved
+        sav, xp, Sb, params, B, H, dtype, reread = saved
         T = need["T"]
         dev = w.device
         N = B * H
@@ -285,10 +288,13 @@ class TritonRecurrentProgram:
         n_learn = len(self.abi.learnable)
         gp = torch.zeros((max(n_learn, 1), N), dtype=torch.float32, device=dev)
         need_p = [bool(need["params"][i]) for i in self.learn_idx]
+        parts = (torch.empty((3, T, B, H), dtype=torch.bfloat16, device=dev)
+                 if need.get("parts") and dtype == torch.float32 and not self.interpret and T and N else None)
         if T and N:
             lay = self._layout(B, H, dev, dtype, dtype.itemsize)
             host, hv = self._host(params)
-            kw: dict[str, Any] = {"_gI": gI, "_W": self._weights(w, dtype, lay["_SPLIT_W"]), "_xp": xp, "_gst": gst,
+            kw: dict[str, Any] = {"_gI": gI, "_gIp": parts, "_PARTS": parts is not None,
+                                  "_W": self._weights(w, dtype, lay["_SPLIT_W"]), "_xp": xp, "_gst": gst,
                                   "_gp": gp, "_saved": sav, "_bar": torch.zeros(1, dtype=torch.int32, device=dev),
                                   "_B": B, "_H": H, "_T": T, "_HOST": host,
                                   "_SPLIT_A": 3 if dtype == torch.float32 else 1}
@@ -320,7 +326,7 @@ class TritonRecurrentProgram:
                 p = params[i]
                 g = gp[k].view(B, H)
                 g_pr[i] = (g.sum() if p.numel() == 1 else g.sum_to_size(p.shape)).reshape(p.shape).to(p.dtype)
-        return gI[:T], g_in, g_st, g_pr
+        return gI[:T], g_in, g_st, g_pr, {"parts": parts, "sb": Sb}
 
 
 def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> TritonRecurrentProgram:
