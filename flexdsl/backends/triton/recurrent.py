@@ -16,7 +16,7 @@ bfloat16 tensor-core products give the float32 result; a float32 operand that is
 
 Launch heuristics (env): `FLEXDSL_RECURRENT_TILE=BMxBNxBK` (the tile), `FLEXDSL_RECURRENT_BK` (the
 product's K block), `FLEXDSL_RECURRENT_WARPS` (4), `FLEXDSL_RECURRENT_STAGES` (Triton's pipelining
-depth, 3), `FLEXDSL_RECURRENT_PROGRAMS` (at most the multiprocessor count);
+depth, 4), `FLEXDSL_RECURRENT_PROGRAMS` (at most the multiprocessor count);
 `FLEXDSL_RECURRENT_PRODUCTS=fp32` turns off the exact bfloat16 products of spikes outside the kernels.
 """
 
@@ -201,7 +201,7 @@ class TritonRecurrentProgram:
         tiles = (-(-B // bm)) * (-(-H // bn))
         nprog = max(1, min(programs, tiles))
         return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS") or 0) or 4,
-                "num_stages": int(os.environ.get("FLEXDSL_RECURRENT_STAGES") or 0) or 3, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+                "num_stages": int(os.environ.get("FLEXDSL_RECURRENT_STAGES") or 0) or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
                 "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
