@@ -108,7 +108,7 @@ def _format_equations(c, backward: bool) -> str:
         lines.append(f"# integration: {step.method}" + (" (chosen automatically)" if step.method_auto else ""))
     lines.append(f"# inputs: {', '.join(s.name for s in step.inputs)}; states: {', '.join(s.name for s in step.states)}")
     if not backward:
-        lines += [f"# computed once per call from the params: {d.describe()}" for d in step.derived]
+        lines += [f"# computed once per call from the params: {d.describe()}" for d in step.matrix_exps]
         lines.append("# one step, in order (previous state values are the plain state names):")
         for y, e in step.assignments:
             lines.append(f"{y} = {sp.sstr(e)}")

@@ -447,9 +447,7 @@ def _next(name: str) -> str:
 def _where_text(c: Compiled, where: A.Compare | None) -> str:
     if where is None:
         return ""
-    from ..runtime.module import _source_of  # the constraint's text as written
-
-    return _source_of(c.text, where)
+    return A.constraint_text(c.text, where)  # the constraint's text as written
 
 
 def _surrogate_doc(c: Compiled, w: _Written, a: Math, b: Math) -> SurrogateDoc:

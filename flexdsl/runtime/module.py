@@ -22,8 +22,10 @@ from torch import nn
 from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
+from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate, holds
-from ..frontend.units import param_value
+from ..store.pipeline import unit_definition
+from . import display
 from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")
@@ -160,7 +162,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
 
     def _assign_param(self, name: str, value: Any) -> None:
         p = self._param_decls[name]
-        value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
+        value = param_value(self._compiled.checked, name, value, unit_definition)  # "20 ms": to the declared unit
         if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
             raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
                               p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
@@ -207,7 +209,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             if p.where is not None and not holds(p.where, env):
                 what = ", ".join(f"`{k} = {_show(v)}`" for k, v in changed.items())
                 raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
-                                  f"`{p.name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
+                                  f"`{p.name}` must satisfy: {A.constraint_text(self._compiled.text, p.where)}")
 
     def _param_list(self) -> list[Any]:
         """Every param's current value, in declaration order."""
@@ -226,8 +228,8 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         factor that overflows): a located error names the first that is not."""
         c = self._compiled
         with torch.no_grad():
-            vals = c.torch_module.invariants(*(v.detach() if isinstance(v, torch.Tensor) else v
-                                               for v in self._core_params()))
+            vals = c.check_values([v.detach() if isinstance(v, torch.Tensor) else v
+                                   for v in (getattr(self, name) for name in self._param_decls)])
         for name, v in vals.items():
             t = torch.as_tensor(v)
             stmt, _, den = name.partition("|")
@@ -606,14 +608,12 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         out, res = self._run(inputs, dict(state) if state else {}, False)
         return out, dict(zip(self._state_names, res.states))
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """Notebooks: the model's documentation, with this module's param values."""
-        from ..docs import render_html
+        return display.show("html", self)
 
-        return render_html(self, plots=False, sources=False, standalone=False)
-
-    def _repr_latex_(self) -> str:
-        return self._compiled._repr_latex_()
+    def _repr_latex_(self) -> str | None:
+        return display.show("latex", self)
 
     def extra_repr(self) -> str:
         c = self._compiled
@@ -635,7 +635,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for p in ck.params:
         if p.name in overrides:
-            v = param_value(ck, p.name, overrides[p.name])  # "20 ms": to the declared unit
+            v = param_value(ck, p.name, overrides[p.name], unit_definition)  # "20 ms": to the declared unit
             if isinstance(v, torch.Tensor):
                 if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
                     raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
@@ -661,7 +661,7 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
             what = "the override" if p.name in overrides else "the default"
             raise FlexDSLError(f"{what} `{p.name} = {_show(v)}` violates the constraint of `{p.name}`", c.filename,
                                p.where.pos.line, p.where.pos.column, c.text,
-                               f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}")
+                               f"`{p.name}` must satisfy: {A.constraint_text(c.text, p.where)}")
     return env
 
 
@@ -677,13 +677,3 @@ def _show(v: Any) -> str:
         return f"{float(v):g}"
     except (TypeError, ValueError):
         return repr(v)
-
-
-def _source_of(text: str, e: A.Compare) -> str:
-    line = text.split("\n")[e.pos.line - 1]
-    frag = line[e.pos.column - 1:]
-    for stop in (' "', " learnable"):
-        i = frag.find(stop)
-        if i >= 0:
-            frag = frag[:i]
-    return frag.strip()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...runtime import cache
+from ...store.generated import load_module
 from ..base import IR, Artefact, RunResult
 
 
@@ -22,7 +22,6 @@ class TorchProgram:
         self.module = module
         self.core = module.core
         self.n_outputs = len(meta["outputs"])
-        self.derived = list(meta.get("derived", ()))  # params computed by `module.derived_params`
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult:
@@ -86,7 +85,7 @@ class TorchBackend:
         return Artefact("torch", emit_core(step), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
-        return TorchProgram(cache.load_module("torch", key, artefact.source), artefact.meta)
+        return TorchProgram(load_module("torch", key, artefact.source), artefact.meta)
 
 
 __all__ = ["TorchBackend", "TorchProgram"]
