@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import torch
 
-from ..runtime import cache
 from . import get
 from .base import IR
 
@@ -58,7 +57,7 @@ _LOCK = threading.Lock()
 def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> RecurrentProgram:
     """The recurrent program of a compiled model on a backend (once per process)."""
     b = get(backend)
-    key = cache.key(f"{b.name}-recurrent", b.version(), ir.text, ir.filename, str(ir.detach_reset))
+    key = ir.cache_key(f"{b.name}-recurrent", b.version())
     k = (b.name, key, port, source, dense)
     p = _PROGRAMS.get(k)
     if p is None:

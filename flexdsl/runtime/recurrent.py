@@ -239,29 +239,64 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         view = self._view
         ck = view.compiled.checked
         names = [i.name for i in ck.inputs]
-        single = self.step_mode == "s"
         if len(others) != len(names) - 1:
             rest = [n for n in names if n != self.port]
             raise TypeError(f"this recurrent {ck.name} layer takes {len(rest) + 1} input"
                             f"{'s' if rest else ''}: x (into W_in, for `{self.port}`)"
                             + "".join(f", `{n}`" for n in rest) + f"; got {1 + len(others)}")
+        single = self.step_mode == "s"
+        xs = self._check_input(x, single)
+        dev = xs.device
+        dtype = self._check_weights(xs)
+        T, batch, H = xs.shape[0], xs.shape[1:-1], self.hidden
+        flat = math.prod(batch)
+        step_shape = torch.Size((*batch, H))
+        x3 = xs.reshape(T, flat, xs.shape[-1])
+        if not x3.is_contiguous():
+            x3 = x3.contiguous()
+        w = self.W_rec if self.mask is None else self.W_rec * self.mask.to(self.W_rec.dtype)
+        if w.dtype != dtype:
+            w = w.to(dtype)
+        inputs = self._other_inputs(others, names, single, (T, flat, H), step_shape, dtype, dev)
+        s0 = self._initial_feedback(step_shape, flat, dtype, dev)
+        like = torch.empty((), dtype=dtype, device=dev)
+        states = view.states(like, step_shape, flat)
+        params = view.params(step_shape, flat, dev)
+        outputs = [n for n, _ in ck.outputs]
+        dense = self.connectivity == "all"
+        prog = scans.program(view.compiled, self._backend_for(like), names.index(self.port),
+                             outputs.index(self.source), dense)
+        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense)
+        if T:
+            view.keep(fins, step_shape)
+            self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape)
+        res = [o.reshape(T, *step_shape) for o in outs]
+        if single:
+            res = [r[0] for r in res]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    def _check_input(self, x: Any, single: bool) -> torch.Tensor:
+        """The layer's input as [T, *batch, features], or a located error."""
         if not isinstance(x, torch.Tensor):
             raise self._input_error(f"the layer's input must be a torch.Tensor, not {type(x).__name__}",
                                     "e.g. torch.as_tensor(values, dtype=torch.float32)")
         if not x.is_floating_point():
             raise self._input_error(f"the layer's input has dtype {x.dtype}; it must be floating point",
                                     "pass x.float()")
-        feat = self.in_features if self.in_features is not None else self.hidden
-        need_dim = 1 if single else 2
-        if x.dim() < need_dim:
+        if x.dim() < (1 if single else 2):
             raise self._input_error(f"the layer's input must be {'[*batch, features]' if single else '[T, *batch, features]'}"
                                     f" in step_mode {self.step_mode!r}, got shape {tuple(x.shape)}",
                                     "use step_mode='s' for one step at a time" if not single else None)
+        feat = self.in_features if self.in_features is not None else self.hidden
         if x.shape[-1] != feat:
             what = f"in_features={feat}" if self.in_features is not None else f"hidden={feat} (no W_in)"
             raise self._input_error(f"the layer's input has {x.shape[-1]} features in its last dim, but the layer "
                                     f"was built with {what}", "the input is [T, *batch, in_features]")
-        xs = x.unsqueeze(0) if single else x
+        return x.unsqueeze(0) if single else x
+
+    def _check_weights(self, xs: torch.Tensor) -> torch.dtype:
+        """The weights' device and dtype against the input's; the dtype the neurons run in (the
+        input's, or autocast's, which the input product runs in)."""
         dev = xs.device
         weights = [p for p in (self.W_in, self.W_rec, self.bias) if p is not None]
         for p in weights:
@@ -275,22 +310,12 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                     raise self._input_error(f"the input is {xs.dtype} but the layer's weights are {p.dtype}",
                                             f"convert one of them: m.to({xs.dtype}) or x.to({p.dtype}) (or run "
                                             "under torch.autocast)")
-        # the current's dtype: the input's, or autocast's (which the input product runs in)
-        dtype = xs.dtype
-        if autocast and self.W_in is not None:
-            dtype = torch.get_autocast_dtype(dev.type)
-        T = xs.shape[0]
-        batch = xs.shape[1:-1]
-        H = self.hidden
-        flat = math.prod(batch)
-        step_shape = torch.Size((*batch, H))
-        x3 = xs.reshape(T, flat, xs.shape[-1])
-        if not x3.is_contiguous():
-            x3 = x3.contiguous()
-        w = self.W_rec if self.mask is None else self.W_rec * self.mask.to(self.W_rec.dtype)
-        if w.dtype != dtype:
-            w = w.to(dtype)
-        # the other inputs
+        return torch.get_autocast_dtype(dev.type) if autocast and self.W_in is not None else xs.dtype
+
+    def _other_inputs(self, others, names, single, shape3, step_shape, dtype, dev) -> list[Any]:
+        """The model's inputs other than the port, as [T, B, H] tensors (None at the port)."""
+        ck = self._view.compiled.checked
+        T, flat, H = shape3
         inputs: list[Any] = []
         it = iter(others)
         for n in names:
@@ -300,41 +325,27 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
             o = next(it)
             decl = next(i for i in ck.inputs if i.name == n)
             if not isinstance(o, torch.Tensor) or not o.is_floating_point():
-                raise view.error(f"input `{n}` must be a floating-point torch.Tensor", decl.pos)
+                raise self._view.error(f"input `{n}` must be a floating-point torch.Tensor", decl.pos)
             o = o.unsqueeze(0) if single else o
             try:
                 o = o.to(device=dev, dtype=dtype).expand(T, *step_shape)
             except RuntimeError:
-                raise view.error(f"input `{n}` has shape {tuple(o.shape)}, which does not broadcast to "
-                                 f"{(T, *step_shape)} ([T, *batch, hidden])", decl.pos) from None
+                raise self._view.error(f"input `{n}` has shape {tuple(o.shape)}, which does not broadcast to "
+                                       f"{(T, *step_shape)} ([T, *batch, hidden])", decl.pos) from None
             inputs.append(o.reshape(T, flat, H))
-        # the states
+        return inputs
+
+    def _initial_feedback(self, step_shape, flat, dtype, dev) -> torch.Tensor:
+        """The source's value before this call's first step: kept, given, or zeros."""
         fb = self._states["feedback"]
         if fb is None:
-            s0 = torch.zeros((flat, H), dtype=dtype, device=dev)
-        else:
-            if fb.shape != step_shape or fb.device != dev:
-                raise view.error(f"`feedback` has shape {tuple(fb.shape)} on {fb.device} (from an earlier call), but "
-                                 f"this input's step shape is {tuple(step_shape)} on {dev}", None,
-                                 "call m.reset() (or spikingjelly's functional.reset_net) before a batch of another "
-                                 "size")
-            s0 = fb.reshape(flat, H).to(dtype)
-        like = torch.empty((), dtype=dtype, device=dev)
-        states = view.states(like, step_shape, flat)
-        params = view.params(step_shape, flat, dev)
-        bname = self._backend_for(like)
-        c = view.compiled
-        outputs = [n for n, _ in ck.outputs]
-        prog = scans.program(c, bname, names.index(self.port), outputs.index(self.source), self.connectivity == "all")
-        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params,
-                                self.connectivity == "all")
-        if T:
-            view.keep(fins, step_shape)
-            self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape)
-        res = [o.reshape(T, *step_shape) for o in outs]
-        if single:
-            res = [r[0] for r in res]
-        return res[0] if len(res) == 1 else tuple(res)
+            return torch.zeros((flat, self.hidden), dtype=dtype, device=dev)
+        if fb.shape != step_shape or fb.device != dev:
+            raise self._view.error(f"`feedback` has shape {tuple(fb.shape)} on {fb.device} (from an earlier call, or "
+                                   f"as given), but this input's step shape is {tuple(step_shape)} on {dev}", None,
+                                   "call m.reset() (or spikingjelly's functional.reset_net) before a batch of "
+                                   "another size")
+        return fb.reshape(flat, self.hidden).to(dtype)
 
     def _backend_for(self, ix: torch.Tensor) -> str:
         if self.backend != "auto":

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from ...runtime import cache
+from ...store import cache
+from ...store.generated import load_module
 from ..base import IR
-from ..printing import lhs_rhs_lines
+from ..printer import lhs_rhs_lines
 from .emit import TorchPrinter, header
 
 
@@ -193,7 +194,7 @@ class TorchRecurrentProgram:
 
 def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> TorchRecurrentProgram:
     art = cache.get_or_make(key, lambda: cache.Artefact("torchrec", *emit_recurrent(ir)))
-    return TorchRecurrentProgram(cache.load_module("torchrec", key, art.source), art.meta, port, source, dense)
+    return TorchRecurrentProgram(load_module("torchrec", key, art.source), art.meta, port, source, dense)
 
 
 __all__ = ["emit_recurrent", "TorchRecurrentProgram", "load_recurrent"]

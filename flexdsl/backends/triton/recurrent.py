@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ...runtime import cache
+from ...store import cache
+from ...store.generated import load_module
 from ..base import IR
 from ..naming import ident
 from ..recurrent import split3
@@ -332,7 +333,7 @@ class TritonRecurrentProgram:
 def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> TritonRecurrentProgram:
     k = cache.key(key, str(port), str(source))
     art = cache.get_or_make(k, lambda: cache.Artefact("tritonrec", *emit_recurrent(ir, port, source)))
-    return TritonRecurrentProgram(cache.load_module("tritonrec", k, art.source), art.meta, port, source, dense)
+    return TritonRecurrentProgram(load_module("tritonrec", k, art.source), art.meta, port, source, dense)
 
 
 __all__ = ["emit_recurrent", "TritonRecurrentProgram", "load_recurrent", "tile_shape"]
