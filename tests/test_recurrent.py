@@ -506,3 +506,97 @@ def test_spike_inputs_take_exact_bfloat16_products(monkeypatch):
     calls.clear()
     run(torch.rand(10, 3, 6))  # not exact in bfloat16: the float32 product
     assert calls == [3]  # only dW_rec, of the spikes
+
+
+# ----------------------------------------------------------------------------- NIR
+def test_snntorch_rleaky_nir_graph_loads_as_one_compiled_layer():
+    """snnTorch exports RLeaky as a LIF node and its recurrent Affine in a cycle; flexdsl.nir.load
+    makes the pair one recurrent layer (no step-by-step execution) with snnTorch's spikes."""
+    pytest.importorskip("nir")
+    snn = pytest.importorskip("snntorch")
+    from snntorch import utils as snn_utils
+    from snntorch.export_nir import export_to_nir
+
+    from flexdsl.runtime.recurrent import RecurrentModule
+
+    torch.manual_seed(14)
+    net = nn.Sequential(nn.Linear(5, 6), snn.RLeaky(beta=torch.full((6,), 0.5), threshold=torch.ones(6),
+                                                     init_hidden=True, reset_mechanism="zero", reset_delay=False,
+                                                     linear_features=6, output=True))
+    with torch.no_grad():
+        net[0].weight.mul_(4.0)
+        net[0].bias.add_(0.3)
+        net[1].recurrent.weight.mul_(2.0)
+    x = torch.rand(40, 2, 5) * 3
+    with warnings_off():
+        g = export_to_nir(net, x[0, 0])
+    mine = flexdsl.nir.load(g, dt=1e-4)
+    assert mine.recurrent and not mine.stepwise
+    layers = [m for m in mine.nodes.values() if isinstance(m, RecurrentModule)]
+    assert len(layers) == 1 and layers[0].connectivity == "all" and layers[0].bias is not None
+    assert any("recurrent through" in k for k in mine.node_kinds.values())
+    snn_utils.reset(net)
+    with torch.no_grad():
+        ref = torch.stack([net(x[t])[0] for t in range(x.shape[0])])
+        out = mine(x)
+    assert ref.sum() > 10
+    assert torch.equal(out, ref)
+    # one step per call: the same, the layer's states kept between calls
+    stepwise = flexdsl.nir.load(g, dt=1e-4, step_mode="s")
+    with torch.no_grad():
+        assert torch.equal(torch.stack([stepwise(x[t]) for t in range(x.shape[0])]), ref)
+
+
+def warnings_off():
+    import contextlib
+    import io
+    import warnings
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    return stack
+
+
+@pytest.mark.parametrize("opts", [{}, {"mask": torch.rand(6, 6) > 0.4}, {"connectivity": "one_to_one"},
+                                  {"bias": False}])
+def test_recurrent_layer_exports_a_cycle_and_loads_back(tmp_path, opts):
+    nir = pytest.importorskip("nir")
+    from flexdsl.runtime.recurrent import RecurrentModule
+
+    torch.manual_seed(15)
+    net = nn.Sequential(flexdsl.recurrent("lif", 5, 6, tau=4.0, **opts), nn.Linear(6, 3))
+    with torch.no_grad():
+        net[0].W_in.mul_(6.0)
+        net[0].W_rec.mul_(3.0)
+    x = torch.rand(30, 2, 5)
+    g = flexdsl.nir.export(net, x, dt=1e-3)
+    kinds = {k: type(v).__name__ for k, v in g.nodes.items()}
+    rec = next(k for k in kinds if k.endswith("_rec"))
+    neuron = next(k for k, v in kinds.items() if v == "LIF")
+    assert (neuron, rec) in g.edges and (rec, neuron) in g.edges  # the cycle
+    assert kinds[rec] == ("Scale" if opts.get("connectivity") else "Linear")
+    nir.write(str(tmp_path / "rnn.nir"), g)
+    back = flexdsl.nir.load(str(tmp_path / "rnn.nir"))
+    assert back.recurrent and not back.stepwise
+    assert any(isinstance(m, RecurrentModule) for m in back.nodes.values())
+    net[0].reset()
+    with torch.no_grad():
+        ref = net(x)
+        assert net[0](x).sum() > 10
+        net[0].reset()
+        assert torch.equal(back(x), ref)
+    # and once more from the loaded network
+    g2 = flexdsl.nir.export(back, x, dt=1e-3)
+    back.reset()
+    again = flexdsl.nir.load(g2)
+    with torch.no_grad():
+        assert torch.equal(again(x), ref)
+
+
+def test_a_layer_fed_back_from_another_output_has_no_nir_form():
+    pytest.importorskip("nir")
+    m = flexdsl.recurrent("li", 3, 4)  # a leaky integrator: its output is its state, not a spike
+    with pytest.raises(FlexDSLError, match="feeds back `v`; NIR neurons output their spikes"):
+        flexdsl.nir.export(nn.Sequential(m, nn.Linear(4, 2)), torch.rand(5, 2, 3), dt=1e-3)

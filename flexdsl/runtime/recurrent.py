@@ -187,6 +187,21 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                 b = 1 / math.sqrt(self.in_features if self.in_features is not None else self.hidden)
                 self.bias.uniform_(-b, b)
 
+    @property
+    def step_mode(self) -> str:
+        return self.__dict__.get("_step_mode", "m")
+
+    @step_mode.setter
+    def step_mode(self, value: str) -> None:
+        """'m' ([T, *batch, features] per call) or 's' (one step per call); the neuron follows
+        (so that SpikingJelly's set_step_mode and NIR export see one mode)."""
+        if value not in STEP_MODES:
+            raise self._view.error(f"step_mode must be 's' or 'm', not {value!r}")
+        self.__dict__["_step_mode"] = value
+        neuron = self._modules.get("neuron")
+        if neuron is not None:
+            neuron.step_mode = value
+
     # ------------------------------------------------------------------ states
     def __getattr__(self, name: str) -> Any:
         st = self.__dict__.get("_states")
