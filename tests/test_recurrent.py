@@ -600,3 +600,44 @@ def test_a_layer_fed_back_from_another_output_has_no_nir_form():
     m = flexdsl.recurrent("li", 3, 4)  # a leaky integrator: its output is its state, not a spike
     with pytest.raises(FlexDSLError, match="feeds back `v`; NIR neurons output their spikes"):
         flexdsl.nir.export(nn.Sequential(m, nn.Linear(4, 2)), torch.rand(5, 2, 3), dt=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_empty_sequences_batches_and_several_batch_dims(backend):
+    torch.manual_seed(16)
+    m = flexdsl.recurrent("lif", 3, 4, backend=backend)
+    with torch.no_grad():
+        m.W_in.mul_(8.0)
+    x = torch.rand(0, 2, 3, requires_grad=True)
+    y = m(x)
+    y.sum().backward()
+    assert y.shape == (0, 2, 4) and x.grad.shape == x.shape and m.feedback is None
+    y = m(torch.rand(5, 0, 3))
+    assert y.shape == (5, 0, 4)
+    m.reset()
+    x4 = torch.rand(3, 5, 2, 4).permute(1, 0, 2, 3)[..., :3]  # [T=5, 3, 2, 3], not contiguous
+    y4 = m(x4)
+    assert y4.shape == (5, 3, 2, 4) and m.neuron.v.shape == (3, 2, 4) and y4.sum() > 0
+    m.reset()
+    flat = m(x4.reshape(5, 6, 3))  # the batch dims are independent rows
+    assert torch.equal(flat.reshape(5, 3, 2, 4), y4)
+
+
+def test_second_derivatives_are_an_error_not_zeros():
+    m = flexdsl.recurrent("lif", 3, 4)
+    x = torch.rand(6, 2, 3, requires_grad=True)
+    with pytest.raises(FlexDSLError, match="second derivatives through a recurrent layer"):
+        torch.autograd.grad(m(x).sum(), x, create_graph=True)
+
+
+def test_bench_smoke_runs_on_the_cpu():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench" / "recurrent_gpu.py"), "--smoke", "--models", "lif",
+                        "--modes", "train", "--dtypes", "fp32"], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "lif  fp32 train H=   16 T=   4 B=   2  hand" in r.stdout and "flexdsl" in r.stdout

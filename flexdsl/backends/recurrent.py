@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..errors import FlexDSLError
 from . import get
 from .base import IR
 
@@ -169,6 +170,10 @@ class _Scan(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: the derived backward is first order
+            raise FlexDSLError("second derivatives through a recurrent layer are not available: its backward is the "
+                               "model's derived first-order backward", "<flexdsl.recurrent>",
+                               hint="differentiate once (without create_graph=True)")
         prog, inputs, states, params, dense, _ = ctx.call
         w, S, w_in = ctx.saved_tensors
         n_out = ctx.n_out
