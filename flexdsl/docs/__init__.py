@@ -1,4 +1,5 @@
-"""Documentation generated from the equations.
+"""Documentation generated from the equations. Takes a compiled model (or a loaded module);
+gives pages (HTML, Markdown), LaTeX and plots.
 
     flexdsl.docs.render_html(model)        # a page: tables, MathML equations, derived step and backward,
     flexdsl.docs.render_markdown(model)    #   plots, generated code (images embedded, or written to `outdir`)

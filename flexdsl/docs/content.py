@@ -1,5 +1,5 @@
 """What a model's documentation says, gathered once from the compiled stages and rendered by
-`html.py`, `markdown.py` and the notebook hooks.
+`htmlpage.py`, `mdpage.py`, `latexdoc.py` and the notebook display.
 
 `describe(c)` reads the checked AST (`c.checked`: declarations, the docstring, the equations as
 written — before any conversion to base units, `c.checked.written` in a model with units —,

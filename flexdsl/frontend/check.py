@@ -8,6 +8,7 @@ validated). Every violation is a located FlexDSLError.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
@@ -325,22 +326,37 @@ class _Checker:
     def check_defaults(self, params: list[A.Param], states: list[A.State]) -> None:
         """Evaluate every default in order and check its `where` constraint; evaluate the
         states' initial values with the defaults."""
-        from .evaluate import evaluate, holds
+        from .evaluate import evaluate, holds, reason
 
         env: dict[str, float] = {}
         for p in params:
             try:
                 env[p.name] = float(evaluate(p.default, env))
             except (ArithmeticError, ValueError) as e:
-                raise self.err(f"the default of `{p.name}` cannot be evaluated: {e}", p.default.pos) from None
-            if p.where is not None and not holds(p.where, env):
+                raise self.err(f"the default of `{p.name}` cannot be evaluated: {reason(e)}", p.default.pos) from None
+            if not math.isfinite(env[p.name]):
+                raise self.err(f"the default of `{p.name}` is {env[p.name]}: params are finite numbers",
+                               p.default.pos, "an overflow (or a NaN) among the constants and params it is "
+                                              "computed from")
+            if p.where is None:
+                continue
+            try:
+                ok = holds(p.where, env)
+            except (ArithmeticError, ValueError) as e:
+                shown = ", ".join(f"{k} = {v:g}" for k, v in env.items() if k in _names_in(p.where))
+                raise self.err(f"the constraint of `{p.name}` cannot be evaluated with the defaults ({shown}): "
+                               f"{reason(e)}", p.where.pos, "a constraint must be defined for the values it "
+                                                            "accepts; e.g. write `k * (tau - 2) < 1` with "
+                                                            "`tau > 2`") from None
+            if not ok:
                 raise self.err(f"the default `{p.name} = {env[p.name]:g}` violates the constraint of `{p.name}`",
                                p.where.pos, f"`{p.name}` must satisfy the `where` condition, or change the default")
         for s in states:
             try:
                 float(evaluate(s.init, env))
             except (ArithmeticError, ValueError) as e:
-                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {e}", s.init.pos) from None
+                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {reason(e)}",
+                               s.init.pos) from None
 
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
         use = spike.surrogate
@@ -451,6 +467,10 @@ def check(neuron: A.Neuron, definitions: DefinitionStore | None = None) -> Check
     """Validate a parsed model; raises FlexDSLError at the first problem. `definitions`: where
     the definitions of the units a model writes are kept (see `dims.unit`)."""
     return _Checker(neuron, definitions).run()
+
+
+def _names_in(e: A.Expr) -> set[str]:
+    return {n.id for n in A.nodes(e) if isinstance(n, A.Name)}
 
 
 __all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS"]

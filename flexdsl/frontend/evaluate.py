@@ -66,10 +66,23 @@ def evaluate(e: A.Expr, env: Mapping[str, Value]) -> Value:
 
 
 def holds(cond: A.Compare, env: Mapping[str, Value]) -> bool:
+    """Whether a `where` constraint holds; raises ArithmeticError or ValueError where it cannot
+    be evaluated (every caller reports that as a located error: `reason` words it)."""
     r = evaluate(cond, env)
     if _is_tensor(r):
         return bool(r.all())
     return bool(r)
+
+
+def reason(e: BaseException) -> str:
+    """Why a numeric evaluation failed, in words."""
+    if isinstance(e, ZeroDivisionError):
+        return "a division by zero"
+    if isinstance(e, OverflowError):
+        return "a value too large for a float"
+    if str(e) == "math domain error":
+        return "a function outside its domain (e.g. the log or square root of a negative number)"
+    return str(e) or type(e).__name__
 
 
 # ---------------------------------------------------------------------------------- host expressions

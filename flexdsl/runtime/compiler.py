@@ -10,6 +10,7 @@ through the display registry (`runtime/display.py`) that `flexdsl.docs` fills.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -42,7 +43,7 @@ class Compiled(IR):
         super().__init__(text, filename, detach_reset)
         self._programs: dict[str, Program] = {}
         self._lock = threading.Lock()
-        self._derived_cache: dict[tuple[float, ...], list[float]] = {}
+        self._derived_cache: dict[bytes, list[float]] = {}
 
     # ------------------------------------------------------------------ backends
     def key(self, backend: Backend) -> str:
@@ -84,11 +85,12 @@ class Compiled(IR):
 
         tensors = [p for p in params if isinstance(p, torch.Tensor)]
         if not tensors and not torch.compiler.is_compiling():  # (a trace keeps tensors, and no cache)
-            key = tuple(float(p) for p in params)
+            floats = [float(p) for p in params]
+            key = struct.pack(f"{len(floats)}d", *floats)  # (the bits: 0.0 and -0.0 are different keys)
             hit = self._derived_cache.get(key)
             if hit is None:
                 with torch.no_grad():
-                    vals = derived_values(self.host, key)
+                    vals = derived_values(self.host, floats)
                 hit = [float(v) for v in vals]
                 if len(self._derived_cache) > 64:
                     self._derived_cache.clear()

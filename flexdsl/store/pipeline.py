@@ -86,9 +86,9 @@ class IR:
     @cached_property
     def schedule(self) -> Schedule:
         """Hoisting and the save/recompute plan, shared by the backends."""
-        from ..ir.schedule import plan
+        from ..ir.schedule import make_schedule
 
-        return plan(self.step, self.backward, self.hoisted)
+        return make_schedule(self.step, self.backward, self.hoisted)
 
     @cached_property
     def host(self) -> HostProgram:

@@ -3,7 +3,7 @@ save, built once from the schedule and read by both the emitter (signatures, tem
 the launcher (argument lists), so neither rebuilds the other's conventions by position.
 
 Every argument is an `Arg`: its identifier in the kernel (from the naming scheme,
-`names.derived(role, name)`), its role, the model or SSA name it belongs to, and whether it
+`naming.tagged(role, name)`), its role, the model or SSA name it belongs to, and whether it
 is a `tl.constexpr`. The launcher fills a value per (role, of) and passes `args` in order.
 
 Roles of `fwd` (inference and training forward):
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..naming import derived
+from ..naming import tagged
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ _FIXED = {"saved": "_saved", "N": "_N", "T": "_T", "host": "_HOST", "store_seqs"
 
 
 def arg(role: str, of: str = "", constexpr: bool = False) -> Arg:
-    return Arg(derived(role, of) if of else _FIXED[role], role, of, constexpr)
+    return Arg(tagged(role, of) if of else _FIXED[role], role, of, constexpr)
 
 
 @dataclass

@@ -20,6 +20,7 @@ T is a runtime loop bound and N a runtime size: a new T or shape compiles nothin
 from __future__ import annotations
 
 import os
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from types import ModuleType
@@ -28,7 +29,8 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import RunResult
+from ...settings import env_choice, env_int
+from ..base import RunResult, transformed
 from .abi import KernelABI
 
 # kernel launches by kind ("fwd", "bwd"): lets tests check that the Triton path really ran
@@ -87,7 +89,7 @@ class _Kernel:
         self.constexpr = [a.constexpr for a in args]
         self.warps = warps
         self.cache: dict = {}
-        self.fast = os.environ.get("FLEXDSL_TRITON_FAST_LAUNCH", "1") == "1"
+        self.fast = env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
 
     def launch(self, grid: tuple[int], values: dict[str, list], key: tuple, device: torch.device) -> None:
         """Launch with the arguments in ABI order. `key` must determine Triton's specialization
@@ -117,14 +119,20 @@ class _Kernel:
             self.fn[grid](*full, num_warps=self.warps)
 
 
+def _bits(vals: Sequence[float]) -> bytes:
+    """Floats as a cache key: their bits (0.0 and -0.0 differ, a NaN equals itself), so that a
+    key always determines what the cached value was computed from."""
+    return struct.pack(f"{len(vals)}d", *vals)
+
+
 def _spec(t: Any) -> Any:
     """What Triton specializes a non-constexpr argument on."""
     if t is None:
         return None
     if type(t) is float:
         return 0
-    if type(t) is int:
-        return (t == 1, t % 16 == 0)
+    if type(t) is int:  # (Triton passes ints beyond 32 bits as i64: another kernel)
+        return (t == 1, t % 16 == 0, -0x80000000 <= t <= 0x7FFFFFFF)
     return (t.dtype, t.data_ptr() % 16 == 0)
 
 
@@ -138,9 +146,12 @@ class _Plan:
     def __init__(self, kernel: _Kernel, values: dict[str, list], per_call: tuple[str, ...], grid: tuple[int],
                  key: tuple) -> None:
         self.kernel, self.grid, self.key = kernel, grid, key
-        where = {id(t): (kind, i) for kind in per_call for i, t in enumerate(values[kind]) if t is not None}
         self.full = [values[r][i] for r, i in kernel.index]
-        self.slots = [(j, *where[id(a)]) for j, a in enumerate(self.full) if a is not None and id(a) in where]
+        # each slot by its ABI role and index, never by the tensor's identity: one tensor may fill
+        # two slots of the call that records the plan (m(a, a), one gradient for two outputs) and
+        # two different tensors in a later call
+        self.slots = [(j, r, i) for j, (r, i) in enumerate(kernel.index)
+                      if r in per_call and self.full[j] is not None]
         for j, _, _ in self.slots:
             self.full[j] = None
 
@@ -152,6 +163,8 @@ class _Plan:
 
 
 class TritonProgram:
+    computes_in = torch.float32  # whatever the I/O dtype: the precision params and states are used in
+
     def __init__(self, module: ModuleType, abi: KernelABI, key: str) -> None:
         self.mod = module
         self.abi = abi
@@ -168,19 +181,19 @@ class TritonProgram:
         # ~8 lanes per thread for small models, fewer for big ones (whose registers would spill);
         # the kernels' argument count (params, states, saved values...) measures the size
         big = len(abi.fwd) + len(abi.bwd) >= 84
-        self.block = int(os.environ.get("FLEXDSL_TRITON_BLOCK", 0)) or (256 if big else 1024)
+        self.block = env_int("FLEXDSL_TRITON_BLOCK") or (256 if big else 1024)
         # the recompute backward keeps a chunk's values in registers: fewer lanes per program, the
         # fewer the more it keeps (measured on an H100: LIF best at 128 lanes of 2 warps, Izhikevich at 64)
         kept = (len(abi.saved) + len(abi.reread)) * abi.chunk
-        self.block_rc = int(os.environ.get("FLEXDSL_TRITON_BLOCK_RC", 0)) or (128 if kept <= 8 else 64)
-        warps = int(os.environ.get("FLEXDSL_TRITON_WARPS", 0)) or 4
+        self.block_rc = env_int("FLEXDSL_TRITON_BLOCK_RC") or (128 if kept <= 8 else 64)
+        warps = env_int("FLEXDSL_TRITON_WARPS") or 4
         self.k_fwd = _Kernel(module.fwd_kernel, abi.fwd, warps)
         self.k_bwd = _Kernel(module.bwd_kernel, abi.bwd, warps)
         self.k_bwd_rc = _Kernel(module.bwd_rc_kernel, abi.bwd_rc,
-                                int(os.environ.get("FLEXDSL_TRITON_WARPS_RC", 0)) or 2)
+                                env_int("FLEXDSL_TRITON_WARPS_RC") or 2)
         # "save" or "recompute" per I/O element size (4 or 2 bytes): the schedule's choice, or
         # FLEXDSL_TRITON_TRAINING for both
-        forced = os.environ.get("FLEXDSL_TRITON_TRAINING", "")
+        forced = env_choice("FLEXDSL_TRITON_TRAINING")
         self.plans = {4: forced or abi.training, 2: forced or abi.training16}
         self._host_cache: dict = {}
         self._plans: dict[tuple, _Plan] = {}
@@ -231,7 +244,7 @@ class TritonProgram:
         torch path computes them), else (False, {}): the kernel computes them."""
         if not self.has_hoisted or any(p is not None for p in params):
             return False, {}
-        key = tuple(param_vals)
+        key = _bits(param_vals)
         hit = self._host_cache.get(key)
         if hit is None:
             try:
@@ -309,7 +322,7 @@ class TritonProgram:
         if not any(t is not None for t in (*states, *params)) and all(
                 x.is_contiguous() and x.data_ptr() % 16 == 0 for x in inputs):
             sig = (T, N, dtype, dev, store_seqs, sav is not None, ckpt is not None, self.block, self.k_fwd.warps,
-                   *state_vals, *param_vals, *(x.dtype for x in inputs))
+                   _bits(state_vals), _bits(param_vals), *(x.dtype for x in inputs))
             plan = self._plans.get(sig)
             if plan is not None:
                 plan.launch({"in": inputs, "out": outs, "fin": fins, "seq": seqs, "saved": [sav], "ckpt": [ckpt]},
@@ -330,7 +343,7 @@ class TritonProgram:
                     inits.append(float(v))
                     initmodes.append(0)
                 else:
-                    inits.append(s.to(dev).expand(shape).reshape(N))
+                    inits.append(s.to(dev).expand(shape).reshape(N).contiguous())
                     initmodes.append(2)
         else:
             inits, initmodes = state_vals, self._float_initmodes
@@ -404,7 +417,7 @@ class TritonProgram:
                 t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (*reread, *g_outs, *g_seqs, *g_fins)
                 if t is not None):
             sig = ("bwd", T, N, dtype, dev, recompute, self.block_rc if recompute else self.block,
-                   (self.k_bwd_rc if recompute else self.k_bwd).warps, *need, *param_vals, *state_vals,
+                   (self.k_bwd_rc if recompute else self.k_bwd).warps, *need, _bits(param_vals), _bits(state_vals),
                    *(x.dtype for x in reread),
                    *((None if g is None else g.dtype) for g in (*g_outs, *g_seqs, *g_fins)),
                    None if saved is None else saved.dtype)
@@ -426,7 +439,8 @@ class TritonProgram:
                 x2 = x2.contiguous()
             xs[i], strides[i] = x2, N if x2 is x else x2.stride(0)
         pargs, modes = self._params(params, param_vals, shape, N, dev)
-        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N) for s, v in zip(states, state_vals)]
+        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N).contiguous()
+                 for s, v in zip(states, state_vals)]
         initmodes = [0 if s is None else 2 for s in states]
 
         def flat(g, lead):
@@ -513,6 +527,9 @@ class TritonProgram:
             _setup(tm, ctx, *inputs, output)
 
         def backward(ctx, grads):
+            if not torch.compiler.is_compiling():
+                _first_order_only(tm)
+
             def run(reread, sav, params, states, g_outs, g_seqs, g_fins, need):
                 return bwd(reread, sav, [p for p in params if p is not None], ctx.param_vals,
                            [p is not None for p in params], g_outs, g_seqs, g_fins, need, ctx.T, list(ctx.shape),
@@ -539,6 +556,12 @@ class TritonProgram:
         if x0.dtype not in _DTYPES:
             raise FlexDSLError(f"the Triton kernels take float32, float16 or bfloat16 inputs, not {x0.dtype}",
                                self.abi.name, hint="use backend='torch' for float64")
+        if not torch.compiler.is_compiling() and any(
+                transformed(t) for t in (*inputs, *states, *params) if isinstance(t, torch.Tensor)):
+            raise FlexDSLError("torch.func transforms (grad, vmap, jacrev, jvp, functional_call with them...) do "
+                               f"not go through the Triton kernels of {self.name}", self.abi.name,
+                               hint="use backend='torch' for this model (backend='auto' picks it for inputs under a "
+                                    "transform)")
         if len(inputs) > 1:
             full = (x0.shape[0], *torch.broadcast_shapes(*(x.shape[1:] for x in inputs)))
             xs = [x if x.shape == full else x.expand(full) for x in inputs]
@@ -586,8 +609,6 @@ class TritonProgram:
 
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def _setup(tm, ctx, xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, output):
     """What the backward needs (the custom op's setup_context)."""
     n_st = len(tm.states)
@@ -659,6 +680,16 @@ def _backward(tm, ctx, grads, run):
             [g for g, none in zip(g_pr, ctx.pr_none) if not none])
 
 
+def _first_order_only(tm) -> None:
+    """The backward kernel's gradients are not differentiable: under create_graph=True (grad
+    mode on in a backward) they would silently act as constants, and second-order gradients
+    through the kernels would be zero."""
+    if torch.is_grad_enabled():
+        raise FlexDSLError("second-order gradients (create_graph=True) cannot go through the Triton kernels of "
+                           f"{tm.name}: their backward is a kernel, and its results are not differentiable",
+                           tm.abi.name, hint="use backend='torch' for this model (its backward is differentiable)")
+
+
 class _Eager(torch.autograd.Function):
     """The eager path: the same kernels without the dispatcher's per-call cost of custom ops."""
 
@@ -676,6 +707,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         tm = ctx.tm
+        _first_order_only(tm)
 
         def run(reread, sav, params, states, g_outs, g_seqs, g_fins, need):
             return tm._bwd(reread, sav, params, ctx.param_vals, g_outs, g_seqs, g_fins, need, ctx.T, ctx.shape,
