@@ -641,3 +641,14 @@ def test_bench_smoke_runs_on_the_cpu():
                        env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "lif  fp32 train H=   16 T=   4 B=   2  hand" in r.stdout and "flexdsl" in r.stdout
+
+
+@needs_triton
+@pytest.mark.parametrize("name, value", [("FLEXDSL_RECURRENT_TILE", "3x3"), ("FLEXDSL_RECURRENT_TILE", "8x32x32"),
+                                         ("FLEXDSL_RECURRENT_WARPS", "3"), ("FLEXDSL_RECURRENT_BK", "-64"),
+                                         ("FLEXDSL_RECURRENT_PRODUCTS", "tf32")])
+def test_bad_launch_settings_are_clear_errors(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    m = flexdsl.recurrent("lif", 3, 4, backend="triton")
+    with pytest.raises(FlexDSLError, match=f"the environment variable {name}"):
+        m(torch.rand(3, 2, 3, requires_grad=True)).sum().backward()

@@ -19,7 +19,6 @@ disk like every artefact and loaded once per process.
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import FlexDSLError
+from ..settings import env_choice
 from . import get
 from .base import IR
 
@@ -111,8 +111,8 @@ def _bf16_products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], init: tor
 def fast_products(t: torch.Tensor) -> bool:
     """Whether float32 products of spikes run as exact bfloat16 products here (CUDA, and not
     turned off by FLEXDSL_RECURRENT_PRODUCTS=fp32)."""
-    return (t.is_cuda and t.dtype == torch.float32 and _MM32 != [False]
-            and os.environ.get("FLEXDSL_RECURRENT_PRODUCTS", "bf16") != "fp32")
+    off = env_choice("FLEXDSL_RECURRENT_PRODUCTS") == "fp32"  # (checked on every device)
+    return t.is_cuda and t.dtype == torch.float32 and _MM32 != [False] and not off
 
 
 def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool, parts: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,7 +22,6 @@ depth, 4), `FLEXDSL_RECURRENT_PROGRAMS` (at most the multiprocessor count);
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
+from ...settings import env_int, env_tile
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR
@@ -126,10 +126,9 @@ def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tup
     among the shapes (16..128 x 32..128, as tl.dot needs) whose count fits the programs, the one
     reading the fewest bytes in all, of those keeping at least half the programs busy (else the
     most tiles)."""
-    fixed = os.environ.get("FLEXDSL_RECURRENT_TILE", "")
-    if fixed:
-        bm, bn, bk = (int(v) for v in fixed.lower().split("x"))
-        return bm, bn, bk
+    fixed = env_tile("FLEXDSL_RECURRENT_TILE")
+    if fixed is not None:
+        return fixed
     best = None
     for bm in (16, 32, 64, 128):
         for bn in (32, 64, 128):
@@ -141,7 +140,7 @@ def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tup
             if best is None or key < best[0]:
                 best = (key, bm, bn)
     bm, bn = (best[1], best[2]) if best is not None else (128, 128)
-    return bm, bn, int(os.environ.get("FLEXDSL_RECURRENT_BK") or 0) or (32 if max(bm, bn) >= 128 else 64)
+    return bm, bn, env_int("FLEXDSL_RECURRENT_BK") or (32 if max(bm, bn) >= 128 else 64)
 
 
 class TritonRecurrentProgram:
@@ -194,15 +193,15 @@ class TritonRecurrentProgram:
         if self.interpret or dev.type != "cuda":
             programs = 1
         else:
-            programs = int(os.environ.get("FLEXDSL_RECURRENT_PROGRAMS") or 0) or _sm_count(dev.index or 0)
+            programs = env_int("FLEXDSL_RECURRENT_PROGRAMS") or _sm_count(dev.index or 0)
             programs = min(programs, _sm_count(dev.index or 0))
         exact32 = self.interpret
         split_w = 3 if (dtype == torch.float32 and self.dense and not exact32) else 1
         bm, bn, bk = tile_shape(B, H, programs, a_bytes, 2 * split_w if dtype == torch.float32 else dtype.itemsize)
         tiles = (-(-B // bm)) * (-(-H // bn))
         nprog = max(1, min(programs, tiles))
-        return {"grid": (nprog,), "num_warps": int(os.environ.get("FLEXDSL_RECURRENT_WARPS") or 0) or 4,
-                "num_stages": int(os.environ.get("FLEXDSL_RECURRENT_STAGES") or 0) or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+        return {"grid": (nprog,), "num_warps": env_int("FLEXDSL_RECURRENT_WARPS") or 4,
+                "num_stages": env_int("FLEXDSL_RECURRENT_STAGES") or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
                 "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
