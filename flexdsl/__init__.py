@@ -1,6 +1,7 @@
 """flexdsl: spiking neurons from equations.
 
     m = flexdsl.load("lif")            # a trainable torch.nn.Module
+    r = flexdsl.recurrent("alif", in_features=700, hidden=512)   # a recurrent layer, compiled time loop
     c = flexdsl.compile("lif")         # generated sources and sympy equations
     flexdsl.nir.export(net, x, dt=1e-4), flexdsl.nir.load("net.nir")   # NIR interchange (flexdsl[nir])
 
@@ -17,18 +18,19 @@ from .library import library
 
 if TYPE_CHECKING:
     from . import nir
-    from .api import compile, load, loads
+    from .api import compile, load, loads, recurrent
     from .runtime.compiler import Compiled
     from .runtime.finite import NonFiniteError
     from .runtime.module import NeuronModule
+    from .runtime.recurrent import RecurrentModule
 
 from ._version import __version__
 
-__all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule", "Compiled",
-           "nir", "__version__"]
+__all__ = ["load", "loads", "recurrent", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
+           "RecurrentModule", "Compiled", "nir", "__version__"]
 
-_LAZY = {"load": "api", "loads": "api", "compile": "api", "Compiled": "runtime.compiler",
-         "NeuronModule": "runtime.module", "NonFiniteError": "runtime.finite"}
+_LAZY = {"load": "api", "loads": "api", "recurrent": "api", "compile": "api", "Compiled": "runtime.compiler",
+         "NeuronModule": "runtime.module", "RecurrentModule": "runtime.recurrent", "NonFiniteError": "runtime.finite"}
 
 
 def __getattr__(name: str) -> Any:

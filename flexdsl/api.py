@@ -1,4 +1,4 @@
-"""The public functions: load, loads, compile, library."""
+"""The public functions: load, loads, recurrent, compile, library."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from .runtime.compiler import Compiled, compile_model
 
 if TYPE_CHECKING:
     from .runtime.module import NeuronModule
+    from .runtime.recurrent import RecurrentModule
 
 
 def compile(model: str | Path, detach_reset: bool = False) -> Compiled:  # noqa: A001 - the API name
@@ -49,4 +50,34 @@ def loads(text: str, **kwargs: Any) -> NeuronModule:
     return load(text, **kwargs)
 
 
-__all__ = ["compile", "load", "loads", "library"]
+def recurrent(
+    model: str | Path | NeuronModule,
+    in_features: int | None,
+    hidden: int,
+    *,
+    connectivity: str = "all",
+    mask: Any = None,
+    source: str | None = None,
+    port: str | None = None,
+    bias: bool = True,
+    step_mode: str = "m",
+    backend: str = "auto",
+    detach_reset: bool = False,
+    param_shapes: Mapping[str, Sequence[int]] | None = None,
+    **params: Any,
+) -> RecurrentModule:
+    """A recurrent layer of `hidden` neurons of `model` (a path, a library stem, or a loaded
+    module): at every step the model's input `port` (default: its first input) receives
+    `W_in x[t] + W_rec s[t-1] + bias`, `s` being the output `source` (default: `spike`).
+    `connectivity="all"` (W_rec [hidden, hidden], times `mask` if given) or `"one_to_one"`
+    (W_rec [hidden]); `in_features=None` adds the input (of size hidden) without W_in. Keyword
+    arguments other than the options override the model's params. The time loop is compiled:
+    the Triton kernels on CUDA, the torch backend elsewhere."""
+    from .runtime.recurrent import recurrent as make
+
+    return make(model, in_features, hidden, connectivity=connectivity, mask=mask, source=source, port=port,
+                bias=bias, step_mode=step_mode, backend=backend, detach_reset=detach_reset,
+                param_shapes=param_shapes, **params)
+
+
+__all__ = ["compile", "load", "loads", "recurrent", "library"]

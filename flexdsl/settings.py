@@ -16,11 +16,30 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
     "FLEXDSL_TRITON_BLOCK_RC": (16, 16384, True, "lanes per program of the recompute backward"),
     "FLEXDSL_TRITON_WARPS": (1, 32, True, "warps per program of the Triton kernels"),
     "FLEXDSL_TRITON_WARPS_RC": (1, 32, True, "warps per program of the recompute backward"),
+    "FLEXDSL_RECURRENT_BK": (16, 256, True, "the K block of the recurrent layers' products"),
+    "FLEXDSL_RECURRENT_WARPS": (1, 16, True, "warps per program of the recurrent layers' kernels"),
+    "FLEXDSL_RECURRENT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' kernels"),
+    "FLEXDSL_RECURRENT_PROGRAMS": (1, 1 << 16, False, "programs of the recurrent layers' kernels (at most one per "
+                                                      "multiprocessor)"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_TRAINING": ("", "save", "recompute"),
     "FLEXDSL_TRITON_FAST_LAUNCH": ("", "0", "1"),
+    "FLEXDSL_RECURRENT_PRODUCTS": ("", "bf16", "fp32"),
 }
+
+
+def env_tile(name: str) -> tuple[int, int, int] | None:
+    """`BMxBNxBK` (each a power of two from 16 to 256), checked; None when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    parts = raw.lower().split("x")
+    vals = [int(p) for p in parts if p.isascii() and p.isdigit()] if len(parts) == 3 else []
+    if len(vals) != 3 or any(v < 16 or v > 256 or v & (v - 1) for v in vals):
+        raise FlexDSLError(f"the environment variable {name} must be BMxBNxBK, each a power of two from 16 to 256, "
+                           f"not {raw[:40]!r}", "environment", hint=f"unset it for the default, or set e.g. {name}=64x32x64")
+    return vals[0], vals[1], vals[2]
 
 
 def env_int(name: str) -> int | None:
@@ -51,4 +70,4 @@ def env_choice(name: str) -> str:
     return raw
 
 
-__all__ = ["env_int", "env_choice", "INTS", "CHOICES"]
+__all__ = ["env_int", "env_choice", "env_tile", "INTS", "CHOICES"]

@@ -51,3 +51,30 @@ def test_train_digits_rejects_bad_arguments_before_training(args, says):
                        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
     assert "epoch" not in r.stdout
+
+
+def test_train_recurrent_digits_reaches_95_percent_held_out(tmp_path):
+    """The recurrent example: digits read one column per step by `flexdsl.recurrent("lif", 8, 128)`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_recurrent_digits.py"), "--plot",
+                        str(tmp_path / "curves.png")], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    m = re.fullmatch(r"test accuracy: (0\.\d\d\d|1\.000)", lines[-1])
+    assert m, lines[-3:]
+    assert float(m.group(1)) >= 0.95
+    assert re.search(r"trained in [\d.]+ s", r.stdout)  # (the time is printed; speed lives in bench/)
+    assert "read column by column (T=8)" in r.stdout
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--neuron", "nosuch"], "no such file or library model"),
+    (["--readout-steps", "9"], "at most 8"),
+    (["--hidden", "0"], "--hidden must be a positive number"),
+])
+def test_train_recurrent_digits_rejects_bad_arguments_before_training(args, says):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_recurrent_digits.py"), *args],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
+    assert "epoch" not in r.stdout

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import FlexDSLError, did_you_mean
 from ..runtime.module import NeuronModule
+from ..runtime.recurrent import RecurrentModule
 from .fit import Exported, _show, match
 from .importer import _Scale
 from .linear import analyse, classify
@@ -30,13 +31,13 @@ if TYPE_CHECKING:
 # ============================================================================ export
 _SKIP = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Flatten, nn.AvgPool2d)
-_EXPORTABLE = ("flexdsl neurons, torch.nn.Linear, Conv1d, Conv2d, Flatten, AvgPool2d, Identity and Dropout, "
-               "and `+` of two branches")
+_EXPORTABLE = ("flexdsl neurons and recurrent layers, torch.nn.Linear, Conv1d, Conv2d, Flatten, AvgPool2d, "
+               "Identity and Dropout, and `+` of two branches")
 
 
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, (NeuronModule, *_LAYERS, *_SKIP)) or super().is_leaf_module(m, qualname)
+        return isinstance(m, (NeuronModule, RecurrentModule, *_LAYERS, *_SKIP)) or super().is_leaf_module(m, qualname)
 
 
 def _net_error(msg: str, hint: str | None = None) -> FlexDSLError:
@@ -70,10 +71,12 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, 
     if isinstance(net, NIRNetwork):
         return _export_network(nir, net, sample_input, dt, method, path)
     root = net
-    if isinstance(net, (NeuronModule, *_LAYERS)):
-        name = net.compiled.name.lower() if isinstance(net, NeuronModule) else type(net).__name__.lower()
+    if isinstance(net, (NeuronModule, RecurrentModule, *_LAYERS)):
+        name = (net.compiled.name.lower() if isinstance(net, NeuronModule) else
+                net.neuron.compiled.name.lower() if isinstance(net, RecurrentModule) else type(net).__name__.lower())
         root = nn.Sequential(OrderedDict([(name, net)]))
-    modes = {m.step_mode for m in root.modules() if isinstance(m, NeuronModule)}
+    inner = {id(m.neuron) for m in root.modules() if isinstance(m, RecurrentModule)}
+    modes = {m.step_mode for m in root.modules() if isinstance(m, NeuronModule | RecurrentModule) and id(m) not in inner}
     if len(modes) > 1:
         raise _net_error("the network mixes step modes 's' and 'm'", "give every flexdsl neuron the same step_mode")
     lead = (1 if modes == {"s"} else 2) if modes else min(2, sample_input.dim() - 1)
@@ -138,6 +141,16 @@ def _graph(nir, root: nn.Module, graph: torch.fx.Graph, sample_input: torch.Tens
             if isinstance(mod, _SKIP):
                 values[n] = src
                 continue
+            if isinstance(mod, RecurrentModule):
+                if not records[mod]:
+                    raise _net_error(f"`{n.target}` was not called when the network ran on sample_input")
+                records[mod].pop(0)
+                rec_nodes, rec_edges, entry, exit_ = _recurrent_nodes(nir, mod, str(n.target), unique, lead, dt,
+                                                                      method)
+                nodes.update(rec_nodes)
+                edges += [(s, entry) for s in src] + rec_edges
+                values[n] = [exit_]
+                continue
             if not isinstance(mod, (NeuronModule, *_LAYERS)):
                 raise _net_error(f"cannot export `{n.target}` ({type(mod).__module__}.{type(mod).__qualname__}): "
                                  "NIR has no such layer", "exportable: " + _EXPORTABLE)
@@ -181,8 +194,10 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
     if x.dim() <= lead:
         raise _net_error(f"sample_input has shape {tuple(x.shape)}, but the network takes "
                          + ("[T, batch, *shape]" if lead == 2 else "[batch, *shape]"))
-    neurons = [m for m in net.nodes.values() if isinstance(m, NeuronModule)]
+    neurons = [m.neuron if isinstance(m, RecurrentModule) else m for m in net.nodes.values()
+               if isinstance(m, NeuronModule | RecurrentModule)]
     saved = [(m, dict(m._states), dict(m.state_seqs)) for m in neurons]
+    feedback = [(m, m.feedback) for m in net.nodes.values() if isinstance(m, RecurrentModule)]
     prev = net._prev
     net._shapes, net._prev = {}, {}
     try:
@@ -197,8 +212,22 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
         for m, st, seqs in saved:
             m._states.update(st)
             m.__dict__["state_seqs"] = seqs
+        for m, fb in feedback:
+            m.feedback = fb
     inv = {k: n for n, k in net.names.items()}
     nodes: dict[str, Any] = {}
+    inner: list[tuple[str, str]] = []  # the edges inside recurrent layers
+    entries: dict[str, str] = {}  # a recurrent layer's node -> the node its input edges go to
+    taken = set(inv.values())
+
+    def unique(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name = f"{base}_{k}"
+            k += 1
+        taken.add(name)
+        return name
+
     for key in net.order:
         name, kind, m = inv[key], net.kinds[key], net.nodes[key] if key in net.nodes else None
         per_in, per_out = shapes.get(key, ((), ()))
@@ -208,6 +237,11 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
             nodes[name] = nir.Output(output_type=np.array(per_out))
         elif kind == "neuron":
             nodes[name] = _neuron_node(nir, m, name, per_in, per_out, lead, dt, method)
+        elif kind == "recurrent":
+            taken.discard(name)
+            rec_nodes, rec_edges, entries[name], _ = _recurrent_nodes(nir, m, name, unique, lead, dt, method)
+            nodes.update(rec_nodes)
+            inner += rec_edges
         elif kind == "flatten":
             nodes[name] = nir.Flatten(input_type={"input": np.array(per_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
         elif isinstance(m, _Scale):
@@ -223,8 +257,8 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
             return [key]
         return [s for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
 
-    edges = [(inv[s], inv[key]) for key in net.order if inv[key] in nodes
-             for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
+    edges = [(inv[s], entries.get(inv[key], inv[key])) for key in net.order if inv[key] in nodes
+             for p in net.preds[key] + net.back_preds[key] for s in sources(p)] + inner
     g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
     if path is not None:
         _write(nir, path, g)
@@ -237,13 +271,14 @@ def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
     records: dict[nn.Module, list[tuple[tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
     handles = []
     for m in root.modules():
-        if isinstance(m, (NeuronModule, *_LAYERS)):
+        if isinstance(m, (NeuronModule, RecurrentModule, *_LAYERS)):
             def hook(mod, args, out):
                 o = out[0] if isinstance(out, tuple) else out
                 records[mod].append((tuple(args[0].shape), tuple(o.shape)))
 
             handles.append(m.register_forward_hook(hook))
     saved = [(m, dict(m._states), dict(m.state_seqs)) for m in root.modules() if isinstance(m, NeuronModule)]
+    feedback = [(m, m.feedback) for m in root.modules() if isinstance(m, RecurrentModule)]
     training = [(m, m.training) for m in root.modules()]
     try:
         root.eval()
@@ -259,6 +294,8 @@ def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
         for m, st, seqs in saved:
             m._states.update(st)
             m.__dict__["state_seqs"] = seqs
+        for m, fb in feedback:
+            m.feedback = fb
         for m, t in training:
             m.training = t
     if not isinstance(out, torch.Tensor):
@@ -304,6 +341,33 @@ def _neuron_node(nir, mod: NeuronModule, name, per_in, per_out, lead, dt, method
         return cls(threshold=arrays["threshold"], metadata=meta)
     p = PRIMITIVES[ex.kind]
     return cls(**{k: arrays[k] for k in p.params}, metadata=meta)
+
+
+def _recurrent_nodes(nir, mod: RecurrentModule, name: str, unique, lead: int, dt: float, method: str):
+    """A recurrent layer as NIR nodes: its neuron (named `name`) fed back through a Linear of W_rec
+    (times the mask; a Scale for one-to-one weights) named `name_rec`, and fed by an Affine of
+    (W_in, bias) named `name_in` (a Linear without bias; the identity's Affine for a bias alone).
+    (nodes, edges among them, the node the layer's input goes to, the node its output comes from)."""
+    where = f"layer `{name}`"
+    if mod.source != "spike":
+        raise _net_error(f"{where} feeds back `{mod.source}`; NIR neurons output their spikes, so only a layer fed "
+                         "back from its spikes has a NIR form")
+    H = mod.hidden
+    neuron = unique(name)
+    nodes: dict[str, Any] = {neuron: _neuron_node(nir, mod.neuron, neuron, (H,), (H,), lead, dt, method)}
+    w = mod.W_rec.detach() if mod.mask is None else (mod.W_rec * mod.mask.to(mod.W_rec.dtype)).detach()
+    w = w.float().cpu().numpy()
+    rec = unique(f"{name}_rec")
+    nodes[rec] = nir.Linear(weight=w) if mod.connectivity == "all" else nir.Scale(scale=w)
+    edges = [(neuron, rec), (rec, neuron)]
+    entry = neuron
+    b = None if mod.bias is None else mod.bias.detach().float().cpu().numpy()
+    if mod.W_in is not None or b is not None:
+        entry = unique(f"{name}_in")
+        w_in = mod.W_in.detach().float().cpu().numpy() if mod.W_in is not None else np.eye(H, dtype=np.float32)
+        nodes[entry] = nir.Affine(weight=w_in, bias=b) if b is not None else nir.Linear(weight=w_in)
+        edges.append((entry, neuron))
+    return nodes, edges, entry, neuron
 
 
 def _warn_initial(mod: NeuronModule, name: str, ex: Exported, arrays: Mapping[str, np.ndarray]) -> None:

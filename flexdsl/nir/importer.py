@@ -277,4 +277,40 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
             kinds[name] = "neuron"
         else:
             modules[name], kinds[name] = _layer_module(node, name)
-    return NIRNetwork(modules, kinds, flat.edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
+    edges = _fuse_recurrent(modules, kinds, types, flat.edges, backend)
+    return NIRNetwork(modules, kinds, edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
+
+
+def _fuse_recurrent(modules: dict[str, nn.Module], kinds: dict[str, str], types: dict[str, str],
+                    edges: list[tuple[str, str]], backend: str) -> list[tuple[str, str]]:
+    """Each neuron fed back through a weight node that only it reads and only it feeds (a Linear
+    or Affine of a square matrix: all-to-all; a Scale of one weight per neuron: one-to-one) becomes
+    one compiled recurrent layer (`flexdsl.recurrent`, no W_in: its input is the sum of the neuron's
+    other inputs), replacing the two nodes and their cycle; the weight node's bias is the layer's
+    (added every step, as the cycle adds it from the first step). The remaining edges."""
+    from ..runtime.recurrent import RecurrentModule
+
+    for n in [k for k, v in kinds.items() if v == "neuron"]:
+        for r in {b for a, b in edges if a == n}:
+            if r not in modules or kinds[r] != "vector" or r == n:
+                continue
+            if {a for a, b in edges if b == r} != {n} or {b for a, b in edges if a == r} != {n}:
+                continue
+            m = modules[r]
+            if isinstance(m, nn.Linear) and m.in_features == m.out_features:
+                hidden, conn, w, b = m.in_features, "all", m.weight, m.bias
+            elif isinstance(m, _Scale) and m.scale.dim() == 1 and m.scale.numel() > 1:
+                hidden, conn, w, b = m.scale.numel(), "one_to_one", m.scale, None
+            else:
+                continue
+            layer = RecurrentModule(modules[n], None, hidden, conn, bias=b is not None, backend=backend)
+            with torch.no_grad():
+                layer.W_rec.copy_(w)
+                if b is not None:
+                    layer.bias.copy_(b)
+            modules[n], kinds[n] = layer, "recurrent"
+            types[n] = f"{types[n]}, recurrent through `{r}` (one compiled layer)"
+            del modules[r], kinds[r], types[r]
+            edges = [(a, b) for a, b in edges if r not in (a, b)]
+            break
+    return edges

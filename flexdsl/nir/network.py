@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import FlexDSLError
 from ..runtime.module import NeuronModule
+from ..runtime.recurrent import RecurrentModule
 
 _ATTRIBUTES = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict key cannot take ("forward", "_modules", ...)
 
@@ -37,8 +38,12 @@ class NIRNetwork(nn.Module):
     or `[batch, *shape]` ("s"); returns the output node's value (a tuple for several outputs).
 
     A graph without cycles runs layer by layer over the whole sequence (the neurons' multi-step
-    kernels); a graph with cycles runs step by step, each recurrent edge carrying its source's
-    value of the previous step (before the first: its value for zero input with silent neurons).
+    kernels). A neuron fed back through a weight node (Linear, Affine or Scale) that nothing else
+    reads is one compiled recurrent layer (`flexdsl.recurrent`: the node's kind is "recurrent"),
+    which also runs over the whole sequence; a graph with other cycles runs step by step, each
+    recurrent edge carrying its source's value of the previous step (before the first: its value
+    for zero input with silent neurons). `recurrent`: the graph has cycles (fused or not);
+    `stepwise`: it runs step by step.
     Nodes are `net.nodes[key]` (`net.names` maps the NIR node names to keys); `net.neuron_texts`
     holds each neuron's generated `.neuron` text.
     """
@@ -65,7 +70,8 @@ class NIRNetwork(nn.Module):
         reach = set(self.order)
         self.preds = {n: [a for a, b in e if b == n and (a, b) not in back and a in reach] for n in self.order}
         self.back_preds = {n: [a for a, b in e if b == n and (a, b) in back] for n in self.order}
-        self.recurrent = bool(back)
+        self.stepwise = bool(back)
+        self.recurrent = self.stepwise or "recurrent" in self.kinds.values()
         self._prev: dict[str, torch.Tensor] = {}
         self._shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
 
@@ -77,12 +83,13 @@ class NIRNetwork(nn.Module):
     @property
     def neuron_texts(self) -> dict[str, str]:
         """The generated `.neuron` text of each neuron node, by NIR node name."""
-        return {n: self.nodes[k].compiled.text for n, k in self.names.items() if self.kinds[k] == "neuron"}
+        return {n: (self.nodes[k].neuron if self.kinds[k] == "recurrent" else self.nodes[k]).compiled.text
+                for n, k in self.names.items() if self.kinds[k] in ("neuron", "recurrent")}
 
     def reset(self) -> None:
         """Every neuron back to its initial state; recurrent edges to 0."""
         for m in self.nodes.values():
-            if isinstance(m, NeuronModule):
+            if isinstance(m, NeuronModule | RecurrentModule):
                 m.reset()
         self._prev = {}
 
@@ -97,7 +104,7 @@ class NIRNetwork(nn.Module):
         if kind == "pass":
             return x
         m = self.nodes[key]
-        if kind == "neuron":
+        if kind in ("neuron", "recurrent"):
             return m(x) if lead == 2 else m(x.unsqueeze(0))[0]
         if kind == "vector":
             return m(x)
@@ -119,12 +126,12 @@ class NIRNetwork(nn.Module):
             ins += [prev[p] for p in self.back_preds[key] if p in prev]
             if ins:
                 total = reduce(operator.add, ins)
-                values[key] = torch.zeros_like(total) if rest and self.kinds[key] == "neuron" else \
+                values[key] = torch.zeros_like(total) if rest and self.kinds[key] in ("neuron", "recurrent") else \
                     self._run_node(key, total, lead)
         return values
 
     def _step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.recurrent and not self._prev:  # before the first step: zero input, silent neurons
+        if self.stepwise and not self._prev:  # before the first step: zero input, silent neurons
             self._prev = self._carried(self._one(torch.zeros_like(x), 1, {}, rest=True))
         values = self._one(x, 1, self._prev)
         self._prev = self._carried(values)
@@ -144,7 +151,7 @@ class NIRNetwork(nn.Module):
             return self._outputs(self._step(x))
         if x.dim() < 2:
             raise FlexDSLError(f"inputs must be [T, batch, *shape], got shape {tuple(x.shape)}", "<nir graph>")
-        if not self.recurrent:
+        if not self.stepwise:
             return self._outputs(self._one(x, 2, {}))
         steps = [self._step(x[t]) for t in range(x.shape[0])]
         for k in self.exits:
@@ -154,7 +161,8 @@ class NIRNetwork(nn.Module):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def extra_repr(self) -> str:
-        return f"dt={self.dt:g}, step_mode={self.step_mode!r}" + (", recurrent" if self.recurrent else "")
+        return (f"dt={self.dt:g}, step_mode={self.step_mode!r}" + (", recurrent" if self.recurrent else "")
+                + (", stepwise" if self.stepwise else ""))
 
 
 def _order(entry: str, edges: Sequence[tuple[str, str]]) -> tuple[list[str], set[tuple[str, str]]]:

@@ -1,0 +1,435 @@
+"""Recurrent layers: `flexdsl.recurrent(model, in_features, hidden)` and `RecurrentModule`.
+
+A layer of `hidden` neurons of any model whose input port receives, at every step,
+
+    W_in x[t] + W_rec s[t-1] (+ bias)
+
+where `s` is one of the layer's own outputs (the source: the spike by default) and `W_rec`
+is all-to-all (`[hidden, hidden]`, optionally times a fixed 0/1 mask) or one-to-one (`[hidden]`,
+a weight per neuron). `W_in x` is one matrix product over all steps before the loop; the loop
+runs on a backend's recurrent scan (`backends/recurrent.py`: the Triton kernels on CUDA, the
+torch backend elsewhere), and its backward is backpropagation through time with the model's
+derived backward, `dW_rec` one matrix product over all steps.
+
+The neuron itself is a `NeuronModule` (`m.neuron`): its params and states are its own, read and
+written here through `_NeuronView`, the one place this module touches its internals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import backends
+from ..backends import recurrent as scans
+from ..errors import FlexDSLError, did_you_mean
+from ..frontend import ast as A
+from .compiler import compile_model
+from .module import STEP_MODES, NeuronModule, _Base
+
+CONNECTIVITY = ("all", "one_to_one")
+_CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
+                         "elementwise": "one_to_one"}
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _NeuronView:
+    """What the recurrent layer reads and writes of its `NeuronModule` (its model, params and
+    kept states)."""
+
+    def __init__(self, neuron: NeuronModule) -> None:
+        self.m = neuron
+
+    @property
+    def compiled(self):
+        return self.m.compiled
+
+    def error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
+        return self.m._error(msg, pos, hint)
+
+    def params(self, step_shape: torch.Size, flat: int, device: torch.device) -> list[Any]:
+        """Every param's value for a call on `[flat, hidden]` lanes (the layer's batch dims
+        flattened), derived params included: floats, or tensors broadcasting to `[flat, hidden]`."""
+        m = self.m
+        out = []
+        for name, v in zip(m._param_decls, m._param_list()):
+            if isinstance(v, torch.Tensor) and v.numel() > 1:
+                decl = m._param_decls[name]
+                if v.device != device:
+                    raise self.error(f"param `{name}` is on {v.device} but the input is on {device}", decl.pos,
+                                     "move the layer: m.to(device)")
+                try:
+                    full = torch.broadcast_shapes(v.shape, step_shape)
+                except RuntimeError:
+                    full = None
+                if full != step_shape:
+                    raise self.error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to the "
+                                     f"layer's step shape {tuple(step_shape)} ([*batch, hidden])", decl.pos,
+                                     f"a value per neuron has shape (hidden,): param_shapes={{'{name}': (hidden,)}}")
+                if v.dim() > 1:
+                    v = v.expand(step_shape).reshape(flat, step_shape[-1])
+            out.append(v)
+        return m.compiled.with_derived(out)
+
+    def states(self, like: torch.Tensor, step_shape: torch.Size, flat: int) -> list[Any]:
+        """The kept (or initial) states for a call, as floats or `[flat, hidden]` tensors."""
+        vals = self.m._states_for(like, step_shape, None)
+        return [v.expand(step_shape).reshape(flat, step_shape[-1]) if isinstance(v, torch.Tensor) and v.dim() > 0
+                else (float(v) if not isinstance(v, torch.Tensor) else v.reshape(()).expand(flat, step_shape[-1]))
+                for v in vals]
+
+    def keep(self, finals: Sequence[torch.Tensor], step_shape: torch.Size) -> None:
+        for name, v in zip(self.m._state_names, finals):
+            self.m._states[name] = v.reshape(step_shape)
+
+    def initial_states_floats(self) -> bool:
+        return all(v is None for v in self.m._states.values())
+
+
+class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
+    """A recurrent layer of `hidden` neurons of one model (see `flexdsl.recurrent`).
+
+    `m(x)`: `x` is `[T, *batch, in_features]` (step_mode "m") or `[*batch, in_features]` ("s");
+    returns the model's output (or a tuple, in `output` order), `[T, *batch, hidden]`. A model
+    with several inputs takes the others after `x`, each broadcasting to `[T, *batch, hidden]`.
+    Parameters: `W_in` `[hidden, in_features]`, `W_rec` (`[hidden, hidden]` or `[hidden]`),
+    `bias` `[hidden]` and the neuron's own (`m.neuron`). States: the neuron's (`m.neuron.v`...)
+    and `m.feedback`, the source's value of the last step (zeros before the first);
+    `m.reset()` (or SpikingJelly's `functional.reset_net`) clears them all.
+    """
+
+    def __init__(self, neuron: NeuronModule, in_features: int | None, hidden: int, connectivity: str = "all",
+                 mask: Any = None, source: str | None = None, port: str | None = None, bias: bool = True,
+                 step_mode: str = "m", backend: str = "auto") -> None:
+        super().__init__()
+        view = _NeuronView(neuron)
+        c = neuron.compiled
+        ck = c.checked
+        where = ck.ast.pos
+        hidden = _positive_int(view, "hidden", hidden, where)
+        if in_features is not None:
+            in_features = _positive_int(view, "in_features", in_features, where)
+        conn = _CONNECTIVITY_ALIASES.get(connectivity, connectivity) if isinstance(connectivity, str) else None
+        if conn not in CONNECTIVITY:
+            raise view.error(f"connectivity must be 'all' or 'one_to_one', not {connectivity!r}", where,
+                             did_you_mean(str(connectivity), CONNECTIVITY) or
+                             "'all': W_rec [hidden, hidden]; 'one_to_one': a weight per neuron, W_rec [hidden]")
+        if step_mode not in STEP_MODES:
+            raise view.error(f"step_mode must be 's' or 'm', not {step_mode!r}", where)
+        known = ["auto", *scans.IMPLEMENTATIONS]
+        if backend not in known:
+            raise view.error(f"backend must be one of {', '.join(known)}, not {backend!r}", where,
+                             did_you_mean(str(backend), known))
+        # the port: the input that receives the recurrent current
+        inputs = [i.name for i in ck.inputs]
+        if not inputs:
+            raise view.error(f"`{ck.name}` has no input, so nothing can receive the recurrent current", where,
+                             "declare one: `input x`")
+        if port is None:
+            port = inputs[0]
+        if not isinstance(port, str) or port not in inputs:
+            raise view.error(f"`{ck.name}` has no input `{port}` to receive the recurrent current", ck.inputs[0].pos,
+                             did_you_mean(str(port), inputs) or f"its inputs: {', '.join(inputs)}")
+        # the source: the output fed back
+        outputs = [n for n, _ in ck.outputs]
+        if source is None:
+            source = "spike" if "spike" in outputs else outputs[0]
+        if not isinstance(source, str) or source not in outputs:
+            out_pos = ck.outputs[0][1]
+            states = [s.name for s in ck.states]
+            if source in states or source in ck.locals:
+                raise view.error(f"the recurrent source must be an output of `{ck.name}`; `{source}` is not one",
+                                 out_pos, f"add it to the `output` line (output {', '.join([*outputs, source])}), "
+                                          f"or feed back one of: {', '.join(outputs)}")
+            raise view.error(f"`{ck.name}` has no output `{source}` to feed back", out_pos,
+                             did_you_mean(str(source), outputs) or f"its outputs: {', '.join(outputs)}")
+        shape = (hidden, hidden) if conn == "all" else (hidden,)
+        if mask is not None:
+            mask = _mask(view, mask, shape, conn, hidden, where)
+        d = self.__dict__
+        d["_view"] = view
+        d["_states"] = {"feedback": None}
+        if _Base is not nn.Module:  # SpikingJelly's MemoryModule: `feedback` is a memory
+            d["_memories"] = d["_states"]
+            d["_memories_rv"] = {"feedback": None}
+        self.neuron = neuron
+        self.in_features = in_features
+        self.hidden = hidden
+        self.connectivity = conn
+        self.port = port
+        self.source = source
+        self.step_mode = step_mode
+        self.backend = backend
+        self.register_parameter("W_in", nn.Parameter(torch.empty(hidden, in_features))
+                                if in_features is not None else None)
+        self.W_rec = nn.Parameter(torch.empty(shape))
+        self.register_parameter("bias", nn.Parameter(torch.empty(hidden)) if bias else None)
+        self.register_buffer("mask", mask)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self) -> None:
+        """`nn.Linear`'s initialisation: W_in and bias uniform in ±1/sqrt(in_features) (bias: ±1/sqrt(hidden)
+        without W_in), W_rec in ±1/sqrt(fan-in) (hidden for 'all', 1 for 'one_to_one'); masked entries 0."""
+        with torch.no_grad():
+            if self.W_in is not None:
+                nn.init.kaiming_uniform_(self.W_in, a=math.sqrt(5))
+            fan = self.hidden if self.connectivity == "all" else 1
+            self.W_rec.uniform_(-1 / math.sqrt(fan), 1 / math.sqrt(fan))
+            if self.mask is not None:
+                self.W_rec.mul_(self.mask.to(self.W_rec.dtype))
+            if self.bias is not None:
+                b = 1 / math.sqrt(self.in_features if self.in_features is not None else self.hidden)
+                self.bias.uniform_(-b, b)
+
+    @property
+    def step_mode(self) -> str:
+        return self.__dict__.get("_step_mode", "m")
+
+    @step_mode.setter
+    def step_mode(self, value: str) -> None:
+        """'m' ([T, *batch, features] per call) or 's' (one step per call); the neuron follows
+        (so that SpikingJelly's set_step_mode and NIR export see one mode)."""
+        if value not in STEP_MODES:
+            raise self._view.error(f"step_mode must be 's' or 'm', not {value!r}")
+        self.__dict__["_step_mode"] = value
+        neuron = self._modules.get("neuron")
+        if neuron is not None:
+            neuron.step_mode = value
+
+    # ------------------------------------------------------------------ states
+    def __getattr__(self, name: str) -> Any:
+        st = self.__dict__.get("_states")
+        if st is not None and name in st:
+            return st[name]
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        st = self.__dict__.get("_states")
+        if st is not None and name in st:
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise self._view.error(f"`{name}` takes a tensor [*batch, hidden] or None, not {type(value).__name__}")
+            st[name] = value
+            return
+        super().__setattr__(name, value)
+
+    def reset(self) -> None:
+        """Back to the initial states: the neuron's, and zeros for `feedback`."""
+        self._states["feedback"] = None
+        self.neuron.reset()
+
+    def detach(self) -> None:
+        """Cut the kept states from the graph of earlier calls (truncated BPTT)."""
+        v = self._states["feedback"]
+        if isinstance(v, torch.Tensor):
+            self._states["feedback"] = v.detach()
+        self.neuron.detach()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
+        if "_memories" in state:
+            state["_memories"] = state["_states"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        nn.Module.__setstate__(self, state)
+        if _Base is not nn.Module:
+            self.__dict__["_memories"] = self._states
+            self.__dict__["_memories_rv"] = {"feedback": None}
+            self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
+
+    # ------------------------------------------------------------------ compute
+    def _input_error(self, msg: str, hint: str | None = None) -> FlexDSLError:
+        ck = self._view.compiled.checked
+        decl = next(i for i in ck.inputs if i.name == self.port)
+        return self._view.error(msg, decl.pos, hint)
+
+    def forward(self, x: Any, *others: Any):
+        view = self._view
+        ck = view.compiled.checked
+        names = [i.name for i in ck.inputs]
+        if len(others) != len(names) - 1:
+            rest = [n for n in names if n != self.port]
+            raise TypeError(f"this recurrent {ck.name} layer takes {len(rest) + 1} input"
+                            f"{'s' if rest else ''}: x (into W_in, for `{self.port}`)"
+                            + "".join(f", `{n}`" for n in rest) + f"; got {1 + len(others)}")
+        single = self.step_mode == "s"
+        xs = self._check_input(x, single)
+        dev = xs.device
+        dtype = self._check_weights(xs)
+        T, batch, H = xs.shape[0], xs.shape[1:-1], self.hidden
+        flat = math.prod(batch)
+        step_shape = torch.Size((*batch, H))
+        x3 = xs.reshape(T, flat, xs.shape[-1])
+        if not x3.is_contiguous():
+            x3 = x3.contiguous()
+        w = self.W_rec if self.mask is None else self.W_rec * self.mask.to(self.W_rec.dtype)
+        if w.dtype != dtype:
+            w = w.to(dtype)
+        inputs = self._other_inputs(others, names, single, (T, flat, H), step_shape, dtype, dev)
+        s0 = self._initial_feedback(step_shape, flat, dtype, dev)
+        like = torch.empty((), dtype=dtype, device=dev)
+        states = view.states(like, step_shape, flat)
+        params = view.params(step_shape, flat, dev)
+        outputs = [n for n, _ in ck.outputs]
+        dense = self.connectivity == "all"
+        prog = scans.program(view.compiled, self._backend_for(like), names.index(self.port),
+                             outputs.index(self.source), dense)
+        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense)
+        if T:
+            view.keep(fins, step_shape)
+            self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape)
+        res = [o.reshape(T, *step_shape) for o in outs]
+        if single:
+            res = [r[0] for r in res]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    def _check_input(self, x: Any, single: bool) -> torch.Tensor:
+        """The layer's input as [T, *batch, features], or a located error."""
+        if not isinstance(x, torch.Tensor):
+            raise self._input_error(f"the layer's input must be a torch.Tensor, not {type(x).__name__}",
+                                    "e.g. torch.as_tensor(values, dtype=torch.float32)")
+        if not x.is_floating_point():
+            raise self._input_error(f"the layer's input has dtype {x.dtype}; it must be floating point",
+                                    "pass x.float()")
+        if x.dim() < (1 if single else 2):
+            raise self._input_error(f"the layer's input must be {'[*batch, features]' if single else '[T, *batch, features]'}"
+                                    f" in step_mode {self.step_mode!r}, got shape {tuple(x.shape)}",
+                                    "use step_mode='s' for one step at a time" if not single else None)
+        feat = self.in_features if self.in_features is not None else self.hidden
+        if x.shape[-1] != feat:
+            what = f"in_features={feat}" if self.in_features is not None else f"hidden={feat} (no W_in)"
+            raise self._input_error(f"the layer's input has {x.shape[-1]} features in its last dim, but the layer "
+                                    f"was built with {what}", "the input is [T, *batch, in_features]")
+        return x.unsqueeze(0) if single else x
+
+    def _check_weights(self, xs: torch.Tensor) -> torch.dtype:
+        """The weights' device and dtype against the input's; the dtype the neurons run in (the
+        input's, or autocast's, which the input product runs in)."""
+        dev = xs.device
+        weights = [p for p in (self.W_in, self.W_rec, self.bias) if p is not None]
+        for p in weights:
+            if p.device != dev:
+                raise self._input_error(f"the input is on {dev} but the layer's weights are on {p.device}",
+                                        "move the layer: m.to(device)")
+        autocast = torch.is_autocast_enabled(dev.type) if dev.type in ("cuda", "cpu") else False
+        if not autocast:
+            for p in weights:
+                if p.dtype != xs.dtype:
+                    raise self._input_error(f"the input is {xs.dtype} but the layer's weights are {p.dtype}",
+                                            f"convert one of them: m.to({xs.dtype}) or x.to({p.dtype}) (or run "
+                                            "under torch.autocast)")
+        return torch.get_autocast_dtype(dev.type) if autocast and self.W_in is not None else xs.dtype
+
+    def _other_inputs(self, others, names, single, shape3, step_shape, dtype, dev) -> list[Any]:
+        """The model's inputs other than the port, as [T, B, H] tensors (None at the port)."""
+        ck = self._view.compiled.checked
+        T, flat, H = shape3
+        inputs: list[Any] = []
+        it = iter(others)
+        for n in names:
+            if n == self.port:
+                inputs.append(None)
+                continue
+            o = next(it)
+            decl = next(i for i in ck.inputs if i.name == n)
+            if not isinstance(o, torch.Tensor) or not o.is_floating_point():
+                raise self._view.error(f"input `{n}` must be a floating-point torch.Tensor", decl.pos)
+            o = o.unsqueeze(0) if single else o
+            try:
+                o = o.to(device=dev, dtype=dtype).expand(T, *step_shape)
+            except RuntimeError:
+                raise self._view.error(f"input `{n}` has shape {tuple(o.shape)}, which does not broadcast to "
+                                       f"{(T, *step_shape)} ([T, *batch, hidden])", decl.pos) from None
+            inputs.append(o.reshape(T, flat, H))
+        return inputs
+
+    def _initial_feedback(self, step_shape, flat, dtype, dev) -> torch.Tensor:
+        """The source's value before this call's first step: kept, given, or zeros."""
+        fb = self._states["feedback"]
+        if fb is None:
+            return torch.zeros((flat, self.hidden), dtype=dtype, device=dev)
+        if fb.shape != step_shape or fb.device != dev:
+            raise self._view.error(f"`feedback` has shape {tuple(fb.shape)} on {fb.device} (from an earlier call, or "
+                                   f"as given), but this input's step shape is {tuple(step_shape)} on {dev}", None,
+                                   "call m.reset() (or spikingjelly's functional.reset_net) before a batch of "
+                                   "another size")
+        return fb.reshape(flat, self.hidden).to(dtype)
+
+    def _backend_for(self, ix: torch.Tensor) -> str:
+        if self.backend != "auto":
+            if self.backend == "triton":
+                from ..backends.triton.launch import interpret
+
+                if not ix.is_cuda and not interpret():
+                    raise self._input_error(f"backend='triton' runs on CUDA tensors, but the input is on {ix.device}",
+                                            "use backend='auto' (the torch path on the CPU), move the layer and the "
+                                            "input to a GPU, or set TRITON_INTERPRET=1 before importing flexdsl")
+                if ix.dtype not in _KERNEL_DTYPES:
+                    raise self._input_error(f"the Triton kernels take float32, float16 or bfloat16, not {ix.dtype}",
+                                            "use backend='torch' for float64")
+            return self.backend
+        if ix.is_cuda and ix.dtype in _KERNEL_DTYPES and backends.get("triton").available():
+            return "triton"
+        return "torch"
+
+    def extra_repr(self) -> str:
+        c = self._view.compiled
+        return (f"{c.name}, in_features={self.in_features}, hidden={self.hidden}, connectivity={self.connectivity!r}, "
+                f"source={self.source!r}, port={self.port!r}, bias={self.bias is not None}, "
+                f"mask={self.mask is not None}, step_mode={self.step_mode!r}, backend={self.backend!r}")
+
+
+def _positive_int(view: _NeuronView, name: str, v: Any, where: A.Pos) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise view.error(f"{name} must be a positive int, not {v!r}", where,
+                         "in_features=None feeds the input (of size hidden) to the neurons without W_in"
+                         if name == "in_features" else None)
+    return int(v)
+
+
+def _mask(view: _NeuronView, mask: Any, shape: tuple[int, ...], conn: str, hidden: int, where: A.Pos) -> torch.Tensor:
+    try:
+        m = torch.as_tensor(mask)
+    except (TypeError, ValueError, RuntimeError):
+        raise view.error(f"mask must be a tensor of 0/1 (or bool) values, not {type(mask).__name__}", where) from None
+    if tuple(m.shape) != shape:
+        raise view.error(f"mask has shape {tuple(m.shape)}, but hidden={hidden} with connectivity={conn!r} needs "
+                         f"{shape}", where, "mask[i, j] = 1 keeps the weight from neuron j to neuron i"
+                         if conn == "all" else "one_to_one: a 0/1 value per neuron")
+    if m.dtype != torch.bool:
+        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
+            raise view.error("mask must hold 0/1 (or bool) values", where,
+                             "it keeps (1) or removes (0) a recurrent weight; scale weights through W_rec")
+    return m.to(torch.get_default_dtype())
+
+
+def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
+              connectivity: str = "all", mask: Any = None, source: str | None = None, port: str | None = None,
+              bias: bool = True, step_mode: str = "m", backend: str = "auto", detach_reset: bool = False,
+              param_shapes: Mapping[str, Sequence[int]] | None = None, **params: Any) -> RecurrentModule:
+    """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
+    if isinstance(model, NeuronModule):
+        if params or param_shapes or detach_reset:
+            raise model._error("params, param_shapes and detach_reset are set when the neuron is loaded; here "
+                               "the neuron is given loaded", None,
+                               "pass the model's name or path instead, or load it with these options")
+        neuron = model
+    else:
+        for name in ("store_state_seqs", "check_finite"):
+            if name in params:
+                c = compile_model(model, detach_reset)
+                raise FlexDSLError(f"`{name}` is not available on recurrent layers", c.filename,
+                                   hint="load the neuron with flexdsl.load for it")
+        neuron = NeuronModule(compile_model(model, detach_reset), params, "m", backend if backend != "auto" else "auto",
+                              False, param_shapes, False)
+    return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
+
+
+__all__ = ["RecurrentModule", "recurrent", "CONNECTIVITY"]
