@@ -4,6 +4,7 @@ fragment. Math is MathML (no script, no network); plots are PNGs beside the page
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,8 +27,34 @@ SOURCE_TITLES = {"torch": "PyTorch core (backend=\"torch\")", "triton": "Triton 
 def environment() -> jinja2.Environment:
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["spans"] = code_spans
+    env.filters["num"] = number
+    return env
+
+
+_CODE = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
+def code_spans(text: str) -> list[tuple[str, str]]:
+    """Text with Markdown-style `code` spans (as docstrings write them) as ("text" | "code", part)
+    pieces; an unmatched backtick stays text."""
+    out: list[tuple[str, str]] = []
+    pos = 0
+    for m in _CODE.finditer(text):
+        if m.start() > pos:
+            out.append(("text", text[pos:m.start()]))
+        out.append(("code", m.group(2).strip() or m.group(2)))
+        pos = m.end()
+    if pos < len(text):
+        out.append(("text", text[pos:]))
+    return out
+
+
+def number(v: float) -> str:
+    """A value for a page: six significant digits, a real minus sign."""
+    return f"{v:.6g}".replace("-", "\u2212")
 
 
 def file_label(d: ModelDoc) -> str:

@@ -21,6 +21,7 @@ import html
 import re
 import unicodedata
 from collections.abc import Collection
+from dataclasses import dataclass, field
 
 import sympy as sp
 from sympy.core.alphabets import greeks
@@ -29,6 +30,7 @@ from sympy.printing.mathml import MathMLPresentationPrinter
 from sympy.printing.precedence import PRECEDENCE, precedence_traditional
 
 MATHML_NS = "http://www.w3.org/1998/Math/MathML"
+BAR_STYLE = "border-top: 0.07em solid currentColor; padding-top: 0.06em"  # x̄: the adjoint of x
 
 _GREEK_LOWER = {g: unicodedata.lookup(f"GREEK SMALL LETTER {'LAMDA' if g == 'lambda' else g.upper()}")
                 for g in greeks}
@@ -90,13 +92,139 @@ def _tex_text(s: str) -> str:
     return s.replace("\\", "").replace("_", "\\_")
 
 
+# ---------------------------------------------------------------------------------- products
+MINUS = "\u2212"
+THIN = "0.1667em"  # the space between a number and its unit (2 ms), and between units
+
+
+def wordy(e: sp.Basic) -> bool:
+    """Whether `e` prints as a name of several letters set upright (`spike`, `dt`,
+    `not_refractory`, a unit): beside another factor it needs a visible operator, or two
+    names would read as one (`V_r spike` as `V_rspike`)."""
+    if isinstance(e, UnitSymbol):
+        return True
+    if isinstance(e, sp.Symbol):
+        name = e.name
+        if name.startswith("grad_"):
+            name = name[5:]
+        if _TEMP.fullmatch(name) or name == "_u":
+            return False
+        base, _, _, compound = split_name(name)
+        return compound or len(base) > 1
+    if isinstance(e, sp.Pow):
+        return wordy(e.args[0])
+    if isinstance(e, sp.exp):
+        return not simple_exponent(e.args[0])  # exp(...), not a raised e
+    if isinstance(e, sp.Function):  # relu(x), max(a, b): a name of several letters too
+        return type(e).__name__ not in ("sigmoid", "heaviside", "SurrogateGrad", "Where", "Abs")
+    return False
+
+
+def terms(expr: sp.Add, as_written: bool, ordered: list[sp.Expr]) -> list[sp.Expr]:
+    """The terms of a sum in print order: as written, or sympy's order with a positive term
+    first where there is one (`v - V_T`, not `-V_T + v`)."""
+    if as_written:
+        return list(expr.args)
+    first = next((i for i, t in enumerate(ordered) if _negated(t) is None), 0)
+    return [ordered[first], *ordered[:first], *ordered[first + 1:]]
+
+
+@dataclass
+class Product:
+    """A product laid out for printing: a sign, a quantity (a number with units: `0.1 mV⁻¹`),
+    the other factors over and under the fraction bar."""
+
+    negative: bool = False
+    number: sp.Expr | None = None  # the quantity's number (only where it has units)
+    units: list[tuple[sp.Expr, sp.Expr]] = field(default_factory=list)  # (unit, exponent)
+    numer: list[sp.Expr] = field(default_factory=list)
+    denom: list[sp.Expr] = field(default_factory=list)
+
+
+def _factors(expr: sp.Expr) -> list[sp.Expr]:
+    """The factors of a product, nested products (`a / b / c` as written) flattened."""
+    out: list[sp.Expr] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, sp.Mul):
+            stack.extend(reversed(e.args))
+        else:
+            out.append(e)
+    return out
+
+
+def product(expr: sp.Expr) -> Product:
+    """`expr` as a `Product`: a leading -1 (or a negative number) is the sign, negative powers
+    go under the bar, and unit powers beside the one number of a product form its quantity
+    (`0.1 / mV / ms` as written: 0.1 mV⁻¹ ms⁻¹)."""
+    p = Product()
+    fs = _factors(expr)
+    numbers = [f for f in fs if f.is_Number and f != -1]
+    has_units = any(_unit_power(f) is not None for f in fs)
+    quantity = has_units and len(numbers) == 1
+    for f in fs:
+        if f.is_Number:
+            if f.is_negative:
+                p.negative = not p.negative
+                f = -f
+            if isinstance(f, sp.Rational) and f.q != 1:
+                if f.p != 1:
+                    p.numer.append(sp.Integer(f.p))
+                p.denom.append(sp.Integer(f.q))
+            elif quantity:
+                p.number = f
+            elif f != 1:
+                p.numer.append(f)
+            continue
+        up = _unit_power(f)
+        if quantity and up is not None:
+            p.units.append(up)
+        elif isinstance(f, sp.Pow) and f.args[1].is_Number and f.args[1].is_negative:
+            base, ex = f.args
+            p.denom.append(base if ex == -1 else sp.Pow(base, -ex, evaluate=False))
+        else:
+            p.numer.append(f)
+    return p
+
+
+def _unit_power(f: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
+    if isinstance(f, UnitSymbol):
+        return f, sp.Integer(1)
+    if isinstance(f, sp.Pow) and isinstance(f.args[0], UnitSymbol) and f.args[1].is_Number:
+        return f.args[0], f.args[1]
+    return None
+
+
+def simple_exponent(e: sp.Expr) -> bool:
+    """An exponent that reads well raised (`e^{-x}`): no sum, no fraction, no function."""
+    for a in sp.preorder_traversal(e):
+        if isinstance(a, sp.Add | sp.Function) or (isinstance(a, sp.Pow) and a.args[1].is_negative) or (
+                isinstance(a, sp.Rational) and a.q != 1):
+            return False
+    return True
+
+
+def number_text(x: sp.Expr) -> tuple[str, str | None]:
+    """(mantissa, power of ten or None) of a number, six significant digits (a page shows
+    values, the generated code keeps every digit)."""
+    if isinstance(x, sp.Integer):
+        return str(abs(int(x))), None
+    t = f"{abs(float(x)):.6g}"
+    if "e" in t:
+        m, e = t.split("e")
+        return m, str(int(e))
+    return t, None
+
+
 # ---------------------------------------------------------------------------------- MathML
 class MathMLPrinter(MathMLPresentationPrinter):
     """sympy's presentation printer with flexdsl's names and functions (see the module doc)."""
 
-    def __init__(self, adjoints: Collection[str] = (), order: str | None = None) -> None:
+    def __init__(self, adjoints: Collection[str] = (), order: str | None = None, inline: bool = False) -> None:
         super().__init__({"order": order})
         self.adjoints = set(adjoints)
+        self.inline = inline  # one line: a / b instead of a fraction bar, exp(x) instead of a raised e^x
 
     # elements
     def _el(self, tag: str, *children, text: str | None = None, **attrs: str):
@@ -129,18 +257,23 @@ class MathMLPrinter(MathMLPresentationPrinter):
     def _symbol(self, name: str, overline: bool = False):
         if name in self.adjoints and name.startswith("grad_") and not overline:
             return self._symbol(name[5:], overline=True)
-        bar = (lambda s: "".join(ch + "\u0305" for ch in s)) if overline else (lambda s: s)
         m = _TEMP.fullmatch(name)
         if m is not None:
-            t = self._el("mi", text=bar("t\u0303"))
+            t = self._bar(self._el("mi", text="t\u0303"), overline)
             return self._el("msub", t, self._el("mn", text=m.group(1))) if m.group(1) else t
         if name == "_u":
-            return self._el("mi", text=bar("u"))
+            return self._bar(self._el("mi", text="u"), overline)
         base, _, sub, compound = split_name(name)
-        mi = self._el("mi", text=bar(base))
+        mi = self._bar(self._el("mi", text=base), overline)
         if compound or not sub:
             return mi
         return self._el("msub", mi, self._el("mn" if sub.isdigit() else "mi", text=sub))
+
+    def _bar(self, el, overline: bool):
+        """A bar over the whole name (not letter by letter): a rule along the top of its box."""
+        if not overline:
+            return el
+        return self._el("mrow", el, style=BAR_STYLE)
 
     def _fenced(self, inner, left: str = "(", right: str = ")"):
         """`inner` between fences that stretch only around tall content (fractions, cases, roots)."""
@@ -159,12 +292,12 @@ class MathMLPrinter(MathMLPresentationPrinter):
 
     # sums and products that may be unevaluated: parenthesize by precedence, never re-evaluate
     def _print_Add(self, expr, order=None):
-        args = list(expr.args) if self.order == "none" else self._as_ordered_terms(expr)
+        args = terms(expr, self.order == "none", [] if self.order == "none" else self._as_ordered_terms(expr))
         row = self._row(self._print(args[0]))
         for a in args[1:]:
             neg = _negated(a)
             if neg is not None:
-                row.appendChild(self._mo("-"))
+                row.appendChild(self._mo(MINUS))
                 row.appendChild(self.parenthesize(neg, PRECEDENCE["Add"]))
             else:
                 row.appendChild(self._mo("+"))
@@ -172,33 +305,100 @@ class MathMLPrinter(MathMLPresentationPrinter):
         return row
 
     def _print_Mul(self, expr):
-        from sympy.simplify import fraction
+        return self._product(product(expr))
 
-        inner = _unsigned(expr)
-        if inner is not None and not (isinstance(expr.args[0], sp.Number) and len(expr.args) == 2
-                                      and expr.args[1].is_Atom):
-            return self._row(self._mo("-"), self.parenthesize(inner, PRECEDENCE["Mul"], strict=True))
-        numer, denom = fraction(expr, exact=True)
-        if denom is not sp.S.One and denom != 1:
-            return self._el("mfrac", self._print(numer), self._print(denom))
-        factors = list(expr.args)
+    def _product(self, p: Product):
         row = self._row()
-        if factors and factors[0] == -1 and len(factors) > 1:
-            row.appendChild(self._mo("-"))
-            factors = factors[1:]
-        for i, f in enumerate(factors):
-            number = f.is_Number
+        if p.negative:
+            row.appendChild(self._mo(MINUS))
+        pieces: list[tuple[bool, object]] = []  # (wordy, element)
+        if p.number is not None:
+            pieces.append((True, self._quantity(p)))
+        if p.denom:
+            num = self._factors(p.numer, alone=not self.inline) if p.numer else self._el("mn", text="1")
+            if self.inline:
+                d = p.denom[0]
+                if len(p.denom) == 1 and not isinstance(d, sp.Add | sp.Mul) and not (d.is_Number and d.is_negative):
+                    den = self._print(d)
+                else:
+                    den = self._fenced(self._factors(p.denom, alone=True))
+                pieces.append((False, self._row(num, self._mo("/"), den)))
+            else:
+                pieces.append((False, self._el("mfrac", num, self._factors(p.denom, alone=True))))
+        elif p.numer:
+            pieces.append((wordy(p.numer[0]), self._factors(p.numer, alone=not pieces and not p.negative)))
+        for i, (_, el) in enumerate(pieces):
             if i:
-                row.appendChild(self._mo("\u00b7" if number else "\u2062"))
-            if i == 0 and _negated(f) is not None and not f.is_Number:  # -a b: no parentheses needed
-                row.appendChild(self._print(f))
-            else:  # a product inside a product needs none either: (a b) c is a b c
-                row.appendChild(self.parenthesize(f, PRECEDENCE["Mul"], strict=isinstance(f, sp.Mul)))
+                row.appendChild(self._mo("\u00b7"))
+            row.appendChild(el)
+        if len(row.childNodes) == 1:
+            return row.childNodes[0]
         return row
+
+    def _factors(self, fs: list[sp.Expr], alone: bool = False):
+        """Factors side by side: a visible dot beside a name of several letters or before a
+        number, else juxtaposed. `alone`: one factor needs no parentheses (a fraction's side)."""
+        if len(fs) == 1 and alone:
+            return self._print(fs[0])
+        row = self._row()
+        for i, f in enumerate(fs):
+            if i:
+                dot = f.is_Number or wordy(f) or wordy(fs[i - 1])
+                row.appendChild(self._mo("\u00b7" if dot else "\u2062"))
+            row.appendChild(self.parenthesize(f, PRECEDENCE["Mul"], strict=False))
+        return row if len(fs) != 1 else row.childNodes[0]
+
+    def _quantity(self, p: Product):
+        """A number with its units, a thin space between them (2 ms, 0.1 mV⁻¹ ms⁻¹)."""
+        row = self._row(self._number(p.number))
+        for u, ex in p.units:
+            row.appendChild(self._el("mspace", width=THIN))
+            el = self._print(u)
+            if ex != 1:
+                el = self._el("msup", el, self._signed(ex))
+            row.appendChild(el)
+        return row
+
+    def _signed(self, x: sp.Expr):
+        if x.is_negative:
+            return self._row(self._mo(MINUS), self._number(-x))
+        return self._number(x)
+
+    def _number(self, x: sp.Expr):
+        m, e = number_text(x)
+        if e is None:
+            return self._el("mn", text=m)
+        return self._row(self._el("mn", text=m), self._mo("\u00d7"),
+                         self._el("msup", self._el("mn", text="10"), self._signed(sp.Integer(int(e)))))
+
+    def _print_Integer(self, e):
+        return self._signed(e)
+
+    def _print_Float(self, e):
+        return self._signed(e)
+
+    def _print_Rational(self, e):
+        if e.q == 1:
+            return self._signed(e)
+        return self._product(product(e))
+
+    def _print_Zero(self, e):
+        return self._el("mn", text="0")
+
+    def _print_One(self, e):
+        return self._el("mn", text="1")
+
+    def _print_NegativeOne(self, e):
+        return self._signed(e)
+
+    def _print_Half(self, e):
+        return self._print_Rational(e)
 
     def parenthesize(self, item, level, strict=False):
         prec = precedence_traditional(item)
-        if _unsigned(item) is not None:
+        if _unsigned(item) is not None or (item.is_Number and item.is_negative):
+            prec = PRECEDENCE["Add"]
+        if isinstance(item, sp.Mul) and product(item).negative:
             prec = PRECEDENCE["Add"]
         if prec < level or (not strict and prec <= level):
             return self._fenced(self._print(item))
@@ -206,9 +406,15 @@ class MathMLPrinter(MathMLPresentationPrinter):
 
     def _print_Pow(self, e):
         base, ex = e.args
-        if ex == -1:
-            return self._el("mfrac", self._el("mn", text="1"), self._print(base))
-        return super()._print_Pow(e)
+        if ex.is_Number and ex.is_negative:
+            return self._product(product(e))
+        if isinstance(base, sp.Symbol) or base.is_Number and not base.is_negative:
+            b = self._print(base)
+        else:
+            b = self._fenced(self._print(base))
+        if ex == sp.Rational(1, 2) and not self.inline:
+            return self._el("msqrt", self._print(base))
+        return self._el("msup", b, self._print(ex))
 
     def _print_Abs(self, expr, exp=None):
         return self._row(self._mo("|"), self._print(expr.args[0]), self._mo("|"))
@@ -217,7 +423,10 @@ class MathMLPrinter(MathMLPresentationPrinter):
         return self._el("mi", text="e", mathvariant="normal")
 
     def _print_exp(self, expr):
-        return self._el("msup", self._print_Exp1(None), self._print(expr.args[0]))
+        arg = expr.args[0]
+        if self.inline or not simple_exponent(arg):  # a sum or a fraction raised would be set tiny
+            return self._call("exp", arg)
+        return self._el("msup", self._print_Exp1(None), self._print(arg))
 
     # flexdsl's functions
     def _print_sigmoid(self, e):
@@ -323,15 +532,18 @@ def _plain_entities(markup: str) -> str:
     return _ENTITY.sub(repl, markup)
 
 
-def mathml_inner(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None) -> str:
+def mathml_inner(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None,
+                 inline: bool = False) -> str:
     """The presentation markup of `expr`, without the `<math>` element. `order="none"` keeps the
-    terms as they are (an expression as written); the default orders an evaluated one."""
-    return _plain_entities(MathMLPrinter(adjoints, order).doprint(expr))
+    terms as they are (an expression as written); the default orders an evaluated one. `inline`:
+    on one line (a / b, exp(x)), for table cells."""
+    return _plain_entities(MathMLPrinter(adjoints, order, inline).doprint(expr))
 
 
 def math_element(inner: str, display: bool = False, alttext: str = "") -> str:
-    """`<math>` around presentation markup."""
-    attrs = f' xmlns="{MATHML_NS}"' + (' display="block"' if display else "")
+    """`<math>` around presentation markup; `display`: set as a display (block) equation, else
+    inline but in display style all the same (fractions at full size)."""
+    attrs = f' xmlns="{MATHML_NS}"' + (' display="block"' if display else ' displaystyle="true"')
     if alttext:
         attrs += f' alttext="{html.escape(alttext, quote=True)}"'
     return f"<math{attrs}>{inner}</math>"
@@ -377,19 +589,22 @@ def derivative_mathml(state: str) -> str:
 
 # ---------------------------------------------------------------------------------- LaTeX
 class LatexPrinterFlex(LatexPrinter):
-    """sympy's LaTeX printer with flexdsl's names and functions (see the module doc)."""
+    """sympy's LaTeX printer with flexdsl's names and functions (see the module doc); products,
+    quantities and exponents laid out as by the MathML printer."""
 
-    def __init__(self, adjoints: Collection[str] = (), order: str | None = None) -> None:
+    def __init__(self, adjoints: Collection[str] = (), order: str | None = None, inline: bool = False) -> None:
         super().__init__({"order": order})
         self.adjoints = set(adjoints)
+        self.inline = inline
 
     def _print_UnitSymbol(self, expr, style="plain"):
         return r"\mathrm{" + _tex_text(expr.label).replace("\u00b5", r"\mu ").replace("\u03a9", r"\Omega ") + "}"
 
     def _print_Symbol(self, expr, style="plain"):
         name = expr.name
-        if name in self.adjoints and name.startswith("grad_"):
-            return r"\overline{" + self._print_Symbol(sp.Symbol(name[5:])) + "}"
+        if name in self.adjoints and name.startswith("grad_"):  # the bar over the whole name, not its index
+            stem, sep, sub = self._print_Symbol(sp.Symbol(name[5:])).partition("_{")
+            return r"\overline{" + stem + "}" + sep + sub
         m = _TEMP.fullmatch(name)
         if m is not None:
             return r"\tilde{t}" + (f"_{{{m.group(1)}}}" if m.group(1) else "")
@@ -405,15 +620,83 @@ class LatexPrinterFlex(LatexPrinter):
         return tex + (f"_{{{sub}}}" if sub.isdigit() else r"_{\mathrm{" + _tex_text(sub) + "}}")
 
     def _print_Mul(self, expr):
-        inner = _unsigned(expr)
-        if inner is not None:  # an unevaluated negation: -(a + b), -a b, (-a)/b
-            return "- " + self.parenthesize(inner, PRECEDENCE["Mul"], strict=True)
-        return super()._print_Mul(expr)
+        return self._product(product(expr))
+
+    def _product(self, p: Product) -> str:
+        pieces: list[str] = []
+        if p.number is not None:
+            q = self._number(p.number)
+            for u, ex in p.units:
+                q += r"\," + self._print(u) + ("" if ex == 1 else "^{" + self._number(ex) + "}")
+            pieces.append(q)
+        if p.denom:
+            num = self._factors(p.numer, alone=not self.inline) if p.numer else "1"
+            if self.inline:
+                d = p.denom[0]
+                if len(p.denom) == 1 and not isinstance(d, sp.Add | sp.Mul) and not (d.is_Number and d.is_negative):
+                    den = self._print(d)
+                else:
+                    den = r"\left(" + self._factors(p.denom, alone=True) + r"\right)"
+                pieces.append(f"{num} / {den}")
+            else:
+                pieces.append(r"\frac{" + num + "}{" + self._factors(p.denom, alone=True) + "}")
+        elif p.numer:
+            pieces.append(self._factors(p.numer, alone=not pieces and not p.negative))
+        return ("- " if p.negative else "") + r" \cdot ".join(pieces)
+
+    def _factors(self, fs: list[sp.Expr], alone: bool = False) -> str:
+        if len(fs) == 1 and alone:
+            return self._print(fs[0])
+        out = ""
+        for i, f in enumerate(fs):
+            if i:
+                out += r" \cdot " if (f.is_Number or wordy(f) or wordy(fs[i - 1])) else " "
+            out += self._factor(f)
+        return out
+
+    def _factor(self, f: sp.Expr) -> str:
+        prec = precedence_traditional(f)
+        if _unsigned(f) is not None or (f.is_Number and f.is_negative) or (
+                isinstance(f, sp.Mul) and product(f).negative):
+            prec = PRECEDENCE["Add"]
+        s = self._print(f)
+        return r"\left(" + s + r"\right)" if prec <= PRECEDENCE["Mul"] else s
+
+    def _number(self, x: sp.Expr) -> str:
+        m, e = number_text(x)
+        sign = "-" if x.is_negative else ""
+        return sign + (m if e is None else rf"{m} \times 10^{{{e}}}")
+
+    def _print_Integer(self, e):
+        return self._number(e)
+
+    def _print_Float(self, e):
+        return self._number(e)
+
+    def _print_Rational(self, e):
+        return self._number(e) if e.q == 1 else self._product(product(e))
+
+    def _print_Pow(self, e):
+        base, ex = e.args
+        if ex.is_Number and ex.is_negative:
+            return self._product(product(e))
+        if ex == sp.Rational(1, 2) and not self.inline:
+            return r"\sqrt{" + self._print(base) + "}"
+        b = self._print(base)
+        if not (isinstance(base, sp.Symbol) or (base.is_Number and not base.is_negative)):
+            b = r"\left(" + b + r"\right)"
+        return b + "^{" + self._print(ex) + "}"
+
+    def _print_exp(self, expr, exp=None):
+        arg = expr.args[0]
+        if self.inline or not simple_exponent(arg):
+            return self._call(r"\exp", arg, exp=exp)
+        return _power("e^{" + self._print(arg) + "}", exp)
 
     def _print_Add(self, expr, order=None):
-        terms = list(expr.args) if self.order == "none" else self._as_ordered_terms(expr, order=order)
-        out = self._print(terms[0])
-        for t in terms[1:]:
+        ts = terms(expr, self.order == "none", [] if self.order == "none" else self._as_ordered_terms(expr, order=order))
+        out = self._print(ts[0])
+        for t in ts[1:]:
             neg = _negated(t)
             out += (" - " + self._term(neg)) if neg is not None else (" + " + self._term(t))
         return out
@@ -477,9 +760,18 @@ def _power(s: str, exp: str | None) -> str:
     return s if exp is None else s + "^{" + str(exp) + "}"
 
 
-def latex(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None) -> str:
-    """`expr` as LaTeX (math mode, no delimiters); `order` as for `mathml_inner`."""
-    return LatexPrinterFlex(adjoints, order).doprint(expr)
+def latex(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None, inline: bool = False) -> str:
+    """`expr` as LaTeX (math mode, no delimiters); `order` and `inline` as for `mathml_inner`."""
+    return LatexPrinterFlex(adjoints, order, inline).doprint(expr)
+
+
+_TEX_SPECIAL = {"\\": r"\textbackslash{}", "_": r"\_", "#": r"\#", "%": r"\%", "&": r"\&", "$": r"\$",
+                "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def tex_text(s: str) -> str:
+    """Plain text for `\\text{...}`: TeX's special characters escaped (`fast_sigmoid`)."""
+    return "".join(_TEX_SPECIAL.get(ch, ch) for ch in s)
 
 
 def latex_name(name: str) -> str:
