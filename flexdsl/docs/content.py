@@ -33,7 +33,7 @@ from .printing import (
     math_element,
     mathml_inner,
 )
-from .units import declared_unit, unit_of
+from .units import declared_unit, unit_label
 
 if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
@@ -346,7 +346,7 @@ def _tables(c: Compiled, w: _Written, current: dict[str, Any] | None) -> tuple[l
             env[p.name] = float("nan")
         pw = w_params.get(p.name, p)
         plain = _plain_number(p.default)  # (a number with a unit, `10 ms`: the number; the unit has its column)
-        params.append(Row(p.name, _name(p.name), p.doc, unit_of(p), declared_unit(p),
+        params.append(Row(p.name, _name(p.name), p.doc, unit_label(p), declared_unit(p),
                           w.math(p.default if plain else pw.default, inline=True), None if plain else env[p.name],
                           w.compare(pw.where) if pw.where is not None else None, _where_text(c, p.where),
                           p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
@@ -359,9 +359,9 @@ def _tables(c: Compiled, w: _Written, current: dict[str, Any] | None) -> tuple[l
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
             v0 = float("nan")
         sw = w_states.get(s.name, s)
-        states.append(Row(s.name, _name(s.name), s.doc, unit_of(s), declared_unit(s), w.math(sw.init, inline=True),
+        states.append(Row(s.name, _name(s.name), s.doc, unit_label(s), declared_unit(s), w.math(sw.init, inline=True),
                           None if _plain_number(sw.init) else v0, line=s.pos.line))
-    inputs = [Row(i.name, _name(i.name), i.doc, unit_of(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
+    inputs = [Row(i.name, _name(i.name), i.doc, unit_label(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
     return inputs, params, states
 
 
@@ -536,14 +536,13 @@ def _surrogate_doc(c: Compiled, w: _Written, a: Math, b: Math) -> SurrogateDoc:
 
         generic = BUILTIN_SURROGATES[rs.name].derivative(x, **kw_syms)
         source = SURROGATES[rs.name].source
-    ws = (ck.written or ck).surrogate or rs  # as written: keywords with their units (alpha=1/mV)
-    call = f"{rs.name}(" + ", ".join(f"{k}={_kw_text(c, w, v)}" for k, v in ws.kwargs.items()) + ")"
+    call = surrogate_call(c) or rs.name  # as written: keywords with their units (alpha=1/mV)
     lhs_g = Math(f"<mrow>{_S_PRIME}<mo stretchy=\"false\">(</mo>{mathml_inner(x)}<mo stretchy=\"false\">)</mo></mrow>",
                  f"S'({latex(x)})", f"S'({x.name})")
     lhs_u = Math(f"<mrow>{_S_PRIME}<mo stretchy=\"false\">(</mo><mi>u</mi><mo stretchy=\"false\">)</mo></mrow>", "S'(u)",
                  "S'(u)")
     u = Statement(Math("<mi>u</mi>", "u", "u"), "=",
-                  Math(f"<mrow>{a.mathml}<mo>-</mo>{_paren(b)}</mrow>", f"{a.latex} - {_paren_tex(b)}",
+                  Math(f"<mrow>{a.mathml}<mo>\u2212</mo>{_paren(b)}</mrow>", f"{a.latex} - {_paren_tex(b)}",
                        f"{a.text} - ({b.text})"))
     return SurrogateDoc(rs.name, call, Statement(lhs_g, "=", _math(generic, order="none" if rs.user else None)), Statement(lhs_u, "=",
                         _math(sur.derivative)), u, source, rs.user is not None)
@@ -558,7 +557,16 @@ def _paren_tex(m: Math) -> str:
     return m.latex if re.fullmatch(r"[\\A-Za-z0-9_{}.]+", m.latex) else rf"\left({m.latex}\right)"
 
 
-def _kw_text(c: Compiled, w: _Written, e: A.Expr) -> str:
+def surrogate_call(c: Compiled) -> str | None:
+    """The surrogate as the model writes it, keywords with their units: `sigmoid(alpha=1/mV)`."""
+    rs = c.checked.surrogate
+    if rs is None:
+        return None
+    ws = (c.checked.written or c.checked).surrogate or rs
+    return f"{rs.name}(" + ", ".join(f"{k}={_kw_text(c, None, v)}" for k, v in ws.kwargs.items()) + ")"
+
+
+def _kw_text(c: Compiled, w: _Written | None, e: A.Expr) -> str:
     """A surrogate keyword's value as written in the model (a default: its value)."""
     if isinstance(e, A.Num):
         return e.text

@@ -63,7 +63,10 @@ def file_label(d: ModelDoc) -> str:
     return d.filename if d.filename != "<string>" else "(model text)"
 
 
-def usage(d: ModelDoc) -> str:
+def usage(d: ModelDoc, fig: Figures | None = None) -> str:
+    """How to load the model, and (with figures) the `flexdsl run` command of the step response
+    shown on the page: chosen from the model's own f–I scan, so it spikes; its amplitude is in the
+    input's unit."""
     if d.library:
         target = repr(d.stem)
         cli = d.stem
@@ -72,15 +75,19 @@ def usage(d: ModelDoc) -> str:
     else:
         target = repr(d.filename)
         cli = shlex.quote(d.filename)
-    return (f"import flexdsl\nm = flexdsl.load({target})   # a trainable torch.nn.Module\n\n"
-            f"$ flexdsl run {cli} --T 200 --input step:1.5@20 --plot out.png")
+    out = f"import flexdsl\nm = flexdsl.load({target})   # a trainable torch.nn.Module"
+    run = fig.run if fig is not None else None
+    if run is not None:
+        out += (f"\n\n# the step response shown below: {run.comment()}\n"
+                f"$ flexdsl run {cli} --T {run.T} --input {run.spec} --plot out.png")
+    return out
 
 
 def _context(d: ModelDoc, fig: Figures | None, **extra: object) -> dict[str, object]:
     from .. import __version__
 
     rows = [*d.inputs, *d.params, *d.states]
-    return {"d": d, "fig": fig, "version": __version__, "file_label": file_label(d), "usage": usage(d),
+    return {"d": d, "fig": fig, "version": __version__, "file_label": file_label(d), "usage": usage(d, fig),
             "source_titles": SOURCE_TITLES, "has_guessed_units": any(r.unit and not r.unit_declared for r in rows),
             **extra}
 

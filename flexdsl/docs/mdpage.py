@@ -85,7 +85,7 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None)
         out.append(f"> **Reference.** {prose(d.reference)}\n")
     for kind, body in d.blocks:
         out.append((fence(body, "text") if kind == "pre" else prose(body)) + "\n")
-    out.append(fence(usage(d), "text") + "\n")
+    out.append(fence(usage(d, fig), "text") + "\n")
     _interface(d, out.append)
     _equations(d, out.append)
     if fig is not None:
@@ -143,6 +143,8 @@ def _plots(d: ModelDoc, fig: Figures, add: Callable[[str], None]) -> None:
                           (fig.fi, fig.fi_caption, "f-I curve"), (fig.surrogate, fig.surrogate_caption, "surrogate")):
         if src:
             add(f"![{text(d.name)}: {alt}](<{src}>)\n\n*{text(cap)}*\n")
+        if src and src == fig.fi and fig.fi_data:
+            add(f"The numbers: [{text(fig.fi_data if not fig.fi_data.startswith('data:') else 'CSV')}](<{fig.fi_data}>)\n")
 
 
 def _derived(d: ModelDoc, add: Callable[[str], None]) -> None:
