@@ -15,6 +15,7 @@ import html
 import inspect
 import re
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import sympy as sp
@@ -424,11 +425,12 @@ def _refractory_block(c: Compiled, w: _Written, rf: Any) -> Block:
                                      "\u201cunless refractory\u201d hold their state")
 
 
-def without_temporaries(assignments: list[tuple[sp.Symbol, sp.Expr]]
+def without_temporaries(assignments: list[tuple[sp.Symbol, sp.Expr]], given: Mapping[sp.Symbol, sp.Expr] | None = None
                         ) -> tuple[list[tuple[sp.Symbol, sp.Expr]], dict[sp.Symbol, sp.Expr]]:
     """The SSA assignments with the shared subexpressions (`_t…`, a device of the generated code)
-    substituted back: what a reader sees names only the model's own quantities."""
-    subs: dict[sp.Symbol, sp.Expr] = {}
+    and, in a backward, their gradients (`grad__t…`) substituted back: what a reader sees names
+    only the model's own quantities. `given`: substitutions made before (the forward's)."""
+    subs: dict[sp.Symbol, sp.Expr] = dict(given or {})
     out = []
     for y, e in assignments:
         e = e.xreplace(subs)
@@ -439,7 +441,7 @@ def without_temporaries(assignments: list[tuple[sp.Symbol, sp.Expr]]
     return out, subs
 
 
-_TEMPORARY = re.compile(r"_t(_\d+)?")
+_TEMPORARY = re.compile(r"(grad_)?_t(_\d+)?")
 
 
 def _derived_step(c: Compiled) -> tuple[Block, list[Statement], list[Statement], str]:
@@ -463,7 +465,8 @@ def _derived_backward(c: Compiled) -> tuple[list[Statement], list[Math], list[St
     step, bw = c.step, c.backward
     adj = frozenset({g.name for g in [*bw.grad_outputs, *bw.grad_next_states]}
                     | {y.name for y, _ in bw.assignments if y.name.startswith("grad_")})
-    shown, subs = without_temporaries(list(bw.assignments))
+    _, forward = without_temporaries(list(step.assignments))
+    shown, subs = without_temporaries(list(bw.assignments), forward)
     bsts = [Statement(_math(y, adj), "=", _math(e, adj)) for y, e in shown]
     given = [_math(g, adj) for g in [*bw.grad_outputs, *bw.grad_next_states]]
     results = []
