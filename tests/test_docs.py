@@ -195,7 +195,7 @@ def test_markdown_page(site, stem):
     out, _, _, _ = site
     md = (out / f"{stem}.md").read_text()
     ck = flexdsl.compile(stem).checked
-    assert md.startswith(f"[\u2190 all models](index.md)\n\n# {ck.name}")
+    assert md.startswith(f"[\u2190 all models](index.md) \u00b7 [language reference](<language.md>)\n\n# {ck.name}")
     assert "| name | default | constraint | learnable | description | unit |" in md
     assert "$$\n\\begin{aligned}" in md
     for src in re.findall(r"!\[[^\]]*\]\(<([^>]+)>\)", md):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import html
 import inspect
 import re
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sympy as sp

@@ -74,10 +74,12 @@ def prose(s: str) -> str:
     return "".join(code(part) if kind == "code" else text(part) for kind, part in code_spans(s))
 
 
-def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None) -> str:
+def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None,
+         reference_link: str | None = None) -> str:
     out: list[str] = []
     if index_link:
-        out.append(f"[\u2190 all models]({index_link})\n")
+        ref = f" \u00b7 [language reference](<{reference_link}>)" if reference_link else ""
+        out.append(f"[\u2190 all models]({index_link}){ref}\n")
     out.append(f"# {text(d.name)} \u2014 {code(file_label(d))}\n")
     if d.summary:
         out.append(f"**{prose(d.summary)}**\n")

@@ -408,13 +408,11 @@ class MathMLPrinter(MathMLPresentationPrinter):
         base, ex = e.args
         if ex.is_Number and ex.is_negative:
             return self._product(product(e))
-        if isinstance(base, sp.Symbol) or base.is_Number and not base.is_negative:
-            b = self._print(base)
-        else:
-            b = self._fenced(self._print(base))
+        if base.is_Atom and not (base.is_Number and base.is_negative):
+            return self._el("msup", self._print(base), self._print(ex))
         if ex == sp.Rational(1, 2) and not self.inline:
             return self._el("msqrt", self._print(base))
-        return self._el("msup", b, self._print(ex))
+        return self._el("msup", self._fenced(self._print(base)), self._print(ex))
 
     def _print_Abs(self, expr, exp=None):
         return self._row(self._mo("|"), self._print(expr.args[0]), self._mo("|"))
@@ -680,12 +678,7 @@ class LatexPrinterFlex(LatexPrinter):
         base, ex = e.args
         if ex.is_Number and ex.is_negative:
             return self._product(product(e))
-        if ex == sp.Rational(1, 2) and not self.inline:
-            return r"\sqrt{" + self._print(base) + "}"
-        b = self._print(base)
-        if not (isinstance(base, sp.Symbol) or (base.is_Number and not base.is_negative)):
-            b = r"\left(" + b + r"\right)"
-        return b + "^{" + self._print(ex) + "}"
+        return super()._print_Pow(e)
 
     def _print_exp(self, expr, exp=None):
         arg = expr.args[0]
