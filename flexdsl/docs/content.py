@@ -496,6 +496,8 @@ def _differs(current: dict[str, Any] | None, name: str, default: float) -> str |
     if not current or name not in current:
         return None
     v = current[name]
+    if hasattr(v, "detach"):  # a learnable param: its value, without the autograd graph (and its warning)
+        v = v.detach()
     try:
         f = float(v)
     except (TypeError, ValueError, RuntimeError):  # a per-channel tensor

@@ -96,12 +96,13 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None,
          reference_link: str | None = None) -> str:
     """A complete HTML page."""
     return environment().get_template("page.html.j2").render(
-        _context(d, fig, index_link=index_link, reference_link=reference_link))
+        _context(d, fig, index_link=index_link, reference_link=reference_link, compact=False))
 
 
 def fragment(d: ModelDoc, fig: Figures | None = None) -> str:
-    """The page's content as an HTML fragment (notebooks)."""
-    return environment().get_template("fragment.html.j2").render(_context(d, fig))
+    """The page's content as an HTML fragment for a notebook: compact, each section collapsible
+    (the equations as written open, the rest closed)."""
+    return environment().get_template("fragment.html.j2").render(_context(d, fig, compact=True))
 
 
 @dataclass
