@@ -565,8 +565,12 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                                           f"the input's step shape {tuple(shape)}", self._param_decls[name].pos,
                                           "per-channel values broadcast like torch tensors against one step of "
                                           "the input (e.g. shape (C,) for [T, B, C], (C, 1, 1) for [T, B, C, H, W])")
-        params = self._compiled.with_derived(params)
         init = self._states_for(x0, shape, given)
+        if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
+            from .finite import guard
+
+            xs, init, params = guard(self._compiled, xs, init, params)
+        params = self._compiled.with_derived(params)
         res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
         if self.check_finite:
             from .finite import check
