@@ -29,10 +29,8 @@ MATHML = "{http://www.w3.org/1998/Math/MathML}"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    seen = []
-    res = docs.build([NEURONS], out, progress=lambda k, n, label, s: seen.append((k, n, label)))
+def site(library_site):
+    out, res, seen = library_site
     return out, res, seen, res.seconds
 
 

@@ -225,6 +225,7 @@ class MathMLPrinter(MathMLPresentationPrinter):
         super().__init__({"order": order})
         self.adjoints = set(adjoints)
         self.inline = inline  # one line: a / b instead of a fraction bar, exp(x) instead of a raised e^x
+        self._depth = 0  # fraction bars around what is being printed
 
     # elements
     def _el(self, tag: str, *children, text: str | None = None, **attrs: str):
@@ -315,8 +316,14 @@ class MathMLPrinter(MathMLPresentationPrinter):
         if p.number is not None:
             pieces.append((True, self._quantity(p)))
         if p.denom:
-            num = self._factors(p.numer, alone=not self.inline) if p.numer else self._el("mn", text="1")
-            if self.inline:
+            inline = self.inline or self._depth >= 1  # a fraction inside a fraction: on one line (readable size)
+            self._depth += 1
+            try:
+                num = self._factors(p.numer, alone=not inline) if p.numer else self._el("mn", text="1")
+                den_full = None if inline else self._factors(p.denom, alone=True)
+            finally:
+                self._depth -= 1
+            if inline:
                 d = p.denom[0]
                 if len(p.denom) == 1 and not isinstance(d, sp.Add | sp.Mul) and not (d.is_Number and d.is_negative):
                     den = self._print(d)
@@ -324,7 +331,7 @@ class MathMLPrinter(MathMLPresentationPrinter):
                     den = self._fenced(self._factors(p.denom, alone=True))
                 pieces.append((False, self._row(num, self._mo("/"), den)))
             else:
-                pieces.append((False, self._el("mfrac", num, self._factors(p.denom, alone=True))))
+                pieces.append((False, self._el("mfrac", num, den_full)))
         elif p.numer:
             pieces.append((wordy(p.numer[0]), self._factors(p.numer, alone=not pieces and not p.negative)))
         for i, (_, el) in enumerate(pieces):
