@@ -164,3 +164,21 @@ def test_notebook_display_is_compact_and_warns_of_nothing():
     assert len(re.findall(r"<details class=\"section\"[^>]* open>", html)) == 1
     assert '<details class="section" id="equations" open>' in html
     assert "0.3" in html
+
+
+def test_readme_page_image_shows_the_current_page():
+    """docs/images/adex_page.png was made from the page flexdsl generates today (its recorded
+    SHA-256 of the content shown matches): regenerate it with `python tests/readme_images.py`."""
+    from PIL import Image
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import readme_images
+    finally:
+        sys.path.pop(0)
+    im = Image.open(ROOT / "docs" / "images" / "adex_page.png")
+    assert im.size[0] == 820 and im.size[1] > 1500
+    recorded = im.info.get(readme_images.KEY)
+    assert recorded == readme_images.digest(), (
+        "docs/images/adex_page.png shows an older page: run `python tests/readme_images.py`")
+    assert "docs/images/adex_page.png" in (ROOT / "README.md").read_text()
