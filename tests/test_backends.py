@@ -17,11 +17,11 @@ from flexdsl import backends
 from flexdsl.backends.base import RunResult
 from flexdsl.backends.torch.emit import TorchPrinter
 from flexdsl.backends.triton.emit import HostPrinter, TritonPrinter
-from flexdsl.frontend.catalog import ALL_FUNCTIONS, METHODS, SURROGATES, TARGETS
+from flexdsl.frontend.catalog import ALL_FUNCTIONS, METHODS, SURROGATES
 from flexdsl.ir.functions import SYMPY
 from flexdsl.ir.integrate import INTEGRATORS
 from flexdsl.ir.surrogates import BUILTIN_SURROGATES
-from flexdsl.runtime.cache import Artefact
+from flexdsl.store.cache import Artefact
 
 PRINTERS = [TorchPrinter, TritonPrinter, HostPrinter]
 
@@ -30,14 +30,14 @@ PRINTERS = [TorchPrinter, TritonPrinter, HostPrinter]
 @pytest.mark.parametrize("name", sorted(ALL_FUNCTIONS))
 def test_every_printer_prints_every_function(printer, name):
     f = ALL_FUNCTIONS[name]
-    assert set(f.spell) == set(TARGETS), f"{name}: spellings for {sorted(f.spell)}"
+    assert set(printer.SPELL) == set(ALL_FUNCTIONS), f"{printer.__name__}: spellings for {sorted(printer.SPELL)}"
     args = sp.symbols("a b c", real=True)[: f.arity]
     if name == "where":
         args = (sp.StrictGreaterThan(args[0], 0), *args[1:])
     expr = SYMPY[f.sympy](*args)
     text = printer()._print(expr)
     # the printed call uses the record's spelling (its text before the first argument)
-    head = f.spell[printer.TARGET].split("{")[0]
+    head = printer.SPELL[name].split("{")[0]
     if name not in ("detach",) and head:
         assert head in text, (name, text)
     assert "Symbol" not in text and "Function" not in text

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import flexdsl  # noqa: E402
 from flexdsl import backends  # noqa: E402
 from flexdsl.backends.triton import LAUNCHES  # noqa: E402
-from flexdsl.runtime import cache  # noqa: E402
+from flexdsl.store import cache  # noqa: E402
 
 # triton is a dependency on Linux: its absence is a failure, never a skip
 assert backends.get("triton").available(), "triton must be importable for these tests"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..runtime.cache import Artefact
+from ..store.cache import Artefact
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..frontend.check import CheckedModel
     from ..ir.derive import BackwardModel
     from ..ir.lower import StepModel
-    from ..ir.schedule import Schedule
+    from ..ir.schedule import Hoisted, Schedule
 
 
 class IR(Protocol):
@@ -40,6 +40,7 @@ class IR(Protocol):
     checked: CheckedModel
     step: StepModel
     backward: BackwardModel
+    hoisted: Hoisted
     schedule: Schedule
 
 

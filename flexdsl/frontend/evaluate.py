@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import ast as A
-from .catalog import CONSTANTS, FUNCTIONS, _is_tensor
+from .catalog import CONSTANTS, FUNCTIONS
+from .numeric import is_tensor as _is_tensor
 
 Value = Any  # float, or a torch.Tensor for per-channel params
 

@@ -18,17 +18,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
-from ..frontend import units
+from ..frontend import dims
 from ..frontend.check import CheckedModel, check
 from ..frontend.parse import normalize, parse
 from ..library import resolve
-from . import cache
+from ..store import cache
+from ..store.generated import load_module
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Program
     from ..ir.derive import BackwardModel
     from ..ir.lower import StepModel
-    from ..ir.schedule import Schedule
+    from ..ir.schedule import Hoisted, Schedule
 
 
 @lru_cache(maxsize=1)
@@ -44,7 +45,7 @@ def _unit_definition(name: str, make) -> list:
     return cache.get_or_make(k, lambda: cache.Artefact("unit", "", {"definition": make()})).meta["definition"]
 
 
-units.set_definition_store(_unit_definition)
+dims.set_definition_store(_unit_definition)
 
 
 class Compiled:
@@ -79,11 +80,18 @@ class Compiled:
         return derive(self.step)
 
     @cached_property
+    def hoisted(self) -> Hoisted:
+        """The step split into param-only values and the per-step body (no backward needed)."""
+        from ..ir.schedule import hoist
+
+        return hoist(self.step)
+
+    @cached_property
     def schedule(self) -> Schedule:
         """Hoisting and the save/recompute plan, shared by the backends."""
         from ..ir.schedule import plan
 
-        return plan(self.step, self.backward)
+        return plan(self.step, self.backward, self.hoisted)
 
     # ------------------------------------------------------------------ backends
     def key(self, backend: Backend) -> str:
@@ -188,7 +196,7 @@ class Compiled:
     def torch_backward(self):
         """`core_backward(*inputs, *states, *grads, *params)`: the derived VJP as torch code."""
         source = self.torch_source + self.torch_backward_source
-        return cache.load_module("torchbackward", self.key(_backend("torch")), source).core_backward
+        return load_module("torchbackward", self.key(_backend("torch")), source).core_backward
 
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"

@@ -22,8 +22,8 @@ from torch import nn
 from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
+from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate, holds
-from ..frontend.units import param_value
 from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...runtime import cache
+from ...store.generated import load_module
 from ..base import IR, Artefact, RunResult
 
 
@@ -83,10 +83,10 @@ class TorchBackend:
         meta = {"inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
                 "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs],
                 "derived": [p.name for p in step.params if p.derived]}
-        return Artefact("torch", emit_core(step), meta)
+        return Artefact("torch", emit_core(step, ir.hoisted), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
-        return TorchProgram(cache.load_module("torch", key, artefact.source), artefact.meta)
+        return TorchProgram(load_module("torch", key, artefact.source), artefact.meta)
 
 
 __all__ = ["TorchBackend", "TorchProgram"]

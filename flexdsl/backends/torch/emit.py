@@ -11,14 +11,23 @@ from __future__ import annotations
 import sympy as sp
 
 from ...ir.derive import BackwardModel
-from ...ir.functions import Where
 from ...ir.lower import StepModel
-from ...ir.schedule import hoist
+from ...ir.schedule import Hoisted
 from ..printing import BasePrinter, comment_text, lhs_rhs_lines
 
 
 class TorchPrinter(BasePrinter):
     TARGET = "torch"
+    SPELL = {
+        "exp": "torch.exp({0})", "log": "torch.log({0})", "sqrt": "torch.sqrt({0})", "abs": "torch.abs({0})",
+        "sin": "torch.sin({0})", "cos": "torch.cos({0})", "tanh": "torch.tanh({0})", "sigmoid": "torch.sigmoid({0})",
+        "relu": "torch.relu({0})", "min": "ops.minimum({0}, {1})", "max": "ops.maximum({0}, {1})",
+        "clip": "ops.clip({0}, {1}, {2})", "where": "ops.where({0}, {1}, {2})", "heaviside": "ops.heaviside({0})",
+        "sign": "torch.sign({0})", "detach": "ops.detach({0})", "exprel": "ops.exprel({0})",
+        "exprel_d": "ops.exprel_d({0})",
+        # the plain forward values of the spike (`core` prints it with its surrogate: `ops.fire_ge/gt`)
+        "spike_ge": "ops.heaviside_ge({0})", "spike_gt": "ops.heaviside_gt({0})",
+    }
 
     def __init__(self, fire_args: list[str] | None = None, like: str | None = None) -> None:
         super().__init__()
@@ -52,7 +61,7 @@ def header(step: StepModel, what: str) -> list[str]:
     ]
 
 
-def emit_core(step: StepModel) -> str:
+def emit_core(step: StepModel, h: Hoisted) -> str:
     """The generated module source: `surrogate`, `core` and `invariants`."""
     pr = TorchPrinter()
     src_lines = step.checked.source.splitlines()
@@ -93,10 +102,8 @@ def emit_core(step: StepModel) -> str:
     lines.append("")
     lines += derived_params_lines(step, pr, src_lines)
     derived = [p.symbol for p in step.params if p.derived]
-    h = hoist(step)
-    dens = param_denominators(step, h)
     entries = [f"{y.name!r}: {pr._print(y)}" for y in [*derived, *h.used]]
-    entries += [f"{f'{y.name}|denominator {i}'!r}: {pr._print(d)}" for i, (y, d) in enumerate(dens)]
+    entries += [f"{f'{y.name}|denominator {i}'!r}: {pr._print(d)}" for i, (y, d) in enumerate(h.denominators)]
     lines += [
         "",
         f"def invariants({', '.join(params)}):",
@@ -107,36 +114,6 @@ def emit_core(step: StepModel) -> str:
         "",
     ]
     return "\n".join(lines) + "\n"
-
-
-def param_denominators(step: StepModel, h) -> list[tuple[sp.Symbol, sp.Expr]]:
-    """(statement, denominator) for every denominator of the per-step body that depends on
-    params only: params that make one 0 make the step divide by zero (`x/(a - 1)` at a = 1)."""
-    pset = {p.symbol for p in step.params} | {y for y, _ in h.invariants}
-    out: list[tuple[sp.Symbol, sp.Expr]] = []
-    seen: set[sp.Expr] = set()
-    for y, e in h.body:
-        for pw in _unguarded_powers(e):
-            base = pw.base
-            if pw.exp.is_negative and base.free_symbols and base.free_symbols <= pset and base not in seen:
-                seen.add(base)
-                out.append((y, base))
-    return out
-
-
-def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
-    """The powers in `e` outside the branches of a `where` (a branch may guard its division)."""
-    out: list[sp.Pow] = []
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, sp.Pow):
-            out.append(n)
-        if isinstance(n, Where):
-            stack.append(n.args[0])
-            continue
-        stack.extend(n.args)
-    return out
 
 
 def derived_params_lines(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:

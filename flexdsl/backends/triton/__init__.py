@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime import cache
+from ...store.generated import load_module
 from ..base import IR, Artefact
 from .abi import KernelABI
 from .launch import LAUNCHES, TritonProgram
@@ -40,7 +40,7 @@ class TritonBackend:
         return x0.is_cuda and x0.dtype in DTYPES
 
     def version(self) -> str:
-        from ...ir.schedule import chunk_sizes
+        from .cost import chunk_sizes
 
         try:
             import triton
@@ -56,7 +56,7 @@ class TritonBackend:
         return Artefact("triton", source, {"abi": abi.to_dict()})
 
     def load(self, artefact: Artefact, key: str) -> TritonProgram:
-        mod = cache.load_module("triton", key, artefact.source)
+        mod = load_module("triton", key, artefact.source)
         return TritonProgram(mod, KernelABI.from_dict(artefact.meta["abi"]), key)
 
 

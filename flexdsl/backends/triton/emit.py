@@ -26,13 +26,14 @@ from typing import Any
 
 import sympy as sp
 
-from ...frontend.catalog import EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
+from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
 from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
 from ..naming import derived, ident
 from ..printing import BasePrinter, comment_text, lhs_rhs_lines
 from .abi import KernelABI
+from .cost import TrainingPlans, training_plans
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -45,6 +46,16 @@ class Stored(sp.Function):
 
 class TritonPrinter(BasePrinter):
     TARGET = "triton"
+    SPELL = {
+        "exp": "tl.exp({0})", "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "abs": "tl.abs({0})",
+        "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "_tanh({0})", "sigmoid": "tl.sigmoid({0})",
+        "relu": "tl.maximum({0}, 0.0)", "min": "tl.minimum({0}, {1})", "max": "tl.maximum({0}, {1})",
+        "clip": "tl.minimum(tl.maximum({0}, {1}), {2})", "where": "tl.where({0}, {1}, {2})",
+        "heaviside": "tl.where({0} >= 0, 1.0, 0.0)", "spike_ge": "tl.where({0} >= 0, 1.0, 0.0)",
+        "spike_gt": "tl.where({0} > 0, 1.0, 0.0)", "detach": "{0}",
+        "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))", "exprel": "_exprel({0})",
+        "exprel_d": "_exprel_d({0})",
+    }
 
     def __init__(self, io_ptr: str = "") -> None:
         super().__init__()
@@ -80,9 +91,18 @@ class TritonPrinter(BasePrinter):
 
 
 class HostPrinter(BasePrinter):
-    """Python floats (`math`), for the loop invariants computed on the host in float64."""
+    """Python floats (`math`), for the loop invariants computed on the host in float64 (the
+    helpers `_sigmoid`, `_relu`, `_clip`, `_host_exprel`... are defined in the kernels' module)."""
 
     TARGET = "host"
+    SPELL = {
+        "exp": "math.exp({0})", "log": "math.log({0})", "sqrt": "math.sqrt({0})", "abs": "abs({0})",
+        "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sigmoid": "_sigmoid({0})",
+        "relu": "_relu({0})", "min": "min({0}, {1})", "max": "max({0}, {1})", "clip": "_clip({0}, {1}, {2})",
+        "where": "({1} if {0} else {2})", "heaviside": "(1.0 if {0} >= 0 else 0.0)",
+        "spike_ge": "(1.0 if {0} >= 0 else 0.0)", "spike_gt": "(1.0 if {0} > 0 else 0.0)", "detach": "{0}",
+        "sign": "float(({0} > 0) - ({0} < 0))", "exprel": "_host_exprel({0})", "exprel_d": "_host_exprel_d({0})",
+    }
 
 
 def _free(e: Any) -> set[sp.Symbol]:
@@ -128,8 +148,9 @@ class _Printed:
         return f"_zero + ({self.pr._print(e)})"
 
 
-def build_abi(ir: IR) -> KernelABI:
+def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
     step, sch = ir.step, ir.schedule
+    plans = plans or training_plans(step, sch)
     n_in, n_out = len(step.inputs), len(step.outputs)
     infer, train = sch.passes(n_in, n_out)
     return KernelABI(
@@ -142,8 +163,8 @@ def build_abi(ir: IR) -> KernelABI:
         grad_inputs=list(sch.grad_inputs_nonzero), grad_states=list(sch.grad_states_nonzero),
         grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
         rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
-        chunk=sch.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states)), training=sch.training,
-        training16=sch.training16)
+        chunk=plans.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states), plans.chunk),
+        training=plans.plan32, training16=plans.plan16)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
@@ -163,7 +184,8 @@ def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: li
 def emit(ir: IR) -> tuple[str, KernelABI]:
     """The generated module (Triton source) and its ABI."""
     step, bw, sch = ir.step, ir.backward, ir.schedule
-    abi = build_abi(ir)
+    plans = training_plans(step, sch)
+    abi = build_abi(ir, plans)
     io_ptr = abi.name_of("out", abi.outputs[0])
     P = _Printed(TritonPrinter(io_ptr), step.origins, step.checked.source.splitlines())
     S = P.pr._print
@@ -234,9 +256,10 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
         host_return="{" + ", ".join(f"{y.name!r}: {hp._print(y)}" for y, _ in hoisted) + "}",
         param_loads=param_loads, fwd=fwd, bwd=bwd, rc=rc,
-        plan=textwrap.wrap(f"Training plan with float32 I/O: {comment_text(sch.why, 400)}. With float16/bfloat16 "
-                           f"I/O: {comment_text(sch.why16, 400)}.", 94),
-        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32]})
+        plan=textwrap.wrap(f"Training plan with float32 I/O: {comment_text(plans.why32, 400)}. With "
+                           f"float16/bfloat16 I/O: {comment_text(plans.why16, 400)}.", 94),
+        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32],
+                "series64": textwrap.wrap(", ".join(repr(c) for c in reversed(EXPREL_D_SERIES)) + ",", 100)})
     return source, abi
 
 
@@ -253,12 +276,12 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
         return {s: sp.Symbol(derived(f"j{j}", s.name), real=True) for s in syms}
 
     steps = []
-    for j in range(sch.chunk):
+    for j in range(abi.chunk):
         r, r_next, rk = ren(j, renamed), ren(j + 1, step.states), ren(j, kept)
         lanes = _lanes([(r.get(y, y), e.xreplace(r)) for y, e in sch.rc_body],
                        {r[s] for s in [*step.states, *sch.rc_inputs]})
         forward = P.lines([(r[y], e.xreplace(r)) for y, e in sch.rc_body], comments=False)
-        if j + 1 < sch.chunk:
+        if j + 1 < abi.chunk:
             forward += [f"{S(r_next[s])} = {P.block(v.xreplace(r), lanes)}" for s, v in zip(step.states,
                                                                                        step.next_states)]
         back = [(y, e.xreplace(rk)) for y, e in [*sch.recompute, *sch.bwd_body]]
