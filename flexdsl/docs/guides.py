@@ -78,12 +78,11 @@ def to_html(markdown: str, math: Mapping[str, str] | None = None, guides: Mappin
 
 def render(name: str, index_link: str | None = "index.html") -> str:
     """The HTML page of a guide (`language.md`, `units.md`, `nir.md`)."""
-    from .. import __version__
-    from .htmlpage import environment
+    from .htmlpage import environment, version
 
     body = to_html((DOCS_DIR / name).read_text(encoding="utf-8"))
     return environment().get_template("guide.html.j2").render(
-        title=GUIDES.get(name, name), body=body, version=__version__, index_link=index_link,
+        title=GUIDES.get(name, name), body=body, version=version(), index_link=index_link,
         guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()], source=name)
 
 

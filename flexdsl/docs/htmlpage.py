@@ -57,6 +57,13 @@ def number(v: float) -> str:
     return f"{v:.6g}".replace("-", "\u2212")
 
 
+def version() -> str:
+    """flexdsl's version, for the pages' footers."""
+    from .. import __version__
+
+    return __version__
+
+
 def file_label(d: ModelDoc) -> str:
     if d.library:
         return Path(d.filename).name
