@@ -1,4 +1,7 @@
-"""The backends and their registry.
+"""The backends and their registry. Takes the pipeline's IR (`store.pipeline.IR`); gives each
+target's `Artefact` (readable source and metadata, `emit`) and the `Program` that runs it
+(`load`), through the interface of `base.py`; `printer.py` and `naming.py` are shared by the
+code printers.
 
     backends.register("numpy", NumpyBackend())     # a new backend: one module + this line
     backends.get("torch")                          # the backend object
@@ -24,14 +27,20 @@ def _torch() -> Backend:
     return TorchBackend()
 
 
+def _cpu() -> Backend:
+    from .cpu import CpuBackend
+
+    return CpuBackend()
+
+
 def _triton() -> Backend:
     from .triton import TritonBackend
 
     return TritonBackend()
 
 
-_FACTORIES: dict[str, Callable[[], Backend]] = {"triton": _triton, "torch": _torch}
-_AUTO: list[str] = ["triton", "torch"]  # preference order for backend="auto"
+_FACTORIES: dict[str, Callable[[], Backend]] = {"triton": _triton, "cpu": _cpu, "torch": _torch}
+_AUTO: list[str] = ["triton", "cpu", "torch"]  # preference order for backend="auto"
 _LOADED: dict[str, Backend] = {}
 _LOCK = threading.Lock()
 

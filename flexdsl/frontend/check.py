@@ -8,6 +8,7 @@ validated). Every violation is a located FlexDSLError.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
@@ -22,7 +23,7 @@ from .catalog import (
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
 from .convert import check_units
-from .dims import model_names, suggest_unit, uses_units
+from .dims import DefinitionStore, model_names, suggest_unit, uses_units
 from .model import CheckedModel, ResolvedSurrogate
 
 # Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
@@ -35,8 +36,9 @@ HIDDEN_STATES = {
 
 
 class _Checker:
-    def __init__(self, neuron: A.Neuron) -> None:
+    def __init__(self, neuron: A.Neuron, definitions: DefinitionStore | None = None) -> None:
         self.n = neuron
+        self.definitions = definitions
 
     def err(self, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
         return FlexDSLError(msg, self.n.filename, pos.line, pos.column, self.n.source, hint)
@@ -100,7 +102,7 @@ class _Checker:
         ck = CheckedModel(n, self.inputs, self.params, self.states, eqs, method, statements, spike, surrogate,
                           ons.statements if ons else [], out_names, locals_, subexprs, refractory)
         if with_units:
-            ck = dataclasses.replace(check_units(ck), written=ck)
+            ck = dataclasses.replace(check_units(ck, self.definitions), written=ck)
             self.check_defaults(ck.params, ck.states)
         return _with_hidden_states(ck)
 
@@ -325,22 +327,37 @@ class _Checker:
     def check_defaults(self, params: list[A.Param], states: list[A.State]) -> None:
         """Evaluate every default in order and check its `where` constraint; evaluate the
         states' initial values with the defaults."""
-        from .evaluate import evaluate, holds
+        from .evaluate import evaluate, holds, reason
 
         env: dict[str, float] = {}
         for p in params:
             try:
                 env[p.name] = float(evaluate(p.default, env))
             except (ArithmeticError, ValueError) as e:
-                raise self.err(f"the default of `{p.name}` cannot be evaluated: {e}", p.default.pos) from None
-            if p.where is not None and not holds(p.where, env):
+                raise self.err(f"the default of `{p.name}` cannot be evaluated: {reason(e)}", p.default.pos) from None
+            if not math.isfinite(env[p.name]):
+                raise self.err(f"the default of `{p.name}` is {env[p.name]}: params are finite numbers",
+                               p.default.pos, "an overflow (or a NaN) among the constants and params it is "
+                                              "computed from")
+            if p.where is None:
+                continue
+            try:
+                ok = holds(p.where, env)
+            except (ArithmeticError, ValueError) as e:
+                shown = ", ".join(f"{k} = {v:g}" for k, v in env.items() if k in _names_in(p.where))
+                raise self.err(f"the constraint of `{p.name}` cannot be evaluated with the defaults ({shown}): "
+                               f"{reason(e)}", p.where.pos, "a constraint must be defined for the values it "
+                                                            "accepts; e.g. write `k * (tau - 2) < 1` with "
+                                                            "`tau > 2`") from None
+            if not ok:
                 raise self.err(f"the default `{p.name} = {env[p.name]:g}` violates the constraint of `{p.name}`",
                                p.where.pos, f"`{p.name}` must satisfy the `where` condition, or change the default")
         for s in states:
             try:
                 float(evaluate(s.init, env))
             except (ArithmeticError, ValueError) as e:
-                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {e}", s.init.pos) from None
+                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {reason(e)}",
+                               s.init.pos) from None
 
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
         use = spike.surrogate
@@ -447,9 +464,14 @@ def _with_hidden_states(ck: CheckedModel) -> CheckedModel:
     return dataclasses.replace(ck, states=[*ck.states, *hidden])
 
 
-def check(neuron: A.Neuron) -> CheckedModel:
-    """Validate a parsed model; raises FlexDSLError at the first problem."""
-    return _Checker(neuron).run()
+def check(neuron: A.Neuron, definitions: DefinitionStore | None = None) -> CheckedModel:
+    """Validate a parsed model; raises FlexDSLError at the first problem. `definitions`: where
+    the definitions of the units a model writes are kept (see `dims.unit`)."""
+    return _Checker(neuron, definitions).run()
+
+
+def _names_in(e: A.Expr) -> set[str]:
+    return {n.id for n in A.nodes(e) if isinstance(n, A.Name)}
 
 
 __all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import FlexDSLError
 from . import ast as A
 from .catalog import CONSTANTS, is_unit
-from .dims import DIMENSIONLESS, Dim, literal_unit, suggest_unit, value_div, value_finite
+from .dims import DIMENSIONLESS, DefinitionStore, Dim, literal_unit, suggest_unit, value_div, value_finite
 from .unitcheck import DimFold, DimValue, UnitChecker, expr_text
 
 if TYPE_CHECKING:
@@ -139,15 +139,16 @@ def convert(ck: CheckedModel, uc: UnitChecker) -> CheckedModel:
                                spike=spike, surrogate=sur, refractory=rf, units=uc.info)
 
 
-def check_units(ck: CheckedModel) -> CheckedModel:
-    """The dimension check of a model with units, and the model converted to base units."""
-    uc = UnitChecker(ck)
+def check_units(ck: CheckedModel, definitions: DefinitionStore | None = None) -> CheckedModel:
+    """The dimension check of a model with units, and the model converted to base units
+    (`definitions`: where unit definitions are kept, see `dims.unit`)."""
+    uc = UnitChecker(ck, definitions)
     uc.run()
     return convert(ck, uc)
 
 
 # ---------------------------------------------------------------- values at the API
-def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
+def param_value(ck: CheckedModel, name: str, value: Any, definitions: DefinitionStore | None = None) -> Any:
     """A param value given to `load` or assigned: numbers are in the param's declared unit; in
     a model with units, a string is a value with a unit (`"20 ms"`), converted to the declared
     unit. (Anything else, and strings for a model without units, is returned as it is.)"""
@@ -184,7 +185,7 @@ def param_value(ck: CheckedModel, name: str, value: Any) -> Any:
         if isinstance(n, A.Call | A.Compare):
             raise fail("not a number with a unit")
     try:
-        d = DimFold(UnitChecker(ck), {}, None, "").fold(expr)
+        d = DimFold(UnitChecker(ck, definitions), {}, None, "").fold(expr)
     except FlexDSLError as e:
         raise fail(e.reason, e.hint) from None
     if d.dim != want and not (d.zero and not d.has_unit):

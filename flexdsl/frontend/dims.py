@@ -176,21 +176,15 @@ def _si(name: str) -> tuple[Fraction, tuple[Fraction, ...]]:
     return Fraction(str(coeff)), exps
 
 
-# Where unit definitions are kept between processes: the runtime installs its disk cache here
-# (`runtime/compiler.py`), so a process that loads a model with units seen before does not
-# import sympy. A store is `store(name, make) -> definition`, `make()` giving the definition
-# from sympy as JSON-able data.
+# Where unit definitions may be kept between processes, given by the caller (the pipeline
+# passes its disk cache, `store.pipeline.unit_definition`, so that a process that loads a model
+# with units seen before does not import sympy): `store(name, make) -> definition`, `make()`
+# giving the definition from sympy as JSON-able data. None: from sympy each time.
 DefinitionStore = Callable[[str, Callable[[], list]], list]
-_STORE: list[DefinitionStore] = []
-
-
-def set_definition_store(store: DefinitionStore | None) -> None:
-    _STORE[:] = [store] if store is not None else []
-    unit.cache_clear()
 
 
 @lru_cache(maxsize=256)
-def unit(name: str) -> tuple[Fraction, Dim]:
+def unit(name: str, definitions: DefinitionStore | None = None) -> tuple[Fraction, Dim]:
     """(factor to base units, dimension) of a unit name: `unit("nA") == (1000, current)`."""
 
     def make() -> list:
@@ -201,7 +195,7 @@ def unit(name: str) -> tuple[Fraction, Dim]:
             f /= s ** int(x) if x.denominator == 1 else Fraction(float(s) ** float(x))
         return [str(f), [str(x) for x in e]]
 
-    data = _STORE[0](name, make) if _STORE else make()
+    data = definitions(name, make) if definitions is not None else make()
     return Fraction(data[0]), Dim(tuple(Fraction(x) for x in data[1]))
 
 
@@ -394,5 +388,5 @@ def value_pow(a, p):
         return None
 
 
-__all__ = ["Dim", "DIMENSIONLESS", "BASE_UNITS", "TIME", "show", "unit", "set_definition_store", "suggest_unit",
+__all__ = ["Dim", "DIMENSIONLESS", "BASE_UNITS", "TIME", "show", "unit", "DefinitionStore", "suggest_unit",
            "unit_vocabulary", "uses_units", "model_names", "literal_unit", "unit_text"]

@@ -81,7 +81,9 @@ def exprel_d_float(z: float) -> float:
 def exprel(z: Any) -> Any:
     if not is_tensor(z):
         return exprel_float(float(z))
-    return _exprel_function().apply(z)
+    import torch
+
+    return _exprel_function(not torch.compiler.is_compiling()).apply(z)
 
 
 def exprel_d(z: Any) -> Any:
@@ -99,25 +101,42 @@ def exprel_d(z: Any) -> Any:
     return torch.where(small, series, direct)
 
 
-@lru_cache(maxsize=1)
-def _exprel_function() -> Any:
-    """exprel on tensors with its derivative exprel_d (autograd of expm1(z)/z would cancel near 0)."""
+@lru_cache(maxsize=2)
+def _exprel_function(forward_mode: bool) -> Any:
+    """exprel on tensors with its derivative exprel_d (autograd of expm1(z)/z would cancel near 0),
+    in the form `torch.func` transforms accept (grad, vmap, jacrev); `forward_mode` adds its jvp
+    (forward-mode AD: `torch.func.jvp`, `jacfwd`), which torch.compile does not trace (eager only)."""
     import torch
 
     class Exprel(torch.autograd.Function):
+        generate_vmap_rule = True
+
         @staticmethod
-        def forward(ctx, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-            ctx.save_for_backward(z)
+        def forward(z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
             zero = z == 0
             zb = torch.where(zero, torch.ones_like(z), z)
             return torch.where(zero, torch.ones_like(z), torch.expm1(zb) / zb)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+            ctx.save_for_backward(inputs[0])
+            ctx.save_for_forward(inputs[0])
 
         @staticmethod
         def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
             (z,) = ctx.saved_tensors
             return grad * exprel_d(z)
 
-    return Exprel
+    if not forward_mode:
+        return Exprel
+
+    class ExprelFwd(Exprel):
+        @staticmethod
+        def jvp(ctx, z_t: torch.Tensor):  # type: ignore[override]
+            (z,) = ctx.saved_tensors
+            return z_t * exprel_d(z)
+
+    return ExprelFwd
 
 
 def matrix_exp(rows: list[list[Any]]) -> Any:

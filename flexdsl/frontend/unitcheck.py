@@ -41,6 +41,7 @@ from .dims import (
     DIMENSIONLESS,
     MAX_UNIT_POWER,
     TIME,
+    DefinitionStore,
     Dim,
     as_fraction,
     exact_exponent,
@@ -257,8 +258,9 @@ def expr_text(e: A.Expr, limit: int = 60) -> str:
 
 
 class UnitChecker:
-    def __init__(self, ck: CheckedModel) -> None:
+    def __init__(self, ck: CheckedModel, definitions: DefinitionStore | None = None) -> None:
         self.ck = ck
+        self.definitions = definitions  # where unit definitions are kept (see `dims.unit`)
         self.n = ck.ast
         self.dims: dict[str, Dim] = {}
         self.info = UnitInfo()
@@ -307,7 +309,7 @@ class UnitChecker:
             raise self.err(f"unknown unit `{name}`", pos, suggest_unit(name)
                            or "units: " + ", ".join(sorted(set(UNIT_BASES))) + " with a prefix "
                            + " ".join(UNIT_PREFIXES))
-        return unit(name)
+        return unit(name, self.definitions)
 
     # ------------------------------------------------------------------ folds
     def dim(self, e: A.Expr, env: Mapping[str, Dim], expect: Dim | None = None, what: str = "") -> DimValue:

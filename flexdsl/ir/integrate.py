@@ -37,8 +37,8 @@ RequestMatrixExp = Callable[[list[sp.Symbol], sp.Matrix, dict[tuple[int, int], s
 @dataclass
 class MatrixExp:
     """Derived params: entries of expm(matrix), where the matrix is made of params only. They are
-    computed once per call, numerically (the torch backend's `derived_params`), before any
-    backend's program runs, and passed to it like params (with autograd to the declared ones)."""
+    computed once per call on the host (`ir/host.py`), before any backend's program runs, and
+    passed to it like params (with autograd to the declared ones)."""
 
     states: list[str]  # the coupled states whose propagator this is
     matrix: sp.Matrix

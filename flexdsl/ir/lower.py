@@ -61,7 +61,7 @@ class StepModel:
     detach_reset: bool
     taken: set[str] = field(default_factory=set)
     origins: dict[str, A.Pos] = field(default_factory=dict)  # SSA name -> source position
-    derived: list[MatrixExp] = field(default_factory=list)  # how the derived params are computed
+    matrix_exps: list[MatrixExp] = field(default_factory=list)  # how the derived params are computed
 
     @property
     def name(self) -> str:

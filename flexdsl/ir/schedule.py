@@ -6,7 +6,7 @@ backward (`BackwardModel`) it decides what runs where:
 - the save/recompute plan of training: which per-step forward values the forward writes
   for the backward, which inputs the backward reads again, and what it recomputes from
   them — a minimum vertex cut of the step's SSA graph, where saving a value costs a write
-  and a read per step and re-reading an input costs one read (`plan`);
+  and a read per step and re-reading an input costs one read (`make_schedule`);
 - the bodies that remain per step (forward and backward), which gradients can be nonzero,
   and the number of passes over `[T, N]` memory this implies;
 - the alternative to saving, recompute: the training forward writes only its outputs and,
@@ -187,7 +187,7 @@ def _maxflow_cut(nodes, cost, edges, sources, sinks):
     return {v for v in nodes if (v, 0) in seen and (v, 1) not in seen}
 
 
-def plan(step: StepModel, bw: BackwardModel, hoisted: Hoisted | None = None) -> Schedule:
+def make_schedule(step: StepModel, bw: BackwardModel, hoisted: Hoisted | None = None) -> Schedule:
     """The schedule of a step and its backward (`hoisted`: the forward's split, `hoist(step)`,
     when it was made already)."""
     params = {p.symbol for p in step.params}
@@ -304,4 +304,4 @@ def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
     return out
 
 
-__all__ = ["Hoisted", "Schedule", "hoist", "plan", "param_only", "live", "param_denominators"]
+__all__ = ["Hoisted", "Schedule", "hoist", "make_schedule", "param_only", "live", "param_denominators"]

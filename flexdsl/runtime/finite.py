@@ -235,8 +235,11 @@ def guard(c: Compiled, inputs: Sequence[torch.Tensor], states: Sequence[Any], pa
         return list(inputs), list(states), list(params)
     ck = c.checked
 
-    def g(v: Any, name: str, kind: str) -> Any:
-        return _Guard.apply(v, c, name, kind) if isinstance(v, torch.Tensor) and v.requires_grad else v
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+    def g(v: Any, name: str, kind: str) -> Any:  # (not under a torch.func transform: vmap, grad)
+        ok = isinstance(v, torch.Tensor) and v.requires_grad and not wrapped(v)
+        return _Guard.apply(v, c, name, kind) if ok else v
 
     xs = [g(x, d.name, "input") for x, d in zip(inputs, ck.inputs)]
     st = [g(v, d.name, "state") for v, d in zip(states, ck.states)]

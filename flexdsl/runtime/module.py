@@ -13,6 +13,9 @@ state); the module pickles, deep-copies and `torch.compile`s like any torch modu
 
 from __future__ import annotations
 
+import math
+import struct
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +26,9 @@ from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.convert import param_value
-from ..frontend.evaluate import evaluate, holds
+from ..frontend.evaluate import evaluate, holds, reason
+from ..store.pipeline import unit_definition
+from . import display, programs
 from .compiler import Compiled, compile_text
 
 STEP_MODES = ("s", "m")
@@ -79,6 +84,9 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         d["_compiled"] = c
         self._derive_fields()
         d["_fixed"] = {}
+        # the float params again, as one float64 tensor (an entry per declared param): what a
+        # torch.compile trace reads, so that their values are graph inputs, not guards
+        d["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
         d["_states"] = dict.fromkeys(self._state_names)
         if _Base is not nn.Module:  # SpikingJelly's MemoryModule: the states are its memories
             d["_memories"] = d["_states"]
@@ -91,23 +99,26 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             raise FlexDSLError(f"backend must be one of {', '.join(known)}, not {backend!r}", c.filename,
                                hint=did_you_mean(str(backend), known))
         if backend != "auto" and not backends.get(backend).available():
-            raise FlexDSLError(f"backend={backend!r} cannot run here (its libraries cannot be imported)",
+            why = getattr(backends.get(backend), "why_unavailable", lambda: None)()
+            raise FlexDSLError(f"backend={backend!r} cannot run here ({why or 'its libraries cannot be imported'})",
                                c.filename, hint="install them, or use backend='auto' or 'torch'")
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
         self.check_finite = check_finite  # raise at the first NaN/inf of a call (runtime/finite.py)
-        shapes = {k: tuple(int(s) for s in v) for k, v in (param_shapes or {}).items()}
-        for name in shapes:
-            if name not in self._param_decls:
-                raise self._error(f"param_shapes names unknown param `{name}`", ck.ast.pos,
-                                  did_you_mean(name, self._param_decls))
+        shapes = self._param_shapes(param_shapes)
+        if params is not None and not isinstance(params, Mapping):
+            raise self._error(f"params must be a dict of param values, not {type(params).__name__}")
         values = resolve_params(c, dict(params or {}))
         for p in ck.params:
             v = values[p.name]
             t: torch.Tensor | None = None
             if p.name in shapes:
-                t = torch.as_tensor(v, dtype=torch.float64).expand(shapes[p.name]).clone()
+                t = torch.as_tensor(v, dtype=torch.float64)
+                if not _broadcasts_to(t.shape, shapes[p.name]):
+                    raise self._error(f"param_shapes gives `{p.name}` the shape {shapes[p.name]}, but its value has "
+                                      f"shape {tuple(t.shape)}", p.pos, "a value broadcasts to the shape it is given")
+                t = t.expand(shapes[p.name]).clone()
             elif isinstance(v, torch.Tensor):
                 t = v.detach().to(torch.float64).clone()
             if p.learnable:
@@ -117,8 +128,35 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                 self.register_buffer(p.name, t)
             else:
                 d["_fixed"][p.name] = float(v)
+        self._sync_fixed()
         self._check_invariants()
         self._prepare(None)
+
+    def _param_shapes(self, param_shapes: Any) -> dict[str, tuple[int, ...]]:
+        """`param_shapes`, checked: known params, each a shape of positive ints."""
+        if param_shapes is None:
+            return {}
+        if not isinstance(param_shapes, Mapping):
+            raise self._error(f"param_shapes must be a dict of param name -> shape, not {type(param_shapes).__name__}",
+                              hint="e.g. param_shapes={'tau': (128,)}")
+        out = {}
+        for name, shape in param_shapes.items():
+            if name not in self._param_decls:
+                raise self._error(f"param_shapes names unknown param `{name}`", self._compiled.checked.ast.pos,
+                                  did_you_mean(str(name), self._param_decls))
+            pos = self._param_decls[name].pos
+            if isinstance(shape, int) and not isinstance(shape, bool):
+                shape = (shape,)
+            if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | torch.Size) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) for n in shape):
+                raise self._error(f"param_shapes gives `{name}` {shape!r}, which is not a shape", pos,
+                                  f"a tuple of sizes, e.g. param_shapes={{'{name}': (128,)}}")
+            if any(n < 1 for n in shape) or len(shape) > 16:
+                raise self._error(f"param_shapes gives `{name}` the shape {tuple(shape)}: every size must be at least "
+                                  "1 (and at most 16 dimensions)", pos,
+                                  f"a per-channel param has a value per channel, e.g. param_shapes={{'{name}': (128,)}}")
+            out[name] = tuple(int(n) for n in shape)
+        return out
 
     def _derive_fields(self) -> None:
         """Fields that follow from the compiled model (rebuilt after unpickling)."""
@@ -128,6 +166,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         d["_state_names"] = [s.name for s in ck.states]
         d["_input_decls"] = list(ck.inputs)
         d["_init_cache"] = {}
+        d["_dtypes_checked"] = set()  # (compute dtypes the params were checked in since they changed)
 
     # ------------------------------------------------------------------ errors
     def _error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
@@ -152,51 +191,92 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             self._assign_param(name, value)
             return
         if name in d.get("_states", {}):
-            if value is not None and not isinstance(value, torch.Tensor | float | int):
-                raise self._error(f"state `{name}` takes a tensor or a number, not {type(value).__name__}")
-            d["_states"][name] = value
+            d["_states"][name] = self._state_value(name, value, "assigned")
             return
         super().__setattr__(name, value)
 
+    def _state_value(self, name: str, value: Any, how: str) -> Any:
+        """A state's value from outside (assigned, or given to the functional form), checked:
+        None (the initial value), a finite real number, or a floating-point tensor."""
+        if value is None:
+            return None
+        decl = next(s for s in self._compiled.checked.states if s.name == name)
+        if isinstance(value, torch.Tensor):
+            if not value.is_floating_point():
+                raise self._error(f"state `{name}` ({how}) has dtype {value.dtype}; states are floating point",
+                                  decl.pos, "pass value.float() (or the input's dtype)")
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._error(f"state `{name}` ({how}) takes a tensor or a number, not {type(value).__name__}",
+                              decl.pos, "e.g. a tensor of the input's step shape, or a float")
+        try:
+            f = float(value)
+        except OverflowError:
+            raise self._error(f"state `{name}` ({how}) is too large for a float", decl.pos) from None
+        if not math.isfinite(f):
+            raise self._error(f"state `{name}` ({how}) is {f}", decl.pos, "a state starts from a finite number")
+        return f
+
     def _assign_param(self, name: str, value: Any) -> None:
+        """Assign a param: the value is converted to what would be stored and validated with
+        every other param (finite, `where` constraints, a defined step) before anything changes."""
         p = self._param_decls[name]
-        value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
+        c = self._compiled
+        value = param_value(c.checked, name, value, unit_definition)  # "20 ms": to the declared unit
         if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
             raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
                               p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
                                      "`value.detach()`")
-        try:
-            float_value = float(value) if not isinstance(value, torch.Tensor) else None
-        except (TypeError, ValueError):
-            raise self._error(f"`{name}` takes a number or a tensor, not {type(value).__name__}", p.pos) from None
-        env = self._param_env()
-        env[name] = value.detach() if isinstance(value, torch.Tensor) else float_value
-        self._check_constraints(env, {name: value})
+        value = param_number(c, p, value, "the assigned value")
         d = self.__dict__
         if name in d["_fixed"]:
             if isinstance(value, torch.Tensor) and value.numel() > 1:
-                del d["_fixed"][name]
-                self.register_buffer(name, value.detach().to(torch.float64).clone())
+                new: Any = value.detach().to(torch.float64).clone()
             else:
-                d["_fixed"][name] = float(value)
+                new = float(value)
         elif name in self._parameters:
+            param = self._parameters[name]
             if isinstance(value, nn.Parameter):
-                super().__setattr__(name, value)
+                new = value
             else:
-                param = self._parameters[name]
-                new = torch.as_tensor(value, dtype=param.dtype, device=param.device)
-                if torch.broadcast_shapes(new.shape, param.shape) != param.shape:
+                t = torch.as_tensor(value, dtype=param.dtype, device=param.device)
+                if not _broadcasts_to(t.shape, param.shape):
                     raise self._error(f"learnable `{name}` has shape {tuple(param.shape)}; a value of shape "
-                                      f"{tuple(new.shape)} does not fit", p.pos,
+                                      f"{tuple(t.shape)} does not fit", p.pos,
                                       "per-channel learnable params get their shape at load: param_shapes=...")
-                with torch.no_grad():
-                    param.copy_(new.expand_as(param))
+                new = t.expand_as(param)
         else:
             buf = self._buffers[name]
-            new = torch.as_tensor(value, dtype=torch.float64, device=buf.device)
-            self._buffers[name] = new.clone() if new.numel() > 1 else new.expand_as(buf).clone()
-        self._init_cache.clear()
-        self._check_invariants()
+            t = torch.as_tensor(value, dtype=buf.dtype, device=buf.device)
+            new = t.clone() if t.numel() > 1 else t.expand_as(buf).clone()
+        self._validate({name: new}, {name: value})
+        # every check passed: store
+        if name in d["_fixed"]:
+            if isinstance(new, torch.Tensor):
+                del d["_fixed"][name]
+                self.register_buffer(name, new)
+            else:
+                d["_fixed"][name] = new
+        elif name in self._parameters:
+            if isinstance(new, nn.Parameter):
+                super().__setattr__(name, new)
+            else:
+                with torch.no_grad():
+                    self._parameters[name].copy_(new)
+        else:
+            self._buffers[name] = new
+        self._params_changed()
+
+    def _validate(self, changed: Mapping[str, Any], shown: Mapping[str, Any]) -> None:
+        """Raise unless the params, with `changed` (name -> the value as it would be stored),
+        are finite, satisfy every `where` constraint and define the step; nothing is stored."""
+        c = self._compiled
+        env = self._param_env()
+        for k, v in changed.items():
+            env[k] = param_number(c, self._param_decls[k], v.detach() if isinstance(v, torch.Tensor) else v,
+                                  "the new value of")
+        self._check_constraints(env, shown)
+        self._check_invariants([env[n] for n in self._param_decls])
 
     def _param_env(self) -> dict[str, Any]:
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.param_values().items()}
@@ -204,10 +284,10 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
     def _check_constraints(self, env: Mapping[str, Any], changed: Mapping[str, Any]) -> None:
         """Every `where` constraint (cross-param ones included) on these param values."""
         for p in self._param_decls.values():
-            if p.where is not None and not holds(p.where, env):
+            if p.where is not None and not constraint_holds(self._compiled, p, env):
                 what = ", ".join(f"`{k} = {_show(v)}`" for k, v in changed.items())
                 raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
-                                  f"`{p.name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
+                                  f"`{p.name}` must satisfy: {A.constraint_text(self._compiled.text, p.where)}")
 
     def _param_list(self) -> list[Any]:
         """Every param's current value, in declaration order."""
@@ -217,33 +297,72 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         ps, bs = self._parameters, self._buffers
         return [fixed[n] if n in fixed else ps[n] if n in ps else bs[n] for n in self._param_decls]
 
+    def _sync_fixed(self) -> None:
+        """Copy the float params into `_fixed_t` (after any change of `_fixed`)."""
+        t = self.__dict__["_fixed_t"]
+        fixed = self._fixed
+        vals = [fixed.get(n, 0.0) for n in self._param_decls]
+        # where each param lives ("f": a float, "p": a Parameter, "b": a buffer), read by a trace
+        # instead of the dict of floats (whose values it would guard)
+        self.__dict__["_param_kinds"] = tuple("f" if n in fixed else "p" if n in self._parameters else "b"
+                                              for n in self._param_decls)
+        if t.numel() != len(vals):  # (a module pickled before the tensor existed)
+            t = self.__dict__["_fixed_t"] = torch.zeros(len(vals), dtype=torch.float64)
+        with torch.no_grad():
+            t.copy_(torch.tensor(vals, dtype=torch.float64))
+
+    def _traced_param_list(self) -> list[Any]:
+        """Every param's value as a tensor, for a torch.compile trace: the float params are
+        entries of `_fixed_t`, so that the graph takes them as inputs (a new value of a
+        non-learnable param recompiles nothing) and no float is read (and guarded)."""
+        ps, bs, t = self._parameters, self._buffers, self._fixed_t
+        return [t[i] if k == "f" else ps[n] if k == "p" else bs[n]
+                for i, (n, k) in enumerate(zip(self._param_decls, self._param_kinds))]
+
     def param_values(self) -> dict[str, Any]:
         """Current value of every param (floats, buffers or Parameters)."""
         return {name: getattr(self, name) for name in self._param_decls}
 
-    def _check_invariants(self) -> None:
+    def _check_invariants(self, values: Sequence[Any] | None = None, dtype: torch.dtype | None = None) -> None:
         """The step's param-only values, derived params included, must be finite (e.g. a decay
-        factor that overflows): a located error names the first that is not."""
+        factor that overflows) and its param-only denominators nonzero: a located error names
+        the first that is not. `values`: every param's value (default: the module's); `dtype`:
+        check in the precision a call computes in (default float64), the params rounded to it."""
         c = self._compiled
+        if values is None:
+            values = [getattr(self, name) for name in self._param_decls]
+        params = [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
+        where = ""
+        if dtype is not None:  # (the checked values are computed from the rounded params, then rounded)
+            dname = str(dtype).replace("torch.", "")
+            where = f" in {dname} (the precision of this call)"
+            params = [torch.as_tensor(p, dtype=torch.float64).to(dtype) for p in params]
+            for (name, p), v, shown in zip(self._param_decls.items(), params, values):
+                if not bool(torch.isfinite(v).all()):
+                    if not bool(torch.isfinite(torch.as_tensor(shown, dtype=torch.float64)).all()):  # (trained)
+                        raise self._error(f"param `{name}` is {_show(shown)}: params are finite numbers", p.pos)
+                    raise self._error(f"`{name} = {_show(shown)}` is beyond what {dname} holds (the precision of "
+                                      "this call)", p.pos,
+                                      "run in float64 (m.double() and a float64 input), or rescale the model")
         with torch.no_grad():
-            vals = c.torch_module.invariants(*(v.detach() if isinstance(v, torch.Tensor) else v
-                                               for v in self._core_params()))
+            vals = c.check_values(params)
         for name, v in vals.items():
-            t = torch.as_tensor(v)
+            t = torch.as_tensor(v) if dtype is None else torch.as_tensor(v).to(dtype)
             stmt, _, den = name.partition("|")
             if den and bool((t == 0).any()):
                 pos = c.step.origins.get(stmt) or c.checked.ast.pos
-                raise self._error("with these params this statement divides by zero: a denominator that depends "
-                                  "on params only is 0", pos, "change the params (a `where` constraint on them "
-                                                              "catches this at load)")
+                raise self._error(f"with these params this statement divides by zero{where}: a denominator that "
+                                  "depends on params only is 0", pos,
+                                  "change the params (a `where` constraint on them catches this at load)" if not where
+                                  else "run in float64 (m.double() and a float64 input), or change the params")
             if not bool(torch.isfinite(t).all()):
                 eqs = c.checked.equations
                 pos = c.step.origins.get(name) or (eqs.pos if eqs is not None else c.checked.ast.pos)
                 how = f" (method `{c.method}`)" if c.method else ""
                 raise self._error(
-                    f"with these params the step is not defined: `{name}`{how} is not finite", pos,
+                    f"with these params the step is not defined{where}: `{name}`{how} is not finite", pos,
                     "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
-                    "`dt` so long that a decay factor overflows)")
+                    "`dt` so long that a decay factor overflows)" + ("; or run in float64" if where else ""))
 
     # ------------------------------------------------------------------ checkpoints
     def get_extra_state(self) -> dict[str, Any]:
@@ -252,30 +371,55 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         return {"flexdsl": _EXTRA_STATE_FORMAT, "model": self._compiled.name, "params": dict(self._fixed)}
 
     def set_extra_state(self, state: Any) -> None:
-        for k, v in self._extra_params(state).items():
-            if k in self._buffers:  # (only when called directly: loading a state dict adopts the float)
+        floats = self._extra_params(state)
+        if not self.__dict__.get("_loading"):  # called directly: validated here (a load validated it all)
+            self._validate({k: self._stored_form(k, v) for k, v in floats.items()}, floats)
+        for k, v in floats.items():
+            if k in self._parameters:
+                with torch.no_grad():
+                    self._parameters[k].fill_(v)
+            elif k in self._buffers:  # (only when called directly: loading a state dict adopts the float)
                 self._buffers[k] = torch.full_like(self._buffers[k], v)
             else:
                 self._fixed[k] = v
+        self._params_changed()
 
     def _extra_params(self, state: Any) -> dict[str, float]:
-        """The float params of a checkpoint's extra state, checked: names this model declares,
-        numbers."""
-        if not isinstance(state, Mapping) or not isinstance(state.get("params"), Mapping):
+        """The float params of a checkpoint's extra state, checked: of this model, names it
+        declares, finite numbers."""
+        name = self._compiled.name
+        if not isinstance(state, Mapping) or not isinstance(state.get("params"), Mapping) or \
+                state.get("flexdsl") != _EXTRA_STATE_FORMAT:
             raise self._error("the checkpoint's extra state is not one of a flexdsl model")
+        if state.get("model") != name:
+            raise self._error(f"the checkpoint is of the model `{state.get('model')}`, not `{name}`",
+                              self._compiled.checked.ast.pos,
+                              "a checkpoint loads into a module of the model that saved it")
         out = {}
         for k, v in state["params"].items():
             if k not in self._param_decls:
-                raise self._error(f"the checkpoint has a param `{k}` that `{self._compiled.name}` does not declare",
+                raise self._error(f"the checkpoint has a param `{k}` that `{name}` does not declare",
                                   hint=did_you_mean(str(k), self._param_decls))
-            try:
-                if isinstance(v, bool | str):
-                    raise TypeError
-                out[k] = float(v)
-            except (TypeError, ValueError):
-                raise self._error(f"the checkpoint's param `{k}` is not a number: {v!r}",
-                                  self._param_decls[k].pos) from None
+            if isinstance(v, torch.Tensor) or isinstance(v, bool | str):
+                raise self._error(f"the checkpoint's param `{k}` is not a number: {v!r}", self._param_decls[k].pos)
+            out[k] = param_number(self._compiled, self._param_decls[k], v, "the checkpoint's value of")
         return out
+
+    def _stored_form(self, name: str, v: Any) -> Any:
+        """A checkpoint's value of a param as this module would hold it after loading: a
+        learnable param in its Parameter's dtype (a float fills it), a per-channel value as a
+        buffer, a float as a float."""
+        if name in self._parameters:
+            cur = self._parameters[name]
+            if isinstance(v, torch.Tensor):
+                return v.detach().to(dtype=cur.dtype, device=cur.device)
+            return torch.full_like(cur.detach(), v)
+        if isinstance(v, torch.Tensor):
+            buf = self._buffers.get(name)
+            if buf is not None and buf.shape == v.shape:
+                return v.detach().to(dtype=buf.dtype, device=buf.device)
+            return v.detach().to(torch.float64)
+        return float(v)
 
     def _adopt_checkpoint_shapes(self, state_dict: Mapping[str, Any], prefix: str, floats: Mapping[str, float]
                                  ) -> None:
@@ -305,31 +449,54 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
-        # every constraint must hold for the incoming values, before anything is copied
-        env = self._param_env()
-        changed: dict[str, Any] = {}
-        for name in self._param_decls:
-            if prefix + name in state_dict and isinstance(state_dict[prefix + name], torch.Tensor):
-                env[name] = changed[name] = state_dict[prefix + name].detach()
+        # the whole checkpoint is validated before anything changes: of this model, every param
+        # present (strict), finite numbers or real tensors, every constraint and a defined step
+        name = self._compiled.name
         extra = state_dict.get(prefix + "_extra_state")
         floats = self._extra_params(extra) if extra is not None else {}
-        for k, v in floats.items():
-            if k not in changed:
-                env[k] = changed[k] = v
-        if changed:
-            self._check_constraints(env, changed)
+        given: dict[str, Any] = dict(floats)
+        for k, p in self._param_decls.items():
+            if prefix + k in state_dict:
+                t = state_dict[prefix + k]
+                if not isinstance(t, torch.Tensor):
+                    raise self._error(f"the checkpoint's `{prefix + k}` is a {type(t).__name__}, not a tensor", p.pos)
+                given[k] = param_number(self._compiled, p, t.detach(), "the checkpoint's value of")
+        if strict and _loading_strictly():
+            missing = [k for k in self._param_decls if k not in given]
+            if missing:
+                raise self._error(f"the checkpoint has no value for {_names(missing)} of `{name}` (strict=True)",
+                                  self._param_decls[missing[0]].pos,
+                                  "load_state_dict(..., strict=False) keeps this module's values of the params a "
+                                  "checkpoint lacks")
+            ours = {*self._param_decls, "_extra_state"}
+            unknown = [k[len(prefix):] for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]
+                       and k[len(prefix):] not in ours]
+            if unknown:
+                raise self._error(f"the checkpoint has `{unknown[0]}`, which `{name}` does not have (strict=True)",
+                                  hint=did_you_mean(unknown[0], self._param_decls) or
+                                  f"params of {name}: {', '.join(self._param_decls)}")
+        self._validate({k: self._stored_form(k, v) for k, v in given.items()}, given)
         self._adopt_checkpoint_shapes(state_dict, prefix, floats)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        self.__dict__["_loading"] = True
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)
+        finally:
+            self.__dict__["_loading"] = False
         if prefix + "_extra_state" in missing_keys:  # a checkpoint from before extra state: keep the floats
             missing_keys.remove(prefix + "_extra_state")
+        self._params_changed()
+
+    def _params_changed(self) -> None:
+        """Forget what was derived from the params' values."""
         self._init_cache.clear()
-        self._check_invariants()
+        self._dtypes_checked.clear()
+        self._sync_fixed()
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
-        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache"):
+        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
@@ -344,6 +511,9 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             self.__dict__["_memories_rv"] = dict.fromkeys(self._states)
             self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
         self._derive_fields()
+        if "_fixed_t" not in self.__dict__:  # (pickled by a flexdsl without it)
+            self.__dict__["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
+            self._sync_fixed()
 
     # ------------------------------------------------------------------ states
     @property
@@ -360,8 +530,13 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                               st.init.pos) from None
 
     def _initial_values(self) -> dict[str, Any]:
-        """Initial values from the current params (cached while every param is a float)."""
-        key = tuple(self._fixed.values()) if not self._parameters and not self._buffers else None
+        """Initial values from the current params (cached while every param is a float; in a
+        torch.compile trace, from the params as tensors, so that no float param is read)."""
+        if torch.compiler.is_compiling():
+            env = dict(zip(self._param_decls, self._traced_param_list()))
+            return {s.name: evaluate(s.init, env) for s in self._compiled.checked.states}
+        # (keyed by the floats' bits: 0.0 and -0.0 may start a state differently)
+        key = _bits(self._fixed.values()) if not self._parameters and not self._buffers else None
         hit = self._init_cache.get(key) if key is not None else None
         if hit is None:
             hit = {s: self._initial_value(s) for s in self._state_names}
@@ -401,12 +576,19 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         """`.to()`, `.cuda()`, `.half()`... also move the kept states, and prepare the kernels of
         the device the module moves to (so that a first call under torch.compile finds them)."""
         out = nn.Module._apply(self, fn, recurse)  # (MemoryModule._apply would move the states once more)
+        self._dtypes_checked.clear()  # (.half() rounds the buffers: checked again at the next call)
         for k, v in self._states.items():  # in place: the dict is also SpikingJelly's memories
             if isinstance(v, torch.Tensor):
                 self._states[k] = fn(v)
         self.__dict__["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
         try:
-            self._prepare(fn(torch.empty(0)).device)
+            device = fn(torch.empty(0)).device
+        except (RuntimeError, TypeError):
+            return out
+        if device.type != "meta":  # (the float params stay float64: only their device follows)
+            self.__dict__["_fixed_t"] = self._fixed_t.to(device)
+        try:
+            self._prepare(device)
         except (RuntimeError, TypeError):
             pass
         return out
@@ -447,12 +629,16 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         c = self._compiled
         if bool(value) != c.detach_reset:
             self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value))
+            self._params_changed()
             self._prepare(None)
 
-    def _core_params(self) -> list[Any]:
-        """The params `core` takes: the declared ones, then those derived from them."""
+    def _core_params(self, values: Sequence[Any] | None = None) -> list[Any]:
+        """The params `core` takes: the declared ones (`values`, default the module's), then
+        those derived from them."""
+        if values is None:
+            values = [getattr(self, name) for name in self._param_decls]
         out = []
-        for v in self._compiled.with_derived([getattr(self, name) for name in self._param_decls]):
+        for v in self._compiled.with_derived(values):
             out.append(torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v)
         return out
 
@@ -551,8 +737,14 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
     def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool):
         xs, shape = self._check_inputs(inputs)
         x0 = xs[0]
-        program = self._compiled.program(backends.choose(self.backend, xs))
-        params = self._param_list()
+        program = programs.program_for(self._compiled, self.backend, x0)
+        if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
+            dt = getattr(program, "computes_in", None) or x0.dtype
+            if dt not in self._dtypes_checked:
+                if dt != torch.float64:
+                    self._check_invariants(None, dt)
+                self._dtypes_checked.add(dt)
+        params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             for name, v in zip(self._param_decls, params):
                 if isinstance(v, torch.Tensor) and v.numel() > 1:
@@ -570,8 +762,15 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             from .finite import guard
 
             xs, init, params = guard(self._compiled, xs, init, params)
-        params = self._compiled.with_derived(params)
-        res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        try:
+            res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        except RuntimeError:
+            escaped = [n for n, v in zip(self._state_names, init) if given is None and _vmapped(v)]
+            if escaped:  # (looked for only on failure: nothing on the path of a call)
+                raise self._error(f"the kept state `{escaped[0]}` comes from a call inside torch.func.vmap, and "
+                                  "cannot be used outside it", hint="call m.reset() after a vmapped call, or use "
+                                  "the functional form out, state = m.step(x, state) inside vmap") from None
+            raise
         if self.check_finite:
             from .finite import check
 
@@ -605,19 +804,18 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             unknown = [k for k in state if k not in self._states]
             if unknown:
                 raise self._error(f"`{unknown[0]}` is not a state of {self._compiled.name}",
-                                  hint=did_you_mean(unknown[0], self._state_names) or
+                                  hint=did_you_mean(str(unknown[0]), self._state_names) or
                                   f"states: {', '.join(self._state_names)}")
+            state = {k: self._state_value(k, v, "as given") for k, v in state.items()}
         out, res = self._run(inputs, dict(state) if state else {}, False)
         return out, dict(zip(self._state_names, res.states))
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """Notebooks: the model's documentation, with this module's param values."""
-        from ..docs import render_html
+        return display.show("html", self)
 
-        return render_html(self, plots=False, sources=False, standalone=False)
-
-    def _repr_latex_(self) -> str:
-        return self._compiled._repr_latex_()
+    def _repr_latex_(self) -> str | None:
+        return display.show("latex", self)
 
     def extra_repr(self) -> str:
         c = self._compiled
@@ -639,39 +837,138 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for p in ck.params:
         if p.name in overrides:
-            v = param_value(ck, p.name, overrides[p.name])  # "20 ms": to the declared unit
+            v = param_value(ck, p.name, overrides[p.name], unit_definition)  # "20 ms": to the declared unit
+            if isinstance(v, torch.Tensor) and v.requires_grad and not p.learnable:
+                raise FlexDSLError(f"`{p.name}` is not learnable, so a tensor that requires grad would lose its "
+                                   "gradient", c.filename, p.pos.line, p.pos.column, c.text,
+                                   f"declare it `param {p.name} = ... learnable` to train it, or pass "
+                                   "`value.detach()`")
+            v = param_number(c, p, v, "the override")
             if isinstance(v, torch.Tensor):
-                if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
-                    raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
-                if v.requires_grad and not p.learnable:
-                    raise FlexDSLError(f"`{p.name}` is not learnable, so a tensor that requires grad would lose its "
-                                       "gradient", c.filename, p.pos.line, p.pos.column, c.text,
-                                       f"declare it `param {p.name} = ... learnable` to train it, or pass "
-                                       "`value.detach()`")
                 v = v.detach().item() if v.numel() == 1 else v.detach().to(torch.float64)
-            elif isinstance(v, bool) or not isinstance(v, int | float):
-                try:
-                    v = float(v)
-                except (TypeError, ValueError):
-                    raise _override_error(c, p, repr(v)) from None
         else:
             try:
                 v = evaluate(p.default, env)
             except (ArithmeticError, ValueError) as e:
-                raise FlexDSLError(f"the default of `{p.name}` cannot be evaluated with these params: {e}",
+                raise FlexDSLError(f"the default of `{p.name}` cannot be evaluated with these params: {reason(e)}",
                                    c.filename, p.default.pos.line, p.default.pos.column, c.text) from None
+            finite = bool(torch.isfinite(v).all()) if isinstance(v, torch.Tensor) else math.isfinite(v)
+            if not finite:
+                raise FlexDSLError(f"the default of `{p.name}` is {_show(v)} with these params: params are finite "
+                                   "numbers", c.filename, p.default.pos.line, p.default.pos.column, c.text,
+                                   "an overflow (or a NaN) among the params it is computed from")
         env[p.name] = v
-        if p.where is not None and not holds(p.where, env):
+        if p.where is not None and not constraint_holds(c, p, env):
             what = "the override" if p.name in overrides else "the default"
             raise FlexDSLError(f"{what} `{p.name} = {_show(v)}` violates the constraint of `{p.name}`", c.filename,
                                p.where.pos.line, p.where.pos.column, c.text,
-                               f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}")
+                               f"`{p.name}` must satisfy: {A.constraint_text(c.text, p.where)}")
     return env
+
+
+def param_number(c: Compiled, p: A.Param, v: Any, what: str) -> Any:
+    """A param's value from outside the model text (an override, an assignment, a checkpoint),
+    checked: a real number (a float) or a real tensor with at least one element, finite.
+    Anything else is a located error; nothing raw reaches torch."""
+    if isinstance(v, torch.Tensor):
+        if v.dtype == torch.bool or v.is_complex() or not (v.is_floating_point() or v.dtype in _INT_DTYPES):
+            raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
+        if v.numel() == 0:
+            raise FlexDSLError(f"{what} `{p.name}` is an empty tensor", c.filename, p.pos.line, p.pos.column, c.text,
+                               "a per-channel value has one value per channel (at least one)")
+        if v.is_floating_point() and not bool(torch.isfinite(v.detach()).all()):
+            bad = v.detach().reshape(-1)[~torch.isfinite(v.detach().reshape(-1))][0].item()
+            raise _nonfinite_error(c, p, what, f"{bad}" + (" (in a per-channel value)" if v.numel() > 1 else ""))
+        return v
+    if isinstance(v, bool) or v is None:
+        raise _override_error(c, p, repr(v))
+    try:
+        f = float(v)
+    except OverflowError:
+        raise FlexDSLError(f"{what} `{p.name}` is too large for a float: {_clip(repr(v))}", c.filename, p.pos.line,
+                           p.pos.column, c.text, "params are float64 numbers (at most about 1.8e308)") from None
+    except (TypeError, ValueError):
+        raise _override_error(c, p, _clip(repr(v))) from None
+    if not math.isfinite(f):
+        raise _nonfinite_error(c, p, what, repr(f))
+    return f
+
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _clip(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _nonfinite_error(c: Compiled, p: A.Param, what: str, shown: str) -> FlexDSLError:
+    return FlexDSLError(f"{what} `{p.name}` is {shown}: params are finite numbers", c.filename, p.pos.line,
+                        p.pos.column, c.text, "NaN or inf would make every value computed from it NaN or "
+                                              "meaningless; a `where` constraint bounds a param further")
+
+
+def constraint_holds(c: Compiled, p: A.Param, env: Mapping[str, Any]) -> bool:
+    """Whether `p`'s `where` constraint holds for these values; a constraint that cannot be
+    evaluated (a division by zero, the log of a negative number...) is a located error."""
+    assert p.where is not None
+    try:
+        return holds(p.where, env)
+    except (ArithmeticError, ValueError) as e:
+        shown = ", ".join(f"{k} = {_show(env[k])}" for k in _names_in(p.where) if k in env)
+        raise FlexDSLError(f"the constraint of `{p.name}` cannot be evaluated with {shown or 'these params'}: "
+                           f"{reason(e)}", c.filename, p.where.pos.line, p.where.pos.column, c.text,
+                           f"`{p.name}` must satisfy: {A.constraint_text(c.text, p.where)}") from None
+
+
+def _names_in(e: A.Expr) -> list[str]:
+    out: list[str] = []
+    for n in A.nodes(e):
+        if isinstance(n, A.Name) and n.id not in out:
+            out.append(n.id)
+    return out
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:6]) + (", ..." if len(names) > 6 else "")
+    return ("the param " if len(names) == 1 else "the params ") + shown
 
 
 def _override_error(c: Compiled, p: A.Param, what: str) -> FlexDSLError:
     return FlexDSLError(f"`{p.name}` takes a number or a float tensor, not {what}", c.filename, p.pos.line,
                         p.pos.column, c.text, f"e.g. {p.name}=2.0 or {p.name}=torch.tensor([2.0, 3.0])")
+
+
+def _loading_strictly() -> bool:
+    """Whether the `load_state_dict` call loading a module is strict: torch passes strict=True to
+    every `_load_from_state_dict` and applies `strict` only after everything was copied, so a
+    checkpoint it refuses would already have changed the module. (Read from that call's frame;
+    True where there is none, e.g. a direct call.)"""
+    code = nn.Module.load_state_dict.__code__
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code is code:
+            return bool(f.f_locals.get("strict", True))
+        f = f.f_back
+    return True
+
+
+def _broadcasts_to(a: Sequence[int], b: Sequence[int]) -> bool:
+    try:
+        return tuple(torch.broadcast_shapes(tuple(a), tuple(b))) == tuple(b)
+    except RuntimeError:
+        return False
+
+
+_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+
+
+def _vmapped(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and _is_batched is not None and bool(_is_batched(v))
+
+
+def _bits(vals) -> bytes:
+    vals = list(vals)
+    return struct.pack(f"{len(vals)}d", *vals)
 
 
 def _show(v: Any) -> str:
@@ -681,13 +978,3 @@ def _show(v: Any) -> str:
         return f"{float(v):g}"
     except (TypeError, ValueError):
         return repr(v)
-
-
-def _source_of(text: str, e: A.Compare) -> str:
-    line = text.split("\n")[e.pos.line - 1]
-    frag = line[e.pos.column - 1:]
-    for stop in (' "', " learnable"):
-        i = frag.find(stop)
-        if i >= 0:
-            frag = frag[:i]
-    return frag.strip()

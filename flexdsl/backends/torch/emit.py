@@ -12,8 +12,7 @@ import sympy as sp
 
 from ...ir.derive import BackwardModel
 from ...ir.lower import StepModel
-from ...ir.schedule import Hoisted
-from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines
 
 
 class TorchPrinter(BasePrinter):
@@ -61,8 +60,8 @@ def header(step: StepModel, what: str) -> list[str]:
     ]
 
 
-def emit_core(step: StepModel, h: Hoisted) -> str:
-    """The generated module source: `surrogate`, `core` and `invariants`."""
+def emit_core(step: StepModel) -> str:
+    """The generated module source: `surrogate` and `core`."""
     pr = TorchPrinter()
     src_lines = step.checked.source.splitlines()
     params = [pr._print(p.symbol) for p in step.params]
@@ -91,56 +90,35 @@ def emit_core(step: StepModel, h: Hoisted) -> str:
         ]
     core_pr = TorchPrinter(fire_args=sur_params, like=args[0] if args else None)
     returns = ", ".join(outs + [s.name + "_next" for s in step.states])
+    lines += ["", *derived_params_comment(step, pr, src_lines)]
     lines += [
-        "",
         f"def core({', '.join(args + params)}):",
         f"    # One step of the model: ({comment_text(returns)}) = core(inputs, states, params)",
     ]
     lines += lhs_rhs_lines(core_pr, step.assignments, step.origins, src_lines)
     rets = [core_pr._print(v) for _, v in step.outputs] + [core_pr._print(v) for v in step.next_states]
     lines.append(f"    return ({', '.join(rets)},)")
-    lines.append("")
-    lines += derived_params_lines(step, pr, src_lines)
-    derived = [p.symbol for p in step.params if p.derived]
-    entries = [f"{y.name!r}: {pr._print(y)}" for y in [*derived, *h.used]]
-    entries += [f"{f'{y.name}|denominator {i}'!r}: {pr._print(d)}" for i, (y, d) in enumerate(h.denominators)]
-    lines += [
-        "",
-        f"def invariants({', '.join(params)}):",
-        "    # The values of the step that depend on params only, derived params included (checked",
-        "    # finite when params change), and the param-only denominators of the step (checked nonzero).",
-        *lhs_rhs_lines(pr, h.invariants),
-        "    return {" + ", ".join(entries) + "}",
-        "",
-    ]
     return "\n".join(lines) + "\n"
 
 
-def derived_params_lines(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:
-    """`derived_params(*declared params)`: the step's derived params, once per call (matrix
-    exponentials in float64, differentiable: `torch.linalg.matrix_exp`)."""
-    declared = [pr._print(p.symbol) for p in step.declared_params]
+def derived_params_comment(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:
+    """Comment lines saying what the derived params `core` takes are (the runtime computes them
+    once per call from the declared params: `ir/host.py`)."""
+    if not step.matrix_exps:
+        return []
     lines = [
-        "",
-        f"def derived_params({', '.join(declared)}):",
-        "    # Params the step derives from the declared ones, computed once per call and passed to",
-        "    # `core` after them. E_a_b: the coefficient of b in a's new value (expm(A*dt)); F_a_b: that",
-        "    # of b's forcing, the state-free part of db/dt (the integral of expm(A*s) over the step).",
-        "    # Both are read off the exponential of A*dt bordered by a column dt per forcing term.",
+        "# Derived params, computed once per call from the declared ones and passed to `core` after",
+        "# them. E_a_b: the coefficient of b in a's new value (expm(A*dt)); F_a_b: that of b's forcing,",
+        "# the state-free part of db/dt (the integral of expm(A*s) over the step). Both are read off",
+        "# the exponential of A*dt bordered by a column dt per forcing term:",
     ]
-    names: list[str] = []
-    for k, d in enumerate(step.derived):
+    for d in step.matrix_exps:
         line = d.pos.line
         if 0 < line <= len(src_lines):
-            lines.append(f"    # line {line}: {comment_text(src_lines[line - 1])}")
-        lines.append(f"    # the propagator of ({comment_text(', '.join(d.states))}) over one step")
+            lines.append(f"# line {line}: {comment_text(src_lines[line - 1])}")
         rows = ", ".join("[" + ", ".join(pr._print(e) for e in d.matrix.row(i)) + "]" for i in range(d.matrix.rows))
-        lines.append(f"    _expm{k} = ops.expm([{rows}])")
-        for y, i, j in d.entries:
-            lines.append(f"    {pr._print(y)} = _expm{k}[..., {i}, {j}]")
-            names.append(pr._print(y))
-    lines.append(f"    return ({''.join(n + ', ' for n in names)})")
-    lines.append("")
+        lines.append(f"#   the propagator of ({comment_text(', '.join(d.states))}) over one step: expm([{rows}])")
+        lines += [f"#   {pr._print(y)} = entry [{i}, {j}]" for y, i, j in d.entries]
     return lines
 
 

@@ -8,32 +8,54 @@ from collections.abc import Callable
 import torch
 
 from ...frontend.numeric import exprel, exprel_d
-from ...frontend.numeric import matrix_exp as expm  # noqa: F401 - the derived params of generated code
 
 
 class _Fire(torch.autograd.Function):
-    """heaviside(u) forward; the model's surrogate S'(u) backward."""
+    """heaviside(u) forward; the model's surrogate S'(u) backward (and as the forward-mode
+    derivative). Written in the form `torch.func` transforms accept (`grad`, `vmap`, `jacrev`,
+    `jvp`...)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+    def forward(u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        u, _, sg, args = inputs
         ctx.save_for_backward(u)
+        ctx.save_for_forward(u)
         ctx.sg = sg
         ctx.args = args
-        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def _slope(ctx, u: torch.Tensor) -> torch.Tensor:
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
+        return ctx.sg(u, *args)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (u,) = ctx.saved_tensors
-        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
-        return grad * ctx.sg(u, *args), None, None, None
+        return grad * _Fire._slope(ctx, u), None, None, None
+
+
+class _FireFwd(_Fire):
+    """`_Fire` with forward-mode AD (`torch.func.jvp`, `jacfwd`, `forward_ad`); eager only, as
+    torch.compile does not trace a custom jvp."""
+
+    @staticmethod
+    def jvp(ctx, u_t: torch.Tensor, *_):  # type: ignore[override]
+        (u,) = ctx.saved_tensors
+        return u_t * _Fire._slope(ctx, u)
 
 
 def fire_ge(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
-    return _Fire.apply(u, True, sg, args)
+    return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, True, sg, args)
 
 
 def fire_gt(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
-    return _Fire.apply(u, False, sg, args)
+    return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, False, sg, args)
 
 
 def heaviside_ge(u: torch.Tensor) -> torch.Tensor:

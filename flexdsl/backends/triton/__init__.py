@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact
+from ..base import IR, Artefact, transformed
 from .abi import KernelABI
 from .launch import LAUNCHES, TritonProgram
 
@@ -37,7 +37,8 @@ class TritonBackend:
 
     def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
         x0 = inputs[0]
-        return x0.is_cuda and x0.dtype in DTYPES
+        return x0.is_cuda and x0.dtype in DTYPES and (torch.compiler.is_compiling()
+                                                      or not any(transformed(x) for x in inputs))
 
     def version(self) -> str:
         from .cost import chunk_sizes

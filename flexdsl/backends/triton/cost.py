@@ -11,13 +11,13 @@ chunk length.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import sympy as sp
 
 from ...ir.lower import StepModel
 from ...ir.schedule import Assignments, Schedule
+from ...settings import env_int
 
 # One pass over [T, N] float32 memory costs about as much time as this many operations per
 # lane of the unrolled recompute backward, whose long dependent chains issue slowly (measured on
@@ -30,8 +30,8 @@ MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), fo
 
 def chunk_sizes() -> tuple[int, ...]:
     """The chunk lengths the recompute plan tries, largest first (FLEXDSL_CHUNK fixes one)."""
-    fixed = os.environ.get("FLEXDSL_CHUNK", "")
-    return (int(fixed),) if fixed else (8, 4)
+    fixed = env_int("FLEXDSL_CHUNK")  # (checked: 1 to 32)
+    return (fixed,) if fixed else (8, 4)
 
 
 def _ops(assignments: Assignments) -> int:

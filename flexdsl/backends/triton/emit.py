@@ -2,14 +2,16 @@
 
 One neuron per lane, the time loop inside the kernel (T is a runtime bound, never unrolled),
 float32 arithmetic and states in registers, loads and stores in the tensors' own dtype.
-Two kernels per model, each a template in `templates/` filled from the kernel ABI
-(`abi.KernelABI`) and the schedule (`ir.schedule`):
+Three kernels per model, each a template in `templates/` filled from the kernel ABI
+(`abi.KernelABI`), the schedule (`ir.schedule`) and the cost model's training plans (`cost.py`):
 
 - `fwd_kernel`: inference (outputs every step, final states), optionally the state sequences
   (`_STORE_SEQS`) and, for training (`_SAVE`), the per-step values the backward needs;
 - `bwd_kernel`: a reverse-time loop carrying the state gradients in registers; gradients of
   the inputs (per step), of the initial states, and per-lane partial sums of the learnable
-  params' gradients (reduced over broadcast dims by the launcher, no atomics).
+  params' gradients (reduced over broadcast dims by the launcher, no atomics);
+- `bwd_rc_kernel`: the same, re-running each chunk of steps from its checkpoint of the states,
+  the values it needs kept in registers (the recompute training plan).
 
 What is saved, re-read and recomputed, and what is hoisted out of the time loop, is the
 schedule's decision; this module only prints it.
@@ -30,8 +32,8 @@ from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_D_SERIES_F32, EXPREL_SER
 from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
-from ..naming import derived, ident
-from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from ..naming import ident, tagged
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines
 from .abi import KernelABI
 from .cost import TrainingPlans, training_plans
 
@@ -122,8 +124,8 @@ def _simultaneous(pairs: list[tuple[str, str]]) -> list[str]:
     """Lines assigning several loop-carried variables at once (each right side sees the old values)."""
     if len(pairs) <= 1:
         return [f"{name} = {value}" for name, value in pairs]
-    return ([f"{derived('new', name)} = {value}" for name, value in pairs]
-            + [f"{name} = {derived('new', name)}" for name, _ in pairs])
+    return ([f"{tagged('new', name)} = {value}" for name, value in pairs]
+            + [f"{name} = {tagged('new', name)}" for name, _ in pairs])
 
 
 @dataclass
@@ -140,12 +142,13 @@ class _Printed:
         return lhs_rhs_lines(self.pr, assignments, indent="")
 
     def block(self, e: Any, lanes: set[sp.Symbol]) -> str:
-        """An expression as a [BLOCK] tensor (scalars are broadcast with `_zero`)."""
+        """An expression as a [BLOCK] tensor (scalars are broadcast by adding `_splat`, a -0.0,
+        which keeps every value's sign)."""
         if isinstance(e, sp.Basic) and _free(e) & lanes:
             return self.pr._print(e)
         if isinstance(e, sp.Basic) and e.is_number:
-            return f"_zero + {float(e)!r}"
-        return f"_zero + ({self.pr._print(e)})"
+            return f"_splat + {float(e)!r}"
+        return f"_splat + ({self.pr._print(e)})"
 
 
 def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
@@ -164,7 +167,7 @@ def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
         grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
         rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
         chunk=plans.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states), plans.chunk),
-        training=plans.plan32, training16=plans.plan16)
+        train_plan=plans.plan32, train_plan16=plans.plan16)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
@@ -204,7 +207,7 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         "hoisted": [{"name": sym_name(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in sch.fwd_hoisted],
         "hoisted_lines": P.lines(sch.fwd_hoisted),
         "inputs": [{"name": ident(x), "arg": abi.name_of("in", x), "stride": abi.name_of("stride", x),
-                    "ptr": derived("ptr", x)} for x in abi.inputs],
+                    "ptr": tagged("ptr", x)} for x in abi.inputs],
         "saved_before": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved) if s in step.states],
         "body": P.lines(_fire_on_stored_values(sch.fwd_body, sch.saved, step.states)),
         "outputs": [{"arg": abi.name_of("out", n), "value": P.block(v, lane_f)} for n, v in step.outputs],
@@ -225,11 +228,11 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         "states": [{"grad": g, "gfin": abi.name_of("gfin", s), "hasgfin": abi.name_of("hasgfin", s),
                     "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s)}
                    for s, g in zip(abi.states, grad_next)],
-        "learnable": [{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
+        "learnable": [{"acc": tagged("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
                        "value": S(g) if nz else ""}
                       for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params)],
         "reread": [{"name": ident(x), "arg": abi.name_of("in", x), "stride": abi.name_of("stride", x),
-                    "ptr": derived("ptr", x)} for x in abi.reread],
+                    "ptr": tagged("ptr", x)} for x in abi.reread],
         "saved": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved)],
         "recompute": P.lines(sch.recompute),
         "outputs": [{"grad": S(g), "arg": abi.name_of("gout", n), "hasg": abi.name_of("hasgout", n)}
@@ -273,7 +276,7 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
     kept = [*step.states, *sch.saved, *sch.reread]  # what the backward of a step reads of its forward
 
     def ren(j: int, syms) -> dict[sp.Symbol, sp.Symbol]:
-        return {s: sp.Symbol(derived(f"j{j}", s.name), real=True) for s in syms}
+        return {s: sp.Symbol(tagged(f"j{j}", s.name), real=True) for s in syms}
 
     steps = []
     for j in range(abi.chunk):
@@ -291,14 +294,14 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
             inputs=[{"name": S(r[x]), "arg": abi.name_of("in", x.name), "stride": abi.name_of("stride", x.name)}
                     for x in sch.rc_inputs],
             forward=forward,
-            outputs=[{"grad": S(g), "pre": derived(f"g{j}", n), "arg": abi.name_of("gout", n),
+            outputs=[{"grad": S(g), "pre": tagged(f"g{j}", n), "arg": abi.name_of("gout", n),
                       "hasg": abi.name_of("hasgout", n)}
                      for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],
             backward=P.lines(back, comments=False),
             grad_inputs=[{"arg": abi.name_of("gx", x), "need": abi.name_of("needgx", x),
                           "value": S(g.xreplace(rk))}
                          for x, g, nz in zip(abi.inputs, bw.grad_inputs, abi.grad_inputs) if nz],
-            learnable=[{"acc": derived("acc", p), "value": P.block(g.xreplace(rk), lanes_b)}
+            learnable=[{"acc": tagged("acc", p), "value": P.block(g.xreplace(rk), lanes_b)}
                        for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params) if nz],
             update=_simultaneous([(g, f"tl.where(_ok{j}, {P.block(v.xreplace(rk), lanes_b)}, {g})")
                                   for g, v in zip(grad_next, bw.grad_states)]),
@@ -311,7 +314,7 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
                  "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s), "first": S(first[sym]),
                  "init": abi.name_of("init", s), "mode": abi.name_of("initmode", s)}
                 for s, g, sym in zip(abi.states, grad_next, step.states)],
-        learnable=[{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
+        learnable=[{"acc": tagged("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
                     "value": nz} for p, nz in zip(abi.learnable, abi.grad_params)],
         outputs=[{"grad": S(g), "arg": abi.name_of("gout", n), "hasg": abi.name_of("hasgout", n)}
                  for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],
