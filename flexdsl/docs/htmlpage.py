@@ -59,7 +59,7 @@ def number(v: float) -> str:
 
 def version() -> str:
     """flexdsl's version, for the pages' footers."""
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

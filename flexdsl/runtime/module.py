@@ -762,6 +762,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             from .finite import guard
 
             xs, init, params = guard(self._compiled, xs, init, params)
+        params = self._compiled.with_derived(params)
         try:
             res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
         except RuntimeError:
