@@ -566,7 +566,8 @@ def test_guides_are_html_pages_and_every_link_works(site):
         return ids[page.name]
 
     checked = 0
-    for page in sorted(out.glob("*.html")):
+    # (the browser tests add `*.md.html` renders and a harness beside the pages: not the site's)
+    for page in sorted(p for p in out.glob("*.html") if not p.name.endswith(".md.html") and p.name != "harness.html"):
         doc = parse(page.read_text(encoding="utf-8"))
         for a in doc.iter("a"):
             href = a.attrs.get("href") or ""
@@ -575,7 +576,6 @@ def test_guides_are_html_pages_and_every_link_works(site):
             target, _, frag = href.partition("#")
             dest = out / target if target else page
             assert dest.is_file(), (page.name, href)
-            assert dest.suffix != ".md" or page.suffix == ".md" or "download" in a.attrs or True
             if frag and dest.suffix == ".html":
                 assert frag in anchors(dest), (page.name, href)
             checked += 1
