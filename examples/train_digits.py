@@ -1,7 +1,7 @@
 """Train a spiking classifier on scikit-learn's bundled 8x8 digits (no download), with a
 flexdsl neuron, and report accuracy on a held-out test set.
 
-    python examples/train_digits.py                       # LIF, CPU: about 10-30 s on 2 cores
+    python examples/train_digits.py                       # LIF, CPU: a few seconds, one thread
     python examples/train_digits.py --neuron plif --plot curves.png
     python examples/train_digits.py --neuron my_neuron.neuron --device cuda   # Triton kernels
     python examples/train_digits.py --encoding rate --T 16 --test-T 64         # spike-train inputs
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--test-T", type=int, default=0, help="time steps per test image (default: --T)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (runs the Triton kernels)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch (default 1: the layers are small, so more threads mostly wait "
+                         "on each other, and on a busy machine they compete with other work)")
     ap.add_argument("--plot", metavar="OUT.png", help="save loss and accuracy curves")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> float:
     from flexdsl import backends
 
     # what would fail only after training, or with a traceback: said now, in one line
-    for name in ("T", "epochs", "hidden", "batch"):
+    for name in ("T", "epochs", "hidden", "batch", "threads"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be a positive number, not {getattr(a, name)}")
     if a.test_T < 0:
@@ -113,6 +116,7 @@ def main(argv: list[str] | None = None) -> float:
         ap.error(f"--neuron {a.neuron}: the classifier drives one input per neuron, but "
                  f"{neuron.compiled.name} has {len(neuron.compiled.checked.inputs)}")
 
+    torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     x_tr, x_te, y_tr, y_te = load_digits_split(a.seed)
     x_tr, x_te, y_tr, y_te = x_tr.to(dev), x_te.to(dev), y_tr.to(dev), y_te.to(dev)
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> float:
     kernel = {"triton": "Triton kernels", "cpu": "CPU kernels", "torch": "torch backend"}.get(
         backends.choose(neuron.backend, [x_tr]).name, "another backend")
     print(f"neuron {neuron.compiled.name} ({neuron.compiled.filename}) on {dev} ({kernel}); "
-          f"{len(x_tr)} training / {len(x_te)} test images, T={a.T}")
+          f"{len(x_tr)} training / {len(x_te)} test images, T={a.T}, {a.threads} CPU thread"
+          f"{'s' if a.threads != 1 else ''}")
     t0 = time.time()
 
     def evaluate(x: torch.Tensor, y: torch.Tensor, seed: int) -> float:

@@ -213,8 +213,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     run = run_module(m, x, overrides)
     n_in = len(c.checked.inputs)
+    from .docs.units import unit_label
+
+    unit = unit_label(c.checked.inputs[0]) if n_in else None
     print(f"neuron {c.name} ({c.filename}): {T} steps, input {args.input}"
-          + (f" on `{c.checked.inputs[0].name}`" if n_in else ""))
+          + (f" on `{c.checked.inputs[0].name}`" if n_in else "")
+          + (f" (in {unit}, the input's unit)" if unit else ""))
     for n in (n for n, _ in c.checked.outputs):
         o = run.outputs[n]
         if n == "spike":

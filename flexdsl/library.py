@@ -38,6 +38,16 @@ def resolve(model: str | Path) -> tuple[str, str]:
     if "/" not in stem and not stem.endswith(".neuron") and library_path(stem).is_file():
         p = library_path(stem)
         return p.read_text(encoding="utf-8"), str(p)
-    hint = did_you_mean(Path(stem).stem, library())
+    p = Path(stem)
+    if stem.endswith(("/", "\\")) or p.is_dir() or (str(p.parent) not in ("", ".") and not p.parent.is_dir()):
+        # a path, not a model name: say what is missing, not which library models exist
+        missing = p if stem.endswith(("/", "\\")) or p.is_dir() else p.parent
+        what = "is a directory, not a model file"
+        raise FlexDSLError(f"no such directory: `{missing}/`" if not p.is_dir() else f"`{stem}` {what}", str(model),
+                           hint="give a `.neuron` file, or a library model's name" + (
+                               " (`flexdsl check` and `flexdsl doc` take directories)" if p.is_dir() else ""))
+    hint = did_you_mean(p.stem, library())
+    if stem.endswith(".neuron"):
+        raise FlexDSLError(f"no such file: `{model}`", str(model), hint=hint and f"a library model? {hint}")
     raise FlexDSLError(f"no such file or library model: `{model}`", str(model),
                        hint=hint or "library models: " + ", ".join(library()))

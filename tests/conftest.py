@@ -6,3 +6,21 @@ import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FLEXDSL_CACHE_DIR", tempfile.mkdtemp(prefix="flexdsl-test-cache-"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def library_site(tmp_path_factory):
+    """`flexdsl doc neurons/` once per session (the docs tests and the browser tests read it):
+    (outdir, BuildResult, progress calls)."""
+    from pathlib import Path
+
+    import flexdsl.docs as docs
+
+    out = tmp_path_factory.mktemp("site")
+    seen: list = []
+    res = docs.build([Path(__file__).resolve().parent.parent / "neurons"], out,
+                     progress=lambda k, n, label, s: seen.append((k, n, label)))
+    return out, res, seen

@@ -181,14 +181,8 @@ def test_imports_run_downward_only():
         f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})" for a, b in bad)
 
 
-# PENDING (issue 23, the docs branch splits these two itself): `flexdsl.docs.content:describe` and
-# `flexdsl.docs.mdpage:page` are still over 80 lines here. Only these two are exempt; remove this set
-# once that branch is merged.
-PENDING_DOCS_FUNCTIONS = {"flexdsl.docs.content:describe", "flexdsl.docs.mdpage:page"}
-
-
 def test_no_function_over_80_lines():
-    bad = [(f, n) for f, n in long_functions(modules()) if f not in PENDING_DOCS_FUNCTIONS]
+    bad = list(long_functions(modules()))
     assert not bad, f"functions over {MAX_FUNCTION} lines: {bad}"
 
 

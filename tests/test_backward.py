@@ -7,8 +7,6 @@ and learnable params) must match autograd within 1e-10.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -114,13 +112,11 @@ def test_ode_methods_backward_equals_autograd(method: str) -> None:
 
 
 def test_backward_is_linear_in_size_and_fast() -> None:
-    """A cold build of the rk4 Hodgkin-Huxley backward stays small and fast (SSA, not expanded)."""
+    """A cold build of the rk4 Hodgkin-Huxley backward stays small (SSA, not expanded): its size
+    bounds the work (no wall time here: speed lives in bench/)."""
     text = flexdsl.compile("hodgkin_huxley").text.replace("neuron ", "neuron Cold", 1)
-    t0 = time.perf_counter()
     c = flexdsl.compile(text)
     bw = c.backward
-    elapsed = time.perf_counter() - t0
     ops = sum(sum(1 for _ in __import__("sympy").preorder_traversal(e)) for _, e in bw.assignments)
     fwd = sum(sum(1 for _ in __import__("sympy").preorder_traversal(e)) for _, e in c.step.assignments)
     assert ops < 12 * fwd, (ops, fwd)
-    assert elapsed < 5.0  # generous for a loaded CI machine; bench/ measures the real number

@@ -8,11 +8,11 @@ import base64
 import io
 import re
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 import flexdsl
@@ -29,14 +29,9 @@ MATHML = "{http://www.w3.org/1998/Math/MathML}"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    seen = []
-    t0 = time.perf_counter()
-    res = docs.build([NEURONS], out, progress=lambda k, n, label, s: seen.append((k, n, label)))
-    seconds = time.perf_counter() - t0
-    print(f"\nbuilt the docs of {len(MODELS)} models in {seconds:.1f} s")
-    return out, res, seen, seconds
+def site(library_site):
+    out, res, seen = library_site
+    return out, res, seen, res.seconds
 
 
 def _png_ok(path: Path, min_size=(100, 50)) -> Image.Image:
@@ -62,8 +57,6 @@ def test_build_writes_every_model(site):
     assert [k for k, _, _ in seen] == list(range(1, len(MODELS) + 1))  # progress once per model, in order
     assert all(n == len(MODELS) for _, n, _ in seen)
     assert (out / "language.md").read_text() == (ROOT / "docs" / "language.md").read_text()
-    # the issue's bar is < 60 s on two cores; this machine is shared, so the check is looser
-    assert seconds < 180, seconds
 
 
 @pytest.mark.parametrize("stem", MODELS)
@@ -79,7 +72,9 @@ def test_page_content(site, stem):
     if "Reference:" in ck.ast.doc:
         ref = doc.find("p", cls="reference").text()
         first = ck.ast.doc.split("Reference:")[1].split()[:4]
-        assert " ".join(first) in " ".join(ref.split())
+        # `code` spans are shown as code: their backticks are not on the page
+        assert " ".join(first).replace("`", "") in " ".join(ref.split())
+        assert "`" not in ref
 
     # tables, against the model file itself (read here with regexes, not through flexdsl)
     src = (NEURONS / f"{stem}.neuron").read_text()
@@ -134,9 +129,16 @@ def test_page_content(site, stem):
         assert f"line {st.pos.line}: {_source_line(stem, st.pos.line)}" in " ".join(doc.text().split())
 
     # what the compiler derived
+    # (the shared subexpressions `_t…` of the generated code are substituted back: a reader sees
+    # only the model's own quantities)
+    def named(assignments):
+        return [y for y, _ in assignments if not re.fullmatch(r"(grad_)?_t(_\d+)?", y.name)]
+
     step_rows = rows(doc.find("table", cls="step"))
-    assert len(step_rows) == len(c.step.assignments)
-    assert len(rows(doc.find("table", cls="backward"))) == len(c.backward.assignments)
+    assert len(step_rows) == len(named(c.step.assignments))
+    assert len(rows(doc.find("table", cls="backward"))) == len(named(c.backward.assignments))
+    derived_text = doc.find("table", cls="step").text() + doc.find("table", cls="backward").text()
+    assert "t\u0303" not in derived_text
     grads = rows(doc.find("table", cls="gradients"))
     assert len(grads) == len(ck.inputs) + len(ck.states) + sum(p.learnable for p in ck.params)
     if ck.equations is not None:
@@ -192,7 +194,7 @@ def test_markdown_page(site, stem):
     out, _, _, _ = site
     md = (out / f"{stem}.md").read_text()
     ck = flexdsl.compile(stem).checked
-    assert md.startswith(f"[\u2190 all models](index.md)\n\n# {ck.name}")
+    assert md.startswith(f"[\u2190 all models](index.md) \u00b7 [language reference](<language.md>)\n\n# {ck.name}")
     assert "| name | default | constraint | learnable | description | unit |" in md
     assert "$$\n\\begin{aligned}" in md
     for src in re.findall(r"!\[[^\]]*\]\(<([^>]+)>\)", md):
@@ -315,13 +317,13 @@ def test_equations_with_units_are_shown_as_written():
     c = flexdsl.compile(src)
     tex = c.latex()
     assert r"\frac{v_{\mathrm{rest}} - v + R I}{\tau_{\mathrm{m}}} \quad \text{unless refractory}" in tex
-    assert r"\mathrm{refractory} &= 2 \mathrm{ms}" in tex
-    assert r"\left[v > - 50 \mathrm{mV}\right]" in tex
+    assert r"\mathrm{refractory} &= 2\,\mathrm{ms}" in tex  # a number and its unit: a thin space
+    assert r"\left[v > - 50\,\mathrm{mV}\right]" in tex
     assert "1000" not in tex and "0.001" not in tex
     page = docs.render_html(c, plots=False, sources=False)
     assert '<mi mathvariant="normal">ms</mi>' in page and '<mi mathvariant="normal">mV</mi>' in page
     params = {r[0].split()[0]: r for r in rows(parse(page).find("table", cls="params"))}
-    assert params["R"][1] == "50" and params["R"][-1] == "Mohm"  # the number; its unit has its column
+    assert params["R"][1] == "50" and params["R"][-1] == "M\u03a9"  # the number; its unit has its column
     assert params["R"][2].replace(" ", "") == "R>0"  # as written: no factor to base units
 
 
@@ -403,3 +405,254 @@ def test_summary_is_the_first_sentence_even_when_wrapped():
     assert summary == "Leaky integrator with a long summary that the author wrapped, e.g. over two lines."
     assert blocks == [("p", "A second sentence."), ("p", "A paragraph.")] and ref == "Someone (2001)."
     assert split_doc("One line.\n\nRest.")[:2] == ("One line.", [("p", "Rest.")])
+
+
+# ------------------------------------------------------------------------------ plots and captions
+def _fi_numbers(out: Path, stem: str) -> tuple[list[float], list[float]]:
+    lines = (out / f"{stem}.fi.csv").read_text().strip().splitlines()
+    rows_ = [ln.split(",") for ln in lines[1:]]
+    return [float(r[0]) for r in rows_], [float(r[2]) for r in rows_]
+
+
+SPIKING = [m for m in MODELS if flexdsl.compile(m).checked.spike is not None]
+
+
+@pytest.mark.parametrize("stem", SPIKING)
+def test_fi_caption_agrees_with_its_plot(site, stem):
+    """The caption's rheobase is the first amplitude of the plotted data (the CSV the page links)
+    with a nonzero rate, every smaller amplitude has rate 0, and the amplitude it says is silent
+    is one of the plotted points with rate 0."""
+    out, _, _, _ = site
+    doc = parse((out / f"{stem}.html").read_text(encoding="utf-8"))
+    fig = next(f for f in doc.find_all("figure") if "f-I" in f.find("img").attrs["alt"])
+    cap = " ".join(fig.find("figcaption").text().split())
+    assert fig.find("a").attrs["href"] == f"{stem}.fi.csv"
+    amps, rates = _fi_numbers(out, stem)
+    assert amps[0] == 0.0 and len(amps) == int(re.search(r"(\d+) amplitudes", cap).group(1))
+    if "fires without input" in cap:
+        assert rates[0] > 0
+        return
+    rheo = float(re.search(r"It fires from (-?[\d.e+-]+)", cap).group(1))
+    first = next(i for i, r in enumerate(rates) if r > 0)
+    assert rheo == pytest.approx(amps[first], rel=1e-3), (cap, amps[first])
+    assert all(r == 0 for r in rates[:first])
+    silent = re.search(r"; (-?[\d.e+-]+)\S* gives none", cap)
+    if silent:
+        k = min(range(len(amps)), key=lambda i: abs(amps[i] - float(silent.group(1))))
+        assert rates[k] == 0 and amps[k] == pytest.approx(float(silent.group(1)), rel=1e-3)
+    # the model itself (loaded as a user would) is silent just below and fires at the rheobase
+    m = flexdsl.load(stem, backend="torch").to(torch.float64)
+    T = int(re.search(r"--T (\d+)", (out / f"{stem}.html").read_text()).group(1))
+    onset = max(T // 10, 1)
+    x = torch.zeros(T, 2, dtype=torch.float64)
+    x[onset:, 0] = amps[first]
+    x[onset:, 1] = amps[first - 1] if first > 0 else 0.0
+    with torch.no_grad():
+        s = m(x)
+    s = s[0] if isinstance(s, tuple) else s
+    assert float(s[onset:, 0].sum()) >= 1 and float(s[onset:, 1].sum()) == 0
+
+
+@pytest.mark.parametrize("stem", ["adex", "hodgkin_huxley", "izhikevich_2003", "lif_ode", "lif_refractory",
+                                  "morris_lecar", "qif", "eif", "lif"])
+def test_fi_rates_are_interspike_rates_not_a_window_staircase(site, stem):
+    """The rate is 1 / the mean interval between spikes, not spikes / window: firing amplitudes
+    with at least two spikes give distinct rates (a count over a short window repeats the same
+    few multiples of 1 / window); in models with a time unit, the curve rises with the input."""
+    out, _, _, _ = site
+    amps, rates = _fi_numbers(out, stem)
+    lines = (out / f"{stem}.fi.csv").read_text().strip().splitlines()[1:]
+    spikes = [int(ln.split(",")[1]) for ln in lines]
+    multi = [r for r, n in zip(rates, spikes) if n >= 2]
+    assert len(multi) >= 3, (stem, spikes)
+    if stem in ("adex", "hodgkin_huxley", "izhikevich_2003", "lif_ode", "lif_refractory", "morris_lecar"):
+        assert len(set(multi)) == len(multi), (stem, multi)
+        window = re.search(r"window of ([\d.]+) (\w+)", (out / f"{stem}.html").read_text()).group(1)
+        quantum = 1 / (float(window) * 1e-3)  # one spike per window, in Hz (the time unit is ms here)
+        # a count over the window would give only multiples of the quantum
+        assert any(abs(r / quantum - round(r / quantum)) > 0.05 for r in multi), (multi, quantum)
+
+
+def test_legends_never_cover_data():
+    """Each figure's legend lies outside every axes of the figure (drawn, then measured)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from flexdsl.docs import plots
+    from flexdsl.docs.figures import _response
+    from flexdsl.docs.simulate import explore
+
+    for stem in ("adex", "alif", "lif", "hodgkin_huxley"):
+        c = flexdsl.compile(stem)
+        ex = explore(c)
+        run, lane, _ = _response(c, ex)
+        for fig in (plots.draw_response(c, run, lane, ex.time), plots.draw_fi(c, ex, (1.0, 1.0)),
+                    plots.draw_surrogate(c)):
+            FigureCanvasAgg(fig).draw()
+            legends = [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+            assert legends, stem
+            for leg in legends:
+                box = leg.get_window_extent()
+                for ax in fig.axes:
+                    assert not box.overlaps(ax.get_window_extent()), (stem, leg.get_texts()[0].get_text())
+
+
+def test_surrogate_heading_and_axes_keep_units(tmp_path):
+    text = """neuron Q:
+    input I : pA
+    param dt = 0.1 ms
+    param tau = 10 ms
+    param R = 0.1 GOhm
+    state v = -70 mV
+    equations:
+        dv/dt = (-70 mV - v + R * I) / tau
+    spike when v >= -50 mV surrogate atan(alpha=0.5/mV)
+    on spike:
+        v = -70 mV
+"""
+    c = flexdsl.compile(text)
+    page = docs.render_html(c, plots=False, sources=False)
+    assert "Surrogate <code>atan(alpha=0.5/mV)</code>" in page
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from flexdsl.docs import plots
+
+    fig = plots.draw_surrogate(c, "atan(alpha=0.5/mV)")
+    FigureCanvasAgg(fig).draw()
+    assert "0.5/mV" in fig._suptitle.get_text()
+    assert all("(mV;" in a.get_xlabel() for a in fig.axes)
+    assert fig.axes[1].get_ylabel() == "S\u2032 (1/mV)"
+    # values with units print with a space between number and unit, in MathML and in LaTeX
+    assert '<mn>70</mn><mspace width="0.1667em"/><mi mathvariant="normal">mV</mi>' in page
+    assert r"70\,\mathrm{mV}" in c.latex()
+
+
+@pytest.mark.parametrize("stem", SPIKING)
+def test_the_suggested_run_command_spikes(site, stem, capsys):
+    """The page's `flexdsl run` command (chosen from the model's own scan) makes the model spike,
+    as many times as the page says, and the run prints the input's unit."""
+    from flexdsl import cli
+
+    out, _, _, _ = site
+    text = next(p.text() for p in parse((out / f"{stem}.html").read_text(encoding="utf-8")).iter("pre")
+                if "flexdsl.load(" in p.text())
+    cmd = re.search(r"\$ flexdsl run (\S+) (.*?) --plot out\.png", text)
+    said = int(re.search(r": (\d+) spikes?\n", text).group(1))
+    args = cmd.group(2).split()
+    assert cmd.group(1) == stem and "--input" in args
+    assert cli.main(["run", stem, *args]) == 0
+    printed = capsys.readouterr().out
+    n = int(re.search(r"spikes: (\d+)", printed).group(1))
+    assert n == said and n >= 1, printed
+    unit = flexdsl.compile(stem).checked.inputs[0].meta.get("unit")
+    if unit:
+        assert f"(in {docs.units.display(unit)}, the input's unit)" in printed
+        assert f" {docs.units.display(unit)} from step" in text  # the command's comment says it too
+
+
+# ------------------------------------------------------------------------------ the site's links
+def test_guides_are_html_pages_and_every_link_works(site):
+    """The language reference, units and NIR guides are HTML pages of the site; every relative
+    link of every page (models, index, guides) opens a file of the site, and every #anchor names an
+    element of its target."""
+    out, _, _, _ = site
+    for g in ("language", "units", "nir"):
+        assert (out / f"{g}.html").is_file() and (out / f"{g}.md").is_file()
+    ids: dict[str, set[str]] = {}
+
+    def anchors(page: Path) -> set[str]:
+        if page.name not in ids:
+            doc = parse(page.read_text(encoding="utf-8"))
+            ids[page.name] = {n.attrs["id"] for n in doc.iter() if n.attrs.get("id")}
+        return ids[page.name]
+
+    checked = 0
+    # (the browser tests add `*.md.html` renders and a harness beside the pages: not the site's)
+    for page in sorted(p for p in out.glob("*.html") if not p.name.endswith(".md.html") and p.name != "harness.html"):
+        doc = parse(page.read_text(encoding="utf-8"))
+        for a in doc.iter("a"):
+            href = a.attrs.get("href") or ""
+            if href.startswith(("http://", "https://", "data:", "mailto:")):
+                continue
+            target, _, frag = href.partition("#")
+            dest = out / target if target else page
+            assert dest.is_file(), (page.name, href)
+            if frag and dest.suffix == ".html":
+                assert frag in anchors(dest), (page.name, href)
+            checked += 1
+    assert checked > 200
+    index = parse((out / "index.html").read_text(encoding="utf-8"))
+    hrefs = {a.attrs["href"] for a in index.iter("a")}
+    assert {"language.html", "units.html", "nir.html"} <= hrefs
+    lif = parse((out / "lif.html").read_text(encoding="utf-8"))
+    assert "language.html" in {a.attrs["href"] for a in lif.iter("a")}
+    language = (out / "language.html").read_text(encoding="utf-8")
+    assert 'href="units.html#2-refractoriness"' in language and 'href="nir.html"' in language
+    assert "$\\alpha" not in language and language.count("<math") >= 14  # the surrogate table's formulas
+
+
+# ------------------------------------------------------------------------------ what a reader sees
+@pytest.mark.parametrize("stem", MODELS)
+def test_page_math_reads_as_math(site, stem):
+    """The markup behind what the browser shows: names of several letters never touch another
+    factor (a visible · between them), bars span whole names (no combining overline per letter), a
+    raised exponent is never a sum or a fraction (exp(...) instead), table values are on one line
+    (no fraction bars), a number and its unit have a space between them, no shared temporaries and
+    no raw backticks in the text."""
+    out, _, _, _ = site
+    text = (out / f"{stem}.html").read_text(encoding="utf-8")
+    maths = re.findall(r"<math\b.*?</math>", text, re.S)
+    for mth in maths:
+        el = ET.fromstring(mth)
+        _products_are_explicit(el)
+        for sup in el.iter(MATHML + "msup"):
+            base, ex = list(sup)
+            if base.tag == MATHML + "mi" and base.text == "e":
+                assert not list(ex.iter(MATHML + "mfrac")) and not any(
+                    o.text in ("+", "\u2212") for o in ex.iter(MATHML + "mo") if len(list(ex)) > 2), mth
+        assert "\u0305" not in mth  # combining overline
+    doc = parse(text)
+    for table in ("params", "states"):
+        t = doc.find("table", cls=table)
+        if t is not None:
+            for cell in t.find_all("div", cls="value"):
+                assert "<mfrac" not in str(cell.text()), cell
+    for mth in re.findall(r'<div class="value">(.*?)</div>', text, re.S):
+        assert "<mfrac" not in mth, mth
+    assert "t\u0303" not in text  # no shared temporaries on the page
+    visible = re.sub(r"<(pre|code|math)\b.*?</\1>", "", text, flags=re.S)
+    assert "`" not in re.sub(r"<[^>]+>", "", visible)
+
+
+def _tokens(el):
+    """The token elements of a MathML tree in order (mi, mn, mo, mspace, mtext)."""
+    for n in el.iter():
+        if n.tag.rsplit("}", 1)[-1] in ("mi", "mn", "mo", "mspace", "mtext"):
+            yield n
+
+
+def _products_are_explicit(el) -> None:
+    """In every row, a multi-letter upright name is never directly beside another operand: an
+    operator (·, +, =, ...) or a space comes between."""
+    for row in el.iter():
+        kids = list(row)
+        tag = row.tag.rsplit("}", 1)[-1]
+        if tag not in ("mrow", "math"):
+            continue
+        for a, b in zip(kids, kids[1:]):
+            ta, tb = a.tag.rsplit("}", 1)[-1], b.tag.rsplit("}", 1)[-1]
+            if "mo" in (ta, tb) or "mspace" in (ta, tb):
+                continue
+
+            def word(n) -> bool:
+                last = n if n.tag.endswith("}mi") else None
+                if last is None:
+                    toks = [t for t in _tokens(n)]
+                    last = toks[-1] if toks else None
+                return last is not None and last.tag.endswith("}mi") and len(last.text or "") > 1 and \
+                    (last.text or "") not in ("exp",)
+
+            def first_word(n) -> bool:
+                toks = [t for t in _tokens(n)] if not n.tag.endswith("}mi") else [n]
+                return bool(toks) and toks[0].tag.endswith("}mi") and len(toks[0].text or "") > 1
+            # two operands side by side: neither may be a multi-letter name at the touching edge
+            assert not (word(a) or first_word(b)), ET.tostring(row, encoding="unicode")[:300]

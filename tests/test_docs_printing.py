@@ -55,8 +55,11 @@ def test_names():
     assert mathml_inner(sp.Symbol("tau_m")) == "<msub><mi>\u03c4</mi><mi>m</mi></msub>"
     assert mathml_inner(sp.Symbol("was_below")) == "<mi>was_below</mi>"
     assert mathml_inner(sp.Symbol("_t_3")) == "<msub><mi>t\u0303</mi><mn>3</mn></msub>"
-    assert mathml_inner(sp.Symbol("grad_v"), adjoints={"grad_v"}) == "<mi>v\u0305</mi>"
-    assert latex(sp.Symbol("grad_v_1"), adjoints={"grad_v_1"}) == r"\overline{v_{1}}"
+    # an adjoint's bar spans its whole name (a rule over the box, not a combining mark per letter)
+    bar = mathml_inner(sp.Symbol("grad_spike"), adjoints={"grad_spike"})
+    assert bar.startswith('<mrow style="border-top') and "<mi>spike</mi>" in bar and "\u0305" not in bar
+    assert latex(sp.Symbol("grad_v_1"), adjoints={"grad_v_1"}) == r"\overline{v}_{1}"
+    assert latex(sp.Symbol("grad_spike"), adjoints={"grad_spike"}) == r"\overline{\mathrm{spike}}"
     assert latex(sp.Symbol("was_below")) == r"\mathrm{was\_below}"
 
 
@@ -64,11 +67,13 @@ def test_parentheses_as_written():
     e, _ = written("v + (x - (v - v_reset)) / tau_m")
     assert latex(e, order="none") == r"v + \frac{x - \left(v - v_{\mathrm{reset}}\right)}{\tau_{\mathrm{m}}}"
     ml = mathml_inner(e, order="none")
-    assert "<mi>x</mi><mo>-</mo><mrow><mo stretchy=\"false\">(</mo><mrow><mi>v</mi><mo>-</mo>" in ml
+    assert "<mi>x</mi><mo>\u2212</mo><mrow><mo stretchy=\"false\">(</mo><mrow><mi>v</mi><mo>\u2212</mo>" in ml
     e, _ = written("-(a + b) * x")
     assert latex(e, order="none") == r"- \left(a + b\right) x"
-    e, _ = written("exp(-x / a)")
-    assert latex(e, order="none") == r"e^{- \frac{x}{a}}"
+    e, _ = written("exp(-x / a)")  # a fraction is not raised (it would be set tiny): exp(...)
+    assert latex(e, order="none") == r"\exp\left(- \frac{x}{a}\right)"
+    e, _ = written("exp(-x)")
+    assert latex(e, order="none") == r"e^{- x}"
 
 
 def test_functions_and_spike():
@@ -102,7 +107,8 @@ def test_every_function_has_a_printer(name):
 
 
 # ------------------------------------------------------------------------------- the round trip
-_OPS = {"+": "+", "-": "-", "\u2062": "*", "\u00b7": "*", "(": "(", ")": ")", ",": ","}
+_OPS = {"+": "+", "-": "-", "\u2212": "-", "\u2062": "*", "\u00b7": "*", "\u00d7": "*", "(": "(", ")": ")", ",": ",",
+        "/": "/"}
 _GREEK_BACK = {"\u03c4": "tau"}
 
 

@@ -4,6 +4,7 @@ flexdsl finds every packaged model by stem."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,15 +20,26 @@ ROOT = Path(__file__).resolve().parents[1]
 def installed_site(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     wheels = tmp / "dist"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(wheels), str(ROOT)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    (tmp / "build.log").write_text(r.stdout + r.stderr)
     (whl,) = wheels.glob("flexdsl-*.whl")
     site = tmp / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return site
+
+
+def test_building_the_wheel_warns_of_nothing_in_flexdsls_packaging(installed_site: Path) -> None:
+    """setuptools has nothing to say about flexdsl's own configuration (every folder of files it
+    ships is a listed package: no "absent from the `packages` configuration", no deprecations)."""
+    log = (installed_site.parent / "build.log").read_text()
+    warnings = [ln.strip() for ln in log.splitlines()
+                if re.search(r"Warning|deprecat|is absent from|will be ignored|!!", ln)
+                and "pypi" not in ln.lower()]  # (this machine's pip index configuration, not flexdsl's)
+    assert not warnings, "\n".join(warnings[:20])
 
 
 def test_wheel_contains_grammar_and_library(installed_site: Path) -> None:

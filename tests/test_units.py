@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -489,11 +488,9 @@ def _unit_model(draw) -> str:
 @settings(max_examples=300, deadline=None, database=None)
 @given(_unit_model())
 def test_random_models_with_units_fail_only_with_located_errors(text):
-    t0 = time.perf_counter()
     try:
         m = flexdsl.loads(text, backend="torch")
         with torch.no_grad():
             m(torch.linspace(-2.0, 3.0, 6, dtype=torch.float64).reshape(2, 3))
     except flexdsl.FlexDSLError as e:
         assert e.format().startswith("<string>")
-    assert time.perf_counter() - t0 < 2.0, text

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import inspect
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ from .printing import (
     math_element,
     mathml_inner,
 )
-from .units import declared_unit, unit_of
+from .units import declared_unit, unit_label
 
 if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
@@ -70,9 +71,16 @@ class Statement:
 
     @property
     def latex(self) -> str:
-        op = {"←": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
-              "/=": r"\mathrel{/}="}.get(self.op, self.op)
-        return f"{self.lhs.latex} {op} {self.rhs.latex}"
+        return f"{self.lhs.latex} {tex_op(self.op)} {self.rhs.latex}"
+
+
+_TEX_OPS = {"\u2190": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
+            "/=": r"\mathrel{/}=", "while": r"\quad\text{while}\quad"}
+
+
+def tex_op(op: str) -> str:
+    """A statement's operator in LaTeX (`←`, `+=`, `while`)."""
+    return _TEX_OPS.get(op, op)
 
 
 @dataclass
@@ -147,8 +155,10 @@ def _sym(name: str) -> sp.Symbol:
     return sp.Symbol(name, real=True)
 
 
-def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset(), order: str | None = None) -> Math:
-    return Math(mathml_inner(expr, adjoints, order), latex(expr, adjoints, order), sp.sstr(expr, order=order))
+def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset(), order: str | None = None,
+          inline: bool = False) -> Math:
+    return Math(mathml_inner(expr, adjoints, order, inline), latex(expr, adjoints, order, inline),
+                sp.sstr(expr, order=order))
 
 
 def _name(name: str) -> Math:
@@ -187,14 +197,14 @@ class _Written:
         with sp.evaluate(False):
             return self.to_sympy(e, self.env)
 
-    def math(self, e: A.Expr) -> Math:
-        return _math(self.expr(e), order="none")
+    def math(self, e: A.Expr, inline: bool = False) -> Math:
+        return _math(self.expr(e), order="none", inline=inline)
 
     def compare(self, e: A.Compare) -> Math:
         """A comparison or a chain (`0 <= a <= 1`) as written."""
         ops = {"<": ("<", "<"), "<=": ("\u2264", r"\leq"), ">": (">", ">"), ">=": ("\u2265", r"\geq"),
                "==": ("=", "="), "!=": ("\u2260", r"\neq")}
-        parts = [self.math(o) for o in e.operands]
+        parts = [self.math(o, inline=True) for o in e.operands]
         ml = parts[0].mathml
         tx = parts[0].latex
         text = parts[0].text
@@ -292,20 +302,42 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
     values, shown where they differ from the defaults."""
     ck = c.checked
     w = _Written(c)
+    stem, library = _identity(c)
+    summary, blocks, reference = split_doc(ck.ast.doc)
+    inputs, params, states = _tables(c, w, current)
+    written, spike_doc = _written_blocks(c, w)
+    step, next_states, outs, method_doc = _derived_step(c)
+    bsts, given, results = _derived_backward(c)
+    return ModelDoc(
+        name=ck.name, stem=stem, filename=c.filename, library=library, summary=summary, blocks=blocks,
+        reference=reference, inputs=inputs, params=params, states=states, written=written,
+        outputs=[n for n, _ in ck.outputs], spiking=ck.spike is not None, method=c.step.method,
+        method_auto=bool(c.step.method and c.step.method_auto), method_doc=method_doc,
+        step=step, next_states=next_states, step_outputs=outs, surrogate=spike_doc,
+        backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
+        sources=_sources(c) if sources else {})
+
+
+def _identity(c: Compiled) -> tuple[str, bool]:
+    """(stem, library): the page's name, and whether the model is a packaged one."""
     from pathlib import Path
 
     path = Path(c.filename)
-    stem = path.stem if c.filename != "<string>" else ck.name.lower()
+    stem = path.stem if c.filename != "<string>" else c.checked.name.lower()
     try:
         library = path.resolve().parent == NEURONS_DIR.resolve() and path.suffix == ".neuron"
     except OSError:
         library = False
-    summary, blocks, reference = split_doc(ck.ast.doc)
+    return stem, library
+
+
+def _tables(c: Compiled, w: _Written, current: dict[str, Any] | None) -> tuple[list[Row], list[Row], list[Row]]:
+    """The inputs, params and states tables: values computed from the converted model, shown as
+    written (on one line: a table cell is no place for stacked fractions)."""
+    ck = c.checked
     wk = ck.written or ck  # as written: in a model with units, before their conversion to base units
     w_params = {p.name: p for p in wk.params}
     w_states = {s.name: s for s in wk.states}
-
-    # tables (values computed from the converted model, shown as written)
     env: dict[str, float] = {}
     params: list[Row] = []
     for p in ck.params:
@@ -315,9 +347,10 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
             env[p.name] = float("nan")
         pw = w_params.get(p.name, p)
         plain = _plain_number(p.default)  # (a number with a unit, `10 ms`: the number; the unit has its column)
-        params.append(Row(p.name, _name(p.name), p.doc, unit_of(p), declared_unit(p),
-                          w.math(p.default if plain else pw.default), None if plain else env[p.name], w.compare(pw.where) if pw.where is not None else None,
-                          _where_text(c, p.where), p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
+        params.append(Row(p.name, _name(p.name), p.doc, unit_label(p), declared_unit(p),
+                          w.math(p.default if plain else pw.default, inline=True), None if plain else env[p.name],
+                          w.compare(pw.where) if pw.where is not None else None, _where_text(c, p.where),
+                          p.learnable, p.pos.line, _differs(current, p.name, env[p.name])))
     states = []
     for s in ck.states:
         if s.meta.get("hidden"):  # bookkeeping of refractoriness and crossing rules, not the model's own
@@ -327,11 +360,16 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         except (ArithmeticError, ValueError):  # pragma: no cover - the checker evaluated it already
             v0 = float("nan")
         sw = w_states.get(s.name, s)
-        states.append(Row(s.name, _name(s.name), s.doc, unit_of(s), declared_unit(s), w.math(sw.init),
+        states.append(Row(s.name, _name(s.name), s.doc, unit_label(s), declared_unit(s), w.math(sw.init, inline=True),
                           None if _plain_number(sw.init) else v0, line=s.pos.line))
-    inputs = [Row(i.name, _name(i.name), i.doc, unit_of(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
+    inputs = [Row(i.name, _name(i.name), i.doc, unit_label(i), declared_unit(i), line=i.pos.line) for i in ck.inputs]
+    return inputs, params, states
 
-    # the equations as written, in the order of a step
+
+def _written_blocks(c: Compiled, w: _Written) -> tuple[list[Block], SurrogateDoc | None]:
+    """The equations as written, in the order of a step, and the surrogate."""
+    ck = c.checked
+    wk = ck.written or ck
     written: list[Block] = []
     if wk.equations is not None:
         sts = []
@@ -350,85 +388,116 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
                              "in order; each statement sees the results of the previous ones"))
     spike_doc = None
     if wk.spike is not None:
-        rule = wk.spike
-        a, b = w.math(rule.left), w.math(rule.right)
-        op_ml, op_tx = {">=": ("\u2265", r"\geq"), "crosses": ("\u2197", r"\nearrow")}.get(rule.op, (">", ">"))
-        rhs = Math(f'<mrow><mo stretchy="false">[</mo>{a.mathml}<mo>{op_ml}</mo>{b.mathml}<mo stretchy="false">]</mo></mrow>',
-                   rf"\left[{a.latex} {op_tx} {b.latex}\right]", f"[{a.text} {rule.op} {b.text}]")
-        st = Statement(_name("spike"), "=", rhs, rule.pos.line, _source_line(c, rule.pos.line))
-        cond = ("is 1 at the step where the left side crosses the right side upwards (one spike per "
-                "excursion), else 0" if rule.op == "crosses" else
-                "is 1 where the condition holds, else 0")
-        written.append(Block("spike", [st], f"[\u2026] {cond}; backward uses the surrogate's S\u2032(u) as "
-                                            "d spike / d u"))
-        spike_doc = _surrogate_doc(c, w, a, b)
-    rf = wk.refractory
-    if rf is not None:
-        ref = _name("refractory")
-        if rf.period is not None:
-            st = Statement(Math(ref.mathml, ref.latex, "refractory period"), "=", w.math(rf.period), rf.pos.line,
-                           _source_line(c, rf.pos.line))
-            what = "after a spike, for this long"
-        else:
-            assert rf.condition is not None
-            st = Statement(ref, "while", w.compare(rf.condition), rf.pos.line, _source_line(c, rf.pos.line))
-            what = "after a spike, as long as the condition holds"
-        written.append(Block("refractory", [st], f"{what} the neuron is refractory: it cannot spike, and "
-                                                 "statements marked \u201cunless refractory\u201d hold their "
-                                                 "state"))
+        written.append(_spike_block(c, w, wk.spike))
+        spike_doc = _surrogate_doc(c, w, w.math(wk.spike.left), w.math(wk.spike.right))
+    if wk.refractory is not None:
+        written.append(_refractory_block(c, w, wk.refractory))
     if wk.on_spike:
         written.append(Block("on spike", [_assign(c, w, st) for st in wk.on_spike],
                              "simultaneously, on the values after the update: X \u2190 e means "
                              "X \u2190 spike\u00b7e + (1 \u2212 spike)\u00b7X, X += e means X \u2190 X + spike\u00b7e"))
+    return written, spike_doc
 
-    # the derived step
+
+def _spike_block(c: Compiled, w: _Written, rule: Any) -> Block:
+    a, b = w.math(rule.left), w.math(rule.right)
+    op_ml, op_tx = {">=": ("\u2265", r"\geq"), "crosses": ("\u2197", r"\nearrow")}.get(rule.op, (">", ">"))
+    rhs = Math(f'<mrow><mo stretchy="false">[</mo>{a.mathml}<mo>{op_ml}</mo>{b.mathml}<mo stretchy="false">]</mo></mrow>',
+               rf"\left[{a.latex} {op_tx} {b.latex}\right]", f"[{a.text} {rule.op} {b.text}]")
+    st = Statement(_name("spike"), "=", rhs, rule.pos.line, _source_line(c, rule.pos.line))
+    cond = ("is 1 at the step where the left side crosses the right side upwards (one spike per "
+            "excursion), else 0" if rule.op == "crosses" else
+            "is 1 where the condition holds, else 0")
+    return Block("spike", [st], f"[\u2026] {cond}; backward uses the surrogate's S\u2032(u) as d spike / d u")
+
+
+def _refractory_block(c: Compiled, w: _Written, rf: Any) -> Block:
+    ref = _name("refractory")
+    if rf.period is not None:
+        st = Statement(Math(ref.mathml, ref.latex, "refractory period"), "=", w.math(rf.period), rf.pos.line,
+                       _source_line(c, rf.pos.line))
+        what = "after a spike, for this long"
+    else:
+        assert rf.condition is not None
+        st = Statement(ref, "while", w.compare(rf.condition), rf.pos.line, _source_line(c, rf.pos.line))
+        what = "after a spike, as long as the condition holds"
+    return Block("refractory", [st], f"{what} the neuron is refractory: it cannot spike, and statements marked "
+                                     "\u201cunless refractory\u201d hold their state")
+
+
+def without_temporaries(assignments: list[tuple[sp.Symbol, sp.Expr]], given: Mapping[sp.Symbol, sp.Expr] | None = None
+                        ) -> tuple[list[tuple[sp.Symbol, sp.Expr]], dict[sp.Symbol, sp.Expr]]:
+    """The SSA assignments with the shared subexpressions (`_t…`, a device of the generated code)
+    and, in a backward, their gradients (`grad__t…`) substituted back: what a reader sees names
+    only the model's own quantities. `given`: substitutions made before (the forward's)."""
+    subs: dict[sp.Symbol, sp.Expr] = dict(given or {})
+    out = []
+    for y, e in assignments:
+        e = e.xreplace(subs)
+        if _TEMPORARY.fullmatch(y.name):
+            subs[y] = e
+        else:
+            out.append((y, e))
+    return out, subs
+
+
+_TEMPORARY = re.compile(r"(grad_)?_t(_\d+)?")
+
+
+def _derived_step(c: Compiled) -> tuple[Block, list[Statement], list[Statement], str]:
+    """The discretized step (no temporaries), the new states, the outputs, the method's text."""
     step = c.step
-    sts = [Statement(_math(y), "=", _math(e), (step.origins.get(y.name) or A.Pos(0, 0)).line,
-                     _source_line(c, (step.origins.get(y.name) or A.Pos(0, 0)).line))
-           for y, e in step.assignments]
-    next_states = [Statement(Math(_next(s.name), rf"{latex(s)}'", f"{s.name}'"), "=", _math(v))
-                   for s, v in zip(step.states, step.next_states)]
-    outs = [Statement(_name(n) if n != "spike" else _name("spike"), "=", _math(v)) for n, v in step.outputs]
-    method_doc = METHODS[step.method].doc if step.method else ""
+    shown, subs = without_temporaries(list(step.assignments))
 
-    bw = c.backward
+    def line(y: sp.Symbol) -> int:
+        return (step.origins.get(y.name) or A.Pos(0, 0)).line
+
+    sts = [Statement(_math(y), "=", _math(e), line(y), _source_line(c, line(y))) for y, e in shown]
+    next_states = [Statement(Math(_next(s.name), rf"{latex(s)}'", f"{s.name}'"), "=", _math(v.xreplace(subs)))
+                   for s, v in zip(step.states, step.next_states)]
+    outs = [Statement(_name(n), "=", _math(v.xreplace(subs))) for n, v in step.outputs]
+    method_doc = METHODS[step.method].doc if step.method else ""
+    return Block("step", sts), next_states, outs, method_doc
+
+
+def _derived_backward(c: Compiled) -> tuple[list[Statement], list[Math], list[Statement]]:
+    """The backward (no temporaries), the gradients it is given, and the gradients it returns."""
+    step, bw = c.step, c.backward
     adj = frozenset({g.name for g in [*bw.grad_outputs, *bw.grad_next_states]}
                     | {y.name for y, _ in bw.assignments if y.name.startswith("grad_")})
-    bsts = [Statement(_math(y, adj), "=", _math(e, adj)) for y, e in bw.assignments]
+    _, forward = without_temporaries(list(step.assignments))
+    shown, subs = without_temporaries(list(bw.assignments), forward)
+    bsts = [Statement(_math(y, adj), "=", _math(e, adj)) for y, e in shown]
     given = [_math(g, adj) for g in [*bw.grad_outputs, *bw.grad_next_states]]
     results = []
     for leaf, g in [*zip(step.inputs, bw.grad_inputs), *zip(step.states, bw.grad_states),
                     *zip((p.symbol for p in step.learnable), bw.grad_params)]:
         lhs = Math(f"<mfrac><mrow><mo>\u2202</mo><mi>L</mi></mrow><mrow><mo>\u2202</mo>{mathml_inner(leaf)}</mrow>"
                    "</mfrac>", rf"\frac{{\partial L}}{{\partial {latex(leaf)}}}", f"dL/d{leaf.name}")
-        results.append(Statement(lhs, "=", _math(g, adj)))
+        results.append(Statement(lhs, "=", _math(g.xreplace(subs), adj)))
+    return bsts, given, results
 
-    srcs: dict[str, str] = {}
-    if sources:
-        srcs["torch"] = c.torch_source
-        try:
-            srcs["triton"] = c.triton_source
-        except Exception as e:  # noqa: BLE001 - the page says why instead of failing
-            srcs["triton"] = f"# the Triton kernels could not be generated here: {e}\n"
-    return ModelDoc(
-        name=ck.name, stem=stem, filename=c.filename, library=library, summary=summary, blocks=blocks,
-        reference=reference, inputs=inputs, params=params, states=states, written=written,
-        outputs=[n for n, _ in ck.outputs], spiking=ck.spike is not None, method=step.method,
-        method_auto=bool(step.method and step.method_auto), method_doc=method_doc,
-        step=Block("step", sts), next_states=next_states, step_outputs=outs, surrogate=spike_doc,
-        backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
-        sources=srcs)
+
+def _sources(c: Compiled) -> dict[str, str]:
+    srcs = {"torch": c.torch_source}
+    try:
+        srcs["triton"] = c.triton_source
+    except Exception as e:  # noqa: BLE001 - the page says why instead of failing
+        srcs["triton"] = f"# the Triton kernels could not be generated here: {e}\n"
+    return srcs
 
 
 def _plain_number(e: A.Expr) -> bool:
-    """A number as written (`2.0`, `-70.6`): its value needs no second mention."""
-    return isinstance(e, A.Num) or (isinstance(e, A.Neg) and isinstance(e.operand, A.Num))
+    """A number as written (`2.0`, `-70.6`, `0 pA`): its value needs no second mention."""
+    return isinstance(e, A.Num | A.Quantity) or (isinstance(e, A.Neg) and isinstance(e.operand, A.Num | A.Quantity))
 
 
 def _differs(current: dict[str, Any] | None, name: str, default: float) -> str | None:
     if not current or name not in current:
         return None
     v = current[name]
+    if hasattr(v, "detach"):  # a learnable param: its value, without the autograd graph (and its warning)
+        v = v.detach()
     try:
         f = float(v)
     except (TypeError, ValueError, RuntimeError):  # a per-channel tensor
@@ -470,13 +539,13 @@ def _surrogate_doc(c: Compiled, w: _Written, a: Math, b: Math) -> SurrogateDoc:
 
         generic = BUILTIN_SURROGATES[rs.name].derivative(x, **kw_syms)
         source = SURROGATES[rs.name].source
-    call = f"{rs.name}(" + ", ".join(f"{k}={_kw_text(w, v)}" for k, v in rs.kwargs.items()) + ")"
+    call = surrogate_call(c) or rs.name  # as written: keywords with their units (alpha=1/mV)
     lhs_g = Math(f"<mrow>{_S_PRIME}<mo stretchy=\"false\">(</mo>{mathml_inner(x)}<mo stretchy=\"false\">)</mo></mrow>",
                  f"S'({latex(x)})", f"S'({x.name})")
     lhs_u = Math(f"<mrow>{_S_PRIME}<mo stretchy=\"false\">(</mo><mi>u</mi><mo stretchy=\"false\">)</mo></mrow>", "S'(u)",
                  "S'(u)")
     u = Statement(Math("<mi>u</mi>", "u", "u"), "=",
-                  Math(f"<mrow>{a.mathml}<mo>-</mo>{_paren(b)}</mrow>", f"{a.latex} - {_paren_tex(b)}",
+                  Math(f"<mrow>{a.mathml}<mo>\u2212</mo>{_paren(b)}</mrow>", f"{a.latex} - {_paren_tex(b)}",
                        f"{a.text} - ({b.text})"))
     return SurrogateDoc(rs.name, call, Statement(lhs_g, "=", _math(generic, order="none" if rs.user else None)), Statement(lhs_u, "=",
                         _math(sur.derivative)), u, source, rs.user is not None)
@@ -491,8 +560,20 @@ def _paren_tex(m: Math) -> str:
     return m.latex if re.fullmatch(r"[\\A-Za-z0-9_{}.]+", m.latex) else rf"\left({m.latex}\right)"
 
 
-def _kw_text(w: _Written, e: A.Expr) -> str:
-    return e.text if isinstance(e, A.Num) else sp.sstr(w.expr(e), order="none")
+def surrogate_call(c: Compiled) -> str | None:
+    """The surrogate as the model writes it, keywords with their units: `sigmoid(alpha=1/mV)`."""
+    rs = c.checked.surrogate
+    if rs is None:
+        return None
+    ws = (c.checked.written or c.checked).surrogate or rs
+    return f"{rs.name}(" + ", ".join(f"{k}={_kw_text(c, None, v)}" for k, v in ws.kwargs.items()) + ")"
+
+
+def _kw_text(c: Compiled, w: _Written | None, e: A.Expr) -> str:
+    """A surrogate keyword's value as written in the model (a default: its value)."""
+    if isinstance(e, A.Num):
+        return e.text
+    return A.to_text(e)
 
 
 def method_text(doc: ModelDoc) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .content import Statement, describe
+from .content import Statement, describe, tex_op
+from .printing import tex_text
 
 if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
@@ -14,10 +15,8 @@ ENVIRONMENTS = ("align*", "aligned")
 
 
 def _row(s: Statement, tag: str = "") -> str:
-    op = {"←": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
-          "/=": r"\mathrel{/}="}.get(s.op, s.op)
-    row = f"{s.lhs.latex} &{op} {s.rhs.latex}"
-    return row + (rf" && \text{{{tag}}}" if tag else "")
+    row = f"{s.lhs.latex} &{tex_op(s.op)} {s.rhs.latex}"
+    return row + (rf" && \text{{{tex_text(tag)}}}" if tag else "")
 
 
 def model_latex(c: Compiled, part: str = "equations", environment: str = "align*") -> str:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from .content import Math, ModelDoc, Statement
+from .content import Math, ModelDoc, Statement, tex_op
 from .figures import Figures
-from .htmlpage import SOURCE_TITLES, Failure, IndexEntry, file_label, usage
+from .htmlpage import SOURCE_TITLES, Failure, IndexEntry, code_spans, file_label, number, usage
 
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-!|~$])")
 
@@ -50,9 +50,7 @@ def im(m: Math) -> str:
 def _aligned(statements: Sequence[Statement], lines: bool = True) -> str:
     rows = []
     for s in statements:
-        op = {"←": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
-              "/=": r"\mathrel{/}="}.get(s.op, s.op)
-        row = f"{_tex(s.lhs.latex)} &{op} {_tex(s.rhs.latex)}"
+        row = f"{_tex(s.lhs.latex)} &{tex_op(s.op)} {_tex(s.rhs.latex)}"
         if lines and s.line:
             row += rf" && \text{{line {s.line}}}"
         rows.append(row)
@@ -68,23 +66,38 @@ def _unit(r) -> str:
 def _value(r) -> str:
     if r.value is None:
         return ""
-    return im(r.value) + (f" = {r.number:.6g}" if r.number is not None else "")
+    return im(r.value) + (f" = {number(r.number)}" if r.number is not None else "")
 
 
-def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None) -> str:
+def prose(s: str) -> str:
+    """Docstring text: its `code` spans as code spans, the rest as literal text."""
+    return "".join(code(part) if kind == "code" else text(part) for kind, part in code_spans(s))
+
+
+def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None,
+         reference_link: str | None = None) -> str:
     out: list[str] = []
-    add = out.append
     if index_link:
-        add(f"[\u2190 all models]({index_link})\n")
-    add(f"# {text(d.name)} \u2014 {code(file_label(d))}\n")
+        ref = f" \u00b7 [language reference](<{reference_link}>)" if reference_link else ""
+        out.append(f"[\u2190 all models]({index_link}){ref}\n")
+    out.append(f"# {text(d.name)} \u2014 {code(file_label(d))}\n")
     if d.summary:
-        add(f"**{text(d.summary)}**\n")
+        out.append(f"**{prose(d.summary)}**\n")
     if d.reference:
-        add(f"> **Reference.** {text(d.reference)}\n")
+        out.append(f"> **Reference.** {prose(d.reference)}\n")
     for kind, body in d.blocks:
-        add((fence(body, "text") if kind == "pre" else text(body)) + "\n")
-    add(fence(usage(d), "text") + "\n")
+        out.append((fence(body, "text") if kind == "pre" else prose(body)) + "\n")
+    out.append(fence(usage(d, fig), "text") + "\n")
+    _interface(d, out.append)
+    _equations(d, out.append)
+    if fig is not None:
+        _plots(d, fig, out.append)
+    _derived(d, out.append)
+    _code(d, out.append)
+    return "\n".join(out).rstrip() + "\n"
 
+
+def _interface(d: ModelDoc, add: Callable[[str], None]) -> None:
     add("## Inputs, parameters and states\n")
     add("### Inputs\n\n| name | description | unit |\n| --- | --- | --- |")
     for r in d.inputs:
@@ -108,6 +121,8 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None)
         add(" Units marked \\* are read from the descriptions.")
     add("")
 
+
+def _equations(d: ModelDoc, add: Callable[[str], None]) -> None:
     add("## Equations as written\n\nOne step computes, in this order:\n")
     for b in d.written:
         add(f"### {code(b.title)}\n")
@@ -117,36 +132,43 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None)
     if d.surrogate:
         s = d.surrogate
         add(f"### Surrogate {code(s.call)}\n")
-        who = "Defined in this model" if s.user else f"Built in ({text(s.source)})"
+        who = "Defined in this model" if s.user else f"Built in ({prose(s.source)})"
         add(f"{who}: the derivative backward uses for the spike.\n")
         add(_aligned([s.generic, s.u, s.applied], lines=False) + "\n")
 
-    if fig is not None:
-        add("## Plots\n")
-        if fig.note:
-            add(f"*{text(fig.note)}*\n")
-        for src, cap, alt in ((fig.response, fig.response_caption, "response to a step input"),
-                              (fig.fi, fig.fi_caption, "f-I curve"), (fig.surrogate, fig.surrogate_caption, "surrogate")):
-            if src:
-                add(f"![{text(d.name)}: {alt}](<{src}>)\n\n*{text(cap)}*\n")
 
+def _plots(d: ModelDoc, fig: Figures, add: Callable[[str], None]) -> None:
+    add("## Plots\n")
+    if fig.note:
+        add(f"*{text(fig.note)}*\n")
+    for src, cap, alt in ((fig.response, fig.response_caption, "response to a step input"),
+                          (fig.fi, fig.fi_caption, "f-I curve"), (fig.surrogate, fig.surrogate_caption, "surrogate")):
+        if src:
+            add(f"![{text(d.name)}: {alt}](<{src}>)\n\n*{text(cap)}*\n")
+        if src and src == fig.fi and fig.fi_data:
+            add(f"The numbers: [{text(fig.fi_data if not fig.fi_data.startswith('data:') else 'CSV')}](<{fig.fi_data}>)\n")
+
+
+def _derived(d: ModelDoc, add: Callable[[str], None]) -> None:
     add("## What the compiler derived\n\n### The discretized step\n")
     if d.method:
         auto = " (chosen automatically)" if d.method_auto else ""
         add(f"ODEs integrated with **{text(d.method)}**{auto}: {text(d.method_doc)}.\n")
-    add("SSA assignments of one step, in order; plain names are the values before the step, "
-        "$\\tilde{t}_k$ are shared subexpressions, $[u \\geq 0]$ is the spike (1 or 0).\n")
+    add("Assignments of one step, in order (each name assigned once: $v_{1}$, $v_{2}$ are the successive values "
+        "of $v$); plain names are the values before the step, $[u \\geq 0]$ is the spike (1 or 0).\n")
     add(_aligned(d.step.statements) + "\n")
     add("New states and outputs:\n")
     add(_aligned(d.next_states + d.step_outputs, lines=False) + "\n")
     add("### The backward (vector-Jacobian product of one step)\n")
     given = ", ".join(im(g) for g in d.backward_given)
-    add(f"$\\bar{{x}}$ is the gradient of the loss with respect to $x$; given {given} (the gradients of the "
+    add(f"$\\overline{{x}}$ is the gradient of the loss with respect to $x$; given {given} (the gradients of the "
         "outputs and of the new states), one step back computes:\n")
     if d.backward.statements:
         add(_aligned(d.backward.statements, lines=False) + "\n")
     add(_aligned(d.backward_results, lines=False) + "\n")
 
+
+def _code(d: ModelDoc, add: Callable[[str], None]) -> None:
     if d.sources:
         add("## Generated code\n")
         for name, src in d.sources.items():
@@ -154,7 +176,6 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None)
                 + fence(src, "python") + "\n\n</details>\n")
     add(f"<details><summary>The model file {html.escape(file_label(d))}</summary>\n\n" + fence(d.source, "text")
         + "\n\n</details>\n")
-    return "\n".join(out).rstrip() + "\n"
 
 
 def index(entries: Sequence[IndexEntry], failed: Sequence[Failure] = (), title: str = "flexdsl models",

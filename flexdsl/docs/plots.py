@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .simulate import DTYPE, Exploration, Run, TimeAxis, evaluate_expr, param_defaults
-from .units import unit_of
+from .units import unit_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -91,26 +91,54 @@ def surrogate_curve(c: Compiled, n: int = 801) -> tuple[torch.Tensor, torch.Tens
     return u, s, d
 
 
-def surrogate_figure(c: Compiled, path: str | Path) -> Path:
+def surrogate_figure(c: Compiled, path: str | Path, call: str | None = None) -> Path:
+    return save(draw_surrogate(c, call), path)
+
+
+def draw_surrogate(c: Compiled, call: str | None = None) -> Figure:
+    """S and S' side by side, against u in the unit of the spike rule's sides; `call`: the
+    surrogate as written (its keywords with their units), for the title."""
     u, s, d = surrogate_curve(c)
     sur = c.step.surrogate
     assert sur is not None
-    kw = ", ".join(f"{k}={_num(v)}" for k, v in sur.kwargs.items())
-    fig, axes = _figure(7.2, 2.6, 1, 2)
+    if call is None:
+        call = f"{sur.name}(" + ", ".join(f"{k}={_num(v)}" for k, v in sur.kwargs.items()) + ")"
+    unit = rule_unit(c)
+    fig, axes = _figure(8.6, 2.7, 1, 2)
     a0, a1 = axes[0]
-    a0.plot(u.numpy(), (u >= 0).to(DTYPE).numpy(), color="0.6", lw=1, ls="--", label="spike (forward)")
-    a0.plot(u.numpy(), s.numpy(), color=TRACE_COLOR, lw=1.8, label="S (its integral)")
+    a0.plot(u.numpy(), (u >= 0).to(DTYPE).numpy(), color="0.6", lw=1, ls="--", label="spike\n(forward)")
+    a0.plot(u.numpy(), s.numpy(), color=TRACE_COLOR, lw=1.8, label="S (its\nintegral)")
     a0.set_title("S(u): what backward differentiates", fontsize=10)
-    a0.legend(fontsize=8, loc="upper left", frameon=False)
+    a0.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
     a1.plot(u.numpy(), d.numpy(), color=THRESHOLD_COLOR, lw=1.8)
     a1.set_title("S\u2032(u) = d spike / d u in backward", fontsize=10)
+    a1.set_ylabel(f"S\u2032 (1/{unit})" if unit else "S\u2032", fontsize=9)
+    fires = "u \u2265 0" if c.checked.spike.op == ">=" else "u > 0"
     for a in (a0, a1):
-        a.set_xlabel("u (fires at u \u2265 0)" if c.checked.spike.op == ">=" else "u (fires at u > 0)")
+        a.set_xlabel(f"u ({unit}; fires at {fires})" if unit else f"u (fires at {fires})", fontsize=9)
         a.axvline(0, color="0.85", lw=0.8, zorder=0)
         a.grid(alpha=0.3)
-    fig.suptitle(f"surrogate {sur.name}({kw})", fontsize=11)
-    _margins(fig, left=0.55, top=0.6, bottom=0.55, wspace=0.8)
-    return save(fig, path)
+        a.tick_params(labelsize=8)
+    fig.suptitle(f"surrogate {call}", fontsize=11)
+    _margins(fig, left=0.55, right=0.15, top=0.6, bottom=0.55, wspace=1.9)
+    return fig
+
+
+def rule_unit(c: Compiled) -> str | None:
+    """The unit of the spike rule's sides (`v >= v_th` with v in mV: mV), or None."""
+    rule = c.checked.spike
+    if rule is None:
+        return None
+    from ..frontend import ast as A
+
+    decls = {d.name: d for d in [*c.checked.inputs, *c.checked.params, *c.checked.states]}
+    for side in (rule.left, rule.right):
+        for n in A.names(side):
+            if n.id in decls:
+                u = unit_label(decls[n.id])
+                if u and u != "1":
+                    return u
+    return None
 
 
 def _num(v: Any) -> str:
@@ -143,13 +171,19 @@ def _with_peaks(t: torch.Tensor, post: torch.Tensor, pre: torch.Tensor, init: fl
 
 def response_figure(c: Compiled, run: Run, lane: int, time: TimeAxis, path: str | Path,
                     title: str | None = None) -> Path:
+    return save(draw_response(c, run, lane, time, title), path)
+
+
+def draw_response(c: Compiled, run: Run, lane: int, time: TimeAxis, title: str | None = None) -> Figure:
+    """The input, every state (the spike rule's state through its values before the reset, and
+    the threshold) and the spikes of one lane; the legend beside the axes, never on the data."""
     ck = c.checked
     hidden = set(ck.hidden)  # bookkeeping of refractoriness and crossing rules
     states = [s for s in run.states if s not in hidden]
     has_spikes = run.spikes is not None
     n = 1 + len(states) + (1 if has_spikes else 0)
     heights = [0.7] + [1.0] * len(states) + ([0.45] if has_spikes else [])
-    fig, axes = _figure(8.0, 0.55 + 1.25 * sum(heights), n, 1, sharex=True,
+    fig, axes = _figure(8.8, 0.55 + 1.25 * sum(heights), n, 1, sharex=True,
                         gridspec_kw={"height_ratios": heights})
     axes = axes[:, 0]
     T = run.T
@@ -157,7 +191,7 @@ def response_figure(c: Compiled, run: Run, lane: int, time: TimeAxis, path: str 
     inp = ck.inputs[0]
     x = torch.cat([torch.zeros(1, dtype=DTYPE), run.x[:, lane]])
     axes[0].step(t.numpy(), x.numpy(), where="pre", color="0.35", lw=1.4)
-    axes[0].set_ylabel(_label(inp.name, unit_of(inp)), fontsize=9)
+    axes[0].set_ylabel(_label(inp.name, unit_label(inp)), fontsize=9)
     spikes = run.spikes[:, lane] if has_spikes else None
     for ax, s in zip(axes[1:], states):
         decl = next(d for d in ck.states if d.name == s)
@@ -172,11 +206,11 @@ def response_figure(c: Compiled, run: Run, lane: int, time: TimeAxis, path: str 
             elif thr is not None:
                 ax.plot(t[1:].numpy(), thr[:, lane].numpy(), color=THRESHOLD_COLOR, ls="--", lw=1.1,
                         label="threshold")
-            ax.legend(fontsize=8, loc="upper right", framealpha=0.85, edgecolor="none")
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, borderaxespad=0)
         else:
             ax.plot(t.numpy(), torch.cat([torch.tensor([init], dtype=DTYPE), post]).numpy(), color=TRACE_COLOR,
                     lw=1.3)
-        ax.set_ylabel(_label(s, unit_of(decl)), fontsize=9)
+        ax.set_ylabel(_label(s, unit_label(decl)), fontsize=9)
     if has_spikes:
         ax = axes[-1]
         idx = torch.nonzero(spikes > 0).flatten()
@@ -190,9 +224,9 @@ def response_figure(c: Compiled, run: Run, lane: int, time: TimeAxis, path: str 
     axes[-1].set_xlabel(time.label, fontsize=9)
     axes[-1].set_xlim(float(t[0]), float(t[-1]))
     axes[0].set_title(title or f"{ck.name}: response to a step input", fontsize=11)
-    _margins(fig, left=0.95, top=0.35, bottom=0.5, hspace=0.25)
+    _margins(fig, left=0.95, right=1.0, top=0.35, bottom=0.5, hspace=0.25)
     fig.align_ylabels(axes)
-    return save(fig, path)
+    return fig
 
 
 def _label(name: str, unit: str | None) -> str:
@@ -200,31 +234,38 @@ def _label(name: str, unit: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------- f–I
-def fi_figure(c: Compiled, ex: Exploration, path: str | Path) -> Path:
+def fi_figure(c: Compiled, ex: Exploration, path: str | Path, marked: tuple[float, float] | None = None) -> Path:
+    return save(draw_fi(c, ex, marked), path)
+
+
+def draw_fi(c: Compiled, ex: Exploration, marked: tuple[float, float] | None = None) -> Figure:
+    """The f–I curve: `ex.rates()` against the amplitudes (the same numbers the caption and the
+    data file give); `marked`: (amplitude, rate) of the step response shown above the curve."""
     run = ex.run
     assert run is not None and run.spikes is not None
-    ok = run.finite()
+    rate = ex.rates()
+    ok = torch.isfinite(rate)
     steps = run.T - run.onset
-    rate = ex.time.rate(run.counts(), steps)
     inp = c.checked.inputs[0]
-    fig, axes = _figure(5.6, 3.2)
+    fig, axes = _figure(7.4, 3.2)
     ax = axes[0, 0]
     a = run.amplitudes
-    ax.plot(a[ok].numpy(), rate[ok].numpy(), "o-", color=TRACE_COLOR, ms=3.5, lw=1.3)
-    ax.plot([float(a[ex.lane])], [float(rate[ex.lane])], "o", color=THRESHOLD_COLOR, ms=7, mfc="none",
-            label="the step response shown above")
+    ax.plot(a[ok].numpy(), rate[ok].numpy(), "o-", color=TRACE_COLOR, ms=3.5, lw=1.3, label="rate")
+    if marked is not None:
+        ax.plot([marked[0]], [marked[1]], "o", color=THRESHOLD_COLOR, ms=8, mfc="none", mew=1.5,
+                label="the step\nresponse above")
     if not bool(ok.all()):
         ax.plot(a[~ok].numpy(), torch.zeros(int((~ok).sum()), dtype=DTYPE).numpy(), "x", color="0.5",
                 label="not finite")
-    ax.set_xlabel(f"step amplitude of {_label(inp.name, unit_of(inp))}", fontsize=9)
+    ax.set_xlabel(f"step amplitude of {_label(inp.name, unit_label(inp))}", fontsize=9)
     ax.set_ylabel(ex.time.rate_label, fontsize=9)
     dur = f"{steps * ex.time.dt:g} {ex.time.unit}" if ex.time.unit and ex.time.dt else f"{steps} steps"
-    ax.set_title(f"{c.checked.name}: f\u2013I curve (mean rate over {dur})", fontsize=10)
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    ax.set_title(f"{c.checked.name}: f\u2013I curve (1 / mean interspike interval, {dur} window)", fontsize=10)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=8)
-    _margins(fig, left=0.75, top=0.35, bottom=0.5)
-    return save(fig, path)
+    _margins(fig, left=0.75, right=1.55, top=0.35, bottom=0.5)
+    return fig
 
 
 # ----------------------------------------------------------------------------- thumbnail
@@ -253,4 +294,4 @@ def thumbnail(c: Compiled, ex: Exploration, path: str | Path) -> Path:
 
 
 __all__ = ["surrogate_figure", "surrogate_curve", "response_figure", "fi_figure", "thumbnail", "supported_formats",
-           "save"]
+           "save", "draw_surrogate", "draw_response", "draw_fi", "rule_unit"]

@@ -14,89 +14,45 @@ flexdsl's own functions and its naming of variables.
 Expressions converted "as written" (`sympy.evaluate(False)`) keep their structure; the printers
 parenthesize them by precedence, so `x - (v - v_reset)` keeps its parentheses.
 """
-
 from __future__ import annotations
 
 import html
 import re
-import unicodedata
 from collections.abc import Collection
 
 import sympy as sp
-from sympy.core.alphabets import greeks
-from sympy.printing.latex import LatexPrinter
 from sympy.printing.mathml import MathMLPresentationPrinter
 from sympy.printing.precedence import PRECEDENCE, precedence_traditional
 
+from .layout import (
+    _TEMP,
+    MINUS,
+    THIN,
+    Product,
+    UnitSymbol,
+    _negated,
+    _unsigned,
+    number_text,
+    product,
+    simple_exponent,
+    split_name,
+    terms,
+    wordy,
+)
+
 MATHML_NS = "http://www.w3.org/1998/Math/MathML"
-
-_GREEK_LOWER = {g: unicodedata.lookup(f"GREEK SMALL LETTER {'LAMDA' if g == 'lambda' else g.upper()}")
-                for g in greeks}
-_GREEK_UPPER = {g.capitalize(): unicodedata.lookup(f"GREEK CAPITAL LETTER {'LAMDA' if g == 'lambda' else g.upper()}")
-                for g in greeks}
-# LaTeX has commands only for the capitals that differ from Latin letters
-_TEX_UPPER = {"Gamma", "Delta", "Theta", "Lambda", "Xi", "Pi", "Sigma", "Upsilon", "Phi", "Psi", "Omega"}
-_HEAD = re.compile(r"([A-Za-z]+?)(\d*)")
-_TEMP = re.compile(r"_t(?:_?(\d+))?")
-
-
-class UnitSymbol(sp.Symbol):
-    """A unit as written in a model (`ms`, `mV`, `uS`): printed upright, `u` as µ, `ohm` as Ω."""
-
-    @property
-    def label(self) -> str:
-        name = self.name
-        for word, sign in (("ohm", "\u03a9"), ("Ohm", "\u03a9")):
-            if name.endswith(word):
-                name = name[: -len(word)] + sign
-        if len(name) > 1 and name[0] == "u":
-            name = "\u00b5" + name[1:]
-        return name
-
-
-def split_name(name: str) -> tuple[str, str, str, bool]:
-    """(base, base_tex, subscript, compound) of an identifier.
-
-    `v_threshold` → ("v", "v", "threshold", False); `tau_m` → ("τ", "\\tau", "m", False);
-    `k1_v` → ("k", "k", "1,v", False); `was_below` → ("was_below", ..., "", True): a compound
-    name stays whole (upright)."""
-    head, _, rest = name.partition("_")
-    m = _HEAD.fullmatch(head)
-    if m is not None:
-        letters, digits = m.group(1), m.group(2)
-        base = tex = None
-        if len(letters) == 1:
-            base = tex = letters
-        elif letters in _GREEK_LOWER:
-            base, tex = _GREEK_LOWER[letters], ("o" if letters == "omicron" else "\\" + letters)
-        elif letters in _GREEK_UPPER:
-            base = _GREEK_UPPER[letters]
-            tex = "\\" + letters if letters in _TEX_UPPER else _latin_twin(letters)
-        if base is not None:
-            sub = ",".join(s for s in (digits, rest) if s)
-            return base, tex, sub, False
-    if rest.isdigit() and "_" not in rest:  # an SSA version of a compound name: spike_1
-        return head, head, rest, False
-    return name, name, "", True
-
-
-def _latin_twin(greek: str) -> str:
-    """The Latin capital a Greek capital looks like (Alpha → A, Beta → B, ...)."""
-    return {"Alpha": "A", "Beta": "B", "Epsilon": "E", "Zeta": "Z", "Eta": "H", "Iota": "I", "Kappa": "K",
-            "Mu": "M", "Nu": "N", "Omicron": "O", "Rho": "P", "Tau": "T", "Chi": "X"}.get(greek, greek)
-
-
-def _tex_text(s: str) -> str:
-    return s.replace("\\", "").replace("_", "\\_")
+BAR_STYLE = "border-top: 0.07em solid currentColor; padding-top: 0.06em"  # x̄: the adjoint of x
 
 
 # ---------------------------------------------------------------------------------- MathML
 class MathMLPrinter(MathMLPresentationPrinter):
     """sympy's presentation printer with flexdsl's names and functions (see the module doc)."""
 
-    def __init__(self, adjoints: Collection[str] = (), order: str | None = None) -> None:
+    def __init__(self, adjoints: Collection[str] = (), order: str | None = None, inline: bool = False) -> None:
         super().__init__({"order": order})
         self.adjoints = set(adjoints)
+        self.inline = inline  # one line: a / b instead of a fraction bar, exp(x) instead of a raised e^x
+        self._depth = 0  # fraction bars around what is being printed
 
     # elements
     def _el(self, tag: str, *children, text: str | None = None, **attrs: str):
@@ -129,18 +85,23 @@ class MathMLPrinter(MathMLPresentationPrinter):
     def _symbol(self, name: str, overline: bool = False):
         if name in self.adjoints and name.startswith("grad_") and not overline:
             return self._symbol(name[5:], overline=True)
-        bar = (lambda s: "".join(ch + "\u0305" for ch in s)) if overline else (lambda s: s)
         m = _TEMP.fullmatch(name)
         if m is not None:
-            t = self._el("mi", text=bar("t\u0303"))
+            t = self._bar(self._el("mi", text="t\u0303"), overline)
             return self._el("msub", t, self._el("mn", text=m.group(1))) if m.group(1) else t
         if name == "_u":
-            return self._el("mi", text=bar("u"))
+            return self._bar(self._el("mi", text="u"), overline)
         base, _, sub, compound = split_name(name)
-        mi = self._el("mi", text=bar(base))
+        mi = self._bar(self._el("mi", text=base), overline)
         if compound or not sub:
             return mi
         return self._el("msub", mi, self._el("mn" if sub.isdigit() else "mi", text=sub))
+
+    def _bar(self, el, overline: bool):
+        """A bar over the whole name (not letter by letter): a rule along the top of its box."""
+        if not overline:
+            return el
+        return self._el("mrow", el, style=BAR_STYLE)
 
     def _fenced(self, inner, left: str = "(", right: str = ")"):
         """`inner` between fences that stretch only around tall content (fractions, cases, roots)."""
@@ -159,12 +120,12 @@ class MathMLPrinter(MathMLPresentationPrinter):
 
     # sums and products that may be unevaluated: parenthesize by precedence, never re-evaluate
     def _print_Add(self, expr, order=None):
-        args = list(expr.args) if self.order == "none" else self._as_ordered_terms(expr)
+        args = terms(expr, self.order == "none", [] if self.order == "none" else self._as_ordered_terms(expr))
         row = self._row(self._print(args[0]))
         for a in args[1:]:
             neg = _negated(a)
             if neg is not None:
-                row.appendChild(self._mo("-"))
+                row.appendChild(self._mo(MINUS))
                 row.appendChild(self.parenthesize(neg, PRECEDENCE["Add"]))
             else:
                 row.appendChild(self._mo("+"))
@@ -172,33 +133,106 @@ class MathMLPrinter(MathMLPresentationPrinter):
         return row
 
     def _print_Mul(self, expr):
-        from sympy.simplify import fraction
+        return self._product(product(expr))
 
-        inner = _unsigned(expr)
-        if inner is not None and not (isinstance(expr.args[0], sp.Number) and len(expr.args) == 2
-                                      and expr.args[1].is_Atom):
-            return self._row(self._mo("-"), self.parenthesize(inner, PRECEDENCE["Mul"], strict=True))
-        numer, denom = fraction(expr, exact=True)
-        if denom is not sp.S.One and denom != 1:
-            return self._el("mfrac", self._print(numer), self._print(denom))
-        factors = list(expr.args)
+    def _product(self, p: Product):
         row = self._row()
-        if factors and factors[0] == -1 and len(factors) > 1:
-            row.appendChild(self._mo("-"))
-            factors = factors[1:]
-        for i, f in enumerate(factors):
-            number = f.is_Number
+        if p.negative:
+            row.appendChild(self._mo(MINUS))
+        pieces: list[tuple[bool, object]] = []  # (wordy, element)
+        if p.number is not None:
+            pieces.append((True, self._quantity(p)))
+        if p.denom:
+            inline = self.inline or self._depth >= 1  # a fraction inside a fraction: on one line (readable size)
+            self._depth += 1
+            try:
+                num = self._factors(p.numer, alone=not inline) if p.numer else self._el("mn", text="1")
+                den_full = None if inline else self._factors(p.denom, alone=True)
+            finally:
+                self._depth -= 1
+            if inline:
+                d = p.denom[0]
+                if len(p.denom) == 1 and not isinstance(d, sp.Add | sp.Mul) and not (d.is_Number and d.is_negative):
+                    den = self._print(d)
+                else:
+                    den = self._fenced(self._factors(p.denom, alone=True))
+                pieces.append((False, self._row(num, self._mo("/"), den)))
+            else:
+                pieces.append((False, self._el("mfrac", num, den_full)))
+        elif p.numer:
+            pieces.append((wordy(p.numer[0]), self._factors(p.numer, alone=not pieces and not p.negative)))
+        for i, (_, el) in enumerate(pieces):
             if i:
-                row.appendChild(self._mo("\u00b7" if number else "\u2062"))
-            if i == 0 and _negated(f) is not None and not f.is_Number:  # -a b: no parentheses needed
-                row.appendChild(self._print(f))
-            else:  # a product inside a product needs none either: (a b) c is a b c
-                row.appendChild(self.parenthesize(f, PRECEDENCE["Mul"], strict=isinstance(f, sp.Mul)))
+                row.appendChild(self._mo("\u00b7"))
+            row.appendChild(el)
+        if len(row.childNodes) == 1:
+            return row.childNodes[0]
         return row
+
+    def _factors(self, fs: list[sp.Expr], alone: bool = False):
+        """Factors side by side: a visible dot beside a name of several letters or before a
+        number, else juxtaposed. `alone`: one factor needs no parentheses (a fraction's side)."""
+        if len(fs) == 1 and alone:
+            return self._print(fs[0])
+        row = self._row()
+        for i, f in enumerate(fs):
+            if i:
+                dot = f.is_Number or wordy(f) or wordy(fs[i - 1])
+                row.appendChild(self._mo("\u00b7" if dot else "\u2062"))
+            row.appendChild(self.parenthesize(f, PRECEDENCE["Mul"], strict=False))
+        return row if len(fs) != 1 else row.childNodes[0]
+
+    def _quantity(self, p: Product):
+        """A number with its units, a thin space between them (2 ms, 0.1 mV⁻¹ ms⁻¹)."""
+        row = self._row(self._number(p.number))
+        for u, ex in p.units:
+            row.appendChild(self._el("mspace", width=THIN))
+            el = self._print(u)
+            if ex != 1:
+                el = self._el("msup", el, self._signed(ex))
+            row.appendChild(el)
+        return row
+
+    def _signed(self, x: sp.Expr):
+        if x.is_negative:
+            return self._row(self._mo(MINUS), self._number(-x))
+        return self._number(x)
+
+    def _number(self, x: sp.Expr):
+        m, e = number_text(x)
+        if e is None:
+            return self._el("mn", text=m)
+        return self._row(self._el("mn", text=m), self._mo("\u00d7"),
+                         self._el("msup", self._el("mn", text="10"), self._signed(sp.Integer(int(e)))))
+
+    def _print_Integer(self, e):
+        return self._signed(e)
+
+    def _print_Float(self, e):
+        return self._signed(e)
+
+    def _print_Rational(self, e):
+        if e.q == 1:
+            return self._signed(e)
+        return self._product(product(e))
+
+    def _print_Zero(self, e):
+        return self._el("mn", text="0")
+
+    def _print_One(self, e):
+        return self._el("mn", text="1")
+
+    def _print_NegativeOne(self, e):
+        return self._signed(e)
+
+    def _print_Half(self, e):
+        return self._print_Rational(e)
 
     def parenthesize(self, item, level, strict=False):
         prec = precedence_traditional(item)
-        if _unsigned(item) is not None:
+        if _unsigned(item) is not None or (item.is_Number and item.is_negative):
+            prec = PRECEDENCE["Add"]
+        if isinstance(item, sp.Mul) and product(item).negative:
             prec = PRECEDENCE["Add"]
         if prec < level or (not strict and prec <= level):
             return self._fenced(self._print(item))
@@ -206,9 +240,13 @@ class MathMLPrinter(MathMLPresentationPrinter):
 
     def _print_Pow(self, e):
         base, ex = e.args
-        if ex == -1:
-            return self._el("mfrac", self._el("mn", text="1"), self._print(base))
-        return super()._print_Pow(e)
+        if ex.is_Number and ex.is_negative:
+            return self._product(product(e))
+        if base.is_Atom and not (base.is_Number and base.is_negative):
+            return self._el("msup", self._print(base), self._print(ex))
+        if ex == sp.Rational(1, 2) and not self.inline:
+            return self._el("msqrt", self._print(base))
+        return self._el("msup", self._fenced(self._print(base)), self._print(ex))
 
     def _print_Abs(self, expr, exp=None):
         return self._row(self._mo("|"), self._print(expr.args[0]), self._mo("|"))
@@ -217,7 +255,10 @@ class MathMLPrinter(MathMLPresentationPrinter):
         return self._el("mi", text="e", mathvariant="normal")
 
     def _print_exp(self, expr):
-        return self._el("msup", self._print_Exp1(None), self._print(expr.args[0]))
+        arg = expr.args[0]
+        if self.inline or not simple_exponent(arg):  # a sum or a fraction raised would be set tiny
+            return self._call("exp", arg)
+        return self._el("msup", self._print_Exp1(None), self._print(arg))
 
     # flexdsl's functions
     def _print_sigmoid(self, e):
@@ -281,33 +322,6 @@ class MathMLPrinter(MathMLPresentationPrinter):
         return self._call(type(e).__name__, *e.args)
 
 
-def _unsigned(expr: sp.Expr) -> sp.Expr | None:
-    """For a product written with a leading negation (`-a`, `-(a + b)`, `(-a)*b/c`), the
-    product without it; else None."""
-    if not isinstance(expr, sp.Mul) or len(expr.args) < 2:
-        return None
-    first, rest = expr.args[0], expr.args[1:]
-    if first == -1:
-        return rest[0] if len(rest) == 1 else sp.Mul(*rest, evaluate=False)
-    inner = _unsigned(first)
-    if inner is not None:
-        return sp.Mul(inner, *rest, evaluate=False)
-    return None
-
-
-def _negated(term: sp.Expr) -> sp.Expr | None:
-    """`-term` built structurally when `term` reads as a subtraction (a negative number, or a
-    product led by one), else None."""
-    if term.is_Number and term.is_negative:
-        return -term
-    if isinstance(term, sp.Mul) and term.args and term.args[0].is_Number and term.args[0].is_negative:
-        c, rest = term.args[0], term.args[1:]
-        if c == -1:
-            return rest[0] if len(rest) == 1 else sp.Mul(*rest, evaluate=False)
-        return sp.Mul(-c, *rest, evaluate=False)
-    return None
-
-
 _ENTITY = re.compile(r"&(#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
 _XML_SPECIAL = {"<", ">", "&", '"', "'"}
 
@@ -323,15 +337,18 @@ def _plain_entities(markup: str) -> str:
     return _ENTITY.sub(repl, markup)
 
 
-def mathml_inner(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None) -> str:
+def mathml_inner(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None,
+                 inline: bool = False) -> str:
     """The presentation markup of `expr`, without the `<math>` element. `order="none"` keeps the
-    terms as they are (an expression as written); the default orders an evaluated one."""
-    return _plain_entities(MathMLPrinter(adjoints, order).doprint(expr))
+    terms as they are (an expression as written); the default orders an evaluated one. `inline`:
+    on one line (a / b, exp(x)), for table cells."""
+    return _plain_entities(MathMLPrinter(adjoints, order, inline).doprint(expr))
 
 
 def math_element(inner: str, display: bool = False, alttext: str = "") -> str:
-    """`<math>` around presentation markup."""
-    attrs = f' xmlns="{MATHML_NS}"' + (' display="block"' if display else "")
+    """`<math>` around presentation markup; `display`: set as a display (block) equation, else
+    inline but in display style all the same (fractions at full size)."""
+    attrs = f' xmlns="{MATHML_NS}"' + (' display="block"' if display else ' displaystyle="true"')
     if alttext:
         attrs += f' alttext="{html.escape(alttext, quote=True)}"'
     return f"<math{attrs}>{inner}</math>"
@@ -375,120 +392,8 @@ def derivative_mathml(state: str) -> str:
     return f"<mfrac>{num}<mrow><mi mathvariant=\"normal\">d</mi><mi>t</mi></mrow></mfrac>"
 
 
-# ---------------------------------------------------------------------------------- LaTeX
-class LatexPrinterFlex(LatexPrinter):
-    """sympy's LaTeX printer with flexdsl's names and functions (see the module doc)."""
-
-    def __init__(self, adjoints: Collection[str] = (), order: str | None = None) -> None:
-        super().__init__({"order": order})
-        self.adjoints = set(adjoints)
-
-    def _print_UnitSymbol(self, expr, style="plain"):
-        return r"\mathrm{" + _tex_text(expr.label).replace("\u00b5", r"\mu ").replace("\u03a9", r"\Omega ") + "}"
-
-    def _print_Symbol(self, expr, style="plain"):
-        name = expr.name
-        if name in self.adjoints and name.startswith("grad_"):
-            return r"\overline{" + self._print_Symbol(sp.Symbol(name[5:])) + "}"
-        m = _TEMP.fullmatch(name)
-        if m is not None:
-            return r"\tilde{t}" + (f"_{{{m.group(1)}}}" if m.group(1) else "")
-        if name == "_u":
-            return "u"
-        base, tex, sub, compound = split_name(name)
-        if compound:
-            return r"\mathrm{" + _tex_text(name) + "}"
-        if len(base) > 1 and not tex.startswith("\\"):
-            tex = r"\mathrm{" + _tex_text(tex) + "}"
-        if not sub:
-            return tex
-        return tex + (f"_{{{sub}}}" if sub.isdigit() else r"_{\mathrm{" + _tex_text(sub) + "}}")
-
-    def _print_Mul(self, expr):
-        inner = _unsigned(expr)
-        if inner is not None:  # an unevaluated negation: -(a + b), -a b, (-a)/b
-            return "- " + self.parenthesize(inner, PRECEDENCE["Mul"], strict=True)
-        return super()._print_Mul(expr)
-
-    def _print_Add(self, expr, order=None):
-        terms = list(expr.args) if self.order == "none" else self._as_ordered_terms(expr, order=order)
-        out = self._print(terms[0])
-        for t in terms[1:]:
-            neg = _negated(t)
-            out += (" - " + self._term(neg)) if neg is not None else (" + " + self._term(t))
-        return out
-
-    def _term(self, t: sp.Expr) -> str:
-        """A term after + or -: parenthesized where it is itself a sum or reads as negative."""
-        if isinstance(t, sp.Add) or _unsigned(t) is not None or (t.is_Number and t.is_negative):
-            return r"\left(" + self._print(t) + r"\right)"
-        return self._print(t)
-
-    def _call(self, name: str, *args: sp.Expr, exp: str | None = None) -> str:
-        call = name + r"\left(" + ", ".join(self._print(a) for a in args) + r"\right)"
-        return call if exp is None else r"\left(" + call + r"\right)^{" + str(exp) + "}"
-
-    def _print_Abs(self, expr, exp=None):
-        s = r"\left\lvert " + self._print(expr.args[0]) + r" \right\rvert"
-        return s if exp is None else f"{s}^{{{exp}}}"
-
-    def _print_sigmoid(self, e, exp=None):
-        return self._call(r"\sigma", *e.args, exp=exp)
-
-    def _print_relu(self, e, exp=None):
-        return self._call(r"\operatorname{relu}", *e.args, exp=exp)
-
-    def _print_fmin(self, e, exp=None):
-        return self._call(r"\min", *e.args, exp=exp)
-
-    def _print_fmax(self, e, exp=None):
-        return self._call(r"\max", *e.args, exp=exp)
-
-    def _print_clip(self, e, exp=None):
-        return self._call(r"\operatorname{clip}", *e.args, exp=exp)
-
-    def _print_heaviside(self, e, exp=None):
-        return self._call(r"\Theta", *e.args, exp=exp)
-
-    def _print_Detach(self, e, exp=None):
-        return self._call(r"\operatorname{detach}", *e.args, exp=exp)
-
-    def _print_sign(self, e, exp=None):
-        return self._call(r"\operatorname{sgn}", *e.args, exp=exp)
-
-    def _print_SurrogateGrad(self, e, exp=None):
-        return self._call("S'", *e.args, exp=exp)
-
-    def _print_SpikeGE(self, e, exp=None):
-        return _power(r"\left[" + self._print(e.args[0]) + r" \geq 0\right]", exp)
-
-    def _print_SpikeGT(self, e, exp=None):
-        return _power(r"\left[" + self._print(e.args[0]) + r" > 0\right]", exp)
-
-    def _print_Where(self, e, exp=None):
-        cond, a, b = e.args
-        cases = (r"\begin{cases} " + self._print(a) + r" & \text{if } " + self._print(cond) + r" \\ "
-                 + self._print(b) + r" & \text{otherwise} \end{cases}")
-        return cases if exp is None else r"\left(" + cases + r"\right)^{" + str(exp) + "}"
-
-
-
-def _power(s: str, exp: str | None) -> str:
-    return s if exp is None else s + "^{" + str(exp) + "}"
-
-
-def latex(expr: sp.Basic, adjoints: Collection[str] = (), order: str | None = None) -> str:
-    """`expr` as LaTeX (math mode, no delimiters); `order` as for `mathml_inner`."""
-    return LatexPrinterFlex(adjoints, order).doprint(expr)
-
-
-def latex_name(name: str) -> str:
-    return latex(sp.Symbol(name))
-
-
-def derivative_latex(state: str) -> str:
-    return r"\frac{\mathrm{d}" + latex_name(state) + r"}{\mathrm{d}t}"
-
+from .texprint import LatexPrinterFlex, derivative_latex, latex, latex_name, tex_text  # noqa: E402 - re-exported
 
 __all__ = ["mathml", "mathml_inner", "math_element", "equation", "latex", "latex_name", "derivative_mathml",
-           "derivative_latex", "split_name", "UnitSymbol", "MathMLPrinter", "LatexPrinterFlex", "MATHML_NS"]
+           "derivative_latex", "split_name", "UnitSymbol", "MathMLPrinter", "LatexPrinterFlex", "MATHML_NS",
+           "tex_text"]

@@ -73,6 +73,18 @@ def surrogate_latex(name: str) -> str:
     return latex(expr).replace("<", r"\lt ").replace(">", r"\gt ")
 
 
+def surrogate_mathml(name: str) -> str:
+    """S'(x) of a built-in surrogate as a `<math>` element (the HTML guide shows it)."""
+    import sympy as sp
+
+    from ..ir.surrogates import BUILTIN_SURROGATES
+    from .printing import mathml
+
+    s = BUILTIN_SURROGATES[name]
+    x = sp.Symbol("x", real=True)
+    return mathml(s.derivative(x, **{k: sp.Symbol(k, real=True) for k in s.defaults}))
+
+
 def surrogates() -> str:
     rows = ["| surrogate (keyword defaults) | S'(x) | as text | from |", "| --- | --- | --- | --- |"]
     for name, s in SURROGATES.items():

@@ -243,12 +243,37 @@ class Exploration:
     time: TimeAxis
     run: Run | None  # the f–I lanes (or one lane for a non-spiking model)
     lane: int  # the lane shown as the step response
-    rheobase: float | None  # the smallest amplitude of the scan that fired
+    rheobase: float | None  # the smallest amplitude that fires within the window (refined by bisection)
     note: str = ""
+    silent: float | None = None  # the largest amplitude found not to fire (the rheobase lies above it)
 
     @property
     def spiking(self) -> bool:
         return self.run is not None and self.run.spikes is not None
+
+    def rates(self) -> torch.Tensor:
+        """Each lane's firing rate (see `firing_rates`), NaN where the states are not finite."""
+        assert self.run is not None
+        r = firing_rates(self.run, self.time)
+        return torch.where(self.run.finite(), r, torch.full_like(r, float("nan")))
+
+
+def firing_rates(run: Run, time: TimeAxis) -> torch.Tensor:
+    """The firing rate of each lane while the step is on: 1 / (mean interspike interval), i.e.
+    (n - 1) spikes over the time from the first spike to the last; one spike: 1 / the window
+    (the least the window can show); none: 0. Not spikes / window, which a short window rounds
+    to a staircase of multiples of 1 / window."""
+    assert run.spikes is not None
+    s = run.spikes[run.onset:] > 0
+    steps = s.shape[0]
+    idx = torch.arange(steps, dtype=DTYPE).unsqueeze(1).expand_as(s)
+    n = s.sum(0).to(DTYPE)
+    first = torch.where(s, idx, torch.full_like(idx, math.inf)).min(0).values
+    last = torch.where(s, idx, torch.full_like(idx, -math.inf)).max(0).values
+    one = time.rate(torch.ones_like(n), steps)  # one spike in the window, as a rate
+    span = (last - first).clamp(min=1)
+    isi = time.rate(n - 1, 1) / span  # (n - 1) intervals over span steps, in the rate's unit
+    return torch.where(n >= 2, isi, torch.where(n == 1, one, torch.zeros_like(n)))
 
 
 def duration(time: TimeAxis) -> int:
@@ -258,37 +283,66 @@ def duration(time: TimeAxis) -> int:
     return 200
 
 
+def _fires(run: Run) -> torch.Tensor:
+    """Which lanes fire because of the input: more spikes than lane 0 (no input) had."""
+    counts, finite = run.counts(), run.finite()
+    base = float(counts[0]) if bool(finite[0]) else 0.0  # a model may fire without input
+    return (counts >= base + max(1.0, 0.5 * base)) & finite
+
+
 def explore(c: Compiled, T: int | None = None, params: Mapping[str, float] | None = None) -> Exploration:
-    """Find step amplitudes at which the model fires (a scan over ±1e-3 … 1e4), then simulate
-    an f–I grid from 0 to about 3–5 times the smallest amplitude that fired."""
+    """Find where the model fires: a scan of step amplitudes over ±1e-3 … 1e4 (the first spikes
+    tell: a short window), then the rheobase by bisection on the full window between the last
+    silent and the first firing amplitude; then an f–I grid from 0 to 3 times the rheobase that
+    holds the rheobase itself."""
     time = time_axis(c, params)
     T = T or duration(time)
     onset = max(T // 10, 1)
     if c.checked.spike is None:
         run = simulate(c, torch.tensor([1.0], dtype=DTYPE), T, onset, params)
         return Exploration(time, run, 0, None, "non-spiking: the response to a unit step")
-    rheo = None
-    t_scan = min(T, onset + max((T - onset) // 4, 50))  # the first spikes tell: a quarter of the time is enough
+    lo = hi = None
+    t_scan = min(T, onset + max((T - onset) // 4, 50))
     for sign in (1.0, -1.0):
-        scan = simulate(c, torch.cat([torch.zeros(1, dtype=DTYPE), sign * SCAN]), t_scan, onset, params)
-        counts, finite = scan.counts(), scan.finite()
-        base = float(counts[0]) if bool(finite[0]) else 0.0  # a model may fire without input
-        fired = (counts >= base + max(1.0, 0.5 * base)) & finite
+        amps = torch.cat([torch.zeros(1, dtype=DTYPE), sign * SCAN])
+        fired = _fires(simulate(c, amps, t_scan, onset, params))
         if bool(fired.any()):
-            rheo = float(scan.amplitudes[int(torch.nonzero(fired)[0])])
+            k = int(torch.nonzero(fired)[0])
+            lo, hi = float(amps[k - 1]), float(amps[k])
             break
-    if rheo is None:
+    if hi is None:
         run = simulate(c, torch.tensor([1.0], dtype=DTYPE), T, onset, params)
         return Exploration(time, run, 0, None, "no spike for step inputs from \u00b10.001 to \u00b110000")
-    grid = torch.linspace(0.0, 3.0 * rheo, 25, dtype=DTYPE)
+    lo, hi = _bisect(c, lo, hi, T, onset, params)
+    grid = torch.cat([torch.linspace(0.0, 3.0 * hi, 25, dtype=DTYPE), torch.tensor([lo, hi], dtype=DTYPE)])
+    grid = grid[torch.argsort(grid.abs())].unique_consecutive()
     run = simulate(c, grid, T, onset, params)
+    fired = _fires(run)
+    firing = torch.nonzero(fired).flatten()
+    rheo = float(grid[int(firing[0])]) if len(firing) else None
     counts = torch.where(run.finite(), run.counts(), torch.full_like(run.counts(), -1.0))
     top = float(counts.max())
     # the step response: a lane with a fair number of spikes (about one per 10 steps at most)
     want = min(0.1 * (T - onset), max(0.5 * top, min(3.0, top)))
     lane = int(torch.nonzero(counts >= want)[0]) if top > 0 else len(grid) - 1
-    return Exploration(time, run, lane, rheo)
+    silent = [float(a) for a, f in zip(grid, fired) if not f and (rheo is None or abs(float(a)) < abs(rheo))]
+    return Exploration(time, run, lane, rheo, silent=silent[-1] if silent else None)
+
+
+def _bisect(c: Compiled, lo: float, hi: float, T: int, onset: int, params: Mapping[str, float] | None,
+            rounds: int = 1, lanes: int = 24) -> tuple[float, float]:
+    """Narrow (lo silent, hi firing) on the full window: each round simulates `lanes` amplitudes
+    between them at once (one round: to 1/25 of the scan's interval, a factor 1.78)."""
+    for _ in range(rounds):
+        amps = torch.linspace(lo, hi, lanes + 2, dtype=DTYPE)[1:-1]
+        fired = _fires(simulate(c, torch.cat([torch.zeros(1, dtype=DTYPE), amps]), T, onset, params))[1:]
+        if not bool(fired.any()):
+            break  # (the scan's firing amplitude fired on the short window; on the full one as well)
+        k = int(torch.nonzero(fired)[0])
+        hi = float(amps[k])
+        lo = float(amps[k - 1]) if k > 0 else lo
+    return lo, hi
 
 
 __all__ = ["TimeAxis", "time_axis", "evaluate_step", "evaluate_expr", "simulate", "run_module", "explore", "Exploration", "Run",
-           "param_defaults", "duration"]
+           "param_defaults", "duration", "firing_rates"]

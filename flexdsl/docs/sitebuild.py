@@ -2,7 +2,7 @@
 
 `build(targets, outdir)` takes files, directories (every `.neuron` below them) and library stems;
 for each model it writes `<stem>.html`, `<stem>.md` and the PNGs beside them, then `index.html`,
-`index.md` and a copy of the language reference. A model that does not compile is reported
+`index.md` and the guides (the language reference, units, NIR) as Markdown and as HTML pages. A model that does not compile is reported
 (located error) and left out; the others are still written.
 """
 
@@ -84,7 +84,7 @@ def page_name(stem: str, taken: set[str]) -> str:
     """A file-system-safe, unique page name for a model."""
     base = re.sub(r"[^A-Za-z0-9_.-]", "_", stem).strip(".") or "model"
     name, i = base, 2
-    while name.lower() in taken or name.lower() in ("index", "language"):
+    while name.lower() in taken or name.lower() in ("index", "language", "units", "nir"):
         name, i = f"{base}-{i}", i + 1
     taken.add(name.lower())
     return name
@@ -131,7 +131,7 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
             name = page_name(d.stem, taken)
             figs = make_figures(c, name, out) if plots else None
             html_path = _write(out / f"{name}.html", htmlpage.page(d, figs, "index.html", reference))
-            md_path = _write(out / f"{name}.md", mdpage.page(d, figs, "index.md"))
+            md_path = _write(out / f"{name}.md", mdpage.page(d, figs, "index.md", "language.md" if reference else None))
         except FlexDSLError as e:
             result.failed.append((t.label, e))
             failures.append(htmlpage.Failure(t.label, str(e)))
@@ -146,25 +146,29 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
         if progress:
             progress(k + 1, len(items), t.label, time.perf_counter() - t0)
     result.files.append(_write(out / "index.html", htmlpage.index(entries, failures, title, reference)))
-    result.files.append(_write(out / "index.md", mdpage.index(entries, failures, title, reference)))
+    result.files.append(_write(out / "index.md", mdpage.index(entries, failures, title,
+                                                             "language.md" if reference else None)))
     result.seconds = time.perf_counter() - t_all
     return result
 
 
 def _copy_reference(out: Path, result: BuildResult) -> str | None:
-    """The language reference beside the pages (it ships with flexdsl)."""
-    src = DOCS_DIR / "language.md"
-    if not src.is_file():
-        return None
-    dst = out / "language.md"
-    try:
-        if dst.exists() and dst.samefile(src):  # writing into flexdsl's own docs: nothing to copy
-            return "language.md"
-        shutil.copyfile(src, dst)
-    except OSError as e:
-        raise FlexDSLError(f"cannot write `{out / 'language.md'}`: {e.strerror or e}", str(out)) from None
-    result.files.append(out / "language.md")
-    return "language.md"
+    """The guides beside the pages (they ship with flexdsl): each as its Markdown and as an HTML
+    page (see `guides.py`). Returns the name of the language reference's HTML page."""
+    from . import guides
+
+    names = guides.available()
+    for name in names:
+        src = DOCS_DIR / name
+        dst = out / name
+        try:
+            if not (dst.exists() and dst.samefile(src)):  # writing into flexdsl's own docs: nothing to copy
+                shutil.copyfile(src, dst)
+                result.files.append(dst)
+        except OSError as e:
+            raise FlexDSLError(f"cannot write `{dst}`: {e.strerror or e}", str(out)) from None
+        result.files.append(_write(out / f"{Path(name).stem}.html", guides.render(name)))
+    return "language.html" if "language.md" in names else None
 
 
 def figures_of(result: BuildResult) -> list[Path]:

@@ -57,9 +57,26 @@ def unit_of(decl: Any) -> str | None:
     return inner if inner is not None and looks_like_unit(inner) else None
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+
+
+def display(unit: str | None) -> str | None:
+    """A unit as a page shows it: `uA/cm**2` → µA/cm², `Mohm` → MΩ, `1/ms` stays."""
+    if not unit:
+        return unit
+    out = re.sub(r"(?:\*\*|\^)\(?(-?\d+)\)?", lambda m: m.group(1).translate(_SUPERSCRIPT), unit)
+    out = re.sub(r"(?<![A-Za-z])u(?=[A-Za-z])", "\u00b5", out)
+    return re.sub(r"[oO]hm", "\u03a9", out)
+
+
+def unit_label(decl: Any) -> str | None:
+    """The unit of a declaration, for display."""
+    return display(unit_of(decl))
+
+
 def declared_unit(decl: Any) -> bool:
     """Whether the unit comes from the language (not read from the description)."""
     return bool((getattr(decl, "meta", None) or {}).get("unit"))
 
 
-__all__ = ["TIME_UNITS", "unit_of", "declared_unit", "looks_like_unit", "trailing_parenthesized"]
+__all__ = ["TIME_UNITS", "unit_of", "unit_label", "display", "declared_unit", "looks_like_unit", "trailing_parenthesized"]

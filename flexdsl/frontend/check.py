@@ -122,8 +122,9 @@ class _Checker:
                 raise self.err(f"`{name}` is a built-in constant and cannot be declared", pos)
             if kind != "an input" and name in MODULE_ATTRIBUTES:
                 raise self.err(f"`{name}` cannot name {kind}: the loaded torch module has an attribute `{name}`",
-                               pos, "params and states are attributes of the module by name; these names are "
-                               "taken: " + ", ".join(sorted(MODULE_ATTRIBUTES, key=str.lower)))
+                               pos, f"choose another name (e.g. `{name}_`): params and states are attributes of "
+                               "the module, so the names of torch.nn.Module's and flexdsl's own (forward, to, "
+                               "reset, step, ...) are taken; docs/language.md section 13 lists them")
             declared[name] = (kind, pos)
 
         for it in n.items:

@@ -281,6 +281,15 @@ _TOKEN_WORDS = {
 }
 
 
+def _previous_word(source: str, tok: Token) -> str:
+    """The word just before a token on its line (for hints about word order)."""
+    lines = source.splitlines()
+    if not 0 < tok.line <= len(lines):
+        return ""
+    before = lines[tok.line - 1][: tok.column - 1].split()
+    return before[-1] if before else ""
+
+
 def _describe_expected(expected: set[str]) -> str:
     words = sorted({_TOKEN_WORDS.get(e, f"`{e.lower()}`") for e in expected})
     if len(words) > 6:
@@ -317,6 +326,10 @@ def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLEr
         if "NAME" in expected and word in RESERVED:
             return FlexDSLError(f"`{word}` is a reserved word and cannot be used as a name", filename,
                                 tok.line, tok.column, source, "choose another name")
+        if word == "where" and _previous_word(source, tok) == "learnable":
+            return FlexDSLError("`where` after `learnable`: the constraint comes first", filename, tok.line,
+                                tok.column, source, "write `param NAME = VALUE where CONDITION learnable`, e.g. "
+                                "`param tau = 2.0 where tau > 1 learnable`")
         if "COLON" in expected and tok.type != "COLON":
             return FlexDSLError(f"expected `:` before {_TOKEN_WORDS.get(tok.type, '`' + word + '`')}",
                                 filename, tok.line, tok.column, source)

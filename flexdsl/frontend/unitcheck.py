@@ -279,7 +279,10 @@ class UnitChecker:
 
     def hint_for(self, e: A.Expr, expected: Dim, got: Dim | None = None) -> str | None:
         if got is not None and not got.dimensionless and got / expected == Dim.of(TIME):
-            return "a derivative is per time: divide by a time constant (e.g. `(E_L - v) / tau`)"
+            if getattr(self, "in_ode", True):
+                return "a derivative is per time: divide by a time constant (e.g. `(E_L - v) / tau`)"
+            return (f"this term has an extra {got / expected}: `update`, `on spike` and the spike rule compute one "
+                    "discrete step, where a time appears only divided by another, e.g. `x * dt / tau`")
         if isinstance(e, A.Name):
             unit_ = show(expected, "base")
             if any(i.name == e.id and i.unit is None for i in self.ck.inputs) and not expected.dimensionless:
@@ -326,9 +329,11 @@ class UnitChecker:
         if ck.equations is not None:
             for ln in ck.equations.lines:
                 if isinstance(ln, A.ODE):
+                    self.in_ode = True
                     self.dim(ln.value, env, env[ln.state] / time, f"`d{ln.state}/dt`")
                 else:
                     env[ln.name] = self.dim(ln.value, env).dim
+        self.in_ode = False  # from here on, discrete statements: a stray time is not a missing `/ tau`
         for st in ck.update:
             self.assignment(st, env, "update")
         if ck.refractory is not None:

@@ -199,6 +199,9 @@ class _Lowering:
 
     def run(self) -> StepModel:
         model = self.model
+        # the subexpressions' values at the step's start (e.g. alpha_m(v)): a shared temporary that holds
+        # one takes its name in the generated code
+        named = {self.value(A.Name(name, A.Pos(0, 0))): name for name in self.subexpr_defs}
         # -- 0. refractoriness, decided at the start of the step (Brian2's `not_refractory`)
         self.not_refractory = _refractoriness(model, self.env, self.value, self.emit, self.here)
         method = model.method
@@ -213,7 +216,7 @@ class _Lowering:
             else:
                 outputs.append((name, self.value(A.Name(name, A.Pos(0, 0)))))
         next_states = [self.env[s_.name] for s_ in self.states]
-        assignments = share_subexpressions(self.assignments, self.names)
+        assignments = share_subexpressions(self.assignments, self.names, named)
         return StepModel(model, self.inputs, self.states, self.params, assignments, next_states, outputs, spike_sym,
                          surrogate, method if model.equations is not None else None, model.method is None,
                          self.detach_reset, self.names.taken, self.origins, self.matrix_exps)
@@ -427,10 +430,47 @@ def _refractoriness(model: CheckedModel, env: dict[str, sp.Expr], value, emit, h
 
 
 
-def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: NameGen
-                         ) -> list[tuple[sp.Symbol, sp.Expr]]:
+def _negation(d: sp.Expr) -> bool:
+    return isinstance(d, sp.Mul) and len(d.args) == 2 and d.args[0] == -1 and isinstance(d.args[1], sp.Symbol)
+
+
+def _inline_negations(repl: list[tuple[sp.Symbol, sp.Expr]], reduced: list[sp.Expr]
+                      ) -> tuple[list[tuple[sp.Symbol, sp.Expr]], list[sp.Expr]]:
+    """Temporaries that only negate a name, substituted back (sympy then folds the signs)."""
+    subs: dict[sp.Symbol, sp.Expr] = {}
+    kept = []
+    for t, d in repl:
+        d = d.xreplace(subs)
+        if _negation(d):
+            subs[t] = d
+        else:
+            kept.append((t, d))
+    if not subs:
+        return repl, reduced
+    return kept, [e.xreplace(subs) for e in reduced]
+
+
+def _name_temporaries(repl: list[tuple[sp.Symbol, sp.Expr]], reduced: list[sp.Expr], named: Mapping[sp.Expr, str],
+                      names: NameGen) -> tuple[list[tuple[sp.Symbol, sp.Expr]], list[sp.Expr]]:
+    """Temporaries whose value is a quantity the model names take its name."""
+    full: dict[sp.Symbol, sp.Expr] = {}
+    rename: dict[sp.Symbol, sp.Symbol] = {}
+    for t, d in repl:
+        full[t] = d.xreplace(full)
+        name = named.get(full[t])
+        if name is not None:
+            rename[t] = names.new(name)
+    if not rename:
+        return repl, reduced
+    return [(rename.get(t, t), d.xreplace(rename)) for t, d in repl], [e.xreplace(rename) for e in reduced]
+
+
+def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: NameGen,
+                         named: Mapping[sp.Expr, str] | None = None) -> list[tuple[sp.Symbol, sp.Expr]]:
     """sympy.cse over the SSA right-hand sides; each shared temporary is placed just before
-    its first use (after every SSA symbol it depends on)."""
+    its first use (after every SSA symbol it depends on). A temporary that only negates a name
+    (`-v`) is not kept (`E_L - (-v)` reads `v - E_L`); one that holds a quantity the model names
+    (`named`: value -> name, e.g. an `equations` subexpression) takes that name."""
     if not assignments:
         return assignments
 
@@ -450,6 +490,9 @@ def share_subexpressions(assignments: list[tuple[sp.Symbol, sp.Expr]], names: Na
             kept.append((t, d))
     if consts:
         repl, reduced = kept, [e.xreplace(consts) for e in reduced]
+    repl, reduced = _inline_negations(repl, reduced)
+    if named:
+        repl, reduced = _name_temporaries(repl, reduced, named, names)
     # a temporary assigned as-is to an SSA name takes that name (no `y = _t` aliases)
     alias: dict[sp.Symbol, sp.Symbol] = {}
     for (y, _), e in zip(assignments, reduced):

@@ -9,6 +9,13 @@ inputs, initial states and params; this module reads them once (`torch.isfinite`
 a `NonFiniteError` at the first non-finite value: the param, the initial state, or the state
 or output and the step where it appeared, its first element and value, what that element
 held a step before and the inputs it saw. With the option off nothing of this runs.
+
+Gradients too: with the option on, a call that records a graph passes its inputs, initial
+states and learnable params through `guard`, an identity whose backward checks the gradient it
+receives; a NaN or inf there (exploding gradients through a long sequence) raises a
+`NonFiniteError` from `loss.backward()`, naming the input, state or param and, for an input,
+the last step whose gradient is not finite (where the backward, coming from the end, first
+produced one).
 """
 
 from __future__ import annotations
@@ -174,4 +181,71 @@ def _check(c: Compiled, inputs: Sequence[torch.Tensor], states: Sequence[Any], p
                          c, pos, hint, name, t, index, value)
 
 
-__all__ = ["NonFiniteError", "check"]
+class _Guard(torch.autograd.Function):
+    """The identity; its backward raises at a non-finite gradient (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, c: Any, what: str, kind: str) -> torch.Tensor:
+        ctx.info = (c, what, kind)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        if g is not None and not bool(torch.isfinite(g).all()):
+            c, what, kind = ctx.info
+            raise _gradient_error(c, what, kind, g)
+        return g, None, None, None
+
+
+def _gradient_error(c: Compiled, what: str, kind: str, g: torch.Tensor) -> NonFiniteError:
+    ck = c.checked
+    decl = next((d for d in [*ck.inputs, *ck.states, *ck.params] if d.name == what), None)
+    pos = decl.pos if decl is not None else ck.ast.pos
+    if kind == "input" and g.dim() >= 1:
+        bad = ~torch.isfinite(g.detach())
+        steps = bad.flatten(1).any(1).nonzero().flatten() if g.dim() > 1 else bad.nonzero().flatten()
+        t = int(steps[-1])
+        hit = _first_bad(g[t])
+        assert hit is not None
+        index, value = hit
+        T = g.shape[0]
+        n = len(steps)
+        return NonFiniteError(
+            f"the gradient of the loss with respect to input `{what}` is {_fmt(value)} at step {t} (0-based, of {T} in "
+            f"this call){f', element {index}' if index else ''}; {n} step{'s' if n != 1 else ''} of it "
+            "are not finite", c, pos, "exploding gradients: backpropagation through many steps multiplies the "
+            "step's derivatives, which a hard reset or a steep surrogate can make large; shorten the sequence "
+            "(truncated BPTT: `m.detach()` between chunks), use `detach_reset=True`, a flatter surrogate (smaller "
+            "alpha), or clip gradients", what, t, index, value)
+    hit = _first_bad(g)
+    assert hit is not None
+    index, value = hit
+    label = {"state": "the initial state", "param": "param"}.get(kind, kind)
+    return NonFiniteError(f"the gradient of the loss with respect to {label} `{what}` is {_fmt(value)}"
+                          + (f" at {index}" if index else ""), c, pos,
+                          "exploding gradients through the sequence: shorten it (truncated BPTT), use "
+                          "`detach_reset=True`, a flatter surrogate, or clip gradients", what, None, index, value)
+
+
+def guard(c: Compiled, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any]
+          ) -> tuple[list[torch.Tensor], list[Any], list[Any]]:
+    """The inputs, initial states and declared params of a call, each that needs a gradient passed
+    through `_Guard` (the values are the same tensors' values)."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return list(inputs), list(states), list(params)
+    ck = c.checked
+
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+    def g(v: Any, name: str, kind: str) -> Any:  # (not under a torch.func transform: vmap, grad)
+        ok = isinstance(v, torch.Tensor) and v.requires_grad and not wrapped(v)
+        return _Guard.apply(v, c, name, kind) if ok else v
+
+    xs = [g(x, d.name, "input") for x, d in zip(inputs, ck.inputs)]
+    st = [g(v, d.name, "state") for v, d in zip(states, ck.states)]
+    n = len(ck.params)
+    ps = [g(v, d.name, "param") for v, d in zip(params[:n], ck.params)] + list(params[n:])
+    return xs, st, ps
+
+
+__all__ = ["NonFiniteError", "check", "guard"]

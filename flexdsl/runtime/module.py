@@ -494,8 +494,12 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             self._check_param_shapes(params, x0, shape)
-        params = self._compiled.with_derived(params)
         init = self._states_for(x0, shape, given)
+        if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
+            from .finite import guard
+
+            xs, init, params = guard(self._compiled, xs, init, params)
+        params = self._compiled.with_derived(params)
         try:
             res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
         except RuntimeError:
