@@ -129,6 +129,11 @@ def test_broadcast_inputs_per_channel_params_and_odd_shapes():
             kw = {"tau": torch.linspace(1.5, 3.0, shapes[0][-1]) if shapes[0][-1] > 1 else 2.0}
             a = flexdsl.loads(text, backend="cpu", param_shapes={"w": (shapes[0][-1],)}, **kw).to(dtype)
             b = flexdsl.loads(text, backend="torch", param_shapes={"w": (shapes[0][-1],)}, **kw).to(dtype)
+            if 0 in shapes[0]:  # nothing to differentiate: the forward's shapes and values
+                for p, q in zip(a(*xs), b(*xs)):
+                    assert p.shape == q.shape and torch.equal(p, q)
+                assert a.v.shape == b.v.shape
+                continue
             _same(_run(a, xs), _run(b, xs), dtype)
     # a non-contiguous input (a transposed batch) and a view with a step stride
     x = _x(T=6, shape=(5, 4)).transpose(1, 2)
@@ -158,10 +163,13 @@ def test_results_do_not_depend_on_the_thread_count():
 
 
 def test_check_finite_and_functional_step_on_the_cpu_kernels():
-    m = flexdsl.load("eif", backend="cpu", check_finite=True, v_threshold=1e300)
-    with pytest.raises(flexdsl.NonFiniteError) as e:
-        m(torch.full((200, 2), 0.5))
-    assert e.value.what == "v" and e.value.step == 9  # as the torch backend finds it (README example)
+    found = []
+    for backend in ("cpu", "torch"):
+        m = flexdsl.load("eif", backend=backend, check_finite=True, v_threshold=1e300)
+        with pytest.raises(flexdsl.NonFiniteError) as e:
+            m(torch.full((200, 2), 0.5))
+        found.append((e.value.what, e.value.step, e.value.index))
+    assert found[0] == found[1] and found[0][0] == "v"  # where the torch backend finds it
     f = flexdsl.load("alif", backend="cpu")
     x = _x(T=10)
     full = f(x)

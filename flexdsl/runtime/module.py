@@ -95,7 +95,8 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             raise FlexDSLError(f"backend must be one of {', '.join(known)}, not {backend!r}", c.filename,
                                hint=did_you_mean(str(backend), known))
         if backend != "auto" and not backends.get(backend).available():
-            raise FlexDSLError(f"backend={backend!r} cannot run here (its libraries cannot be imported)",
+            why = getattr(backends.get(backend), "why_unavailable", lambda: None)()
+            raise FlexDSLError(f"backend={backend!r} cannot run here ({why or 'its libraries cannot be imported'})",
                                c.filename, hint="install them, or use backend='auto' or 'torch'")
         self.step_mode = step_mode
         self.backend = backend
