@@ -117,6 +117,16 @@ class _Kernel:
             self.fn[grid](*full, num_warps=self.warps)
 
 
+def _init(s: torch.Tensor, dev: torch.device, shape, N: int) -> tuple[torch.Tensor, int]:
+    """An initial state tensor as a kernel argument and its mode: one value (a 0-d tensor, or
+    one broadcast to the step's shape: stride 0 everywhere), read once (mode 1), else [N] at
+    unit stride (mode 2)."""
+    s = s.to(dev)
+    if s.numel() == 1 or (s.numel() and all(st == 0 for st in s.stride())):
+        return s.reshape(-1)[:1], 1
+    return s.expand(shape).reshape(N).contiguous(), 2
+
+
 def _spec(t: Any) -> Any:
     """What Triton specializes a non-constexpr argument on."""
     if t is None:
@@ -330,8 +340,9 @@ class TritonProgram:
                     inits.append(float(v))
                     initmodes.append(0)
                 else:
-                    inits.append(s.to(dev).expand(shape).reshape(N).contiguous())
-                    initmodes.append(2)
+                    init, mode = _init(s, dev, shape, N)
+                    inits.append(init)
+                    initmodes.append(mode)
         else:
             inits, initmodes = state_vals, self._float_initmodes
         pargs, modes = self._params(params, param_vals, shape, N, dev)
@@ -426,9 +437,8 @@ class TritonProgram:
                 x2 = x2.contiguous()
             xs[i], strides[i] = x2, N if x2 is x else x2.stride(0)
         pargs, modes = self._params(params, param_vals, shape, N, dev)
-        inits = [float(v) if s is None else s.to(dev).expand(shape).reshape(N).contiguous()
-                 for s, v in zip(states, state_vals)]
-        initmodes = [0 if s is None else 2 for s in states]
+        inits_modes = [(float(v), 0) if s is None else _init(s, dev, shape, N) for s, v in zip(states, state_vals)]
+        inits, initmodes = [i for i, _ in inits_modes], [m for _, m in inits_modes]
 
         def flat(g, lead):
             if g is None or g.is_contiguous():  # (flat in memory already)
