@@ -133,16 +133,16 @@ def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False
 
 def _group(name: str) -> str:
     n = name.lower()
-    if any(k in n for k in ("conv", "cudnn", "implicit_gemm", "xmma", "sm80_", "sm90_", "cutlass", "wgrad", "dgrad",
-                            "fprop")):
-        return "convolution"
-    if "norm" in n or "bn_" in n or "welford" in n:
-        return "batch norm"
-    if "flexdsl" in n or "fwd_kernel" in n or "bwd_kernel" in n or "bwd_rc_kernel" in n or "lif" in n:
-        return "neuron"
     if "nchw" in n or "nhwc" in n or "transpose" in n or "permute" in n:
         return "layout transforms"
-    return "other"
+    if "norm" in n or "bn_" in n or "welford" in n:
+        return "batch norm"
+    if "flexdsl" in n or "fwd_kernel" in n or "bwd_kernel" in n or "bwd_rc_kernel" in n:
+        return "neuron (flexdsl)"
+    if any(k in n for k in ("conv", "cudnn", "implicit_gemm", "xmma", "sm80_", "sm90_", "cutlass", "wgrad", "dgrad",
+                            "fprop", "gemm")):
+        return "convolution / matmul"
+    return "other (elementwise: SJ's neuron, pooling, optimizer...)"
 
 
 def profile(step, dev: str) -> dict:
@@ -192,13 +192,13 @@ def main() -> None:
     print(f"device {name}, torch {torch.__version__}", flush=True)
     rows = []
     out = open(a.json, "w") if a.json else None  # noqa: SIM115
-    for arch in a.archs:
-        for dt in a.dtypes:
-            cases = [(lib, mode, False, False) for mode in a.modes for lib in a.libs]
-            if a.variants:
-                cases += [(lib, "eager", cl, cb) for lib in a.libs for cl, cb in ((True, False), (False, True),
-                                                                                   (True, True))]
-            for lib, mode, cl, cb in cases:
+    for arch in a.archs:  # (modes outermost: the cheap eager numbers of every case come first)
+        cases = [(dt, lib, mode, False, False) for mode in a.modes for dt in a.dtypes for lib in a.libs]
+        if a.variants:
+            cases += [(dt, lib, "eager", cl, cb) for dt in a.dtypes for lib in a.libs
+                      for cl, cb in ((True, False), (False, True), (True, True))]
+        if True:
+            for dt, lib, mode, cl, cb in cases:
                 try:
                     r = measure(arch, lib, dt == "bf16", mode, a, cl, cb)
                 except Exception as e:  # noqa: BLE001 - a case that fails is reported, the others run
