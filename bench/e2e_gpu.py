@@ -108,7 +108,8 @@ def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False
     model = net if mode == "eager" else torch.compile(net, mode=None if mode == "default" else mode)
     step = make_step(net, model, opt, x, y, bf16, dev)
     t0 = time.perf_counter()
-    for _ in range(a.warmup):
+    first_loss = float(step())  # (same seed, same weights: the cases' first losses agree)
+    for _ in range(a.warmup - 1):
         step()
     sync(dev)
     warm = time.perf_counter() - t0
@@ -122,7 +123,7 @@ def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False
         ts.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
     res = {"arch": arch, "lib": lib, "dtype": "bf16" if bf16 else "fp32", "mode": mode, "ms": statistics.median(ts) * 1e3,
-           "peak_gib": peak, "warmup_s": warm, "channels_last": channels_last, "cudnn_benchmark": cudnn_benchmark}
+           "peak_gib": peak, "warmup_s": warm, "first_loss": first_loss, "channels_last": channels_last, "cudnn_benchmark": cudnn_benchmark}
     if a.profile and mode == "eager" and not channels_last and not cudnn_benchmark:
         res["profile"] = profile(step, dev)
     del net, opt, model, step
@@ -207,7 +208,7 @@ def main() -> None:
                 rows.append(r)
                 extra = (" channels_last" if cl else "") + (" cudnn.benchmark" if cb else "")
                 print(f"{arch:17s} {dt} {lib:7s} {mode:15s}{extra}: {r['ms']:8.2f} ms  peak {r['peak_gib']:.2f} GiB  "
-                      f"warm-up {r['warmup_s']:.1f} s", flush=True)
+                      f"warm-up {r['warmup_s']:.1f} s  first loss {r['first_loss']:.5f}", flush=True)
                 if "profile" in r:
                     p = r["profile"]
                     print("    per step (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["groups_ms"].items())))
