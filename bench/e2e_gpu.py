@@ -108,7 +108,7 @@ def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False
     model = net if mode == "eager" else torch.compile(net, mode=None if mode == "default" else mode)
     step = make_step(net, model, opt, x, y, bf16, dev)
     t0 = time.perf_counter()
-    first_loss = float(step())  # (same seed, same weights: the cases' first losses agree)
+    first_loss = float(step().detach())  # (same seed, same weights: the cases' first losses agree)
     for _ in range(a.warmup - 1):
         step()
     sync(dev)
