@@ -16,7 +16,8 @@ took (mostly compiling). flexdsl's LIF runs on its Triton kernels (`backend="aut
 
 `--profile` prints the top CUDA kernels of one eager step per case (torch.profiler), grouped
 into convolution, batch norm, the neuron and the rest; `--variants` repeats the eager step
-with `channels_last` weights and with `cudnn.benchmark` (the remedies of a slow layout).
+with remedies: `channels_last` weights, `cudnn.benchmark`, and the adaptive average pool in
+float32 (the cause of spiking VGG's slow bfloat16 step: see bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def node_factory(lib: str):
     return sj_lif if lib == "sj" else fx_lif
 
 
-def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool):
+def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_fp32: bool = False):
     from spikingjelly.activation_based import functional
     from spikingjelly.activation_based.model import sew_resnet, spiking_vgg
 
@@ -74,6 +75,10 @@ def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool):
     net = net.to(dev)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
+    if pool_fp32 and hasattr(net, "avgpool"):
+        # the remedy for bfloat16: the adaptive average pool (and so its backward, which adds up
+        # the gradients of the 7x7 outputs of a 1x1 map with atomics) in float32
+        net.avgpool.register_forward_pre_hook(lambda mod, args: (args[0].float(),))
     return net, x.to(dev)
 
 
@@ -98,11 +103,11 @@ def sync(dev: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False) -> dict:
+def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False, pool_fp32=False) -> dict:
     dev = a.device
     torch.backends.cudnn.benchmark = cudnn_benchmark
     torch._dynamo.reset()
-    net, x = build(arch, lib, dev, a.smoke, channels_last)
+    net, x = build(arch, lib, dev, a.smoke, channels_last, pool_fp32)
     y = torch.randint(0, 10, (x.shape[1],), device=dev)
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     model = net if mode == "eager" else torch.compile(net, mode=None if mode == "default" else mode)
@@ -123,8 +128,9 @@ def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False
         ts.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
     res = {"arch": arch, "lib": lib, "dtype": "bf16" if bf16 else "fp32", "mode": mode, "ms": statistics.median(ts) * 1e3,
-           "peak_gib": peak, "warmup_s": warm, "first_loss": first_loss, "channels_last": channels_last, "cudnn_benchmark": cudnn_benchmark}
-    if a.profile and mode == "eager" and not channels_last and not cudnn_benchmark:
+           "peak_gib": peak, "warmup_s": warm, "first_loss": first_loss, "channels_last": channels_last, "cudnn_benchmark": cudnn_benchmark,
+           "pool_fp32": pool_fp32}
+    if a.profile and mode == "eager" and not (channels_last or cudnn_benchmark or pool_fp32):
         res["profile"] = profile(step, dev)
     del net, opt, model, step
     if dev == "cuda":
@@ -178,7 +184,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one eager step, grouped")
-    ap.add_argument("--variants", action="store_true", help="eager with channels_last, with cudnn.benchmark")
+    ap.add_argument("--variants", nargs="*", default=None, metavar="V",
+                    help="eager runs of remedies: 'channels_last', 'cudnn.benchmark', 'channels_last+cudnn.benchmark', "
+                         "'avgpool in fp32' (--variants alone: all)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, 2 steps: the script runs")
     ap.add_argument("--json", help="also write every result here, one JSON object a line")
     a = ap.parse_args()
@@ -188,35 +196,36 @@ def main() -> None:
         a.device = "cuda"
     a.dtypes = a.dtypes or (["fp32"] if a.smoke else ["fp32", "bf16"])
     a.modes = a.modes or (["eager"] if a.smoke else ["eager", "default", "reduce-overhead"])
+    all_variants = ["channels_last", "cudnn.benchmark", "channels_last+cudnn.benchmark", "avgpool in fp32"]
+    a.variants = [] if a.variants is None else (a.variants or all_variants)
     _stub_torchvision()
     name = torch.cuda.get_device_name() if a.device == "cuda" else "CPU"
     print(f"device {name}, torch {torch.__version__}", flush=True)
     rows = []
     out = open(a.json, "w") if a.json else None  # noqa: SIM115
+    variants = {"channels_last": (True, False, False), "cudnn.benchmark": (False, True, False),
+                "channels_last+cudnn.benchmark": (True, True, False), "avgpool in fp32": (False, False, True)}
     for arch in a.archs:  # (modes outermost: the cheap eager numbers of every case come first)
-        cases = [(dt, lib, mode, False, False) for mode in a.modes for dt in a.dtypes for lib in a.libs]
-        if a.variants:
-            cases += [(dt, lib, "eager", cl, cb) for dt in a.dtypes for lib in a.libs
-                      for cl, cb in ((True, False), (False, True), (True, True))]
-        if True:
-            for dt, lib, mode, cl, cb in cases:
-                try:
-                    r = measure(arch, lib, dt == "bf16", mode, a, cl, cb)
-                except Exception as e:  # noqa: BLE001 - a case that fails is reported, the others run
-                    print(f"{arch} {dt} {lib} {mode}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
-                    continue
-                rows.append(r)
-                extra = (" channels_last" if cl else "") + (" cudnn.benchmark" if cb else "")
-                print(f"{arch:17s} {dt} {lib:7s} {mode:15s}{extra}: {r['ms']:8.2f} ms  peak {r['peak_gib']:.2f} GiB  "
-                      f"warm-up {r['warmup_s']:.1f} s  first loss {r['first_loss']:.5f}", flush=True)
-                if "profile" in r:
-                    p = r["profile"]
-                    print("    per step (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["groups_ms"].items())))
-                    for t, k, g in p["top"]:
-                        print(f"      {t:7.3f} ms  [{g}] {k}")
-                if out:
-                    out.write(json.dumps(r) + "\n")
-                    out.flush()
+        cases = [(dt, lib, mode, "") for mode in a.modes for dt in a.dtypes for lib in a.libs]
+        cases += [(dt, lib, "eager", v) for v in a.variants for dt in a.dtypes for lib in a.libs]
+        for dt, lib, mode, variant in cases:
+            cl, cb, pf = variants[variant] if variant else (False, False, False)
+            try:
+                r = measure(arch, lib, dt == "bf16", mode, a, cl, cb, pf)
+            except Exception as e:  # noqa: BLE001 - a case that fails is reported, the others run
+                print(f"{arch} {dt} {lib} {mode} {variant}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            rows.append(r)
+            print(f"{arch:17s} {dt} {lib:7s} {mode:15s} {variant}: {r['ms']:8.2f} ms  peak {r['peak_gib']:.2f} GiB  "
+                  f"warm-up {r['warmup_s']:.1f} s  first loss {r['first_loss']:.5f}", flush=True)
+            if "profile" in r:
+                p = r["profile"]
+                print("    per step (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["groups_ms"].items())))
+                for t, k, g in p["top"]:
+                    print(f"      {t:7.3f} ms  [{g}] {k}")
+            if out:
+                out.write(json.dumps(r) + "\n")
+                out.flush()
     # the summary: per arch and dtype, each library's modes and the best
     print("\n| arch | dtype | library | eager | compile default | reduce-overhead | best | flexdsl best vs SJ best |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -225,7 +234,7 @@ def main() -> None:
             best = {}
             for lib in a.libs:
                 ms = {r["mode"]: r["ms"] for r in rows if r["arch"] == arch and r["dtype"] == dt and r["lib"] == lib
-                      and not r["channels_last"] and not r["cudnn_benchmark"]}
+                      and not (r["channels_last"] or r["cudnn_benchmark"] or r["pool_fp32"])}
                 if not ms:
                     continue
                 best[lib] = min(ms.values())
