@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import docs as _docs  # noqa: F401 - the notebook display of models and modules (light: no torch, no sympy)
 from .errors import FlexDSLError
 from .library import library
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from .runtime.finite import NonFiniteError
     from .runtime.module import NeuronModule
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["load", "loads", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule", "Compiled",
            "nir", "__version__"]

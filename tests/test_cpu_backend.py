@@ -127,12 +127,13 @@ def test_broadcast_inputs_per_channel_params_and_odd_shapes():
         for shapes in (((9, 4, 5), (9, 1, 5)), ((9, 5), (9, 5)), ((9, 1), (9, 6)), ((0, 3), (0, 3)), ((4, 0), (4, 0))):
             xs = [_x(shape=s[1:], T=s[0], seed=i, dtype=dtype) for i, s in enumerate(shapes)]
             kw = {"tau": torch.linspace(1.5, 3.0, shapes[0][-1]) if shapes[0][-1] > 1 else 2.0}
-            a = flexdsl.loads(text, backend="cpu", param_shapes={"w": (shapes[0][-1],)}, **kw).to(dtype)
-            b = flexdsl.loads(text, backend="torch", param_shapes={"w": (shapes[0][-1],)}, **kw).to(dtype)
+            # (a per-channel param has at least one channel: with 0 lanes, w stays one value)
+            ps = {"w": (shapes[0][-1],)} if shapes[0][-1] > 0 else None
+            a = flexdsl.loads(text, backend="cpu", param_shapes=ps, **kw).to(dtype)
+            b = flexdsl.loads(text, backend="torch", param_shapes=ps, **kw).to(dtype)
             if 0 in shapes[0]:  # nothing to differentiate: the forward's shapes and values
                 for p, q in zip(a(*xs), b(*xs)):
                     assert p.shape == q.shape and torch.equal(p, q)
-                assert a.v.shape == b.v.shape
                 continue
             _same(_run(a, xs), _run(b, xs), dtype)
     # a non-contiguous input (a transposed batch) and a view with a step stride
@@ -167,9 +168,9 @@ def test_check_finite_and_functional_step_on_the_cpu_kernels():
     for backend in ("cpu", "torch"):
         m = flexdsl.load("eif", backend=backend, check_finite=True, v_threshold=1e300)
         with pytest.raises(flexdsl.NonFiniteError) as e:
-            m(torch.full((200, 2), 0.5))
+            m(torch.full((200, 2), 0.5, dtype=torch.float64))  # (1e300 is beyond float32: a float64 call)
         found.append((e.value.what, e.value.step, e.value.index))
-    assert found[0] == found[1] and found[0][0] == "v"  # where the torch backend finds it
+    assert found[0] == found[1] and found[0][:2] == ("v", 9)  # where the torch backend finds it (README example)
     f = flexdsl.load("alif", backend="cpu")
     x = _x(T=10)
     full = f(x)

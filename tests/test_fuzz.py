@@ -51,7 +51,8 @@ def run_case(text: str, tmp: Path | None = None) -> None:
 
 
 def _forget_compiled() -> None:
-    from flexdsl.runtime import cache, compiler
+    from flexdsl.runtime import compiler
+    from flexdsl.store import cache
 
     compiler._CACHE.clear()
     compiler._PROGRAMS.clear()

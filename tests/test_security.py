@@ -20,8 +20,8 @@ import torch  # noqa: E402
 
 import flexdsl  # noqa: E402
 from flexdsl import cli  # noqa: E402
-from flexdsl.runtime import cache  # noqa: E402
 from flexdsl.runtime.compiler import compile_model, compile_text  # noqa: E402
+from flexdsl.store import cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LIF = (ROOT / "neurons" / "lif.neuron").read_text()

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flexdsl
-from flexdsl.frontend.units import Dim, show, unit
+from flexdsl.frontend.dims import Dim, show, unit
 
 warnings.filterwarnings("ignore")
 import brian2 as b2  # noqa: E402

@@ -1,5 +1,5 @@
 """The namespace of generated modules (`flexdsl._generated.<kind>_<key>`), filled at run time
-by `flexdsl.runtime.cache.load_module` from verified cache entries. Nothing is stored here;
+by `flexdsl.store.generated.load_module` from verified cache entries. Nothing is stored here;
 importing this package installs the finder that rebuilds a generated module by its name."""
 
-from ..runtime import cache as _cache  # noqa: F401 - installs the import finder
+from ..store import generated as _generated  # noqa: F401 - installs the import finder

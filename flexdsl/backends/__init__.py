@@ -1,4 +1,7 @@
-"""The backends and their registry.
+"""The backends and their registry. Takes the pipeline's IR (`store.pipeline.IR`); gives each
+target's `Artefact` (readable source and metadata, `emit`) and the `Program` that runs it
+(`load`), through the interface of `base.py`; `printer.py` and `naming.py` are shared by the
+code printers.
 
     backends.register("numpy", NumpyBackend())     # a new backend: one module + this line
     backends.get("torch")                          # the backend object

@@ -1,16 +1,18 @@
 """The backend interface: what every backend implements, and what the module calls.
 
-A backend turns the compiled model (`IR`: the step, its backward and their schedule) into an
-`Artefact` (readable source plus metadata; cached on disk by the runtime), loads an artefact
-into a `Program`, and a program runs a multi-step call with explicit states and params:
+A backend turns the compiled model (`IR`, `store/pipeline.py`: the checked model, the step, its
+backward and their schedule, each computed on first use) into an `Artefact` (readable source
+plus metadata; kept in the store's disk cache), loads an artefact into a `Program`, and a program
+runs a multi-step call with explicit states and params:
 
     art = backend.emit(ir)                       # once per model (then from the disk cache)
     prog = backend.load(art, key)                # once per process
     res = prog.run(inputs, states, params, store_seqs=False)
 
 `inputs` are tensors `[T, *shape]`; `states` and `params` are, in declaration order, tensors
-(broadcastable to the step's shape) or Python floats. `run` never reads or writes module
-state: `NeuronModule` passes everything and keeps what comes back.
+(broadcastable to the step's shape) or Python floats; the derived params (`ir/host.py`) come
+after the declared ones, computed by the runtime. `run` never reads or writes module state:
+`NeuronModule` passes everything and keeps what comes back. A backend emits only its own code.
 """
 
 from __future__ import annotations
@@ -19,28 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..runtime.cache import Artefact
+from ..store.cache import Artefact
+from ..store.pipeline import IR
 
 if TYPE_CHECKING:
     import torch
-
-    from ..frontend.check import CheckedModel
-    from ..ir.derive import BackwardModel
-    from ..ir.lower import StepModel
-    from ..ir.schedule import Schedule
-
-
-class IR(Protocol):
-    """What a backend's emitter may read (a `Compiled` model; its stages run on first use)."""
-
-    name: str
-    filename: str
-    text: str
-    detach_reset: bool
-    checked: CheckedModel
-    step: StepModel
-    backward: BackwardModel
-    schedule: Schedule
 
 
 @dataclass
@@ -51,6 +36,10 @@ class RunResult:
 
 
 class Program(Protocol):
+    # the precision a call computes in when it is not the inputs' dtype (the Triton kernels: float32);
+    # the module checks the params in it (a denominator that rounds to 0, a param beyond its range)
+    computes_in: torch.dtype | None
+
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult: ...
 
@@ -75,4 +64,13 @@ class Backend(Protocol):
     def load(self, artefact: Artefact, key: str) -> Program: ...
 
 
-__all__ = ["Artefact", "Backend", "IR", "Program", "RunResult"]
+def transformed(t: Any) -> bool:
+    """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
+    its own, so a backend that runs kernels on data pointers does not accept it."""
+    import torch
+
+    is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
+
+
+__all__ = ["Artefact", "Backend", "IR", "Program", "RunResult", "transformed"]

@@ -3,10 +3,11 @@
 Model names (`[A-Za-z][A-Za-z0-9_]*`, never starting with `_`) and the lowering's SSA names
 are printed as written, except those that generated code needs for itself (Python's
 builtins, the modules it imports): those are printed as `_u__<name>`. Every name that
-generated code derives from a model name has the form `_<role>__<name>`, with `role` made of
-lowercase letters and digits (no `_`, so the first `__` ends it); internal names without a model name (`_offs`, `_mask`, `_t0`, ...)
-start with `_` and contain no `__`. So no model name can collide with another, with a
-derived name, or with anything generated code defines or imports.
+generated code makes from a model name is tagged with a role, `_<role>__<name>` (`tagged`), the
+role made of lowercase letters and digits (no `_`, so the first `__` ends it); internal names
+without a model name (`_offs`, `_mask`, `_t0`, ...) start with `_` and contain no `__`. So no
+model name can collide with another, with a tagged name, or with anything generated code
+defines or imports.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def ident(name: str) -> str:
     return f"_u__{name}" if name in RESERVED else name
 
 
-def derived(role: str, name: str) -> str:
-    """The identifier of something generated code derives from a name (a pointer, a flag...)."""
+def tagged(role: str, name: str) -> str:
+    """The identifier of something generated code makes from a name, tagged with its role (a
+    pointer `_ptr__x`, a flag...)."""
     assert _ROLE.match(role), role
     return f"_{role}__{ident(name)}"
 

@@ -1,4 +1,5 @@
-"""Documentation generated from the equations.
+"""Documentation generated from the equations. Takes a compiled model (or a loaded module);
+gives pages (HTML, Markdown), LaTeX and plots.
 
     flexdsl.docs.render_html(model)        # a page: tables, MathML equations, derived step and backward,
     flexdsl.docs.render_markdown(model)    #   plots, generated code (images embedded, or written to `outdir`)
@@ -10,6 +11,8 @@
 model, or a loaded module. The modules: `content` (what a page says), `printing` (MathML and
 LaTeX printers), `simulate` + `plots` + `figures` (the plots), `htmlpage`, `mdpage`, `latexdoc`,
 `sitebuild` (pages + index), and `reference` (the generated tables of the language reference).
+Importing this package installs the notebook display of compiled models and loaded modules
+(`_repr_html_`, `_repr_latex_`) and `Compiled.latex()` in the runtime's display registry.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._paths import LANGUAGE_REFERENCE
+from ..runtime import display
 
 if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
@@ -87,5 +91,19 @@ def language_reference() -> Path:
     """The language reference that ships with flexdsl (Markdown)."""
     return LANGUAGE_REFERENCE
 
+
+def _notebook_html(model: Any) -> str:
+    return render_html(model, plots=False, sources=False, standalone=False)
+
+
+def _notebook_latex(model: Any) -> str:
+    from .latexdoc import repr_latex
+
+    return repr_latex(compiled(model))
+
+
+display.register("html", _notebook_html)
+display.register("latex", _notebook_latex)
+display.register("latex-source", latex)
 
 __all__ = ["render_html", "render_markdown", "latex", "build", "language_reference", "compiled"]

@@ -50,7 +50,7 @@ def usage(d: ModelDoc) -> str:
 
 
 def _context(d: ModelDoc, fig: Figures | None, **extra: object) -> dict[str, object]:
-    from .. import __version__
+    from .._version import __version__
 
     rows = [*d.inputs, *d.params, *d.states]
     return {"d": d, "fig": fig, "version": __version__, "file_label": file_label(d), "usage": usage(d),
@@ -90,7 +90,7 @@ class Failure:
 
 def index(entries: Sequence[IndexEntry], failed: Sequence[Failure] = (), title: str = "flexdsl models",
           reference_link: str | None = None) -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return environment().get_template("index.html.j2").render(
         entries=entries, failed=failed, title=title, version=__version__, reference_link=reference_link)

@@ -3,7 +3,7 @@
 - `time_axis(c)`: steps, or time in the unit of `dt` where the model declares `dt` with a time
   unit (from the declaration's unit, else from its description, e.g. "integration step (ms)").
 - `evaluate_step(step, values)`: the discretized step's SSA assignments evaluated on tensors
-  with the catalog's numeric forms (a fold over the sympy expressions: nothing is `eval`-ed).
+  by the host evaluator (`ir/host.py`, the catalog's numeric forms: nothing is `eval`-ed).
   With the spike forced to 0 the step's new states are the values *before* the reset, and the
   spike rule's `u` is the quantity that fires at 0: the plots draw the threshold crossing and
   the threshold itself (`B` in `spike when A >= B`) from them.
@@ -14,8 +14,7 @@
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +22,8 @@ import sympy as sp
 import torch
 
 from ..frontend import ast as A
-from ..frontend.catalog import ALL_FUNCTIONS
 from ..frontend.evaluate import evaluate
+from ..ir.host import evaluate_expr
 from .units import TIME_UNITS, unit_of
 
 if TYPE_CHECKING:
@@ -87,80 +86,6 @@ def time_axis(c: Compiled, params: Mapping[str, float] | None = None) -> TimeAxi
 
 
 # ----------------------------------------------------------------------------- the step, numerically
-_CMP = {sp.GreaterThan: operator.ge, sp.StrictGreaterThan: operator.gt, sp.LessThan: operator.le,
-        sp.StrictLessThan: operator.lt, sp.Equality: operator.eq, sp.Unequality: operator.ne}
-_NUMERIC: dict[str, Callable[..., Any]] = {f.sympy: f.numeric for f in ALL_FUNCTIONS.values()}
-
-
-def evaluate_expr(e: sp.Basic, env: Mapping[sp.Basic, Any]) -> Any:
-    """A sympy expression of the step evaluated on floats or tensors (iterative post-order)."""
-    done: dict[sp.Basic, Any] = {}
-    stack: list[tuple[sp.Basic, bool]] = [(e, False)]
-    while stack:
-        node, ready = stack.pop()
-        if node in done:
-            continue
-        if node in env:
-            done[node] = env[node]
-            continue
-        if node.is_Number or isinstance(node, sp.NumberSymbol):
-            done[node] = float(node)
-            continue
-        if node is sp.true or node is sp.false:
-            done[node] = bool(node)
-            continue
-        if not ready:
-            stack.append((node, True))
-            stack.extend((a, False) for a in node.args if a not in done)
-            continue
-        args = [done[a] for a in node.args]
-        done[node] = _apply(node, args)
-    return done[e]
-
-
-def _apply(node: sp.Basic, args: list[Any]) -> Any:
-    if isinstance(node, sp.Add):
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
-    if isinstance(node, sp.Mul):
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
-    if isinstance(node, sp.Pow):
-        b, x = args
-        return torch.as_tensor(b, dtype=DTYPE) ** x  # IEEE semantics: 0 ** -1 is inf, not an error
-    if type(node) in _CMP:
-        return _CMP[type(node)](*args)
-    if isinstance(node, sp.And):
-        out = args[0]
-        for a in args[1:]:
-            out = out & a
-        return out
-    if isinstance(node, sp.Or):
-        out = args[0]
-        for a in args[1:]:
-            out = out | a
-        return out
-    if isinstance(node, sp.Max | sp.Min):
-        f = torch.maximum if isinstance(node, sp.Max) else torch.minimum
-        out = torch.as_tensor(args[0], dtype=DTYPE)
-        for a in args[1:]:
-            out = f(out, torch.as_tensor(a, dtype=DTYPE))
-        return out
-    if isinstance(node, sp.Piecewise):  # (value, condition) pairs, the first that holds
-        out = torch.as_tensor(float("nan"), dtype=DTYPE)
-        for (value, cond) in reversed(list(zip(args[0::2], args[1::2]))):
-            out = torch.where(torch.as_tensor(cond), torch.as_tensor(value, dtype=DTYPE), out)
-        return out
-    name = type(node).__name__
-    if name in _NUMERIC:
-        return _NUMERIC[name](*args)
-    raise TypeError(f"cannot evaluate {name} numerically")  # pragma: no cover - every catalog form is above
-
-
 def evaluate_step(step: StepModel, values: Mapping[str, Any], spike: Any = None) -> dict[str, Any]:
     """Every SSA value of one step, by name, from the inputs', states' and params' values.
     `spike` replaces the spike's value (0: the values before the reset). Everything is computed

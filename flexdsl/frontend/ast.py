@@ -403,3 +403,14 @@ def quantity_unit(e: Quantity) -> str:
 def to_text(e: Expr) -> str:
     """An expression as text, e.g. for an error message (`(v - E_L)/tau`)."""
     return _ToText().fold(e)[0]
+
+
+def constraint_text(text: str, e: Compare) -> str:
+    """A `where` constraint's text as written in the model `text` (for messages and the docs)."""
+    line = text.split("\n")[e.pos.line - 1]
+    frag = line[e.pos.column - 1:]
+    for stop in (' "', " learnable"):
+        i = frag.find(stop)
+        if i >= 0:
+            frag = frag[:i]
+    return frag.strip()

@@ -8,7 +8,7 @@ validated). Every violation is a located FlexDSLError.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import math
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
@@ -22,7 +22,9 @@ from .catalog import (
     is_unit,
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
-from .units import UnitInfo, check_units, model_names, suggest_unit, uses_units
+from .convert import check_units
+from .dims import DefinitionStore, model_names, suggest_unit, uses_units
+from .model import CheckedModel, ResolvedSurrogate
 
 # Bookkeeping states the lowering keeps for refractoriness and crossing rules. Their names
 # start with `_`, which no model name can, so they never collide with the model's.
@@ -33,59 +35,10 @@ HIDDEN_STATES = {
 }
 
 
-@dataclass
-class ResolvedSurrogate:
-    name: str
-    arg: str  # the formal argument of a user surrogate ("x" for built-ins)
-    kwargs: dict[str, A.Expr]  # keyword -> value expression (defaults filled in)
-    user: A.SurrogateDef | None = None
-    pos: A.Pos | None = None
-
-
-@dataclass
-class CheckedModel:
-    ast: A.Neuron
-    inputs: list[A.Input]
-    params: list[A.Param]
-    states: list[A.State]
-    equations: A.Equations | None
-    method: str | None  # as written (normalized), None = automatic
-    update: list[A.Assign]
-    spike: A.SpikeRule | None
-    surrogate: ResolvedSurrogate | None
-    on_spike: list[A.Assign]
-    outputs: list[tuple[str, A.Pos]]
-    locals: list[str] = field(default_factory=list)
-    subexprs: list[str] = field(default_factory=list)
-    refractory: A.Refractory | None = None
-    units: UnitInfo | None = None  # None: a model written without units
-    # the model as written, before the conversion to base units (None: this is it); the docs show it
-    written: CheckedModel | None = None
-
-    @property
-    def hidden(self) -> list[str]:
-        """The bookkeeping states the lowering adds (`HIDDEN_STATES`), after the model's own."""
-        return [s.name for s in self.states if s.meta.get("hidden")]
-
-    @property
-    def name(self) -> str:
-        return self.ast.name
-
-    @property
-    def filename(self) -> str:
-        return self.ast.filename
-
-    @property
-    def source(self) -> str:
-        return self.ast.source
-
-    def param(self, name: str) -> A.Param:
-        return next(p for p in self.params if p.name == name)
-
-
 class _Checker:
-    def __init__(self, neuron: A.Neuron) -> None:
+    def __init__(self, neuron: A.Neuron, definitions: DefinitionStore | None = None) -> None:
         self.n = neuron
+        self.definitions = definitions
 
     def err(self, msg: str, pos: A.Pos, hint: str | None = None) -> FlexDSLError:
         return FlexDSLError(msg, self.n.filename, pos.line, pos.column, self.n.source, hint)
@@ -118,13 +71,44 @@ class _Checker:
     # ------------------------------------------------------------------ main
     def run(self) -> CheckedModel:
         n = self.n
-        inputs: list[A.Input] = n.of(A.Input)
-        params: list[A.Param] = n.of(A.Param)
-        states: list[A.State] = n.of(A.State)
-        outputs_decl: list[A.Output] = n.of(A.Output)
+        self.inputs: list[A.Input] = n.of(A.Input)
+        self.params: list[A.Param] = n.of(A.Param)
+        self.states: list[A.State] = n.of(A.State)
         self.user_surrogates: dict[str, A.SurrogateDef] = {}
+        self.declare_all()
+        self.input_names = {i.name for i in self.inputs}
+        self.param_names = [p.name for p in self.params]
+        self.state_names = {s.name for s in self.states}
+        with_units = uses_units(n)
+        self.model_names = model_names(n)
+        refractory: A.Refractory | None = self.single(A.Refractory, "`refractory` declaration")
+        eqs: A.Equations | None = self.single(A.Equations, "`equations` block")
+        upd: A.Update | None = self.single(A.Update, "`update` block")
+        spike: A.SpikeRule | None = self.single(A.SpikeRule, "spike rule")
+        ons: A.OnSpike | None = self.single(A.OnSpike, "`on spike` block")
+        outputs_decl: list[A.Output] = n.of(A.Output)
+        if len(outputs_decl) > 1:
+            raise self.err("a model has at most one `output` line", outputs_decl[1].pos)
+        self.check_params(with_units)
+        self.check_user_surrogates()
+        self.visible = self.input_names | set(self.param_names) | self.state_names
+        method, subexprs = self.check_equations(eqs, refractory)
+        statements = upd.statements if upd is not None else []
+        locals_ = self.check_update(statements, refractory, subexprs)
+        surrogate = self.check_spike(spike, ons)
+        if refractory is not None:
+            self.check_refractory(refractory, spike, subexprs, set(locals_))
+        out_names = self.check_outputs(outputs_decl, spike, locals_, subexprs)
+        ck = CheckedModel(n, self.inputs, self.params, self.states, eqs, method, statements, spike, surrogate,
+                          ons.statements if ons else [], out_names, locals_, subexprs, refractory)
+        if with_units:
+            ck = dataclasses.replace(check_units(ck, self.definitions), written=ck)
+            self.check_defaults(ck.params, ck.states)
+        return _with_hidden_states(ck)
 
-        # unique declarations
+    def declare_all(self) -> None:
+        """Every name declared once, none a built-in or an attribute of the loaded module."""
+        n = self.n
         declared: dict[str, tuple[str, A.Pos]] = {}
 
         def declare(name: str, kind: str, pos: A.Pos) -> None:
@@ -153,107 +137,105 @@ class _Checker:
                 if it.name in self.user_surrogates:
                     raise self.err(f"duplicate surrogate `{it.name}`", it.pos)
                 self.user_surrogates[it.name] = it
-        if not inputs:
+        if not self.inputs:
             raise self.err(f"neuron `{n.name}` declares no input", n.pos, "add e.g. `input x`")
+        self.declared = declared
         self.all_declared = set(declared)
-        input_names = {i.name for i in inputs}
-        param_names = [p.name for p in params]
-        state_names = {s.name for s in states}
 
-        # blocks: at most one of each
-        def single(kind: type, what: str):
-            found = n.of(kind)
-            if len(found) > 1:
-                raise self.err(f"a model has at most one {what}", found[1].pos)
-            return found[0] if found else None
+    def single(self, kind: type, what: str):
+        """The one block of a kind (None if absent); a second is an error."""
+        found = self.n.of(kind)
+        if len(found) > 1:
+            raise self.err(f"a model has at most one {what}", found[1].pos)
+        return found[0] if found else None
 
-        with_units = uses_units(n)
-        self.model_names = model_names(n)
-        refractory: A.Refractory | None = single(A.Refractory, "`refractory` declaration")
-        eqs: A.Equations | None = single(A.Equations, "`equations` block")
-        upd: A.Update | None = single(A.Update, "`update` block")
-        spike: A.SpikeRule | None = single(A.SpikeRule, "spike rule")
-        ons: A.OnSpike | None = single(A.OnSpike, "`on spike` block")
-        if len(outputs_decl) > 1:
-            raise self.err("a model has at most one `output` line", outputs_decl[1].pos)
-
-        # params: defaults use earlier params; where constraints
+    def check_params(self, with_units: bool) -> None:
+        """Defaults use earlier params; `where` constraints mention their param; `dt` is a param;
+        initial values use params."""
         seen: set[str] = set()
-        for p in params:
+        for p in self.params:
             self.check_expr(p.default, seen, "in a param default")
             if p.where is not None:
                 self.check_expr(p.where, seen | {p.name}, "in a param default", allow_compare=True)
                 if p.name not in {nm.id for nm in A.names(p.where)}:
                     raise self.err(f"the constraint of `{p.name}` does not mention `{p.name}`", p.where.pos)
             seen.add(p.name)
-        if "dt" in input_names or "dt" in state_names:
-            raise self.err("`dt` is the integration step and must be a param", declared["dt"][1])
-        for s in states:
-            self.check_expr(s.init, set(param_names), "in a state's initial value")
+        if "dt" in self.input_names or "dt" in self.state_names:
+            raise self.err("`dt` is the integration step and must be a param", self.declared["dt"][1])
+        for s in self.states:
+            self.check_expr(s.init, set(self.param_names), "in a state's initial value")
         if not with_units:  # (with units, the defaults are evaluated once converted to base units)
-            self.check_defaults(params, states)
+            self.check_defaults(self.params, self.states)
 
-        # user surrogates
+    def check_user_surrogates(self) -> None:
         for sd in self.user_surrogates.values():
             kw = {k.name for k in sd.kwargs}
             for k in sd.kwargs:
-                self.check_expr(k.value, set(param_names), "in a surrogate keyword")
-            self.check_expr(sd.body, {sd.arg} | kw | set(param_names), "in the surrogate formula")
+                self.check_expr(k.value, set(self.param_names), "in a surrogate keyword")
+            self.check_expr(sd.body, {sd.arg} | kw | set(self.param_names), "in the surrogate formula")
 
-        # equations
-        visible = input_names | set(param_names) | state_names
+    def check_equations(self, eqs: A.Equations | None, refractory: A.Refractory | None
+                        ) -> tuple[str | None, list[str]]:
+        """The method (normalized, None: automatic) and the subexpressions, in order."""
         method: str | None = None
         subexprs: list[str] = []
-        if eqs is not None:
-            if eqs.method is not None:
-                m = METHOD_ALIASES.get(eqs.method, eqs.method)
-                if m not in METHODS:
-                    raise self.err(f"unknown integration method `{eqs.method}`", eqs.method_pos,
-                                   did_you_mean(eqs.method, [*METHODS, *METHOD_ALIASES])
-                                   or "methods: " + ", ".join(METHODS))
-                method = m
-            ode_states: set[str] = set()
-            for ln in eqs.lines:
-                if isinstance(ln, A.ODE):
-                    st = ln.state
-                    if ln.denom != "dt":
-                        raise self.err(f"a derivative is written `d{st or 'X'}/dt`, not `{ln.written}/{ln.denom}`",
-                                       ln.denom_pos or ln.pos)
-                    if not st:
-                        raise self.err(f"`{ln.written}/dt`: a derivative is written `dX/dt` for a state X", ln.pos)
-                    if st not in state_names:
-                        hint = did_you_mean(st, state_names)
-                        what = "an input" if st in input_names else "a param" if st in param_names else "not declared"
-                        raise self.err(f"`d{st}/dt`: `{st}` is not a state ({what})", ln.pos,
-                                       hint or "declare it with `state " + st + " = ...`")
-                    if st in ode_states:
-                        raise self.err(f"second equation for `d{st}/dt`", ln.pos)
-                    ode_states.add(st)
-                    if "dt" not in param_names:
-                        raise self.err("an ODE needs the step `dt` declared as a param", ln.pos,
-                                       "add e.g. `param dt = 0.1  \"step (ms)\"`")
-                    self.check_expr(ln.value, visible, "in an equation")
-                    if ln.held and refractory is None:
-                        raise self.err(f"`d{st}/dt ... unless refractory` in a model without a `refractory` "
-                                       "declaration", ln.pos, "declare e.g. `refractory 2 ms`")
-                else:
-                    if ln.name in visible:
-                        raise self.err(f"`{ln.name}` is already declared; a subexpression needs a new name", ln.pos)
-                    self.check_expr(ln.value, visible, "in an equation")
-                    visible.add(ln.name)
-                    subexprs.append(ln.name)
+        if eqs is None:
+            return method, subexprs
+        if eqs.method is not None:
+            m = METHOD_ALIASES.get(eqs.method, eqs.method)
+            if m not in METHODS:
+                raise self.err(f"unknown integration method `{eqs.method}`", eqs.method_pos,
+                               did_you_mean(eqs.method, [*METHODS, *METHOD_ALIASES])
+                               or "methods: " + ", ".join(METHODS))
+            method = m
+        ode_states: set[str] = set()
+        for ln in eqs.lines:
+            if isinstance(ln, A.ODE):
+                self.check_ode(ln, ode_states, refractory)
+            else:
+                if ln.name in self.visible:
+                    raise self.err(f"`{ln.name}` is already declared; a subexpression needs a new name", ln.pos)
+                self.check_expr(ln.value, self.visible, "in an equation")
+                self.visible.add(ln.name)
+                subexprs.append(ln.name)
+        return method, subexprs
 
-        # update
+    def check_ode(self, ln: A.ODE, ode_states: set[str], refractory: A.Refractory | None) -> None:
+        st = ln.state
+        if ln.denom != "dt":
+            raise self.err(f"a derivative is written `d{st or 'X'}/dt`, not `{ln.written}/{ln.denom}`",
+                           ln.denom_pos or ln.pos)
+        if not st:
+            raise self.err(f"`{ln.written}/dt`: a derivative is written `dX/dt` for a state X", ln.pos)
+        if st not in self.state_names:
+            hint = did_you_mean(st, self.state_names)
+            what = "an input" if st in self.input_names else "a param" if st in self.param_names else "not declared"
+            raise self.err(f"`d{st}/dt`: `{st}` is not a state ({what})", ln.pos,
+                           hint or "declare it with `state " + st + " = ...`")
+        if st in ode_states:
+            raise self.err(f"second equation for `d{st}/dt`", ln.pos)
+        ode_states.add(st)
+        if "dt" not in self.param_names:
+            raise self.err("an ODE needs the step `dt` declared as a param", ln.pos,
+                           "add e.g. `param dt = 0.1  \"step (ms)\"`")
+        self.check_expr(ln.value, self.visible, "in an equation")
+        if ln.held and refractory is None:
+            raise self.err(f"`d{st}/dt ... unless refractory` in a model without a `refractory` "
+                           "declaration", ln.pos, "declare e.g. `refractory 2 ms`")
+
+    def check_update(self, statements: list[A.Assign], refractory: A.Refractory | None, subexprs: list[str]
+                     ) -> list[str]:
+        """The `update` statements; the locals they define, in order."""
         locals_: list[str] = []
         local_set: set[str] = set()
         subexpr_set = set(subexprs)
-        statements = upd.statements if upd is not None else []
+        state_names, visible = self.state_names, self.visible
         for st in statements:
             self.check_expr(st.value, visible, "here")
             tgt = st.target
-            if tgt in input_names:
+            if tgt in self.input_names:
                 raise self.err(f"cannot assign to input `{tgt}`", st.pos)
-            if tgt in param_names:
+            if tgt in self.param_names:
                 raise self.err(f"cannot assign to param `{tgt}`", st.pos, "params are constant during a step")
             if tgt in subexpr_set:
                 raise self.err(f"cannot assign to the subexpression `{tgt}`", st.pos)
@@ -274,90 +256,107 @@ class _Checker:
                 locals_.append(tgt)
                 local_set.add(tgt)
                 visible.add(tgt)
+        return locals_
 
-        # spike rule and its surrogate
+    def check_spike(self, spike: A.SpikeRule | None, ons: A.OnSpike | None) -> ResolvedSurrogate | None:
+        """The spike rule, its surrogate (resolved) and the `on spike` statements."""
         surrogate: ResolvedSurrogate | None = None
         if spike is not None:
-            self.check_expr(spike.left, visible, "here")
-            self.check_expr(spike.right, visible, "here")
-            surrogate = self.resolve_surrogate(spike, set(param_names))
+            self.check_expr(spike.left, self.visible, "here")
+            self.check_expr(spike.right, self.visible, "here")
+            surrogate = self.resolve_surrogate(spike, set(self.param_names))
         if ons is not None:
             if spike is None:
                 raise self.err("`on spike:` without a spike rule", ons.pos, "add `spike when ... surrogate ...`")
             for st in ons.statements:
                 if st.is_let or st.op not in ("=", "+=", "-="):
-                    raise self.err(f"only `=`, `+=` and `-=` are allowed in `on spike`, not `{'let' if st.is_let else st.op}`",
-                                   st.pos)
-                if st.target not in state_names:
+                    raise self.err(f"only `=`, `+=` and `-=` are allowed in `on spike`, not "
+                                   f"`{'let' if st.is_let else st.op}`", st.pos)
+                if st.target not in self.state_names:
                     raise self.err(f"`on spike` can only reset states; `{st.target}` is not a state", st.pos,
-                                   did_you_mean(st.target, state_names))
+                                   did_you_mean(st.target, self.state_names))
                 if st.held:
                     raise self.err("`unless refractory` is for equations and `update` statements, not for "
                                    "`on spike` (no spike happens while refractory)", st.pos)
-                self.check_expr(st.value, visible, "here")
-        if refractory is not None:
-            if spike is None:
-                raise self.err("`refractory` in a model without a spike rule", refractory.pos,
-                               "refractoriness starts at a spike: add `spike when ...`")
-            if refractory.period is not None:
-                self.check_expr(refractory.period, set(param_names), "in the refractory period")
-            else:
-                assert refractory.condition is not None
-                start = input_names | set(param_names) | state_names | set(subexprs)
-                for nm in A.names(refractory.condition):
-                    if nm.id in local_set:
-                        raise self.err(f"`{nm.id}` is computed in `update`, after the refractory condition is "
-                                       "decided", nm.pos, self.scope_hint("in the refractory condition"))
-                self.check_expr(refractory.condition, start, "in the refractory condition", allow_compare=True)
+                self.check_expr(st.value, self.visible, "here")
+        return surrogate
 
-        # outputs
+    def check_refractory(self, refractory: A.Refractory, spike: A.SpikeRule | None, subexprs: list[str],
+                         local_set: set[str]) -> None:
+        if spike is None:
+            raise self.err("`refractory` in a model without a spike rule", refractory.pos,
+                           "refractoriness starts at a spike: add `spike when ...`")
+        if refractory.period is not None:
+            self.check_expr(refractory.period, set(self.param_names), "in the refractory period")
+            return
+        assert refractory.condition is not None
+        start = self.input_names | set(self.param_names) | self.state_names | set(subexprs)
+        for nm in A.names(refractory.condition):
+            if nm.id in local_set:
+                raise self.err(f"`{nm.id}` is computed in `update`, after the refractory condition is "
+                               "decided", nm.pos, self.scope_hint("in the refractory condition"))
+        self.check_expr(refractory.condition, start, "in the refractory condition", allow_compare=True)
+
+    def check_outputs(self, outputs_decl: list[A.Output], spike: A.SpikeRule | None, locals_: list[str],
+                      subexprs: list[str]) -> list[tuple[str, A.Pos]]:
+        """The outputs as written, or the default: `spike`, else the first state."""
+        n = self.n
+        state_names = self.state_names
         out_names: list[tuple[str, A.Pos]] = []
-        if outputs_decl:
-            for name, pos in outputs_decl[0].names:
-                if name == "spike":
-                    if spike is None:
-                        raise self.err("`output spike` in a model without a spike rule", pos)
-                elif name not in state_names and name not in local_set and name not in subexprs:
-                    if name in input_names or name in param_names:
-                        raise self.err(f"`{name}` cannot be an output: outputs are `spike`, states or locals", pos)
-                    raise self.unknown(name, pos, state_names | set(locals_) | set(subexprs) | {"spike"}, "output")
-                if name in [o for o, _ in out_names]:
-                    raise self.err(f"`{name}` is listed twice in `output`", pos)
-                out_names.append((name, pos))
-        else:
+        if not outputs_decl:
             if spike is not None:
-                out_names = [("spike", n.pos)]
-            elif states:
-                out_names = [(states[0].name, states[0].pos)]
-            else:
-                raise self.err(f"neuron `{n.name}` has no output", n.pos, "add e.g. `output spike`")
-
-        ck = CheckedModel(n, inputs, params, states, eqs, method, statements, spike, surrogate,
-                          ons.statements if ons else [], out_names, locals_, subexprs, refractory)
-        if with_units:
-            ck = dataclasses.replace(check_units(ck), written=ck)
-            self.check_defaults(ck.params, ck.states)
-        return _with_hidden_states(ck)
+                return [("spike", n.pos)]
+            if self.states:
+                return [(self.states[0].name, self.states[0].pos)]
+            raise self.err(f"neuron `{n.name}` has no output", n.pos, "add e.g. `output spike`")
+        local_set = set(locals_)
+        for name, pos in outputs_decl[0].names:
+            if name == "spike":
+                if spike is None:
+                    raise self.err("`output spike` in a model without a spike rule", pos)
+            elif name not in state_names and name not in local_set and name not in subexprs:
+                if name in self.input_names or name in self.param_names:
+                    raise self.err(f"`{name}` cannot be an output: outputs are `spike`, states or locals", pos)
+                raise self.unknown(name, pos, state_names | local_set | set(subexprs) | {"spike"}, "output")
+            if name in [o for o, _ in out_names]:
+                raise self.err(f"`{name}` is listed twice in `output`", pos)
+            out_names.append((name, pos))
+        return out_names
 
     def check_defaults(self, params: list[A.Param], states: list[A.State]) -> None:
         """Evaluate every default in order and check its `where` constraint; evaluate the
         states' initial values with the defaults."""
-        from .evaluate import evaluate, holds
+        from .evaluate import evaluate, holds, reason
 
         env: dict[str, float] = {}
         for p in params:
             try:
                 env[p.name] = float(evaluate(p.default, env))
             except (ArithmeticError, ValueError) as e:
-                raise self.err(f"the default of `{p.name}` cannot be evaluated: {e}", p.default.pos) from None
-            if p.where is not None and not holds(p.where, env):
+                raise self.err(f"the default of `{p.name}` cannot be evaluated: {reason(e)}", p.default.pos) from None
+            if not math.isfinite(env[p.name]):
+                raise self.err(f"the default of `{p.name}` is {env[p.name]}: params are finite numbers",
+                               p.default.pos, "an overflow (or a NaN) among the constants and params it is "
+                                              "computed from")
+            if p.where is None:
+                continue
+            try:
+                ok = holds(p.where, env)
+            except (ArithmeticError, ValueError) as e:
+                shown = ", ".join(f"{k} = {v:g}" for k, v in env.items() if k in _names_in(p.where))
+                raise self.err(f"the constraint of `{p.name}` cannot be evaluated with the defaults ({shown}): "
+                               f"{reason(e)}", p.where.pos, "a constraint must be defined for the values it "
+                                                            "accepts; e.g. write `k * (tau - 2) < 1` with "
+                                                            "`tau > 2`") from None
+            if not ok:
                 raise self.err(f"the default `{p.name} = {env[p.name]:g}` violates the constraint of `{p.name}`",
                                p.where.pos, f"`{p.name}` must satisfy the `where` condition, or change the default")
         for s in states:
             try:
                 float(evaluate(s.init, env))
             except (ArithmeticError, ValueError) as e:
-                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {e}", s.init.pos) from None
+                raise self.err(f"the initial value of `{s.name}` cannot be evaluated: {reason(e)}",
+                               s.init.pos) from None
 
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
         use = spike.surrogate
@@ -410,7 +409,7 @@ class _ExprChecker(A.ExprFold[None]):
             if e.id not in self.visible and e.id not in CONSTANTS:
                 if e.id in ck.all_declared:
                     raise ck.err(f"`{e.id}` cannot be used {self.context}", e.pos, ck.scope_hint(self.context))
-                if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see units.py
+                if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see unitcheck.py
                     return
                 raise ck.unknown(e.id, e.pos, self.visible | set(CONSTANTS))
         elif isinstance(e, A.Quantity):
@@ -464,9 +463,14 @@ def _with_hidden_states(ck: CheckedModel) -> CheckedModel:
     return dataclasses.replace(ck, states=[*ck.states, *hidden])
 
 
-def check(neuron: A.Neuron) -> CheckedModel:
-    """Validate a parsed model; raises FlexDSLError at the first problem."""
-    return _Checker(neuron).run()
+def check(neuron: A.Neuron, definitions: DefinitionStore | None = None) -> CheckedModel:
+    """Validate a parsed model; raises FlexDSLError at the first problem. `definitions`: where
+    the definitions of the units a model writes are kept (see `dims.unit`)."""
+    return _Checker(neuron, definitions).run()
+
+
+def _names_in(e: A.Expr) -> set[str]:
+    return {n.id for n in A.nodes(e) if isinstance(n, A.Name)}
 
 
 __all__ = ["check", "CheckedModel", "ResolvedSurrogate", "METHODS"]

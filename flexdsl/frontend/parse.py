@@ -1,4 +1,4 @@
-"""Stage 1: text -> typed AST (flexdsl.ast), with lark (LALR + Indenter + Transformer).
+"""Stage 1: text -> typed AST (frontend/ast.py), with lark (LALR + Indenter + Transformer).
 
 Syntax errors become located FlexDSLErrors here; names and rules are checked in check.py.
 """
@@ -108,7 +108,7 @@ def _dedent_doc(text: str) -> str:
 
 @v_args(inline=True)
 class _ToAST(Transformer_NonRecursive):
-    """lark tree -> flexdsl.ast nodes (positions kept on every node); iterative, so deep
+    """lark tree -> frontend/ast.py nodes (positions kept on every node); iterative, so deep
     expressions never hit the recursion limit."""
 
     def __init__(self, filename: str, source: str) -> None:

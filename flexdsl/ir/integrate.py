@@ -23,14 +23,34 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from ..frontend import ast as A
 from ..frontend.catalog import METHODS
-from .functions import exprel
+from .functions import Where, exprel
 
 Values = dict[sp.Symbol, sp.Expr]
 RHS = Callable[[Values], Values]
 Emit = Callable[[str, sp.Expr], sp.Expr]
 # (states of the block, the matrix, {(row, column): base name}) -> {(row, column): symbol}
-MatrixExp = Callable[[list[sp.Symbol], sp.Matrix, dict[tuple[int, int], str]], dict[tuple[int, int], sp.Symbol]]
+RequestMatrixExp = Callable[[list[sp.Symbol], sp.Matrix, dict[tuple[int, int], str]], dict[tuple[int, int], sp.Symbol]]
+
+
+@dataclass
+class MatrixExp:
+    """Derived params: entries of expm(matrix), where the matrix is made of params only. They are
+    computed once per call on the host (`ir/host.py`), before any backend's program runs, and
+    passed to it like params (with autograd to the declared ones)."""
+
+    states: list[str]  # the coupled states whose propagator this is
+    matrix: sp.Matrix
+    entries: list[tuple[sp.Symbol, int, int]]  # (symbol, row, column)
+    pos: A.Pos  # the equations that need it
+
+    def describe(self) -> str:
+        names = ", ".join(s.name for s, _, _ in self.entries)
+        rows = ", ".join("[" + ", ".join(sp.sstr(e) for e in self.matrix.row(i)) + "]"
+                         for i in range(self.matrix.rows))
+        return f"{names} = entries {[(i, j) for _, i, j in self.entries]} of expm([{rows}])"
+
 
 
 @dataclass
@@ -39,7 +59,7 @@ class Context:
 
     emit: Emit
     constant: Callable[[sp.Expr], bool]
-    matrix_exp: MatrixExp
+    matrix_exp: RequestMatrixExp
 
 
 class NotApplicable(Exception):
@@ -255,3 +275,55 @@ INTEGRATORS: dict[str, Callable[..., Values]] = {
     "heun": heun,
 }
 assert set(INTEGRATORS) == set(METHODS), "catalog.METHODS and integrate.INTEGRATORS disagree"
+
+
+def integrate_held(method: str, xs: list[sp.Symbol], rhs_at, dt: sp.Expr, ctx: Context, held: set[sp.Symbol],
+                   not_refractory: sp.Expr, assignments: list, derived: list[MatrixExp]
+                   ) -> dict[sp.Symbol, sp.Expr]:
+    """The step of a system whose `held` states do not move while refractory, with Brian2's
+    meaning (`dX/dt = int(not_refractory) * f` for each held X):
+
+    - the explicit methods integrate exactly that right-hand side;
+    - `exponential_euler` treats each equation on its own, from the step's starting values, so
+      a held state keeps its value and the others are unaffected;
+    - `exact` steps both systems (free, and with the held rows 0) and chooses per state (the
+      free one where the state is neither held nor driven by a held one)."""
+    active = sp.StrictGreaterThan(not_refractory, 0)
+    if method not in ("exact", "exponential_euler"):
+        def gated(values):
+            rhs = rhs_at(values)
+            return {x: (not_refractory * f if x in held else f) for x, f in rhs.items()}
+
+        return INTEGRATORS[method](xs, gated, dt, ctx)
+    free = INTEGRATORS[method](xs, rhs_at, dt, ctx)
+    if method == "exponential_euler":
+        return {x: (Where(active, free[x], x) if x in held else free[x]) for x in xs}
+    # exact: the states driven by a held one (transitively) need the held system's solution
+    rhs = rhs_at({x: x for x in xs})
+    driven = set(held)
+    changed = True
+    while changed:
+        changed = False
+        for x in xs:
+            if x not in driven and rhs[x].free_symbols & driven:
+                driven.add(x)
+                changed = True
+    start, start_derived = len(assignments), len(derived)
+
+    def frozen(values):
+        r = rhs_at(values)
+        return {x: (sp.Integer(0) if x in held else f) for x, f in r.items()}
+
+    stopped = INTEGRATORS[method](xs, frozen, dt, ctx)
+    out = {x: (Where(active, free[x], stopped[x]) if x in driven else free[x]) for x in xs}
+    # drop what the held system computed for states that do not need it
+    need: set[sp.Symbol] = set()
+    for e in out.values():
+        need |= e.free_symbols
+    for y, e in reversed(assignments[start:]):
+        if y in need:
+            need |= e.free_symbols
+    assignments[start:] = [(y, e) for y, e in assignments[start:] if y in need]
+    derived[start_derived:] = [d for d in derived[start_derived:] if any(y in need for y, _, _ in d.entries)]
+    return out
+

@@ -6,16 +6,16 @@ backward (`BackwardModel`) it decides what runs where:
 - the save/recompute plan of training: which per-step forward values the forward writes
   for the backward, which inputs the backward reads again, and what it recomputes from
   them — a minimum vertex cut of the step's SSA graph, where saving a value costs a write
-  and a read per step and re-reading an input costs one read (`plan`);
+  and a read per step and re-reading an input costs one read (`make_schedule`);
 - the bodies that remain per step (forward and backward), which gradients can be nonzero,
   and the number of passes over `[T, N]` memory this implies;
 - the alternative to saving, recompute: the training forward writes only its outputs and,
-  every `chunk` steps, a checkpoint of the states; the backward re-runs the forward of each
-  chunk from its checkpoint (the values it needs stay in registers) and walks back through it.
-  `training` (32-bit I/O) and `training16` (16-bit I/O) are the faster of the two by a time
-  model: bytes moved, or the recompute backward's arithmetic where that takes longer (e.g.
-  Hodgkin-Huxley, and most models with 16-bit I/O, whose passes are half as long); saving
-  also where the unrolled chunk would get too big.
+  every few steps (a chunk), a checkpoint of the states; the backward re-runs the forward of
+  each chunk from its checkpoint (the values it needs stay in registers) and walks back through
+  it. Which of the two trains faster, and how long a chunk is, depends on the target: its cost
+  model decides (`backends/triton/cost.py`);
+- the host's part (`hoist`, which needs no backward): the param-only values (checked finite
+  when params change) and the param-only denominators of the per-step body (checked nonzero).
 
 Backends print these lists; none of them repeats the analysis.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from .derive import BackwardModel
-from .functions import SpikeGE, SpikeGT
+from .functions import SpikeGE, SpikeGT, Where
 from .lower import StepModel
 
 Assignments = list[tuple[sp.Symbol, sp.Expr]]
@@ -62,11 +62,15 @@ def live(assignments: Assignments, roots: set[sp.Symbol]) -> set[sp.Symbol]:
 
 @dataclass
 class Hoisted:
-    """The forward step split into param-only invariants and the per-step body."""
+    """The forward step split into param-only invariants and the per-step body (what the host
+    computes and checks once per call: it needs no backward)."""
 
     invariants: Assignments  # in order
     used: list[sp.Symbol]  # the invariants the body, the outputs or the next states read
     body: Assignments
+    # the param-only denominators of the body, (statement, denominator): params that make one 0
+    # make the step divide by zero
+    denominators: list[tuple[sp.Symbol, sp.Expr]] = field(default_factory=list)
 
 
 def hoist(step: StepModel) -> Hoisted:
@@ -78,7 +82,9 @@ def hoist(step: StepModel) -> Hoisted:
         used |= _free(e) & inv
     for v in [*step.next_states, *(v for _, v in step.outputs)]:
         used |= _free(v) & inv
-    return Hoisted(invariants, [y for y, _ in invariants if y in used], body)
+    h = Hoisted(invariants, [y for y, _ in invariants if y in used], body)
+    h.denominators = param_denominators(step, h)
+    return h
 
 
 @dataclass
@@ -102,11 +108,7 @@ class Schedule:
     rc_body: Assignments = field(default_factory=list)  # the forward values a backward step recomputes
     rc_inputs: list[sp.Symbol] = field(default_factory=list)  # inputs the recompute reads
     rc_hoisted: Assignments = field(default_factory=list)  # invariants the recompute kernel needs
-    chunk: int = 8  # steps per checkpoint (unrolled in the recompute kernel)
-    training: str = "save"  # the default training plan with 32-bit I/O: "save" or "recompute"
-    why: str = ""  # the reason for it, in words
-    training16: str = "save"  # ... with 16-bit I/O (half the bytes per pass, float32 checkpoints)
-    why16: str = ""
+    host: Hoisted | None = None  # the forward step split into param-only values and the per-step body
 
     @property
     def hoisted(self) -> Assignments:
@@ -124,10 +126,10 @@ class Schedule:
         k, r = len(self.saved), len(self.reread)
         return n_inputs + n_outputs, n_inputs + n_outputs + k + n_outputs + k + r + n_inputs
 
-    def recompute_passes(self, n_inputs: int, n_outputs: int, n_states: int) -> float:
+    def recompute_passes(self, n_inputs: int, n_outputs: int, n_states: int, chunk: int) -> float:
         """Passes over [T, N] per step of training when recomputing (a checkpoint of every state
         every `chunk` steps, written once and read once)."""
-        return n_inputs + n_outputs + n_outputs + len(self.rc_inputs) + n_inputs + 2 * n_states / self.chunk
+        return n_inputs + n_outputs + n_outputs + len(self.rc_inputs) + n_inputs + 2 * n_states / chunk
 
 
 def _maxflow_cut(nodes, cost, edges, sources, sinks):
@@ -185,7 +187,9 @@ def _maxflow_cut(nodes, cost, edges, sources, sinks):
     return {v for v in nodes if (v, 0) in seen and (v, 1) not in seen}
 
 
-def plan(step: StepModel, bw: BackwardModel) -> Schedule:
+def make_schedule(step: StepModel, bw: BackwardModel, hoisted: Hoisted | None = None) -> Schedule:
+    """The schedule of a step and its backward (`hoisted`: the forward's split, `hoist(step)`,
+    when it was made already)."""
     params = {p.symbol for p in step.params}
     inputs, states = list(step.inputs), list(step.states)
     fhoist = param_only(step.assignments, params)
@@ -247,42 +251,18 @@ def plan(step: StepModel, bw: BackwardModel) -> Schedule:
         [g in used for g in bw.grad_outputs], [g in used for g in bw.grad_next_states],
         [not _is_zero(g) for g in bw.grad_inputs], [not _is_zero(g) for g in bw.grad_states],
         [not _is_zero(g) for g in bw.grad_params])
-    _plan_recompute(step, sch, need_fwd, fhoist, hoisted_assign, bwd_hoisted)
+    _plan_recompute(step, sch, fhoist, hoisted_assign, bwd_hoisted)
+    sch.host = hoisted or hoist(step)
     return sch
 
 
-# One pass over [T, N] float32 memory costs about as much time as this many operations per
-# lane of the unrolled recompute backward, whose long dependent chains issue slowly (measured on an H100 at N*T = 2^27: LIF's 30 operations per step take
-# 0.44 ms, 2.5 passes; Izhikevich's 61 take 0.60 ms, 3.4 passes)
-OPS_PER_PASS_RC = 12
-_TRANSCENDENTAL = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
-MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), for registers and compile time
-
-
-def chunk_sizes() -> tuple[int, ...]:
-    """The chunk lengths the recompute plan tries, largest first (FLEXDSL_CHUNK fixes one)."""
-    import os
-
-    fixed = os.environ.get("FLEXDSL_CHUNK", "")
-    return (int(fixed),) if fixed else (8, 4)
-
-
-def _ops(assignments: Assignments) -> int:
-    """Arithmetic of a body, transcendental functions counted 4 times."""
-    n = 0
-    for _, e in assignments:
-        n += int(sp.count_ops(e))
-        n += 3 * sum(1 for a in sp.preorder_traversal(e) if isinstance(a, _TRANSCENDENTAL))
-    return n
-
-
-def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fhoist: set[sp.Symbol],
-                    hoisted_assign: Assignments, bwd_hoisted: Assignments) -> None:
-    """The recompute alternative, and which of the two trains by default. Within a chunk the
-    recompute keeps in registers only what saving would write to memory (the minimum cut:
-    `saved`, and the inputs the backward reads again); the backward recomputes the rest from
-    them per step, as the saving backward does."""
-    states, inputs = list(step.states), list(step.inputs)
+def _plan_recompute(step: StepModel, sch: Schedule, fhoist: set[sp.Symbol], hoisted_assign: Assignments,
+                    bwd_hoisted: Assignments) -> None:
+    """The recompute alternative. Within a chunk the recompute keeps in registers only what
+    saving would write to memory (the minimum cut: `saved`, and the inputs the backward reads
+    again); the backward recomputes the rest from them per step, as the saving backward does.
+    (How long a chunk is, and which plan trains faster on a target, is the backend's cost model.)"""
+    inputs = list(step.inputs)
     roots = set(sch.saved) | set(sch.reread) | set().union(*(_free(v) for v in step.next_states))
     body = [(y, e) for y, e in step.assignments if y in live(step.assignments, roots) and y not in fhoist]
     used = set().union(*(_free(e) for _, e in body)) | roots
@@ -292,36 +272,36 @@ def _plan_recompute(step: StepModel, sch: Schedule, need_fwd: set[sp.Symbol], fh
     h_live = live(hoisted_assign, need_h | set().union(*(_free(e) for _, e in bwd_hoisted)))
     rc_h = [(y, e) for y, e in hoisted_assign if y in h_live]
     sch.rc_hoisted = rc_h + [(y, e) for y, e in bwd_hoisted if y not in {a for a, _ in rc_h}]
-    n_in, n_out, n_st = len(inputs), len(step.outputs), len(states)
-    save = sch.passes(n_in, n_out)[1]
-    for chunk in chunk_sizes():
-        sch.chunk = chunk
-        if (len(body) + len(sch.recompute) + len(sch.bwd_body)) * chunk <= MAX_UNROLLED:
-            break
-    else:
-        sch.why = sch.why16 = "saving: the unrolled recompute would be too big"
-        return
-    # the time of each plan, in float32 passes over [T, N], per I/O element size (4 or 2 bytes:
-    # the checkpoints stay float32); the recompute backward is bound by its bytes or by its
-    # arithmetic (the forward re-run and the backward), whichever takes longer
-    ops = _ops(body) + _ops(sch.recompute) + _ops(sch.bwd_body)
-    ck = n_st / sch.chunk  # one checkpoint of each state per chunk, written once and read once
-    io_fwd, io_bwd = n_in + n_out, n_out + len(sch.rc_inputs) + n_in
-    for size in (4, 2):
-        f = size / 4
-        t_save = save * f
-        t_rc = io_fwd * f + ck + max(io_bwd * f + ck, ops / OPS_PER_PASS_RC)
-        if t_rc < t_save:
-            plan_, why = "recompute", (
-                f"recomputing: {t_rc:.2f} float32 passes per step instead of {t_save:.2f} (the backward re-runs "
-                f"{ops} operations per step); states checkpointed every {sch.chunk} steps")
-        else:
-            bound = "its arithmetic" if ops / OPS_PER_PASS_RC > io_bwd * f + ck else "its bytes"
-            plan_, why = "save", (f"saving: {t_save:.2f} float32 passes per step; recomputing would take "
-                                  f"{t_rc:.2f} (its backward bound by {bound})")
-        if size == 4:
-            sch.training, sch.why = plan_, why
-        else:
-            sch.training16, sch.why16 = plan_, why
 
-__all__ = ["Hoisted", "Schedule", "hoist", "plan", "param_only", "live"]
+
+def param_denominators(step: StepModel, h: Hoisted) -> list[tuple[sp.Symbol, sp.Expr]]:
+    """(statement, denominator) for every denominator of the per-step body that depends on
+    params only: params that make one 0 make the step divide by zero (`x/(a - 1)` at a = 1)."""
+    pset = {p.symbol for p in step.params} | {y for y, _ in h.invariants}
+    out: list[tuple[sp.Symbol, sp.Expr]] = []
+    seen: set[sp.Expr] = set()
+    for y, e in h.body:
+        for pw in _unguarded_powers(e):
+            base = pw.base
+            if pw.exp.is_negative and base.free_symbols and base.free_symbols <= pset and base not in seen:
+                seen.add(base)
+                out.append((y, base))
+    return out
+
+
+def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
+    """The powers in `e` outside the branches of a `where` (a branch may guard its division)."""
+    out: list[sp.Pow] = []
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, sp.Pow):
+            out.append(n)
+        if isinstance(n, Where):
+            stack.append(n.args[0])
+            continue
+        stack.extend(n.args)
+    return out
+
+
+__all__ = ["Hoisted", "Schedule", "hoist", "make_schedule", "param_only", "live", "param_denominators"]

@@ -7,13 +7,18 @@ To add a surrogate: its record (name, keyword defaults, formula text) in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import sympy as sp
 
+from ..errors import FlexDSLError
 from ..frontend.catalog import DEFAULT_SURROGATE, SURROGATES
+from ..frontend.check import CheckedModel
 from .functions import Where, relu, sigmoid
+from .tosympy import NONFINITE, sym, to_sympy
 
 
 @dataclass(frozen=True)
@@ -92,4 +97,57 @@ BUILTIN_SURROGATES: dict[str, SurrogateSpec] = {
     name: SurrogateSpec(name, info.defaults, _DERIVATIVES[name], info.doc) for name, info in SURROGATES.items()
 }
 
-__all__ = ["BUILTIN_SURROGATES", "DEFAULT_SURROGATE", "SurrogateSpec"]
+# ------------------------------------------------------------------ the surrogate of a model
+@dataclass
+class SurrogateInfo:
+    name: str
+    kwargs: dict[str, sp.Expr]  # keyword -> value (numbers or params)
+    derivative: sp.Expr  # S'(u) in terms of `u`
+    u: sp.Symbol
+
+
+def surrogate_info(model: CheckedModel, env: Mapping[str, sp.Expr]) -> SurrogateInfo:
+    """S'(u) with the keywords' values; a surrogate that is degenerate (not finite, or zero
+    everywhere, e.g. `rect(alpha=0)`) is a located error."""
+    rs = model.surrogate
+    assert rs is not None
+    n = model.ast
+    u = sym("_u")
+    kwargs = {k: to_sympy(v, env, n) for k, v in rs.kwargs.items()}
+    pos = rs.pos or n.pos
+    try:
+        if rs.user is not None:
+            local = ChainMap({**kwargs, rs.arg: u}, env)
+            deriv = to_sympy(rs.user.body, local, n)
+        else:
+            deriv = BUILTIN_SURROGATES[rs.name].derivative(u, **kwargs)
+        degenerate = deriv.has(*NONFINITE) or deriv == 0
+    except (TypeError, ValueError, ZeroDivisionError):  # sympy refuses e.g. |x| < 1/(2*0)
+        degenerate = True
+    if degenerate:
+        shown = ", ".join(f"{k}={sp.sstr(v)}" for k, v in kwargs.items())
+        raise FlexDSLError(f"the surrogate `{rs.name}({shown})` is degenerate: its derivative is not finite or is "
+                           "zero everywhere", n.filename, pos.line, pos.column, n.source,
+                           "surrogate widths must be finite and nonzero (e.g. alpha > 0)")
+    if deriv.free_symbols <= {u}:  # constant keywords: the peak S'(0) must be a usable float
+        try:
+            peak = float(deriv.subs(u, 0))
+        except (TypeError, ValueError, OverflowError):
+            peak = math.inf
+        shown = ", ".join(f"{k}={sp.sstr(v)}" for k, v in kwargs.items())
+        if not abs(peak) <= FLOAT32_MAX:
+            raise FlexDSLError(f"the surrogate `{rs.name}({shown})` peaks at S'(0) = {peak:.3g}, beyond float32 "
+                               "(about 3.4e38): its gradients would be inf or NaN", n.filename, pos.line,
+                               pos.column, n.source, "choose a smaller scale (e.g. alpha between 1 and 100)")
+        if rs.user is None and peak <= 0:
+            raise FlexDSLError(f"the surrogate `{rs.name}({shown})` has S'(0) = {peak:.3g}: a surrogate's "
+                               "derivative must be positive at the threshold, or the gradients point the wrong "
+                               "way", n.filename, pos.line, pos.column, n.source, "use a positive scale, e.g. "
+                               "alpha=4.0")
+    return SurrogateInfo(rs.name, kwargs, deriv, u)
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+__all__ = ["BUILTIN_SURROGATES", "DEFAULT_SURROGATE", "SurrogateSpec", "SurrogateInfo", "surrogate_info"]

@@ -1,53 +1,38 @@
-"""The pipeline: parse -> check -> lower -> derive -> schedule -> emit, cached per model text.
+"""The runtime's compiled model, cached per model text.
 
-`compile_model()` returns a `Compiled`: the artefacts of one model. Parsing and checking
-happen at construction (sympy-free; the definitions of the units a model uses come from the
-disk cache, once sympy has given them); the sympy stages run on first use; each backend's
-artefact comes from the disk cache when a process has seen the model before, and is loaded
-into a program once per process.
+`compile_model()` returns a `Compiled`: the pipeline's `IR` of one model (`store/pipeline.py`:
+the text and its stages, computed on first use) and what running it needs: each backend's
+artefact, from the disk cache when a process has seen the model before, loaded into a program
+once per process; the host-side values of a call (the derived params, evaluated from the IR's
+host program by `ir/host.py`); the generated sources for inspection. Notebooks display it
+through the display registry (`runtime/display.py`) that `flexdsl.docs` fills.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
-from ..frontend import units
-from ..frontend.check import CheckedModel, check
-from ..frontend.parse import normalize, parse
+from ..frontend.parse import normalize
+from ..ir.host import check_values, derived_values
 from ..library import resolve
-from . import cache
+from ..store import cache
+from ..store.generated import load_module
+from ..store.pipeline import IR
+from . import display
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Program
-    from ..ir.derive import BackwardModel
-    from ..ir.lower import StepModel
-    from ..ir.schedule import Schedule
 
 
-@lru_cache(maxsize=1)
-def _sympy_version() -> str:
-    from importlib.metadata import version
-
-    return version("sympy")
-
-
-def _unit_definition(name: str, make) -> list:
-    """A unit's definition (from sympy.physics.units), kept in the disk cache."""
-    k = cache.key("unit", name, _sympy_version())
-    return cache.get_or_make(k, lambda: cache.Artefact("unit", "", {"definition": make()})).meta["definition"]
-
-
-units.set_definition_store(_unit_definition)
-
-
-class Compiled:
+class Compiled(IR):
     """The compiled artefacts of one model.
 
     Parsing and checking happen at construction; the sympy stages (lowering, the backward,
@@ -55,39 +40,15 @@ class Compiled:
     """
 
     def __init__(self, text: str, filename: str, detach_reset: bool) -> None:
-        self.text = text
-        self.filename = filename
-        self.detach_reset = detach_reset
-        self.checked: CheckedModel = check(parse(text, filename))
+        super().__init__(text, filename, detach_reset)
         self._programs: dict[str, Program] = {}
         self._lock = threading.Lock()
-        self._derived_cache: dict[tuple[float, ...], list[float]] = {}
-
-    # ------------------------------------------------------------------ the stages
-    @cached_property
-    def step(self) -> StepModel:
-        """The discretized step (sympy SSA assignments)."""
-        from ..ir.lower import lower
-
-        return lower(self.checked, self.detach_reset)
-
-    @cached_property
-    def backward(self) -> BackwardModel:
-        """The derived vector-Jacobian product of one step."""
-        from ..ir.derive import derive
-
-        return derive(self.step)
-
-    @cached_property
-    def schedule(self) -> Schedule:
-        """Hoisting and the save/recompute plan, shared by the backends."""
-        from ..ir.schedule import plan
-
-        return plan(self.step, self.backward)
+        self._derived_cache: dict[bytes, list[float]] = {}
 
     # ------------------------------------------------------------------ backends
     def key(self, backend: Backend) -> str:
-        return cache.key(backend.name, backend.version(), self.text, self.filename, str(self.detach_reset))
+        """The cache key of a backend's artefact of this model."""
+        return self.cache_key(backend.name, backend.version())
 
     def artefact(self, backend: Backend | str) -> cache.Artefact:
         """The backend's generated source and metadata (from the disk cache when present)."""
@@ -111,12 +72,12 @@ class Compiled:
     def derived_names(self) -> list[str]:
         """The names of the params the step derives from the declared ones (matrix exponentials
         of coupled linear states), which every program takes after the declared params."""
-        return list(self.program("torch").derived)  # type: ignore[attr-defined]
+        return list(self.host.derived)
 
     def with_derived(self, params: Sequence[Any]) -> list[Any]:
         """The declared params' values followed by the derived params' values (computed once per
-        call by the generated `derived_params`: floats when every param is a float, else tensors
-        with autograd to the declared params, in their floating dtype)."""
+        call from the host program: floats when every param is a float, else tensors with
+        autograd to the declared params, in their floating dtype)."""
         if not self.derived_names:
             return params if isinstance(params, list) else list(params)
         params = list(params)
@@ -124,11 +85,12 @@ class Compiled:
 
         tensors = [p for p in params if isinstance(p, torch.Tensor)]
         if not tensors and not torch.compiler.is_compiling():  # (a trace keeps tensors, and no cache)
-            key = tuple(float(p) for p in params)
+            floats = [float(p) for p in params]
+            key = struct.pack(f"{len(floats)}d", *floats)  # (the bits: 0.0 and -0.0 are different keys)
             hit = self._derived_cache.get(key)
             if hit is None:
                 with torch.no_grad():
-                    vals = self.torch_module.derived_params(*(torch.tensor(v, dtype=torch.float64) for v in key))
+                    vals = derived_values(self.host, floats)
                 hit = [float(v) for v in vals]
                 if len(self._derived_cache) > 64:
                     self._derived_cache.clear()
@@ -142,13 +104,15 @@ class Compiled:
         device = tensors[0].device if tensors else None
         args = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=device)
                 for p in params]
-        return params + [v.to(dtype).contiguous() for v in self.torch_module.derived_params(*args)]
+        return params + [v.to(dtype).contiguous() for v in derived_values(self.host, args)]
+
+    def check_values(self, params: Sequence[Any]) -> dict[str, Any]:
+        """The step's checked param-only values for these declared params (label -> value; see
+        `ir.host.HostProgram.checks`): derived params and invariants must be finite, a label
+        `statement|denominator i` also nonzero."""
+        return check_values(self.host, params)
 
     # ------------------------------------------------------------------ inspection (docs/language.md, section 8)
-    @property
-    def name(self) -> str:
-        return self.checked.name
-
     @property
     def method(self) -> str | None:
         return self.step.method
@@ -175,7 +139,7 @@ class Compiled:
 
     @property
     def torch_module(self) -> ModuleType:
-        """The generated torch module (`core`, `surrogate`, `invariants`)."""
+        """The generated torch module (`core`, `surrogate`)."""
         return self.program("torch").module  # type: ignore[attr-defined]
 
     @cached_property
@@ -188,7 +152,7 @@ class Compiled:
     def torch_backward(self):
         """`core_backward(*inputs, *states, *grads, *params)`: the derived VJP as torch code."""
         source = self.torch_source + self.torch_backward_source
-        return cache.load_module("torchbackward", self.key(_backend("torch")), source).core_backward
+        return load_module("torchbackward", self.key(_backend("torch")), source).core_backward
 
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"
@@ -200,19 +164,13 @@ class Compiled:
     # ------------------------------------------------------------------ documentation (flexdsl.docs)
     def latex(self, part: str = "equations", environment: str = "align*") -> str:
         """The equations as LaTeX for a paper: "equations" (as written), "step" or "backward"."""
-        from ..docs import latex
+        return display.render("latex-source", self, part, environment)
 
-        return latex(self, part, environment)
+    def _repr_latex_(self) -> str | None:
+        return display.show("latex", self)
 
-    def _repr_latex_(self) -> str:
-        from ..docs.latexdoc import repr_latex
-
-        return repr_latex(self)
-
-    def _repr_html_(self) -> str:
-        from ..docs import render_html
-
-        return render_html(self, plots=False, sources=False, standalone=False)
+    def _repr_html_(self) -> str | None:
+        return display.show("html", self)
 
 
 def _backend(b: Backend | str) -> Backend:

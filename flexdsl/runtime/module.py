@@ -22,13 +22,24 @@ from torch import nn
 from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
-from ..frontend.evaluate import evaluate, holds
-from ..frontend.units import param_value
-from . import programs
+from ..frontend.convert import param_value
+from ..frontend.evaluate import evaluate
+from ..store.pipeline import unit_definition
+from . import display, programs
+from .calls import CallArgs, vmapped
+from .checkpoints import Checkpoints
 from .compiler import Compiled, compile_text
+from .params import (
+    bits,
+    broadcasts_to,
+    check_invariants,
+    constraint_holds,
+    param_number,
+    resolve_params,
+    show,
+)
 
 STEP_MODES = ("s", "m")
-_EXTRA_STATE_FORMAT = 1
 
 
 def _base_class() -> type[nn.Module]:
@@ -54,7 +65,7 @@ def triton_available() -> bool:
     return backends.get("triton").available()
 
 
-class NeuronModule(_Base):  # type: ignore[valid-type,misc]
+class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
     `m(*inputs)`: inputs are `[T, *shape]` (step_mode "m") or `[*shape]` ("s"); returns the
@@ -103,17 +114,19 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         self.backend = backend
         self.store_state_seqs = store_state_seqs
         self.check_finite = check_finite  # raise at the first NaN/inf of a call (runtime/finite.py)
-        shapes = {k: tuple(int(s) for s in v) for k, v in (param_shapes or {}).items()}
-        for name in shapes:
-            if name not in self._param_decls:
-                raise self._error(f"param_shapes names unknown param `{name}`", ck.ast.pos,
-                                  did_you_mean(name, self._param_decls))
+        shapes = self._param_shapes(param_shapes)
+        if params is not None and not isinstance(params, Mapping):
+            raise self._error(f"params must be a dict of param values, not {type(params).__name__}")
         values = resolve_params(c, dict(params or {}))
         for p in ck.params:
             v = values[p.name]
             t: torch.Tensor | None = None
             if p.name in shapes:
-                t = torch.as_tensor(v, dtype=torch.float64).expand(shapes[p.name]).clone()
+                t = torch.as_tensor(v, dtype=torch.float64)
+                if not broadcasts_to(t.shape, shapes[p.name]):
+                    raise self._error(f"param_shapes gives `{p.name}` the shape {shapes[p.name]}, but its value has "
+                                      f"shape {tuple(t.shape)}", p.pos, "a value broadcasts to the shape it is given")
+                t = t.expand(shapes[p.name]).clone()
             elif isinstance(v, torch.Tensor):
                 t = v.detach().to(torch.float64).clone()
             if p.learnable:
@@ -127,6 +140,32 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         self._check_invariants()
         self._prepare(None)
 
+    def _param_shapes(self, param_shapes: Any) -> dict[str, tuple[int, ...]]:
+        """`param_shapes`, checked: known params, each a shape of positive ints."""
+        if param_shapes is None:
+            return {}
+        if not isinstance(param_shapes, Mapping):
+            raise self._error(f"param_shapes must be a dict of param name -> shape, not {type(param_shapes).__name__}",
+                              hint="e.g. param_shapes={'tau': (128,)}")
+        out = {}
+        for name, shape in param_shapes.items():
+            if name not in self._param_decls:
+                raise self._error(f"param_shapes names unknown param `{name}`", self._compiled.checked.ast.pos,
+                                  did_you_mean(str(name), self._param_decls))
+            pos = self._param_decls[name].pos
+            if isinstance(shape, int) and not isinstance(shape, bool):
+                shape = (shape,)
+            if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | torch.Size) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) for n in shape):
+                raise self._error(f"param_shapes gives `{name}` {shape!r}, which is not a shape", pos,
+                                  f"a tuple of sizes, e.g. param_shapes={{'{name}': (128,)}}")
+            if any(n < 1 for n in shape) or len(shape) > 16:
+                raise self._error(f"param_shapes gives `{name}` the shape {tuple(shape)}: every size must be at least "
+                                  "1 (and at most 16 dimensions)", pos,
+                                  f"a per-channel param has a value per channel, e.g. param_shapes={{'{name}': (128,)}}")
+            out[name] = tuple(int(n) for n in shape)
+        return out
+
     def _derive_fields(self) -> None:
         """Fields that follow from the compiled model (rebuilt after unpickling)."""
         d = self.__dict__
@@ -135,6 +174,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         d["_state_names"] = [s.name for s in ck.states]
         d["_input_decls"] = list(ck.inputs)
         d["_init_cache"] = {}
+        d["_dtypes_checked"] = set()  # (compute dtypes the params were checked in since they changed)
 
     # ------------------------------------------------------------------ errors
     def _error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
@@ -159,52 +199,70 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             self._assign_param(name, value)
             return
         if name in d.get("_states", {}):
-            if value is not None and not isinstance(value, torch.Tensor | float | int):
-                raise self._error(f"state `{name}` takes a tensor or a number, not {type(value).__name__}")
-            d["_states"][name] = value
+            d["_states"][name] = self._state_value(name, value, "assigned")
             return
         super().__setattr__(name, value)
 
     def _assign_param(self, name: str, value: Any) -> None:
+        """Assign a param: the value is converted to what would be stored and validated with
+        every other param (finite, `where` constraints, a defined step) before anything changes."""
         p = self._param_decls[name]
-        value = param_value(self._compiled.checked, name, value)  # "20 ms": to the declared unit
+        c = self._compiled
+        value = param_value(c.checked, name, value, unit_definition)  # "20 ms": to the declared unit
         if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
             raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
                               p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
                                      "`value.detach()`")
-        try:
-            float_value = float(value) if not isinstance(value, torch.Tensor) else None
-        except (TypeError, ValueError):
-            raise self._error(f"`{name}` takes a number or a tensor, not {type(value).__name__}", p.pos) from None
-        env = self._param_env()
-        env[name] = value.detach() if isinstance(value, torch.Tensor) else float_value
-        self._check_constraints(env, {name: value})
+        value = param_number(c, p, value, "the assigned value")
         d = self.__dict__
         if name in d["_fixed"]:
             if isinstance(value, torch.Tensor) and value.numel() > 1:
-                del d["_fixed"][name]
-                self.register_buffer(name, value.detach().to(torch.float64).clone())
+                new: Any = value.detach().to(torch.float64).clone()
             else:
-                d["_fixed"][name] = float(value)
+                new = float(value)
         elif name in self._parameters:
+            param = self._parameters[name]
             if isinstance(value, nn.Parameter):
-                super().__setattr__(name, value)
+                new = value
             else:
-                param = self._parameters[name]
-                new = torch.as_tensor(value, dtype=param.dtype, device=param.device)
-                if torch.broadcast_shapes(new.shape, param.shape) != param.shape:
+                t = torch.as_tensor(value, dtype=param.dtype, device=param.device)
+                if not broadcasts_to(t.shape, param.shape):
                     raise self._error(f"learnable `{name}` has shape {tuple(param.shape)}; a value of shape "
-                                      f"{tuple(new.shape)} does not fit", p.pos,
+                                      f"{tuple(t.shape)} does not fit", p.pos,
                                       "per-channel learnable params get their shape at load: param_shapes=...")
-                with torch.no_grad():
-                    param.copy_(new.expand_as(param))
+                new = t.expand_as(param)
         else:
             buf = self._buffers[name]
-            new = torch.as_tensor(value, dtype=torch.float64, device=buf.device)
-            self._buffers[name] = new.clone() if new.numel() > 1 else new.expand_as(buf).clone()
-        self._init_cache.clear()
-        self._sync_fixed()
-        self._check_invariants()
+            t = torch.as_tensor(value, dtype=buf.dtype, device=buf.device)
+            new = t.clone() if t.numel() > 1 else t.expand_as(buf).clone()
+        self._validate({name: new}, {name: value})
+        # every check passed: store
+        if name in d["_fixed"]:
+            if isinstance(new, torch.Tensor):
+                del d["_fixed"][name]
+                self.register_buffer(name, new)
+            else:
+                d["_fixed"][name] = new
+        elif name in self._parameters:
+            if isinstance(new, nn.Parameter):
+                super().__setattr__(name, new)
+            else:
+                with torch.no_grad():
+                    self._parameters[name].copy_(new)
+        else:
+            self._buffers[name] = new
+        self._params_changed()
+
+    def _validate(self, changed: Mapping[str, Any], shown: Mapping[str, Any]) -> None:
+        """Raise unless the params, with `changed` (name -> the value as it would be stored),
+        are finite, satisfy every `where` constraint and define the step; nothing is stored."""
+        c = self._compiled
+        env = self._param_env()
+        for k, v in changed.items():
+            env[k] = param_number(c, self._param_decls[k], v.detach() if isinstance(v, torch.Tensor) else v,
+                                  "the new value of")
+        self._check_constraints(env, shown)
+        self._check_invariants([env[n] for n in self._param_decls])
 
     def _param_env(self) -> dict[str, Any]:
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.param_values().items()}
@@ -212,10 +270,10 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
     def _check_constraints(self, env: Mapping[str, Any], changed: Mapping[str, Any]) -> None:
         """Every `where` constraint (cross-param ones included) on these param values."""
         for p in self._param_decls.values():
-            if p.where is not None and not holds(p.where, env):
-                what = ", ".join(f"`{k} = {_show(v)}`" for k, v in changed.items())
+            if p.where is not None and not constraint_holds(self._compiled, p, env):
+                what = ", ".join(f"`{k} = {show(v)}`" for k, v in changed.items())
                 raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
-                                  f"`{p.name}` must satisfy: {_source_of(self._compiled.text, p.where)}")
+                                  f"`{p.name}` must satisfy: {A.constraint_text(self._compiled.text, p.where)}")
 
     def _param_list(self) -> list[Any]:
         """Every param's current value, in declaration order."""
@@ -251,117 +309,24 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         """Current value of every param (floats, buffers or Parameters)."""
         return {name: getattr(self, name) for name in self._param_decls}
 
-    def _check_invariants(self) -> None:
-        """The step's param-only values, derived params included, must be finite (e.g. a decay
-        factor that overflows): a located error names the first that is not."""
-        c = self._compiled
-        with torch.no_grad():
-            vals = c.torch_module.invariants(*(v.detach() if isinstance(v, torch.Tensor) else v
-                                               for v in self._core_params()))
-        for name, v in vals.items():
-            t = torch.as_tensor(v)
-            stmt, _, den = name.partition("|")
-            if den and bool((t == 0).any()):
-                pos = c.step.origins.get(stmt) or c.checked.ast.pos
-                raise self._error("with these params this statement divides by zero: a denominator that depends "
-                                  "on params only is 0", pos, "change the params (a `where` constraint on them "
-                                                              "catches this at load)")
-            if not bool(torch.isfinite(t).all()):
-                eqs = c.checked.equations
-                pos = c.step.origins.get(name) or (eqs.pos if eqs is not None else c.checked.ast.pos)
-                how = f" (method `{c.method}`)" if c.method else ""
-                raise self._error(
-                    f"with these params the step is not defined: `{name}`{how} is not finite", pos,
-                    "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
-                    "`dt` so long that a decay factor overflows)")
+    def _check_invariants(self, values: Sequence[Any] | None = None, dtype: torch.dtype | None = None) -> None:
+        """The params define the step (`params.check_invariants`): `values` every param's value
+        (default: the module's), `dtype` the precision of a call (default float64)."""
+        if values is None:
+            values = [getattr(self, name) for name in self._param_decls]
+        check_invariants(self._compiled, self._param_decls, values, dtype)
 
-    # ------------------------------------------------------------------ checkpoints
-    def get_extra_state(self) -> dict[str, Any]:
-        """The params that are neither Parameters nor buffers (plain floats), so that a
-        checkpoint restores the exact model."""
-        return {"flexdsl": _EXTRA_STATE_FORMAT, "model": self._compiled.name, "params": dict(self._fixed)}
-
-    def set_extra_state(self, state: Any) -> None:
-        for k, v in self._extra_params(state).items():
-            if k in self._buffers:  # (only when called directly: loading a state dict adopts the float)
-                self._buffers[k] = torch.full_like(self._buffers[k], v)
-            else:
-                self._fixed[k] = v
-        self._sync_fixed()
-
-    def _extra_params(self, state: Any) -> dict[str, float]:
-        """The float params of a checkpoint's extra state, checked: names this model declares,
-        numbers."""
-        if not isinstance(state, Mapping) or not isinstance(state.get("params"), Mapping):
-            raise self._error("the checkpoint's extra state is not one of a flexdsl model")
-        out = {}
-        for k, v in state["params"].items():
-            if k not in self._param_decls:
-                raise self._error(f"the checkpoint has a param `{k}` that `{self._compiled.name}` does not declare",
-                                  hint=did_you_mean(str(k), self._param_decls))
-            try:
-                if isinstance(v, bool | str):
-                    raise TypeError
-                out[k] = float(v)
-            except (TypeError, ValueError):
-                raise self._error(f"the checkpoint's param `{k}` is not a number: {v!r}",
-                                  self._param_decls[k].pos) from None
-        return out
-
-    def _adopt_checkpoint_shapes(self, state_dict: Mapping[str, Any], prefix: str, floats: Mapping[str, float]
-                                 ) -> None:
-        """A checkpoint restores the exact model, per-channel or not: a param stored as a tensor
-        of another shape than here (or as a float where here is a tensor, and the reverse) takes
-        the checkpoint's form before the values are copied (`floats`: the checkpoint's float
-        params). (A learnable param that changes shape is a new Parameter: build the optimizer
-        after loading.)"""
-        d = self.__dict__
-        for name, p in self._param_decls.items():
-            t = state_dict.get(prefix + name)
-            if isinstance(t, torch.Tensor):
-                if p.learnable:
-                    cur = self._parameters.get(name)
-                    if cur is not None and cur.shape != t.shape:
-                        super().__setattr__(name, nn.Parameter(torch.zeros(t.shape, dtype=cur.dtype,
-                                                                           device=cur.device)))
-                elif name in d["_fixed"]:
-                    del d["_fixed"][name]
-                    self.register_buffer(name, torch.zeros(t.shape, dtype=torch.float64))
-                elif name in self._buffers and self._buffers[name].shape != t.shape:
-                    self._buffers[name] = torch.zeros(t.shape, dtype=torch.float64,
-                                                      device=self._buffers[name].device)
-            elif name in floats and not p.learnable and name in self._buffers:
-                del self._buffers[name]
-                d["_fixed"][name] = floats[name]
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:
-        # every constraint must hold for the incoming values, before anything is copied
-        env = self._param_env()
-        changed: dict[str, Any] = {}
-        for name in self._param_decls:
-            if prefix + name in state_dict and isinstance(state_dict[prefix + name], torch.Tensor):
-                env[name] = changed[name] = state_dict[prefix + name].detach()
-        extra = state_dict.get(prefix + "_extra_state")
-        floats = self._extra_params(extra) if extra is not None else {}
-        for k, v in floats.items():
-            if k not in changed:
-                env[k] = changed[k] = v
-        if changed:
-            self._check_constraints(env, changed)
-        self._adopt_checkpoint_shapes(state_dict, prefix, floats)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        if prefix + "_extra_state" in missing_keys:  # a checkpoint from before extra state: keep the floats
-            missing_keys.remove(prefix + "_extra_state")
+    def _params_changed(self) -> None:
+        """Forget what was derived from the params' values."""
         self._init_cache.clear()
+        self._dtypes_checked.clear()
         self._sync_fixed()
-        self._check_invariants()
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
-        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_compiled_name"):
+        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked",
+                  "_compiled_name"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
@@ -401,7 +366,8 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         if torch.compiler.is_compiling():
             env = dict(zip(self._param_decls, self._traced_param_list()))
             return {s.name: evaluate(s.init, env) for s in self._compiled.checked.states}
-        key = tuple(self._fixed.values()) if not self._parameters and not self._buffers else None
+        # (keyed by the floats' bits: 0.0 and -0.0 may start a state differently)
+        key = bits(self._fixed.values()) if not self._parameters and not self._buffers else None
         hit = self._init_cache.get(key) if key is not None else None
         if hit is None:
             hit = {s: self._initial_value(s) for s in self._state_names}
@@ -441,6 +407,7 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         """`.to()`, `.cuda()`, `.half()`... also move the kept states, and prepare the kernels of
         the device the module moves to (so that a first call under torch.compile finds them)."""
         out = nn.Module._apply(self, fn, recurse)  # (MemoryModule._apply would move the states once more)
+        self._dtypes_checked.clear()  # (.half() rounds the buffers: checked again at the next call)
         for k, v in self._states.items():  # in place: the dict is also SpikingJelly's memories
             if isinstance(v, torch.Tensor):
                 self._states[k] = fn(v)
@@ -494,12 +461,16 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         if bool(value) != c.detach_reset:
             self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value))
             self.__dict__["_compiled_name"] = programs.register(self._compiled)
+            self._params_changed()
             self._prepare(None)
 
-    def _core_params(self) -> list[Any]:
-        """The params `core` takes: the declared ones, then those derived from them."""
+    def _core_params(self, values: Sequence[Any] | None = None) -> list[Any]:
+        """The params `core` takes: the declared ones (`values`, default the module's), then
+        those derived from them."""
+        if values is None:
+            values = [getattr(self, name) for name in self._param_decls]
         out = []
-        for v in self._compiled.with_derived([getattr(self, name) for name in self._param_decls]):
+        for v in self._compiled.with_derived(values):
             out.append(torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v)
         return out
 
@@ -514,107 +485,30 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
 
         return core
 
-    def _check_inputs(self, inputs: Sequence[Any]) -> tuple[list[torch.Tensor], torch.Size]:
-        """The inputs as [T, *shape] tensors (step_mode "s" adds T=1) and the step shape they
-        broadcast to; a located error for anything else."""
-        c = self._compiled
-        decls = self._input_decls
-        if len(inputs) != len(decls):
-            names = ", ".join(i.name for i in decls)
-            raise TypeError(f"{c.name} takes {len(decls)} input{'s' if len(decls) != 1 else ''} ({names}), "
-                            f"got {len(inputs)}")
-        single = self.step_mode == "s"
-        if len(inputs) == 1 and not single:  # the common case, quickly
-            x = inputs[0]
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1:
-                return [x], x.shape[1:]
-        xs: list[torch.Tensor] = []
-        for x, decl in zip(inputs, decls):
-            if not isinstance(x, torch.Tensor):
-                raise self._error(f"input `{decl.name}` must be a torch.Tensor, not {type(x).__name__}", decl.pos,
-                                  "e.g. torch.as_tensor(values, dtype=torch.float32)")
-            if not x.is_floating_point():
-                raise self._error(f"input `{decl.name}` has dtype {x.dtype}; neurons compute in floating point",
-                                  decl.pos, "pass x.float() (float32), x.double() (float64), x.half() or "
-                                            "x.bfloat16()")
-            if single:
-                x = x.unsqueeze(0)
-            elif x.dim() < 1:
-                raise self._error(f"input `{decl.name}` must be [T, *shape] in step_mode 'm', got a 0-d tensor",
-                                  decl.pos, "use step_mode='s' for one step at a time")
-            xs.append(x)
-        x0 = xs[0]
-        for x, decl in zip(xs[1:], decls[1:]):
-            if x.shape[0] != x0.shape[0]:
-                raise self._error(f"input `{decl.name}` has {x.shape[0]} steps but `{decls[0].name}` has "
-                                  f"{x0.shape[0]}", decl.pos, "every input is [T, *shape] with the same T")
-            if x.device != x0.device:
-                raise self._error(f"input `{decl.name}` is on {x.device} but `{decls[0].name}` is on {x0.device}",
-                                  decl.pos)
-        if len(xs) == 1:
-            return xs, x0.shape[1:]
-        try:
-            shape = torch.broadcast_shapes(*(x.shape[1:] for x in xs))
-        except RuntimeError:
-            shapes = ", ".join(f"`{d.name}` {tuple(x.shape[1:])}" for x, d in zip(xs, decls))
-            raise self._error(f"the inputs' step shapes do not broadcast: {shapes}", decls[0].pos,
-                              "inputs broadcast like torch tensors (e.g. [T, B, N] with [T, 1, N])") from None
-        return xs, shape
-
-    def _states_for(self, x0: torch.Tensor, shape: torch.Size, given: Mapping[str, Any] | None) -> list[Any]:
-        """Each state's value for a call: given, kept from the last call, or initial."""
-        out: list[Any] = []
-        inits = None
-        for name in self._state_names:
-            v = self._states[name] if given is None else given.get(name)
-            if v is None:
-                if given is not None and name not in given and given:
-                    raise self._error(f"the state dict has no `{name}`",
-                                      hint=f"states of {self._compiled.name}: {', '.join(self._state_names)}")
-                if inits is None:
-                    inits = self._initial_values()
-                v = inits[name]
-                if isinstance(v, torch.Tensor):
-                    v = v.to(device=x0.device, dtype=x0.dtype)
-                elif x0.dtype != torch.float64 and abs(float(v)) > torch.finfo(x0.dtype).max:
-                    decl = next(s for s in self._compiled.checked.states if s.name == name)
-                    raise self._error(f"state `{name}` starts at {float(v):g}, beyond what {x0.dtype} holds "
-                                      f"({torch.finfo(x0.dtype).max:.3g})", decl.pos,
-                                      "run in float64 (m.double() and a float64 input), or rescale the model")
-            elif isinstance(v, torch.Tensor):
-                if v.device != x0.device:
-                    raise self._error(f"state `{name}` is on {v.device} but the input is on {x0.device}",
-                                      hint="call m.reset() before a new sequence, or move the module with "
-                                           "m.to(device)")
-                if v.shape != shape and v.dim() > 0:  # (a 0-d state is one value for every element)
-                    raise self._error(f"state `{name}` has shape {tuple(v.shape)} "
-                                      f"{'(from an earlier call) ' if given is None else '(as given) '}but the "
-                                      f"input's step shape is {tuple(shape)}",
-                                      hint="call m.reset() (or spikingjelly's functional.reset_net) before a batch "
-                                           "of another size")
-            out.append(v)
-        return out
-
     def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool):
         xs, shape = self._check_inputs(inputs)
         x0 = xs[0]
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
+        if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
+            dt = getattr(program, "computes_in", None) or x0.dtype
+            if dt not in self._dtypes_checked:
+                if dt != torch.float64:
+                    self._check_invariants(None, dt)
+                self._dtypes_checked.add(dt)
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
-            for name, v in zip(self._param_decls, params):
-                if isinstance(v, torch.Tensor) and v.numel() > 1:
-                    if v.device != x0.device:
-                        raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
-                                          self._param_decls[name].pos, "move the module: m.to(device)")
-                    if v.shape != shape and (v.dim() > len(shape) or any(
-                            p != 1 and p != s for p, s in zip(v.shape[::-1], shape[::-1]))):
-                        raise self._error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to "
-                                          f"the input's step shape {tuple(shape)}", self._param_decls[name].pos,
-                                          "per-channel values broadcast like torch tensors against one step of "
-                                          "the input (e.g. shape (C,) for [T, B, C], (C, 1, 1) for [T, B, C, H, W])")
+            self._check_param_shapes(params, x0, shape)
         params = self._compiled.with_derived(params)
         init = self._states_for(x0, shape, given)
-        res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        try:
+            res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+        except RuntimeError:
+            escaped = [n for n, v in zip(self._state_names, init) if given is None and vmapped(v)]
+            if escaped:  # (looked for only on failure: nothing on the path of a call)
+                raise self._error(f"the kept state `{escaped[0]}` comes from a call inside torch.func.vmap, and "
+                                  "cannot be used outside it", hint="call m.reset() after a vmapped call, or use "
+                                  "the functional form out, state = m.step(x, state) inside vmap") from None
+            raise
         if self.check_finite:
             from .finite import check
 
@@ -648,19 +542,18 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             unknown = [k for k in state if k not in self._states]
             if unknown:
                 raise self._error(f"`{unknown[0]}` is not a state of {self._compiled.name}",
-                                  hint=did_you_mean(unknown[0], self._state_names) or
+                                  hint=did_you_mean(str(unknown[0]), self._state_names) or
                                   f"states: {', '.join(self._state_names)}")
+            state = {k: self._state_value(k, v, "as given") for k, v in state.items()}
         out, res = self._run(inputs, dict(state) if state else {}, False)
         return out, dict(zip(self._state_names, res.states))
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """Notebooks: the model's documentation, with this module's param values."""
-        from ..docs import render_html
+        return display.show("html", self)
 
-        return render_html(self, plots=False, sources=False, standalone=False)
-
-    def _repr_latex_(self) -> str:
-        return self._compiled._repr_latex_()
+    def _repr_latex_(self) -> str | None:
+        return display.show("latex", self)
 
     def extra_repr(self) -> str:
         c = self._compiled
@@ -669,68 +562,3 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                 f"detach_reset={self.detach_reset}" + (f", {fixed}" if fixed else ""))
 
 
-def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Param values in declaration order: overrides, else defaults (which may use earlier
-    params); every `where` constraint checked. A one-element tensor becomes a float; a tensor
-    of several elements is a per-channel value (its shape is the param's)."""
-    ck = c.checked
-    names = [p.name for p in ck.params]
-    for k in overrides:
-        if k not in names:
-            raise FlexDSLError(f"`{ck.name}` has no param `{k}`", c.filename, ck.ast.pos.line, ck.ast.pos.column,
-                               c.text, did_you_mean(k, names) or ("params: " + ", ".join(names) if names else None))
-    env: dict[str, Any] = {}
-    for p in ck.params:
-        if p.name in overrides:
-            v = param_value(ck, p.name, overrides[p.name])  # "20 ms": to the declared unit
-            if isinstance(v, torch.Tensor):
-                if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
-                    raise _override_error(c, p, f"a tensor of dtype {v.dtype}")
-                if v.requires_grad and not p.learnable:
-                    raise FlexDSLError(f"`{p.name}` is not learnable, so a tensor that requires grad would lose its "
-                                       "gradient", c.filename, p.pos.line, p.pos.column, c.text,
-                                       f"declare it `param {p.name} = ... learnable` to train it, or pass "
-                                       "`value.detach()`")
-                v = v.detach().item() if v.numel() == 1 else v.detach().to(torch.float64)
-            elif isinstance(v, bool) or not isinstance(v, int | float):
-                try:
-                    v = float(v)
-                except (TypeError, ValueError):
-                    raise _override_error(c, p, repr(v)) from None
-        else:
-            try:
-                v = evaluate(p.default, env)
-            except (ArithmeticError, ValueError) as e:
-                raise FlexDSLError(f"the default of `{p.name}` cannot be evaluated with these params: {e}",
-                                   c.filename, p.default.pos.line, p.default.pos.column, c.text) from None
-        env[p.name] = v
-        if p.where is not None and not holds(p.where, env):
-            what = "the override" if p.name in overrides else "the default"
-            raise FlexDSLError(f"{what} `{p.name} = {_show(v)}` violates the constraint of `{p.name}`", c.filename,
-                               p.where.pos.line, p.where.pos.column, c.text,
-                               f"`{p.name}` must satisfy: {_source_of(c.text, p.where)}")
-    return env
-
-
-def _override_error(c: Compiled, p: A.Param, what: str) -> FlexDSLError:
-    return FlexDSLError(f"`{p.name}` takes a number or a float tensor, not {what}", c.filename, p.pos.line,
-                        p.pos.column, c.text, f"e.g. {p.name}=2.0 or {p.name}=torch.tensor([2.0, 3.0])")
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
-        return f"tensor{tuple(v.shape)}" if v.numel() > 1 else f"{v.item():g}"
-    try:
-        return f"{float(v):g}"
-    except (TypeError, ValueError):
-        return repr(v)
-
-
-def _source_of(text: str, e: A.Compare) -> str:
-    line = text.split("\n")[e.pos.line - 1]
-    frag = line[e.pos.column - 1:]
-    for stop in (' "', " learnable"):
-        i = frag.find(stop)
-        if i >= 0:
-            frag = frag[:i]
-    return frag.strip()

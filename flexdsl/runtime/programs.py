@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import backends
+from ..backends.base import transformed
 
 if TYPE_CHECKING:
     from ..backends.base import Program
@@ -53,6 +54,8 @@ def program_for(c: Compiled, name: str, backend: str, x0: torch.Tensor) -> Progr
     device type and dtype)."""
     if torch.compiler.is_compiling():
         return _RESOLVED[_resolve(name, backend, x0.device.type, x0.dtype)]
+    if transformed(x0):  # under a torch.func transform: chosen for these inputs, not remembered
+        return c.program(backends.choose(backend, [x0]))
     chosen = _CHOSEN.get(c)
     if chosen is not None:
         p = chosen.get((backend, x0.device.type, x0.dtype))

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime import cache
-from ..base import IR, Artefact
+from ...store.generated import load_module
+from ..base import IR, Artefact, transformed
 from . import build
 from .abi import CpuABI
 from .launch import CALLS, DTYPES, CpuProgram
@@ -41,7 +41,8 @@ class CpuBackend:
 
     def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
         x0 = inputs[0]
-        if x0.device.type != "cpu" or x0.dtype not in DTYPES:
+        if x0.device.type != "cpu" or x0.dtype not in DTYPES or (
+                not torch.compiler.is_compiling() and any(transformed(x) for x in inputs)):
             return False
         why = build.why_unavailable()
         if why is not None and not build.disabled():
@@ -69,7 +70,7 @@ class CpuBackend:
 
         meta = artefact.meta
         abi = CpuABI.from_dict(meta["abi"])
-        fallback = TorchProgram(cache.load_module("cpufallback", key, meta["torch_source"]), meta["torch_meta"],
+        fallback = TorchProgram(load_module("cpufallback", key, meta["torch_source"]), meta["torch_meta"],
                                 key, meta["torch_source"])
         try:
             lib, openmp = build.library(artefact.source, abi.name, str(meta.get("filename", abi.name)))

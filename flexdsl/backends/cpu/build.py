@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ...errors import FlexDSLError
-from ...runtime import cache
+from ...store import cache
 
 BASE_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-math-errno",
               "-w"]

@@ -32,10 +32,11 @@ from typing import Any
 import sympy as sp
 from sympy.printing.cxx import CXX17CodePrinter
 
-from ...frontend.catalog import ALL_FUNCTIONS, EXPREL_D_SERIES, EXPREL_SERIES_BOUND
+from ...frontend.catalog import ALL_FUNCTIONS
+from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_SERIES_BOUND
 from ...ir.schedule import Assignments
 from ..base import IR
-from ..printing import comment_text
+from ..printer import comment_text
 from .abi import CpuABI
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

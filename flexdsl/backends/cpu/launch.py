@@ -74,10 +74,6 @@ class CpuProgram:
                     self.fns[kind, suffix] = fn
         self.op_fwd = self.op_bwd = None
 
-    @property
-    def derived(self) -> list[str]:
-        return self.fallback.derived
-
     # ------------------------------------------------------------------ kernel calls
     def _call(self, kind: str, dtype: torch.dtype, ints: list[int], ptrs: list[int | None],
               vals: list[float]) -> None:
@@ -234,55 +230,10 @@ class CpuProgram:
             return res
 
         def setup_context(ctx, inputs, output):
-            xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save = inputs
-            st = _unpack(states, state_vals, is_tensor[:n_st])
-            pr = _unpack(params, param_vals, is_tensor[n_st:])
-            x0 = xs[0]
-            ctx.T, ctx.shape, ctx.dtype = x0.shape[0], tuple(_step_shape(xs)), x0.dtype
-            ctx.store_seqs = store_seqs
-            ctx.param_vals, ctx.is_param_t = list(param_vals), list(is_tensor[n_st:])
-            ctx.x_shapes = [tuple(x.shape) for x in xs]
-            ctx.s_info = [(tuple(s.shape), s.dtype) if isinstance(s, torch.Tensor) else None for s in st]
-            ctx.p_info = [(tuple(p.shape), p.dtype) if isinstance(p, torch.Tensor) else None for p in pr]
-            ab = prog.abi
-            ctx.need = [*(x.requires_grad and nz for x, nz in zip(xs, ab.grad_inputs)),
-                        *(isinstance(s, torch.Tensor) and s.requires_grad and nz for s, nz in zip(st, ab.grad_states)),
-                        *(isinstance(pr[i], torch.Tensor) and pr[i].requires_grad and nz
-                          for i, nz in zip(prog.learn_idx, ab.grad_params))]
-            sav = output[-1] if save and n_saved else None
-            ctx.save_for_backward(*[xs[i] for i in prog.reread_idx], sav, *params)
-            ctx.set_materialize_grads(False)
+            _setup_context(prog, ctx, inputs, output, n_saved)
 
         def backward(ctx, grads):
-            saved = ctx.saved_tensors
-            k = len(prog.reread_idx)
-            reread, sav, params = list(saved[:k]), saved[k], list(saved[k + 1:])
-            g_outs = list(grads[:n_out])
-            g_fins = list(grads[n_out:n_out + n_st])
-            g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
-            need = ctx.need
-            n_p_t = len(params)
-            g_in: list = [None] * n_in
-            g_st: list = [None] * n_st
-            g_pr: list = [None] * len(ctx.p_info)
-            if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
-                res = iter(bwd(reread, sav, params, ctx.param_vals, ctx.is_param_t, g_outs, g_seqs, g_fins, need,
-                               ctx.T, list(ctx.shape), ctx.dtype))
-                for i in range(n_in):
-                    if need[i]:
-                        g_in[i] = _sum_to(next(res), ctx.x_shapes[i])
-                for i in range(n_st):
-                    if need[n_in + i]:
-                        sh, dt = ctx.s_info[i]
-                        g_st[i] = _sum_to(next(res), sh).to(dt)
-                for i, n in zip(prog.learn_idx, need[n_in + n_st:]):
-                    if n:
-                        sh, dt = ctx.p_info[i]
-                        g_pr[i] = _sum_to(next(res), sh).to(dt)
-            g_st = [g for g, info in zip(g_st, ctx.s_info) if info is not None]
-            g_pr = [g for g, info in zip(g_pr, ctx.p_info) if info is not None]
-            assert len(g_pr) == n_p_t
-            return g_in, g_st, g_pr, None, None, None, None, None
+            return _backward(prog, ctx, grads, bwd)
 
         fwd.register_autograd(backward, setup_context=setup_context)
         self.op_fwd, self.op_bwd = fwd, bwd
@@ -336,6 +287,63 @@ def _unpack(tensors: Sequence[torch.Tensor], vals: Sequence[float], is_t: Sequen
     """Values in order: the next tensor where `is_t`, else the number."""
     it = iter(tensors)
     return [next(it) if t else v for t, v in zip(is_t, vals)]
+
+
+def _setup_context(prog: CpuProgram, ctx, inputs, output, n_saved: int) -> None:
+    """What the backward of the forward op needs (its setup_context)."""
+    n_st = prog.n_st
+    xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save = inputs
+    st = _unpack(states, state_vals, is_tensor[:n_st])
+    pr = _unpack(params, param_vals, is_tensor[n_st:])
+    x0 = xs[0]
+    ctx.T, ctx.shape, ctx.dtype = x0.shape[0], tuple(_step_shape(xs)), x0.dtype
+    ctx.store_seqs = store_seqs
+    ctx.param_vals, ctx.is_param_t = list(param_vals), list(is_tensor[n_st:])
+    ctx.x_shapes = [tuple(x.shape) for x in xs]
+    ctx.s_info = [(tuple(s.shape), s.dtype) if isinstance(s, torch.Tensor) else None for s in st]
+    ctx.p_info = [(tuple(p.shape), p.dtype) if isinstance(p, torch.Tensor) else None for p in pr]
+    ab = prog.abi
+    ctx.need = [*(x.requires_grad and nz for x, nz in zip(xs, ab.grad_inputs)),
+                *(isinstance(s, torch.Tensor) and s.requires_grad and nz for s, nz in zip(st, ab.grad_states)),
+                *(isinstance(pr[i], torch.Tensor) and pr[i].requires_grad and nz
+                  for i, nz in zip(prog.learn_idx, ab.grad_params))]
+    sav = output[-1] if save and n_saved else None
+    ctx.save_for_backward(*[xs[i] for i in prog.reread_idx], sav, *params)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
+    """The forward op's autograd formula: the backward op, its results summed to each input's shape."""
+    n_in, n_st, n_out = prog.n_in, prog.n_st, prog.n_out
+    saved = ctx.saved_tensors
+    k = len(prog.reread_idx)
+    reread, sav, params = list(saved[:k]), saved[k], list(saved[k + 1:])
+    g_outs = list(grads[:n_out])
+    g_fins = list(grads[n_out:n_out + n_st])
+    g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
+    need = ctx.need
+    n_p_t = len(params)
+    g_in: list = [None] * n_in
+    g_st: list = [None] * n_st
+    g_pr: list = [None] * len(ctx.p_info)
+    if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
+        res = iter(bwd(reread, sav, params, ctx.param_vals, ctx.is_param_t, g_outs, g_seqs, g_fins, need,
+                       ctx.T, list(ctx.shape), ctx.dtype))
+        for i in range(n_in):
+            if need[i]:
+                g_in[i] = _sum_to(next(res), ctx.x_shapes[i])
+        for i in range(n_st):
+            if need[n_in + i]:
+                sh, dt = ctx.s_info[i]
+                g_st[i] = _sum_to(next(res), sh).to(dt)
+        for i, n in zip(prog.learn_idx, need[n_in + n_st:]):
+            if n:
+                sh, dt = ctx.p_info[i]
+                g_pr[i] = _sum_to(next(res), sh).to(dt)
+    g_st = [g for g, info in zip(g_st, ctx.s_info) if info is not None]
+    g_pr = [g for g, info in zip(g_pr, ctx.p_info) if info is not None]
+    assert len(g_pr) == n_p_t
+    return g_in, g_st, g_pr, None, None, None, None, None
 
 
 __all__ = ["CpuProgram", "CALLS", "DTYPES"]

@@ -13,12 +13,14 @@ from typing import Any
 
 import torch
 
-from ...runtime import cache
+from ...store.generated import load_module
 from ..base import IR, Artefact, RunResult
 from .scan import ScanOps
 
 
 class TorchProgram:
+    computes_in = None  # the inputs' dtype
+
     def __init__(self, module: ModuleType, meta: dict[str, Any], key: str = "", source: str = "") -> None:
         self.module = module
         self.source = source
@@ -28,7 +30,6 @@ class TorchProgram:
         self.n_outputs = len(meta["outputs"])
         self.n_inputs = len(meta["inputs"])
         self.n_states = len(meta["states"])
-        self.derived = list(meta.get("derived", ()))  # params computed by `module.derived_params`
         self.ops: ScanOps | None = None  # the time loop as custom ops (made by `prepare_trace`)
 
     def prepare_trace(self, ir: IR) -> None:
@@ -39,7 +40,7 @@ class TorchProgram:
         from .emit import emit_core_backward
 
         step = ir.step
-        mod = cache.load_module("torchscan", self.key, self.source + emit_core_backward(step, ir.backward))
+        mod = load_module("torchscan", self.key, self.source + emit_core_backward(step, ir.backward))
         ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
         self.ops = ScanOps(ns, self.loop, mod.core_backward, self.n_inputs, self.n_states, self.n_outputs,
                            [p.learnable for p in step.params])
@@ -98,8 +99,16 @@ class TorchProgram:
                 for i, s in enumerate(st):
                     seqs[i].append(s)
         if T == 0:
-            empty = [x0.new_zeros(x0.shape) for _ in st]
-            return [x0.new_zeros(x0.shape) for _ in range(n_out)], list(st), empty, empty
+            # no step: outputs [0, *shape] (the inputs' broadcast step shape) and the initial states,
+            # joined to the graph of every input, state and param (with zero gradients), as a
+            # step would be and as the other backends are
+            z = x0.new_zeros(())
+            for t in (*inputs, *st, *prm):
+                if t.requires_grad:
+                    z = z + t.reshape(-1)[:0].sum()  # (exactly 0 whatever t holds; its gradient is 0)
+            empty = x0.new_zeros((0, *shape)) + z
+            return ([empty.clone() for _ in range(n_out)], [s.expand(shape).to(dtype) + z for s in st],
+                    [empty.clone() for _ in st], [empty.clone() for _ in st])
         return ([_stack(o, shape) for o in outs], list(st), [_stack(s, shape) for s in seqs] if store_seqs else [],
                 [_stack(s, shape) for s in prevs] if keep_prev else [])
 
@@ -135,7 +144,7 @@ class TorchBackend:
         return Artefact("torch", emit_core(step), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
-        return TorchProgram(cache.load_module("torch", key, artefact.source), artefact.meta, key, artefact.source)
+        return TorchProgram(load_module("torch", key, artefact.source), artefact.meta, key, artefact.source)
 
 
 __all__ = ["TorchBackend", "TorchProgram"]

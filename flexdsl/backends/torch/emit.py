@@ -11,14 +11,22 @@ from __future__ import annotations
 import sympy as sp
 
 from ...ir.derive import BackwardModel
-from ...ir.functions import Where
 from ...ir.lower import StepModel
-from ...ir.schedule import hoist
-from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines
 
 
 class TorchPrinter(BasePrinter):
     TARGET = "torch"
+    SPELL = {
+        "exp": "torch.exp({0})", "log": "torch.log({0})", "sqrt": "torch.sqrt({0})", "abs": "torch.abs({0})",
+        "sin": "torch.sin({0})", "cos": "torch.cos({0})", "tanh": "torch.tanh({0})", "sigmoid": "torch.sigmoid({0})",
+        "relu": "torch.relu({0})", "min": "ops.minimum({0}, {1})", "max": "ops.maximum({0}, {1})",
+        "clip": "ops.clip({0}, {1}, {2})", "where": "ops.where({0}, {1}, {2})", "heaviside": "ops.heaviside({0})",
+        "sign": "torch.sign({0})", "detach": "ops.detach({0})", "exprel": "ops.exprel({0})",
+        "exprel_d": "ops.exprel_d({0})",
+        # the plain forward values of the spike (`core` prints it with its surrogate: `ops.fire_ge/gt`)
+        "spike_ge": "ops.heaviside_ge({0})", "spike_gt": "ops.heaviside_gt({0})",
+    }
 
     def __init__(self, fire_args: list[str] | None = None, like: str | None = None) -> None:
         super().__init__()
@@ -53,7 +61,7 @@ def header(step: StepModel, what: str) -> list[str]:
 
 
 def emit_core(step: StepModel) -> str:
-    """The generated module source: `surrogate`, `core` and `invariants`."""
+    """The generated module source: `surrogate` and `core`."""
     pr = TorchPrinter()
     src_lines = step.checked.source.splitlines()
     params = [pr._print(p.symbol) for p in step.params]
@@ -82,88 +90,35 @@ def emit_core(step: StepModel) -> str:
         ]
     core_pr = TorchPrinter(fire_args=sur_params, like=args[0] if args else None)
     returns = ", ".join(outs + [s.name + "_next" for s in step.states])
+    lines += ["", *derived_params_comment(step, pr, src_lines)]
     lines += [
-        "",
         f"def core({', '.join(args + params)}):",
         f"    # One step of the model: ({comment_text(returns)}) = core(inputs, states, params)",
     ]
     lines += lhs_rhs_lines(core_pr, step.assignments, step.origins, src_lines)
     rets = [core_pr._print(v) for _, v in step.outputs] + [core_pr._print(v) for v in step.next_states]
     lines.append(f"    return ({', '.join(rets)},)")
-    lines.append("")
-    lines += derived_params_lines(step, pr, src_lines)
-    derived = [p.symbol for p in step.params if p.derived]
-    h = hoist(step)
-    dens = param_denominators(step, h)
-    entries = [f"{y.name!r}: {pr._print(y)}" for y in [*derived, *h.used]]
-    entries += [f"{f'{y.name}|denominator {i}'!r}: {pr._print(d)}" for i, (y, d) in enumerate(dens)]
-    lines += [
-        "",
-        f"def invariants({', '.join(params)}):",
-        "    # The values of the step that depend on params only, derived params included (checked",
-        "    # finite when params change), and the param-only denominators of the step (checked nonzero).",
-        *lhs_rhs_lines(pr, h.invariants),
-        "    return {" + ", ".join(entries) + "}",
-        "",
-    ]
     return "\n".join(lines) + "\n"
 
 
-def param_denominators(step: StepModel, h) -> list[tuple[sp.Symbol, sp.Expr]]:
-    """(statement, denominator) for every denominator of the per-step body that depends on
-    params only: params that make one 0 make the step divide by zero (`x/(a - 1)` at a = 1)."""
-    pset = {p.symbol for p in step.params} | {y for y, _ in h.invariants}
-    out: list[tuple[sp.Symbol, sp.Expr]] = []
-    seen: set[sp.Expr] = set()
-    for y, e in h.body:
-        for pw in _unguarded_powers(e):
-            base = pw.base
-            if pw.exp.is_negative and base.free_symbols and base.free_symbols <= pset and base not in seen:
-                seen.add(base)
-                out.append((y, base))
-    return out
-
-
-def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
-    """The powers in `e` outside the branches of a `where` (a branch may guard its division)."""
-    out: list[sp.Pow] = []
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, sp.Pow):
-            out.append(n)
-        if isinstance(n, Where):
-            stack.append(n.args[0])
-            continue
-        stack.extend(n.args)
-    return out
-
-
-def derived_params_lines(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:
-    """`derived_params(*declared params)`: the step's derived params, once per call (matrix
-    exponentials in float64, differentiable: `torch.linalg.matrix_exp`)."""
-    declared = [pr._print(p.symbol) for p in step.declared_params]
+def derived_params_comment(step: StepModel, pr: TorchPrinter, src_lines: list[str]) -> list[str]:
+    """Comment lines saying what the derived params `core` takes are (the runtime computes them
+    once per call from the declared params: `ir/host.py`)."""
+    if not step.matrix_exps:
+        return []
     lines = [
-        "",
-        f"def derived_params({', '.join(declared)}):",
-        "    # Params the step derives from the declared ones, computed once per call and passed to",
-        "    # `core` after them. E_a_b: the coefficient of b in a's new value (expm(A*dt)); F_a_b: that",
-        "    # of b's forcing, the state-free part of db/dt (the integral of expm(A*s) over the step).",
-        "    # Both are read off the exponential of A*dt bordered by a column dt per forcing term.",
+        "# Derived params, computed once per call from the declared ones and passed to `core` after",
+        "# them. E_a_b: the coefficient of b in a's new value (expm(A*dt)); F_a_b: that of b's forcing,",
+        "# the state-free part of db/dt (the integral of expm(A*s) over the step). Both are read off",
+        "# the exponential of A*dt bordered by a column dt per forcing term:",
     ]
-    names: list[str] = []
-    for k, d in enumerate(step.derived):
+    for d in step.matrix_exps:
         line = d.pos.line
         if 0 < line <= len(src_lines):
-            lines.append(f"    # line {line}: {comment_text(src_lines[line - 1])}")
-        lines.append(f"    # the propagator of ({comment_text(', '.join(d.states))}) over one step")
+            lines.append(f"# line {line}: {comment_text(src_lines[line - 1])}")
         rows = ", ".join("[" + ", ".join(pr._print(e) for e in d.matrix.row(i)) + "]" for i in range(d.matrix.rows))
-        lines.append(f"    _expm{k} = ops.expm([{rows}])")
-        for y, i, j in d.entries:
-            lines.append(f"    {pr._print(y)} = _expm{k}[..., {i}, {j}]")
-            names.append(pr._print(y))
-    lines.append(f"    return ({''.join(n + ', ' for n in names)})")
-    lines.append("")
+        lines.append(f"#   the propagator of ({comment_text(', '.join(d.states))}) over one step: expm([{rows}])")
+        lines += [f"#   {pr._print(y)} = entry [{i}, {j}]" for y, i, j in d.entries]
     return lines
 
 

@@ -1,6 +1,5 @@
 """Runtime helpers called by the generated torch code (the spike with its surrogate, functions
-that must accept Python numbers as well as tensors, `exprel` without cancellation, and the
-matrix exponential of derived params)."""
+that must accept Python numbers as well as tensors, and `exprel` without cancellation)."""
 
 from __future__ import annotations
 
@@ -8,32 +7,55 @@ from collections.abc import Callable
 
 import torch
 
-from ...frontend.catalog import EXPREL_D_SERIES, EXPREL_SERIES_BOUND, exprel_d_float, exprel_float
+from ...frontend.numeric import exprel, exprel_d
 
 
 class _Fire(torch.autograd.Function):
-    """heaviside(u) forward; the model's surrogate S'(u) backward."""
+    """heaviside(u) forward; the model's surrogate S'(u) backward (and as the forward-mode
+    derivative). Written in the form `torch.func` transforms accept (`grad`, `vmap`, `jacrev`,
+    `jvp`...)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+    def forward(u: torch.Tensor, ge: bool, sg: Callable, args: tuple) -> torch.Tensor:  # type: ignore[override]
+        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        u, _, sg, args = inputs
         ctx.save_for_backward(u)
+        ctx.save_for_forward(u)
         ctx.sg = sg
         ctx.args = args
-        return (u >= 0).to(u.dtype) if ge else (u > 0).to(u.dtype)
+
+    @staticmethod
+    def _slope(ctx, u: torch.Tensor) -> torch.Tensor:
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
+        return ctx.sg(u, *args)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (u,) = ctx.saved_tensors
-        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in ctx.args)
-        return grad * ctx.sg(u, *args), None, None, None
+        return grad * _Fire._slope(ctx, u), None, None, None
+
+
+class _FireFwd(_Fire):
+    """`_Fire` with forward-mode AD (`torch.func.jvp`, `jacfwd`, `forward_ad`); eager only, as
+    torch.compile does not trace a custom jvp."""
+
+    @staticmethod
+    def jvp(ctx, u_t: torch.Tensor, *_):  # type: ignore[override]
+        (u,) = ctx.saved_tensors
+        return u_t * _Fire._slope(ctx, u)
 
 
 def fire_ge(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
-    return _Fire.apply(u, True, sg, args)
+    return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, True, sg, args)
 
 
 def fire_gt(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
-    return _Fire.apply(u, False, sg, args)
+    return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, False, sg, args)
 
 
 def heaviside_ge(u: torch.Tensor) -> torch.Tensor:
@@ -104,59 +126,9 @@ def detach(x):
 
 
 # ---------------------------------------------------------------- removable singularities
-# exprel(z) = (exp(z) - 1)/z and its derivative (see `frontend.catalog`): no branch that is not
-# taken ever sees a value that would be NaN or inf there, so neither the forward nor autograd's
-# backward can pick one up (the "double where": each branch gets a harmless stand-in argument).
-def exprel(z):
-    if not isinstance(z, torch.Tensor):
-        return exprel_float(float(z))
-    return _Exprel.apply(z)
+# exprel(z) = (exp(z) - 1)/z and its derivative, on floats and tensors (with autograd): one
+# implementation, the numeric forms of the catalog (`frontend/numeric.py`).
 
 
-def exprel_d(z):
-    if not isinstance(z, torch.Tensor):
-        return exprel_d_float(float(z))
-    small = z.abs() < EXPREL_SERIES_BOUND
-    zs = torch.where(small, z, torch.zeros_like(z))
-    series = torch.full_like(z, EXPREL_D_SERIES[-1])
-    for c in reversed(EXPREL_D_SERIES[:-1]):
-        series = series * zs + c
-    zb = torch.where(small, torch.ones_like(z), z)
-    direct = ((zb - 1) * torch.exp(zb) + 1) / (zb * zb)
-    return torch.where(small, series, direct)
-
-
-def _exprel_tensor(z: torch.Tensor) -> torch.Tensor:
-    zero = z == 0
-    zb = torch.where(zero, torch.ones_like(z), z)
-    return torch.where(zero, torch.ones_like(z), torch.expm1(zb) / zb)
-
-
-class _Exprel(torch.autograd.Function):
-    """exprel with its derivative exprel_d (autograd of expm1(z)/z would cancel near 0)."""
-
-    @staticmethod
-    def forward(ctx, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(z)
-        return _exprel_tensor(z)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        (z,) = ctx.saved_tensors
-        return grad * exprel_d(z)
-
-
-# ---------------------------------------------------------------- derived params
-def expm(rows: list[list]) -> torch.Tensor:
-    """The matrix exponential of a matrix given by rows of entries (numbers or tensors of
-    broadcastable shapes: per-channel params give a batch of matrices [*shape, n, n]), computed
-    in float64 with autograd (`torch.linalg.matrix_exp`)."""
-    flat = [e for row in rows for e in row]
-    like = _like(*flat)
-    device = like.device if like is not None else None
-    ts = [e.to(torch.float64) if isinstance(e, torch.Tensor) else torch.tensor(float(e), dtype=torch.float64,
-                                                                             device=device) for e in flat]
-    ts = torch.broadcast_tensors(*ts)
-    n = len(rows)
-    m = torch.stack(ts, dim=-1).reshape(*ts[0].shape, n, n)
-    return torch.linalg.matrix_exp(m)
+__all__ = ["fire_ge", "fire_gt", "heaviside", "heaviside_ge", "heaviside_gt", "where", "minimum", "maximum",
+           "clip", "detach", "exprel", "exprel_d"]

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime import cache
-from ..base import IR, Artefact
+from ...store.generated import load_module
+from ..base import IR, Artefact, transformed
 from .abi import KernelABI
 from .launch import LAUNCHES, TritonProgram
 
@@ -37,10 +37,11 @@ class TritonBackend:
 
     def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
         x0 = inputs[0]
-        return x0.is_cuda and x0.dtype in DTYPES
+        return x0.is_cuda and x0.dtype in DTYPES and (torch.compiler.is_compiling()
+                                                      or not any(transformed(x) for x in inputs))
 
     def version(self) -> str:
-        from ...ir.schedule import chunk_sizes
+        from .cost import chunk_sizes
 
         try:
             import triton
@@ -56,7 +57,7 @@ class TritonBackend:
         return Artefact("triton", source, {"abi": abi.to_dict()})
 
     def load(self, artefact: Artefact, key: str) -> TritonProgram:
-        mod = cache.load_module("triton", key, artefact.source)
+        mod = load_module("triton", key, artefact.source)
         return TritonProgram(mod, KernelABI.from_dict(artefact.meta["abi"]), key)
 
 

@@ -3,7 +3,7 @@ save, built once from the schedule and read by both the emitter (signatures, tem
 the launcher (argument lists), so neither rebuilds the other's conventions by position.
 
 Every argument is an `Arg`: its identifier in the kernel (from the naming scheme,
-`names.derived(role, name)`), its role, the model or SSA name it belongs to, and whether it
+`naming.tagged(role, name)`), its role, the model or SSA name it belongs to, and whether it
 is a `tl.constexpr`. The launcher fills a value per (role, of) and passes `args` in order.
 
 Roles of `fwd` (inference and training forward):
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..naming import derived
+from ..naming import tagged
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ _FIXED = {"saved": "_saved", "N": "_N", "T": "_T", "host": "_HOST", "store_seqs"
 
 
 def arg(role: str, of: str = "", constexpr: bool = False) -> Arg:
-    return Arg(derived(role, of) if of else _FIXED[role], role, of, constexpr)
+    return Arg(tagged(role, of) if of else _FIXED[role], role, of, constexpr)
 
 
 @dataclass
@@ -75,8 +75,8 @@ class KernelABI:
     hoisted_rc: list[str] = field(default_factory=list)
     chunk: int = 8
     rc_passes: float = 0.0
-    training: str = "save"  # the default plan with 32-bit I/O, "save" or "recompute"
-    training16: str = "save"  # ... with 16-bit I/O
+    train_plan: str = "save"  # the default training plan with 32-bit I/O, "save" or "recompute"
+    train_plan16: str = "save"  # ... with 16-bit I/O
     fwd: list[Arg] = field(default_factory=list)
     bwd: list[Arg] = field(default_factory=list)
     bwd_rc: list[Arg] = field(default_factory=list)

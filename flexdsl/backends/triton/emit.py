@@ -2,14 +2,16 @@
 
 One neuron per lane, the time loop inside the kernel (T is a runtime bound, never unrolled),
 float32 arithmetic and states in registers, loads and stores in the tensors' own dtype.
-Two kernels per model, each a template in `templates/` filled from the kernel ABI
-(`abi.KernelABI`) and the schedule (`ir.schedule`):
+Three kernels per model, each a template in `templates/` filled from the kernel ABI
+(`abi.KernelABI`), the schedule (`ir.schedule`) and the cost model's training plans (`cost.py`):
 
 - `fwd_kernel`: inference (outputs every step, final states), optionally the state sequences
   (`_STORE_SEQS`) and, for training (`_SAVE`), the per-step values the backward needs;
 - `bwd_kernel`: a reverse-time loop carrying the state gradients in registers; gradients of
   the inputs (per step), of the initial states, and per-lane partial sums of the learnable
-  params' gradients (reduced over broadcast dims by the launcher, no atomics).
+  params' gradients (reduced over broadcast dims by the launcher, no atomics);
+- `bwd_rc_kernel`: the same, re-running each chunk of steps from its checkpoint of the states,
+  the values it needs kept in registers (the recompute training plan).
 
 What is saved, re-read and recomputed, and what is hoisted out of the time loop, is the
 schedule's decision; this module only prints it.
@@ -26,13 +28,14 @@ from typing import Any
 
 import sympy as sp
 
-from ...frontend.catalog import EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
+from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
 from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
-from ..naming import derived, ident
-from ..printing import BasePrinter, comment_text, lhs_rhs_lines
+from ..naming import ident, tagged
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines
 from .abi import KernelABI
+from .cost import TrainingPlans, training_plans
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -45,6 +48,16 @@ class Stored(sp.Function):
 
 class TritonPrinter(BasePrinter):
     TARGET = "triton"
+    SPELL = {
+        "exp": "tl.exp({0})", "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "abs": "tl.abs({0})",
+        "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "_tanh({0})", "sigmoid": "tl.sigmoid({0})",
+        "relu": "tl.maximum({0}, 0.0)", "min": "tl.minimum({0}, {1})", "max": "tl.maximum({0}, {1})",
+        "clip": "tl.minimum(tl.maximum({0}, {1}), {2})", "where": "tl.where({0}, {1}, {2})",
+        "heaviside": "tl.where({0} >= 0, 1.0, 0.0)", "spike_ge": "tl.where({0} >= 0, 1.0, 0.0)",
+        "spike_gt": "tl.where({0} > 0, 1.0, 0.0)", "detach": "{0}",
+        "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))", "exprel": "_exprel({0})",
+        "exprel_d": "_exprel_d({0})",
+    }
 
     def __init__(self, io_ptr: str = "") -> None:
         super().__init__()
@@ -80,9 +93,18 @@ class TritonPrinter(BasePrinter):
 
 
 class HostPrinter(BasePrinter):
-    """Python floats (`math`), for the loop invariants computed on the host in float64."""
+    """Python floats (`math`), for the loop invariants computed on the host in float64 (the
+    helpers `_sigmoid`, `_relu`, `_clip`, `_host_exprel`... are defined in the kernels' module)."""
 
     TARGET = "host"
+    SPELL = {
+        "exp": "math.exp({0})", "log": "math.log({0})", "sqrt": "math.sqrt({0})", "abs": "abs({0})",
+        "sin": "math.sin({0})", "cos": "math.cos({0})", "tanh": "math.tanh({0})", "sigmoid": "_sigmoid({0})",
+        "relu": "_relu({0})", "min": "min({0}, {1})", "max": "max({0}, {1})", "clip": "_clip({0}, {1}, {2})",
+        "where": "({1} if {0} else {2})", "heaviside": "(1.0 if {0} >= 0 else 0.0)",
+        "spike_ge": "(1.0 if {0} >= 0 else 0.0)", "spike_gt": "(1.0 if {0} > 0 else 0.0)", "detach": "{0}",
+        "sign": "float(({0} > 0) - ({0} < 0))", "exprel": "_host_exprel({0})", "exprel_d": "_host_exprel_d({0})",
+    }
 
 
 def _free(e: Any) -> set[sp.Symbol]:
@@ -102,8 +124,8 @@ def _simultaneous(pairs: list[tuple[str, str]]) -> list[str]:
     """Lines assigning several loop-carried variables at once (each right side sees the old values)."""
     if len(pairs) <= 1:
         return [f"{name} = {value}" for name, value in pairs]
-    return ([f"{derived('new', name)} = {value}" for name, value in pairs]
-            + [f"{name} = {derived('new', name)}" for name, _ in pairs])
+    return ([f"{tagged('new', name)} = {value}" for name, value in pairs]
+            + [f"{name} = {tagged('new', name)}" for name, _ in pairs])
 
 
 @dataclass
@@ -120,16 +142,18 @@ class _Printed:
         return lhs_rhs_lines(self.pr, assignments, indent="")
 
     def block(self, e: Any, lanes: set[sp.Symbol]) -> str:
-        """An expression as a [BLOCK] tensor (scalars are broadcast with `_zero`)."""
+        """An expression as a [BLOCK] tensor (scalars are broadcast by adding `_splat`, a -0.0,
+        which keeps every value's sign)."""
         if isinstance(e, sp.Basic) and _free(e) & lanes:
             return self.pr._print(e)
         if isinstance(e, sp.Basic) and e.is_number:
-            return f"_zero + {float(e)!r}"
-        return f"_zero + ({self.pr._print(e)})"
+            return f"_splat + {float(e)!r}"
+        return f"_splat + ({self.pr._print(e)})"
 
 
-def build_abi(ir: IR) -> KernelABI:
+def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
     step, sch = ir.step, ir.schedule
+    plans = plans or training_plans(step, sch)
     n_in, n_out = len(step.inputs), len(step.outputs)
     infer, train = sch.passes(n_in, n_out)
     return KernelABI(
@@ -142,8 +166,8 @@ def build_abi(ir: IR) -> KernelABI:
         grad_inputs=list(sch.grad_inputs_nonzero), grad_states=list(sch.grad_states_nonzero),
         grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
         rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
-        chunk=sch.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states)), training=sch.training,
-        training16=sch.training16)
+        chunk=plans.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states), plans.chunk),
+        train_plan=plans.plan32, train_plan16=plans.plan16)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
@@ -163,7 +187,8 @@ def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: li
 def emit(ir: IR) -> tuple[str, KernelABI]:
     """The generated module (Triton source) and its ABI."""
     step, bw, sch = ir.step, ir.backward, ir.schedule
-    abi = build_abi(ir)
+    plans = training_plans(step, sch)
+    abi = build_abi(ir, plans)
     io_ptr = abi.name_of("out", abi.outputs[0])
     P = _Printed(TritonPrinter(io_ptr), step.origins, step.checked.source.splitlines())
     S = P.pr._print
@@ -182,7 +207,7 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         "hoisted": [{"name": sym_name(y), "arg": abi.name_of("hoisted", y.name)} for y, _ in sch.fwd_hoisted],
         "hoisted_lines": P.lines(sch.fwd_hoisted),
         "inputs": [{"name": ident(x), "arg": abi.name_of("in", x), "stride": abi.name_of("stride", x),
-                    "ptr": derived("ptr", x)} for x in abi.inputs],
+                    "ptr": tagged("ptr", x)} for x in abi.inputs],
         "saved_before": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved) if s in step.states],
         "body": P.lines(_fire_on_stored_values(sch.fwd_body, sch.saved, step.states)),
         "outputs": [{"arg": abi.name_of("out", n), "value": P.block(v, lane_f)} for n, v in step.outputs],
@@ -203,11 +228,11 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         "states": [{"grad": g, "gfin": abi.name_of("gfin", s), "hasgfin": abi.name_of("hasgfin", s),
                     "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s)}
                    for s, g in zip(abi.states, grad_next)],
-        "learnable": [{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
+        "learnable": [{"acc": tagged("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
                        "value": S(g) if nz else ""}
                       for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params)],
         "reread": [{"name": ident(x), "arg": abi.name_of("in", x), "stride": abi.name_of("stride", x),
-                    "ptr": derived("ptr", x)} for x in abi.reread],
+                    "ptr": tagged("ptr", x)} for x in abi.reread],
         "saved": [{"index": i, "name": sym_name(s)} for i, s in enumerate(sch.saved)],
         "recompute": P.lines(sch.recompute),
         "outputs": [{"grad": S(g), "arg": abi.name_of("gout", n), "hasg": abi.name_of("hasgout", n)}
@@ -234,9 +259,10 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
         host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
         host_return="{" + ", ".join(f"{y.name!r}: {hp._print(y)}" for y, _ in hoisted) + "}",
         param_loads=param_loads, fwd=fwd, bwd=bwd, rc=rc,
-        plan=textwrap.wrap(f"Training plan with float32 I/O: {comment_text(sch.why, 400)}. With float16/bfloat16 "
-                           f"I/O: {comment_text(sch.why16, 400)}.", 94),
-        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32]})
+        plan=textwrap.wrap(f"Training plan with float32 I/O: {comment_text(plans.why32, 400)}. With "
+                           f"float16/bfloat16 I/O: {comment_text(plans.why16, 400)}.", 94),
+        exprel={"bound": repr(EXPREL_SERIES_BOUND), "series": [repr(c) for c in EXPREL_D_SERIES_F32],
+                "series64": textwrap.wrap(", ".join(repr(c) for c in reversed(EXPREL_D_SERIES)) + ",", 100)})
     return source, abi
 
 
@@ -250,15 +276,15 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
     kept = [*step.states, *sch.saved, *sch.reread]  # what the backward of a step reads of its forward
 
     def ren(j: int, syms) -> dict[sp.Symbol, sp.Symbol]:
-        return {s: sp.Symbol(derived(f"j{j}", s.name), real=True) for s in syms}
+        return {s: sp.Symbol(tagged(f"j{j}", s.name), real=True) for s in syms}
 
     steps = []
-    for j in range(sch.chunk):
+    for j in range(abi.chunk):
         r, r_next, rk = ren(j, renamed), ren(j + 1, step.states), ren(j, kept)
         lanes = _lanes([(r.get(y, y), e.xreplace(r)) for y, e in sch.rc_body],
                        {r[s] for s in [*step.states, *sch.rc_inputs]})
         forward = P.lines([(r[y], e.xreplace(r)) for y, e in sch.rc_body], comments=False)
-        if j + 1 < sch.chunk:
+        if j + 1 < abi.chunk:
             forward += [f"{S(r_next[s])} = {P.block(v.xreplace(r), lanes)}" for s, v in zip(step.states,
                                                                                        step.next_states)]
         back = [(y, e.xreplace(rk)) for y, e in [*sch.recompute, *sch.bwd_body]]
@@ -268,14 +294,14 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
             inputs=[{"name": S(r[x]), "arg": abi.name_of("in", x.name), "stride": abi.name_of("stride", x.name)}
                     for x in sch.rc_inputs],
             forward=forward,
-            outputs=[{"grad": S(g), "pre": derived(f"g{j}", n), "arg": abi.name_of("gout", n),
+            outputs=[{"grad": S(g), "pre": tagged(f"g{j}", n), "arg": abi.name_of("gout", n),
                       "hasg": abi.name_of("hasgout", n)}
                      for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],
             backward=P.lines(back, comments=False),
             grad_inputs=[{"arg": abi.name_of("gx", x), "need": abi.name_of("needgx", x),
                           "value": S(g.xreplace(rk))}
                          for x, g, nz in zip(abi.inputs, bw.grad_inputs, abi.grad_inputs) if nz],
-            learnable=[{"acc": derived("acc", p), "value": P.block(g.xreplace(rk), lanes_b)}
+            learnable=[{"acc": tagged("acc", p), "value": P.block(g.xreplace(rk), lanes_b)}
                        for p, g, nz in zip(abi.learnable, bw.grad_params, abi.grad_params) if nz],
             update=_simultaneous([(g, f"tl.where(_ok{j}, {P.block(v.xreplace(rk), lanes_b)}, {g})")
                                   for g, v in zip(grad_next, bw.grad_states)]),
@@ -288,7 +314,7 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
                  "gseq": abi.name_of("gseq", s), "hasgseq": abi.name_of("hasgseq", s), "first": S(first[sym]),
                  "init": abi.name_of("init", s), "mode": abi.name_of("initmode", s)}
                 for s, g, sym in zip(abi.states, grad_next, step.states)],
-        learnable=[{"acc": derived("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
+        learnable=[{"acc": tagged("acc", p), "arg": abi.name_of("gp", p), "need": abi.name_of("needgp", p),
                     "value": nz} for p, nz in zip(abi.learnable, abi.grad_params)],
         outputs=[{"grad": S(g), "arg": abi.name_of("gout", n), "hasg": abi.name_of("hasgout", n)}
                  for n, g, used in zip(abi.outputs, bw.grad_outputs, sch.grad_outputs_used) if used],

@@ -1,4 +1,4 @@
-"""The one disk cache of generated artefacts, and the loader of generated modules.
+"""The one disk cache of generated artefacts.
 
 Entries live under `$FLEXDSL_CACHE_DIR` (default `~/.cache/flexdsl`), one JSON file per key:
 the artefact (readable source and its metadata) and the SHA-256 of that content, verified
@@ -8,31 +8,22 @@ text, the backend and its tool versions, and every file of the installed flexdsl
 
 A cache folder is trusted only if the current user owns it and no one else can write to it;
 otherwise (or when it cannot be created or written) flexdsl warns once and keeps artefacts
-in memory for this process. Nothing is unpickled.
-
-Generated Python is executed only by `load_module`, as a module registered under a stable
-importable name, `flexdsl._generated.<kind>_<key>`: `torch.compile`, `pickle` and a new
-process can import it again by that name (an import finder rebuilds it from the cache).
+in memory for this process. Nothing is unpickled. (Generated Python runs only through
+`generated.load_module`.)
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
-import importlib.machinery
 import json
-import linecache
 import os
-import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 FORMAT = 1  # of the entry files
-GENERATED_PACKAGE = "flexdsl._generated"
 _PKG_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -207,63 +198,3 @@ def get_or_make(k: str, make) -> Artefact:
         art = make()
         write(k, art)
     return art
-
-
-# ----------------------------------------------------------------------------- generated modules
-def module_name(kind: str, k: str) -> str:
-    return f"{GENERATED_PACKAGE}.{kind}_{k}"
-
-
-_modules_lock = threading.RLock()
-
-
-def load_module(kind: str, k: str, source: str) -> ModuleType:
-    """Execute source that flexdsl generated itself (validated names, printed sympy) as the
-    module `flexdsl._generated.<kind>_<key>`; once per process."""
-    name = module_name(kind, k)
-    with _modules_lock:
-        mod = sys.modules.get(name)
-        if mod is not None:
-            return mod
-        import flexdsl._generated  # noqa: F401 - the parent package
-
-        fname = f"<flexdsl-generated {kind} {k}>"
-        linecache.cache[fname] = (len(source), None, source.splitlines(True), fname)
-        mod = ModuleType(name)
-        mod.__file__ = fname
-        mod.__loader__ = _FINDER
-        mod.__spec__ = importlib.machinery.ModuleSpec(name, _FINDER, origin=fname)
-        sys.modules[name] = mod
-        try:
-            exec(compile(source, fname, "exec"), mod.__dict__)  # noqa: S102 - generated code only
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return mod
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports `flexdsl._generated.<kind>_<key>` from a verified cache entry (a new process
-    unpickling a model, or torch.compile's workers)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if not fullname.startswith(GENERATED_PACKAGE + "."):
-            return None
-        kind, _, k = fullname[len(GENERATED_PACKAGE) + 1:].rpartition("_")
-        if not kind or read(k) is None:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, origin=f"<flexdsl-generated {kind} {k}>")
-
-    def create_module(self, spec):
-        kind, _, k = spec.name[len(GENERATED_PACKAGE) + 1:].rpartition("_")
-        art = read(k)
-        assert art is not None
-        return load_module(kind, k, art.source)
-
-    def exec_module(self, module):
-        pass
-
-
-_FINDER = _Finder()
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _FINDER)

@@ -1,10 +1,11 @@
 """Code printers shared by the backends: sympy's PythonCodePrinter, specialised.
 
 `BasePrinter` prints numbers, names (through the one naming scheme, `naming.ident`) and
-operators; every built-in function is printed from its record in `frontend.catalog`
-(`Function.spell[TARGET]`, or the subclass's own `SPELL` table): a subclass only names its
-target. `_print_<SympyClass>` methods
-are installed from the records, as sympy's own printers install theirs from a table.
+operators; a subclass names its target (`TARGET`) and spells every built-in function of
+`frontend.catalog` in its own `SPELL` table (function name -> a format string over the printed
+arguments, `{0}`, `{1}`...). `_print_<SympyClass>` methods are installed from that table when
+the class is defined, as sympy's own printers install theirs from a table; a function the table
+lacks (and no `_print_<SympyClass>` method prints) is an error then, naming it.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from . import naming
 
 
 class BasePrinter(PythonCodePrinter):
-    TARGET = ""  # a key of Function.spell
-    # spellings of the printer's own (function name -> format string), before the catalog's: a
-    # new backend can keep them in its own module instead of adding a target to every record
-    SPELL: Mapping[str, str] = {}
+    TARGET = ""  # the target's name ("" for a printer that is not a target: no check)
+    SPELL: Mapping[str, str] = {}  # built-in function name -> format string over the printed arguments
 
     def __init__(self, settings: dict | None = None) -> None:
         super().__init__(settings or {"fully_qualified_modules": False})
@@ -39,7 +38,7 @@ class BasePrinter(PythonCodePrinter):
             method = f"_print_{f.sympy}"
             if method in cls.__dict__:  # a subclass may still print one function by hand
                 continue
-            spelling = cls.SPELL.get(f.name, f.spell.get(cls.TARGET))
+            spelling = cls.SPELL.get(f.name)
             if spelling is None:
                 missing.append(f.name)
                 continue
@@ -47,9 +46,8 @@ class BasePrinter(PythonCodePrinter):
         if missing:
             raise TypeError(f"printer {cls.__name__} (target {cls.TARGET!r}) cannot print the built-in "
                             f"function{'s' if len(missing) > 1 else ''} {', '.join(missing)}: give each a format "
-                            f"string in its SPELL table (e.g. SPELL = {{{missing[0]!r}: \"...({{0}})\"}}), a "
-                            f"`_print_<SympyName>` method, or a {cls.TARGET!r} spelling in its "
-                            "flexdsl.frontend.catalog record")
+                            f"string in its SPELL table (e.g. SPELL = {{{missing[0]!r}: \"...({{0}})\"}}) or a "
+                            "`_print_<SympyName>` method")
 
     # names and numbers
     def _print_Symbol(self, expr: sp.Symbol) -> str:
@@ -88,8 +86,7 @@ class BasePrinter(PythonCodePrinter):
         return self._print(a)
 
     def call(self, name: str, *args: sp.Expr) -> str:
-        f = ALL_FUNCTIONS[name]
-        return self.SPELL.get(name, f.spell.get(self.TARGET, "")).format(*(self.arg(a) for a in args))
+        return self.SPELL[name].format(*(self.arg(a) for a in args))
 
     def _print_And(self, e):
         return " & ".join(f"({self._print(a)})" for a in e.args)

@@ -1,0 +1,377 @@
+"""`export`: a `nir.NIRGraph` of a network of torch layers and flexdsl neurons. torch.fx traces the
+network, forward hooks record the layer shapes; each flexdsl neuron is matched to its primitive
+from its equations (`fit.match`)."""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import FlexDSLError, did_you_mean
+from ..runtime.module import NeuronModule
+from .fit import Exported, _show, match
+from .importer import _Scale
+from .linear import analyse, classify
+from .network import NIRNetwork
+from .primitives import _INITIAL, _NETWORK, METHODS, PRIMITIVES, _check_dt, _nir
+
+if TYPE_CHECKING:
+    import nir as nir_t
+
+
+# ============================================================================ export
+_SKIP = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Flatten, nn.AvgPool2d)
+_EXPORTABLE = ("flexdsl neurons, torch.nn.Linear, Conv1d, Conv2d, Flatten, AvgPool2d, Identity and Dropout, "
+               "and `+` of two branches")
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, (NeuronModule, *_LAYERS, *_SKIP)) or super().is_leaf_module(m, qualname)
+
+
+def _net_error(msg: str, hint: str | None = None) -> FlexDSLError:
+    return FlexDSLError(msg, _NETWORK, hint=hint)
+
+
+def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, *, method: str = "auto",
+           path: str | Path | None = None) -> nir_t.NIRGraph:
+    """A `nir.NIRGraph` of a network of torch layers and flexdsl neurons (or of one neuron).
+
+    `sample_input` is one input of the network (`[T, batch, *shape]`, or `[batch, *shape]`
+    when the neurons use step_mode "s"); it gives the layers' shapes, and the network's states
+    are left as they were. `dt` is the length of one step in NIR's (continuous) time unit.
+    `method` is the discretisation the neurons' steps are read as: "euler", "exact", or "auto"
+    (a neuron's own ODE method where it has one, else euler; the other where that does not
+    fit). With `path`, the graph is also written there (`nir.write`).
+    """
+    nir = _nir()
+    if dt is None:
+        raise FlexDSLError("dt is needed: NIR is continuous time", "<flexdsl.nir>",
+                           hint="pass dt=..., the length of one flexdsl step in NIR's time unit (e.g. dt=1e-3 for "
+                           "1 ms steps in seconds)")
+    dt = _check_dt(dt)
+    if method not in ("auto", *METHODS):
+        raise FlexDSLError(f"method must be 'auto', 'euler' or 'exact', not {method!r}", "<flexdsl.nir>",
+                           hint=did_you_mean(str(method), ["auto", *METHODS]))
+    if not isinstance(net, nn.Module):
+        raise _net_error(f"export takes a torch.nn.Module, not {type(net).__name__}")
+    if not isinstance(sample_input, torch.Tensor):
+        raise _net_error(f"sample_input must be a tensor, not {type(sample_input).__name__}")
+    if isinstance(net, NIRNetwork):
+        return _export_network(nir, net, sample_input, dt, method, path)
+    root = net
+    if isinstance(net, (NeuronModule, *_LAYERS)):
+        name = net.compiled.name.lower() if isinstance(net, NeuronModule) else type(net).__name__.lower()
+        root = nn.Sequential(OrderedDict([(name, net)]))
+    modes = {m.step_mode for m in root.modules() if isinstance(m, NeuronModule)}
+    if len(modes) > 1:
+        raise _net_error("the network mixes step modes 's' and 'm'", "give every flexdsl neuron the same step_mode")
+    lead = (1 if modes == {"s"} else 2) if modes else min(2, sample_input.dim() - 1)
+    if sample_input.dim() <= lead:
+        raise _net_error(f"sample_input has shape {tuple(sample_input.shape)}, but the network takes "
+                         + ("[T, batch, *shape]" if lead == 2 else "[batch, *shape]"),
+                         "add the batch dimension (and the time dimension in step_mode 'm')")
+    for qual, m in root.named_modules():  # a model without NIR equivalent: its located error first
+        if isinstance(m, NeuronModule):
+            try:
+                classify(analyse(m.compiled))
+            except FlexDSLError as e:
+                raise _in_layer(e, qual, m) from None
+    try:
+        graph = _Tracer().trace(root)
+    except Exception as e:  # fx cannot follow data-dependent Python in forward
+        raise _net_error(f"cannot trace the network's forward with torch.fx: {e}",
+                         "export a torch.nn.Sequential, or a module whose forward only calls layers and adds "
+                         "branches") from None
+    nodes, edges = _graph(nir, root, graph, sample_input, lead, dt, method)
+    g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
+    if path is not None:
+        _write(nir, path, g)
+    return g
+
+
+def _graph(nir, root: nn.Module, graph: torch.fx.Graph, sample_input: torch.Tensor, lead: int, dt: float,
+           method: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The NIR nodes and edges of a traced network: a node per layer call (shapes recorded by
+    running it once), edges from the layers' inputs; `+` of two branches sums their edges."""
+    records, out_shape = _shapes(root, sample_input, lead)
+    nodes: dict[str, Any] = {}
+    edges: list[tuple[str, str]] = []
+    values: dict[torch.fx.Node, list[str]] = {}
+    used: set[str] = set()
+
+    def unique(base: str) -> str:
+        name, k = base, 1
+        while name in used or name in ("input", "output"):
+            name = f"{base}_{k}"
+            k += 1
+        used.add(name)
+        return name
+
+    def sources(arg: Any, where: str) -> list[str]:
+        if isinstance(arg, torch.fx.Node) and arg in values and values[arg] is not None:
+            return values[arg]
+        raise _net_error(f"{where} takes something other than the output of a layer ({arg!r})", _EXPORTABLE)
+
+    placeholders = 0
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            placeholders += 1
+            values[n] = ["input"] if placeholders == 1 else None  # type: ignore[assignment]
+            if placeholders == 1:
+                nodes["input"] = nir.Input(input_type=np.array(sample_input.shape[lead:]))
+        elif n.op == "call_module":
+            mod = root.get_submodule(n.target)
+            if len(n.args) != 1 or n.kwargs:
+                raise _net_error(f"`{n.target}` is called with {len(n.args)} arguments; NIR layers take one")
+            src = sources(n.args[0], f"`{n.target}`")
+            if isinstance(mod, _SKIP):
+                values[n] = src
+                continue
+            if not isinstance(mod, (NeuronModule, *_LAYERS)):
+                raise _net_error(f"cannot export `{n.target}` ({type(mod).__module__}.{type(mod).__qualname__}): "
+                                 "NIR has no such layer", "exportable: " + _EXPORTABLE)
+            if not records[mod]:
+                raise _net_error(f"`{n.target}` was not called when the network ran on sample_input")
+            shape_in, shape_out = records[mod].pop(0)
+            name = unique(str(n.target))
+            nodes[name] = _node(nir, mod, name, tuple(shape_in[lead:]), tuple(shape_out[lead:]), lead, dt, method)
+            edges += [(s, name) for s in src]
+            values[n] = [name]
+        elif (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
+                (n.op == "call_method" and n.target == "add"):
+            if len(n.args) != 2 or n.kwargs:
+                raise _net_error("only `a + b` of two layer outputs can be exported")
+            a, b = (sources(arg, "`+`") for arg in n.args)
+            if set(a) & set(b):
+                raise _net_error("a branch is added to itself; NIR sums distinct edges only")
+            values[n] = a + b
+        elif n.op == "output":
+            src = sources(n.args[0], "the network's output")
+            nodes["output"] = nir.Output(output_type=np.array(out_shape))
+            edges += [(s, "output") for s in src]
+        else:
+            what = getattr(n.target, "__name__", str(n.target))
+            raise _net_error(f"the network's forward calls `{what}` ({n.op}); NIR has no such operation",
+                             "use layers (e.g. torch.nn.Flatten instead of x.flatten()); exportable: " + _EXPORTABLE)
+    return nodes, edges
+
+
+def _write(nir, path: str | Path, g) -> None:
+    try:
+        nir.write(str(path), g)
+    except OSError as e:
+        raise FlexDSLError(f"cannot write the NIR graph: {e}", str(path)) from None
+
+
+def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: str, path) -> nir_t.NIRGraph:
+    """A graph of a network that `load` made (trained, perhaps): its nodes and edges, with the
+    neurons matched again from their equations."""
+    lead = 1 if net.step_mode == "s" else 2
+    if x.dim() <= lead:
+        raise _net_error(f"sample_input has shape {tuple(x.shape)}, but the network takes "
+                         + ("[T, batch, *shape]" if lead == 2 else "[batch, *shape]"))
+    neurons = [m for m in net.nodes.values() if isinstance(m, NeuronModule)]
+    saved = [(m, dict(m._states), dict(m.state_seqs)) for m in neurons]
+    prev = net._prev
+    net._shapes, net._prev = {}, {}
+    try:
+        with torch.no_grad():
+            net(x)
+    except FlexDSLError:
+        raise
+    except Exception as e:
+        raise _net_error(f"the network fails on sample_input of shape {tuple(x.shape)}: {e}") from None
+    finally:
+        shapes, net._shapes, net._prev = net._shapes, None, prev
+        for m, st, seqs in saved:
+            m._states.update(st)
+            m.__dict__["state_seqs"] = seqs
+    inv = {k: n for n, k in net.names.items()}
+    nodes: dict[str, Any] = {}
+    for key in net.order:
+        name, kind, m = inv[key], net.kinds[key], net.nodes[key] if key in net.nodes else None
+        per_in, per_out = shapes.get(key, ((), ()))
+        if key == net.entry:
+            nodes[name] = nir.Input(input_type=np.array(x.shape[lead:]))
+        elif key in net.exits:
+            nodes[name] = nir.Output(output_type=np.array(per_out))
+        elif kind == "neuron":
+            nodes[name] = _neuron_node(nir, m, name, per_in, per_out, lead, dt, method)
+        elif kind == "flatten":
+            nodes[name] = nir.Flatten(input_type={"input": np.array(per_in)}, start_dim=m.start_dim, end_dim=m.end_dim)
+        elif isinstance(m, _Scale):
+            nodes[name] = nir.Scale(scale=m.scale.detach().cpu().numpy())
+        elif isinstance(m, nn.AvgPool2d) and m.divisor_override == 1:
+            nodes[name] = nir.SumPool2d(kernel_size=np.array(m.kernel_size), stride=np.array(m.stride),
+                                        padding=np.array(m.padding))
+        elif m is not None:
+            nodes[name] = _node(nir, m, name, per_in, per_out, lead, dt, method)
+
+    def sources(key: str) -> list[str]:  # through the pass-through nodes of flattened subgraphs
+        if key in nodes or inv[key] in nodes:
+            return [key]
+        return [s for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
+
+    edges = [(inv[s], inv[key]) for key in net.order if inv[key] in nodes
+             for p in net.preds[key] + net.back_preds[key] for s in sources(p)]
+    g = nir.NIRGraph(nodes=nodes, edges=edges, metadata={"flexdsl_dt": dt, "source": "flexdsl"})
+    if path is not None:
+        _write(nir, path, g)
+    return g
+
+
+def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
+    """Run the network once on `x` (no grad, states restored): each layer's input and output
+    shapes per call, and the network's per-sample output shape."""
+    records: dict[nn.Module, list[tuple[tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
+    handles = []
+    for m in root.modules():
+        if isinstance(m, (NeuronModule, *_LAYERS)):
+            def hook(mod, args, out):
+                o = out[0] if isinstance(out, tuple) else out
+                records[mod].append((tuple(args[0].shape), tuple(o.shape)))
+
+            handles.append(m.register_forward_hook(hook))
+    saved = [(m, dict(m._states), dict(m.state_seqs)) for m in root.modules() if isinstance(m, NeuronModule)]
+    training = [(m, m.training) for m in root.modules()]
+    try:
+        root.eval()
+        with torch.no_grad():
+            out = root(x)
+    except FlexDSLError:
+        raise
+    except Exception as e:
+        raise _net_error(f"the network fails on sample_input of shape {tuple(x.shape)}: {e}") from None
+    finally:
+        for h in handles:
+            h.remove()
+        for m, st, seqs in saved:
+            m._states.update(st)
+            m.__dict__["state_seqs"] = seqs
+        for m, t in training:
+            m.training = t
+    if not isinstance(out, torch.Tensor):
+        raise _net_error(f"the network returns {type(out).__name__}; NIR graphs here have one output tensor")
+    return records, tuple(out.shape[lead:])
+
+
+def _node(nir, mod: nn.Module, name: str, per_in: tuple[int, ...], per_out: tuple[int, ...], lead: int,
+          dt: float, method: str):
+    make = next(f for t, f in _NODE_MAKERS.items() if isinstance(mod, t))
+    return make(nir, mod, name, per_in, per_out, lead, dt, method)
+
+
+def _in_layer(e: FlexDSLError, name: str, mod: NeuronModule) -> FlexDSLError:
+    """A located error of a model, saying which layer of the network has it."""
+    if not e.line:
+        return e
+    return FlexDSLError(f"layer `{name}`: {e.reason}", e.filename, e.line, e.column, mod.compiled.text, e.hint)
+
+
+def _neuron_node(nir, mod: NeuronModule, name, per_in, per_out, lead, dt, method):
+    shape = per_out
+    try:
+        ex = match(mod, dt, method)
+    except FlexDSLError as e:
+        raise _in_layer(e, name, mod) from None
+    arrays = {}
+    for k, v in ex.params.items():
+        try:
+            arrays[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), shape).copy()
+        except ValueError:
+            raise _net_error(f"layer `{name}`: NIR param `{k}` has shape {np.shape(v)}, which does not broadcast "
+                             f"to the layer's shape {shape}", "per-channel params must broadcast over one sample, "
+                             "e.g. (C, 1, 1) for [C, H, W]") from None
+    _warn_initial(mod, name, ex, arrays)
+    meta = {"flexdsl_model": mod.compiled.name, "flexdsl_method": ex.method, "flexdsl_dt": dt}
+    if ex.op is not None:
+        meta["flexdsl_threshold"] = ex.op
+    if ex.surrogate is not None:
+        meta["flexdsl_surrogate"] = ex.surrogate
+    cls = getattr(nir, ex.kind)
+    if ex.kind == "Threshold":
+        return cls(threshold=arrays["threshold"], metadata=meta)
+    p = PRIMITIVES[ex.kind]
+    return cls(**{k: arrays[k] for k in p.params}, metadata=meta)
+
+
+def _warn_initial(mod: NeuronModule, name: str, ex: Exported, arrays: Mapping[str, np.ndarray]) -> None:
+    """NIR records no initial state; `load` starts v at v_leak (v_reset for IF, 0 for I) and
+    the current at 0: warn where the model starts elsewhere."""
+    if ex.kind == "Threshold":
+        return
+    ls = analyse(mod.compiled)
+    _, roles = classify(ls)
+    want = {"v": arrays[_INITIAL[ex.kind]] if _INITIAL[ex.kind] in arrays else np.zeros(1)}
+    if "i" in roles:
+        want["i"] = np.zeros(1)
+    for role, w in want.items():
+        state = roles[role]
+        init = mod._initial_value(state)
+        init = np.asarray(init.detach().cpu() if isinstance(init, torch.Tensor) else init, dtype=np.float64)
+        if not np.allclose(np.broadcast_to(init, np.broadcast_shapes(init.shape, w.shape)), w, rtol=1e-9, atol=1e-12):
+            warnings.warn(f"layer `{name}`: `{state}` starts at {_show(init)}, but NIR records no initial state and "
+                          f"flexdsl.nir.load starts it at {_show(w)}", stacklevel=4)
+
+
+def _linear_node(nir, mod: nn.Linear, name, per, per_out, lead, dt, method):
+    if len(per) != 1:
+        raise _net_error(f"`{name}` (Linear) gets inputs of shape {per} per sample; NIR's Affine takes vectors",
+                         "flatten first (torch.nn.Flatten)")
+    w = mod.weight.detach().cpu().numpy()
+    if mod.bias is None:
+        return nir.Linear(weight=w)
+    return nir.Affine(weight=w, bias=mod.bias.detach().cpu().numpy())
+
+
+def _conv_node(nir, mod, name, per, per_out, lead, dt, method):
+    two = isinstance(mod, nn.Conv2d)
+    if len(per) != (3 if two else 2):
+        raise _net_error(f"`{name}` gets inputs of shape {per} per sample")
+    if mod.padding_mode != "zeros":
+        raise _net_error(f"`{name}` pads with `{mod.padding_mode}`; NIR convolutions pad with zeros")
+    bias = mod.bias.detach().cpu().numpy() if mod.bias is not None else np.zeros(mod.out_channels, np.float32)
+    pad = mod.padding if isinstance(mod.padding, str) else (tuple(mod.padding) if two else mod.padding[0])
+    cls = nir.Conv2d if two else nir.Conv1d
+    return cls(input_shape=tuple(per[1:]) if two else per[1], weight=mod.weight.detach().cpu().numpy(),
+               stride=tuple(mod.stride) if two else mod.stride[0], padding=pad,
+               dilation=tuple(mod.dilation) if two else mod.dilation[0], groups=mod.groups, bias=bias)
+
+
+def _flatten_node(nir, mod: nn.Flatten, name, per, per_out, lead, dt, method):
+    # SpikingJelly's multi-step layers (step_mode "m") apply their torch layer to [T*batch, ...]
+    front = 1 if lead == 2 and getattr(mod, "step_mode", None) == "m" else lead
+    nd = len(per) + front
+    start = mod.start_dim % nd
+    end = mod.end_dim % nd
+    if start < front:
+        raise _net_error(f"`{name}` (Flatten(start_dim={mod.start_dim})) merges the time or batch dimension",
+                         f"use start_dim={front} for inputs [T, batch, ...]" if front == 2 else "use start_dim=1")
+    return nir.Flatten(input_type={"input": np.array(per)}, start_dim=start - front,
+                       end_dim=-1 if end == nd - 1 else end - front)
+
+
+def _pool_node(nir, mod: nn.AvgPool2d, name, per, per_out, lead, dt, method):
+    if mod.ceil_mode or mod.divisor_override is not None or not mod.count_include_pad:
+        raise _net_error(f"`{name}`: only AvgPool2d with ceil_mode=False, count_include_pad=True and no "
+                         "divisor_override has a NIR equivalent")
+
+    def pair(v):
+        return np.array(v if isinstance(v, tuple | list) else (v, v))
+
+    return nir.AvgPool2d(kernel_size=pair(mod.kernel_size), stride=pair(mod.stride), padding=pair(mod.padding))
+
+
+_NODE_MAKERS = {NeuronModule: _neuron_node, nn.Linear: _linear_node, nn.Conv1d: _conv_node, nn.Conv2d: _conv_node,
+                nn.Flatten: _flatten_node, nn.AvgPool2d: _pool_node}

@@ -1,0 +1,280 @@
+"""`load`: a network of flexdsl neurons from a NIR graph: one flexdsl neuron per NIR neuron node
+from generated `.neuron` text (kept as `module.neuron_text`), torch layers for the others,
+run by `network.NIRNetwork`."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import FlexDSLError, did_you_mean
+from ..frontend.catalog import SURROGATES
+from ..runtime.module import NeuronModule
+from .network import NIRNetwork
+from .primitives import (
+    _POSITIVE,
+    DEFAULT_SURROGATE,
+    METHODS,
+    PRIMITIVES,
+    _check_dt,
+    _nir,
+    _surrogate,
+    neuron_text,
+)
+
+
+def _read(graph_or_path: Any):
+    nir = _nir()
+    if isinstance(graph_or_path, str | Path):
+        path = str(graph_or_path)
+        if not Path(path).is_file():
+            raise FlexDSLError(f"no such NIR file: `{path}`", path)
+        try:
+            return nir.read(path), path
+        except Exception as e:  # h5py/nir raise many kinds of errors on a damaged file
+            raise FlexDSLError(f"cannot read `{path}` as a NIR graph: {e}", path) from None
+    if isinstance(graph_or_path, nir.NIRGraph):
+        return graph_or_path, "<nir graph>"
+    if isinstance(graph_or_path, nir.NIRNode) and not isinstance(graph_or_path, nir.Input | nir.Output):
+        node = graph_or_path
+        try:
+            return nir.NIRGraph.from_list(node), "<nir graph>"
+        except Exception as e:
+            raise FlexDSLError(f"cannot make a graph of this {type(node).__name__} node: {e}", "<nir graph>") from None
+    raise FlexDSLError(f"load takes a nir.NIRGraph, a NIR node or a path, not {type(graph_or_path).__name__}",
+                       "<flexdsl.nir>")
+
+
+@dataclass
+class _Flat:
+    nodes: dict[str, Any]  # path -> NIR node ("pass" for the Input/Output nodes of subgraphs)
+    edges: list[tuple[str, str]]
+    inputs: list[str]
+    outputs: list[str]
+
+
+def _flatten(graph, prefix: str = "") -> _Flat:
+    """One flat graph: a subgraph's nodes are named `sub/node`; its Input and Output nodes pass
+    their value through."""
+    nir = _nir()
+    flat = _Flat({}, [], [], [])
+    entry: dict[str, list[str]] = {}
+    exit_: dict[str, list[str]] = {}
+    for name, node in graph.nodes.items():
+        full = prefix + str(name)
+        if isinstance(node, nir.NIRGraph):
+            sub = _flatten(node, full + "/")
+            flat.nodes.update(sub.nodes)
+            flat.edges += sub.edges
+            entry[str(name)], exit_[str(name)] = sub.inputs, sub.outputs
+        else:
+            if isinstance(node, nir.Input):
+                flat.inputs.append(full)
+            elif isinstance(node, nir.Output):
+                flat.outputs.append(full)
+            flat.nodes[full] = "pass" if prefix and isinstance(node, nir.Input | nir.Output) else node
+            entry[str(name)] = exit_[str(name)] = [full]
+    for a, b in graph.edges:
+        a, b = str(a), str(b)
+        for n in (a, b):
+            if n not in entry:
+                raise FlexDSLError(f"the edge ({a!r}, {b!r}) names `{n}`, which is not a node of the graph",
+                                   "<nir graph>")
+        flat.edges += [(s, d) for s in exit_[a] for d in entry[b]]
+    return flat
+
+
+def _np(a: Any, dtype: Any = np.float64) -> np.ndarray:
+    """A NIR field as a numpy array (other tools store torch tensors in their graphs too)."""
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    return np.array(a, dtype=dtype)
+
+
+def _array(node: Any, field: str, where: str, kind: str) -> np.ndarray:
+    try:
+        a = _np(getattr(node, field))
+    except (TypeError, ValueError):
+        raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` is not numeric", "<nir graph>") from None
+    bad = ~np.isfinite(a) | ((a <= 0) if field in _POSITIVE else False)
+    if bool(np.any(bad)):
+        i = int(np.flatnonzero(bad)[0])
+        want = "positive and finite" if field in _POSITIVE else "finite"
+        raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` must be {want}, got {float(a.flat[i])!r} at "
+                           f"flat index {i}",
+                           "<nir graph>")
+    return a
+
+
+def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, learnable: set[str],
+                   surrogate: str, backend: str, detach_reset: bool) -> NeuronModule:
+    from ..api import loads
+
+    p = PRIMITIVES[kind]
+    arrays = {f: _array(node, f, where, kind) for f in p.params}
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
+    except ValueError:
+        raise FlexDSLError(f"NIR node `{where}` ({kind}): its params have shapes that do not broadcast: "
+                           + ", ".join(f"{f} {a.shape}" for f, a in arrays.items()), "<nir graph>") from None
+    scalars: dict[str, float] = {}
+    channels: dict[str, np.ndarray] = {}
+    for f, a in arrays.items():
+        uniform = a.size > 0 and bool(np.all(a == a.flat[0]))
+        if uniform and f not in learnable:
+            scalars[f] = float(a.flat[0])
+        else:
+            channels[f] = np.broadcast_to(a, shape).copy() if f in learnable else a
+            scalars[f] = float(a.flat[0]) if a.size else 0.0
+    if method == "euler" and kind not in ("IF", "I", "Threshold"):
+        taus = [arrays[f] for f in ("tau", "tau_mem", "tau_syn") if f in arrays]
+        if any(bool(np.any(t < dt)) for t in taus):
+            warnings.warn(f"NIR node `{where}` ({kind}): a time constant is shorter than dt={dt:g}; forward Euler "
+                          "overshoots there (method='exact' does not)", stacklevel=3)
+    text = neuron_text(kind, scalars, dt, method, surrogate=surrogate, learnable=learnable & set(p.params),
+                       shapes={f: a.shape for f, a in channels.items()})
+    return loads(text, backend=backend, detach_reset=detach_reset,
+                 **{f: torch.from_numpy(a) for f, a in channels.items()})
+
+
+class _Scale(nn.Module):
+    def __init__(self, scale: np.ndarray) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.from_numpy(_np(scale, np.float32)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+def _layer_module(node: Any, where: str) -> tuple[nn.Module, str]:
+    """A NIR layer as a torch module and how it is applied: "vector" (on the last dimension or
+    elementwise), "spatial" (on [N, C, ...]), "flatten"."""
+    try:
+        return _make_layer(node, where)
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
+        raise FlexDSLError(f"NIR node `{where}` ({type(node).__name__}) is malformed: {e}", "<nir graph>") from None
+
+
+def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
+    nir = _nir()
+    kind = type(node).__name__
+
+    def tensor(a: Any) -> torch.Tensor:
+        return torch.from_numpy(_np(a, np.float32))
+
+    if isinstance(node, nir.Affine | nir.Linear):
+        w = tensor(node.weight)
+        if w.dim() != 2:
+            raise FlexDSLError(f"NIR node `{where}` ({kind}): weights of shape {tuple(w.shape)} are not a matrix",
+                               "<nir graph>")
+        has_bias = isinstance(node, nir.Affine)
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=has_bias)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            if has_bias:
+                lin.bias.copy_(tensor(node.bias).reshape(-1))
+        return lin, "vector"
+    if isinstance(node, nir.Scale):
+        return _Scale(node.scale), "vector"
+    if isinstance(node, nir.Conv1d | nir.Conv2d):
+        w = tensor(node.weight)
+        two = isinstance(node, nir.Conv2d)
+        cls = nn.Conv2d if two else nn.Conv1d
+
+        def arg(v):
+            if isinstance(v, str):
+                return v
+            a = np.asarray(v).astype(int).reshape(-1)
+            return tuple(int(t) for t in a) if two and a.size == 2 else int(a[0])
+
+        conv = cls(w.shape[1] * int(node.groups), w.shape[0], tuple(w.shape[2:]), stride=arg(node.stride),
+                   padding=arg(node.padding), dilation=arg(node.dilation), groups=int(node.groups), bias=True)
+        with torch.no_grad():
+            conv.weight.copy_(w)
+            conv.bias.copy_(tensor(node.bias).reshape(-1))
+        return conv, "spatial"
+    if isinstance(node, nir.AvgPool2d | nir.SumPool2d):
+        def pair(v):
+            a = np.asarray(v).astype(int).reshape(-1)
+            return (int(a[0]), int(a[-1]))
+
+        pool = nn.AvgPool2d(pair(node.kernel_size), pair(node.stride), pair(node.padding),
+                            divisor_override=1 if isinstance(node, nir.SumPool2d) else None)
+        return pool, "spatial"
+    if isinstance(node, nir.Flatten):
+        return nn.Flatten(int(node.start_dim), int(node.end_dim)), "flatten"
+    raise FlexDSLError(f"NIR node `{where}` is a {kind}, which flexdsl cannot run", "<nir graph>",
+                       hint="supported: " + ", ".join([*PRIMITIVES, "Affine", "Linear", "Scale", "Conv1d", "Conv2d",
+                                                       "Flatten", "AvgPool2d", "SumPool2d"]))
+
+
+def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", learnable: Iterable[str] = (),
+         surrogate: str | None = None, backend: str = "auto", detach_reset: bool = False,
+         step_mode: str = "m") -> NIRNetwork:
+    """A `torch.nn.Module` (NIRNetwork) running a NIR graph (a `nir.NIRGraph`, a node, or a file
+    path) with flexdsl neurons.
+
+    `dt` is the length of one step in the graph's time unit (default: the dt that
+    `flexdsl.nir.export` recorded in the graph). `method`: how NIR's ODEs are discretised,
+    "euler", "exact" or "auto" (what export recorded for a node, else euler). `learnable`:
+    NIR param names (e.g. "tau", "v_threshold") that become trainable per-neuron Parameters.
+    `surrogate`: the spikes' surrogate, e.g. "atan(alpha=2.0)" (default: what export recorded,
+    else sigmoid(alpha=4.0)). Inputs are `[T, batch, *shape]` (step_mode "m") or
+    `[batch, *shape]` ("s", one step per call, states kept until `reset()`).
+    """
+    nir = _nir()
+    graph, source = _read(graph_or_path)
+    meta = graph.metadata if isinstance(graph.metadata, dict) else {}
+    if dt is None:
+        if "flexdsl_dt" not in meta:
+            raise FlexDSLError("dt is needed: NIR is continuous time and this graph does not record a step",
+                               source, hint="pass dt=..., the length of one step in the graph's time unit "
+                               "(snnTorch exports with dt=1e-4, Norse with dt=1e-3)")
+        dt = meta["flexdsl_dt"]
+    dt = _check_dt(np.asarray(dt).reshape(-1)[0] if not isinstance(dt, int | float) else dt)
+    if method not in ("auto", *METHODS):
+        raise FlexDSLError(f"method must be 'auto', 'euler' or 'exact', not {method!r}", "<flexdsl.nir>",
+                           hint=did_you_mean(str(method), ["auto", *METHODS]))
+    if step_mode not in ("s", "m"):
+        raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", "<flexdsl.nir>")
+    learn = {str(n) for n in ([learnable] if isinstance(learnable, str) else learnable)}
+    known = sorted({f for p in PRIMITIVES.values() for f in p.params})
+    for n in learn:
+        if n not in known:
+            raise FlexDSLError(f"`{n}` is not a param of a NIR neuron", "<flexdsl.nir>",
+                               hint=did_you_mean(n, known) or "NIR neuron params: " + ", ".join(known))
+    if surrogate is not None and _surrogate(surrogate) is None:
+        raise FlexDSLError(f"surrogate {surrogate!r} is not a built-in surrogate with numeric keywords", "<flexdsl.nir>",
+                           hint="e.g. 'atan(alpha=2.0)'; built-in: " + ", ".join(SURROGATES))
+    flat = _flatten(graph)
+    if len(flat.inputs) != 1:
+        raise FlexDSLError(f"the graph has {len(flat.inputs)} Input nodes; flexdsl runs graphs with one", source)
+    if not flat.outputs:
+        raise FlexDSLError("the graph has no Output node", source)
+    modules: dict[str, nn.Module] = {}
+    kinds: dict[str, str] = {}
+    types: dict[str, str] = {}
+    for name, node in flat.nodes.items():
+        types[name] = "subgraph Input/Output" if isinstance(node, str) else type(node).__name__
+        if node == "pass" or isinstance(node, nir.Input | nir.Output):
+            kinds[name] = "pass"
+            continue
+        kind = type(node).__name__
+        if kind in PRIMITIVES:
+            md = node.metadata if isinstance(node.metadata, dict) else {}
+            meth = method if method != "auto" else (md.get("flexdsl_method") if md.get("flexdsl_method") in METHODS
+                                                    else "euler")
+            sur = surrogate or _surrogate(md.get("flexdsl_surrogate")) or DEFAULT_SURROGATE
+            modules[name] = _neuron_module(kind, node, name, dt, meth, learn, _surrogate(sur) or DEFAULT_SURROGATE,
+                                           backend, detach_reset)
+            kinds[name] = "neuron"
+        else:
+            modules[name], kinds[name] = _layer_module(node, name)
+    return NIRNetwork(modules, kinds, flat.edges, flat.inputs[0], flat.outputs, dt, step_mode, types)

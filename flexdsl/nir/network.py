@@ -1,0 +1,184 @@
+"""`NIRNetwork`, the executor of an imported graph: layer by layer over whole sequences, so the
+neurons use their multi-step kernels; a graph with cycles runs step by step, a recurrent edge
+carrying the previous step's value."""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from functools import reduce
+
+import torch
+from torch import nn
+
+from ..errors import FlexDSLError
+from ..runtime.module import NeuronModule
+
+_ATTRIBUTES = frozenset(dir(nn.ModuleDict()))  # names a ModuleDict key cannot take ("forward", "_modules", ...)
+
+
+def _key(name: str, taken: set[str]) -> str:
+    """A ModuleDict key for a node name (no dots, not empty, no attribute's name, unique)."""
+    base = re.sub(r"[^0-9A-Za-z_]", "_", name) or "node"
+    if base in _ATTRIBUTES:
+        base = "node_" + base
+    key, k = base, 1
+    while key in taken:
+        key = f"{base}_{k}"
+        k += 1
+    taken.add(key)
+    return key
+
+
+class NIRNetwork(nn.Module):
+    """A NIR graph run with flexdsl neurons. `net(x)`: x is `[T, batch, *shape]` (step_mode "m")
+    or `[batch, *shape]` ("s"); returns the output node's value (a tuple for several outputs).
+
+    A graph without cycles runs layer by layer over the whole sequence (the neurons' multi-step
+    kernels); a graph with cycles runs step by step, each recurrent edge carrying its source's
+    value of the previous step (before the first: its value for zero input with silent neurons).
+    Nodes are `net.nodes[key]` (`net.names` maps the NIR node names to keys); `net.neuron_texts`
+    holds each neuron's generated `.neuron` text.
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module], kinds: Mapping[str, str], edges: Sequence[tuple[str, str]],
+                 entry: str, exits: Sequence[str], dt: float, step_mode: str = "m",
+                 types: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._node_kinds = dict(types or kinds)
+        taken: set[str] = set()
+        self.names = {n: _key(n, taken) for n in kinds}
+        self.nodes = nn.ModuleDict({self.names[n]: m for n, m in modules.items()})
+        self.kinds = {self.names[n]: k for n, k in kinds.items()}
+        self.dt = dt
+        self.step_mode = step_mode
+        e = [(self.names[a], self.names[b]) for a, b in edges]
+        self.entry = self.names[entry]
+        self.exits = [self.names[x] for x in exits]
+        self.order, back = _order(self.entry, e)
+        missing = [x for x in self.exits if x not in self.order]
+        if missing:
+            inv = {v: k for k, v in self.names.items()}
+            raise FlexDSLError(f"the output node `{inv[missing[0]]}` is not connected to the input", "<nir graph>")
+        reach = set(self.order)
+        self.preds = {n: [a for a, b in e if b == n and (a, b) not in back and a in reach] for n in self.order}
+        self.back_preds = {n: [a for a, b in e if b == n and (a, b) in back] for n in self.order}
+        self.recurrent = bool(back)
+        self._prev: dict[str, torch.Tensor] = {}
+        self._shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
+
+    @property
+    def node_kinds(self) -> dict[str, str]:
+        """What each node is, by NIR node name: a NIR primitive, or the torch layer it runs as."""
+        return dict(self._node_kinds)
+
+    @property
+    def neuron_texts(self) -> dict[str, str]:
+        """The generated `.neuron` text of each neuron node, by NIR node name."""
+        return {n: self.nodes[k].compiled.text for n, k in self.names.items() if self.kinds[k] == "neuron"}
+
+    def reset(self) -> None:
+        """Every neuron back to its initial state; recurrent edges to 0."""
+        for m in self.nodes.values():
+            if isinstance(m, NeuronModule):
+                m.reset()
+        self._prev = {}
+
+    def _run_node(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
+        y = self._node_value(key, x, lead)
+        if self._shapes is not None:  # export records each node's per-sample shapes
+            self._shapes.setdefault(key, (tuple(x.shape[lead:]), tuple(y.shape[lead:])))
+        return y
+
+    def _node_value(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
+        kind = self.kinds[key]
+        if kind == "pass":
+            return x
+        m = self.nodes[key]
+        if kind == "neuron":
+            return m(x) if lead == 2 else m(x.unsqueeze(0))[0]
+        if kind == "vector":
+            return m(x)
+        if kind == "flatten":
+            end = m.end_dim + lead if m.end_dim >= 0 else m.end_dim
+            return torch.flatten(x, m.start_dim + lead, end)
+        front = x.shape[:lead]
+        y = m(x.reshape(-1, *x.shape[lead:]))
+        return y.reshape(*front, *y.shape[1:])
+
+    def _one(self, x: torch.Tensor, lead: int, prev: Mapping[str, torch.Tensor],
+             rest: bool = False) -> dict[str, torch.Tensor]:
+        """Every node's value for input `x` (one step, or a whole sequence where the graph has no
+        cycle); recurrent edges take `prev`. With `rest`, the neurons are silent (0) and keep
+        their states: the graph's value before the first step."""
+        values: dict[str, torch.Tensor] = {}
+        for key in self.order:
+            ins = [values[p] for p in self.preds[key] if p in values] if key != self.entry else [x]
+            ins += [prev[p] for p in self.back_preds[key] if p in prev]
+            if ins:
+                total = reduce(operator.add, ins)
+                values[key] = torch.zeros_like(total) if rest and self.kinds[key] == "neuron" else \
+                    self._run_node(key, total, lead)
+        return values
+
+    def _step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.recurrent and not self._prev:  # before the first step: zero input, silent neurons
+            self._prev = self._carried(self._one(torch.zeros_like(x), 1, {}, rest=True))
+        values = self._one(x, 1, self._prev)
+        self._prev = self._carried(values)
+        return values
+
+    def _carried(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {p: values[p] for ps in self.back_preds.values() for p in ps if p in values}
+
+    def _outputs(self, values: Mapping[str, torch.Tensor]):
+        outs = [values.get(k) for k in self.exits]
+        if any(o is None for o in outs):
+            raise FlexDSLError("an output node received no value", "<nir graph>")
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def forward(self, x: torch.Tensor):
+        if self.step_mode == "s":
+            return self._outputs(self._step(x))
+        if x.dim() < 2:
+            raise FlexDSLError(f"inputs must be [T, batch, *shape], got shape {tuple(x.shape)}", "<nir graph>")
+        if not self.recurrent:
+            return self._outputs(self._one(x, 2, {}))
+        steps = [self._step(x[t]) for t in range(x.shape[0])]
+        for k in self.exits:
+            if any(k not in v for v in steps):
+                raise FlexDSLError("an output node received no value", "<nir graph>")
+        outs = [torch.stack([v[k] for v in steps]) for k in self.exits]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def extra_repr(self) -> str:
+        return f"dt={self.dt:g}, step_mode={self.step_mode!r}" + (", recurrent" if self.recurrent else "")
+
+
+def _order(entry: str, edges: Sequence[tuple[str, str]]) -> tuple[list[str], set[tuple[str, str]]]:
+    """Nodes reachable from `entry` in an order where every edge but the back edges (those
+    closing a cycle, found by depth-first search) goes forward; and the back edges."""
+    succ: dict[str, list[str]] = defaultdict(list)
+    for a, b in edges:
+        succ[a].append(b)
+    state: dict[str, int] = {entry: 1}
+    back: set[tuple[str, str]] = set()
+    post: list[str] = []
+    stack = [(entry, iter(succ[entry]))]
+    while stack:
+        node, it = stack[-1]
+        for nxt in it:
+            s = state.get(nxt)
+            if s == 1:
+                back.add((node, nxt))
+            elif s is None:
+                state[nxt] = 1
+                stack.append((nxt, iter(succ[nxt])))
+                break
+        else:
+            state[node] = 2
+            post.append(node)
+            stack.pop()
+    return post[::-1], back

@@ -1,0 +1,109 @@
+"""The pipeline: parse -> check -> lower -> derive -> schedule, one model at a time.
+
+`IR(text, filename, detach_reset)` parses and checks at construction (sympy-free: the
+definitions of the units a model writes come from the disk cache once sympy has given them);
+each later stage runs on first use and is kept. It is the object a backend's `emit` receives:
+
+    ir.checked     the checked model (frontend)               ir.step       the discretized step (ir.lower)
+    ir.backward    its derived VJP (ir.derive)                ir.hoisted    the step's param-only part (ir.schedule.hoist)
+    ir.schedule    hoisting and the save/recompute plan       ir.host       the host program (ir.host): derived
+                   shared by the kernel backends                            params and checked param-only values
+
+`ir.host` is kept in the disk cache (JSON), so that a process that loads a model seen before
+evaluates its derived params without sympy. `cache_key(*parts)` is the cache key of something
+made from this model (a backend's artefact: its name and tool versions as parts).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
+
+from ..frontend.check import CheckedModel, check
+from ..frontend.parse import parse
+from ..ir.host import HostProgram
+from . import cache
+
+if TYPE_CHECKING:
+    from ..ir.derive import BackwardModel
+    from ..ir.lower import StepModel
+    from ..ir.schedule import Hoisted, Schedule
+
+
+@lru_cache(maxsize=1)
+def _sympy_version() -> str:
+    from importlib.metadata import version
+
+    return version("sympy")
+
+
+def unit_definition(name: str, make) -> list:
+    """A unit's definition (from sympy.physics.units), kept in the disk cache: the store the
+    pipeline gives the checker (`frontend.dims.unit`), and the runtime to values with units."""
+    k = cache.key("unit", name, _sympy_version())
+    return cache.get_or_make(k, lambda: cache.Artefact("unit", "", {"definition": make()})).meta["definition"]
+
+
+class IR:
+    """One model through the compiler: its text and each stage, computed on first use (see the
+    module docstring)."""
+
+    def __init__(self, text: str, filename: str, detach_reset: bool) -> None:
+        self.text = text
+        self.filename = filename
+        self.detach_reset = detach_reset
+        self.checked: CheckedModel = check(parse(text, filename), unit_definition)
+
+    @property
+    def name(self) -> str:
+        return self.checked.name
+
+    def cache_key(self, *parts: str) -> str:
+        """The cache key of something made from this model (e.g. a backend's name and version)."""
+        return cache.key(*parts, self.text, self.filename, str(self.detach_reset))
+
+    @cached_property
+    def step(self) -> StepModel:
+        """The discretized step (sympy SSA assignments)."""
+        from ..ir.lower import lower
+
+        return lower(self.checked, self.detach_reset)
+
+    @cached_property
+    def backward(self) -> BackwardModel:
+        """The derived vector-Jacobian product of one step."""
+        from ..ir.derive import derive
+
+        return derive(self.step)
+
+    @cached_property
+    def hoisted(self) -> Hoisted:
+        """The step split into param-only values and the per-step body (no backward needed)."""
+        from ..ir.schedule import hoist
+
+        return hoist(self.step)
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        """Hoisting and the save/recompute plan, shared by the backends."""
+        from ..ir.schedule import make_schedule
+
+        return make_schedule(self.step, self.backward, self.hoisted)
+
+    @cached_property
+    def host(self) -> HostProgram:
+        """What the host computes from the params before a call (derived params, checked
+        param-only values), from the disk cache when a process has seen the model before."""
+
+        def make() -> cache.Artefact:
+            from ..ir.host import host_program
+
+            return cache.Artefact("host", "", host_program(self.step, self.hoisted).to_dict())
+
+        return HostProgram.from_dict(cache.get_or_make(self.cache_key("host"), make).meta)
+
+    def __repr__(self) -> str:
+        return f"<flexdsl IR {self.name} from {self.filename!r}>"
+
+
+__all__ = ["IR", "unit_definition"]

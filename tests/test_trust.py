@@ -1,0 +1,462 @@
+"""Issue 18, "no silent wrong numbers": every class of failure found by an attacker's and a
+numerical analyst's audit, each pinned by a test that fails without its fix. Caches may change
+speed, never results; a refused change changes nothing; every user error is a located
+`FlexDSLError`. (Triton runs through its interpreter here, as in CI.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flexdsl
+
+TWO_INPUTS = """neuron TwoIn:
+    input x, y
+    param a = 0.5
+    state v = 0.0
+    update:
+        v = a * v + x - 2 * y
+    output v
+"""
+
+TWO_OUTPUTS = """neuron TwoOut:
+    input x
+    param tau = 2.0
+    state v = 0.0
+    update:
+        v = v + (x - v) / tau
+    spike when v >= 0.6 surrogate sigmoid(alpha=4.0)
+    on spike:
+        v = 0.0
+    output spike, v
+"""
+
+
+def _pair(text: str, **kw):
+    return flexdsl.loads(text, backend="triton", **kw), flexdsl.loads(text, backend="torch", **kw)
+
+
+# ---------------------------------------------------------------- caches: keyed on what determines them
+def test_a_call_with_one_tensor_in_two_input_slots_does_not_poison_later_calls():
+    """The launch plan recorded by m(a, a) must not answer m(a, b) with f(b, b), in this module
+    or in another module of the same model text."""
+    tri, ref = _pair(TWO_INPUTS)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(5, 8, generator=g), torch.rand(5, 8, generator=g)
+    torch.testing.assert_close(tri(a, a), ref(a, a), rtol=0, atol=1e-6)
+    for m in (tri, flexdsl.loads(TWO_INPUTS, backend="triton")):
+        m.reset()
+        ref.reset()
+        torch.testing.assert_close(m(a, b), ref(a, b), rtol=0, atol=1e-6)
+        m.reset()
+        ref.reset()
+        torch.testing.assert_close(m(b, a), ref(b, a), rtol=0, atol=1e-6)
+
+
+def test_one_gradient_tensor_for_two_outputs_does_not_poison_later_backwards():
+    """Autograd hands one gradient tensor to both outputs for ((s + v) * c).sum(); a later,
+    different loss must get its own input gradients."""
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.rand(6, 16, generator=g) * 1.5
+    c = torch.rand(6, 16, generator=g)
+    c1, c2 = torch.rand(6, 16, generator=g), torch.rand(6, 16, generator=g)
+    grads = {}
+    for backend in ("triton", "torch"):
+        m = flexdsl.loads(TWO_OUTPUTS, backend=backend)
+        out = []
+        for loss in (lambda s, v: ((s + v) * c).sum(), lambda s, v: (s * c1 + v * c2).sum(),
+                     lambda s, v: (v * c2).sum()):
+            x = x0.clone().requires_grad_()
+            m.reset()
+            s, v = m(x)
+            loss(s, v).backward()
+            out.append(x.grad)
+        grads[backend] = out
+    for t, r in zip(grads["triton"], grads["torch"]):
+        torch.testing.assert_close(t, r, rtol=1e-5, atol=1e-6)
+
+
+def test_caches_tell_zero_from_negative_zero():
+    """A signed zero is a different value: cached initial values, derived params and launch
+    plans keyed by float equality would answer -0.0 with what 0.0 gave."""
+    text = """neuron Z:
+    input x
+    param c = 0.0
+    state v = c
+    update:
+        v = v * 2 + x
+    output v
+"""
+    x = torch.full((3, 4), -0.0)  # (-0.0 + -0.0 is -0.0; 0.0 + -0.0 is 0.0)
+    for backend in ("torch", "triton"):
+        m = flexdsl.loads(text, backend=backend)
+        assert not torch.signbit(m(x)).any()
+        for c in (-0.0, 0.0, -0.0):
+            m.reset()
+            m.c = c
+            assert bool(torch.signbit(m(x)).all()) == (str(c) == "-0.0"), (backend, c)
+
+
+# ---------------------------------------------------------------- gradients: correct, or a clear error
+LEARNABLE = """neuron P:
+    input x
+    param tau = 2.0 where tau > 1 learnable
+    param dt = 1.0
+    state v = 0.0
+    equations method exponential_euler:
+        dv/dt = (x - v) / tau - x * x * v
+    spike when v >= 0.8 surrogate sigmoid(alpha=4.0)
+    on spike:
+        v = 0.0
+    output spike, v
+"""
+
+
+SMOOTH = LEARNABLE.replace("neuron P:", "neuron Smooth:").split("    spike when")[0] + "    output v\n"
+
+
+def _first_order(m, x):
+    v = m(x)
+    (g,) = torch.autograd.grad((v * v * x).sum(), m.tau, create_graph=True)
+    return g
+
+
+def test_second_order_gradients_are_correct_on_torch_and_refused_on_triton():
+    """Double backward through a learnable param: the torch backend's equals a central finite
+    difference of its first-order gradient (float64); the Triton kernels' backward is not
+    differentiable, so create_graph=True through them is a located error, never zeros. (A
+    model without a spike: finite differences see a spike as a step, autograd as its surrogate.)"""
+    x = torch.linspace(-0.5, 1.5, 24, dtype=torch.float64).reshape(6, 4)
+    m = flexdsl.loads(SMOOTH, backend="torch").double()
+    g = _first_order(m, x)
+    (g2,) = torch.autograd.grad(g, m.tau)
+    h, tau = 1e-5, m.tau.item()
+    fd = []
+    for t in (tau + h, tau - h):
+        m.reset()
+        m.tau = t
+        fd.append(_first_order(m, x).item())
+    assert abs(g2.item() - (fd[0] - fd[1]) / (2 * h)) < 1e-6 * max(1.0, abs(g2.item()))
+    assert g2.item() != 0.0
+    tri = flexdsl.loads(SMOOTH, backend="triton")
+    with pytest.raises(flexdsl.FlexDSLError, match="second-order"):
+        _first_order(tri, x.float())
+    tri.reset()
+    v = tri(x.float())  # first order still works, and equals the torch backend's
+    (g1,) = torch.autograd.grad((v * v * x.float()).sum(), tri.tau)
+    m.reset()
+    m.tau = tau
+    torch.testing.assert_close(g1.double(), _first_order(m, x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_func_transforms_work_on_the_torch_backend():
+    """grad, vmap, jacrev and jvp of a flexdsl layer equal plain autograd and a loop (the
+    spike's surrogate is its derivative in both modes); on the Triton kernels a transform is a
+    clear error, and backend='auto' takes the torch path."""
+    from torch.func import functional_call, grad, jacrev, jvp, vmap
+
+    m = flexdsl.loads(LEARNABLE, backend="torch").double()
+    x = torch.linspace(-0.5, 1.5, 12, dtype=torch.float64).reshape(4, 3)
+
+    def loss(params, x):
+        s, v = functional_call(m, params, (x,))
+        m.reset()
+        return (s * x + v).sum()
+
+    params = {"tau": m.tau.detach().clone()}
+    gf = grad(loss, argnums=(0, 1))(params, x)
+    xr = x.clone().requires_grad_()
+    s, v = m(xr)
+    m.reset()
+    (s * xr + v).sum().backward()
+    torch.testing.assert_close(gf[1], xr.grad)
+    torch.testing.assert_close(gf[0]["tau"], m.tau.grad)
+
+    def volts(xx):
+        out = m.step(xx, state=None)[0][1]
+        return out
+
+    batched = vmap(volts, in_dims=1, out_dims=1)(x)
+    loop = torch.stack([volts(x[:, i]) for i in range(3)], dim=1)
+    torch.testing.assert_close(batched, loop)
+    jac = jacrev(volts)(x)
+    ref = torch.autograd.functional.jacobian(volts, x)
+    torch.testing.assert_close(jac, ref)
+    tangent = torch.rand(4, 3, dtype=torch.float64)
+    _, fwd = jvp(volts, (x,), (tangent,))
+    torch.testing.assert_close(fwd, (ref.reshape(12, 12) @ tangent.reshape(12)).reshape(4, 3))
+
+    vmap(lambda xx: m(xx)[1], in_dims=1, out_dims=1)(x)  # keeps a batched state...
+    with pytest.raises(flexdsl.FlexDSLError, match="vmap"):
+        m(x)  # ...which a call outside vmap cannot use: a clear error, not functorch's
+    m.reset()
+    m(x)
+    tri = flexdsl.loads(LEARNABLE, backend="triton")
+    with pytest.raises(flexdsl.FlexDSLError, match="torch.func"):
+        grad(lambda xx: tri(xx)[1].sum())(x.float())
+    auto = flexdsl.loads(LEARNABLE, backend="auto")
+    torch.testing.assert_close(grad(lambda xx: auto(xx)[1].sum())(x.float()),
+                               torch.func.grad(lambda xx: m.step(xx, None)[0][1].sum())(x).float())
+
+
+# ---------------------------------------------------------------- params: validated fully, then committed
+def _snapshot(m) -> dict:
+    out = {}
+    for k, v in m.param_values().items():
+        out[k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+# a step that is undefined for some finite params (exp(dt / tau) overflows)
+INVARIANT = """neuron Inv:
+    input x
+    param tau = 2.0 where tau > 0
+    param dt = 1.0
+    param g = 1.0 learnable
+    param w = 0.5
+    state v = 0.0
+    state u = 0.0
+    update:
+        v = v * exp(dt / tau) + g * w * x
+        u = u * exp(dt / tau) + x
+    output v
+"""
+
+
+@pytest.mark.parametrize("shapes", [None, {"w": (3,)}, {"g": (3,)}])
+def test_a_refused_assignment_changes_nothing(shapes):
+    m = flexdsl.loads(INVARIANT, param_shapes=shapes or {})
+    before = _snapshot(m)
+    bad = {"tau": [0.0, -1.0, float("nan"), 1e-3, "x", None, True, torch.tensor([1.0, -2.0, 3.0]), 10 ** 400],
+           "dt": [float("inf"), 1e6, torch.tensor(float("nan")), torch.tensor([1 + 2j])],
+           "g": [float("nan"), torch.tensor([True]), torch.zeros(0), torch.ones(4)],
+           "w": [float("-inf"), torch.tensor([0.5, float("nan"), 0.5]), torch.zeros(0), "1e999"]}
+    for name, values in bad.items():
+        for v in values:
+            with pytest.raises(flexdsl.FlexDSLError) as e:
+                setattr(m, name, v)
+            assert e.value.line, e.value  # located at the param or the statement
+            assert _same(before, _snapshot(m)), (name, v)
+    x = torch.ones(2, 3)
+    torch.testing.assert_close(m(x), flexdsl.loads(INVARIANT, param_shapes=shapes or {})(x))
+
+
+def test_a_refused_checkpoint_changes_nothing():
+    m = flexdsl.loads(INVARIANT)
+    good = m.state_dict()
+    m.tau = 3.0
+    before = _snapshot(m)
+    cases = []
+    for name, value in [("tau", float("inf")), ("dt", float("nan")), ("tau", 1e-3), ("tau", -2.0)]:
+        sd = m.state_dict()
+        sd["_extra_state"] = {**sd["_extra_state"], "params": {**sd["_extra_state"]["params"], name: value}}
+        cases.append(sd)
+    for g in (float("nan"), float("inf")):
+        sd = dict(good)
+        sd["g"] = torch.tensor(g)
+        cases.append(sd)
+    sd = dict(good)
+    sd["g"] = torch.tensor(True)
+    cases.append(sd)
+    for sd in cases:
+        with pytest.raises(flexdsl.FlexDSLError):
+            m.load_state_dict(sd)
+        assert _same(before, _snapshot(m))
+    m.load_state_dict(good)
+    assert m.tau == 2.0
+
+
+def test_a_checkpoint_of_another_model_or_missing_params_does_not_load():
+    lif = flexdsl.load("lif", tau=3.0)
+    for other in ("izhikevich", "lif_soft", "plif"):
+        m = flexdsl.load(other)
+        before = _snapshot(m)
+        with pytest.raises(flexdsl.FlexDSLError, match="LIF"):
+            m.load_state_dict(lif.state_dict())
+        assert _same(before, _snapshot(m))
+    m = flexdsl.load("lif")
+    with pytest.raises(flexdsl.FlexDSLError, match="no value for the params `tau`, `v_threshold`, `v_reset`"):
+        m.load_state_dict({})
+    with pytest.raises(flexdsl.FlexDSLError, match="no value"):
+        flexdsl.load("plif").load_state_dict({"w": torch.tensor(0.1)})
+    with pytest.raises(flexdsl.FlexDSLError, match="does not have"):
+        m.load_state_dict({**lif.state_dict(), "bogus": torch.zeros(1)})
+    assert m.tau == 2.0
+    m.load_state_dict({}, strict=False)  # strict=False keeps what a checkpoint lacks
+    assert m.tau == 2.0
+    m.load_state_dict(lif.state_dict())
+    assert m.tau == 3.0
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), flexdsl.load("plif"))
+    net2 = torch.nn.Sequential(torch.nn.Linear(2, 2), flexdsl.load("plif", w=0.3))
+    net.load_state_dict(net2.state_dict())  # inside a network (prefixed keys)
+    torch.testing.assert_close(net[1].w, net2[1].w)
+
+
+def test_nan_and_inf_params_are_located_errors_everywhere():
+    for v in (float("nan"), float("inf"), "nan", torch.tensor([1.0, float("nan")])):
+        with pytest.raises(flexdsl.FlexDSLError, match="finite") as e:
+            flexdsl.load("lif", v_threshold=v)
+        assert e.value.line == 17
+    m = flexdsl.load("lif")
+    with pytest.raises(flexdsl.FlexDSLError, match="finite"):
+        m.v_reset = float("nan")
+    sd = m.state_dict()
+    sd["_extra_state"]["params"]["v_threshold"] = float("nan")
+    with pytest.raises(flexdsl.FlexDSLError, match="finite"):
+        m.load_state_dict(sd)
+    # a default computed from finite overrides that overflows
+    text = "neuron D:\n    input x\n    param a = 1.0\n    param b = a * 1e300\n    state v = 0.0\n" \
+           "    update:\n        v = x * b\n    output v\n"
+    with pytest.raises(flexdsl.FlexDSLError, match="default of `b` is inf") as e:
+        flexdsl.loads(text, a=1e10)
+    assert (e.value.line, e.value.column) == (4, 15)
+
+
+def test_zero_denominators_and_param_ranges_are_checked_in_the_precision_of_the_run():
+    """tau = 1e-50 is nonzero in float64 but 0 in float32: a float32 run would divide by zero
+    silently; a float64 run is fine. Params beyond the run's dtype are errors too."""
+    text = "neuron L:\n    input x\n    param tau = 2.0\n    state v = 0.0\n    update:\n" \
+           "        v = v + (x - v) / tau\n    output v\n"
+    for backend in ("torch", "triton"):
+        m = flexdsl.loads(text, tau=1e-50, backend=backend)
+        with pytest.raises(flexdsl.FlexDSLError, match="divides by zero in float32") as e:
+            m(torch.ones(3, 2))
+        assert e.value.line == 6
+        m = flexdsl.loads(text, tau=1e39, backend=backend)
+        with pytest.raises(flexdsl.FlexDSLError, match="beyond what float32 holds"):
+            m(torch.ones(3, 2))
+    m = flexdsl.loads(text, tau=1e-50, backend="torch")
+    out = m(torch.ones(2, 1, dtype=torch.float64))
+    assert torch.isfinite(out).all() and out[0, 0].item() == 1e50
+    m = flexdsl.loads(text, backend="torch")
+    m(torch.ones(2, 1, dtype=torch.float16))  # checked once per dtype, again after a change
+    m.tau = 1e5
+    with pytest.raises(flexdsl.FlexDSLError, match="beyond what float16 holds"):
+        m(torch.ones(2, 1, dtype=torch.float16))
+
+
+def test_unvalidated_values_never_reach_torch_raw():
+    m = flexdsl.load("lif")
+    x = torch.ones(3, 2)
+    for state in ({"v": "abc"}, {"v": torch.tensor([True, False])}, {"v": torch.ones(2, dtype=torch.complex64)},
+                  {"v": 10 ** 400}, {"v": float("nan")}, {"v": [1.0, 2.0]}, {"v": True}):
+        with pytest.raises(flexdsl.FlexDSLError, match="state `v`"):
+            m.step(x, state=state)
+    for v in ("abc", torch.zeros(2, dtype=torch.int64), 1 + 2j):
+        with pytest.raises(flexdsl.FlexDSLError, match="state `v`"):
+            m.v = v
+    for bad in ({"tau": (-1,)}, {"tau": None}, {"tau": "abc"}, {"tau": (0,)}, {"tau": (2.5,)}, {"nope": (2,)},
+                {"tau": (True,)}, ["tau"]):
+        with pytest.raises(flexdsl.FlexDSLError, match="param_shapes"):
+            flexdsl.load("lif", param_shapes=bad)
+    with pytest.raises(flexdsl.FlexDSLError, match="param_shapes gives `tau` the shape"):
+        flexdsl.load("lif", tau=torch.tensor([2.0, 3.0]), param_shapes={"tau": (3,)})
+    for v in (10 ** 400, -(10 ** 400)):
+        with pytest.raises(flexdsl.FlexDSLError, match="too large for a float"):
+            flexdsl.load("lif", tau=v)
+    for v in (torch.zeros(0), torch.zeros(0, 3)):
+        with pytest.raises(flexdsl.FlexDSLError, match="empty"):
+            flexdsl.load("lif", v_reset=v)
+        with pytest.raises(flexdsl.FlexDSLError, match="empty"):
+            m.v_reset = v
+    assert flexdsl.load("lif", param_shapes={"tau": 3}).tau.shape == (3,)
+
+
+# ---------------------------------------------------------------- both backends agree at the edges
+def test_zero_steps_give_the_same_shapes_and_graph_on_both_backends():
+    """T = 0 with broadcast inputs: outputs [0, *broadcast shape], the initial states as final
+    states, differentiable (zero gradients) like any call, on both backends."""
+    text = TWO_INPUTS.replace("param a = 0.5", "param a = 0.5 learnable").replace(
+        "    output v\n", "    spike when v >= 1.0\n    output spike, v\n")
+    got = {}
+    for backend in ("torch", "triton"):
+        m = flexdsl.loads(text, backend=backend)
+        x = torch.ones(0, 1, 3, requires_grad=True)
+        outs = m(x, torch.ones(0, 4, 1))
+        st = m.v
+        got[backend] = [(o.shape, o.requires_grad) for o in outs] + [(st.shape, st.requires_grad)]
+        (outs[0].sum() + st.sum()).backward()
+        assert x.grad.shape == x.shape and not x.grad.any()
+        assert m.a.grad == 0
+        m.reset()
+        with torch.no_grad():
+            o, _ = m(torch.ones(0, 1, 3), torch.ones(0, 4, 1))
+        assert not o.requires_grad
+        m.reset()
+        m.v = torch.full((4, 3), 0.25, requires_grad=True)
+        m(torch.ones(0, 1, 3), torch.ones(0, 4, 1))
+        assert torch.equal(m.v.detach(), torch.full((4, 3), 0.25))
+    assert got["torch"] == got["triton"] == [((0, 4, 3), True)] * 2 + [((4, 3), True)]
+
+
+@pytest.mark.parametrize("var, value", [("FLEXDSL_TRITON_BLOCK", "-1"), ("FLEXDSL_TRITON_BLOCK", "0"),
+                                        ("FLEXDSL_TRITON_BLOCK", "100"), ("FLEXDSL_TRITON_BLOCK", "1e9"),
+                                        ("FLEXDSL_TRITON_WARPS", "3"), ("FLEXDSL_TRITON_BLOCK_RC", "abc"),
+                                        ("FLEXDSL_CHUNK", "0"), ("FLEXDSL_CHUNK", "-1"), ("FLEXDSL_CHUNK", "10000"),
+                                        ("FLEXDSL_CHUNK", "\u0663"), ("FLEXDSL_TRITON_TRAINING", "fast"),
+                                        ("FLEXDSL_TRITON_FAST_LAUNCH", "false")])
+def test_environment_variables_are_checked(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    text = TWO_INPUTS.replace("neuron TwoIn:", f"neuron Env{abs(hash((var, value)))}:")
+    with pytest.raises(flexdsl.FlexDSLError, match=var):
+        flexdsl.loads(text, backend="triton")(torch.ones(2, 3), torch.ones(2, 3))
+
+
+# ---------------------------------------------------------------- constraints that cannot be evaluated
+RAISING = """neuron W:
+    input x
+    param tau = 3.0
+    param k = 0.5 where k < 1/(tau - 2)
+    param q = 0.5 where q < log(tau)
+    state v = 0.0
+    update:
+        v = v + (x - v) / tau * k * q
+    output v
+"""
+
+
+def test_a_constraint_that_raises_is_a_located_error_everywhere(tmp_path, capsys):
+    from flexdsl import cli
+
+    for tau in (2.0, 0.0):
+        with pytest.raises(flexdsl.FlexDSLError) as e:
+            flexdsl.loads(RAISING, tau=tau)
+        assert e.value.line in (4, 5) and e.value.column == 25
+    m = flexdsl.loads(RAISING)
+    sd = m.state_dict()
+    for tau in (2.0, 0.0, -1.0):
+        with pytest.raises(flexdsl.FlexDSLError, match="constraint of `[kq]`") as e:
+            m.tau = tau
+        assert e.value.line in (4, 5)
+        sd["_extra_state"]["params"]["tau"] = tau
+        with pytest.raises(flexdsl.FlexDSLError, match="constraint of `[kq]`"):
+            m.load_state_dict(sd)
+        assert m.tau == 3.0
+    bad = tmp_path / "models" / "a_bad.neuron"
+    bad.parent.mkdir()
+    bad.write_text(RAISING.replace("param tau = 3.0", "param tau = 2.0"))
+    (tmp_path / "models" / "b_good.neuron").write_text(RAISING)
+    assert cli.main(["check", str(bad.parent)]) == 1
+    out, err = capsys.readouterr()
+    assert "b_good.neuron: ok" in out  # one bad file does not stop the others
+    assert f"{bad}:4:25: error: the constraint of `k` cannot be evaluated" in err and "Traceback" not in err
+    good = tmp_path / "models" / "b_good.neuron"
+    for tau in ("2", "0"):
+        assert cli.main(["run", str(good), "--T", "5", "--param", f"tau={tau}"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{good}:") and "Traceback" not in err
