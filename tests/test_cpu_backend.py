@@ -217,10 +217,13 @@ def test_the_printer_spells_every_built_in_function():
         assert "Symbol" not in text and "Function" not in text and "math." not in text, (name, text)
 
 
-def test_generated_source_is_readable_and_cached(tmp_path):
+def test_generated_source_is_readable_and_cached(tmp_path, capsys):
     c = flexdsl.compile("lif")
     src = c.artefact("cpu").source
     assert "// line 22: v = v + (x - (v - v_reset)) / tau" in src and "#pragma omp simd" in src
+    from flexdsl.cli import main
+
+    assert main(["show", "lif", "--cpu"]) in (0, None) and capsys.readouterr().out == src  # flexdsl show --cpu
     # a second process loads the built library from the cache, without building
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FLEXDSL_CACHE_DIR": str(tmp_path)}
     code = ("import torch, flexdsl\nfrom flexdsl.backends.cpu import build\n"
