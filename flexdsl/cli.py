@@ -91,6 +91,8 @@ def _show_compiled(c, what: str) -> None:
         print(c.torch_source, end="")
     elif what == "triton":
         print(c.triton_source, end="")
+    elif what == "cpu":
+        print(c.artefact("cpu").source, end="")
     elif what == "equations":
         print(_format_equations(c, backward=False))
     elif what == "backward":
@@ -332,6 +334,7 @@ def _add_show(sub) -> None:
                                    "each neuron node of a NIR graph (default: its generated .neuron text).",
                        epilog="examples:\n  flexdsl show lif                  # the generated PyTorch core\n"
                               "  flexdsl show lif --triton         # the Triton kernels\n"
+                              "  flexdsl show lif --cpu            # the C++ kernels of the CPU backend\n"
                               "  flexdsl show adex --equations     # the discretized step (sympy)\n"
                               "  flexdsl show adex --backward      # the derived vector-Jacobian product\n"
                               "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
@@ -342,6 +345,8 @@ def _add_show(sub) -> None:
                    help="the generated PyTorch single-step core (the default for a model)")
     g.add_argument("--triton", dest="what", action="store_const", const="triton",
                    help="the generated Triton kernels (inference/training forward, backward)")
+    g.add_argument("--cpu", dest="what", action="store_const", const="cpu",
+                   help="the generated C++ kernels of the CPU backend (forward, backward)")
     g.add_argument("--equations", dest="what", action="store_const", const="equations",
                    help="the discretized step as sympy assignments, with the integration method")
     g.add_argument("--backward", dest="what", action="store_const", const="backward",

@@ -89,6 +89,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         ck = c.checked
         d = self.__dict__
         d["_compiled"] = c
+        d["_compiled_name"] = programs.register(c)
         self._derive_fields()
         d["_fixed"] = {}
         # the float params again, as one float64 tensor (an entry per declared param): what a
@@ -324,7 +325,8 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
     def __getstate__(self) -> dict[str, Any]:
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
-        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked"):
+        for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked",
+                  "_compiled_name"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
@@ -339,6 +341,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
             self.__dict__["_memories_rv"] = dict.fromkeys(self._states)
             self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
         self._derive_fields()
+        self.__dict__["_compiled_name"] = programs.register(self._compiled)  # (this process's name)
         if "_fixed_t" not in self.__dict__:  # (pickled by a flexdsl without it)
             self.__dict__["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
             self._sync_fixed()
@@ -457,6 +460,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         c = self._compiled
         if bool(value) != c.detach_reset:
             self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value))
+            self.__dict__["_compiled_name"] = programs.register(self._compiled)
             self._params_changed()
             self._prepare(None)
 
@@ -484,7 +488,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
     def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool):
         xs, shape = self._check_inputs(inputs)
         x0 = xs[0]
-        program = programs.program_for(self._compiled, self.backend, x0)
+        program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
             if dt not in self._dtypes_checked:

@@ -33,15 +33,27 @@ if TYPE_CHECKING:
 
 # program key -> program, filled by `_resolve` (read by the traced code)
 _RESOLVED: dict[str, Program] = {}
+# a name per Compiled (what a trace passes to `_resolve`: Dynamo converts only constants)
+_REGISTRY: weakref.WeakValueDictionary[str, Compiled] = weakref.WeakValueDictionary()
 # per Compiled: (backend, device type, dtype) -> program (the eager path)
 _CHOSEN: weakref.WeakKeyDictionary[Compiled, dict[tuple, Program]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def program_for(c: Compiled, backend: str, x0: torch.Tensor) -> Program:
-    """The program that runs a call of `c` on inputs like `x0` (its device type and dtype)."""
+def register(c: Compiled) -> str:
+    """The name under which a trace finds `c` (kept by the module that runs it, so that `c`
+    lives as long as the name is used)."""
+    k = f"{id(c):x}"
+    with _LOCK:
+        _REGISTRY[k] = c
+    return k
+
+
+def program_for(c: Compiled, name: str, backend: str, x0: torch.Tensor) -> Program:
+    """The program that runs a call of `c` (registered as `name`) on inputs like `x0` (its
+    device type and dtype)."""
     if torch.compiler.is_compiling():
-        return _RESOLVED[_resolve(c, backend, x0.device.type, x0.dtype)]
+        return _RESOLVED[_resolve(name, backend, x0.device.type, x0.dtype)]
     if transformed(x0):  # under a torch.func transform: chosen for these inputs, not remembered
         return c.program(backends.choose(backend, [x0]))
     chosen = _CHOSEN.get(c)
@@ -72,9 +84,11 @@ def _assume_constant_result(fn):
 
 
 @_assume_constant_result
-def _resolve(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> str:
-    """Run by Dynamo at trace time, outside the graph: choose and load the program, prepare it
-    for the trace, and return its key in `_RESOLVED`."""
+def _resolve(name: str, backend: str, device_type: str, dtype: torch.dtype) -> str:
+    """Run by Dynamo at trace time, outside the graph (its arguments are constants): choose and
+    load the program of the Compiled registered as `name`, prepare it for the trace, and return
+    its key in `_RESOLVED`."""
+    c = _REGISTRY[name]
     program = _choose(c, backend, device_type, dtype)
     prepare = getattr(program, "prepare_trace", None)
     if prepare is not None:
@@ -85,4 +99,4 @@ def _resolve(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) ->
     return k
 
 
-__all__ = ["program_for"]
+__all__ = ["program_for", "register"]

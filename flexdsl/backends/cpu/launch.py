@@ -118,7 +118,10 @@ class CpuProgram:
             strides.append(x2.stride(0))
         inits, init_vals = [], []
         for s in states:
-            if isinstance(s, torch.Tensor):
+            if isinstance(s, torch.Tensor) and (s.numel() == 1 or (s.numel() and all(st == 0 for st in s.stride()))):
+                inits.append(None)  # one value (a 0-d tensor, or one broadcast): read here
+                init_vals.append(float(s.detach().reshape(-1)[0]))
+            elif isinstance(s, torch.Tensor):
                 inits.append(s.detach().to(dtype).expand(shape).reshape(N).contiguous())
                 init_vals.append(0.0)
             else:

@@ -7,7 +7,8 @@ Every argument is an `Arg`: its identifier in the kernel (from the naming scheme
 is a `tl.constexpr`. The launcher fills a value per (role, of) and passes `args` in order.
 
 Roles of `fwd` (inference and training forward):
-  in, stride (per input) · init (per state: a float or a [N] tensor) · param (per param) ·
+  in, stride (per input) · init (per state: a float, a one-element tensor or a [N] tensor) ·
+  param (per param) ·
   out (per output) · fin, seq (per state) · hoisted (per host-computed invariant) ·
   saved, N, T · constexpr: initmode (per state), mode (per param), host, store_seqs, save, block
 Roles of `bwd` (the derived backward, reverse time):

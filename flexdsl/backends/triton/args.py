@@ -62,7 +62,9 @@ def param_args(params, param_vals, shape, N: int, dev, float_modes: list[int]) -
 
 
 def state_args(states, state_vals, shape, N: int, dev, float_modes: list[int]) -> tuple[list, list]:
-    """The initial states' kernel arguments and MODEs (0: a float, 2: a [N] tensor)."""
+    """The initial states' kernel arguments and MODEs (0: a float; 1: one value in a tensor, a
+    0-d one or one broadcast to the step's shape (stride 0 everywhere), read once — under
+    torch.compile a param-valued initial state is a 0-d tensor; 2: a [N] tensor)."""
     if not any(s is not None for s in states):
         return list(state_vals), float_modes
     inits, initmodes = [], []
@@ -70,6 +72,9 @@ def state_args(states, state_vals, shape, N: int, dev, float_modes: list[int]) -
         if s is None:
             inits.append(float(v))
             initmodes.append(0)
+        elif s.numel() == 1 or (s.numel() and all(st == 0 for st in s.stride())):
+            inits.append(s.to(dev).reshape(-1)[:1])
+            initmodes.append(1)
         else:
             inits.append(s.to(dev).expand(shape).reshape(N).contiguous())
             initmodes.append(2)
