@@ -308,8 +308,8 @@ def test_a_checkpoint_of_another_model_or_missing_params_does_not_load():
 
 
 def test_nan_and_inf_params_are_located_errors_everywhere():
-    for v in (float("nan"), float("inf"), "nan", torch.tensor([1.0, float("nan")])):
-        with pytest.raises(flexdsl.FlexDSLError, match="finite") as e:
+    for v in (float("nan"), float("inf"), "nan", torch.tensor([1.0, float("nan")]), torch.tensor(float("-inf"))):
+        with pytest.raises(flexdsl.FlexDSLError, match="finite|takes a number") as e:
             flexdsl.load("lif", v_threshold=v)
         assert e.value.line == 17
     m = flexdsl.load("lif")
@@ -460,3 +460,120 @@ def test_a_constraint_that_raises_is_a_located_error_everywhere(tmp_path, capsys
         assert cli.main(["run", str(good), "--T", "5", "--param", f"tau={tau}"]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"{good}:") and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- constants
+def _one(update: str, param: str = "1.0") -> str:
+    return f"neuron C:\n    input x\n    param a = {param}\n    state v = 0.0\n    update:\n        v = {update}\n" \
+           "    output v\n"
+
+
+@pytest.mark.parametrize("text, col", [("1\u06605", 16), ("\uff13.5", 15), ("\u0663", 15), ("2\u0e52", 16),
+                                       ("1e\u0665", 17), ("1.\u0661", 17)])
+def test_non_ascii_digits_are_not_numbers(text, col):
+    with pytest.raises(flexdsl.FlexDSLError, match="not a digit") as e:
+        flexdsl.loads(_one("v + x * a", text))
+    assert (e.value.line, e.value.column) == (3, col)
+
+
+def test_numbers_given_as_text_are_read_as_the_language_reads_them(capsys):
+    from flexdsl import cli
+
+    for v in ("\uff13", "1\u06605", "1_0", " nan", "inf"):
+        with pytest.raises(flexdsl.FlexDSLError):
+            flexdsl.load("lif", v_threshold=v)
+    assert flexdsl.load("lif", v_threshold="2.5").v_threshold == 2.5
+    assert flexdsl.load("adex", tau_w="100 ms").tau_w == 100.0
+    with pytest.raises(flexdsl.FlexDSLError):
+        flexdsl.load("adex", tau_w="\uff11\uff10\uff10 ms")
+    for argv in (["--param", "tau=\uff13"], ["--input", "\uff13"], ["--input", "step:1.5@\u0663"]):
+        assert cli.main(["run", "lif", "--T", "5", *argv]) == 1
+        assert "Traceback" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "lif", "--T", "\u0663"])
+
+
+def test_literals_and_folded_constants_that_underflow_are_located_errors():
+    for update, col in (("x + 1e-400", 17), ("x * 0.000000000000000000000000000000000000000000001e-300", 17)):
+        with pytest.raises(flexdsl.FlexDSLError, match="too small for a float") as e:
+            flexdsl.loads(_one(update))
+        assert (e.value.line, e.value.column) == (6, col)
+    with pytest.raises(flexdsl.FlexDSLError, match="too small") as e:
+        flexdsl.loads(_one("x", "1e-999"))
+    assert (e.value.line, e.value.column) == (3, 15)
+    with pytest.raises(flexdsl.FlexDSLError, match="underflow") as e:
+        flexdsl.compile(_one("x * 1e-200 * 1e-200")).step  # noqa: B018 - lowering folds them
+    assert e.value.line == 6
+    m = flexdsl.loads(_one("x * 1e-320"), backend="torch")  # a subnormal float64 is a float
+    assert m(torch.ones(1, 1, dtype=torch.float64)).item() == 1e-320
+    assert flexdsl.loads(_one("x + 0e-400 + 0.0e5")) is not None  # zero written with an exponent
+
+
+@pytest.mark.parametrize("param", ["1e308*10", "1e308*10 - 1e308*10", "-(1e200 * 1e200)", "1e308 + 1e308",
+                                   "exp(1000)"])
+def test_params_whose_default_overflows_are_located_errors(param):
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.compile(_one("v + x * a", param))
+    assert (e.value.line, e.value.column) == (3, 15)
+
+
+@pytest.mark.parametrize("c", ["1e200 pF * 1e200", "1e300 pF / 1e-300", "1e308 GF", "1e-300 fF / 1e300"])
+def test_unit_products_that_overflow_or_underflow_are_located_errors(c):
+    text = (f"neuron U:\n    input I : nA\n    param C = {c}\n    param dt = 0.1 ms\n    state v = 0 mV\n"
+            "    equations:\n        dv/dt = I / C\n    output v\n")
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.compile(text)
+    assert e.value.line == 3
+
+
+BIG = "18446744073709551616"  # 2**64
+
+
+@pytest.mark.parametrize("update", [f"v = {BIG}", f"v = x * {BIG}", f"v = x + {BIG}1 - {BIG}1",
+                                    f"v = where(x > {BIG}, 1.0, 0.0)", f"v = clip(x, -{BIG}, {BIG})",
+                                    f"v = x / {BIG}", f"v = min(x, {BIG}) * 0.5", f"v = where(x > 1, {BIG}, 0)",
+                                    "v = v * 0.5 + x * 9223372036854775808"])
+def test_integer_constants_beyond_64_bits_run_alike_on_both_backends(update):
+    text = _one(update.removeprefix("v = "))
+    x = torch.linspace(-1.0, 2.0, 8).reshape(4, 2)
+    ref = flexdsl.loads(text, backend="torch").double()(x.double())
+    for backend in ("torch", "triton"):
+        m = flexdsl.loads(text, backend=backend)
+        xg = x.clone().requires_grad_()
+        out = m(xg)
+        torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=0)
+        if out.requires_grad:
+            out.sum().backward()
+            assert xg.grad is None or torch.isfinite(xg.grad).all()
+
+
+def test_a_state_set_to_a_constant_beyond_the_dtype_is_an_error_on_both_backends():
+    for update in ("1e300", "x * 0 + 1e300", "where(x > 100, 1.0, 1.0) * 1e300"):
+        text = _one(update)
+        for backend in ("torch", "triton"):
+            with pytest.raises(flexdsl.FlexDSLError, match=r"sets state `v` to 1e\+300, beyond what float32") as e:
+                flexdsl.loads(text, backend=backend)(torch.ones(2, 3))
+            assert e.value.line == 6
+        out = flexdsl.loads(text, backend="torch")(torch.ones(2, 3, dtype=torch.float64))
+        assert (out == 1e300).all()  # float64 holds it
+    text = _one("70000.0")
+    with pytest.raises(flexdsl.FlexDSLError, match="float16"):
+        flexdsl.loads(text, backend="triton")(torch.ones(2, 3, dtype=torch.float16))
+    assert (flexdsl.loads(text, backend="triton")(torch.ones(2, 3)) == 70000.0).all()
+
+
+def test_where_of_two_numbers_keeps_a_float64_run_in_float64():
+    m = flexdsl.loads(_one("where(x > 0, 0.1, 0.2) + where(x > 1, a, 0.3)"), backend="torch")
+    out = m(torch.tensor([[1.0], [-1.0], [2.0]], dtype=torch.float64))
+    assert out[:, 0].tolist() == [0.1 + 0.3, 0.2 + 0.3, 0.1 + 1.0]
+
+
+def test_run_refuses_sizes_that_would_take_minutes(capsys):
+    """`flexdsl run` steps from Python in float64 and keeps every trace: its bound counts the
+    statements of a step, so a heavy model gets fewer steps than LIF."""
+    from flexdsl import cli
+
+    for model, T in (("lif", "100001"), ("hodgkin_huxley", "50000"), ("lif", "10000000000")):
+        assert cli.main(["run", model, "--T", T]) == 1
+        err = capsys.readouterr().err
+        assert "more steps" in err and "Traceback" not in err

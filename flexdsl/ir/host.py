@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .lower import StepModel
     from .schedule import Hoisted
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass
@@ -43,6 +43,9 @@ class HostProgram:
     derived: list[str] = field(default_factory=list)
     assignments: list[tuple[str, Tree]] = field(default_factory=list)
     checks: list[tuple[str, str]] = field(default_factory=list)
+    # (state or output name, value, the SSA name of the statement that sets it) of each next state
+    # and output that is a constant: it must fit the dtype it is stored in (checked before a call)
+    constant_results: list[tuple[str, float, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -52,7 +55,8 @@ class HostProgram:
         if d.get("format") != FORMAT:
             raise ValueError("a host program of another format")
         return cls(list(d["params"]), list(d["derived"]), [(str(n), t) for n, t in d["assignments"]],
-                   [(str(a), str(b)) for a, b in d["checks"]])
+                   [(str(a), str(b)) for a, b in d["checks"]],
+                   [(str(a), float(b), str(c)) for a, b, c in d["constant_results"]])
 
 
 # ---------------------------------------------------------------------------------- sympy -> trees
@@ -196,6 +200,13 @@ def host_program(step: StepModel, hoisted: Hoisted) -> HostProgram:
         name = f"_den{i}"
         prog.assignments.append((name, tree(d)))
         prog.checks.append((f"{y.name}|denominator {i}", name))
+    values = dict(step.assignments)
+    for name, v in [*zip((s.name for s in step.states), step.next_states), *step.outputs]:
+        origin = ""
+        while v in values:
+            origin, v = str(v), values[v]
+        if v.is_Number:
+            prog.constant_results.append((name, float(v), origin))
     return prog
 
 

@@ -27,6 +27,7 @@ from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate, holds, reason
+from ..frontend.parse import read_number
 from ..store.pipeline import unit_definition
 from . import display
 from .compiler import Compiled, compile_text
@@ -336,6 +337,23 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                     f"with these params the step is not defined{where}: `{name}`{how} is not finite", pos,
                     "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
                     "`dt` so long that a decay factor overflows)" + ("; or run in float64" if where else ""))
+
+    def _check_constant_results(self, dtype: torch.dtype) -> None:
+        """A state or output the step sets to a constant must fit the dtype it is stored in
+        (float32 cannot hold 1e300: one backend would store inf, another fail)."""
+        c = self._compiled
+        big = torch.finfo(dtype).max
+        for name, v, origin in c.host.constant_results:
+            if abs(v) > big:
+                ck = c.checked
+                decl = next((s for s in ck.states if s.name == name), None)
+                sets = [a.pos for a in [*ck.update, *ck.on_spike] if a.target == name and not a.is_let]
+                pos = c.step.origins.get(origin) or (sets[-1] if sets else decl.pos if decl else ck.ast.pos)
+                what = "state" if decl is not None else "output"
+                dname = str(dtype).replace("torch.", "")
+                raise self._error(f"the step sets {what} `{name}` to {v:g}, beyond what {dname} holds "
+                                  f"({big:.3g})", pos, "run in float64 (m.double() and a float64 input), or "
+                                                       "rescale the model")
 
     # ------------------------------------------------------------------ checkpoints
     def get_extra_state(self) -> dict[str, Any]:
@@ -699,10 +717,11 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
         program = self._compiled.program(backends.choose(self.backend, xs))
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
-            if dt not in self._dtypes_checked:
+            if (dt, x0.dtype) not in self._dtypes_checked:
                 if dt != torch.float64:
                     self._check_invariants(None, dt)
-                self._dtypes_checked.add(dt)
+                self._check_constant_results(x0.dtype)
+                self._dtypes_checked.add((dt, x0.dtype))
         params = self._param_list()
         if self._parameters or self._buffers:
             for name, v in zip(self._param_decls, params):
@@ -839,7 +858,7 @@ def param_number(c: Compiled, p: A.Param, v: Any, what: str) -> Any:
     if isinstance(v, bool) or v is None:
         raise _override_error(c, p, repr(v))
     try:
-        f = float(v)
+        f = read_number(v) if isinstance(v, str) else float(v)  # (text as the language reads numbers)
     except OverflowError:
         raise FlexDSLError(f"{what} `{p.name}` is too large for a float: {_clip(repr(v))}", c.filename, p.pos.line,
                            p.pos.column, c.text, "params are float64 numbers (at most about 1.8e308)") from None

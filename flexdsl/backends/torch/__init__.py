@@ -7,6 +7,7 @@ call of T steps does O(T) work in forward and backward.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -40,8 +41,7 @@ class TorchProgram:
         core = self.core
         for xs in steps:
             res = core(*xs, *st, *prm)
-            res = [r if isinstance(r, torch.Tensor) else torch.full(shape, float(r), dtype=dtype, device=x0.device)
-                   for r in res]
+            res = [r if isinstance(r, torch.Tensor) else _full(shape, r, dtype, x0.device) for r in res]
             res = [r.to(dtype) if r.dtype != dtype else r for r in res]
             for i in range(n_out):
                 outs[i].append(res[i])
@@ -62,6 +62,15 @@ class TorchProgram:
                              [empty.clone() for _ in st] if store_seqs else None)
         return RunResult([_stack(o, shape) for o in outs], list(st),
                          [_stack(s, shape) for s in seqs] if store_seqs else None)
+
+
+def _full(shape, value, dtype: torch.dtype, device) -> torch.Tensor:
+    """A constant result, rounded to `dtype` as a computed one would be (1e300 is inf in float32,
+    as in the other backends; the module refuses such a model before a call)."""
+    v = float(value)
+    if abs(v) > torch.finfo(dtype).max:
+        v = math.copysign(math.inf, v)
+    return torch.full(shape, v, dtype=dtype, device=device)
 
 
 def _stack(seq: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:

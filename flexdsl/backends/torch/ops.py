@@ -97,7 +97,10 @@ def where(cond, a, b, like=None):
     dtype = torch.get_default_dtype()
     if isinstance(like, torch.Tensor) and like.is_floating_point():
         dtype = torch.promote_types(dtype, like.dtype)
-    return torch.where(cond, a, b).to(dtype)
+    # the numbers as tensors of that dtype (torch.where(cond, 0.1, 0.2) would round them to the
+    # default dtype first: 0.1 in float32 in a float64 run)
+    return torch.where(cond, torch.tensor(a, dtype=dtype, device=cond.device),
+                       torch.tensor(b, dtype=dtype, device=cond.device))
 
 
 def minimum(a, b):
