@@ -577,3 +577,82 @@ def test_run_refuses_sizes_that_would_take_minutes(capsys):
         assert cli.main(["run", model, "--T", T]) == 1
         err = capsys.readouterr().err
         assert "more steps" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- threads on a cold start
+_THREADS = r'''
+import os, sys, threading
+import flexdsl
+assert "sympy" not in sys.modules
+N = 12
+barrier = threading.Barrier(N)
+errors = []
+
+def work(i):
+    if i % 4 == 0:
+        text = (f"neuron U{i}:\n    input I : nA\n    param C = {i + 1} pF\n    param dt = 0.1 ms\n"
+                "    state v = 0 mV\n    equations:\n        dv/dt = I / C\n    output v\n")
+    else:
+        method = ["exact", "euler", "rk4", "exponential_euler"][i % 4]
+        text = (f"neuron T{i}:\n    input x\n    param tau = {2 + i}.0\n    param dt = 0.1\n    state v = 0.0\n"
+                f"    equations method {method}:\n        dv/dt = (x - v) / tau\n    spike when v >= 1\n"
+                "    output spike\n")
+    barrier.wait()
+    try:
+        c = flexdsl.compile(text)
+        c.torch_source
+        if i % 4 == 1:
+            flexdsl.docs.latex(c, "step")
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}")
+
+threads = [threading.Thread(target=work, args=(i,)) for i in range(N)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors)
+assert not errors, errors
+'''
+
+
+def test_threads_compiling_new_models_in_a_fresh_process(tmp_path):
+    """sympy's modules import each other in cycles: threads that reach it at once must not see
+    it half-imported (the first import is serialized)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(flexdsl.__file__).resolve().parents[1])
+    for k in range(2):
+        env = dict(os.environ, FLEXDSL_CACHE_DIR=str(tmp_path / f"cache{k}"),
+                   PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", _THREADS], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- lines as the parser counts them
+@pytest.mark.parametrize("sep", ["\x0c", "\x85", "\u2028", "\u2029", "\x1c", "\x1e"])
+def test_line_separators_inside_text_do_not_shift_lines(sep):
+    """A form feed, NEL, U+2028... inside a docstring, a comment or a description: the parser
+    counts lines at `\\n` only, so must everything that quotes a line (errors, generated code,
+    the docs)."""
+    text = (f'neuron M:\n    """doc{sep}more"""\n    input x  # a{sep}b\n    param a = 0.5 "half{sep}way"\n'
+            "    state v = 0.0\n    update:\n        v = v * a + x\n    output v\n")
+    if sep in "\x1c\x1e":  # control characters: a located error whose caret line is the line
+        with pytest.raises(flexdsl.FlexDSLError) as e:
+            flexdsl.compile(text)
+        assert (e.value.line, e.value.column) == (2, 11)
+        assert e.value.source_line == '    """doc more"""'
+        return
+    c = flexdsl.compile(text)
+    for source in (c.torch_source, c.triton_source):
+        assert "# line 7: v = v * a + x" in source
+    from flexdsl.docs import render_markdown
+
+    assert "v = v * a + x" in render_markdown(c, plots=False)
+    bad = text.replace("v = v * a + x", "v = v * a + y")
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.compile(bad)
+    assert (e.value.line, e.value.column, e.value.source_line) == (7, 21, "        v = v * a + y")

@@ -323,7 +323,7 @@ def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLEr
         tok = err.token
         expected = set(err.expected) if err.expected else set()
         if tok.type == "$END":
-            lines = source.rstrip("\n").splitlines() or [""]
+            lines = source_lines(source.rstrip("\n"))
             return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source,
                                 "a block needs an indented body" if "_INDENT" in expected else None)
         if tok.type == "_INDENT":
@@ -347,7 +347,7 @@ def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLEr
         return FlexDSLError(f"unexpected `{word}`, expected {_describe_expected(expected)}",
                             filename, tok.line, tok.column, source)
     if isinstance(err, UnexpectedEOF):
-        lines = source.rstrip("\n").splitlines() or [""]
+        lines = source_lines(source.rstrip("\n"))
         return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source)
     return FlexDSLError(str(err), filename, getattr(err, "line", 0), getattr(err, "column", 0), source)
 
@@ -358,6 +358,14 @@ def normalize(source: str) -> str:
     if source.startswith("\ufeff"):
         source = source[1:]
     return source.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def source_lines(source: str) -> list[str]:
+    """The model text's lines as the parser counts them (and as errors, generated code and docs
+    quote them): split at `\n` only. (`str.splitlines` also splits at a form feed, `\x85`,
+    U+2028 and others, which the language allows inside text and comments: every later line
+    number would be off.)"""
+    return source.split("\n")
 
 
 def _check_text(source: str, filename: str) -> None:

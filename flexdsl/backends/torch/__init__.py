@@ -95,7 +95,11 @@ class TorchBackend:
         return ""  # the generated source does not depend on the torch version
 
     def emit(self, ir: IR) -> Artefact:
+        from ..._sympy import load as sympy_ready
+
+        sympy_ready()  # (before the emitter's modules import it: one thread at a time)
         from .emit import emit_core
+
 
         step = ir.step
         meta = {"inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
