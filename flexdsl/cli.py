@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import FlexDSLError
+from .errors import FlexDSLError, printable
 
 CMDLINE = "<command line>"
 
@@ -431,7 +431,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Printable:
+    """A text stream writing control characters as escapes: file names, node names and
+    arguments echoed by the CLI (or by argparse) never reach the terminal as escape sequences."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+
+    def write(self, s: str) -> int:
+        self.raw.write(printable(s))
+        return len(s)
+
+    def __getattr__(self, name: str):
+        return getattr(self.raw, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    try:
+        return _main(argv)
+    finally:
+        if isinstance(sys.stdout, _Printable):  # (a broken pipe leaves devnull there)
+            sys.stdout = out
+        if isinstance(sys.stderr, _Printable):
+            sys.stderr = err
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)

@@ -5,10 +5,14 @@ speed, never results; a refused change changes nothing; every user error is a lo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import flexdsl
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TWO_INPUTS = """neuron TwoIn:
     input x, y
@@ -656,3 +660,71 @@ def test_line_separators_inside_text_do_not_shift_lines(sep):
     with pytest.raises(flexdsl.FlexDSLError) as e:
         flexdsl.compile(bad)
     assert (e.value.line, e.value.column, e.value.source_line) == (7, 21, "        v = v * a + y")
+
+
+# ---------------------------------------------------------------- the command line, the store, memory
+def test_the_cli_never_prints_terminal_escapes(tmp_path, capsys, monkeypatch):
+    from flexdsl import cli
+
+    monkeypatch.chdir(tmp_path)
+    name = "x\x1b[2J\x1b]0;owned\x07y.neuron"
+    (tmp_path / name).write_text((ROOT / "neurons" / "lif.neuron").read_text())
+    for argv in (["check", name], ["check", "nope\x1b[31m.neuron"], ["run", name, "--T", "3"],
+                 ["run", "lif", "--param", "x\x1b[1m=2"], ["show", "\x9b31m"], ["run", "lif", "--T", "\x1bx"]):
+        try:
+            cli.main(argv)
+        except SystemExit:
+            pass
+        out, err = capsys.readouterr()
+        assert "\x1b" not in out + err and "\x9b" not in out + err and "\x07" not in out + err, argv
+        assert "\\x1b" in out + err or "\\x9b" in out + err, argv
+    e = flexdsl.FlexDSLError("bad", "f\x1b[2J.neuron", hint="h\x1b")
+    assert "\x1b" not in str(e)
+
+
+def test_a_relative_file_named_like_model_text_is_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "neuron lif.neuron").write_text((ROOT / "neurons" / "lif.neuron").read_text())
+    m = flexdsl.load("neuron lif.neuron")
+    assert m.compiled.filename == "neuron lif.neuron" and m.compiled.name == "LIF"
+    with pytest.raises(flexdsl.FlexDSLError, match="no such file"):
+        flexdsl.load("neuron X:")
+    with pytest.raises(flexdsl.FlexDSLError, match="end of file"):
+        flexdsl.loads("neuron X:")  # text given as text
+
+
+def test_temporary_files_of_killed_writers_are_swept(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from flexdsl.store import cache
+
+    monkeypatch.setenv("FLEXDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "_memory", {})
+    monkeypatch.setattr(cache, "_swept", set())
+    d = cache.folder()
+    stale, fresh = d / ".abc.123.456.tmp", d / ".def.123.457.tmp"
+    for p in (stale, fresh):
+        p.write_text("{")
+    old = time.time() - 2 * cache.STALE_TMP_SECONDS
+    os.utime(stale, (old, old))
+    mine = d / f".k1.{os.getpid()}.{__import__('threading').get_ident()}.tmp"  # a dead process with my pid
+    mine.write_text("{")
+    cache.write("k1", cache.Artefact("t", "source"))
+    assert not stale.exists() and fresh.exists() and not mine.exists()
+    assert cache.read("k1").source == "source"
+
+
+def test_in_process_caches_are_bounded(monkeypatch):
+    from flexdsl.runtime import compiler
+    from flexdsl.store import cache
+
+    monkeypatch.setattr(compiler, "_PROGRAMS_SIZE", 3)
+    monkeypatch.setattr(cache, "MEMORY_ENTRIES", 5)
+    texts = [TWO_INPUTS.replace("neuron TwoIn:", f"neuron Bounded{i}:").replace("0.5", f"0.{i + 1}") for i in range(6)]
+    x, y = torch.rand(3, 4), torch.rand(3, 4)
+    for _ in range(2):  # the second round loads evicted models again: their kernels still run right
+        for t in texts:
+            tri, ref = flexdsl.loads(t, backend="triton"), flexdsl.loads(t, backend="torch")
+            torch.testing.assert_close(tri(x, y), ref(x, y), rtol=1e-6, atol=1e-6)
+            assert len(compiler._PROGRAMS) <= 3 and len(cache._memory) <= 5

@@ -162,6 +162,22 @@ class _Plan:
         self.kernel.launch_full(self.grid, full, self.key, device)
 
 
+# torch.library ops cannot be unregistered: one pair per model key and process, calling the newest
+# program of that key (programs of one key are the same kernels), so that an evicted program is freed
+_OPS: dict[str, tuple[Any, Any]] = {}
+_OWNER: dict[str, TritonProgram] = {}
+
+
+class _Owner:
+    """The program the ops of namespace `ns` run: the newest loaded."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_OWNER[self.ns], name)
+
+
 class TritonProgram:
     computes_in = torch.float32  # whatever the I/O dtype: the precision params and states are used in
 
@@ -479,7 +495,11 @@ class TritonProgram:
     # ------------------------------------------------------------------ custom ops
     def _register_ops(self) -> None:
         ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
-        tm = self
+        _OWNER[ns] = self  # the ops of a key are registered once per process and run its newest program
+        if ns in _OPS:
+            self.op_fwd, self.op_bwd = _OPS[ns]
+            return
+        tm: Any = _Owner(ns)
         n_out, n_st = len(self.outputs), len(self.states)
         lib_ops = torch.library
 
@@ -541,6 +561,7 @@ class TritonProgram:
         fwd.register_autograd(backward, setup_context=setup_context)
         self.op_fwd = fwd
         self.op_bwd = bwd
+        _OPS[ns] = (fwd, bwd)
 
     # ------------------------------------------------------------------ the Program interface
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
