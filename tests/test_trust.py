@@ -728,3 +728,50 @@ def test_in_process_caches_are_bounded(monkeypatch):
             tri, ref = flexdsl.loads(t, backend="triton"), flexdsl.loads(t, backend="torch")
             torch.testing.assert_close(tri(x, y), ref(x, y), rtol=1e-6, atol=1e-6)
             assert len(compiler._PROGRAMS) <= 3 and len(cache._memory) <= 5
+
+
+# ---------------------------------------------------------------- NIR graphs
+def _nir_graph(meta=None, w_out=4, n=4, node_meta=None):
+    import nir
+    import numpy as np
+
+    nodes = {"in": nir.Input(input_type={"input": np.array([3])}),
+             "fc": nir.Affine(weight=np.ones((w_out, 3)), bias=np.zeros(w_out)),
+             "lif": nir.LIF(tau=np.linspace(0.01, 0.02, n), r=np.ones(n), v_leak=np.zeros(n), v_threshold=np.ones(n)),
+             "out": nir.Output(output_type={"output": np.array([n])})}
+    if node_meta is not None:
+        nodes["lif"].metadata = node_meta
+    g = nir.NIRGraph(nodes=nodes, edges=[("in", "fc"), ("fc", "lif"), ("lif", "out")], type_check=False)
+    if meta is not None:
+        g.metadata = meta
+    return g
+
+
+@pytest.mark.parametrize("meta", [{"flexdsl_dt": []}, {"flexdsl_dt": 10 ** 400}, {"flexdsl_dt": True},
+                                  {"flexdsl_dt": "1e-3"}, {"flexdsl_dt": [1e-3, 2e-3]}, {"flexdsl_dt": float("nan")},
+                                  {"flexdsl_dt": {"a": 1}}])
+def test_nir_graphs_with_malformed_metadata_are_located_errors(meta):
+    pytest.importorskip("nir")
+    with pytest.raises(flexdsl.FlexDSLError, match="dt must be"):
+        flexdsl.nir.load(_nir_graph(meta))
+
+
+@pytest.mark.parametrize("node_meta", [{"flexdsl_method": ["exact"]}, {"flexdsl_method": "rk4"},
+                                       {"flexdsl_surrogate": 5}, {"flexdsl_surrogate": "atan(alpha=1e999)"},
+                                       {"flexdsl_surrogate": "atan(alpha=\u0663)"}])
+def test_nir_neuron_metadata_that_flexdsl_does_not_write_is_an_error(node_meta):
+    pytest.importorskip("nir")
+    with pytest.raises(flexdsl.FlexDSLError, match="NIR node `lif`"):
+        flexdsl.nir.load(_nir_graph(node_meta=node_meta), dt=1e-3)
+
+
+def test_nir_layers_that_do_not_fit_are_found_at_load():
+    pytest.importorskip("nir")
+    with pytest.raises(flexdsl.FlexDSLError, match=r"NIR node `lif` \(LIF\) does not fit its input of per-sample "
+                                                   r"shape \(5,\)"):
+        flexdsl.nir.load(_nir_graph(w_out=5, n=4), dt=1e-3)
+    net = flexdsl.nir.load(_nir_graph(), dt=1e-3)  # the trial step leaves no state behind
+    x = torch.rand(6, 2, 3)
+    y = net(x)
+    net.reset()
+    torch.testing.assert_close(net(x), y)
