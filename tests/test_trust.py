@@ -775,3 +775,20 @@ def test_nir_layers_that_do_not_fit_are_found_at_load():
     y = net(x)
     net.reset()
     torch.testing.assert_close(net(x), y)
+
+
+@pytest.mark.parametrize("method", ["euler", "rk2", "rk4", "heun", "exact", "exponential_euler"])
+@pytest.mark.parametrize("coef", ["where(tau > 3, 8, -8) ** (1/3)", "clip(tau - 5, -9, 9) ** 0.5", "log(tau - 5)",
+                                  "sqrt(tau - 3)"])
+def test_params_that_make_a_part_of_the_step_nan_are_located_errors_for_every_method(method, coef):
+    """A value computed from the params alone that is NaN or inf (a negative base to a fractional
+    power, log of a negative number...) is a located error at load for every method — not a
+    silent NaN (euler), a complex constant or a crash (Triton) — and both backends agree."""
+    text = ("neuron M:\n    input x\n    param tau = 2.0\n    param dt = 0.1\n    state v = 1.0\n"
+            f"    equations method {method}:\n        dv/dt = -v * {coef} + x\n    output v\n")
+    for backend in ("torch", "triton"):
+        with pytest.raises(flexdsl.FlexDSLError, match="the step is not defined") as e:
+            flexdsl.loads(text, backend=backend)(torch.ones(2, 1))
+        assert e.value.line == 7
+    ok = flexdsl.loads(text, tau=10.0, backend="torch")
+    assert torch.isfinite(ok(torch.ones(2, 1))).all()

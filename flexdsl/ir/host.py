@@ -200,6 +200,14 @@ def host_program(step: StepModel, hoisted: Hoisted) -> HostProgram:
         name = f"_den{i}"
         prog.assignments.append((name, tree(d)))
         prog.checks.append((f"{y.name}|denominator {i}", name))
+    for i, (y, part) in enumerate(hoisted.parts):
+        try:
+            t = tree(part)
+        except TypeError:  # (a function the host does not evaluate: that part is not checked)
+            continue
+        name = f"_part{i}"
+        prog.assignments.append((name, t))
+        prog.checks.append((f"{y.name}|part {i}", name))
     values = dict(step.assignments)
     for name, v in [*zip((s.name for s in step.states), step.next_states), *step.outputs]:
         origin = ""

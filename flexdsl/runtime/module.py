@@ -322,8 +322,8 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
             vals = c.check_values(params)
         for name, v in vals.items():
             t = torch.as_tensor(v) if dtype is None else torch.as_tensor(v).to(dtype)
-            stmt, _, den = name.partition("|")
-            if den and bool((t == 0).any()):
+            stmt, _, kind = name.partition("|")
+            if kind.startswith("denominator") and bool((t == 0).any()):
                 pos = c.step.origins.get(stmt) or c.checked.ast.pos
                 raise self._error(f"with these params this statement divides by zero{where}: a denominator that "
                                   "depends on params only is 0", pos,
@@ -331,10 +331,11 @@ class NeuronModule(_Base):  # type: ignore[valid-type,misc]
                                   else "run in float64 (m.double() and a float64 input), or change the params")
             if not bool(torch.isfinite(t).all()):
                 eqs = c.checked.equations
-                pos = c.step.origins.get(name) or (eqs.pos if eqs is not None else c.checked.ast.pos)
+                pos = c.step.origins.get(stmt) or (eqs.pos if eqs is not None else c.checked.ast.pos)
                 how = f" (method `{c.method}`)" if c.method else ""
+                what = f"`{stmt}`" if not kind else "a value of this statement computed from the params alone"
                 raise self._error(
-                    f"with these params the step is not defined{where}: `{name}`{how} is not finite", pos,
+                    f"with these params the step is not defined{where}: {what}{how} is not finite", pos,
                     "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
                     "`dt` so long that a decay factor overflows)" + ("; or run in float64" if where else ""))
 
