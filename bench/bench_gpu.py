@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import flexdsl  # noqa: E402
 from flexdsl.backends.triton import LAUNCHES  # noqa: E402
+from flexdsl.backends.triton.glue import Grads  # noqa: E402
 
 
 class tb:  # noqa: N801 - this script's names for the Triton program of a model
@@ -157,9 +158,12 @@ def lif_kernels(tm, x, g, train):
         return lambda: tm.fwd_impl([x], [], [], [0.0], pv, [False] * 4, False, False)
     T, N = x.shape
 
+    call = tm.call([x], [0.0], pv, [False] * 4, False, False)
+    grads = Grads([g], [None], [None])
+
     def f():
         res = tm.fwd_impl([x], [], [], [0.0], pv, [False] * 4, False, True)
-        tm.bwd_impl([], res[2], [], pv, [False] * 3, [g], [None], [None], [True, False], T, [N], x.dtype)
+        tm.bwd(call, [], res[2], [None] * 3, [None], grads, [True, False])
 
     return f
 

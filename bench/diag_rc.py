@@ -15,6 +15,12 @@ import torch
 import triton.testing as tt
 
 import flexdsl
+from flexdsl.backends.triton.glue import Grads
+
+
+def _backward(tm, calls, params, states, grads, need, reread, saved, recompute=False):
+    """The backward kernel alone, saving or recomputing."""
+    return tm.bwd(calls[recompute], reread, saved, params, states, grads, need)
 
 
 def bench(f):
@@ -39,13 +45,14 @@ def main() -> None:
         for block, warps in shapes:
             tm.block_rc = block
             tm.k_bwd_rc.warps = warps
-            tm._plans.clear()
+            tm.launch_plans.clear()
 
             fwd = partial(tm.fwd_impl, [x], [], [], sv, pv, is_t, False, True)
             rs, rc = fwd(False), fwd(True)
             need = [True] + [False] * n_st
-            bwd = partial(tm.bwd_impl, params=[], param_vals=pv, is_param_t=[False] * npar, g_outs=[g],
-                          g_seqs=[None] * n_st, g_fins=[None] * n_st, need=need, T=T, shape=[N], dtype=x.dtype)
+            calls = {rc: tm.call([x], sv, pv, is_t, False, rc) for rc in (False, True)}
+            bwd = partial(_backward, tm, calls, [None] * npar, [None] * n_st, Grads([g], [None] * n_st, [None] * n_st),
+                          need)
             times = {
                 "fwd_save": bench(partial(fwd, False)), "fwd_ckpt": bench(partial(fwd, True)),
                 "bwd_save": bench(partial(bwd, [x][:len(tm.reread_idx)], rs[-1], recompute=False)),

@@ -1,8 +1,15 @@
 #!/bin/bash
-# On the device machine, from the repository root (with .whl/ carried, and .old/ for a baseline):
-#   bash bench/gpu_session.sh STEP...      STEP: check | harness | harness_old | extra | profile | full | memory
+# On the device machine, from the repository root (a clean clone works):
+#   bash bench/gpu_session.sh STEP...
+#   STEP: check | check_save | harness | harness_old | extra | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
+# flexdsl runs from this checkout. Wheels in .whl/ (e.g. spikingjelly, loguru, for a machine without them)
+# are installed into /tmp/site first; `harness_old` runs a baseline checkout carried as .old/.
+# Every script a step runs is in bench/; logs go to $OUT (default /tmp), one per step.
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+cd "$(dirname "$0")/.." || exit 1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee -a $OUT/session.log
@@ -18,10 +25,10 @@ for step in "$@"; do
     models) timeout 300 python3 bench/models_gpu.py ;;
     diagk) for k in 4 8 16; do FLEXDSL_CHUNK=$k timeout 200 python3 bench/diag_rc.py; done ;;
     full) timeout 560 python3 bench/bench_gpu.py full ;;
-    harness) timeout 300 python3 .harness/flexdsl_gpu.py ;;
-    harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 .harness/flexdsl_gpu.py ;;
-    extra) timeout 300 python3 .harness/extra_gpu.py ;;
+    harness) timeout 300 python3 bench/flexdsl_gpu.py ;;
+    harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 bench/flexdsl_gpu.py ;;
+    extra) timeout 300 python3 bench/extra_gpu.py ;;
     profile) timeout 200 python3 bench/profile_overhead.py ;;
     *) echo "unknown step $step" ;;
-  esac 2>&1 | tee -a $OUT/$step.log | grep -v "Warning\|warn(" 
+  esac 2>&1 | tee -a $OUT/$step.log | grep -v "Warning\|warn("
 done

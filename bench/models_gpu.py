@@ -49,11 +49,11 @@ def main() -> None:
         n_out = len(m.compiled.checked.outputs)
 
         infer, train = _calls(m, x, xg, n_out)
-        default = prog.training
+        default = prog.train_plan
         t_inf, t_plan = bench(infer), bench(train)
-        prog.training = "save" if default == "recompute" else "recompute"
+        prog.train_plan = "save" if default == "recompute" else "recompute"
         t_other = bench(train)
-        prog.default_plans()
+        prog.default_train_plans()
         print(f"| {name} | {default} | {t_inf:.3f} | {t_plan:.3f} | {t_other:.3f} |", flush=True)
 
 

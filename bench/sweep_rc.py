@@ -51,9 +51,9 @@ def main() -> None:
             g = torch.rand_like(x)
             sj = sj_cls(surrogate_function=sg, step_mode="m").to(dev)
             t_sj = bench(train_fn(sj, x, g, functional.reset_net)) if dt == torch.float32 else float("nan")
-            prog.training = "save"
+            prog.train_plan = "save"
             t_save = bench(train_fn(m, x, g, lambda mm: mm.reset()))
-            prog.training = "recompute"
+            prog.train_plan = "recompute"
             res = {}
             for block, warps in ((128, 4), (256, 4), (256, 8), (512, 4), (512, 8), (1024, 8)):
                 prog.block_rc = block

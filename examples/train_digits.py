@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> float:
     from tqdm import tqdm
 
     import flexdsl
+    from flexdsl import backends
 
     # what would fail only after training, or with a traceback: said now, in one line
     for name in ("T", "epochs", "hidden", "batch"):
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> float:
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     test_gen_seed = a.seed + 1
     history: dict[str, list[float]] = {"loss": [], "train": [], "test": []}
-    kernel = "Triton kernels" if dev.type == "cuda" else "torch backend"
+    kernel = {"triton": "Triton kernels", "cpu": "CPU kernels", "torch": "torch backend"}.get(
+        backends.choose(neuron.backend, [x_tr]).name, "another backend")
     print(f"neuron {neuron.compiled.name} ({neuron.compiled.filename}) on {dev} ({kernel}); "
           f"{len(x_tr)} training / {len(x_te)} test images, T={a.T}")
     t0 = time.time()

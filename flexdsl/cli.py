@@ -350,7 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
                "Run `flexdsl COMMAND --help` for a command's options and examples.")
     p.add_argument("--version", action="version", version=f"flexdsl {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for add in (_add_check, _add_show, _add_run, _add_doc):
+        add(sub)
+    return p
 
+
+def _add_check(sub) -> None:
     c = sub.add_parser("check", help="validate .neuron files (exit 1 with located errors)", formatter_class=_Formatter,
                        description="Parse, check and lower each model; print `ok` or its located errors.\n"
                                    "Exits 1 if any model has an error.",
@@ -360,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a .neuron file, a library model name, or a directory (every .neuron file below it)")
     c.set_defaults(fn=_cmd_check)
 
+
+def _add_show(sub) -> None:
     s = sub.add_parser("show", help="print the generated code or the derived equations (of a .neuron, or of "
                        "each neuron of a .nir graph)", formatter_class=_Formatter,
                        description="Print what flexdsl generates for a model (default: the PyTorch core), or for\n"
@@ -388,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the one flexdsl.nir.export recorded)")
     s.set_defaults(fn=_cmd_show)
 
+
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="simulate one neuron, print a summary, optionally plot it", formatter_class=_Formatter,
                        description="Simulate a model for T steps (torch backend, float64) with the input on its first\n"
                                    "input (the others 0); print the spikes and final states; optionally plot the input,\n"
@@ -412,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop with an error at the first NaN or inf, naming the state, the step and the element")
     r.set_defaults(fn=_cmd_run)
 
+
+def _add_doc(sub) -> None:
     d = sub.add_parser("doc", help="HTML and Markdown pages generated from the equations", formatter_class=_Formatter,
                        description="For each model: an HTML page and a Markdown page with its docstring and reference,\n"
                                    "tables of inputs, params and states, the equations as written and as derived\n"
@@ -428,7 +439,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-plots", action="store_true", help="skip the simulations and plots (faster)")
     d.add_argument("--title", default="flexdsl models", help="the title of the index page")
     d.set_defaults(fn=_cmd_doc)
-    return p
 
 
 class _Printable:

@@ -57,7 +57,7 @@ def _states(name, shape, gen):
 def _run(name, x, states, backend, training=None, **kw):
     m = flexdsl.load(name, backend=backend, **kw)
     if training is not None:
-        m.compiled.program("triton").training = training
+        m.compiled.program("triton").train_plan = training
     leaves = []
     for s, v in states.items():
         v2 = v.detach().clone().requires_grad_(True)
@@ -77,7 +77,7 @@ def _restore_training_plans():
     for name in MODELS:
         p = flexdsl.compile(name)._programs.get("triton")
         if p is not None:
-            p.default_plans()
+            p.default_train_plans()
 
 
 @pytest.mark.parametrize("training", ["save", "recompute"])
@@ -165,7 +165,7 @@ def test_recompute_from_initial_values_and_across_calls(name):
     for backend in ("triton", "torch"):
         m = flexdsl.load(name, backend=backend)
         if backend == "triton":
-            m.compiled.program("triton").training = "recompute"
+            m.compiled.program("triton").train_plan = "recompute"
         before = LAUNCHES["bwd_rc"]
         leaves = [x.clone().requires_grad_(True) for x in xs]
         ys = [_tuple(m(x))[0] for x in leaves]
@@ -291,7 +291,7 @@ def test_training_plan_follows_the_dtype(dtype):
     before = dict(LAUNCHES)
     m(x).float().sum().backward()
     assert LAUNCHES[expect] == before.get(expect, 0) + 1
-    prog.training = "save" if expect == "bwd_rc" else "recompute"
+    prog.train_plan = "save" if expect == "bwd_rc" else "recompute"
     forced = "bwd" if expect == "bwd_rc" else "bwd_rc"
     m.reset()
     before = dict(LAUNCHES)
@@ -358,8 +358,8 @@ def test_source_and_plan():
     # the choice, stated: recomputing moves 5.25 passes instead of 6 with float32 I/O; with 16-bit
     # I/O a pass is half as long and the recompute backward's arithmetic takes longer than its bytes
     header = " ".join(line[2:] for line in src.splitlines()[:12] if line.startswith("# "))
-    assert abi["training"] == "recompute" and "Training plan with float32 I/O: recomputing" in header
-    assert abi["training16"] == "save" and "With float16/bfloat16 I/O: saving" in header
+    assert abi["train_plan"] == "recompute" and "Training plan with float32 I/O: recomputing" in header
+    assert abi["train_plan16"] == "save" and "With float16/bfloat16 I/O: saving" in header
     assert "for _step in range(0, _T):" in src  # a runtime loop bound, never unrolled
     # the loop invariant 1/tau is hoisted before the backward loop
     bwd = src[src.index("def bwd_kernel"):]
@@ -441,7 +441,7 @@ def test_bf16_backward_sees_the_forward_spike(training):
     import math
 
     m = flexdsl.load("lif", backend="triton", v_threshold=-0.5, v_reset=-1.0)
-    m.compiled.program("triton").training = training
+    m.compiled.program("triton").train_plan = training
     m.v = torch.tensor([-(2**-9)], dtype=torch.bfloat16)
     x = torch.tensor([[-(2**-9)]], dtype=torch.bfloat16, requires_grad=True)
     s = m(x)

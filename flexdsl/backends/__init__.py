@@ -27,14 +27,20 @@ def _torch() -> Backend:
     return TorchBackend()
 
 
+def _cpu() -> Backend:
+    from .cpu import CpuBackend
+
+    return CpuBackend()
+
+
 def _triton() -> Backend:
     from .triton import TritonBackend
 
     return TritonBackend()
 
 
-_FACTORIES: dict[str, Callable[[], Backend]] = {"triton": _triton, "torch": _torch}
-_AUTO: list[str] = ["triton", "torch"]  # preference order for backend="auto"
+_FACTORIES: dict[str, Callable[[], Backend]] = {"triton": _triton, "cpu": _cpu, "torch": _torch}
+_AUTO: list[str] = ["triton", "cpu", "torch"]  # preference order for backend="auto"
 _LOADED: dict[str, Backend] = {}
 _LOCK = threading.Lock()
 

@@ -64,4 +64,13 @@ class Backend(Protocol):
     def load(self, artefact: Artefact, key: str) -> Program: ...
 
 
-__all__ = ["Artefact", "Backend", "IR", "Program", "RunResult"]
+def transformed(t: Any) -> bool:
+    """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
+    its own, so a backend that runs kernels on data pointers does not accept it."""
+    import torch
+
+    is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
+
+
+__all__ = ["Artefact", "Backend", "IR", "Program", "RunResult", "transformed"]

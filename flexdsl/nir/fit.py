@@ -169,7 +169,7 @@ def match(module: NeuronModule | Compiled | str, dt: float, method: str = "auto"
         vals = dict(module.param_values())
     else:
         c = module if isinstance(module, Compiled) else compile_model(module)
-        from ..runtime.module import resolve_params
+        from ..runtime.params import resolve_params
 
         vals = resolve_params(c, dict(values or {}))
     ls = analyse(c)

@@ -16,18 +16,63 @@ import torch
 
 from ...store.generated import load_module
 from ..base import IR, Artefact, RunResult
+from .scan import ScanOps
 
 
 class TorchProgram:
     computes_in = None  # the inputs' dtype
 
-    def __init__(self, module: ModuleType, meta: dict[str, Any]) -> None:
+    def __init__(self, module: ModuleType, meta: dict[str, Any], key: str = "", source: str = "") -> None:
         self.module = module
+        self.source = source
         self.core = module.core
+        self.key = key
+        self.name = str(meta.get("name", "neuron"))
         self.n_outputs = len(meta["outputs"])
+        self.n_inputs = len(meta["inputs"])
+        self.n_states = len(meta["states"])
+        self.ops: ScanOps | None = None  # the time loop as custom ops (made by `prepare_trace`)
+
+    def prepare_trace(self, ir: IR) -> None:
+        """Before a torch.compile trace (outside it): the custom ops that make the time loop one
+        graph node, with the derived backward printed from the model's symbolic VJP."""
+        if self.ops is not None:
+            return
+        from .emit import emit_core_backward
+
+        step = ir.step
+        mod = load_module("torchscan", self.key, self.source + emit_core_backward(step, ir.backward))
+        ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
+        self.ops = ScanOps(ns, self.loop, mod.core_backward, self.n_inputs, self.n_states, self.n_outputs,
+                           [p.learnable for p in step.params])
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool) -> RunResult:
+        if self.ops is not None and torch.compiler.is_compiling():
+            return self._run_op(inputs, states, params, store_seqs)
+        outs, fins, seqs, _ = self.loop(inputs, states, params, store_seqs, False)
+        return RunResult(outs, fins, seqs if store_seqs else None)
+
+    def _run_op(self, inputs, states, params, store_seqs: bool) -> RunResult:
+        """The traced call: one custom op (its autograd formula is the derived backward)."""
+        assert self.ops is not None
+        x0 = inputs[0]
+        shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
+        prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=x0.device)
+               for p in params]
+        st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=x0.dtype, device=x0.device)
+              for s in states]
+        grad = torch.is_grad_enabled()
+        save = grad and any(t.requires_grad for t in [*inputs, *st, *prm])
+        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save)
+        n_out, n_st = self.n_outputs, self.n_states
+        return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
+                         list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
+
+    def loop(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], store_seqs: bool,
+             keep_prev: bool) -> tuple[list, list, list, list]:
+        """`core` over the T steps: (outputs [T, *shape], final states, state sequences (with
+        `store_seqs`), the state before each step (with `keep_prev`))."""
         x0 = inputs[0]
         T, dtype = x0.shape[0], x0.dtype
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
@@ -37,9 +82,13 @@ class TorchProgram:
         n_out = self.n_outputs
         outs: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
         seqs: list[list[torch.Tensor]] = [[] for _ in st]
+        prevs: list[list[torch.Tensor]] = [[] for _ in st]
         steps = list(zip(*(x.unbind(0) for x in inputs)))
         core = self.core
         for xs in steps:
+            if keep_prev:
+                for i, s in enumerate(st):
+                    prevs[i].append(s)
             res = core(*xs, *st, *prm)
             res = [r if isinstance(r, torch.Tensor) else _full(shape, r, dtype, x0.device) for r in res]
             res = [r.to(dtype) if r.dtype != dtype else r for r in res]
@@ -58,10 +107,10 @@ class TorchProgram:
                 if t.requires_grad:
                     z = z + t.reshape(-1)[:0].sum()  # (exactly 0 whatever t holds; its gradient is 0)
             empty = x0.new_zeros((0, *shape)) + z
-            return RunResult([empty.clone() for _ in range(n_out)], [s.expand(shape).to(dtype) + z for s in st],
-                             [empty.clone() for _ in st] if store_seqs else None)
-        return RunResult([_stack(o, shape) for o in outs], list(st),
-                         [_stack(s, shape) for s in seqs] if store_seqs else None)
+            return ([empty.clone() for _ in range(n_out)], [s.expand(shape).to(dtype) + z for s in st],
+                    [empty.clone() for _ in st], [empty.clone() for _ in st])
+        return ([_stack(o, shape) for o in outs], list(st), [_stack(s, shape) for s in seqs] if store_seqs else [],
+                [_stack(s, shape) for s in prevs] if keep_prev else [])
 
 
 def _full(shape, value, dtype: torch.dtype, device) -> torch.Tensor:
@@ -102,13 +151,13 @@ class TorchBackend:
 
 
         step = ir.step
-        meta = {"inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
+        meta = {"name": step.name, "inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
                 "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs],
                 "derived": [p.name for p in step.params if p.derived]}
         return Artefact("torch", emit_core(step), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
-        return TorchProgram(load_module("torch", key, artefact.source), artefact.meta)
+        return TorchProgram(load_module("torch", key, artefact.source), artefact.meta, key, artefact.source)
 
 
 __all__ = ["TorchBackend", "TorchProgram"]

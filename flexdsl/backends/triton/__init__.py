@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact
+from ..base import IR, Artefact, transformed
 from .abi import KernelABI
-from .launch import LAUNCHES, TritonProgram, transformed
+from .launch import LAUNCHES, TritonProgram
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

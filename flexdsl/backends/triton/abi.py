@@ -74,8 +74,8 @@ class KernelABI:
     hoisted_rc: list[str] = field(default_factory=list)
     chunk: int = 8
     rc_passes: float = 0.0
-    training: str = "save"  # the default plan with 32-bit I/O, "save" or "recompute"
-    training16: str = "save"  # ... with 16-bit I/O
+    train_plan: str = "save"  # the default training plan with 32-bit I/O, "save" or "recompute"
+    train_plan16: str = "save"  # ... with 16-bit I/O
     fwd: list[Arg] = field(default_factory=list)
     bwd: list[Arg] = field(default_factory=list)
     bwd_rc: list[Arg] = field(default_factory=list)

@@ -168,7 +168,7 @@ def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
         grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
         rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
         chunk=plans.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states), plans.chunk),
-        training=plans.plan32, training16=plans.plan16)
+        train_plan=plans.plan32, train_plan16=plans.plan16)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:

@@ -1,0 +1,48 @@
+"""The CPU kernels' C ABI: the one description of their arguments, read by the emitter (the
+generated signatures) and the launcher (argument lists). Sympy-free: a process that loads a
+model from the disk cache builds its program from this and the cached source alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class CpuABI:
+    """Each entry point (`flexdsl_fwd_f32`, `_f64`, `flexdsl_bwd_f32`, `_f64`) takes
+    `(const int64_t* n, void* const* p, const double* f)`:
+    - `fwd`: n = [T, N, threads, step stride per input]; p = [per input, per state (initial
+      values, [N] in R, or null: the value f[state]), per param ([N] doubles, or null: the value
+      f[n_states + param]), per output, per state (final), per state (sequence, or null),
+      saved (or null)]; f = [per state, per param];
+    - `bwd`: n = [T, N, threads, step stride per input]; p = [per input (the re-read ones, else
+      null), saved, per param, per output (gradient, or null: 0), per state (gradient of the
+      sequence, or null), per state (gradient of the final state, or null: 0), per input
+      (gradient, or null: not needed), per state (gradient of the initial state, or null), per
+      learnable param (per-lane sums in double, or null)]; f = [per param].
+    Inputs are [T, N] with unit lane stride, outputs [T, N], saved values [K, T, N] (K = len(saved)).
+    """
+
+    name: str
+    inputs: list[str]
+    states: list[str]
+    params: list[str]
+    learnable: list[str]
+    outputs: list[str]
+    saved: list[str]  # per-step values the training forward writes
+    reread: list[str]  # inputs the backward reads again
+    grad_inputs: list[bool]  # which gradients can be nonzero
+    grad_states: list[bool]
+    grad_params: list[bool]
+    lanes: int = 256  # lanes per block
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CpuABI:
+        return cls(**d)
+
+
+__all__ = ["CpuABI"]

@@ -1,0 +1,166 @@
+"""Building the CPU backend's kernels: the C++ compiler PyTorch uses for Inductor, a shared
+library per model, kept in the flexdsl disk cache.
+
+The compiler is `$CXX` if set, else the first of `g++`, `c++`, `clang++` on the PATH (Inductor's
+choice on Linux is `$CXX` or `g++`). The library is built once per model text, compiler and
+machine (`-march=native`), with OpenMP (without it where the compiler has none), no floating
+contraction (no fused multiply-add that the torch backend would not do) and `-fno-math-errno`.
+It is written next to the cache's JSON entries (atomically: a temporary file renamed into
+place) and its SHA-256 is recorded in a cache entry of its own, checked before the library is
+loaded; a missing or damaged library is rebuilt. Where the cache folder cannot be used, the
+library goes to a private temporary folder for this process.
+
+`FLEXDSL_CPU_KERNELS=0` turns the backend off (the torch backend runs CPU tensors).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from ...errors import FlexDSLError
+from ...store import cache
+
+BASE_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-math-errno",
+              "-w"]
+OPENMP = ["-fopenmp"]
+COMPILE_TIMEOUT_S = 600
+# the time each build took (seconds, by library key), for reports
+BUILD_TIMES: dict[str, float] = {}
+
+
+class BuildError(FlexDSLError):
+    """The compiler failed on generated code (a flexdsl bug, or a broken toolchain)."""
+
+
+def disabled() -> bool:
+    return os.environ.get("FLEXDSL_CPU_KERNELS", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+@lru_cache(maxsize=4)
+def _find(cxx_env: str | None) -> str | None:
+    names = [cxx_env] if cxx_env else ["g++", "c++", "clang++"]
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def compiler() -> str | None:
+    """The C++ compiler's path, or None."""
+    return _find(os.environ.get("CXX") or None)
+
+
+def why_unavailable() -> str | None:
+    """None where kernels can be built here, else why not (one line)."""
+    if disabled():
+        return "FLEXDSL_CPU_KERNELS=0"
+    if compiler() is None:
+        cxx = os.environ.get("CXX")
+        return f"the C++ compiler $CXX={cxx!r} was not found" if cxx else "no C++ compiler (g++, c++ or clang++)"
+    return None
+
+
+@lru_cache(maxsize=4)
+def _identity(path: str) -> str:
+    """What the built library depends on besides its source: the compiler (path, size, time)
+    and the machine (-march=native)."""
+    st = os.stat(path)
+    cpu = platform.machine() + " " + platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    cpu += line
+                if line.strip() == "":
+                    break
+    except OSError:
+        pass
+    return f"{os.path.realpath(path)} {st.st_size} {int(st.st_mtime)} {hashlib.sha256(cpu.encode()).hexdigest()[:16]}"
+
+
+def version() -> str:
+    """Part of the artefact key."""
+    c = compiler()
+    return f"cpu kernels, {_identity(c) if c else 'no compiler'}, flags {' '.join(BASE_FLAGS)}"
+
+
+_lock = threading.Lock()
+_private: list[Path] = []
+
+
+def _folder() -> Path:
+    d = cache.folder()
+    if d is not None:
+        return d
+    if not _private:
+        _private.append(Path(tempfile.mkdtemp(prefix="flexdsl-cpu-")))
+    return _private[0]
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def library(source: str, name: str, filename: str) -> tuple[ctypes.CDLL, bool]:
+    """The loaded library of this source (built now if the cache has none): (library, whether
+    it runs OpenMP threads). `name` and `filename` name the model in errors."""
+    cxx = compiler()
+    if cxx is None:
+        raise BuildError(f"cannot build the CPU kernels of {name}: {why_unavailable()}", filename)
+    k = cache.key("cpu-library", source, _identity(cxx), " ".join(BASE_FLAGS))
+    d = _folder()
+    path = d / f"{k}.so"
+    with _lock:
+        entry = cache.read(k)
+        if entry is not None and path.is_file():
+            try:
+                if _sha256(path) == entry.meta.get("sha256"):
+                    return ctypes.CDLL(str(path)), bool(entry.meta.get("openmp"))
+            except OSError:
+                pass
+        openmp = _compile(cxx, source, path, name, filename)
+        cache.write(k, cache.Artefact("cpu-library", "", {"sha256": _sha256(path), "openmp": openmp,
+                                                          "file": path.name}))
+        return ctypes.CDLL(str(path)), openmp
+
+
+def _compile(cxx: str, source: str, path: Path, name: str, filename: str) -> bool:
+    """Compile into `path` (atomically); True if with OpenMP."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="flexdsl-build-") as tmp:
+        src = Path(tmp) / "kernels.cpp"
+        src.write_text(source, encoding="utf-8")
+        out = Path(tmp) / "kernels.so"
+        err = ""
+        for extra in (OPENMP, []):
+            try:
+                r = subprocess.run([cxx, *BASE_FLAGS, *extra, str(src), "-o", str(out)], capture_output=True,
+                                   text=True, timeout=COMPILE_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError) as e:
+                err = str(e)
+                continue
+            if r.returncode == 0:
+                tmp_dst = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                shutil.copyfile(out, tmp_dst)
+                os.chmod(tmp_dst, 0o700)
+                os.replace(tmp_dst, path)
+                BUILD_TIMES[path.stem] = time.perf_counter() - t0
+                return bool(extra)
+            err = (r.stderr or r.stdout).strip()
+    tail = "\n".join(err.splitlines()[-12:])
+    raise BuildError(f"the C++ compiler {cxx} failed on the CPU kernels of {name}:\n{tail}", filename,
+                     hint="this is a flexdsl bug: please report it with the model; meanwhile use backend='torch'")
+
+
+__all__ = ["BuildError", "library", "compiler", "why_unavailable", "version", "disabled", "BUILD_TIMES"]

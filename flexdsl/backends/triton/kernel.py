@@ -1,0 +1,168 @@
+"""Launching the generated kernels: a `Kernel` takes its arguments in ABI order and keeps the
+compiled kernels of its launches (by specialization key, so that a later launch skips Triton's
+per-call argument binding); a `LaunchPlan` is one launch with everything fixed but the call's
+own tensors, recorded from a first launch per call signature. `LAUNCHES` counts launches by kind
+("fwd", "bwd", "bwd_rc"): tests check that the Triton path really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ...settings import env_choice
+
+LAUNCHES: Counter = Counter()
+
+_INTERPRET: list[bool] = []
+
+
+def interpret() -> bool:
+    """TRITON_INTERPRET=1 (read once: it must be set before triton is imported anyway)."""
+    if not _INTERPRET:
+        _INTERPRET.append(os.environ.get("TRITON_INTERPRET", "0") == "1")
+    return _INTERPRET[0]
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device_index: int) -> int:
+    """The current CUDA stream's handle (what Triton's own launcher asks for; cheaper than
+    torch.cuda.current_stream(), which builds a Stream object)."""
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def device_of(ts) -> torch.device:
+    for t in ts:
+        if t is not None:
+            return t.device
+    return torch.device("cpu")
+
+
+def bits(vals: Sequence[float]) -> bytes:
+    """Floats as a cache key: their bits (0.0 and -0.0 differ, a NaN equals itself), so that a
+    key always determines what the cached value was computed from."""
+    return struct.pack(f"{len(vals)}d", *vals)
+
+
+def spec(t: Any) -> Any:
+    """What Triton specializes a non-constexpr argument on."""
+    if t is None:
+        return None
+    if type(t) is float:
+        return 0
+    if type(t) is int:  # (Triton passes ints beyond 32 bits as i64: another kernel)
+        return (t == 1, t % 16 == 0, -0x80000000 <= t <= 0x7FFFFFFF)
+    return (t.dtype, t.data_ptr() % 16 == 0)
+
+
+class Kernel:
+    """One kernel with its ABI order: a launch takes a value list per role."""
+
+    def __init__(self, fn, args, warps: int) -> None:
+        self.fn = fn
+        groups: dict[str, int] = {}
+        self.index: list[tuple[str, int]] = []
+        for a in args:
+            i = groups.get(a.role, 0)
+            groups[a.role] = i + 1
+            self.index.append((a.role, i))
+        self.constexpr = [a.constexpr for a in args]
+        self.warps = warps
+        self.cache: dict = {}
+        self.fast = env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
+
+    def launch(self, grid: tuple[int], values: dict[str, list], key: tuple, device: torch.device) -> None:
+        """Launch with the arguments in ABI order. `key` must determine Triton's specialization
+        of this launch (the dtypes and 16-byte alignment of the tensors that are not fresh
+        allocations, ints ==1 / %16, which args are None, the constexpr values): with it, a
+        cache of compiled kernels skips Triton's per-call argument binding."""
+        self.launch_full(grid, [values[r][i] for r, i in self.index], key, device)
+
+    def launch_full(self, grid: tuple[int], full: list, key: tuple, device: torch.device) -> None:
+        """Launch with the full argument list, in ABI order."""
+        if interpret() or not self.fast:
+            self.fn[grid](*full, num_warps=self.warps)
+            return
+        key = (self.warps, *key)
+        ck = self.cache.get(key)
+        if ck is None:
+            ck = self.fn[grid](*full, num_warps=self.warps)
+            if hasattr(ck, "run"):
+                self.cache[key] = ck
+            return
+        try:
+            stream = _stream(device.index or 0)
+            ck.run(grid[0], 1, 1, stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
+                   None, None, *full)
+        except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
+            self.fast = False
+            self.fn[grid](*full, num_warps=self.warps)
+
+
+class LaunchPlan:
+    """A kernel launch with everything fixed but the call's own tensors: the argument list,
+    where each call's tensors go (`slots`: position -> (kind, index)), the grid and the
+    specialization key. Recorded from a first launch per call signature (shape, dtype, flags,
+    float params and states), so that a later call only allocates its outputs, fills the slots
+    and launches."""
+
+    def __init__(self, kernel: Kernel, values: dict[str, list], per_call: tuple[str, ...], grid: tuple[int],
+                 key: tuple) -> None:
+        self.kernel, self.grid, self.key = kernel, grid, key
+        self.full = [values[r][i] for r, i in kernel.index]
+        # each slot by its ABI role and index, never by the tensor's identity: one tensor may fill
+        # two slots of the call that records the plan (m(a, a), one gradient for two outputs) and
+        # two different tensors in a later call
+        self.slots = [(j, r, i) for j, (r, i) in enumerate(kernel.index)
+                      if r in per_call and self.full[j] is not None]
+        for j, _, _ in self.slots:
+            self.full[j] = None
+
+    def launch(self, tensors: dict[str, list], device: torch.device) -> None:
+        full = self.full.copy()
+        for j, kind, i in self.slots:
+            full[j] = tensors[kind][i]
+        self.kernel.launch_full(self.grid, full, self.key, device)
+
+
+class LaunchPlans:
+    """The launch plans of one program, by call signature (a bounded cache)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self.plans: dict[tuple, LaunchPlan] = {}
+
+    def get(self, sig: tuple | None) -> LaunchPlan | None:
+        return self.plans.get(sig) if sig is not None else None
+
+    def remember(self, sig: tuple, plan: LaunchPlan) -> None:
+        if len(self.plans) > self.size:
+            self.plans.clear()
+        self.plans[sig] = plan
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+
+__all__ = ["Kernel", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
+           "device_of"]

@@ -1,0 +1,88 @@
+"""Which program runs a call: the backend that `backend="auto"` picks for the inputs' device
+and dtype, and that backend's program for the model.
+
+Picking and loading a program is compile-time work: it takes locks, imports a backend's
+libraries, reads and writes the disk cache, executes generated code, builds a kernel library
+and registers custom ops. None of that can be traced by `torch.compile`'s Dynamo, and none of
+it belongs in a graph. So under a trace, `program_for` does it in `_resolve`, which Dynamo
+runs once at trace time and whose result it takes as a constant
+(`torch.compiler.assume_constant_result`): the trace sees a dict lookup and the program's
+`run`, and a first call that is compiled works in a fresh process with empty caches. Before
+returning, `_resolve` also gives the program its trace-time preparation (`prepare_trace`, where
+a program has one: the custom ops that make its time loop one graph node).
+
+Eagerly, the choice is remembered per model, device type and dtype (a few dict lookups per
+call).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from .. import backends
+from ..backends.base import transformed
+
+if TYPE_CHECKING:
+    from ..backends.base import Program
+    from .compiler import Compiled
+
+# program key -> program, filled by `_resolve` (read by the traced code)
+_RESOLVED: dict[str, Program] = {}
+# per Compiled: (backend, device type, dtype) -> program (the eager path)
+_CHOSEN: weakref.WeakKeyDictionary[Compiled, dict[tuple, Program]] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def program_for(c: Compiled, backend: str, x0: torch.Tensor) -> Program:
+    """The program that runs a call of `c` on inputs like `x0` (its device type and dtype)."""
+    if torch.compiler.is_compiling():
+        return _RESOLVED[_resolve(c, backend, x0.device.type, x0.dtype)]
+    if transformed(x0):  # under a torch.func transform: chosen for these inputs, not remembered
+        return c.program(backends.choose(backend, [x0]))
+    chosen = _CHOSEN.get(c)
+    if chosen is not None:
+        p = chosen.get((backend, x0.device.type, x0.dtype))
+        if p is not None:
+            return p
+    return _choose(c, backend, x0.device.type, x0.dtype)
+
+
+def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> Program:
+    like = torch.empty(0, dtype=dtype, device=device_type)  # what the backends' `accepts` look at
+    program = c.program(backends.choose(backend, [like]))
+    c.derived_names  # noqa: B018 - computed once here, read by every call
+    with _LOCK:
+        _CHOSEN.setdefault(c, {})[(backend, device_type, dtype)] = program
+    return program
+
+
+def _assume_constant_result(fn):
+    """`torch.compiler.assume_constant_result`, without importing Dynamo when flexdsl is
+    imported (a second, and sympy): the decorator only marks the function, and Dynamo reads the
+    mark when a trace meets a call (tests/test_compile.py checks that it still does)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
+def _resolve(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> str:
+    """Run by Dynamo at trace time, outside the graph: choose and load the program, prepare it
+    for the trace, and return its key in `_RESOLVED`."""
+    program = _choose(c, backend, device_type, dtype)
+    prepare = getattr(program, "prepare_trace", None)
+    if prepare is not None:
+        prepare(c)
+    k = f"{id(program)}"
+    with _LOCK:
+        _RESOLVED[k] = program
+    return k
+
+
+__all__ = ["program_for"]
