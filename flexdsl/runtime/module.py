@@ -33,6 +33,7 @@ from .params import (
     bits,
     broadcasts_to,
     check_constant_results,
+    check_constants,
     check_invariants,
     constraint_holds,
     param_number,
@@ -489,9 +490,10 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
             if (dt, x0.dtype) not in self._dtypes_checked:
+                check_constant_results(self._compiled, x0.dtype)
                 if dt != torch.float64:
                     self._check_invariants(None, dt)
-                check_constant_results(self._compiled, x0.dtype)
+                    check_constants(self._compiled, dt)
                 self._dtypes_checked.add((dt, x0.dtype))
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:

@@ -60,8 +60,7 @@ class TorchProgram:
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
         prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=x0.device)
                for p in params]
-        st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=x0.dtype, device=x0.device)
-              for s in states]
+        st = [_state(s, shape, x0.dtype, x0.device) for s in states]
         grad = torch.is_grad_enabled()
         save = grad and any(t.requires_grad for t in [*inputs, *st, *prm])
         res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save)
@@ -77,8 +76,7 @@ class TorchProgram:
         T, dtype = x0.shape[0], x0.dtype
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
         prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64) for p in params]
-        st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=dtype, device=x0.device)
-              for s in states]
+        st = [_state(s, shape, dtype, x0.device) for s in states]
         n_out = self.n_outputs
         outs: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
         seqs: list[list[torch.Tensor]] = [[] for _ in st]
@@ -111,6 +109,15 @@ class TorchProgram:
                     [empty.clone() for _ in st], [empty.clone() for _ in st])
         return ([_stack(o, shape) for o in outs], list(st), [_stack(s, shape) for s in seqs] if store_seqs else [],
                 [_stack(s, shape) for s in prevs] if keep_prev else [])
+
+
+def _state(s: Any, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A state as the step starts from it, in the call's dtype: a float16 state kept from an
+    earlier call must not make a float32 call compute `a * v` in float16 (a 0-d param does not
+    promote it), as the other backends compute in the call's precision."""
+    if not isinstance(s, torch.Tensor):
+        return torch.full(shape, float(s), dtype=dtype, device=device)
+    return s if s.dtype == dtype else s.to(dtype)
 
 
 def _full(shape, value, dtype: torch.dtype, device) -> torch.Tensor:
