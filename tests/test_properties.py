@@ -1,6 +1,8 @@
 """Property tests (hypothesis): random expressions go through parse -> sympy -> torch printer
 and compute what Python computes for the same text; random LIF params keep SpikingJelly's
-semantics of charge, fire, reset."""
+semantics of charge, fire, reset; and over random models and random histories of calls (shapes,
+aliased inputs, dtypes, the functional form, gradients, param changes, resets) the Triton kernels
+(interpreter) return what a fresh torch-backend module given the same history returns."""
 
 from __future__ import annotations
 
