@@ -32,6 +32,8 @@ from .compiler import Compiled, compile_text
 from .params import (
     bits,
     broadcasts_to,
+    check_constant_results,
+    check_constants,
     check_invariants,
     constraint_holds,
     param_number,
@@ -491,10 +493,12 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
-            if dt not in self._dtypes_checked:
+            if (dt, x0.dtype) not in self._dtypes_checked:
+                check_constant_results(self._compiled, x0.dtype)
                 if dt != torch.float64:
                     self._check_invariants(None, dt)
-                self._dtypes_checked.add(dt)
+                    check_constants(self._compiled, dt)
+                self._dtypes_checked.add((dt, x0.dtype))
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             self._check_param_shapes(params, x0, shape)

@@ -80,10 +80,31 @@ def unpack_bwd(tm: TritonProgram, tensors: list, sizes: list[int], vals: list[fl
     return call, reread, saved, params, states, grads, need
 
 
-def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
-    """The model's custom ops `fwd` and `bwd`, with fake implementations and autograd."""
-    ns = f"flexdsl_{''.join(ch for ch in tm.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{tm.key[:16]}"
-    n_out, n_st = len(tm.outputs), len(tm.states)
+# torch.library ops cannot be unregistered: one pair per model key and process, calling the newest
+# program of that key (programs of one key are the same kernels), so that an evicted program is freed
+_OPS: dict[str, tuple[Any, Any]] = {}
+_OWNER: dict[str, TritonProgram] = {}
+
+
+class _Owner:
+    """The program the ops of namespace `ns` run: the newest loaded."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_OWNER[self.ns], name)
+
+
+def register_ops(program: TritonProgram) -> tuple[Any, Any]:
+    """The model's custom ops `fwd` and `bwd`, with fake implementations and autograd (once per
+    model key and process; they run the newest program of the key)."""
+    ns = f"flexdsl_{''.join(ch for ch in program.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{program.key[:16]}"
+    _OWNER[ns] = program
+    if ns in _OPS:
+        return _OPS[ns]
+    tm: Any = _Owner(ns)
+    n_out, n_st = len(program.outputs), len(program.states)
 
     @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
     def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
@@ -131,6 +152,7 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
         return g_in, g_st, g_pr, None, None, None, None, None, None
 
     fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS[ns] = (fwd, bwd)
     return fwd, bwd
 
 
