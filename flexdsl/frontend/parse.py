@@ -82,7 +82,7 @@ def _parser() -> Lark:
     """The LALR parser, built once per process (about 60 ms; its tables are never read back from
     a file, so nothing is unpickled)."""
     return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), parser="lalr", postlex=NeuronIndenter(),
-                     propagate_positions=True, maybe_placeholders=True)
+                     propagate_positions=True, maybe_placeholders=True, start=["start", "surrogate_use"])
 
 
 # The indenter keeps per-parse state, so one parse runs at a time (parsing is fast).
@@ -401,7 +401,7 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
     text = source if source.endswith("\n") else source + "\n"
     try:
         with _PARSE_LOCK:
-            tree = _parser().parse(text)
+            tree = _parser().parse(text, start="start")
     except _IndentError as e:
         tok = e.token
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
@@ -417,6 +417,40 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
     _check_identifiers(neuron)
     _check_depth(neuron)
     return neuron
+
+
+def parse_fragment(text: str, shown_prefix: str, filename: str) -> A.SurrogateUse:
+    """A surrogate clause given apart from a model (the load option `surrogate=`): `text` is
+    `name(k=v, ...)` (a bare name takes the defaults); errors quote `shown_prefix + text`, and
+    positions count the prefix (`shown_prefix` is as long as the parsed `surrogate `)."""
+    assert len(shown_prefix) == len("surrogate ")
+    shown = shown_prefix + text
+    body = text + "()" if re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*", text) else text
+    try:
+        with _PARSE_LOCK:
+            tree = _parser().parse("surrogate " + body, start="surrogate_use")
+    except _IndentError as e:  # (a one-line text has no indentation; kept for completeness)
+        raise FlexDSLError(e.message, filename, 1, e.column, shown) from None
+    except UnexpectedInput as e:
+        err = _syntax_error(e, filename, shown + " " * (len(body) - len(text)))
+        raise FlexDSLError(err.reason.replace("end of file", "end of the text"), filename, err.line, err.column,
+                           shown, err.hint) from None
+    try:
+        use = _ToAST(filename, shown).transform(tree)
+    except VisitError as e:
+        raise e.orig_exc from None
+    names = [(use.name, use.pos), *((k.name, k.pos) for k in use.kwargs)]
+    names += [(n.id, n.pos) for k in use.kwargs for n in A.names(k.value)]
+    for name, pos in names:
+        if name in RESERVED or name.startswith("_") or keyword.iskeyword(name):
+            raise FlexDSLError(f"`{name}` cannot be a name here", filename, pos.line, pos.column, shown,
+                               "names starting with `_`, reserved words and Python keywords are not names")
+    for k in use.kwargs:
+        deep = _depth_errors(k.value)
+        if deep is not None:
+            raise FlexDSLError(f"this expression is nested more than {MAX_DEPTH} levels deep", filename,
+                               deep.pos.line, deep.pos.column, shown, _RECURSION_HINT)
+    return use
 
 
 def _depth_errors(e: A.Expr) -> A.Expr | None:

@@ -461,7 +461,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
     def detach_reset(self, value: bool) -> None:
         c = self._compiled
         if bool(value) != c.detach_reset:
-            self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value))
+            self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value), c.options)
             self.__dict__["_compiled_name"] = programs.register(self._compiled)
             self._params_changed()
             self._prepare(None)
