@@ -481,7 +481,8 @@ def test_recurrent_graph_runs_step_by_step():
 def test_learnable_time_constant_gradient_matches_finite_differences(method):
     g, _ = _cuba_li_graph(tau_syn=np.array([3e-3, 5e-3, 5e-3]))  # equal time constants in two neurons
     net = flexdsl.nir.load(g, dt=1e-3, method=method, learnable=["tau_mem"], backend="torch").double()
-    tau = net.nodes["cubali"].tau_mem
+    # `tau_mem > 0`: it trains as tau_mem = softplus(raw_tau_mem), one per neuron
+    tau = net.nodes["cubali"].raw_tau_mem
     assert isinstance(tau, nn.Parameter) and tau.shape == (3,)
     x = torch.rand(12, 2, 3, dtype=torch.float64)
 

@@ -23,6 +23,7 @@ from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.evaluate import evaluate
+from . import bounds as bound_values
 from . import display, programs
 from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
@@ -89,6 +90,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         d["_compiled_name"] = programs.register(c)
         self._derive_fields()
         d["_fixed"] = {}
+        d["_values"] = {}  # tensors that torch tools put in a learnable param's place (runtime/slots.py)
         # the float params again, as one float64 tensor (an entry per declared param): what a
         # torch.compile trace reads, so that their values are graph inputs, not guards
         d["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
@@ -115,6 +117,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         if params is not None and not isinstance(params, Mapping):
             raise self._error(f"params must be a dict of param values, not {type(params).__name__}")
         values = resolve_params(c, dict(params or {}))
+        bounded = {}
         for p in ck.params:
             v = values[p.name]
             t: torch.Tensor | None = None
@@ -128,11 +131,21 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
                 t = v.detach().to(torch.float64).clone()
             if p.learnable:
                 init = t if t is not None else torch.tensor(float(v), dtype=torch.float64)
-                self.register_parameter(p.name, nn.Parameter(init.to(torch.get_default_dtype())))
+                if p.name in ck.bounds:
+                    bounded[p.name] = init
+                else:
+                    self.register_parameter(p.name, nn.Parameter(init.to(torch.get_default_dtype())))
             elif t is not None:
                 self.register_buffer(p.name, t)
             else:
                 d["_fixed"][p.name] = float(v)
+        for name, init in bounded.items():  # (their bounds may use any param's value)
+            b = ck.bounds[name]
+            if not bound_values.inside(b, init, values):
+                raise self._on_bound(name, init)
+            raw = bound_values.raw(b, init, values, torch.get_default_dtype())
+            self.register_parameter(b.raw, nn.Parameter(raw.expand(init.shape).clone() if raw.shape != init.shape
+                                                        else raw))
         self._sync_fixed()
         self._check_invariants()
         self._prepare(None)
@@ -162,7 +175,35 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         if name in d.get("_states", {}):
             v = d["_states"][name]
             return self._initial_value(name) if v is None else v
+        decls = d.get("_param_decls", {})
+        if name in decls and name not in self._parameters and name not in self._buffers:
+            if name in d.get("_values", {}):
+                return d["_values"][name]
+            if name in self._bounds:
+                return self._param_list()[list(decls).index(name)]
+        if name.endswith("_seq") and name[:-4] in d.get("_states", {}) and name not in decls:
+            return self._state_seq(name[:-4])
         return super().__getattr__(name)
+
+    def __delattr__(self, name: str) -> None:
+        values = self.__dict__.get("_values", {})
+        if name in values:  # (a wrapper's tensor, removed with the wrapper)
+            del values[name]
+            self._params_changed()
+            return
+        super().__delattr__(name)
+
+    def _state_seq(self, state: str) -> torch.Tensor:
+        """`m.v_seq`: the sequence of state `v` over the last call (SpikingJelly's name), with
+        store_state_seqs=True."""
+        seqs = self.__dict__.get("state_seqs", {})
+        if state in seqs:
+            return seqs[state]
+        if not self.store_state_seqs:
+            raise AttributeError(f"`{state}_seq` (the sequence of state `{state}` over a call) is kept with "
+                                 "store_state_seqs=True (SpikingJelly's store_v_seq)")
+        raise AttributeError(f"`{state}_seq` is set by a call (store_state_seqs=True); this module has not "
+                             "been called since it was created or reset")
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
@@ -184,6 +225,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         if "_memories" in state:
             state["_memories"] = state["_states"]
         state["state_seqs"] = {k: v.detach() for k, v in self.state_seqs.items()}
+        state["_values"] = {k: v.detach() for k, v in self.__dict__.get("_values", {}).items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -194,9 +236,10 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
             self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
         self._derive_fields()
         self.__dict__["_compiled_name"] = programs.register(self._compiled)  # (this process's name)
+        self.__dict__.setdefault("_values", {})
         if "_fixed_t" not in self.__dict__:  # (pickled by a flexdsl without it)
             self.__dict__["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
-            self._sync_fixed()
+        self._sync_fixed()
 
     # ------------------------------------------------------------------ states
     @property
@@ -320,7 +363,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         """The params `core` takes: the declared ones (`values`, default the module's), then
         those derived from them."""
         if values is None:
-            values = [getattr(self, name) for name in self._param_decls]
+            values = self._param_list()
         out = []
         for v in self._compiled.with_derived(values):
             out.append(torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v)
