@@ -139,6 +139,10 @@ def apply(neuron: A.Neuron, options: LoadOptions) -> A.Neuron:
                                neuron.filename, neuron.pos.line, neuron.pos.column, neuron.source,
                                "a surrogate is the gradient of a spike: only a model with `spike when ...` "
                                "takes one")
+        old = items[rules[0]].surrogate
+        written = "no surrogate (the default, sigmoid(alpha=4.0))" if old is None else \
+            f"{old.name}(" + ", ".join(f"{k.name}={A.to_text(k.value)}" for k in old.kwargs) + ")"
+        neuron = dataclasses.replace(neuron, meta={**neuron.meta, "surrogate_written": written})
         for i in rules:  # (a second rule is the checker's error)
             items[i] = dataclasses.replace(items[i], surrogate=use)
     if options.learnable is not None:

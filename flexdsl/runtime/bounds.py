@@ -101,15 +101,24 @@ def raw(b: Bound, v: Any, env: Mapping[str, Any], dtype: torch.dtype, device: to
         return _exact(b, r, t, env)
 
 
-def _exact(b: Bound, r: torch.Tensor, target: torch.Tensor, env: Mapping[str, Any]) -> torch.Tensor:
-    """`r`, or a neighbour of it whose value is `target` as the dtype holds it (so that a value set
-    at load reads back as set, where rounding allows)."""
+def _exact(b: Bound, r: torch.Tensor, target: torch.Tensor, env: Mapping[str, Any], reach: int = 4
+           ) -> torch.Tensor:
+    """`r`, or the nearest of its neighbours (up to `reach` steps of the dtype) whose value is
+    `target` as the dtype holds it: a value set at load or assigned reads back as set, where the
+    dtype allows (in float64 always, in practice; a float32 raw value lands within rounding)."""
     want = target.to(r.dtype)
     best = r
-    for direction in (float("inf"), float("-inf")):
-        step = torch.nextafter(r, torch.full_like(r, direction))
-        hit = (value(b, step, env) == want) & (value(b, best, env) != want)
-        best = torch.where(hit, step, best)
+    found = value(b, r, env) == want
+    for k in range(reach):
+        for direction in (float("inf"), float("-inf")):
+            step = r
+            for _ in range(k + 1):
+                step = torch.nextafter(step, torch.full_like(step, direction))
+            hit = (value(b, step, env) == want) & ~found
+            best = torch.where(hit, step, best)
+            found = found | hit
+        if bool(found.all()):
+            break
     return best
 
 

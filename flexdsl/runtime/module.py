@@ -143,7 +143,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
             b = ck.bounds[name]
             if not bound_values.inside(b, init, values):
                 raise self._on_bound(name, init)
-            raw = bound_values.raw(b, init, values, torch.get_default_dtype())
+            # (float64, as per-channel values and derived params are: a value set reads back as set)
+            raw = bound_values.raw(b, init, values, torch.float64)
             self.register_parameter(b.raw, nn.Parameter(raw.expand(init.shape).clone() if raw.shape != init.shape
                                                         else raw))
         self._sync_fixed()
