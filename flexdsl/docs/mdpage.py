@@ -88,6 +88,8 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None,
     for kind, body in d.blocks:
         out.append((fence(body, "text") if kind == "pre" else prose(body)) + "\n")
     out.append(fence(usage(d, fig), "text") + "\n")
+    if d.notes:
+        out.append("**As loaded.**\n\n" + "\n".join(f"- {prose(n)}" for n in d.notes) + "\n")
     _interface(d, out.append)
     _equations(d, out.append)
     if fig is not None:

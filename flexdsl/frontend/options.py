@@ -48,6 +48,24 @@ class LoadOptions:
     def __bool__(self) -> bool:
         return self.surrogate is not None or self.learnable is not None
 
+    def python_args(self) -> str:
+        """The options as `flexdsl.load` keywords (`surrogate='atan(alpha=2.0)', learnable=['tau']`)."""
+        out = [f"surrogate={self.surrogate!r}"] if self.surrogate is not None else []
+        if self.learnable is not None:
+            out.append(f"learnable={self.learnable if isinstance(self.learnable, bool) else list(self.learnable)!r}")
+        return ", ".join(out)
+
+    def cli_args(self) -> str:
+        """The options as `flexdsl run` arguments (`--surrogate 'atan(alpha=2.0)' --learnable tau`)."""
+        import shlex
+
+        out = [f"--surrogate {shlex.quote(self.surrogate)}"] if self.surrogate is not None else []
+        if self.learnable is not None:
+            learn = ("all" if self.learnable else "none") if isinstance(self.learnable, bool) else \
+                ",".join(self.learnable) or "none"
+            out.append(f"--learnable {shlex.quote(learn)}")
+        return " ".join(out)
+
     def learnable_text(self) -> str:
         if self.learnable is True:
             return "True (every param)"

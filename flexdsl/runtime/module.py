@@ -460,7 +460,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
     def extra_repr(self) -> str:
         c = self._compiled
         fixed = ", ".join(f"{k}={v:g}" for k, v in self._fixed.items())
+        opts = f", {c.options.python_args()}" if c.options else ""
         return (f"{c.name} from {c.filename}: step_mode={self.step_mode!r}, backend={self.backend!r}, "
-                f"detach_reset={self.detach_reset}" + (f", {fixed}" if fixed else ""))
+                f"detach_reset={self.detach_reset}{opts}" + (f", {fixed}" if fixed else ""))
 
 
