@@ -161,8 +161,16 @@ class ParamSlots:
                               f"e.g. m.{name} = torch.tensor(...), or remove the tool first")
         value = param_number(self._compiled, self._param_decls[name], value, "the assigned value")
         if not transformed(value) and not torch.compiler.is_compiling():
-            self._validate({name: value}, {name: value.detach()})
-        self.__dict__["_values"][name] = value
+            self.__dict__["_installing"] = True  # (the first assignment: the module holds no value yet)
+            try:
+                self._validate({name: value}, {name: value.detach()})
+            finally:
+                self.__dict__["_installing"] = False
+        if isinstance(value, nn.Parameter):  # (the tool gives the Parameter back: remove_weight_norm)
+            self.__dict__["_values"].pop(name, None)
+            nn.Module.__setattr__(self, name, value)
+        else:
+            self.__dict__["_values"][name] = value
         self._params_changed()
 
     def _validate(self, changed: Mapping[str, Any], shown: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,7 +265,13 @@ class ParamSlots:
         p = self._parameters.get(n)
         if p is not None:
             return p
-        return values[n] if n in values else getattr(self, n)
+        if n in values:
+            return values[n]
+        v = getattr(self, n, None)  # (a parametrization's property; None while a wrapper installs itself)
+        if v is None and not self.__dict__.get("_installing"):
+            raise self._error(f"learnable `{n}` has no value: its Parameter was removed from the module",
+                              self._param_decls[n].pos, f"assign one: m.{n} = torch.nn.Parameter(...)")
+        return v
 
     def _with_bounds(self, vals: list[Any]) -> list[Any]:
         """`vals` with each bounded param's raw value replaced by the param's value (in

@@ -83,11 +83,12 @@ def emit_core(step: StepModel) -> str:
     if sur is not None:
         used = {x.name for x in sur.derivative.free_symbols}
         sur_params = [pr._print(p.symbol) for p in step.params if p.name in used]
+        spr = TorchPrinter(like=pr._print(sur.u))  # (a `where` of two numbers takes u's dtype: float64 runs)
         lines += [
             "",
             f"def surrogate({', '.join([pr._print(sur.u), *sur_params])}):",
             f"    # d spike / d u: the `{comment_text(sur.name)}` surrogate",
-            f"    return {pr._print(sur.derivative)}",
+            f"    return {spr._print(sur.derivative)}",
             "",
         ]
     core_pr = TorchPrinter(fire_args=sur_params, like=args[0] if args else None)
