@@ -81,10 +81,10 @@ def test_gradients_through_the_parametrization_equal_finite_differences():
         x = _x(T=6, seed=2, scale=1.2, dtype=torch.float64)
         w = torch.linspace(-1, 1, x.numel(), dtype=torch.float64).reshape(x.shape)
 
-        def loss():
+        def loss(m=m, x=x, w=w):
             m.reset()
             m(x)
-            return (m.state_seqs["v"] * w).sum() if m.store_state_seqs else None
+            return (m.state_seqs["v"] * w).sum()
 
         m.store_state_seqs = True
         loss().backward()
@@ -421,5 +421,5 @@ def test_state_sequences_have_spikingjellys_names():
     plain = flexdsl.load("lif")
     plain(x)
     with pytest.raises(AttributeError, match="store_state_seqs=True"):
-        plain.v_seq
+        _ = plain.v_seq
     assert not hasattr(plain, "v_seq")

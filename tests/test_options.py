@@ -406,3 +406,23 @@ def test_pickling_and_copies_keep_the_options():
     assert back.compiled.options == m.compiled.options and "raw_tau" in dict(back.named_parameters())
     m.detach_reset = True  # the other compiled variant keeps the options
     assert m.compiled.options.surrogate == "atan(alpha=3.0)" and m.compiled.detach_reset
+
+
+def test_the_readme_section_runs_and_shows_what_flexdsl_prints(tmp_path):
+    """README's "Shape a model where it is used": its Python runs (SpikingJelly's zoo through the
+    torchvision stand-in of tests/test_zoo.py), and the `flexdsl show` lines it quotes are printed."""
+    import re
+
+    from test_zoo import _zoo
+
+    _zoo()
+    section = (ROOT / "README.md").read_text().split("## Shape a model where it is used")[1].split("\n## ")[0]
+    ns: dict = {}
+    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+        exec(block, ns)  # noqa: S102 - the README's own example
+    quoted = section.split("$ flexdsl show ")[1].split("```")[0].splitlines()
+    args = quoted[0].split()
+    r = _cli(["show", args[0], "--surrogate", args[2].strip("'"), "--learnable", args[4]], tmp_path)
+    for line in quoted[1:]:
+        if line.startswith("#"):
+            assert line in r.stdout

@@ -1,5 +1,6 @@
 """The generated sections of the language reference (`docs/language.md`): the tables of
-functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form) and
+functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form), the
+SpikingJelly and snnTorch surrogate objects the load option `surrogate=` maps (`runtime/options.py`),
 integration methods, the reserved words, the names taken by the torch module, the size limits and
 the grammar, all read from the code (`frontend/catalog.py`, `ir/surrogates.py`, `frontend/parse.py`,
 `ir/lower.py`, `grammar/neuron.lark`), so that the reference cannot drift from it.
@@ -92,6 +93,23 @@ def surrogates() -> str:
     return "\n".join(rows)
 
 
+def surrogate_objects() -> str:
+    """The SpikingJelly and snnTorch surrogate objects `surrogate=` takes, and what each becomes."""
+    from ..runtime.options import SNNTORCH, SPIKINGJELLY
+
+    rows = ["| given as `surrogate=` | becomes |", "| --- | --- |"]
+    for cls, (name, kw) in SPIKINGJELLY.items():
+        args = ", ".join(f"{k}={k}" if k == v else f"{v}={k}" for k, v in kw.items())
+        rows.append(f"| SpikingJelly `surrogate.{cls}(" + ("w, c" if cls == "PiecewiseLeakyReLU" else ", ".join(kw))
+                    + ")` | `" + (
+            "rect(alpha=1/(2*w))` where `c = 0` (else an error)" if cls == "PiecewiseLeakyReLU" else f"{name}({args})`")
+                    + " |")
+    for fn, (name, kw) in SNNTORCH.items():
+        args = ", ".join(f"{v}={k}" for k, v in kw.items())
+        rows.append(f"| snnTorch `surrogate.{fn}(" + ", ".join(kw) + f")` | `{name}({args})` |")
+    return "\n".join(rows)
+
+
 def methods() -> str:
     rows = ["| method | also called | what one step computes |", "| --- | --- | --- |"]
     for name, m in METHODS.items():
@@ -130,7 +148,8 @@ def grammar() -> str:
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
-    "functions": functions, "constants": constants, "surrogates": surrogates, "methods": methods,
+    "functions": functions, "constants": constants, "surrogates": surrogates, "surrogate_objects": surrogate_objects,
+    "methods": methods,
     "reserved": reserved, "module_attributes": module_attributes, "limits": limits, "grammar": grammar,
 }
 
