@@ -47,7 +47,7 @@ def _options(args: argparse.Namespace):
             raise FlexDSLError(f"bad --learnable `{spec}`", CMDLINE,
                                hint="param names separated by commas (--learnable tau,v_threshold), or all, or none")
         else:
-            learn = tuple(dict.fromkeys(words))
+            learn = tuple(sorted(set(words)))
     sur = getattr(args, "surrogate", None)
     return LoadOptions(sur.strip() if sur is not None else None, learn)
 

@@ -145,7 +145,8 @@ def surrogate_text(value: Any) -> tuple[str | None, str]:
 
 
 def learnable_names(value: Any) -> bool | tuple[str, ...] | None:
-    """`learnable=`: None, True/False, a name, or names (in order, each once)."""
+    """`learnable=`: None, True/False, a name, or names (sorted, each once: one set of names is
+    one cache key)."""
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -154,7 +155,7 @@ def learnable_names(value: Any) -> bool | tuple[str, ...] | None:
         names = list(value)
         bad = [n for n in names if not isinstance(n, str)]
         if not bad:
-            return tuple(dict.fromkeys(names))
+            return tuple(sorted(set(names)))
         raise OptionError(f"learnable= lists {bad[0]!r}, which is not a param's name",
                           "e.g. learnable=['tau', 'v_threshold'], learnable='tau' or learnable=True")
     raise OptionError(f"learnable= takes a param's name, a list of names, or True/False, not {type(value).__name__}",
