@@ -86,6 +86,7 @@ BAD_TEXT = [
     ("", 11, "the surrogate text is empty", None),
     ("sin(alpha=1)", 11, "unknown surrogate `sin`", None),
     ("atan(alpha=_x)", 22, "`_x` cannot be a name here", None),
+    ("atan(alpha=2\x1b[31m)", 23, "invalid character U+001B", None),
 ]
 
 

@@ -425,6 +425,7 @@ def parse_fragment(text: str, shown_prefix: str, filename: str) -> A.SurrogateUs
     positions count the prefix (`shown_prefix` is as long as the parsed `surrogate `)."""
     assert len(shown_prefix) == len("surrogate ")
     shown = shown_prefix + text
+    _check_text(shown, filename)
     body = text + "()" if re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*", text) else text
     try:
         with _PARSE_LOCK:
