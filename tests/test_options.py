@@ -64,6 +64,23 @@ def test_a_bare_name_takes_the_defaults_and_keywords_may_use_params():
     assert torch.equal(_grads(b, x)[1], _grads(c, x)[1])
 
 
+def test_a_surrogate_defined_in_the_option_text():
+    """The text may declare a user surrogate, as a model does (used with its defaults; it takes
+    the place of the model's surrogate of that name)."""
+    box = "box(x, width=0.25) = where(abs(x) < width, 1/(2*width), 0)"
+    m = flexdsl.load("lif", surrogate=box, backend="torch").double()
+    ref = flexdsl.loads(LIF_TEXT.replace("    spike when", f"    surrogate {box}\n    spike when").replace(
+        "surrogate sigmoid(alpha=4.0)", "surrogate box()"), backend="torch").double()
+    x = _x()
+    assert torch.equal(_grads(m, x)[1], _grads(ref, x)[1])
+    assert f"Chosen at load: surrogate={box}" in m.compiled.torch_source
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.load("lif", surrogate="box(x, width=0.25) = where(abs(x) < widht, 1, 0)")
+    assert (e.value.filename, e.value.column) == ("<load option>", 47) and "did you mean `width`" in e.value.hint
+    with pytest.raises(flexdsl.FlexDSLError, match="`v` cannot be used in the surrogate formula"):
+        flexdsl.load("lif", surrogate="g(u) = exp(-v*v)")
+
+
 def test_a_user_surrogate_of_the_file_is_chosen_by_name():
     text = LIF_TEXT.replace("    spike when", "    surrogate box(x, width=0.5) = where(abs(x) < width, 1/(2*width), 0)\n"
                                              "    spike when")
@@ -125,6 +142,12 @@ SJ_CASES = [
     ("PiecewiseQuadratic", {"alpha": 1.5}), ("PiecewiseExp", {"alpha": 2.0}), ("SoftSign", {"alpha": 1.5}),
     ("SuperSpike", {"alpha": 2.0}), ("Erf", {"alpha": 1.5}), ("Rect", {"alpha": 0.75}), ("Rect", {"alpha": 0.3}),
     ("DeterministicPass", {}), ("PiecewiseLeakyReLU", {"w": 0.7, "c": 0.0}),
+    # without a built-in equivalent: a user surrogate with SpikingJelly's derivative
+    ("PiecewiseLeakyReLU", {"w": 0.7, "c": 0.05}), ("S2NN", {}), ("S2NN", {"alpha": 3.0, "beta": 0.5}),
+    ("QPseudoSpike", {}), ("QPseudoSpike", {"alpha": 3.5}), ("LeakyKReLU", {"leak": 0.1, "k": 0.8}),
+    ("NonzeroSignLogAbs", {"alpha": 2.0}), ("LogTailedReLU", {"alpha": 0.1}), ("FakeNumericalGradient", {}),
+    ("FakeNumericalGradient", {"alpha": 2.0}), ("SquarewaveFourierSeries", {}),
+    ("SquarewaveFourierSeries", {"n": 4, "T_period": 6.0}),
 ]
 
 
@@ -135,7 +158,7 @@ def test_spikingjelly_surrogates_give_spikingjellys_gradients(cls, kw):
     from spikingjelly.activation_based import neuron, surrogate
 
     obj = getattr(surrogate, cls)(**kw)
-    x = _x(seed=3)
+    x = _x(seed=3) - 0.5  # (u on both sides of 0, and near it)
     w = torch.linspace(-1, 1, x.numel(), dtype=x.dtype).reshape(x.shape)
     sj = neuron.LIFNode(surrogate_function=obj, step_mode="m")
     ref = _grads(sj, x, w)
@@ -145,11 +168,13 @@ def test_spikingjelly_surrogates_give_spikingjellys_gradients(cls, kw):
         assert torch.equal(out, ref[0])
         torch.testing.assert_close(gx, ref[1], rtol=1e-10, atol=1e-12)
     assert cls in m.compiled.options.origin  # the notes say how it was given
+    assert (gx != 0).sum() > 10
 
 
 def test_every_spikingjelly_surrogate_class_is_mapped_or_refused_by_name():
-    """Every surrogate class of SpikingJelly 2.0.0: mapped (tested above), or a located error
-    listing the classes understood; never a raw exception."""
+    """Every surrogate class of SpikingJelly 2.0.0: mapped (tested above), or (its forward pass is
+    no step: PoissonPass draws, MultiLevelSpikeCount counts) a located error listing the classes
+    understood; never a raw exception."""
     from spikingjelly.activation_based import surrogate
 
     classes = [c for _, c in inspect.getmembers(surrogate, inspect.isclass)
@@ -161,15 +186,17 @@ def test_every_spikingjelly_surrogate_class_is_mapped_or_refused_by_name():
             obj = c()
         except TypeError:  # (a class that needs arguments: not a surrogate a user passes bare)
             continue
-        if c.__name__ in opts.SPIKINGJELLY and c.__name__ != "PiecewiseLeakyReLU":
+        if c.__name__ in opts.SPIKINGJELLY or c.__name__ in opts.SPIKINGJELLY_DEFINED:
             assert flexdsl.load("lif", surrogate=obj).compiled.options.surrogate
             continue
         with pytest.raises(flexdsl.FlexDSLError) as e:
             flexdsl.load("lif", surrogate=obj)
         assert e.value.filename.endswith("lif.neuron") and e.value.line == 24  # at the spike rule
-        assert "surrogate.ATan" in (e.value.hint or "") or "c outside" in e.value.reason
+        assert "surrogate.ATan" in (e.value.hint or "") and "surrogate.S2NN" in e.value.hint
         refused.append(c.__name__)
-    assert {"S2NN", "QPseudoSpike", "LeakyKReLU"} <= set(refused)
+    assert refused == ["PoissonPass"]
+    with pytest.raises(flexdsl.FlexDSLError, match="MultiLevelSpikeCount"):
+        flexdsl.load("lif", surrogate=surrogate.MultiLevelSpikeCount(max_spike_count=4))
     with pytest.raises(flexdsl.FlexDSLError, match="spiking=False"):
         flexdsl.load("lif", surrogate=surrogate.ATan(spiking=False))
     with pytest.raises(flexdsl.FlexDSLError, match="is a class; pass an instance"):

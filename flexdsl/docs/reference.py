@@ -95,15 +95,21 @@ def surrogates() -> str:
 
 def surrogate_objects() -> str:
     """The SpikingJelly and snnTorch surrogate objects `surrogate=` takes, and what each becomes."""
-    from ..runtime.options import SNNTORCH, SPIKINGJELLY
+    from ..runtime.options import SNNTORCH, SPIKINGJELLY, SPIKINGJELLY_DEFINED
 
     rows = ["| given as `surrogate=` | becomes |", "| --- | --- |"]
     for cls, (name, kw) in SPIKINGJELLY.items():
-        args = ", ".join(f"{k}={k}" if k == v else f"{v}={k}" for k, v in kw.items())
-        rows.append(f"| SpikingJelly `surrogate.{cls}(" + ("w, c" if cls == "PiecewiseLeakyReLU" else ", ".join(kw))
-                    + ")` | `" + (
-            "rect(alpha=1/(2*w))` where `c = 0` (else an error)" if cls == "PiecewiseLeakyReLU" else f"{name}({args})`")
-                    + " |")
+        if cls == "PiecewiseLeakyReLU":
+            continue
+        args = ", ".join(f"{v}={k}" for k, v in kw.items())
+        rows.append(f"| SpikingJelly `surrogate.{cls}(" + ", ".join(kw) + f")` | `{name}({args})` |")
+    rows.append("| SpikingJelly `surrogate.PiecewiseLeakyReLU(w, c)` with `c = 0` | `rect(alpha=1/(2*w))` |")
+    for cls, text in SPIKINGJELLY_DEFINED.items():
+        params = re.findall(r"(\w+)=\{\w+\}", text)
+        shown = re.sub(r"=\{\w+\}", "", text).replace(
+            "{series}", "4/T_period*(cos(1*(2*pi/T_period)*x) + ... + cos((2n-3)*(2*pi/T_period)*x))")
+        rows.append(f"| SpikingJelly `surrogate.{cls}(" + ", ".join(["n", *params] if "series" in text else params)
+                    + f")` | the user surrogate `surrogate {_cell(shown)}` |")
     for fn, (name, kw) in SNNTORCH.items():
         args = ", ".join(f"{v}={k}" for k, v in kw.items())
         rows.append(f"| snnTorch `surrogate.{fn}(" + ", ".join(kw) + f")` | `{name}({args})` |")

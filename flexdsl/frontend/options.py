@@ -2,8 +2,8 @@
 
 `LoadOptions` holds what `flexdsl.load(..., surrogate=..., learnable=...)` (and the CLI's
 `--surrogate`, `--learnable`, `flexdsl.nir.load`, `flexdsl.recurrent`) chose, as plain data: the
-surrogate as text (`"atan(alpha=2.0)"`, checked like the model's own spike rule) and the params to
-train (None: as the file says; True/False: all/none; or names). They change the compiled model, so
+surrogate as text (`"atan(alpha=2.0)"`, checked like the model's own spike rule, or a definition
+`"name(x, k=v) = expr"` as a model declares one) and the params to train (None: as the file says; True/False: all/none; or names). They change the compiled model, so
 `key()` is part of every cache key made from it.
 
 `apply(neuron, options)` gives the parsed model with the options in place (a new AST; the parsed one
@@ -113,9 +113,10 @@ def option_error(msg: str, text: str, column: int, hint: str | None = None) -> F
     return FlexDSLError(msg, OPTION_FILE, 1, column, SURROGATE_PREFIX + text, hint)
 
 
-def parse_surrogate(text: str) -> A.SurrogateUse:
-    """The surrogate option's text (`name(k=v, ...)`) as the spike rule's `surrogate` clause,
-    its positions on line -1 (see `relocate`)."""
+def parse_surrogate(text: str) -> tuple[A.SurrogateUse, A.SurrogateDef | None]:
+    """The surrogate option's text as the spike rule's `surrogate` clause and, for a definition
+    (`name(x, k=v) = expr`), the user surrogate it declares (used with its defaults); positions
+    on line -1 (see `relocate`)."""
     from .parse import parse_fragment
 
     if len(text) > MAX_OPTION_TEXT:
@@ -127,9 +128,13 @@ def parse_surrogate(text: str) -> A.SurrogateUse:
     if not text.strip():
         raise option_error("the surrogate text is empty", text, len(SURROGATE_PREFIX) + 1,
                            "e.g. surrogate=\"atan(alpha=2.0)\" (a name alone takes its defaults: \"atan\")")
-    use = parse_fragment(text, SURROGATE_PREFIX, OPTION_FILE)
-    kwargs = [A.Kwarg(k.name, _Relocate().fold(k.value), _negative(k.pos)) for k in use.kwargs]
-    return A.SurrogateUse(use.name, kwargs, _negative(use.pos))
+    parsed = parse_fragment(text, SURROGATE_PREFIX, OPTION_FILE)
+    kwargs = [A.Kwarg(k.name, _Relocate().fold(k.value), _negative(k.pos)) for k in parsed.kwargs]
+    if isinstance(parsed, A.SurrogateDef):
+        definition = A.SurrogateDef(parsed.name, parsed.arg, kwargs, _Relocate().fold(parsed.body),
+                                    _negative(parsed.pos), {"load option": True})
+        return A.SurrogateUse(parsed.name, [], _negative(parsed.pos)), definition
+    return A.SurrogateUse(parsed.name, kwargs, _negative(parsed.pos)), None
 
 
 def relocate(err: FlexDSLError, options: LoadOptions) -> FlexDSLError:
@@ -150,7 +155,10 @@ def apply(neuron: A.Neuron, options: LoadOptions) -> A.Neuron:
         return neuron
     items = list(neuron.items)
     if options.surrogate is not None:
-        use = parse_surrogate(options.surrogate)
+        use, definition = parse_surrogate(options.surrogate)
+        if definition is not None:  # (it takes the place of the model's surrogate of that name, if any)
+            items = [it for it in items if not (isinstance(it, A.SurrogateDef) and it.name == definition.name)]
+            items.append(definition)
         rules = [i for i, it in enumerate(items) if isinstance(it, A.SpikeRule)]
         if not rules:
             raise FlexDSLError(f"surrogate={options.surrogate!r} was given, but `{neuron.name}` has no spike rule",

@@ -3,7 +3,8 @@
 - `surrogate=`: text (`"atan(alpha=2.0)"`, checked later like the model's own spike rule), or a
   surrogate object of SpikingJelly (`surrogate.ATan(alpha=2.0)`, what its model zoo passes as
   `surrogate_function=`) or snnTorch (`surrogate.atan(alpha=2.0)`, `fast_sigmoid(slope=25)`), made
-  into the built-in with the same derivative and parameters. The objects are read (their class,
+  into the built-in with the same derivative and parameters (a class without one: a user surrogate's
+  definition with its derivative, `SPIKINGJELLY_DEFINED`). The objects are read (their class,
   their parameters; snnTorch's closures by their cells), never called; neither library is imported.
 - `learnable=`: a param's name, a list of names, or True/False (every param, none).
 
@@ -36,7 +37,22 @@ SPIKINGJELLY: dict[str, tuple[str, dict[str, str]]] = {
     "Erf": ("erf", {"alpha": "alpha"}),
     "Rect": ("rect", {"alpha": "alpha"}),
     "DeterministicPass": ("straight_through", {}),
-    "PiecewiseLeakyReLU": ("rect", {}),  # with c = 0 only: alpha = 1/(2w) (see _piecewise_leaky_relu)
+    "PiecewiseLeakyReLU": ("rect", {}),  # with c = 0: alpha = 1/(2w); else the definition below
+}
+# SpikingJelly's classes without a built-in equivalent, as user surrogates (the option's text may
+# declare one): class -> (the definition, with `{param}` for each parameter's value); a step in the
+# forward pass and this derivative in the backward pass, as SpikingJelly 2.0.0's backward computes it
+SPIKINGJELLY_DEFINED: dict[str, str] = {
+    "PiecewiseLeakyReLU": "piecewise_leaky_relu(x, w={w}, c={c}) = where(abs(x) < w, 1/(2*w), c)",
+    "S2NN": "s2nn(x, alpha={alpha}, beta={beta}) = where(x < 0, alpha*sigmoid(alpha*x)*(1 - sigmoid(alpha*x)), "
+            "beta/(x + 1))",
+    "QPseudoSpike": "q_pseudo_spike(x, alpha={alpha}) = (1 + 2/(alpha - 1)*abs(x))**(-alpha)",
+    "LeakyKReLU": "leaky_k_relu(x, leak={leak}, k={k}) = where(x >= 0, k, leak)",
+    "NonzeroSignLogAbs": "nonzero_sign_log_abs(x, alpha={alpha}) = 1/(1/alpha + abs(x))",
+    "LogTailedReLU": "log_tailed_relu(x, alpha={alpha}) = where(x > 1, 1/x, where(x <= 0, alpha, 1))",
+    # clamp_max(sign(x)/x, alpha) = min(1/|x|, alpha), alpha at 0 (written so that S'(0) is finite)
+    "FakeNumericalGradient": "fake_numerical_gradient(x, alpha={alpha}) = where(abs(x)*alpha > 1, 1/abs(x), alpha)",
+    "SquarewaveFourierSeries": "squarewave_fourier_series(x, T_period={T_period}) = {series}",
 }
 # snnTorch 1.0 (`snntorch.surrogate`): the factory whose closure is passed -> (built-in, {its
 # parameter: the built-in's keyword})
@@ -71,14 +87,15 @@ def _call(name: str, kwargs: dict[str, str]) -> str:
 
 
 def _understood() -> str:
-    return ("SpikingJelly's " + ", ".join(f"surrogate.{k}" for k in SPIKINGJELLY) + "; snnTorch's "
+    return ("SpikingJelly's " + ", ".join(f"surrogate.{k}" for k in {**SPIKINGJELLY, **SPIKINGJELLY_DEFINED})
+            + "; snnTorch's "
             + ", ".join(f"surrogate.{k}()" for k in SNNTORCH) + "; or text such as \"atan(alpha=2.0)\"")
 
 
 def _spikingjelly(obj: Any) -> tuple[str, str]:
     cls = type(obj).__name__
     shown = f"spikingjelly's surrogate.{cls}"
-    if cls not in SPIKINGJELLY:
+    if cls not in SPIKINGJELLY and cls not in SPIKINGJELLY_DEFINED:
         raise OptionError(f"surrogate={shown}(...) has no equivalent among flexdsl's built-in surrogates",
                           "understood: " + _understood() + "; or write its derivative as a user surrogate "
                           "in the model (`surrogate name(x, k=v) = ...`) and pass its name")
@@ -87,8 +104,11 @@ def _spikingjelly(obj: Any) -> tuple[str, str]:
                           "pass; a flexdsl spike is a step whose gradient is the surrogate's derivative",
                           f"use {shown}() with spiking=True")
     params = dict(getattr(obj, "_sg_params", None) or {})
-    if cls == "PiecewiseLeakyReLU":
-        return _piecewise_leaky_relu(params), f"{shown}({', '.join(f'{k}={v}' for k, v in params.items())})"
+    origin = f"{shown}({', '.join(f'{k}={v}' for k, v in params.items())})"
+    if cls == "PiecewiseLeakyReLU" and float(_number(params.get("c", 0.01), f"{shown}'s `c`")) == 0.0:
+        return _piecewise_leaky_relu(params), origin
+    if cls in SPIKINGJELLY_DEFINED:
+        return _defined(cls, shown, params), origin
     name, keywords = SPIKINGJELLY[cls]
     kwargs = {kw: _number(params.get(p, getattr(obj, p, None)), f"{shown}'s `{p}`") for p, kw in keywords.items()}
     origin = f"{shown}({', '.join(f'{p}={params.get(p, getattr(obj, p, None))}' for p in keywords)})"
@@ -96,16 +116,26 @@ def _spikingjelly(obj: Any) -> tuple[str, str]:
 
 
 def _piecewise_leaky_relu(params: dict[str, Any]) -> str:
-    """PiecewiseLeakyReLU(w, c): a gradient of 1/(2w) where |x| < w, c elsewhere; with c = 0 it is
+    """PiecewiseLeakyReLU(w, c=0): a gradient of 1/(2w) where |x| < w, else 0: the built-in
     `rect(alpha=1/(2w))` (whose gradient is alpha where |x| < 1/(2 alpha))."""
     w = float(_number(params.get("w", 1.0), "PiecewiseLeakyReLU's `w`"))
-    c = float(_number(params.get("c", 0.01), "PiecewiseLeakyReLU's `c`"))
-    if c != 0.0 or w <= 0:
-        raise OptionError(f"SpikingJelly's PiecewiseLeakyReLU(w={w}, c={c}) has a gradient of c outside |x| < w, "
-                          "which no built-in surrogate has (with c=0 it is rect(alpha=1/(2w)))",
-                          "write it as a user surrogate in the model: `surrogate plr(x, w=1.0, c=0.01) = "
-                          "where(abs(x) < w, 1/(2*w), c)` and pass surrogate=\"plr(w=..., c=...)\"")
     return _call("rect", {"alpha": repr(1.0 / (2.0 * w))})
+
+
+def _defined(cls: str, shown: str, params: dict[str, Any]) -> str:
+    """A SpikingJelly surrogate without a built-in equivalent as a user surrogate's definition."""
+    values = {k: _number(v, f"{shown}'s `{k}`") for k, v in params.items() if k != "n"}
+    if cls == "SquarewaveFourierSeries":  # 4/T * sum over i = 1 .. n-1 of cos((2i - 1) * 2 pi / T * x)
+        n = params.get("n", 2)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise OptionError(f"{shown}'s `n` is {n!r}: a number of terms from 1 to 64")
+        terms = [f"cos({2 * i - 1}*(2*pi/T_period)*x)" for i in range(1, n)]
+        values["series"] = "4/T_period*(" + " + ".join(terms) + ")" if terms else "0*x"
+    try:
+        return SPIKINGJELLY_DEFINED[cls].format(**values)
+    except KeyError as e:
+        raise OptionError(f"{shown} has no parameter {e} where SpikingJelly 2.0.0 keeps it",
+                          "pass the surrogate as text instead") from None
 
 
 def _snntorch(fn: Callable) -> tuple[str, str]:
@@ -178,4 +208,5 @@ def make(surrogate: Any, learnable: Any, compiled: Callable[[], Compiled]) -> Lo
     return LoadOptions(text.strip() if text is not None else None, learn, origin)
 
 
-__all__ = ["make", "surrogate_text", "learnable_names", "SPIKINGJELLY", "SNNTORCH", "OptionError"]
+__all__ = ["make", "surrogate_text", "learnable_names", "SPIKINGJELLY", "SPIKINGJELLY_DEFINED", "SNNTORCH",
+           "OptionError"]
