@@ -502,7 +502,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             self._check_param_shapes(params, x0, shape)
-        init = self._states_for(x0, shape, given)
+        init = self._states_for(x0, shape, given, getattr(program, "reads_any_float", False))
         if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
             from .finite import guard
 
