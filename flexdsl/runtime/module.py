@@ -414,8 +414,8 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
             if isinstance(v, torch.Tensor):
                 self._states[k] = fn(v)
         self.__dict__["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
-        try:
-            device = fn(torch.empty(0)).device
+        try:  # (where a tensor of the module goes: `.to(memory_format=...)` or `.half()` keep it where it is)
+            device = fn(torch.empty(0, device=self._fixed_t.device)).device
         except (RuntimeError, TypeError):
             return out
         if device.type != "meta":  # (the float params stay float64: only their device follows)
