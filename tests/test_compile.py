@@ -405,3 +405,19 @@ def test_compiled_recurrent_layer_of_a_model_never_run():
     assert torch.equal(out, out_r)
     torch.testing.assert_close(gx, gx_r, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gp["W_rec"], gp_r["W_rec"], rtol=1e-4, atol=1e-6)
+
+
+def test_compiled_bfloat16_call_starts_from_the_initial_state_eager_starts_from():
+    """An initial state computed from params (adex: v = E_L = -70.6 mV) is a float eagerly, which
+    the kernels take in float32; under a trace it is a float64 tensor, which they load in float32
+    too (it used to be rounded to the input's bfloat16 first: -70.5 mV)."""
+    torch._dynamo.reset()
+    x = torch.zeros(4, 3, dtype=torch.bfloat16)
+    m = flexdsl.load("adex", backend="triton")
+    ref = flexdsl.load("adex", backend="triton")
+    with torch.no_grad():
+        torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+        ref(x)
+    # at rest from E_L, the adaptation current stays 0; from bfloat16's -70.5 mV it would not
+    assert ref.w.abs().max() == 0
+    assert torch.equal(m.v, ref.v) and torch.equal(m.w, ref.w)
