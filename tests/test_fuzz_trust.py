@@ -152,10 +152,14 @@ def _comparable(text: str, run64) -> bool:
     import re
     import struct
 
+    largest = 0.0
     for lit in re.findall(r"(?<![A-Za-z_])[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?", text):
         v = float(lit)
         if v != 0 and abs(v) <= 3.4e38 and struct.unpack("f", struct.pack("f", v))[0] != v:
             return False
+        largest = max(largest, abs(v))
+    if largest * largest >= 3.4e38:  # two literals (an initial state times a factor) may overflow float32 inside a step
+        return False
     values, seqs, big = run64
     return big < 1e15 and all(bool((t.abs() < 1e15).all()) for t in [*values, *seqs])
 
