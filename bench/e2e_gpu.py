@@ -26,9 +26,11 @@ another, on an idle machine (the others wait, their compiled models kept). A cas
 `--case-timeout` seconds. `--plan h100` is the list of cases measured for bench/RESULTS.md.
 
 `--profile` prints the top CUDA kernels of one eager step per case (torch.profiler), grouped
-into convolution, batch norm, the neuron and the rest; `--variants` repeats the eager step
-with remedies: `channels_last` weights, `cudnn.benchmark`, and the adaptive average pool in
-float32 (the cause of spiking VGG's slow bfloat16 step: see bench/RESULTS.md).
+into convolution, batch norm, the neuron and the rest; `--variants` repeats the cases (in each
+of `--modes`) with remedies: `channels_last` weights, `cudnn.benchmark`, and the adaptive
+average pool in float32 (the cause of spiking VGG's slow bfloat16 step: see bench/RESULTS.md),
+e.g. `--archs sew_resnet18 --libs flexdsl sj zero --modes reduce-overhead --variants
+channels_last --jobs 6`.
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ def cases_from_args(a) -> list[tuple[str, str, str, str, str]]:
     out = []
     for arch in a.archs:
         out += [(arch, lib, dt, mode, "") for mode in a.modes for dt in a.dtypes for lib in a.libs]
-        out += [(arch, lib, dt, "eager", v) for v in a.variants for dt in a.dtypes for lib in a.libs]
+        out += [(arch, lib, dt, mode, v) for v in a.variants for mode in a.modes for dt in a.dtypes for lib in a.libs]
     return out
 
 
@@ -438,8 +440,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one eager step, grouped")
     ap.add_argument("--variants", nargs="*", default=None, metavar="V",
-                    help="eager runs of remedies: 'channels_last', 'cudnn.benchmark', 'channels_last+cudnn.benchmark', "
-                         "'avgpool in fp32' (--variants alone: all)")
+                    help="runs of remedies, in each of --modes: 'channels_last', 'cudnn.benchmark', "
+                         "'channels_last+cudnn.benchmark', 'avgpool in fp32' (--variants alone: all)")
     ap.add_argument("--plan", choices=["h100"], help="the list of cases of bench/RESULTS.md's run")
     ap.add_argument("--jobs", type=int, default=0, help="a process per case, this many compiling at a time")
     ap.add_argument("--deadline", type=float, default=240.0, help="seconds for building and compiling (--jobs)")
