@@ -308,8 +308,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
             if isinstance(v, torch.Tensor):
                 self._states[k] = fn(v)
         self.__dict__["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
-        try:
-            device = fn(torch.empty(0)).device
+        try:  # (where a tensor of the module goes: `.to(memory_format=...)` or `.half()` keep it where it is)
+            device = fn(torch.empty(0, device=self._fixed_t.device)).device
         except (RuntimeError, TypeError):
             return out
         if device.type != "meta":  # (the float params stay float64: only their device follows)
@@ -396,7 +396,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             self._check_param_shapes(params, x0, shape)
-        init = self._states_for(x0, shape, given)
+        init = self._states_for(x0, shape, given, getattr(program, "reads_any_float", False))
         if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
             from .finite import guard
 

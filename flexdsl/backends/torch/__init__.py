@@ -114,10 +114,14 @@ class TorchProgram:
 def _state(s: Any, shape, dtype: torch.dtype, device) -> torch.Tensor:
     """A state as the step starts from it, in the call's dtype: a float16 state kept from an
     earlier call must not make a float32 call compute `a * v` in float16 (a 0-d param does not
-    promote it), as the other backends compute in the call's precision."""
+    promote it), as the other backends compute in the call's precision. A 0-d state (an initial
+    value computed from tensor params, as under torch.compile) is broadcast to the step's shape:
+    a 0-d float32 state with a 0-d float64 param would make `v - E_L` a float64 operation, where a
+    float state computes it in float32."""
     if not isinstance(s, torch.Tensor):
         return torch.full(shape, float(s), dtype=dtype, device=device)
-    return s if s.dtype == dtype else s.to(dtype)
+    s = s if s.dtype == dtype else s.to(dtype)
+    return s.expand(shape) if s.dim() == 0 else s
 
 
 def _full(shape, value, dtype: torch.dtype, device) -> torch.Tensor:
