@@ -6,20 +6,38 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import FlexDSLError
 from .library import library
 from .runtime.compiler import Compiled, compile_model
+from .runtime.options import make as make_options
 
 if TYPE_CHECKING:
     from .runtime.module import NeuronModule
     from .runtime.recurrent import RecurrentModule
 
 
-def compile(model: str | Path, detach_reset: bool = False) -> Compiled:  # noqa: A001 - the API name
-    """The compiled artefacts of a model (a path, a library stem, or model text); every error
-    of the model, the lowering's included, is raised here."""
-    c = compile_model(model, detach_reset)
+def compile(model: str | Path, detach_reset: bool = False, *, surrogate: Any = None,  # noqa: A001 - the API name
+            learnable: Any = None) -> Compiled:
+    """The compiled artefacts of a model (a path, a library stem, or model text), with the
+    load-time options of `load` (`surrogate=`, `learnable=`); every error of the model, the
+    lowering's included, is raised here."""
+    c = compile_with(model, detach_reset, surrogate, learnable)
     c.step  # noqa: B018 - lower now, so that errors surface at compile time
     return c
+
+
+def compile_with(model: str | Path, detach_reset: bool, surrogate: Any, learnable: Any,
+                 surrogate_function: Any = None) -> Compiled:
+    """The model compiled with its load-time options (`surrogate_function=` is SpikingJelly's
+    name of `surrogate=`, which its model zoo passes to `spiking_neuron`)."""
+    if surrogate_function is not None:
+        if surrogate is not None:
+            c = compile_model(model, detach_reset)
+            raise FlexDSLError("both surrogate= and surrogate_function= were given (the same option)", c.filename,
+                               hint="pass one of them")
+        surrogate = surrogate_function
+    opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
+    return compile_model(model, detach_reset, opts)
 
 
 def load(
@@ -31,16 +49,29 @@ def load(
     store_state_seqs: bool = False,
     param_shapes: Mapping[str, Sequence[int]] | None = None,
     check_finite: bool = False,
+    surrogate: Any = None,
+    learnable: Any = None,
+    surrogate_function: Any = None,
+    store_v_seq: bool | None = None,
     **params: Any,
 ) -> NeuronModule:
     """A trainable torch.nn.Module from a `.neuron` path or a library stem; keyword
     arguments other than the options override params (checked against `where`).
     `check_finite=True` (also `m.check_finite = True` later) raises a located error at the first
-    NaN or inf of a call, naming the state, the step and the element."""
+    NaN or inf of a call, naming the state, the step and the element.
+
+    Shaping the model where it is used (the generated code and `flexdsl show` state the choice):
+    `surrogate=` the spike's surrogate gradient, as text (`"atan(alpha=2.0)"`) or a SpikingJelly
+    or snnTorch surrogate object (`surrogate_function=`, SpikingJelly's name, does the same);
+    `learnable=` the params to train (a name, a list, or True/False for all/none), instead of the
+    file's `learnable` flags. A learnable param with a `where` bound trains as the Parameter
+    `raw_<name>` through a parametrization that keeps it inside (`tau > 1`: `1 + softplus(raw_tau)`).
+    `store_v_seq=True` (SpikingJelly's name) is `store_state_seqs=True`."""
     from .runtime.module import NeuronModule
 
-    c = compile_model(model, detach_reset)
-    return NeuronModule(c, params, step_mode, backend, store_state_seqs, param_shapes, check_finite)
+    c = compile_with(model, detach_reset, surrogate, learnable, surrogate_function)
+    return NeuronModule(c, params, step_mode, backend, store_state_seqs or bool(store_v_seq), param_shapes,
+                        check_finite)
 
 
 def loads(text: str, **kwargs: Any) -> NeuronModule:
@@ -64,6 +95,8 @@ def recurrent(
     backend: str = "auto",
     detach_reset: bool = False,
     param_shapes: Mapping[str, Sequence[int]] | None = None,
+    surrogate: Any = None,
+    learnable: Any = None,
     **params: Any,
 ) -> RecurrentModule:
     """A recurrent layer of `hidden` neurons of `model` (a path, a library stem, or a loaded
@@ -71,13 +104,14 @@ def recurrent(
     `W_in x[t] + W_rec s[t-1] + bias`, `s` being the output `source` (default: `spike`).
     `connectivity="all"` (W_rec [hidden, hidden], times `mask` if given) or `"one_to_one"`
     (W_rec [hidden]); `in_features=None` adds the input (of size hidden) without W_in. Keyword
-    arguments other than the options override the model's params. The time loop is compiled:
-    the Triton kernels on CUDA, the torch backend elsewhere."""
+    arguments other than the options override the model's params; `surrogate=` and `learnable=`
+    shape the neuron as in `load`. The time loop is compiled: the Triton kernels on CUDA, the torch
+    backend elsewhere."""
     from .runtime.recurrent import recurrent as make
 
     return make(model, in_features, hidden, connectivity=connectivity, mask=mask, source=source, port=port,
                 bias=bias, step_mode=step_mode, backend=backend, detach_reset=detach_reset,
-                param_shapes=param_shapes, **params)
+                param_shapes=param_shapes, surrogate=surrogate, learnable=learnable, **params)
 
 
 __all__ = ["compile", "load", "loads", "recurrent", "library"]

@@ -33,13 +33,42 @@ def _neuron_files(args: Sequence[str]) -> list[str]:
     return out
 
 
+def _options(args: argparse.Namespace):
+    """The load-time options of the command line (`--surrogate TEXT`, `--learnable NAMES`)."""
+    from .frontend.options import LoadOptions
+
+    learn: bool | tuple[str, ...] | None = None
+    spec = getattr(args, "learnable", None)
+    if spec is not None:
+        words = [w.strip() for w in spec.split(",")]
+        if spec.strip() in ("all", "none"):
+            learn = spec.strip() == "all"
+        elif not all(words):
+            raise FlexDSLError(f"bad --learnable `{spec}`", CMDLINE,
+                               hint="param names separated by commas (--learnable tau,v_threshold), or all, or none")
+        else:
+            learn = tuple(sorted(set(words)))
+    sur = getattr(args, "surrogate", None)
+    return LoadOptions(sur.strip() if sur is not None else None, learn)
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--surrogate", metavar="TEXT",
+                   help="the spike's surrogate gradient instead of the model's, e.g. --surrogate 'atan(alpha=2.0)' "
+                        "(as load(..., surrogate=...))")
+    p.add_argument("--learnable", metavar="NAMES",
+                   help="the params to train instead of the model's `learnable` ones: names separated by commas "
+                        "(--learnable tau,v_threshold), all or none (as load(..., learnable=...))")
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
     failed = 0
+    opts = _options(args)
     for f in _neuron_files(args.files):
         try:
-            c = compile_model(f)
+            c = compile_model(f, options=opts)
             method = f", method {c.method}" if c.method else ""  # lowering: its errors count too
         except FlexDSLError as e:
             print(e, file=sys.stderr)
@@ -66,7 +95,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         return _show_nir(args)
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
-    c = compile_model(args.file, detach_reset=args.detach_reset)
+    c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))
     _show_compiled(c, args.what or "torch")
     return 0
 
@@ -75,7 +104,9 @@ def _show_nir(args: argparse.Namespace) -> int:
     """Each neuron node of a NIR file: its generated `.neuron` text (default) or code."""
     from . import nir
 
-    net = nir.load(args.file, dt=args.dt, backend="torch", detach_reset=args.detach_reset)
+    opts = _options(args)
+    net = nir.load(args.file, dt=args.dt, backend="torch", detach_reset=args.detach_reset, surrogate=opts.surrogate,
+                   learnable=() if opts.learnable is None else opts.learnable)
     kinds = net.node_kinds
     texts = net.neuron_texts
     print(f"# {args.file}: {len(kinds)} nodes, dt={net.dt:g}" + (", recurrent" if net.recurrent else ""))
@@ -252,8 +283,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             overrides[k.strip()] = v  # a value with a unit, `tau=20 ms` (the model converts it)
     T = args.T
     x = _parse_input(args.input, T).reshape(T, 1)
+    opts = _options(args)
     m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
-             **overrides).to(torch.float64)
+             surrogate=opts.surrogate, learnable=opts.learnable, **overrides).to(torch.float64)
     c = m.compiled
     work = sum(1 for line in c.torch_source.splitlines() if " = " in line and not line.lstrip().startswith("#"))
     if T * max(work, 1) > WORK_BUDGET:
@@ -328,7 +360,7 @@ def _cmd_doc(args: argparse.Namespace) -> int:
         pass
     targets = expand(args.paths)
     print(f"documenting {len(targets)} model{'s' if len(targets) != 1 else ''} into {out}/", file=sys.stderr)
-    res = build(targets, out, plots=not args.no_plots, progress=_Progress(), title=args.title)
+    res = build(targets, out, plots=not args.no_plots, progress=_Progress(), title=args.title, options=_options(args))
     for _, e in res.failed:
         print(e, file=sys.stderr)
     n = len(res.pages)
@@ -375,6 +407,7 @@ def _add_check(sub) -> None:
                               "# every .neuron file below models/\n  flexdsl check neurons/*.neuron lif")
     c.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
                    help="a .neuron file, a library model name, or a directory (every .neuron file below it)")
+    _add_options(c)
     c.set_defaults(fn=_cmd_check)
 
 
@@ -388,6 +421,7 @@ def _add_show(sub) -> None:
                               "  flexdsl show lif --cpu            # the C++ kernels of the CPU backend\n"
                               "  flexdsl show adex --equations     # the discretized step (sympy)\n"
                               "  flexdsl show adex --backward      # the derived vector-Jacobian product\n"
+                              "  flexdsl show lif --surrogate 'atan(alpha=2.0)' --learnable tau   # shaped at load\n"
                               "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
                               "  flexdsl show net.nir --torch --dt 1e-4")
     s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, or a .nir file")
@@ -408,6 +442,7 @@ def _add_show(sub) -> None:
                    help="compile with the spike detached in the reset (as load(..., detach_reset=True))")
     s.add_argument("--dt", type=_number_arg, help="for a .nir file: the step, in the graph's time unit "
                    "(default: the one flexdsl.nir.export recorded)")
+    _add_options(s)
     s.set_defaults(fn=_cmd_show)
 
 
@@ -434,6 +469,7 @@ def _add_run(sub) -> None:
                    help="write a plot; the extension picks the format (.png, .svg, .pdf, ...)")
     r.add_argument("--check-finite", action="store_true",
                    help="stop with an error at the first NaN or inf, naming the state, the step and the element")
+    _add_options(r)
     r.set_defaults(fn=_cmd_run)
 
 
@@ -453,6 +489,7 @@ def _add_doc(sub) -> None:
                    help="the output directory, created if missing (default: flexdsl-docs)")
     d.add_argument("--no-plots", action="store_true", help="skip the simulations and plots (faster)")
     d.add_argument("--title", default="flexdsl models", help="the title of the index page")
+    _add_options(d)
     d.set_defaults(fn=_cmd_doc)
 
 

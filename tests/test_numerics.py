@@ -172,6 +172,16 @@ def test_reference_gradients_agree_with_central_differences_at_the_defective_poi
         assert abs(got[k] - fd) <= 1e-7 * max(abs(fd), 1.0), (k, got[k], fd)
 
 
+def _value_grad(m, k):
+    """The gradient of a learnable param's value: bounded (`where k > 0`), it trains as
+    k = softplus(raw_k) (the bounds' parametrization), so d/dk = d/draw_k / sigmoid(raw_k); an
+    unbounded one is its own Parameter."""
+    raw = getattr(m, "raw_" + k, None)
+    if raw is None:
+        return getattr(m, k).grad
+    return raw.grad / torch.sigmoid(raw.detach())
+
+
 @pytest.mark.parametrize("learnable", [False, True], ids=["plain", "learnable"])
 @pytest.mark.parametrize("backend,dtype", CASES, ids=lambda v: str(v).replace("torch.", ""))
 @pytest.mark.parametrize("name", ["two", "three"])
@@ -189,10 +199,10 @@ def test_coupled_exact_against_expm(name, backend, dtype, learnable):
         m = flexdsl.loads(text, backend=backend, **overrides).to(dtype)
         assert m.compiled.method == "exact"
         if learnable:  # Parameters are made in float32: set the exact values after .to(dtype)
-            with torch.no_grad():
-                for k, v in overrides.items():
-                    getattr(m, k).fill_(v)
-                    assert getattr(m, k).item() == v
+            for k, v in overrides.items():
+                setattr(m, k, v)  # (bounded `tau > 0`: sets raw_tau, tau = softplus(raw_tau))
+                assert getattr(m, k).item() == pytest.approx(v, rel=2e-16) if dtype == torch.float64 else \
+                    getattr(m, k).item() == torch.tensor(v, dtype=dtype).item()
         outs = m(x32)
         seqs = torch.stack(list(outs), 1)  # [T, n, N]
         ref = simulate_scipy(name, p, x)
@@ -203,7 +213,7 @@ def test_coupled_exact_against_expm(name, backend, dtype, learnable):
             wrt = sorted(overrides)
             want = simulate_autograd(name, p, x, w, wrt)
             for k in wrt:
-                g = getattr(m, k).grad
+                g = _value_grad(m, k)
                 assert g is not None and torch.isfinite(g).all(), (k, sep, g)
                 e = abs(g.item() - want[k]) / max(abs(want[k]), 1e-3)
                 assert e <= grad_tol, f"{name} sep={sep} {backend} {dtype}: d/d{k} {g.item()!r} vs {want[k]!r}"
@@ -220,9 +230,7 @@ def test_per_channel_time_constants(backend, learnable):
     tau_s = torch.tensor([5.0, 5.0, 2.0, 7.0])
     tau_m = torch.tensor([5.0, torch.nextafter(torch.tensor(5.0), torch.tensor(9.0)).item(), 2.001, 3.0])
     if learnable:
-        with torch.no_grad():
-            m.tau_s.copy_(tau_s)
-            m.tau_m.copy_(tau_m)
+        m.tau_s, m.tau_m = tau_s, tau_m  # (their raw Parameters: tau = softplus(raw_tau))
     else:
         m.tau_s, m.tau_m = tau_s, tau_m
     gen = np.random.default_rng(2)
@@ -240,7 +248,7 @@ def test_per_channel_time_constants(backend, learnable):
         if learnable:
             want = simulate_autograd("two", p, xc, w[:, :, c:c + 1], ["tau_s", "tau_m"])
             for k in want:
-                got = getattr(m, k).grad[c].item()
+                got = _value_grad(m, k)[c].item()
                 assert abs(got - want[k]) <= 1e-5 * max(abs(want[k]), 1e-3), (c, k, got, want[k])
 
 

@@ -535,15 +535,16 @@ def test_param_shapes_learnable():
     text = LIF.replace("param tau = 2.0 where tau > 1", "param tau = 2.0 where tau > 1 learnable")
     m = mk(text, param_shapes={"tau": (3,)})
     m = m.double()
-    assert isinstance(m.tau, torch.nn.Parameter) and tuple(m.tau.shape) == (3,)
-    with torch.no_grad():
-        m.tau.copy_(t64([1.5, 2.5, 4.0]))
+    # bounded (`tau > 1`): it trains as tau = 1 + softplus(raw_tau), raw_tau of the param's shape
+    assert isinstance(m.raw_tau, torch.nn.Parameter) and tuple(m.raw_tau.shape) == (3,)
+    m.tau = t64([1.5, 2.5, 4.0])
+    close(m.tau, [1.5, 2.5, 4.0])
     x = RNG.uniform(0, 2.5, size=(10, 2, 3))
     S, _ = lif_ref(x, tau=np.array([1.5, 2.5, 4.0]))
     y = m(t64(x))
     close(y, S)
     y.sum().backward()
-    assert m.tau.grad is not None and m.tau.grad.shape == (3,)
+    assert m.raw_tau.grad is not None and m.raw_tau.grad.shape == (3,)
 
 
 # --------------------------------------------------------------------------- #
@@ -564,19 +565,21 @@ LI = """\
 
 def test_learnable_params_are_parameters_with_gradients():
     m = mk(LI).double()
+    m.tau = 2.0  # (exactly, in float64: the module was made in float32)
     names = {n for n, _ in m.named_parameters()}
-    assert any(n.endswith("tau") for n in names) and any(n.endswith("gain") for n in names)
+    assert names == {"raw_tau", "gain"}  # bounded `tau > 1` trains as tau = 1 + softplus(raw_tau)
     x = t64(RNG.normal(size=(6, 3))).requires_grad_(True)
     w = t64(RNG.normal(size=(6, 3)))
     loss = (m(x) * w).sum()
     loss.backward()
-    g_tau, g_gain, g_x = float(m.tau.grad), float(m.gain.grad), x.grad.clone()
+    g_tau = float(m.raw_tau.grad / torch.sigmoid(m.raw_tau.detach()))  # d/dtau = d/draw_tau / softplus'
+    g_gain, g_x = float(m.gain.grad), x.grad.clone()
 
     def L(tau=2.0, gain=0.7, xx=None):
         # learnable params are float32 Parameters until .double(): set exact values after
         mm = mk(LI).double()
+        mm.tau = tau
         with torch.no_grad():
-            mm.tau.fill_(tau)
             mm.gain.fill_(gain)
             return float((mm(xx if xx is not None else x.detach()) * w).sum())
 

@@ -129,6 +129,33 @@ def lhs_rhs_lines(printer: BasePrinter, assignments, origins: dict[str, Pos] | N
     return out
 
 
+def load_notes(ck, code: bool = True) -> list[str]:
+    """What the model was shaped into at load (`CheckedModel.options`) and how its bounded
+    learnable params are computed (`CheckedModel.bounds`), as lines of text: for a generated
+    file's header (`code`, comment text without the marker), else one line per fact (the docs)."""
+    from ..frontend.ast import constraint_text
+
+    out = []
+    o = ck.options
+    if o.surrogate is not None:
+        given = f", given as {o.origin}" if o.origin else ""
+        out.append(f"Chosen at load: surrogate={o.surrogate} (the model writes "
+                   f"{ck.ast.meta.get('surrogate_written', '?')}{given})")
+    if o.learnable is not None:
+        learn = [p.name for p in ck.params if p.learnable]
+        out.append(f"Chosen at load: learnable={o.learnable_text()} (trained: {', '.join(learn) or 'no param'})")
+    if ck.bounds and code:
+        out += ["Bounded learnable params train as unconstrained Parameters raw_<name>; each value is computed",
+                "from its Parameter once per call, on the host (float64; kept strictly inside a strict bound):"]
+    for b in ck.bounds.values():
+        wheres = "; ".join(constraint_text(ck.source, ck.param(n).where)
+                           for n in dict.fromkeys(lim.source for lim in (*b.lower, *b.upper)))
+        out.append(f"- {b.formula()}    (where {wheres})" if code else
+                   f"Bounded: {b.formula()} (where {wheres}): `{b.param}` trains as the unconstrained Parameter "
+                   f"`{b.raw}`, its value computed from it once per call")
+    return [comment_text(line, 400) for line in out]
+
+
 def comment_text(text: str, limit: int = 160) -> str:
     """User text made safe for a `#` comment: one line, printable, bounded."""
     s = "".join(ch if ch.isprintable() else " " for ch in text.strip())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import sympy as sp
 
 from .._paths import NEURONS_DIR
+from ..backends.printer import load_notes
 from ..frontend import ast as A
 from ..frontend.catalog import METHODS, SURROGATES
 from ..frontend.evaluate import evaluate
@@ -149,6 +150,8 @@ class ModelDoc:
     backward_results: list[Statement]
     source: str
     sources: dict[str, str] = field(default_factory=dict)  # "torch" / "triton" -> generated code
+    notes: list[str] = field(default_factory=list)  # what was chosen at load; the bounds' parametrizations
+    options: Any = None  # the load-time options (frontend/options.py LoadOptions)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -316,7 +319,7 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         method_auto=bool(c.step.method and c.step.method_auto), method_doc=method_doc,
         step=step, next_states=next_states, step_outputs=outs, surrogate=spike_doc,
         backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
-        sources=_sources(c) if sources else {})
+        sources=_sources(c) if sources else {}, notes=load_notes(ck, code=False), options=ck.options)
 
 
 def _identity(c: Compiled) -> tuple[str, bool]:

@@ -78,15 +78,19 @@ def usage(d: ModelDoc, fig: Figures | None = None) -> str:
         target = repr(d.stem)
         cli = d.stem
     elif d.filename == "<string>":
-        return "m = flexdsl.loads(text)          # a trainable torch.nn.Module"
+        args = f", {d.options.python_args()}" if d.options else ""
+        return f"m = flexdsl.loads(text{args})          # a trainable torch.nn.Module"
     else:
         target = repr(d.filename)
         cli = shlex.quote(d.filename)
-    out = f"import flexdsl\nm = flexdsl.load({target})   # a trainable torch.nn.Module"
+    opts = d.options
+    args = f", {opts.python_args()}" if opts else ""
+    out = f"import flexdsl\nm = flexdsl.load({target}{args})   # a trainable torch.nn.Module"
     run = fig.run if fig is not None else None
     if run is not None:
         out += (f"\n\n# the step response shown below: {run.comment()}\n"
-                f"$ flexdsl run {cli} --T {run.T} --input {run.spec} --plot out.png")
+                f"$ flexdsl run {cli}{' ' + opts.cli_args() if opts else ''} --T {run.T} --input {run.spec} "
+                "--plot out.png")
     return out
 
 

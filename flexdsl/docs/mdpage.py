@@ -88,6 +88,8 @@ def page(d: ModelDoc, fig: Figures | None = None, index_link: str | None = None,
     for kind, body in d.blocks:
         out.append((fence(body, "text") if kind == "pre" else prose(body)) + "\n")
     out.append(fence(usage(d, fig), "text") + "\n")
+    if d.notes:
+        out.append("**As loaded.**\n\n" + "\n".join(f"- {prose(n)}" for n in d.notes) + "\n")
     _interface(d, out.append)
     _equations(d, out.append)
     if fig is not None:
@@ -132,7 +134,8 @@ def _equations(d: ModelDoc, add: Callable[[str], None]) -> None:
     if d.surrogate:
         s = d.surrogate
         add(f"### Surrogate {code(s.call)}\n")
-        who = "Defined in this model" if s.user else f"Built in ({prose(s.source)})"
+        here = "at load (surrogate=)" if d.options and d.options.surrogate else "in this model"
+        who = f"Defined {here}" if s.user else f"Built in ({prose(s.source)})"
         add(f"{who}: the derivative backward uses for the spike.\n")
         add(_aligned([s.generic, s.u, s.applied], lines=False) + "\n")
 

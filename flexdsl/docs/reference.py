@@ -1,5 +1,6 @@
 """The generated sections of the language reference (`docs/language.md`): the tables of
-functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form) and
+functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form), the
+SpikingJelly and snnTorch surrogate objects the load option `surrogate=` maps (`runtime/options.py`),
 integration methods, the reserved words, the names taken by the torch module, the size limits and
 the grammar, all read from the code (`frontend/catalog.py`, `ir/surrogates.py`, `frontend/parse.py`,
 `ir/lower.py`, `grammar/neuron.lark`), so that the reference cannot drift from it.
@@ -92,6 +93,29 @@ def surrogates() -> str:
     return "\n".join(rows)
 
 
+def surrogate_objects() -> str:
+    """The SpikingJelly and snnTorch surrogate objects `surrogate=` takes, and what each becomes."""
+    from ..runtime.options import SNNTORCH, SPIKINGJELLY, SPIKINGJELLY_DEFINED
+
+    rows = ["| given as `surrogate=` | becomes |", "| --- | --- |"]
+    for cls, (name, kw) in SPIKINGJELLY.items():
+        if cls == "PiecewiseLeakyReLU":
+            continue
+        args = ", ".join(f"{v}={k}" for k, v in kw.items())
+        rows.append(f"| SpikingJelly `surrogate.{cls}(" + ", ".join(kw) + f")` | `{name}({args})` |")
+    rows.append("| SpikingJelly `surrogate.PiecewiseLeakyReLU(w, c)` with `c = 0` | `rect(alpha=1/(2*w))` |")
+    for cls, text in SPIKINGJELLY_DEFINED.items():
+        params = re.findall(r"(\w+)=\{\w+\}", text)
+        shown = re.sub(r"=\{\w+\}", "", text).replace(
+            "{series}", "4/T_period*(cos(1*(2*pi/T_period)*x) + ... + cos((2n-3)*(2*pi/T_period)*x))")
+        rows.append(f"| SpikingJelly `surrogate.{cls}(" + ", ".join(["n", *params] if "series" in text else params)
+                    + f")` | the user surrogate `surrogate {_cell(shown)}` |")
+    for fn, (name, kw) in SNNTORCH.items():
+        args = ", ".join(f"{v}={k}" for k, v in kw.items())
+        rows.append(f"| snnTorch `surrogate.{fn}(" + ", ".join(kw) + f")` | `{name}({args})` |")
+    return "\n".join(rows)
+
+
 def methods() -> str:
     rows = ["| method | also called | what one step computes |", "| --- | --- | --- |"]
     for name, m in METHODS.items():
@@ -130,7 +154,8 @@ def grammar() -> str:
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
-    "functions": functions, "constants": constants, "surrogates": surrogates, "methods": methods,
+    "functions": functions, "constants": constants, "surrogates": surrogates, "surrogate_objects": surrogate_objects,
+    "methods": methods,
     "reserved": reserved, "module_attributes": module_attributes, "limits": limits, "grammar": grammar,
 }
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .._paths import DOCS_DIR
 from ..errors import FlexDSLError
+from ..frontend.options import NONE, LoadOptions
 from ..library import library, library_path, looks_like_source
 from . import htmlpage, mdpage
 from .content import describe, method_text
@@ -110,8 +111,10 @@ def _write(path: Path, text: str) -> Path:
 
 
 def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, *, plots: bool = True,
-          progress: Progress | None = None, title: str = "flexdsl models") -> BuildResult:
-    """Write the pages of every model, the index and the language reference into `outdir`."""
+          progress: Progress | None = None, title: str = "flexdsl models", options: LoadOptions = NONE
+          ) -> BuildResult:
+    """Write the pages of every model, the index and the language reference into `outdir`
+    (`options`: the load-time options every model is compiled with; its page states them)."""
     from ..runtime.compiler import compile_model
 
     t_all = time.perf_counter()
@@ -126,7 +129,7 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
     for k, t in enumerate(items):
         t0 = time.perf_counter()
         try:
-            c = compile_model(t.model)
+            c = compile_model(t.model, options=options)
             d = describe(c)
             name = page_name(d.stem, taken)
             figs = make_figures(c, name, out) if plots else None

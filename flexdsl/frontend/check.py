@@ -12,6 +12,7 @@ import math
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
+from .bounds import find_bounds
 from .catalog import (
     CONSTANTS,
     DEFAULT_SURROGATE,
@@ -104,6 +105,7 @@ class _Checker:
         if with_units:
             ck = dataclasses.replace(check_units(ck, self.definitions), written=ck)
             self.check_defaults(ck.params, ck.states)
+        ck.bounds = find_bounds(ck)
         return _with_hidden_states(ck)
 
     def declare_all(self) -> None:

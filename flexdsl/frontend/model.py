@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from . import ast as A
 from .dims import Dim
+from .options import NONE, LoadOptions
 
 
 @dataclass
@@ -53,6 +55,10 @@ class CheckedModel:
     units: UnitInfo | None = None  # None: a model written without units
     # the model as written, before the conversion to base units (None: this is it); the docs show it
     written: CheckedModel | None = None
+    # what was chosen at load (frontend/options.py), and the bounds that learnable params train
+    # within (frontend/bounds.py: param name -> its Bound)
+    options: LoadOptions = NONE
+    bounds: dict[str, Any] = field(default_factory=dict)
 
     @property
     def hidden(self) -> list[str]:

@@ -82,7 +82,8 @@ def _parser() -> Lark:
     """The LALR parser, built once per process (about 60 ms; its tables are never read back from
     a file, so nothing is unpickled)."""
     return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), parser="lalr", postlex=NeuronIndenter(),
-                     propagate_positions=True, maybe_placeholders=True)
+                     propagate_positions=True, maybe_placeholders=True,
+                     start=["start", "surrogate_use", "surrogate_decl"])
 
 
 # The indenter keeps per-parse state, so one parse runs at a time (parsing is fast).
@@ -401,7 +402,7 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
     text = source if source.endswith("\n") else source + "\n"
     try:
         with _PARSE_LOCK:
-            tree = _parser().parse(text)
+            tree = _parser().parse(text, start="start")
     except _IndentError as e:
         tok = e.token
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
@@ -417,6 +418,48 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
     _check_identifiers(neuron)
     _check_depth(neuron)
     return neuron
+
+
+_DEFINITION = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(\s*[A-Za-z_][A-Za-z0-9_]*\s*[,)]")
+
+
+def parse_fragment(text: str, shown_prefix: str, filename: str) -> A.SurrogateUse | A.SurrogateDef:
+    """A surrogate given apart from a model (the load option `surrogate=`): `text` is a clause
+    `name(k=v, ...)` (a bare name takes the defaults) or a definition `name(x, k=v, ...) = expr`
+    (as a model declares one); errors quote `shown_prefix + text`, and positions count the prefix
+    (`shown_prefix` is as long as the parsed `surrogate `)."""
+    assert len(shown_prefix) == len("surrogate ")
+    shown = shown_prefix + text
+    _check_text(shown, filename)
+    definition = bool(_DEFINITION.match(text))
+    body = text + "()" if re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*", text) else text
+    try:
+        with _PARSE_LOCK:
+            tree = _parser().parse("surrogate " + body + ("\n" if definition else ""),
+                                   start="surrogate_decl" if definition else "surrogate_use")
+    except _IndentError as e:  # (a one-line text has no indentation; kept for completeness)
+        raise FlexDSLError(e.message, filename, 1, e.column, shown) from None
+    except UnexpectedInput as e:
+        err = _syntax_error(e, filename, shown + " " * (len(body) - len(text)))
+        reason = err.reason.replace("end of file", "end of the text").replace("end of line", "end of the text")
+        raise FlexDSLError(reason, filename, err.line, err.column, shown, err.hint) from None
+    try:
+        out = _ToAST(filename, shown).transform(tree)
+    except VisitError as e:
+        raise e.orig_exc from None
+    exprs = [k.value for k in out.kwargs] + ([out.body] if definition else [])
+    names = [(out.name, out.pos), *((k.name, k.pos) for k in out.kwargs)]
+    names += [(n.id, n.pos) for e in exprs for n in A.names(e)] + ([(out.arg, out.pos)] if definition else [])
+    for name, pos in names:
+        if name in RESERVED or name.startswith("_") or keyword.iskeyword(name):
+            raise FlexDSLError(f"`{name}` cannot be a name here", filename, pos.line, pos.column, shown,
+                               "names starting with `_`, reserved words and Python keywords are not names")
+    for e in exprs:
+        deep = _depth_errors(e)
+        if deep is not None:
+            raise FlexDSLError(f"this expression is nested more than {MAX_DEPTH} levels deep", filename,
+                               deep.pos.line, deep.pos.column, shown, _RECURSION_HINT)
+    return out
 
 
 def _depth_errors(e: A.Expr) -> A.Expr | None:

@@ -5,7 +5,6 @@ run by `network.NIRNetwork`."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,8 @@ import torch
 from torch import nn
 
 from ..errors import FlexDSLError, did_you_mean
-from ..frontend.catalog import SURROGATES
 from ..runtime.module import NeuronModule
+from ..runtime.options import OptionError, learnable_names, surrogate_text
 from .network import NIRNetwork
 from .primitives import (
     _POSITIVE,
@@ -114,7 +113,7 @@ def _array(node: Any, field: str, where: str, kind: str) -> np.ndarray:
 
 
 def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, learnable: set[str],
-                   surrogate: str, backend: str, detach_reset: bool) -> NeuronModule:
+                   surrogate: str, backend: str, detach_reset: bool, chosen: str | None = None) -> NeuronModule:
     from ..api import loads
 
     p = PRIMITIVES[kind]
@@ -140,7 +139,7 @@ def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, lea
                           "overshoots there (method='exact' does not)", stacklevel=3)
     text = neuron_text(kind, scalars, dt, method, surrogate=surrogate, learnable=learnable & set(p.params),
                        shapes={f: a.shape for f, a in channels.items()})
-    return loads(text, backend=backend, detach_reset=detach_reset,
+    return loads(text, backend=backend, detach_reset=detach_reset, surrogate=chosen,
                  **{f: torch.from_numpy(a) for f, a in channels.items()})
 
 
@@ -215,8 +214,8 @@ def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
                                                        "Flatten", "AvgPool2d", "SumPool2d"]))
 
 
-def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", learnable: Iterable[str] = (),
-         surrogate: str | None = None, backend: str = "auto", detach_reset: bool = False,
+def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", learnable: Any = (),
+         surrogate: Any = None, backend: str = "auto", detach_reset: bool = False,
          step_mode: str = "m") -> NIRNetwork:
     """A `torch.nn.Module` (NIRNetwork) running a NIR graph (a `nir.NIRGraph`, a node, or a file
     path) with flexdsl neurons.
@@ -224,9 +223,11 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
     `dt` is the length of one step in the graph's time unit (default: the dt that
     `flexdsl.nir.export` recorded in the graph). `method`: how NIR's ODEs are discretised,
     "euler", "exact" or "auto" (what export recorded for a node, else euler). `learnable`:
-    NIR param names (e.g. "tau", "v_threshold") that become trainable per-neuron Parameters.
-    `surrogate`: the spikes' surrogate, e.g. "atan(alpha=2.0)" (default: what export recorded,
-    else sigmoid(alpha=4.0)). Inputs are `[T, batch, *shape]` (step_mode "m") or
+    NIR param names (e.g. "tau", "v_threshold"; one, a list, or True for all) that become trainable
+    per-neuron Parameters (a bounded one, `tau > 0`, trains as `raw_tau`: see `flexdsl.load`).
+    `surrogate`: the spikes' surrogate, as `flexdsl.load` takes it: text such as "atan(alpha=2.0)"
+    or a SpikingJelly or snnTorch surrogate object (default: what export recorded, else
+    sigmoid(alpha=4.0)). Inputs are `[T, batch, *shape]` (step_mode "m") or
     `[batch, *shape]` ("s", one step per call, states kept until `reset()`).
     """
     nir = _nir()
@@ -244,15 +245,17 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
                            hint=did_you_mean(str(method), ["auto", *METHODS]))
     if step_mode not in ("s", "m"):
         raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", "<flexdsl.nir>")
-    learn = {str(n) for n in ([learnable] if isinstance(learnable, str) else learnable)}
     known = sorted({f for p in PRIMITIVES.values() for f in p.params})
-    for n in learn:
+    try:
+        names = learnable_names(learnable)
+        surrogate, _ = surrogate_text(surrogate)
+    except OptionError as e:
+        raise FlexDSLError(e.reason, "<flexdsl.nir>", hint=e.hint) from None
+    learn = set(known) if names is True else set() if not names else set(names)
+    for n in sorted(learn):
         if n not in known:
             raise FlexDSLError(f"`{n}` is not a param of a NIR neuron", "<flexdsl.nir>",
                                hint=did_you_mean(n, known) or "NIR neuron params: " + ", ".join(known))
-    if surrogate is not None and _surrogate(surrogate) is None:
-        raise FlexDSLError(f"surrogate {surrogate!r} is not a built-in surrogate with numeric keywords", "<flexdsl.nir>",
-                           hint="e.g. 'atan(alpha=2.0)'; built-in: " + ", ".join(SURROGATES))
     flat = _flatten(graph)
     if len(flat.inputs) != 1:
         raise FlexDSLError(f"the graph has {len(flat.inputs)} Input nodes; flexdsl runs graphs with one", source)
@@ -270,9 +273,9 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
         if kind in PRIMITIVES:
             md = _flexdsl_metadata(node, name, kind)
             meth = method if method != "auto" else md.get("flexdsl_method", "euler")
-            sur = surrogate or md.get("flexdsl_surrogate") or DEFAULT_SURROGATE
+            sur = md.get("flexdsl_surrogate") or DEFAULT_SURROGATE
             modules[name] = _neuron_module(kind, node, name, dt, meth, learn, _surrogate(sur) or DEFAULT_SURROGATE,
-                                           backend, detach_reset)
+                                           backend, detach_reset, surrogate if PRIMITIVES[kind].spiking else None)
             kinds[name] = "neuron"
         else:
             modules[name], kinds[name] = _layer_module(node, name)

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from ..errors import did_you_mean
+from ..frontend.bounds import RAW_PREFIX
+from . import bounds as bound_values
 from .params import names_of, param_number
 
 EXTRA_STATE_FORMAT = 1
@@ -32,7 +34,11 @@ class Checkpoints:
         if not self.__dict__.get("_loading"):  # called directly: validated here (a load validated it all)
             self._validate({k: self._stored_form(k, v) for k, v in floats.items()}, floats)
         for k, v in floats.items():
-            if k in self._parameters:
+            if k in self._bounds:  # (saved where `k` was not learnable: its raw value gives it)
+                raw = self._raw_tensor(k)
+                with torch.no_grad():
+                    raw.copy_(self._raw_for(k, v, self._param_env() | floats, raw))
+            elif k in self._parameters:
                 with torch.no_grad():
                     self._parameters[k].fill_(v)
             elif k in self._buffers:  # (only when called directly: loading a state dict adopts the float)
@@ -65,7 +71,9 @@ class Checkpoints:
     def _stored_form(self, name: str, v: Any) -> Any:
         """A checkpoint's value of a param as this module would hold it after loading: a
         learnable param in its Parameter's dtype (a float fills it), a per-channel value as a
-        buffer, a float as a float."""
+        buffer, a float as a float (a bounded param: its value, as computed from its raw value)."""
+        if name in self._bounds:
+            return v.detach().to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
         if name in self._parameters:
             cur = self._parameters[name]
             if isinstance(v, torch.Tensor):
@@ -87,6 +95,13 @@ class Checkpoints:
         after loading.)"""
         d = self.__dict__
         for name, p in self._param_decls.items():
+            b = self._bounds.get(name)
+            if b is not None:
+                t = state_dict.get(prefix + b.raw)
+                cur = self._parameters.get(b.raw)
+                if isinstance(t, torch.Tensor) and cur is not None and cur.shape != t.shape:
+                    super().__setattr__(b.raw, nn.Parameter(torch.zeros(t.shape, dtype=cur.dtype, device=cur.device)))
+                continue
             t = state_dict.get(prefix + name)
             if isinstance(t, torch.Tensor):
                 if p.learnable:
@@ -108,32 +123,28 @@ class Checkpoints:
                               error_msgs) -> None:
         # the whole checkpoint is validated before anything changes: of this model, every param
         # present (strict), finite numbers or real tensors, every constraint and a defined step
-        name = self._compiled.name
         extra = state_dict.get(prefix + "_extra_state")
         floats = self._extra_params(extra) if extra is not None else {}
         given: dict[str, Any] = dict(floats)
+        raws: dict[str, torch.Tensor] = {}
         for k, p in self._param_decls.items():
-            if prefix + k in state_dict:
-                t = state_dict[prefix + k]
+            b = self._bounds.get(k)
+            key = prefix + (b.raw if b is not None and prefix + b.raw in state_dict else k)
+            if key in state_dict:
+                t = state_dict[key]
                 if not isinstance(t, torch.Tensor):
-                    raise self._error(f"the checkpoint's `{prefix + k}` is a {type(t).__name__}, not a tensor", p.pos)
-                given[k] = param_number(self._compiled, p, t.detach(), "the checkpoint's value of")
+                    raise self._error(f"the checkpoint's `{key}` is a {type(t).__name__}, not a tensor", p.pos)
+                t = param_number(self._compiled, p, t.detach(), "the checkpoint's value of")
+                if key == prefix + k:
+                    given[k] = t
+                else:
+                    raws[k] = t
         if strict and _loading_strictly():
-            missing = [k for k in self._param_decls if k not in given]
-            if missing:
-                raise self._error(f"the checkpoint has no value for {names_of(missing)} of `{name}` (strict=True)",
-                                  self._param_decls[missing[0]].pos,
-                                  "load_state_dict(..., strict=False) keeps this module's values of the params a "
-                                  "checkpoint lacks")
-            ours = {*self._param_decls, "_extra_state"}
-            unknown = [k[len(prefix):] for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]
-                       and k[len(prefix):] not in ours]
-            if unknown:
-                raise self._error(f"the checkpoint has `{unknown[0]}`, which `{name}` does not have (strict=True)",
-                                  hint=did_you_mean(unknown[0], self._param_decls) or
-                                  f"params of {name}: {', '.join(self._param_decls)}")
+            self._check_complete(state_dict, prefix, given, raws)
+        given |= self._bounded_values(raws, given)
         self._validate({k: self._stored_form(k, v) for k, v in given.items()}, given)
         self._adopt_checkpoint_shapes(state_dict, prefix, floats)
+        self._raws_of_values(state_dict, prefix, given, raws)
         self.__dict__["_loading"] = True
         try:
             super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -142,7 +153,63 @@ class Checkpoints:
             self.__dict__["_loading"] = False
         if prefix + "_extra_state" in missing_keys:  # a checkpoint from before extra state: keep the floats
             missing_keys.remove(prefix + "_extra_state")
+        for k in floats:  # (saved where `k` was not learnable: its float fills the Parameter)
+            key = prefix + (self._bounds[k].raw if k in self._bounds else k)
+            if key in missing_keys:
+                missing_keys.remove(key)
         self._params_changed()
+
+    def _check_complete(self, state_dict: Mapping[str, Any], prefix: str, given: Mapping[str, Any],
+                        raws: Mapping[str, Any]) -> None:
+        """strict=True: a value for every param, and nothing this model does not have."""
+        name = self._compiled.name
+        ours = {*self._param_decls, "_extra_state", *(b.raw for b in self._bounds.values())}
+        unknown = [k[len(prefix):] for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]
+                   and k[len(prefix):] not in ours]
+        for u in unknown:
+            if u.startswith(RAW_PREFIX) and u[len(RAW_PREFIX):] in self._param_decls:
+                raise self._error(f"the checkpoint has `{u}`, the Parameter of a bounded learnable "
+                                  f"`{u[len(RAW_PREFIX):]}`, which is not learnable here",
+                                  self._param_decls[u[len(RAW_PREFIX):]].pos,
+                                  "load the model with the learnable params it was saved with (learnable=...)")
+        missing = [k for k in self._param_decls if k not in given and k not in raws]
+        if missing:
+            raise self._error(f"the checkpoint has no value for {names_of(missing)} of `{name}` (strict=True)",
+                              self._param_decls[missing[0]].pos,
+                              "load_state_dict(..., strict=False) keeps this module's values of the params a "
+                              "checkpoint lacks")
+        unknown = [u for u in unknown if u not in given]
+        if unknown:
+            raise self._error(f"the checkpoint has `{unknown[0]}`, which `{name}` does not have (strict=True)",
+                              hint=did_you_mean(unknown[0], self._param_decls) or
+                              f"params of {name}: {', '.join(self._param_decls)}")
+
+    def _bounded_values(self, raws: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> dict[str, Any]:
+        """The values a checkpoint's raw Parameters give its bounded params (with the
+        checkpoint's other params, else this module's)."""
+        if not raws:
+            return {}
+        env = self._param_env() | dict(given)
+        out = {}
+        for k in self._param_decls:
+            if k in raws:
+                env[k] = out[k] = bound_values.value(self._bounds[k], raws[k], env).detach()
+        return out
+
+    def _raws_of_values(self, state_dict: dict, prefix: str, given: Mapping[str, Any],
+                        raws: Mapping[str, Any]) -> None:
+        """A checkpoint that holds a bounded param's value (saved before it was bounded, or where it
+        was an unbounded Parameter or a buffer) loads it as the raw value that gives it."""
+        env = self._param_env() | dict(given)
+        for k, b in self._bounds.items():
+            if k in raws or prefix + k not in state_dict:
+                continue
+            v = state_dict.pop(prefix + k)
+            if not bound_values.inside(b, v, env):
+                raise self._on_bound(k, v)
+            like = self._raw_tensor(k)
+            r = bound_values.raw(b, v.detach(), env, like.dtype, like.device)
+            state_dict[prefix + b.raw] = r.expand(like.shape) if r.dim() < like.dim() else r
 
 
 def _loading_strictly() -> bool:

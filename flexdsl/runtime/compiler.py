@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FlexDSLError
+from ..frontend.options import NONE, LoadOptions
 from ..frontend.parse import normalize
 from ..ir.host import check_values, derived_values
 from ..library import resolve
@@ -39,8 +40,8 @@ class Compiled(IR):
     the schedule) and each backend's artefact are made on first use.
     """
 
-    def __init__(self, text: str, filename: str, detach_reset: bool) -> None:
-        super().__init__(text, filename, detach_reset)
+    def __init__(self, text: str, filename: str, detach_reset: bool, options: LoadOptions = NONE) -> None:
+        super().__init__(text, filename, detach_reset, options)
         self._programs: dict[str, Program] = {}
         self._lock = threading.Lock()
         self._derived_cache: dict[bytes, list[float]] = {}
@@ -159,7 +160,7 @@ class Compiled(IR):
 
     def __reduce__(self):
         # pickled as its text: unpickling (in any process) compiles it again, from the caches
-        return compile_text, (self.text, self.filename, self.detach_reset)
+        return compile_text, (self.text, self.filename, self.detach_reset, self.options)
 
     # ------------------------------------------------------------------ documentation (flexdsl.docs)
     def latex(self, part: str = "equations", environment: str = "align*") -> str:
@@ -204,28 +205,30 @@ def _load_program(b: Backend, k: str, artefact) -> Program:
         return p
 
 
-_CACHE: OrderedDict[tuple[str, str, bool], Compiled] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, str, bool, LoadOptions], Compiled] = OrderedDict()
 _LOCK = threading.Lock()
 _CACHE_SIZE = 256
 
 
-def compile_model(model: str | Path, detach_reset: bool = False) -> Compiled:
-    """Compile a model given as a path, a library stem, or text (cached per text)."""
+def compile_model(model: str | Path, detach_reset: bool = False, options: LoadOptions = NONE) -> Compiled:
+    """Compile a model given as a path, a library stem, or text (cached per text and options)."""
     text, filename = resolve(model)
-    return compile_text(text, filename, detach_reset)
+    return compile_text(text, filename, detach_reset, options)
 
 
-def compile_text(text: str, filename: str = "<string>", detach_reset: bool = False) -> Compiled:
-    """Compile model text; `filename` names it in errors and generated code (cached per text)."""
+def compile_text(text: str, filename: str = "<string>", detach_reset: bool = False,
+                 options: LoadOptions = NONE) -> Compiled:
+    """Compile model text; `filename` names it in errors and generated code (cached per text,
+    `detach_reset` and the load-time options)."""
     text = normalize(text)  # line breaks as errors count them
-    key = (text, filename, bool(detach_reset))
+    key = (text, filename, bool(detach_reset), options)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
     try:
-        c = Compiled(text, filename, bool(detach_reset))
+        c = Compiled(text, filename, bool(detach_reset), options)
     except RecursionError:
         raise FlexDSLError("an expression is nested too deeply to compile", filename,
                            hint="split long expressions into several `let` statements") from None

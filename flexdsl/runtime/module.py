@@ -22,9 +22,8 @@ from torch import nn
 from .. import backends
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
-from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate
-from ..store.pipeline import unit_definition
+from . import bounds as bound_values
 from . import display, programs
 from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
@@ -34,12 +33,9 @@ from .params import (
     broadcasts_to,
     check_constant_results,
     check_constants,
-    check_invariants,
-    constraint_holds,
-    param_number,
     resolve_params,
-    show,
 )
+from .slots import ParamSlots
 
 STEP_MODES = ("s", "m")
 
@@ -67,7 +63,7 @@ def triton_available() -> bool:
     return backends.get("triton").available()
 
 
-class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,misc]
+class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
     `m(*inputs)`: inputs are `[T, *shape]` (step_mode "m") or `[*shape]` ("s"); returns the
@@ -94,6 +90,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         d["_compiled_name"] = programs.register(c)
         self._derive_fields()
         d["_fixed"] = {}
+        d["_values"] = {}  # tensors that torch tools put in a learnable param's place (runtime/slots.py)
         # the float params again, as one float64 tensor (an entry per declared param): what a
         # torch.compile trace reads, so that their values are graph inputs, not guards
         d["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
@@ -120,6 +117,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         if params is not None and not isinstance(params, Mapping):
             raise self._error(f"params must be a dict of param values, not {type(params).__name__}")
         values = resolve_params(c, dict(params or {}))
+        bounded = {}
         for p in ck.params:
             v = values[p.name]
             t: torch.Tensor | None = None
@@ -133,40 +131,25 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
                 t = v.detach().to(torch.float64).clone()
             if p.learnable:
                 init = t if t is not None else torch.tensor(float(v), dtype=torch.float64)
-                self.register_parameter(p.name, nn.Parameter(init.to(torch.get_default_dtype())))
+                if p.name in ck.bounds:
+                    bounded[p.name] = init
+                else:
+                    self.register_parameter(p.name, nn.Parameter(init.to(torch.get_default_dtype())))
             elif t is not None:
                 self.register_buffer(p.name, t)
             else:
                 d["_fixed"][p.name] = float(v)
+        for name, init in bounded.items():  # (their bounds may use any param's value)
+            b = ck.bounds[name]
+            if not bound_values.inside(b, init, values):
+                raise self._on_bound(name, init)
+            # (float64, as per-channel values and derived params are: a value set reads back as set)
+            raw = bound_values.raw(b, init, values, torch.float64)
+            self.register_parameter(b.raw, nn.Parameter(raw.expand(init.shape).clone() if raw.shape != init.shape
+                                                        else raw))
         self._sync_fixed()
         self._check_invariants()
         self._prepare(None)
-
-    def _param_shapes(self, param_shapes: Any) -> dict[str, tuple[int, ...]]:
-        """`param_shapes`, checked: known params, each a shape of positive ints."""
-        if param_shapes is None:
-            return {}
-        if not isinstance(param_shapes, Mapping):
-            raise self._error(f"param_shapes must be a dict of param name -> shape, not {type(param_shapes).__name__}",
-                              hint="e.g. param_shapes={'tau': (128,)}")
-        out = {}
-        for name, shape in param_shapes.items():
-            if name not in self._param_decls:
-                raise self._error(f"param_shapes names unknown param `{name}`", self._compiled.checked.ast.pos,
-                                  did_you_mean(str(name), self._param_decls))
-            pos = self._param_decls[name].pos
-            if isinstance(shape, int) and not isinstance(shape, bool):
-                shape = (shape,)
-            if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | torch.Size) or not all(
-                    isinstance(n, int) and not isinstance(n, bool) for n in shape):
-                raise self._error(f"param_shapes gives `{name}` {shape!r}, which is not a shape", pos,
-                                  f"a tuple of sizes, e.g. param_shapes={{'{name}': (128,)}}")
-            if any(n < 1 for n in shape) or len(shape) > 16:
-                raise self._error(f"param_shapes gives `{name}` the shape {tuple(shape)}: every size must be at least "
-                                  "1 (and at most 16 dimensions)", pos,
-                                  f"a per-channel param has a value per channel, e.g. param_shapes={{'{name}': (128,)}}")
-            out[name] = tuple(int(n) for n in shape)
-        return out
 
     def _derive_fields(self) -> None:
         """Fields that follow from the compiled model (rebuilt after unpickling)."""
@@ -193,7 +176,35 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         if name in d.get("_states", {}):
             v = d["_states"][name]
             return self._initial_value(name) if v is None else v
+        decls = d.get("_param_decls", {})
+        if name in decls and name not in self._parameters and name not in self._buffers:
+            if name in d.get("_values", {}):
+                return d["_values"][name]
+            if name in self._bounds:
+                return self._param_list()[list(decls).index(name)]
+        if name.endswith("_seq") and name[:-4] in d.get("_states", {}) and name not in decls:
+            return self._state_seq(name[:-4])
         return super().__getattr__(name)
+
+    def __delattr__(self, name: str) -> None:
+        values = self.__dict__.get("_values", {})
+        if name in values:  # (a wrapper's tensor, removed with the wrapper)
+            del values[name]
+            self._params_changed()
+            return
+        super().__delattr__(name)
+
+    def _state_seq(self, state: str) -> torch.Tensor:
+        """`m.v_seq`: the sequence of state `v` over the last call (SpikingJelly's name), with
+        store_state_seqs=True."""
+        seqs = self.__dict__.get("state_seqs", {})
+        if state in seqs:
+            return seqs[state]
+        if not self.store_state_seqs:
+            raise AttributeError(f"`{state}_seq` (the sequence of state `{state}` over a call) is kept with "
+                                 "store_state_seqs=True (SpikingJelly's store_v_seq)")
+        raise AttributeError(f"`{state}_seq` is set by a call (store_state_seqs=True); this module has not "
+                             "been called since it was created or reset")
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
@@ -205,125 +216,6 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
             return
         super().__setattr__(name, value)
 
-    def _assign_param(self, name: str, value: Any) -> None:
-        """Assign a param: the value is converted to what would be stored and validated with
-        every other param (finite, `where` constraints, a defined step) before anything changes."""
-        p = self._param_decls[name]
-        c = self._compiled
-        value = param_value(c.checked, name, value, unit_definition)  # "20 ms": to the declared unit
-        if isinstance(value, torch.Tensor) and value.requires_grad and not p.learnable:
-            raise self._error(f"`{name}` is not learnable, so a tensor that requires grad would lose its gradient",
-                              p.pos, f"declare it `param {name} = ... learnable` to train it, or assign "
-                                     "`value.detach()`")
-        value = param_number(c, p, value, "the assigned value")
-        d = self.__dict__
-        if name in d["_fixed"]:
-            if isinstance(value, torch.Tensor) and value.numel() > 1:
-                new: Any = value.detach().to(torch.float64).clone()
-            else:
-                new = float(value)
-        elif name in self._parameters:
-            param = self._parameters[name]
-            if isinstance(value, nn.Parameter):
-                new = value
-            else:
-                t = torch.as_tensor(value, dtype=param.dtype, device=param.device)
-                if not broadcasts_to(t.shape, param.shape):
-                    raise self._error(f"learnable `{name}` has shape {tuple(param.shape)}; a value of shape "
-                                      f"{tuple(t.shape)} does not fit", p.pos,
-                                      "per-channel learnable params get their shape at load: param_shapes=...")
-                new = t.expand_as(param)
-        else:
-            buf = self._buffers[name]
-            t = torch.as_tensor(value, dtype=buf.dtype, device=buf.device)
-            new = t.clone() if t.numel() > 1 else t.expand_as(buf).clone()
-        self._validate({name: new}, {name: value})
-        # every check passed: store
-        if name in d["_fixed"]:
-            if isinstance(new, torch.Tensor):
-                del d["_fixed"][name]
-                self.register_buffer(name, new)
-            else:
-                d["_fixed"][name] = new
-        elif name in self._parameters:
-            if isinstance(new, nn.Parameter):
-                super().__setattr__(name, new)
-            else:
-                with torch.no_grad():
-                    self._parameters[name].copy_(new)
-        else:
-            self._buffers[name] = new
-        self._params_changed()
-
-    def _validate(self, changed: Mapping[str, Any], shown: Mapping[str, Any]) -> None:
-        """Raise unless the params, with `changed` (name -> the value as it would be stored),
-        are finite, satisfy every `where` constraint and define the step; nothing is stored."""
-        c = self._compiled
-        env = self._param_env()
-        for k, v in changed.items():
-            env[k] = param_number(c, self._param_decls[k], v.detach() if isinstance(v, torch.Tensor) else v,
-                                  "the new value of")
-        self._check_constraints(env, shown)
-        self._check_invariants([env[n] for n in self._param_decls])
-
-    def _param_env(self) -> dict[str, Any]:
-        return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.param_values().items()}
-
-    def _check_constraints(self, env: Mapping[str, Any], changed: Mapping[str, Any]) -> None:
-        """Every `where` constraint (cross-param ones included) on these param values."""
-        for p in self._param_decls.values():
-            if p.where is not None and not constraint_holds(self._compiled, p, env):
-                what = ", ".join(f"`{k} = {show(v)}`" for k, v in changed.items())
-                raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
-                                  f"`{p.name}` must satisfy: {A.constraint_text(self._compiled.text, p.where)}")
-
-    def _param_list(self) -> list[Any]:
-        """Every param's current value, in declaration order."""
-        fixed = self._fixed
-        if len(fixed) == len(self._param_decls):
-            return [fixed[n] for n in self._param_decls]
-        ps, bs = self._parameters, self._buffers
-        return [fixed[n] if n in fixed else ps[n] if n in ps else bs[n] for n in self._param_decls]
-
-    def _sync_fixed(self) -> None:
-        """Copy the float params into `_fixed_t` (after any change of `_fixed`)."""
-        t = self.__dict__["_fixed_t"]
-        fixed = self._fixed
-        vals = [fixed.get(n, 0.0) for n in self._param_decls]
-        # where each param lives ("f": a float, "p": a Parameter, "b": a buffer), read by a trace
-        # instead of the dict of floats (whose values it would guard)
-        self.__dict__["_param_kinds"] = tuple("f" if n in fixed else "p" if n in self._parameters else "b"
-                                              for n in self._param_decls)
-        if t.numel() != len(vals):  # (a module pickled before the tensor existed)
-            t = self.__dict__["_fixed_t"] = torch.zeros(len(vals), dtype=torch.float64)
-        with torch.no_grad():
-            t.copy_(torch.tensor(vals, dtype=torch.float64))
-
-    def _traced_param_list(self) -> list[Any]:
-        """Every param's value as a tensor, for a torch.compile trace: the float params are
-        entries of `_fixed_t`, so that the graph takes them as inputs (a new value of a
-        non-learnable param recompiles nothing) and no float is read (and guarded)."""
-        ps, bs, t = self._parameters, self._buffers, self._fixed_t
-        return [t[i] if k == "f" else ps[n] if k == "p" else bs[n]
-                for i, (n, k) in enumerate(zip(self._param_decls, self._param_kinds))]
-
-    def param_values(self) -> dict[str, Any]:
-        """Current value of every param (floats, buffers or Parameters)."""
-        return {name: getattr(self, name) for name in self._param_decls}
-
-    def _check_invariants(self, values: Sequence[Any] | None = None, dtype: torch.dtype | None = None) -> None:
-        """The params define the step (`params.check_invariants`): `values` every param's value
-        (default: the module's), `dtype` the precision of a call (default float64)."""
-        if values is None:
-            values = [getattr(self, name) for name in self._param_decls]
-        check_invariants(self._compiled, self._param_decls, values, dtype)
-
-    def _params_changed(self) -> None:
-        """Forget what was derived from the params' values."""
-        self._init_cache.clear()
-        self._dtypes_checked.clear()
-        self._sync_fixed()
-
     def __getstate__(self) -> dict[str, Any]:
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
@@ -334,6 +226,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         if "_memories" in state:
             state["_memories"] = state["_states"]
         state["state_seqs"] = {k: v.detach() for k, v in self.state_seqs.items()}
+        state["_values"] = {k: v.detach() for k, v in self.__dict__.get("_values", {}).items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -344,9 +237,10 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
             self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
         self._derive_fields()
         self.__dict__["_compiled_name"] = programs.register(self._compiled)  # (this process's name)
+        self.__dict__.setdefault("_values", {})
         if "_fixed_t" not in self.__dict__:  # (pickled by a flexdsl without it)
             self.__dict__["_fixed_t"] = torch.zeros(len(self._param_decls), dtype=torch.float64)
-            self._sync_fixed()
+        self._sync_fixed()
 
     # ------------------------------------------------------------------ states
     @property
@@ -461,7 +355,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
     def detach_reset(self, value: bool) -> None:
         c = self._compiled
         if bool(value) != c.detach_reset:
-            self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value))
+            self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value), c.options)
             self.__dict__["_compiled_name"] = programs.register(self._compiled)
             self._params_changed()
             self._prepare(None)
@@ -470,7 +364,7 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
         """The params `core` takes: the declared ones (`values`, default the module's), then
         those derived from them."""
         if values is None:
-            values = [getattr(self, name) for name in self._param_decls]
+            values = self._param_list()
         out = []
         for v in self._compiled.with_derived(values):
             out.append(torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v)
@@ -566,7 +460,8 @@ class NeuronModule(Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,mis
     def extra_repr(self) -> str:
         c = self._compiled
         fixed = ", ".join(f"{k}={v:g}" for k, v in self._fixed.items())
+        opts = f", {c.options.python_args()}" if c.options else ""
         return (f"{c.name} from {c.filename}: step_mode={self.step_mode!r}, backend={self.backend!r}, "
-                f"detach_reset={self.detach_reset}" + (f", {fixed}" if fixed else ""))
+                f"detach_reset={self.detach_reset}{opts}" + (f", {fixed}" if fixed else ""))
 
 

@@ -31,6 +31,7 @@ from ..frontend import ast as A
 from . import programs
 from .compiler import compile_model
 from .module import STEP_MODES, NeuronModule, _Base
+from .options import make as make_options
 
 CONNECTIVITY = ("all", "one_to_one")
 _CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
@@ -417,12 +418,13 @@ def _mask(view: _NeuronView, mask: Any, shape: tuple[int, ...], conn: str, hidde
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
               connectivity: str = "all", mask: Any = None, source: str | None = None, port: str | None = None,
               bias: bool = True, step_mode: str = "m", backend: str = "auto", detach_reset: bool = False,
-              param_shapes: Mapping[str, Sequence[int]] | None = None, **params: Any) -> RecurrentModule:
+              param_shapes: Mapping[str, Sequence[int]] | None = None, surrogate: Any = None, learnable: Any = None,
+              **params: Any) -> RecurrentModule:
     """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
     if isinstance(model, NeuronModule):
-        if params or param_shapes or detach_reset:
-            raise model._error("params, param_shapes and detach_reset are set when the neuron is loaded; here "
-                               "the neuron is given loaded", None,
+        if params or param_shapes or detach_reset or surrogate is not None or learnable is not None:
+            raise model._error("params, param_shapes, detach_reset, surrogate and learnable are set when the "
+                               "neuron is loaded; here the neuron is given loaded", None,
                                "pass the model's name or path instead, or load it with these options")
         neuron = model
     else:
@@ -431,8 +433,9 @@ def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden:
                 c = compile_model(model, detach_reset)
                 raise FlexDSLError(f"`{name}` is not available on recurrent layers", c.filename,
                                    hint="load the neuron with flexdsl.load for it")
-        neuron = NeuronModule(compile_model(model, detach_reset), params, "m", backend if backend != "auto" else "auto",
-                              False, param_shapes, False)
+        opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
+        neuron = NeuronModule(compile_model(model, detach_reset, opts), params, "m",
+                              backend if backend != "auto" else "auto", False, param_shapes, False)
     return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
 
 

@@ -1,7 +1,8 @@
 """The pipeline: parse -> check -> lower -> derive -> schedule, one model at a time.
 
-`IR(text, filename, detach_reset)` parses and checks at construction (sympy-free: the
-definitions of the units a model writes come from the disk cache once sympy has given them);
+`IR(text, filename, detach_reset, options)` parses, applies the load-time options
+(`frontend/options.py`: a surrogate, the learnable params) and checks at construction (sympy-free:
+the definitions of the units a model writes come from the disk cache once sympy has given them);
 each later stage runs on first use and is kept. It is the object a backend's `emit` receives:
 
     ir.checked     the checked model (frontend)               ir.step       the discretized step (ir.lower)
@@ -11,7 +12,8 @@ each later stage runs on first use and is kept. It is the object a backend's `em
 
 `ir.host` is kept in the disk cache (JSON), so that a process that loads a model seen before
 evaluates its derived params without sympy. `cache_key(*parts)` is the cache key of something
-made from this model (a backend's artefact: its name and tool versions as parts).
+made from this model (a backend's artefact: its name and tool versions as parts); it keys the
+options too, since they change the compiled model.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from .._sympy import load as sympy_ready
+from ..errors import FlexDSLError
 from ..frontend.check import CheckedModel, check
+from ..frontend.options import NONE, LoadOptions, apply, relocate
 from ..frontend.parse import parse
 from ..ir.host import HostProgram
 from . import cache
@@ -49,11 +53,17 @@ class IR:
     """One model through the compiler: its text and each stage, computed on first use (see the
     module docstring)."""
 
-    def __init__(self, text: str, filename: str, detach_reset: bool) -> None:
+    def __init__(self, text: str, filename: str, detach_reset: bool, options: LoadOptions = NONE) -> None:
         self.text = text
         self.filename = filename
         self.detach_reset = detach_reset
-        self.checked: CheckedModel = check(parse(text, filename), unit_definition)
+        self.options = options
+        neuron = parse(text, filename)
+        try:
+            self.checked: CheckedModel = check(apply(neuron, options), unit_definition)
+        except FlexDSLError as e:
+            raise relocate(e, options) from None
+        self.checked.options = options
 
     @property
     def name(self) -> str:
@@ -61,7 +71,7 @@ class IR:
 
     def cache_key(self, *parts: str) -> str:
         """The cache key of something made from this model (e.g. a backend's name and version)."""
-        return cache.key(*parts, self.text, self.filename, str(self.detach_reset))
+        return cache.key(*parts, self.text, self.filename, str(self.detach_reset), self.options.key())
 
     @cached_property
     def step(self) -> StepModel:
@@ -69,7 +79,10 @@ class IR:
         sympy_ready()
         from ..ir.lower import lower
 
-        return lower(self.checked, self.detach_reset)
+        try:
+            return lower(self.checked, self.detach_reset)
+        except FlexDSLError as e:
+            raise relocate(e, self.options) from None
 
     @cached_property
     def backward(self) -> BackwardModel:

@@ -36,7 +36,7 @@ from ...frontend.catalog import ALL_FUNCTIONS
 from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_SERIES_BOUND
 from ...ir.schedule import Assignments
 from ..base import IR
-from ..printer import comment_text
+from ..printer import comment_text, load_notes
 from .abi import CpuABI
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -292,7 +292,7 @@ def emit(ir: IR) -> tuple[str, CpuABI]:
     if sch.reread:
         saved_note += "; inputs re-read: " + ", ".join(x.name for x in sch.reread)
     source = _env().get_template("kernels.cpp.j2").render(
-        model=comment_text(step.name), filename=comment_text(step.checked.filename), abi=abi,
+        model=comment_text(step.name), filename=comment_text(step.checked.filename), notes=load_notes(step.checked), abi=abi,
         n_in=len(step.inputs), n_st=len(step.states), n_p=len(params), n_out=len(step.outputs),
         n_learn=len(step.learnable), saved_note=saved_note,
         inputs=[cname(x.name) for x in step.inputs], states=[cname(s.name) for s in step.states],

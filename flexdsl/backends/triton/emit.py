@@ -34,7 +34,7 @@ from ...ir.functions import SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
 from ..naming import ident, tagged
-from ..printer import BasePrinter, comment_text, lhs_rhs_lines
+from ..printer import BasePrinter, comment_text, lhs_rhs_lines, load_notes
 from .abi import KernelABI
 from .cost import TrainingPlans, training_plans
 
@@ -254,7 +254,7 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
     if sch.reread:
         saved_note += "; inputs re-read: " + ", ".join(x.name for x in sch.reread)
     source = _env().get_template("kernels.py.j2").render(
-        model=comment_text(step.name), filename=comment_text(step.checked.filename),
+        model=comment_text(step.name), filename=comment_text(step.checked.filename), notes=load_notes(step.checked),
         filename_repr=repr(step.checked.filename), abi=abi, saved_note=saved_note,
         params=[ident(p) for p in abi.params],
         host_lines=lhs_rhs_lines(hp, hoisted, indent=""),
