@@ -7,7 +7,7 @@ runs a multi-step call with explicit states and params:
 
     art = backend.emit(ir)                       # once per model (then from the disk cache)
     prog = backend.load(art, key)                # once per process
-    res = prog.run(inputs, states, params, store_seqs=False)
+    res = prog.run(inputs, states, params, store_seqs=False)   # noise=NoiseKey(seed, t0) for a noisy model
 
 `inputs` are tensors `[T, *shape]`; `states` and `params` are, in declaration order, tensors
 (broadcastable to the step's shape) or Python floats; the derived params (`ir/host.py`) come
@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     import torch
 
 
+@dataclass(frozen=True)
+class NoiseKey:
+    """What the random draws of a call depend on besides the step and the element: the generator's
+    64-bit `seed` and `t0`, the step of the key that the call's first step is (its steps are t0,
+    t0 + 1, ...). Draw k of step t of element i is the same on every backend (the counter-based
+    generator of `backends/torch/random.py`)."""
+
+    seed: int
+    t0: int = 0
+
+
 @dataclass
 class RunResult:
     outputs: list[torch.Tensor]  # [T, *shape] each, in `output` order
@@ -41,7 +52,9 @@ class Program(Protocol):
     computes_in: torch.dtype | None
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult: ...
+            store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
+        """`noise`: the key of the call's random draws (a model with draws only)."""
+        ...
 
 
 class Backend(Protocol):
@@ -64,6 +77,23 @@ class Backend(Protocol):
     def load(self, artefact: Artefact, key: str) -> Program: ...
 
 
+def key_list(noise: NoiseKey | torch.Tensor | None) -> list[torch.Tensor]:
+    """A call's noise key as a custom op's argument: [] (no noise), or [an int64 tensor (seed, t0)]
+    (under torch.compile the key is a tensor of the graph already)."""
+    import torch
+
+    if noise is None:
+        return []
+    if isinstance(noise, torch.Tensor):
+        return [noise]
+    return [torch.tensor([noise.seed, noise.t0], dtype=torch.int64)]
+
+
+def key_ints(key: Sequence[torch.Tensor]) -> list[int]:
+    """The (seed, t0) of a key list (inside a custom op: the tensor is read, never traced)."""
+    return [int(v) for v in key[0].tolist()] if key else []
+
+
 def transformed(t: Any) -> bool:
     """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
     its own, so a backend that runs kernels on data pointers does not accept it."""
@@ -73,4 +103,4 @@ def transformed(t: Any) -> bool:
     return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
 
 
-__all__ = ["Artefact", "Backend", "IR", "Program", "RunResult", "transformed"]
+__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "key_ints", "key_list", "transformed"]

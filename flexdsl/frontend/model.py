@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from . import ast as A
+from .catalog import DRAWS
 from .dims import Dim
 
 
@@ -51,6 +52,7 @@ class CheckedModel:
     subexprs: list[str] = field(default_factory=list)
     refractory: A.Refractory | None = None
     units: UnitInfo | None = None  # None: a model written without units
+    noise: list[str] = field(default_factory=list)  # the equations' white noise sources (`xi`...), by first use
     # the model as written, before the conversion to base units (None: this is it); the docs show it
     written: CheckedModel | None = None
 
@@ -58,6 +60,16 @@ class CheckedModel:
     def hidden(self) -> list[str]:
         """The bookkeeping states the lowering adds (`HIDDEN_STATES`), after the model's own."""
         return [s.name for s in self.states if s.meta.get("hidden")]
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether a step draws random numbers: white noise in the equations, or `randn()`/`rand()`."""
+        if self.noise:
+            return True
+        exprs = [st.value for st in [*self.update, *self.on_spike]]
+        if self.spike is not None:
+            exprs += [self.spike.left, self.spike.right]
+        return any(isinstance(n, A.Call) and n.func in DRAWS for e in exprs for n in A.nodes(e))
 
     @property
     def name(self) -> str:

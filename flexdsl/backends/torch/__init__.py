@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact, RunResult
+from ..base import IR, Artefact, NoiseKey, RunResult
+from .random import NoiseStream
 from .scan import ScanOps
 
 
@@ -30,6 +31,7 @@ class TorchProgram:
         self.n_outputs = len(meta["outputs"])
         self.n_inputs = len(meta["inputs"])
         self.n_states = len(meta["states"])
+        self.draws = int(meta.get("draws", 0))  # random draws per step and element (0: no noise)
         self.ops: ScanOps | None = None  # the time loop as custom ops (made by `prepare_trace`)
 
     def prepare_trace(self, ir: IR) -> None:
@@ -46,11 +48,20 @@ class TorchProgram:
                            [p.learnable for p in step.params])
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult:
+            store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
         if self.ops is not None and torch.compiler.is_compiling():
-            return self._run_op(inputs, states, params, store_seqs)
-        outs, fins, seqs, _ = self.loop(inputs, states, params, store_seqs, False)
+            return self._run_op(inputs, states, params, store_seqs, noise)
+        outs, fins, seqs, _ = self.loop(inputs, states, params, store_seqs, False, noise)
         return RunResult(outs, fins, seqs if store_seqs else None)
+
+    def stream(self, noise: NoiseKey | None, T: int, shape, dtype: torch.dtype, device: torch.device
+               ) -> NoiseStream | None:
+        """The draws of a call (None for a model without noise)."""
+        if not self.draws:
+            return None
+        if noise is None:
+            raise ValueError(f"{self.name} draws random numbers: its program needs the call's NoiseKey")
+        return NoiseStream(noise.seed, noise.t0, tuple(shape), dtype, device, T)
 
     def _run_op(self, inputs, states, params, store_seqs: bool) -> RunResult:
         """The traced call: one custom op (its autograd formula is the derived backward)."""
@@ -69,9 +80,9 @@ class TorchProgram:
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
 
     def loop(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], store_seqs: bool,
-             keep_prev: bool) -> tuple[list, list, list, list]:
+             keep_prev: bool, noise: NoiseKey | None = None) -> tuple[list, list, list, list]:
         """`core` over the T steps: (outputs [T, *shape], final states, state sequences (with
-        `store_seqs`), the state before each step (with `keep_prev`))."""
+        `store_seqs`), the state before each step (with `keep_prev`)); `noise` keys the draws."""
         x0 = inputs[0]
         T, dtype = x0.shape[0], x0.dtype
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
@@ -84,11 +95,15 @@ class TorchProgram:
         prevs: list[list[torch.Tensor]] = [[] for _ in st]
         steps = list(zip(*(x.unbind(0) for x in inputs)))
         core = self.core
-        for xs in steps:
+        stream = self.stream(noise, T, shape, dtype, x0.device)
+        extra: list[Any] = []
+        for t, xs in enumerate(steps):
             if keep_prev:
                 for i, s in enumerate(st):
                     prevs[i].append(s)
-            res = core(*xs, *st, *prm)
+            if stream is not None:
+                extra = [stream.at(t)]
+            res = core(*xs, *st, *prm, *extra)
             res = [r if isinstance(r, torch.Tensor) else torch.full(shape, float(r), dtype=dtype, device=x0.device)
                    for r in res]
             res = [r.to(dtype) if r.dtype != dtype else r for r in res]
@@ -141,6 +156,8 @@ class TorchBackend:
         meta = {"name": step.name, "inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
                 "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs],
                 "derived": [p.name for p in step.params if p.derived]}
+        if step.draws:
+            meta["draws"] = step.draws
         return Artefact("torch", emit_core(step), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:

@@ -36,6 +36,12 @@ class Call:
     state_is_t: list[bool]
     store_seqs: bool = False
     recompute: bool = False
+    seed: int = 0  # the key of a noisy model's draws (`base.NoiseKey`)
+    t0: int = 0
+
+    def key_values(self) -> dict[str, list[int]]:
+        """The kernels' key arguments: the seed's low and high 31 bits, the first step's counter."""
+        return {"seedlo": [self.seed & 0x7FFFFFFF], "seedhi": [self.seed >> 31], "tbase": [self.t0]}
 
 
 @dataclass

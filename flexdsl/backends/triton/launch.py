@@ -30,8 +30,8 @@ import torch
 
 from ...errors import FlexDSLError
 from ...settings import env_choice, env_int
-from ..base import RunResult, transformed
-from .abi import KernelABI
+from ..base import NoiseKey, RunResult, transformed
+from .abi import NOISE_ROLES, KernelABI
 from .args import HostInvariants, bwd_key, flat_grad, flat_input, fwd_key, param_args, state_args, unpack
 from .glue import Call, Eager, Grads, register_ops
 from .kernel import LAUNCHES, Kernel, LaunchPlan, LaunchPlans, bits, cdiv, device_of, interpret, prod
@@ -116,12 +116,16 @@ class TritonProgram:
     def chunks(self, T: int) -> int:
         return cdiv(T, self.abi.chunk)
 
-    def call(self, xs, state_vals, param_vals, is_tensor, store_seqs: bool, recompute: bool) -> Call:
+    def call(self, xs, state_vals, param_vals, is_tensor, store_seqs: bool, recompute: bool,
+             noise: NoiseKey | None = None) -> Call:
         """The `Call` record of a call (`is_tensor`: per state, then per param)."""
         n_st = len(self.states)
         x0 = xs[0]
+        if self.abi.draws and noise is None:
+            raise ValueError(f"{self.name} draws random numbers: its program needs the call's NoiseKey")
+        key = (noise.seed, noise.t0) if noise is not None else (0, 0)
         return Call(x0.shape[0], tuple(x0.shape[1:]), x0.dtype, list(param_vals), list(is_tensor[n_st:]),
-                    list(state_vals), list(is_tensor[:n_st]), bool(store_seqs), bool(recompute))
+                    list(state_vals), list(is_tensor[:n_st]), bool(store_seqs), bool(recompute), *key)
 
     # ------------------------------------------------------------------ forward
     def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
@@ -155,6 +159,8 @@ class TritonProgram:
         if N == 0:
             return result
         tensors = {"in": inputs, "out": outs, "fin": fins, "seq": seqs, "saved": [sav], "ckpt": [ckpt]}
+        if self.abi.draws:  # (the key of the draws changes from call to call: a slot of the plan)
+            tensors.update(call.key_values())
         # a call like an earlier one (float states and params, contiguous aligned inputs): its plan
         sig = None
         if not any(t is not None for t in (*states, *params)) and all(
@@ -178,6 +184,7 @@ class TritonProgram:
             "saved": [sav], "ckpt": [ckpt], "N": [N], "T": [T], "initmode": initmodes, "mode": modes,
             "host": [host], "store_seqs": [bool(store_seqs)], "save": [sav is not None],
             "checkpoint": [ckpt is not None], "round": [sav is not None], "block": [block],
+            **call.key_values(),
         }
         key = fwd_key(values, dtype, N) if self.fast_keys else ()
         grid = (cdiv(N, block),)
@@ -225,7 +232,7 @@ class TritonProgram:
             for i, x in zip(self.rc_idx if recompute else self.reread_idx, reread):
                 xs_call[i] = x
             plan.launch({"in": xs_call, "saved": [saved], "ckpt": [saved], "gout": grads.outs, "gseq": grads.seqs,
-                         "gfin": grads.fins, **out}, dev)
+                         "gfin": grads.fins, **out, **call.key_values()}, dev)
             LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
             return result
         values = self._bwd_values(call, reread, saved, params, states, state_vals, grads, need, N, dev)
@@ -236,7 +243,8 @@ class TritonProgram:
         kernel.launch(grid, values, key, dev)
         if sig is not None:
             self.launch_plans.remember(sig, LaunchPlan(kernel, values, ("in", "saved", "ckpt", "gout", "gseq",
-                                                                        "gfin", "gx", "gs", "gp"), grid, key))
+                                                                        "gfin", "gx", "gs", "gp", *NOISE_ROLES),
+                                                       grid, key))
         LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
         return result
 
@@ -278,12 +286,12 @@ class TritonProgram:
             "N": [N], "T": [T], "C": [self.chunks(T)], "init": inits, "initmode": initmodes, "mode": modes,
             "hasgout": [g is not None for g in gout], "hasgseq": [g is not None for g in gseq],
             "hasgfin": [g is not None for g in gfin], "needgx": need[:n_in], "needgs": need[n_in:n_in + n_st],
-            "needgp": need[n_in + n_st:], "host": [host], "block": [self._block(N, rc)],
+            "needgp": need[n_in + n_st:], "host": [host], "block": [self._block(N, rc)], **call.key_values(),
         }
 
     # ------------------------------------------------------------------ the Program interface
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult:
+            store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
         x0 = inputs[0]
         self._check_call(inputs, states, params)
         if len(inputs) > 1:
@@ -309,7 +317,7 @@ class TritonProgram:
             res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
                               pr_vals, is_t, bool(store_seqs), save, recompute)
         else:
-            call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute)
+            call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute, noise)
             if not save:
                 res = self._fwd(xs, st, pr, call, False)
             else:
