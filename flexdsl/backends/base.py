@@ -77,21 +77,19 @@ class Backend(Protocol):
     def load(self, artefact: Artefact, key: str) -> Program: ...
 
 
-def key_list(noise: NoiseKey | torch.Tensor | None) -> list[torch.Tensor]:
-    """A call's noise key as a custom op's argument: [] (no noise), or [an int64 tensor (seed, t0)]
+def key_tensor(noise: NoiseKey | torch.Tensor | None) -> torch.Tensor | None:
+    """A call's noise key as a custom op's argument: None (no noise) or an int64 tensor (seed, t0)
     (under torch.compile the key is a tensor of the graph already)."""
     import torch
 
-    if noise is None:
-        return []
-    if isinstance(noise, torch.Tensor):
-        return [noise]
-    return [torch.tensor([noise.seed, noise.t0], dtype=torch.int64)]
+    if noise is None or isinstance(noise, torch.Tensor):
+        return noise
+    return torch.tensor([noise.seed, noise.t0], dtype=torch.int64)
 
 
-def key_ints(key: Sequence[torch.Tensor]) -> list[int]:
-    """The (seed, t0) of a key list (inside a custom op: the tensor is read, never traced)."""
-    return [int(v) for v in key[0].tolist()] if key else []
+def key_ints(key: torch.Tensor | None) -> list[int]:
+    """The (seed, t0) of a key tensor (inside a custom op: the tensor is read, never traced)."""
+    return [int(v) for v in key.tolist()] if key is not None else []
 
 
 def transformed(t: Any) -> bool:
@@ -103,4 +101,4 @@ def transformed(t: Any) -> bool:
     return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
 
 
-__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "key_ints", "key_list", "transformed"]
+__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "key_ints", "key_tensor", "transformed"]

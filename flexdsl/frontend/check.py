@@ -16,11 +16,11 @@ from .catalog import (
     CONSTANTS,
     DEFAULT_SURROGATE,
     DRAWS,
-    STOCHASTIC_SURROGATE,
     FUNCTIONS,
     METHOD_ALIASES,
     METHODS,
     MODULE_ATTRIBUTES,
+    STOCHASTIC_SURROGATE,
     is_noise_name,
     is_unit,
 )

@@ -33,9 +33,19 @@ from dataclasses import dataclass
 import sympy as sp
 
 from .functions import Where, exprel
-from .integrate import Context, NotApplicable, Values, _blocks, _constant_factor, _split_linear, exact, linear_system
+from .integrate import (
+    Context,
+    NotApplicable,
+    Values,
+    _blocks,
+    _constant_factor,
+    _split_linear,
+    exact,
+    linear_system,
+)
 
 RHS = Callable[[Values], Values]
+ONE = sp.Integer(1)
 NOISE_METHODS = ("exact", "euler", "heun", "milstein")  # the methods that integrate white noise
 
 
@@ -139,7 +149,7 @@ def _noise_sum(gs: Mapping[sp.Symbol, sp.Expr], dW: Mapping[sp.Symbol, sp.Expr])
 
 
 def _scaled_noise(x: sp.Symbol, gs: Mapping[sp.Symbol, sp.Expr], sto: Stochastic, ctx: Context,
-                  scale: sp.Expr = sp.Integer(1)) -> sp.Expr:
+                  scale: sp.Expr = ONE) -> sp.Expr:
     """sum_j g_j*scale*dW_j, each coefficient's factors that are constant over a call (params)
     computed once (`x_noise`: a loop invariant, the noise's standard deviation per step)."""
     out = sp.Integer(0)

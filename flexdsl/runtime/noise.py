@@ -77,6 +77,8 @@ class NoiseSource:
         explicit = self._call_seed(seed, generator)
         if not self._compiled.checked.stochastic:
             return None
+        if torch.compiler.is_compiling():
+            return self._traced_key(explicit, functional)  # type: ignore[return-value]
         if functional:
             return NoiseKey(explicit if explicit is not None else draw_seed(), 0)
         st = self._noise_stream()
@@ -103,8 +105,26 @@ class NoiseSource:
 
         return core
 
-    def _noise_advance(self, key: NoiseKey | None, T: int) -> None:
-        if key is not None:
+    def _traced_key(self, explicit: int | None, functional: bool) -> torch.Tensor:
+        """The key under torch.compile: an int64 tensor (seed, t0) of the graph (no value is read,
+        so nothing is guarded: the stream's seed and step are inputs, updated in place)."""
+        if functional:
+            seed = torch.tensor(explicit) if explicit is not None else \
+                torch.randint(0, SEED_LIMIT - 1, (), dtype=torch.int64)
+            return torch.stack([seed, torch.zeros((), dtype=torch.int64)])
+        st = self._noise_stream()
+        if explicit is not None:
+            seed = torch.full((), explicit, dtype=torch.int64)
+        else:
+            fresh = torch.randint(0, SEED_LIMIT - 1, (), dtype=torch.int64)
+            seed = torch.where(st[0] < 0, fresh, st[0])
+            st[0].copy_(seed)
+        return torch.stack([seed, st[1]])
+
+    def _noise_advance(self, key: NoiseKey | torch.Tensor | None, T: int) -> None:
+        if isinstance(key, torch.Tensor):  # (a trace)
+            self._noise_stream()[1].copy_(key[1] + T)
+        elif key is not None:
             self._noise_stream()[1] = key.t0 + T
 
 

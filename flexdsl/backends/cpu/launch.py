@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import RunResult, key_ints, key_list
+from ..base import RunResult, key_ints, key_tensor
 from .abi import CpuABI
 
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -207,7 +207,7 @@ class CpuProgram:
         @torch.library.custom_op(f"{ns}::cpu_fwd", mutates_args=(), device_types="cpu")
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
-                save: bool, key: list[torch.Tensor]) -> list[torch.Tensor]:
+                save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             st, pr = _unpack(states, state_vals, is_tensor[:n_st]), _unpack(params, param_vals, is_tensor[n_st:])
             return prog.forward(inputs, st, pr, store_seqs, save, key_ints(key))
 
@@ -226,7 +226,7 @@ class CpuProgram:
         def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
                 param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
                 g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool], T: int,
-                shape: list[int], dtype: torch.dtype, key: list[torch.Tensor]) -> list[torch.Tensor]:
+                shape: list[int], dtype: torch.dtype, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             return prog.backward(reread, saved, _unpack(params, param_vals, is_param_t), g_outs, g_seqs, g_fins,
                                  need, T, shape, dtype, key_ints(key))
 
@@ -264,7 +264,7 @@ class CpuProgram:
         save = grad and (any(x.requires_grad for x in inputs)
                          or any(isinstance(v, torch.Tensor) and v.requires_grad for v in [*states, *params]))
         n_out, n_st = self.n_out, self.n_st
-        key = key_list(noise)
+        key = key_tensor(noise)
         if not save and not torch.compiler.is_compiling():
             res = self.forward(inputs, states, params, store_seqs, False, key_ints(key))
         else:
@@ -304,7 +304,7 @@ def _setup_context(prog: CpuProgram, ctx, inputs, output, n_saved: int) -> None:
     """What the backward of the forward op needs (its setup_context)."""
     n_st = prog.n_st
     xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key = inputs
-    ctx.key = list(key)
+    ctx.key = key
     st = _unpack(states, state_vals, is_tensor[:n_st])
     pr = _unpack(params, param_vals, is_tensor[n_st:])
     x0 = xs[0]
@@ -355,7 +355,7 @@ def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
     g_st = [g for g, info in zip(g_st, ctx.s_info) if info is not None]
     g_pr = [g for g, info in zip(g_pr, ctx.p_info) if info is not None]
     assert len(g_pr) == n_p_t
-    return g_in, g_st, g_pr, None, None, None, None, None, [None] * len(ctx.key)
+    return g_in, g_st, g_pr, None, None, None, None, None, None
 
 
 __all__ = ["CpuProgram", "CALLS", "DTYPES"]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact, NoiseKey, RunResult
+from ..base import IR, Artefact, NoiseKey, RunResult, key_tensor
 from .random import NoiseStream
 from .scan import ScanOps
 
@@ -45,7 +45,7 @@ class TorchProgram:
         mod = load_module("torchscan", self.key, self.source + emit_core_backward(step, ir.backward))
         ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
         self.ops = ScanOps(ns, self.loop, mod.core_backward, self.n_inputs, self.n_states, self.n_outputs,
-                           [p.learnable for p in step.params])
+                           [p.learnable for p in step.params], self.stream)
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
@@ -63,7 +63,7 @@ class TorchProgram:
             raise ValueError(f"{self.name} draws random numbers: its program needs the call's NoiseKey")
         return NoiseStream(noise.seed, noise.t0, tuple(shape), dtype, device, T)
 
-    def _run_op(self, inputs, states, params, store_seqs: bool) -> RunResult:
+    def _run_op(self, inputs, states, params, store_seqs: bool, noise: Any = None) -> RunResult:
         """The traced call: one custom op (its autograd formula is the derived backward)."""
         assert self.ops is not None
         x0 = inputs[0]
@@ -74,7 +74,7 @@ class TorchProgram:
               for s in states]
         grad = torch.is_grad_enabled()
         save = grad and any(t.requires_grad for t in [*inputs, *st, *prm])
-        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save)
+        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save, key_tensor(noise))
         n_out, n_st = self.n_outputs, self.n_states
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
+from ..base import NoiseKey, key_ints
 from .args import unpack
 from .kernel import prod
 
@@ -94,11 +95,12 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
     @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
     def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
             state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
-            save: bool, recompute: bool) -> list[torch.Tensor]:
-        return tm.fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute)
+            save: bool, recompute: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
+        return tm.fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute,
+                           key)
 
     @fwd.register_fake
-    def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute):
+    def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, key):
         x0 = inputs[0]
         T, shape = x0.shape[0], x0.shape[1:]
         res = [x0.new_empty((T, *shape)) for _ in range(n_out)] + [x0.new_empty(shape) for _ in range(n_st)]
@@ -112,11 +114,14 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
 
     @torch.library.custom_op(f"{ns}::bwd", mutates_args=())
     def bwd(tensors: list[torch.Tensor | None], sizes: list[int], vals: list[float], flags: list[bool],
-            dtype: torch.dtype) -> list[torch.Tensor]:
-        return tm.bwd(*unpack_bwd(tm, tensors, sizes, vals, flags, dtype))
+            dtype: torch.dtype, key: torch.Tensor | None = None) -> list[torch.Tensor]:
+        call, *rest = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
+        if key is not None:  # (a noisy model: the forward's draws)
+            call.seed, call.t0 = key_ints(key)
+        return tm.bwd(call, *rest)
 
     @bwd.register_fake
-    def _(tensors, sizes, vals, flags, dtype):
+    def _(tensors, sizes, vals, flags, dtype, key):
         call, *_, need = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
         like = next(t for t in tensors if t is not None)
         n_in = len(tm.inputs)
@@ -125,16 +130,18 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
         return res
 
     def setup_context(ctx, inputs, output):
-        xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute = inputs
-        call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute)
+        xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, key = inputs
+        ctx.key = key
+        call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute,
+                       NoiseKey(0) if key is not None else None)
         keep(tm, ctx, xs, unpack(states, (), call.state_is_t), unpack(params, (), call.param_is_t), call, save,
              output)
 
     def backward(ctx, grads):
         if not torch.compiler.is_compiling():
             first_order_only(tm)
-        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a)))
-        return g_in, g_st, g_pr, None, None, None, None, None, None
+        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), ctx.key))
+        return g_in, g_st, g_pr, None, None, None, None, None, None, None
 
     fwd.register_autograd(backward, setup_context=setup_context)
     return fwd, bwd

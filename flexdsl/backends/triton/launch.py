@@ -30,7 +30,7 @@ import torch
 
 from ...errors import FlexDSLError
 from ...settings import env_choice, env_int
-from ..base import NoiseKey, RunResult, transformed
+from ..base import NoiseKey, RunResult, key_ints, key_tensor, transformed
 from .abi import NOISE_ROLES, KernelABI
 from .args import HostInvariants, bwd_key, flat_grad, flat_input, fwd_key, param_args, state_args, unpack
 from .glue import Call, Eager, Grads, register_ops
@@ -129,13 +129,14 @@ class TritonProgram:
 
     # ------------------------------------------------------------------ forward
     def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
-                 recompute=False):
+                 recompute=False, key=None):
         """The forward op: the kernel, with states and params as the custom op passes them (the
         tensors, their float values, which are tensors). With `save`, the last result is what
         the backward reads: the saved values [K, T, *shape] or, with `recompute`, the float32
         checkpoints [C - 1, S, N] (the states at steps K, 2K, ...; the backward starts the first
         chunk from the initial states)."""
-        call = self.call(inputs, state_vals, param_vals, is_tensor, store_seqs, recompute)
+        call = self.call(inputs, state_vals, param_vals, is_tensor, store_seqs, recompute,
+                         NoiseKey(*key_ints(key)) if key is not None else None)
         return self._fwd(inputs, unpack(states, (), call.state_is_t), unpack(params, (), call.param_is_t), call,
                          save)
 
@@ -315,7 +316,7 @@ class TritonProgram:
         is_t = [t is not None for t in [*st, *pr]]
         if torch.compiler.is_compiling():
             res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
-                              pr_vals, is_t, bool(store_seqs), save, recompute)
+                              pr_vals, is_t, bool(store_seqs), save, recompute, key_tensor(noise))
         else:
             call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute, noise)
             if not save:
