@@ -92,6 +92,28 @@ def key_ints(key: torch.Tensor | None) -> list[int]:
     return [int(v) for v in key.tolist()] if key is not None else []
 
 
+def op_schema(fn: Any, noisy: bool) -> str:
+    """The schema of a program's custom op whose last parameter is `key: torch.Tensor | None = None`:
+    without it for a model without noise (the op of such a model is what it was before noise
+    existed), with a required key for a noisy one (so that a traced call always passes it, and the
+    autograd formula's inputs are always the same)."""
+    import torch
+
+    schema = torch.library.infer_schema(fn, mutates_args=())
+    assert ", Tensor? key=None)" in schema, schema
+    return schema.replace(", Tensor? key=None)", ", Tensor key)" if noisy else ")")
+
+
+def custom_op(name: str, noisy: bool, **kwargs: Any):
+    """`torch.library.custom_op` for a program's op (see `op_schema`)."""
+    import torch
+
+    def deco(fn):
+        return torch.library.custom_op(name, mutates_args=(), schema=op_schema(fn, noisy), **kwargs)(fn)
+
+    return deco
+
+
 def transformed(t: Any) -> bool:
     """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
     its own, so a backend that runs kernels on data pointers does not accept it."""
@@ -101,4 +123,4 @@ def transformed(t: Any) -> bool:
     return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
 
 
-__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "key_ints", "key_tensor", "transformed"]
+__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "transformed"]

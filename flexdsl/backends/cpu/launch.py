@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import RunResult, key_ints, key_tensor
+from ..base import RunResult, custom_op, key_ints, key_tensor
 from .abi import CpuABI
 
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -204,7 +204,9 @@ class CpuProgram:
         n_in, n_st, n_out = self.n_in, self.n_st, self.n_out
         n_saved = len(self.abi.saved)
 
-        @torch.library.custom_op(f"{ns}::cpu_fwd", mutates_args=(), device_types="cpu")
+        noisy = bool(self.abi.draws)
+
+        @custom_op(f"{ns}::cpu_fwd", noisy, device_types="cpu")
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
                 save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -212,7 +214,7 @@ class CpuProgram:
             return prog.forward(inputs, st, pr, store_seqs, save, key_ints(key))
 
         @fwd.register_fake
-        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key):
+        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key=None):
             x0 = inputs[0]
             T, shape = x0.shape[0], _step_shape(inputs)
             res = [x0.new_empty((T, *shape)) for _ in range(n_out)] + [x0.new_empty(shape) for _ in range(n_st)]
@@ -222,7 +224,7 @@ class CpuProgram:
                 res.append(x0.new_empty((n_saved, T, *shape)))
             return res
 
-        @torch.library.custom_op(f"{ns}::cpu_bwd", mutates_args=(), device_types="cpu")
+        @custom_op(f"{ns}::cpu_bwd", noisy, device_types="cpu")
         def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
                 param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
                 g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool], T: int,
@@ -231,7 +233,7 @@ class CpuProgram:
                                  need, T, shape, dtype, key_ints(key))
 
         @bwd.register_fake
-        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype, key):
+        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype, key=None):
             like = next(t for t in [*reread, saved, *g_outs, *g_seqs, *g_fins, *params] if t is not None)
             res = [like.new_empty((T, *shape), dtype=dtype) for n in need[:n_in] if n]
             res += [like.new_empty(tuple(shape), dtype=dtype) for n in need[n_in:n_in + n_st] if n]
@@ -289,7 +291,8 @@ class CpuProgram:
                 else:
                     pr_vals.append(float(v))
                     is_t.append(False)
-            res = self.op_fwd(list(inputs), st, pr, st_vals, pr_vals, is_t, bool(store_seqs), save, key)
+            res = self.op_fwd(list(inputs), st, pr, st_vals, pr_vals, is_t, bool(store_seqs), save,
+                              *([key] if key is not None else []))
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
 
@@ -303,8 +306,8 @@ def _unpack(tensors: Sequence[torch.Tensor], vals: Sequence[float], is_t: Sequen
 def _setup_context(prog: CpuProgram, ctx, inputs, output, n_saved: int) -> None:
     """What the backward of the forward op needs (its setup_context)."""
     n_st = prog.n_st
-    xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key = inputs
-    ctx.key = key
+    xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, *key = inputs
+    ctx.key = key[0] if key else None  # (a noisy model's op takes the key of its draws)
     st = _unpack(states, state_vals, is_tensor[:n_st])
     pr = _unpack(params, param_vals, is_tensor[n_st:])
     x0 = xs[0]
@@ -340,7 +343,7 @@ def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
     g_pr: list = [None] * len(ctx.p_info)
     if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
         res = iter(bwd(reread, sav, params, ctx.param_vals, ctx.is_param_t, g_outs, g_seqs, g_fins, need,
-                       ctx.T, list(ctx.shape), ctx.dtype, ctx.key))
+                       ctx.T, list(ctx.shape), ctx.dtype, *([ctx.key] if ctx.key is not None else [])))
         for i in range(n_in):
             if need[i]:
                 g_in[i] = _sum_to(next(res), ctx.x_shapes[i])
@@ -355,7 +358,7 @@ def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
     g_st = [g for g, info in zip(g_st, ctx.s_info) if info is not None]
     g_pr = [g for g, info in zip(g_pr, ctx.p_info) if info is not None]
     assert len(g_pr) == n_p_t
-    return g_in, g_st, g_pr, None, None, None, None, None, None
+    return g_in, g_st, g_pr, None, None, None, None, None, *([None] if ctx.key is not None else [])
 
 
 __all__ = ["CpuProgram", "CALLS", "DTYPES"]

@@ -45,7 +45,7 @@ class TorchProgram:
         mod = load_module("torchscan", self.key, self.source + emit_core_backward(step, ir.backward))
         ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
         self.ops = ScanOps(ns, self.loop, mod.core_backward, self.n_inputs, self.n_states, self.n_outputs,
-                           [p.learnable for p in step.params], self.stream)
+                           [p.learnable for p in step.params], self.stream if self.draws else None)
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
@@ -74,7 +74,8 @@ class TorchProgram:
               for s in states]
         grad = torch.is_grad_enabled()
         save = grad and any(t.requires_grad for t in [*inputs, *st, *prm])
-        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save, key_tensor(noise))
+        key = key_tensor(noise)
+        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save, *([key] if key is not None else []))
         n_out, n_st = self.n_outputs, self.n_states
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..base import NoiseKey, key_ints
+from ..base import NoiseKey, custom_op, key_ints
 
 
 def _full(v: Any, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
@@ -58,13 +58,15 @@ class ScanOps:
         self.learnable = list(learnable)  # per param (declared, then derived)
         ops = self
 
-        @torch.library.custom_op(f"{ns}::torch_fwd", mutates_args=())
+        noisy = stream is not None
+
+        @custom_op(f"{ns}::torch_fwd", noisy)
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 store_seqs: bool, save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             return ops.forward(inputs, states, params, store_seqs, save, key)
 
         @fwd.register_fake
-        def _(inputs, states, params, store_seqs, save, key):
+        def _(inputs, states, params, store_seqs, save, key=None):
             x0 = inputs[0]
             T = x0.shape[0]
             shape = _step_shape(inputs)
@@ -72,7 +74,7 @@ class ScanOps:
                 + (n_st * [(T, *shape)] if save else [])
             return [x0.new_empty(s) for s in n]
 
-        @torch.library.custom_op(f"{ns}::torch_bwd", mutates_args=())
+        @custom_op(f"{ns}::torch_bwd", noisy)
         def bwd(inputs: list[torch.Tensor], prevs: list[torch.Tensor], params: list[torch.Tensor],
                 g_outs: list[torch.Tensor | None], g_seqs: list[torch.Tensor | None],
                 g_fins: list[torch.Tensor | None], need: list[bool],
@@ -80,7 +82,7 @@ class ScanOps:
             return ops.backward(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key)
 
         @bwd.register_fake
-        def _(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key):
+        def _(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key=None):
             x0 = inputs[0]
             T, shape = x0.shape[0], _step_shape(inputs)
             out = [x0.new_empty((T, *shape)) for n in need[:n_in] if n]
@@ -89,8 +91,8 @@ class ScanOps:
             return out
 
         def setup_context(ctx, inputs, output):
-            xs, states, params, store_seqs, save, key = inputs
-            ctx.key = key
+            xs, states, params, store_seqs, save, *key = inputs
+            ctx.key = key[0] if key else None
             ctx.store_seqs = store_seqs
             ctx.shapes = ([tuple(x.shape) for x in xs], [tuple(s.shape) for s in states],
                           [tuple(p.shape) for p in params])
@@ -110,16 +112,18 @@ class ScanOps:
             g_fins = list(grads[n_out:n_out + n_st])
             g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
             x_shapes, s_shapes, p_shapes = ctx.shapes
-            none = ([None] * len(xs), [None] * len(s_shapes), [None] * len(params), None, None, None)
+            extra = [None] if ctx.key is not None else []
+            none = ([None] * len(xs), [None] * len(s_shapes), [None] * len(params), None, None, *extra)
             if not any(ctx.need) or not prevs or all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
                 return none
-            res = iter(bwd(xs, prevs, params, g_outs, g_seqs, g_fins, ctx.need, ctx.key))
+            res = iter(bwd(xs, prevs, params, g_outs, g_seqs, g_fins, ctx.need,
+                           *([ctx.key] if ctx.key is not None else [])))
             need = ctx.need
             gx = [_sum_to(next(res), (sh[0], *sh[1:])) if need[i] else None for i, sh in enumerate(x_shapes)]
             gs = [_sum_to(next(res), sh) if need[n_x + i] else None for i, sh in enumerate(s_shapes)]
             gp = [_sum_to(next(res), sh).to(dt) if need[n_x + len(s_shapes) + i] else None
                   for i, (sh, dt) in enumerate(zip(p_shapes, ctx.param_dtypes))]
-            return gx, gs, gp, None, None, None
+            return gx, gs, gp, None, None, *extra
 
         fwd.register_autograd(backward, setup_context=setup_context)
         self.fwd, self.bwd = fwd, bwd

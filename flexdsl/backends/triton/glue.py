@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import NoiseKey, key_ints
+from ..base import NoiseKey, custom_op, key_ints
 from .args import unpack
 from .kernel import prod
 
@@ -92,7 +92,9 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
     ns = f"flexdsl_{''.join(ch for ch in tm.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{tm.key[:16]}"
     n_out, n_st = len(tm.outputs), len(tm.states)
 
-    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
+    noisy = bool(tm.abi.draws)
+
+    @custom_op(f"{ns}::fwd", noisy)
     def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
             state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
             save: bool, recompute: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -100,7 +102,7 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
                            key)
 
     @fwd.register_fake
-    def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, key):
+    def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, key=None):
         x0 = inputs[0]
         T, shape = x0.shape[0], x0.shape[1:]
         res = [x0.new_empty((T, *shape)) for _ in range(n_out)] + [x0.new_empty(shape) for _ in range(n_st)]
@@ -112,7 +114,7 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
             res.append(x0.new_empty((len(tm.saved), T, *shape)))
         return res
 
-    @torch.library.custom_op(f"{ns}::bwd", mutates_args=())
+    @custom_op(f"{ns}::bwd", noisy)
     def bwd(tensors: list[torch.Tensor | None], sizes: list[int], vals: list[float], flags: list[bool],
             dtype: torch.dtype, key: torch.Tensor | None = None) -> list[torch.Tensor]:
         call, *rest = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
@@ -121,7 +123,7 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
         return tm.bwd(call, *rest)
 
     @bwd.register_fake
-    def _(tensors, sizes, vals, flags, dtype, key):
+    def _(tensors, sizes, vals, flags, dtype, key=None):
         call, *_, need = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
         like = next(t for t in tensors if t is not None)
         n_in = len(tm.inputs)
@@ -130,8 +132,9 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
         return res
 
     def setup_context(ctx, inputs, output):
-        xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, key = inputs
-        ctx.key = key
+        xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key = inputs
+        ctx.key = key[0] if key else None  # (a noisy model's op takes the key of its draws)
+        key = ctx.key
         call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute,
                        NoiseKey(0) if key is not None else None)
         keep(tm, ctx, xs, unpack(states, (), call.state_is_t), unpack(params, (), call.param_is_t), call, save,
@@ -140,8 +143,9 @@ def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
     def backward(ctx, grads):
         if not torch.compiler.is_compiling():
             first_order_only(tm)
-        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), ctx.key))
-        return g_in, g_st, g_pr, None, None, None, None, None, None, None
+        extra = [ctx.key] if ctx.key is not None else []
+        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), *extra))
+        return g_in, g_st, g_pr, None, None, None, None, None, None, *([None] * len(extra))
 
     fwd.register_autograd(backward, setup_context=setup_context)
     return fwd, bwd

@@ -316,7 +316,8 @@ class TritonProgram:
         is_t = [t is not None for t in [*st, *pr]]
         if torch.compiler.is_compiling():
             res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
-                              pr_vals, is_t, bool(store_seqs), save, recompute, key_tensor(noise))
+                              pr_vals, is_t, bool(store_seqs), save, recompute,
+                              *([key_tensor(noise)] if noise is not None else []))
         else:
             call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute, noise)
             if not save:
