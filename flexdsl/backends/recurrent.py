@@ -28,7 +28,7 @@ import torch
 from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import get
-from .base import IR
+from .base import IR, NoiseKey, key_ints
 
 # the backends with a recurrent scan (the module that makes its program)
 IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent"}
@@ -38,9 +38,11 @@ class RecurrentProgram(Protocol):
     binary: bool  # the source is a spike (0/1)
 
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
-                states: Sequence[Any], params: Sequence[Any], save: bool) -> tuple[list, list, torch.Tensor, Any]:
+                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None
+                ) -> tuple[list, list, torch.Tensor, Any]:
         """(outputs [T, B, H] each, final states [B, H], S [T + 1, B, H]: s0 then the source
-        of every step (the source output is S[1:]), what the backward needs (or None))."""
+        of every step (the source output is S[1:]), what the backward needs (or None)); `noise`:
+        the key of a noisy model's draws (the backward replays them)."""
         ...
 
     def backward(self, saved: Any, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
@@ -141,7 +143,7 @@ class _Scan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, x, w, s0, w_in, b, *tensors):  # type: ignore[override]
-        prog, inputs, states, params, dense, xb = call
+        prog, inputs, states, params, dense, xb, noise = call
         if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
             x2 = xb.reshape(-1, xb.shape[-1])
             ix = _bf16_products([(x2, p.t()) for p in reversed(split3(w_in))], init=b)
@@ -150,7 +152,8 @@ class _Scan(torch.autograd.Function):
             ix = x
         need = ctx.needs_input_grad
         save = any(need[1:])
-        outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save)
+        outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save,
+                                            **({"noise": noise} if noise is not None else {}))
         ctx.call = call
         ctx.T = ix.shape[0]
         ctx.kinds = [("input", k) for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)] + \
@@ -174,7 +177,7 @@ class _Scan(torch.autograd.Function):
             raise FlexDSLError("second derivatives through a recurrent layer are not available: its backward is the "
                                "model's derived first-order backward", "<flexdsl.recurrent>",
                                hint="differentiate once (without create_graph=True)")
-        prog, inputs, states, params, dense, _ = ctx.call
+        prog, inputs, states, params, dense, _, _ = ctx.call
         w, S, w_in = ctx.saved_tensors
         n_out = ctx.n_out
         g_outs, g_fins = grads[:n_out], grads[n_out:]
@@ -220,11 +223,14 @@ class _Scan(torch.autograd.Function):
 
 def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: torch.Tensor | None,
          w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any], states: Sequence[Any], params: Sequence[Any],
-         dense: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+         dense: bool, noise: Any = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The layer's T steps with autograd: (outputs [T, B, H] each, final states [B, H] each).
     `x` is the layer's input `[T, B, F]`, multiplied by `w_in` (`[H, F]`, or None: `x` is the
     port's current) plus `b` before the loop; `inputs` has None at the port (the other inputs are
-    [T, B, H] tensors); states and params are tensors or floats."""
+    [T, B, H] tensors); states and params are tensors or floats; `noise` keys a noisy model's draws
+    (`base.NoiseKey`; its elements are those of the [B, H] step)."""
+    if isinstance(noise, torch.Tensor):  # (a torch.compile trace: the key is read here, eagerly)
+        noise = NoiseKey(*key_ints(noise))
     xb = None
     if w_in is not None:
         if (fast_products(x) and w_in.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
@@ -235,7 +241,8 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
     elif b is not None:
         x, b = x + b, None
     tensors = [v for v in (*inputs, *states, *params) if isinstance(v, torch.Tensor)]
-    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb), x, w, s0, w_in, b, *tensors)
+    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb, noise), x, w, s0, w_in, b,
+                      *tensors)
     n_out = len(res) - len(states)
     return list(res[:n_out]), list(res[n_out:])
 
