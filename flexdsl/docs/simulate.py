@@ -147,10 +147,11 @@ def simulate(c: Compiled, amplitudes: torch.Tensor, T: int, onset: int,
 
 
 def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = None, *,
-               amplitudes: torch.Tensor | None = None, onset: int = 0) -> Run:
+               amplitudes: torch.Tensor | None = None, onset: int = 0, seed: int | None = None) -> Run:
     """Run a loaded model (a `NeuronModule`, any backend; float64 on the torch backend is what
     the docs use) on `x` ([T, B]) fed to its first input, the other inputs 0; the states, the
-    spikes, and the values before the reset with the threshold."""
+    spikes, and the values before the reset with the threshold. A noisy model draws from `seed`
+    (default `DOC_SEED`)."""
     c = m.compiled
     m = m.to(DTYPE)
     m.store_state_seqs = True
@@ -160,8 +161,9 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     inputs = [x] + [zeros] * (len(c.checked.inputs) - 1)
     init = {s: _as_lanes(v, B) for s, v in m._initial_values().items()}
     noisy = c.checked.stochastic  # (a fixed seed: the pages show the same noise at every build)
+    seed = DOC_SEED if seed is None else seed
     with torch.no_grad():
-        out = m(*inputs, seed=DOC_SEED) if noisy else m(*inputs)
+        out = m(*inputs, seed=seed) if noisy else m(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     outputs = {n: o.to(DTYPE) for (n, _), o in zip(c.checked.outputs, outs)}
     states = {s: m.state_seqs[s].to(DTYPE) for s in m._state_names}
@@ -175,7 +177,7 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
         values[i.name] = zeros
     step = c.step
     if noisy:
-        values.update(_draw_values(step, T, B))
+        values.update(_draw_values(step, T, B, seed))
     ssa = evaluate_step(step, values, spike=0.0 if step.spike is not None else None)
     env = {sp.Symbol(k, real=True): v for k, v in ssa.items()}
     pre = {s.name: _as_lanes(evaluate_expr(nxt, env), B, T) for s, nxt in zip(step.states, step.next_states)}
@@ -193,14 +195,14 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     return run
 
 
-def _draw_values(step: StepModel, T: int, B: int) -> dict[str, torch.Tensor]:
-    """The draws of a run with `DOC_SEED` ([T, B] each, lane b the element b): what `m(x, seed=DOC_SEED)`
+def _draw_values(step: StepModel, T: int, B: int, seed: int) -> dict[str, torch.Tensor]:
+    """The draws of a run with `seed` ([T, B] each, lane b the element b): what `m(x, seed=seed)`
     drew after a reset."""
     from ..backends.torch.random import draws
     from ..ir.functions import Rand, Randn
 
     steps, lanes = torch.arange(T, dtype=torch.int64).unsqueeze(1), torch.arange(B, dtype=torch.int64)
-    return {y.name: draws(DOC_SEED, "randn" if isinstance(e, Randn) else "rand", int(e.args[0]), steps, lanes)
+    return {y.name: draws(seed, "randn" if isinstance(e, Randn) else "rand", int(e.args[0]), steps, lanes)
             for y, e in step.assignments if isinstance(e, Randn | Rand)}
 
 
