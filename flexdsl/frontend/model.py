@@ -6,6 +6,7 @@ model as written). Data only; `check.py` makes it, `unitcheck.py` and `convert.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from fractions import Fraction
 
 from . import ast as A
@@ -61,7 +62,7 @@ class CheckedModel:
         """The bookkeeping states the lowering adds (`HIDDEN_STATES`), after the model's own."""
         return [s.name for s in self.states if s.meta.get("hidden")]
 
-    @property
+    @cached_property
     def stochastic(self) -> bool:
         """Whether a step draws random numbers: white noise in the equations, or `randn()`/`rand()`."""
         if self.noise:

@@ -232,8 +232,11 @@ class TritonProgram:
             xs_call: list[Any] = [None] * n_in
             for i, x in zip(self.rc_idx if recompute else self.reread_idx, reread):
                 xs_call[i] = x
-            plan.launch({"in": xs_call, "saved": [saved], "ckpt": [saved], "gout": grads.outs, "gseq": grads.seqs,
-                         "gfin": grads.fins, **out, **call.key_values()}, dev)
+            tensors = {"in": xs_call, "saved": [saved], "ckpt": [saved], "gout": grads.outs, "gseq": grads.seqs,
+                       "gfin": grads.fins, **out}
+            if self.abi.draws:
+                tensors.update(call.key_values())
+            plan.launch(tensors, dev)
             LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
             return result
         values = self._bwd_values(call, reread, saved, params, states, state_vals, grads, need, N, dev)
