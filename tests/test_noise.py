@@ -331,7 +331,7 @@ def test_gradients_match_finite_differences(name):
     for backend in ["torch"] + (["cpu"] if CPU else []):
         m = flexdsl.loads(text, backend=backend).double()
 
-        def loss(xx):
+        def loss(xx, m=m):
             m.reset()
             return (_tuple(m(xx, seed=31))[0] * w).sum()
 

@@ -6,8 +6,8 @@ model as written). Data only; `check.py` makes it, `unitcheck.py` and `convert.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from fractions import Fraction
+from functools import cached_property
 
 from . import ast as A
 from .catalog import DRAWS
