@@ -1,6 +1,6 @@
 """The generated sections of the language reference (`docs/language.md`): the tables of
-functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form) and
-integration methods, the reserved words, the names taken by the torch module, the size limits and
+functions, random draws, constants, surrogates (keyword defaults, S'(x) rendered from its sympy
+form) and integration methods, the reserved words, the names taken by the torch module, the size limits and
 the grammar, all read from the code (`frontend/catalog.py`, `ir/surrogates.py`, `frontend/parse.py`,
 `ir/lower.py`, `grammar/neuron.lark`), so that the reference cannot drift from it.
 
@@ -46,6 +46,14 @@ def functions() -> str:
     for name, f in FUNCTIONS.items():
         doc = re.sub(rf"^{re.escape(name)}\([^)]*\):\s*", "", f.doc)
         rows.append(f"| `{signature(name)}` | {_cell(doc)} |")
+    return "\n".join(rows)
+
+
+def draws() -> str:
+    from ..frontend.catalog import DRAWS
+
+    rows = ["| draw | value |", "| --- | --- |"]
+    rows += [f"| `{d.name}()` | {_cell(d.doc)} |" for d in DRAWS.values()]
     return "\n".join(rows)
 
 
@@ -130,7 +138,7 @@ def grammar() -> str:
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
-    "functions": functions, "constants": constants, "surrogates": surrogates, "methods": methods,
+    "functions": functions, "draws": draws, "constants": constants, "surrogates": surrogates, "methods": methods,
     "reserved": reserved, "module_attributes": module_attributes, "limits": limits, "grammar": grammar,
 }
 
