@@ -600,3 +600,13 @@ def test_kernels_really_ran():
     if CPU:
         flexdsl.loads(NLIF, backend="cpu")(x, seed=1)
         assert CALLS["fwd"] == before_c + 1
+
+
+def test_nir_export_of_a_noisy_model_is_a_located_error():
+    pytest.importorskip("nir")
+    import flexdsl.nir
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), flexdsl.loads(NLIF))
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.nir.export(net, torch.rand(5, 2, 3), dt=1e-3)
+    assert "draws random numbers" in str(e.value) and e.value.line == 8 and e.value.column == 45

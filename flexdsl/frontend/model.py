@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import cached_property
 
 from . import ast as A
 from .catalog import DRAWS
@@ -62,7 +61,7 @@ class CheckedModel:
         """The bookkeeping states the lowering adds (`HIDDEN_STATES`), after the model's own."""
         return [s.name for s in self.states if s.meta.get("hidden")]
 
-    @cached_property
+    @property
     def stochastic(self) -> bool:
         """Whether a step draws random numbers: white noise in the equations, or `randn()`/`rand()`."""
         if self.noise:
@@ -71,6 +70,19 @@ class CheckedModel:
         if self.spike is not None:
             exprs += [self.spike.left, self.spike.right]
         return any(isinstance(n, A.Call) and n.func in DRAWS for e in exprs for n in A.nodes(e))
+
+    @property
+    def noise_pos(self) -> A.Pos:
+        """Where the model first draws: white noise in the equations, else a draw (else the model)."""
+        exprs = [ln.value for ln in self.equations.lines] if self.equations is not None else []
+        exprs += [st.value for st in self.update]
+        exprs += [self.spike.left, self.spike.right] if self.spike is not None else []
+        exprs += [st.value for st in self.on_spike]
+        for e in exprs:
+            for n in A.nodes(e):
+                if (isinstance(n, A.Name) and n.id in self.noise) or (isinstance(n, A.Call) and n.func in DRAWS):
+                    return n.pos
+        return self.ast.pos
 
     @property
     def name(self) -> str:

@@ -173,6 +173,7 @@ class NeuronModule(Checkpoints, CallArgs, NoiseSource, _Base):  # type: ignore[v
         ck = self._compiled.checked
         d["_param_decls"] = {p.name: p for p in ck.params}
         d["_state_names"] = [s.name for s in ck.states]
+        d["_stochastic"] = ck.stochastic  # (the model draws random numbers: runtime/noise.py)
         d["_input_decls"] = list(ck.inputs)
         d["_init_cache"] = {}
         d["_dtypes_checked"] = set()  # (compute dtypes the params were checked in since they changed)
@@ -327,7 +328,7 @@ class NeuronModule(Checkpoints, CallArgs, NoiseSource, _Base):  # type: ignore[v
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
         for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked",
-                  "_compiled_name"):
+                  "_compiled_name", "_stochastic"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:

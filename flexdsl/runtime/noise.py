@@ -51,7 +51,7 @@ class NoiseSource:
         c = self._compiled
         if seed is None and generator is None:
             return None
-        if not c.checked.stochastic:
+        if not self._stochastic:
             what = "`seed=`" if seed is not None else "`generator=`"
             raise self._error(f"{what} given, but {c.name} draws no random numbers", c.checked.ast.pos,
                               "noise comes from white noise `xi` in the equations or `randn()`/`rand()` in `update` "
@@ -75,7 +75,7 @@ class NoiseSource:
         """The key of a call of T steps (None: the model draws nothing); the module's stream is
         advanced by `_noise_advance` once the call has run."""
         explicit = self._call_seed(seed, generator)
-        if not self._compiled.checked.stochastic:
+        if not self._stochastic:
             return None
         if torch.compiler.is_compiling():
             return self._traced_key(explicit, functional)  # type: ignore[return-value]
