@@ -609,4 +609,4 @@ def test_nir_export_of_a_noisy_model_is_a_located_error():
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), flexdsl.loads(NLIF))
     with pytest.raises(flexdsl.FlexDSLError) as e:
         flexdsl.nir.export(net, torch.rand(5, 2, 3), dt=1e-3)
-    assert "draws random numbers" in str(e.value) and e.value.line == 8 and e.value.column == 45
+    assert "draws random numbers" in str(e.value) and e.value.line == 8 and e.value.column == 41
