@@ -1,35 +1,56 @@
-"""End-to-end training step of SpikingJelly's model zoo with flexdsl's LIF and with
-SpikingJelly's LIFNode, same run, same card: eager, torch.compile (default) and
-torch.compile(mode="reduce-overhead"), float32 and bfloat16 autocast.
+"""End-to-end training step of SpikingJelly's model zoo with flexdsl's LIF, with SpikingJelly's
+LIFNode and with a zero-cost neuron (the identity: the ceiling any neuron implementation can
+reach), same run, same card: eager, torch.compile (default) and torch.compile(mode=
+"reduce-overhead"), float32 and bfloat16 autocast, NCHW or channels_last.
 
-    python bench/e2e_gpu.py                       # everything (on one GPU)
+    python bench/e2e_gpu.py                       # everything, one case after another (one GPU)
     python bench/e2e_gpu.py --archs sew_resnet18 --modes eager default
     python bench/e2e_gpu.py --archs spiking_vgg11_bn --dtypes bf16 --profile --variants
+    python bench/e2e_gpu.py --plan h100 --jobs 8 --deadline 200   # the card's run: see below
     python bench/e2e_gpu.py --smoke               # CPU, tiny sizes: checks the script (CI)
 
 Cases (as bench/../shared's e2e harness measured the issue's numbers): SEW-ResNet-18 (ADD,
 detach_reset) on [T=4, B=16, 3, 224, 224], spiking VGG-11-BN on [T=4, B=64, 3, 32, 32], 10
-classes. A step is `reset_net; zero_grad; forward under autocast; cross-entropy of the time
-mean; backward; SGD(momentum) step`; the table gives the median of `--steps` timed steps after
-`--warmup` steps (which include compiling), the peak memory of a step and the time the warm-up
-took (mostly compiling). flexdsl's LIF runs on its Triton kernels (`backend="auto"` on CUDA).
+classes; `lif_stack`: 16 LIF layers in a row on [4, 16, 64, 32, 32] (the neuron alone, compiled
+against eager). A step is `reset_net; zero_grad; forward under autocast; cross-entropy of the
+time mean (lif_stack: the mean); backward; SGD(momentum) step`; the table gives the median of
+`--steps` timed steps after `--warmup` steps (which include compiling), the peak memory of a
+step and the time the warm-up took (mostly compiling). flexdsl's LIF runs on its Triton kernels
+(`backend="auto"` on CUDA). Libraries: `flexdsl`, `sj` (LIFNode, its default torch backend) and
+`zero` (nn.Identity in every neuron's place: what the rest of the network costs).
+
+`--jobs N` runs every case in a process of its own, N compiling at a time, in two phases:
+all cases build and warm up (compile) in parallel, then each is timed alone, one after
+another, on an idle machine (the others wait, their compiled models kept). A case not warm by
+`--deadline` seconds is stopped and reported as such, and so is one whose timing takes over
+`--case-timeout` seconds. `--plan h100` is the list of cases measured for bench/RESULTS.md.
 
 `--profile` prints the top CUDA kernels of one eager step per case (torch.profiler), grouped
-into convolution, batch norm, the neuron and the rest; `--variants` repeats the eager step
-with remedies: `channels_last` weights, `cudnn.benchmark`, and the adaptive average pool in
-float32 (the cause of spiking VGG's slow bfloat16 step: see bench/RESULTS.md).
+into convolution, batch norm, the neuron and the rest; `--variants` repeats the cases (in each
+of `--modes`) with remedies: `channels_last` weights, `cudnn.benchmark`, and the adaptive
+average pool in float32 (the cause of spiking VGG's slow bfloat16 step: see bench/RESULTS.md),
+e.g. `--archs sew_resnet18 --libs flexdsl sj zero --modes reduce-overhead --variants
+channels_last --jobs 6`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import queue
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import types
 
 import torch
+
+MODES = ("eager", "default", "reduce-overhead")
+VARIANTS = {"": (False, False, False), "channels_last": (True, False, False), "cudnn.benchmark": (False, True, False),
+            "channels_last+cudnn.benchmark": (True, True, False), "avgpool in fp32": (False, False, True)}
 
 
 def _stub_torchvision() -> None:
@@ -56,7 +77,10 @@ def node_factory(lib: str):
     def fx_lif(**kw):
         return flexdsl.load("lif", detach_reset=kw.get("detach_reset", False), step_mode="m")
 
-    return sj_lif if lib == "sj" else fx_lif
+    def zero(**kw):  # the ceiling: no neuron at all
+        return torch.nn.Identity()
+
+    return {"sj": sj_lif, "flexdsl": fx_lif, "zero": zero}[lib]
 
 
 def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_fp32: bool = False):
@@ -68,9 +92,12 @@ def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_
     if arch == "sew_resnet18":
         net = sew_resnet.sew_resnet18(spiking_neuron=node, cnf="ADD", detach_reset=True, num_classes=10)
         x = torch.rand(2, 2, 3, 32, 32) if smoke else torch.rand(4, 16, 3, 224, 224)
-    else:
+    elif arch == "spiking_vgg11_bn":
         net = spiking_vgg.spiking_vgg11_bn(spiking_neuron=node, num_classes=10, detach_reset=True)
         x = torch.rand(2, 2, 3, 32, 32) if smoke else torch.rand(4, 64, 3, 32, 32)
+    else:  # lif_stack: the neuron alone, 16 layers
+        net = torch.nn.Sequential(*[node(detach_reset=True) for _ in range(16)])
+        x = (torch.rand(2, 2, 8, 4, 4) if smoke else torch.rand(4, 16, 64, 32, 32)) * 2.5
     functional.set_step_mode(net, "m")
     net = net.to(dev)
     if channels_last:
@@ -79,18 +106,25 @@ def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_
         # the remedy for bfloat16: the adaptive average pool (and so its backward, which adds up
         # the gradients of the 7x7 outputs of a 1x1 map with atomics) in float32
         net.avgpool.register_forward_pre_hook(lambda mod, args: (args[0].float(),))
-    return net, x.to(dev)
+    x = x.to(dev)
+    if arch == "lif_stack":  # (no weights: the gradient is the input's)
+        x.requires_grad_(True)
+    return net, x
 
 
-def make_step(net, model, opt, x, y, bf16: bool, dev: str):
+def make_step(net, model, opt, x, y, bf16: bool, dev: str, arch: str):
     from spikingjelly.activation_based import functional
 
     def step():
         functional.reset_net(net)
         opt.zero_grad(set_to_none=True)
+        x.grad = None
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
-            out = model(x).mean(0)
-            loss = torch.nn.functional.cross_entropy(out.float(), y)
+            out = model(x)
+            if arch == "lif_stack":
+                loss = out.float().mean()
+            else:
+                loss = torch.nn.functional.cross_entropy(out.mean(0).float(), y)
         loss.backward()
         opt.step()
         return loss
@@ -103,37 +137,71 @@ def sync(dev: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False, pool_fp32=False) -> dict:
-    dev = a.device
-    torch.backends.cudnn.benchmark = cudnn_benchmark
-    torch._dynamo.reset()
-    net, x = build(arch, lib, dev, a.smoke, channels_last, pool_fp32)
-    y = torch.randint(0, 10, (x.shape[1],), device=dev)
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    model = net if mode == "eager" else torch.compile(net, mode=None if mode == "default" else mode)
-    step = make_step(net, model, opt, x, y, bf16, dev)
-    t0 = time.perf_counter()
-    first_loss = float(step().detach())  # (same seed, same weights: the cases' first losses agree)
-    for _ in range(a.warmup - 1):
-        step()
-    sync(dev)
-    warm = time.perf_counter() - t0
-    if dev == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    ts = []
-    for _ in range(a.steps):
-        t = time.perf_counter()
-        step()
+class Case:
+    """One measured case: built and warmed up (compiled) by `prepare`, timed by `time`."""
+
+    def __init__(self, arch: str, lib: str, dtype: str, mode: str, variant: str, a) -> None:
+        self.arch, self.lib, self.dtype, self.mode, self.variant, self.a = arch, lib, dtype, mode, variant, a
+
+    def prepare(self) -> None:
+        a, dev = self.a, self.a.device
+        cl, cb, pf = VARIANTS[self.variant]
+        torch.backends.cudnn.benchmark = cb
+        torch._dynamo.reset()
+        net, x = build(self.arch, self.lib, dev, a.smoke, cl, pf)
+        y = torch.randint(0, 10, (x.shape[1],), device=dev)
+        params = list(net.parameters())
+        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9) if params else _NoOpt()
+        model = net if self.mode == "eager" else torch.compile(net, mode=None if self.mode == "default" else self.mode)
+        self.step = make_step(net, model, opt, x, y, self.dtype == "bf16", dev, self.arch)
+        t0 = time.perf_counter()
+        self.first_loss = float(self.step().detach())  # (same seed, same weights: the cases' first losses agree)
+        for _ in range(a.warmup - 1):
+            self.step()
         sync(dev)
-        ts.append(time.perf_counter() - t)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
-    res = {"arch": arch, "lib": lib, "dtype": "bf16" if bf16 else "fp32", "mode": mode, "ms": statistics.median(ts) * 1e3,
-           "peak_gib": peak, "warmup_s": warm, "first_loss": first_loss, "channels_last": channels_last, "cudnn_benchmark": cudnn_benchmark,
-           "pool_fp32": pool_fp32}
-    if a.profile and mode == "eager" and not (channels_last or cudnn_benchmark or pool_fp32):
-        res["profile"] = profile(step, dev)
-    del net, opt, model, step
-    if dev == "cuda":
+        self.warm = time.perf_counter() - t0
+        if dev == "cuda" and self.mode != "reduce-overhead":
+            torch.cuda.empty_cache()  # (while other cases compile and wait: the memory of a step only)
+
+    def time(self) -> dict:
+        a, dev = self.a, self.a.device
+        for _ in range(2 if a.jobs else 0):  # (after waiting: the allocator's blocks back, clocks up)
+            self.step()
+        sync(dev)
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        ts = []
+        for _ in range(a.steps):
+            t = time.perf_counter()
+            self.step()
+            sync(dev)
+            ts.append(time.perf_counter() - t)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
+        cl, cb, pf = VARIANTS[self.variant]
+        res = {"arch": self.arch, "lib": self.lib, "dtype": self.dtype, "mode": self.mode, "variant": self.variant,
+               "ms": statistics.median(ts) * 1e3, "min_ms": min(ts) * 1e3, "peak_gib": peak, "warmup_s": self.warm,
+               "first_loss": self.first_loss, "channels_last": cl, "cudnn_benchmark": cb, "pool_fp32": pf}
+        if a.profile and self.mode == "eager" and not self.variant and self.arch != "lif_stack":
+            res["profile"] = profile(self.step, dev)
+        return res
+
+
+class _NoOpt:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
+def measure(arch, lib, bf16, mode, a, channels_last=False, cudnn_benchmark=False, pool_fp32=False) -> dict:
+    """One case, built, warmed up and timed in this process."""
+    variant = next(k for k, v in VARIANTS.items() if v == (channels_last, cudnn_benchmark, pool_fp32))
+    case = Case(arch, lib, "bf16" if bf16 else "fp32", mode, variant, a)
+    case.prepare()
+    res = case.time()
+    del case
+    if a.device == "cuda":
         torch.cuda.empty_cache()
     return res
 
@@ -175,72 +243,248 @@ def profile(step, dev: str) -> dict:
     return {"groups_ms": groups, "top": top[:12]}
 
 
+# ------------------------------------------------------------------ the cases
+def plan_h100() -> list[tuple[str, str, str, str, str]]:
+    """The H100 run of bench/RESULTS.md, in order of priority: (arch, lib, dtype, mode, variant).
+    SEW-ResNet-18 in every mode for flexdsl (compiled against eager), SpikingJelly's eager and
+    best (reduce-overhead) modes, the zero-cost network under CUDA graphs (the ceiling); the
+    neuron alone (`lif_stack`); the same under channels_last; the VGG's flexdsl modes."""
+    cases = []
+    for dt in ("fp32", "bf16"):
+        cases += [("sew_resnet18", "flexdsl", dt, m, "") for m in MODES]
+        cases += [("sew_resnet18", "sj", dt, m, "") for m in ("eager", "reduce-overhead")]
+        cases += [("sew_resnet18", "zero", dt, "reduce-overhead", "")]
+    cases += [("lif_stack", "flexdsl", "fp32", m, "") for m in MODES]
+    cases += [("lif_stack", "sj", "fp32", m, "") for m in ("eager", "default")]
+    for dt in ("fp32", "bf16"):
+        cases += [("sew_resnet18", lib, dt, "reduce-overhead", "channels_last") for lib in ("flexdsl", "sj", "zero")]
+    cases += [("spiking_vgg11_bn", "flexdsl", "fp32", m, "") for m in MODES]
+    cases += [("spiking_vgg11_bn", "flexdsl", "bf16", m, "avgpool in fp32") for m in ("eager", "default")]
+    return cases
+
+
+def cases_from_args(a) -> list[tuple[str, str, str, str, str]]:
+    if a.plan == "h100":
+        return plan_h100()
+    # (modes outermost: the cheap eager numbers of every case come first)
+    out = []
+    for arch in a.archs:
+        out += [(arch, lib, dt, mode, "") for mode in a.modes for dt in a.dtypes for lib in a.libs]
+        out += [(arch, lib, dt, mode, v) for v in a.variants for mode in a.modes for dt in a.dtypes for lib in a.libs]
+    return out
+
+
+def report(r: dict) -> None:
+    print(f"{r['arch']:17s} {r['dtype']} {r['lib']:7s} {r['mode']:15s} {r['variant']}: {r['ms']:8.2f} ms "
+          f"(min {r['min_ms']:.2f})  peak {r['peak_gib']:.2f} GiB  warm-up {r['warmup_s']:.1f} s  "
+          f"first loss {r['first_loss']:.5f}", flush=True)
+    if "profile" in r:
+        p = r["profile"]
+        print("    per step (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["groups_ms"].items())))
+        for t, k, g in p["top"]:
+            print(f"      {t:7.3f} ms  [{g}] {k}")
+
+
+def summary(rows: list[dict]) -> None:
+    """Per arch, dtype and layout: each library's modes, its best, flexdsl's best against
+    SpikingJelly's and the share of the zero-cost network in flexdsl's best step."""
+    print("\n| arch | dtype | layout | library | eager | compile default | reduce-overhead | best | "
+          "flexdsl best vs SJ best | zero-cost / flexdsl best |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    keys = []
+    for r in rows:
+        k = (r["arch"], r["dtype"], r["variant"])
+        if k not in keys:
+            keys.append(k)
+    for arch, dt, variant in keys:
+        best = {}
+        for lib in ("sj", "flexdsl", "zero"):
+            ms = {r["mode"]: r["ms"] for r in rows if (r["arch"], r["dtype"], r["variant"], r["lib"]) ==
+                  (arch, dt, variant, lib)}
+            if not ms:
+                continue
+            best[lib] = min(ms.values())
+            cells = [f"{ms[m]:.2f}" if m in ms else "-" for m in MODES]
+            ratio = f"{best['sj'] / best['flexdsl']:.2f}x" if lib == "flexdsl" and "sj" in best else ""
+            share = f"{best['zero'] / best['flexdsl']:.2f}" if lib == "zero" and "flexdsl" in best else ""
+            print(f"| {arch} | {dt} | {variant or 'NCHW'} | {lib} | {' | '.join(cells)} | {best[lib]:.2f} | {ratio} | "
+                  f"{share} |")
+
+
+# ------------------------------------------------------------------ one process per case
+def child(spec: str, a) -> None:
+    """A case in a process of its own: build and warm up, say READY, wait for GO, time, say
+    RESULT (lines of JSON on stdout; everything else goes to stderr)."""
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    case = Case(*json.loads(spec), a)
+    try:
+        case.prepare()
+    except Exception as e:  # noqa: BLE001 - reported by the parent
+        out.write(json.dumps({"failed": f"{type(e).__name__}: {str(e)[:400]}"}) + "\n")
+        out.flush()
+        return
+    out.write(json.dumps({"ready": case.warm}) + "\n")
+    out.flush()
+    if sys.stdin.readline().strip() != "GO":
+        return
+    try:
+        res = case.time()
+    except Exception as e:  # noqa: BLE001
+        res = {"failed": f"{type(e).__name__}: {str(e)[:400]}"}
+    out.write(json.dumps({"result": res}) + "\n")
+    out.flush()
+
+
+class Worker:
+    """The parent's handle of a case's process: its stdout lines in a queue."""
+
+    def __init__(self, case: tuple, argv: list[str], env: dict) -> None:
+        self.case = case
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(case), *argv],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        self.state = "compiling"
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def run_parallel(cases: list[tuple], a, argv: list[str]) -> list[dict]:
+    t0 = time.perf_counter()
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 2) // (2 * a.jobs)))}
+    todo = list(cases)
+    workers: list[Worker] = []
+    # phase 1: build and warm up, `jobs` compiling at a time; a case after the same one in default
+    # mode starts once that one is warm (its graphs then come from Inductor's caches)
+    while True:
+        for w in workers:
+            if w.state == "compiling":
+                try:
+                    msg = w.lines.get_nowait()
+                except queue.Empty:
+                    continue
+                if msg is None or "failed" in msg:
+                    w.state = "failed"
+                    why = "exited" if msg is None else msg["failed"]
+                    print(f"{' '.join(w.case)}: failed while warming up: {why}", flush=True)
+                else:
+                    w.state, w.warm = "ready", msg["ready"]
+        compiling = [w for w in workers if w.state == "compiling"]
+        started = {w.case for w in workers}
+        warm = {w.case for w in workers if w.state == "ready"}
+        for c in list(todo):
+            if len(compiling) >= a.jobs:
+                break
+            twin = (*c[:3], "default", c[4])
+            if c[3] == "reduce-overhead" and twin in cases and twin not in warm and \
+                    any(w.case == twin and w.state == "compiling" for w in workers):
+                continue
+            todo.remove(c)
+            w = Worker(c, argv, env)
+            workers.append(w)
+            compiling.append(w)
+            started.add(c)
+        if (not todo and not compiling) or time.perf_counter() - t0 > a.deadline:
+            break
+        time.sleep(0.2)
+    for w in workers:
+        if w.state == "compiling":
+            w.state = "late"
+            w.stop()
+            print(f"{' '.join(w.case)}: not warm within {a.deadline:.0f} s (stopped)", flush=True)
+    for c in todo:
+        print(f"{' '.join(c)}: not started within {a.deadline:.0f} s", flush=True)
+    print(f"phase 1 (building and compiling, in parallel): {time.perf_counter() - t0:.0f} s", flush=True)
+    # phase 2: one case at a time on the idle machine, in the plan's order
+    rows = []
+    for c in cases:
+        w = next((w for w in workers if w.case == c and w.state == "ready"), None)
+        if w is None:
+            continue
+        assert w.proc.stdin is not None
+        w.proc.stdin.write("GO\n")
+        w.proc.stdin.flush()
+        try:
+            msg = w.lines.get(timeout=a.case_timeout)
+        except queue.Empty:
+            msg = {"failed": f"timing took over {a.case_timeout:.0f} s"}
+        w.stop()
+        if msg is None or "failed" in msg:
+            print(f"{' '.join(c)}: failed while timing: {'exited' if msg is None else msg['failed']}", flush=True)
+            continue
+        rows.append(msg["result"])
+        report(msg["result"])
+    for w in workers:
+        w.stop()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--archs", nargs="+", default=["sew_resnet18", "spiking_vgg11_bn"])
+    ap.add_argument("--archs", nargs="+", default=["sew_resnet18", "spiking_vgg11_bn"],
+                    help="sew_resnet18, spiking_vgg11_bn, lif_stack")
     ap.add_argument("--dtypes", nargs="+", help="fp32, bf16 (default both; --smoke: fp32)")
     ap.add_argument("--modes", nargs="+", help="eager, default, reduce-overhead (default all; --smoke: eager)")
-    ap.add_argument("--libs", nargs="+", default=["sj", "flexdsl"])
+    ap.add_argument("--libs", nargs="+", default=["sj", "flexdsl"], help="sj, flexdsl, zero (the identity)")
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one eager step, grouped")
     ap.add_argument("--variants", nargs="*", default=None, metavar="V",
-                    help="eager runs of remedies: 'channels_last', 'cudnn.benchmark', 'channels_last+cudnn.benchmark', "
-                         "'avgpool in fp32' (--variants alone: all)")
-    ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, 2 steps: the script runs")
+                    help="runs of remedies, in each of --modes: 'channels_last', 'cudnn.benchmark', "
+                         "'channels_last+cudnn.benchmark', 'avgpool in fp32' (--variants alone: all)")
+    ap.add_argument("--plan", choices=["h100"], help="the list of cases of bench/RESULTS.md's run")
+    ap.add_argument("--jobs", type=int, default=0, help="a process per case, this many compiling at a time")
+    ap.add_argument("--deadline", type=float, default=240.0, help="seconds for building and compiling (--jobs)")
+    ap.add_argument("--case-timeout", type=float, default=60.0, help="seconds for timing one case (--jobs)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, 1 step: the script runs")
     ap.add_argument("--json", help="also write every result here, one JSON object a line")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.smoke:
         a.device, a.steps, a.warmup = "cpu", 1, 1
     else:
         a.device = "cuda"
     a.dtypes = a.dtypes or (["fp32"] if a.smoke else ["fp32", "bf16"])
-    a.modes = a.modes or (["eager"] if a.smoke else ["eager", "default", "reduce-overhead"])
-    all_variants = ["channels_last", "cudnn.benchmark", "channels_last+cudnn.benchmark", "avgpool in fp32"]
+    a.modes = a.modes or (["eager"] if a.smoke else list(MODES))
+    all_variants = [v for v in VARIANTS if v]
     a.variants = [] if a.variants is None else (a.variants or all_variants)
     _stub_torchvision()
+    if a.child:
+        a.jobs = 1
+        child(a.child, a)
+        return
     name = torch.cuda.get_device_name() if a.device == "cuda" else "CPU"
-    print(f"device {name}, torch {torch.__version__}", flush=True)
-    rows = []
+    print(f"device {name}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
+    cases = cases_from_args(a)
     out = open(a.json, "w") if a.json else None  # noqa: SIM115
-    variants = {"channels_last": (True, False, False), "cudnn.benchmark": (False, True, False),
-                "channels_last+cudnn.benchmark": (True, True, False), "avgpool in fp32": (False, False, True)}
-    for arch in a.archs:  # (modes outermost: the cheap eager numbers of every case come first)
-        cases = [(dt, lib, mode, "") for mode in a.modes for dt in a.dtypes for lib in a.libs]
-        cases += [(dt, lib, "eager", v) for v in a.variants for dt in a.dtypes for lib in a.libs]
-        for dt, lib, mode, variant in cases:
-            cl, cb, pf = variants[variant] if variant else (False, False, False)
+    if a.jobs:
+        rows = run_parallel(cases, a, sys.argv[1:])  # (a case's process takes the same options)
+    else:
+        rows = []
+        for arch, lib, dt, mode, variant in cases:
+            cl, cb, pf = VARIANTS[variant]
             try:
                 r = measure(arch, lib, dt == "bf16", mode, a, cl, cb, pf)
             except Exception as e:  # noqa: BLE001 - a case that fails is reported, the others run
                 print(f"{arch} {dt} {lib} {mode} {variant}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             rows.append(r)
-            print(f"{arch:17s} {dt} {lib:7s} {mode:15s} {variant}: {r['ms']:8.2f} ms  peak {r['peak_gib']:.2f} GiB  "
-                  f"warm-up {r['warmup_s']:.1f} s  first loss {r['first_loss']:.5f}", flush=True)
-            if "profile" in r:
-                p = r["profile"]
-                print("    per step (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["groups_ms"].items())))
-                for t, k, g in p["top"]:
-                    print(f"      {t:7.3f} ms  [{g}] {k}")
-            if out:
-                out.write(json.dumps(r) + "\n")
-                out.flush()
-    # the summary: per arch and dtype, each library's modes and the best
-    print("\n| arch | dtype | library | eager | compile default | reduce-overhead | best | flexdsl best vs SJ best |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for arch in a.archs:
-        for dt in a.dtypes:
-            best = {}
-            for lib in a.libs:
-                ms = {r["mode"]: r["ms"] for r in rows if r["arch"] == arch and r["dtype"] == dt and r["lib"] == lib
-                      and not (r["channels_last"] or r["cudnn_benchmark"] or r["pool_fp32"])}
-                if not ms:
-                    continue
-                best[lib] = min(ms.values())
-                cells = [f"{ms[m]:.2f}" if m in ms else "-" for m in ("eager", "default", "reduce-overhead")]
-                ratio = f"{best['sj'] / best['flexdsl']:.2f}x" if lib == "flexdsl" and "sj" in best else ""
-                print(f"| {arch} | {dt} | {lib} | {' | '.join(cells)} | {best[lib]:.2f} | {ratio} |")
+            report(r)
+    if out:
+        for r in rows:
+            out.write(json.dumps(r) + "\n")
+        out.close()
+    summary(rows)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import FlexDSLError
+from .errors import FlexDSLError, printable
 
 CMDLINE = "<command line>"
 
@@ -43,6 +43,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
             method = f", method {c.method}" if c.method else ""  # lowering: its errors count too
         except FlexDSLError as e:
             print(e, file=sys.stderr)
+            failed += 1
+            continue
+        except (ArithmeticError, ValueError, TypeError, LookupError, RecursionError) as e:
+            # (a flexdsl bug on this file: reported, and the other files are still checked)
+            print(f"{f}: error: flexdsl failed on this file ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
+            print("hint: this is a bug in flexdsl; please report it with the file", file=sys.stderr)
             failed += 1
             continue
         ck = c.checked
@@ -144,12 +150,16 @@ def _parse_input(spec: str, T: int):
     try:
         if spec.startswith("step:"):
             amp_s, sep, at_s = spec[5:].partition("@")
-            amp = float(amp_s)
-            at = int(at_s) if sep else 0
+            amp = read_number(amp_s)
+            at = _steps(at_s) if sep else 0
         else:
-            amp, at = float(spec), 0
+            amp, at = read_number(spec), 0
     except ValueError:
-        raise bad() from None
+        try:
+            nonfinite = not math.isfinite(float(spec.removeprefix("step:").partition("@")[0]))
+        except ValueError:
+            nonfinite = False
+        raise bad("the amplitude must be a finite number" if nonfinite else "") from None
     if not math.isfinite(amp):
         raise bad("the amplitude must be a finite number")
     if at < 0:
@@ -159,6 +169,36 @@ def _parse_input(spec: str, T: int):
     x = torch.zeros(T, dtype=torch.float64)
     x[at:] = amp
     return x
+
+
+def read_number(text: str) -> float:
+    """A number as the language writes it (ASCII digits; float() also reads `３.5`, `1_0`)."""
+    from .frontend.parse import read_number as read
+
+    return read(text)
+
+
+def _number_arg(text: str) -> float:
+    try:
+        return read_number(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _steps(text: str) -> int:
+    """A whole number as the command line takes it: ASCII digits, a sign (int() also reads `٣`)."""
+    t = text.strip()
+    digits = t[1:] if t[:1] in "+-" else t
+    if not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"not a number of steps: {text!r}")
+    return int(t)
+
+
+def _steps_arg(text: str) -> int:
+    try:
+        return _steps(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of steps: {text!r} (digits 0-9)") from None
 
 
 def _plot_target(path: str) -> Path:
@@ -181,7 +221,12 @@ def _plot_target(path: str) -> Path:
     return p
 
 
-MAX_RUN_STEPS = 10_000_000  # float64 traces of every state and output: ~80 MB each
+# `flexdsl run` steps the torch backend in float64 from Python, keeping every state's trace:
+# at most this many steps, and at most WORK_BUDGET statements of the step in all (T times the
+# statements of one step), so that a run takes seconds and hundreds of MB, not minutes and GBs
+# (Hodgkin-Huxley, 51 statements: 39,000 steps; LIF: the full 100,000)
+MAX_RUN_STEPS = 100_000
+WORK_BUDGET = 2_000_000
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -202,7 +247,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not eq or not k or not v.strip():
             raise FlexDSLError(f"bad --param `{kv}`", CMDLINE, hint="use NAME=VALUE, e.g. --param tau=3.0")
         try:
-            overrides[k.strip()] = float(v)
+            overrides[k.strip()] = read_number(v)
         except ValueError:
             overrides[k.strip()] = v  # a value with a unit, `tau=20 ms` (the model converts it)
     T = args.T
@@ -210,6 +255,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
              **overrides).to(torch.float64)
     c = m.compiled
+    work = sum(1 for line in c.torch_source.splitlines() if " = " in line and not line.lstrip().startswith("#"))
+    if T * max(work, 1) > WORK_BUDGET:
+        raise FlexDSLError(f"--T {T} is more steps of {c.name} than `flexdsl run` simulates (at most "
+                           f"{WORK_BUDGET // max(work, 1):,}: its step has {work} statements)", CMDLINE,
+                           hint="for longer runs, call the module from Python in chunks of steps (its states "
+                                "carry over between calls)")
     overrides = {k: getattr(m, k) for k in overrides}  # numbers in the declared units
     from .docs.simulate import param_defaults, run_module, time_axis
 
@@ -355,7 +406,7 @@ def _add_show(sub) -> None:
                    help="the model's .neuron text (the default for a .nir file)")
     s.add_argument("--detach-reset", action="store_true",
                    help="compile with the spike detached in the reset (as load(..., detach_reset=True))")
-    s.add_argument("--dt", type=float, help="for a .nir file: the step, in the graph's time unit "
+    s.add_argument("--dt", type=_number_arg, help="for a .nir file: the step, in the graph's time unit "
                    "(default: the one flexdsl.nir.export recorded)")
     s.set_defaults(fn=_cmd_show)
 
@@ -374,7 +425,7 @@ def _add_run(sub) -> None:
                               "  flexdsl run adex --T 2000 --input step:800@200 --param b=0 --plot adex.svg\n"
                               "  flexdsl run my_model.neuron --input 0.8")
     r.add_argument("file", metavar="MODEL", help="a .neuron file or a library model name")
-    r.add_argument("--T", type=int, default=200, metavar="STEPS", help="number of steps to simulate (default 200)")
+    r.add_argument("--T", type=_steps_arg, default=200, metavar="STEPS", help="number of steps to simulate (default 200)")
     r.add_argument("--input", default="1.5", metavar="SPEC",
                    help="the input: a number, or step:AMPLITUDE@STEP (see below; default 1.5)")
     r.add_argument("--param", action="append", metavar="NAME=VALUE",
@@ -407,7 +458,34 @@ def _add_doc(sub) -> None:
     d.set_defaults(fn=_cmd_doc)
 
 
+class _Printable:
+    """A text stream writing control characters as escapes: file names, node names and
+    arguments echoed by the CLI (or by argparse) never reach the terminal as escape sequences."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+
+    def write(self, s: str) -> int:
+        self.raw.write(printable(s))
+        return len(s)
+
+    def __getattr__(self, name: str):
+        return getattr(self.raw, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    try:
+        return _main(argv)
+    finally:
+        if isinstance(sys.stdout, _Printable):  # (a broken pipe leaves devnull there)
+            sys.stdout = out
+        if isinstance(sys.stderr, _Printable):
+            sys.stderr = err
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)

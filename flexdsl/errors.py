@@ -36,13 +36,23 @@ class FlexDSLError(ValueError):
 
     def format(self) -> str:
         where = f"{self.filename}:{self.line}:{self.column}" if self.line else self.filename
-        out = [f"{where}: error: {self.reason}"]
+        out = [printable(f"{where}: error: {self.reason}")]
         if self.source_line:
             out.append(self.source_line)
             out.append(" " * max(self.column - 1, 0) + "^")
         if self.hint:
-            out.append(f"hint: {self.hint}")
+            out.append(printable(f"hint: {self.hint}"))
         return "\n".join(out)
+
+
+# control characters (C0 but tab, newline and form feed; DEL; C1) written as escapes: a file name or
+# any other text from outside never reaches a terminal as an escape sequence (`\x1b[2J`)
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A, 0x0C)}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters escaped (`\\x1b`), newlines and tabs kept."""
+    return text.translate(_ESCAPES)
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str | None:

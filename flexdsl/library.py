@@ -18,7 +18,9 @@ def library_path(stem: str) -> Path:
 
 
 def looks_like_source(arg: str) -> bool:
-    return "\n" in arg or arg.lstrip().startswith("neuron ")
+    """Model text rather than a path or a stem: text has line breaks (a model needs several
+    lines; `loads` adds one to a single line). A file named `neuron lif.neuron` is a path."""
+    return "\n" in arg or "\r" in arg
 
 
 def resolve(model: str | Path) -> tuple[str, str]:

@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parent.parent / "flexdsl"
 
 # the layers, lowest first; a module's layer is the first prefix of its dotted name listed here
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("frontend", ("flexdsl.errors", "flexdsl._paths", "flexdsl._version", "flexdsl.library", "flexdsl.settings",
+    ("frontend", ("flexdsl.errors", "flexdsl._paths", "flexdsl._version", "flexdsl.library", "flexdsl.settings", "flexdsl._sympy",
                   "flexdsl.frontend")),
     ("ir", ("flexdsl.ir",)),
     ("store", ("flexdsl.store", "flexdsl._generated")),

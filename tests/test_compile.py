@@ -2,13 +2,22 @@
 process with empty caches, the time loop as one graph node (the graph does not grow with T),
 no recompilation when a non-learnable param changes (and none of flexdsl's own when the grad
 mode switches), and compiled outputs and gradients equal to eager for the library models on
-every backend (torch, the CPU kernels, Triton through its interpreter).
+every backend (torch, the CPU kernels, Triton through its interpreter); the Triton launch
+plans under a trace (params as tensors), the kernels on channels_last steps, and the recurrent
+layer as one graph node.
 
-The library-wide comparison runs a representative subset by default; every model runs with
-`python -m pytest -m compile_all tests/test_compile.py` (compiling is slow on 2 cores)."""
+Every library model is compiled on every backend in the default run, with the `aot_eager`
+compiler (Dynamo and AOTAutograd: the graph, the custom ops' fake implementations and autograd
+formulas, the traced params and states; about a second a model and backend on 2 cores). What
+Inductor adds is its code generation for the ops around the neuron (which is an opaque node for
+every model alike): the default run compiles with Inductor one model per property that reaches
+that code (`INDUCTOR`: learnable params, several states and outputs, derived params computed in
+the graph, bookkeeping states, rk4) on every backend; every model with Inductor is
+`python -m pytest -m compile_all tests/test_compile.py` (about 10 s a model on 2 cores)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -29,10 +38,6 @@ BACKENDS = ["torch", "cpu", "triton"]
 if not backends.get("cpu").available():  # (no C++ compiler here: test_cpu_backend checks the fallback)
     BACKENDS.remove("cpu")
 
-# models with what the others lack between them: learnable params (plif, klif), several states and
-# outputs (snn_synaptic, hodgkin_huxley: rk4), derived params (resonate_fire), bookkeeping states
-# (lif_refractory), exp in the step (eif)
-SUBSET = ["lif", "plif", "klif", "snn_synaptic", "hodgkin_huxley", "resonate_fire", "lif_refractory", "eif"]
 SCALE = {"hodgkin_huxley": 15.0, "morris_lecar": 60.0, "izhikevich": 20.0, "izhikevich_2003": 20.0, "adex": 2e-9,
          "eif": 3.0, "qif": 3.0, "resonate_fire": 3.0}
 
@@ -216,16 +221,17 @@ def test_grad_mode_switches_add_no_recompilation(backend):
 
 
 # ------------------------------------------------------------------ compiled equals eager
+# Inductor in the default run: learnable params (plif), several states and outputs (snn_synaptic),
+# derived params computed in the graph (resonate_fire), rk4 (hodgkin_huxley)
+INDUCTOR = ["plif", "snn_synaptic", "resonate_fire", "hodgkin_huxley"]
+
+
 def _compile_params():
     out = []
     for model in flexdsl.library():
-        marks = [] if model in SUBSET else [pytest.mark.compile_all]
         for backend in BACKENDS:
             for compiler in ("aot_eager", "inductor"):
-                # inductor on the default run: two models per backend (the neuron is an opaque node
-                # there, so the compiler's choice matters for the code around it)
-                m = marks if compiler == "aot_eager" or model in ("plif", "snn_synaptic") else \
-                    [pytest.mark.compile_all]
+                m = [] if compiler == "aot_eager" or model in INDUCTOR else [pytest.mark.compile_all]
                 out.append(pytest.param(model, backend, compiler, marks=m, id=f"{model}-{backend}-{compiler}"))
     return out
 
@@ -247,3 +253,171 @@ def test_compiled_equals_eager(model, backend, compiler):
         torch.testing.assert_close(gp[k], gp_r[k], rtol=1e-4, atol=1e-5 * float(gp_r[k].abs().max()))
     for k, v in ref._states.items():  # the kept states too
         torch.testing.assert_close(m._states[k], v, rtol=1e-5, atol=1e-6 * float(v.abs().max().clamp(min=1e-30)))
+
+
+# ------------------------------------------------------------------ Triton under a trace: launch plans
+def test_triton_launch_plans_under_a_trace_do_not_depend_on_param_values():
+    """Under torch.compile every param reaches the kernels as a tensor (an entry of the module's
+    float64 tensor, at an offset of 8 bytes for odd entries: not 16-byte aligned). The launch
+    plans that skip argument preparation are keyed by each tensor's kernel mode, dtype and
+    alignment, not its value: 12 values of `tau` and `v_threshold` use the plans of the first
+    call, and every call gives the eager result for its values."""
+    torch._dynamo.reset()
+    m = flexdsl.load("lif", backend="triton")
+    ref = flexdsl.load("lif", backend="torch")
+    prog = m.compiled.program("triton")
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    x = _x(T=8, scale=3.0)
+    _fwd_bwd(cm, x)
+    prog.launch_plans.clear()
+    for i in range(12):
+        for mod in (m, ref):
+            mod.tau = 1.5 + 0.25 * i
+            mod.v_threshold = 0.6 + 0.05 * i
+            mod.reset()
+        out, gx, _ = _fwd_bwd(cm, x)
+        out_r, gx_r, _ = _fwd_bwd(ref, x)
+        assert torch.equal(out[0], out_r[0])
+        torch.testing.assert_close(gx, gx_r, rtol=1e-5, atol=1e-6)
+        if i == 0:
+            plans = dict(prog.launch_plans.plans)
+    assert len(plans) == 2 and all(k[0] in ("t", "bwd") for k in plans)  # the forward's and the backward's
+    assert prog.launch_plans.plans == plans  # (no plan per value)
+
+
+# ------------------------------------------------------------------ layouts: channels_last steps
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """[T, B, C, H, W] with every step in NHWC order (as a channels_last network gives it)."""
+    return x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+
+
+@pytest.mark.parametrize("model", ["lif", "plif"])
+def test_triton_kernels_run_on_channels_last_steps_and_keep_the_layout(model):
+    """The kernels compute each element of a step alone, so an input whose steps are dense in
+    another order (channels_last) is used as it is: the outputs, the kept states and the input's
+    gradient come back in its layout (no copy to NCHW and back), with the values of the torch
+    backend; a per-channel param and a kept state are read in that layout too, and a second
+    call continues from the kept states."""
+    x = _channels_last(_x(T=5, shape=(2, 3, 4, 5), scale=3.0))
+    assert not x.is_contiguous() and x.stride(2) == 1
+    extra = {"tau": torch.tensor([2.0, 3.0, 4.0]).reshape(3, 1, 1)} if model == "lif" else {}
+    m = flexdsl.load(model, backend="triton", **extra)
+    ref = flexdsl.load(model, backend="torch", **extra)
+    for _call in range(2):  # (the second call starts from the kept states)
+        m.detach()
+        ref.detach()
+        out, gx, gp = _fwd_bwd(m, x)
+        out_r, gx_r, gp_r = _fwd_bwd(ref, x)
+        assert torch.equal(out[0], out_r[0]) and out[0].sum() > 0
+        assert out[0].stride() == x.stride() and gx.stride() == x.stride()
+        assert m.v.stride() == x[0].stride()
+        torch.testing.assert_close(gx, gx_r, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(m.v, ref.v, rtol=1e-6, atol=1e-6)
+        for k in gp_r:
+            torch.testing.assert_close(gp[k], gp_r[k], rtol=1e-4, atol=1e-6)
+
+
+def test_a_conversion_that_names_no_device_leaves_the_params_tensor_where_it_is():
+    """`.to(memory_format=torch.channels_last)` (or `.half()`) converts a module's tensors where
+    they are; the float params' tensor (what a trace reads) must stay on its device too, not
+    come back to the CPU (on a GPU, a copy to the device in every compiled call, and an error
+    under CUDA graphs). Here the tensor is put on the meta device to tell the two apart."""
+    m = flexdsl.load("lif", backend="torch")
+    m.__dict__["_fixed_t"] = m._fixed_t.to("meta")
+    torch.nn.Sequential(m).to(memory_format=torch.channels_last)
+    assert m._fixed_t.device.type == "meta"
+    m.half()
+    assert m._fixed_t.device.type == "meta" and m._fixed_t.dtype == torch.float64
+
+
+# ------------------------------------------------------------------ the recurrent layer: one graph node
+REC_BACKENDS = ["torch", "triton"]
+
+
+def _rec_fwd_bwd(m, x):
+    for p in m.parameters():
+        p.grad = None
+    x = x.detach().clone().requires_grad_(True)
+    out = m(x)
+    (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+    return out.detach(), x.grad, {n: p.grad.clone() for n, p in getattr(m, "_orig_mod", m).named_parameters()
+                                  if p.grad is not None}
+
+
+def _rec_x(T=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(T, 3, 12, generator=g) < 0.4).float() * 3 + torch.rand(T, 3, 12, generator=g)
+
+
+@pytest.mark.parametrize("backend", REC_BACKENDS)
+def test_the_recurrent_layer_is_one_graph_node(backend):
+    """`torch.compile(fullgraph=True)` of a recurrent layer: one custom op for the whole scan (the
+    graph the same for T = 3 and T = 40, never an unrolled step) and no graph break."""
+    sizes = {}
+    for T in (3, 40):
+        torch.manual_seed(0)
+        m = flexdsl.recurrent("alif", 12, 16, backend=backend)
+        g = _captured_graphs(m, _rec_x(T))
+        targets = [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
+        assert sum(t.startswith("flexdsl_rec_") for t in targets) == 1, targets
+        sizes[T] = len(targets)
+    assert sizes[3] == sizes[40]
+
+
+@pytest.mark.parametrize("backend,compiler", [("torch", "aot_eager"), ("torch", "inductor"), ("triton", "aot_eager")])
+def test_compiled_recurrent_layer_equals_eager(backend, compiler):
+    """Outputs (exactly), the input's and every weight's and the neuron's learnable param's
+    gradients and the kept states equal eager, over two calls (the second continues from the
+    kept states: `feedback` and the neuron's), and new values of a neuron param compile nothing."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    m = flexdsl.recurrent("plif", 12, 16, backend=backend)
+    ref = copy.deepcopy(m)
+    cm = torch.compile(m, fullgraph=True, backend=compiler)
+    for call in range(3):
+        m.detach()  # (truncated BPTT: the kept states continue, their graph does not)
+        ref.detach()
+        if call == 2:  # a new value of a non-learnable param: an input of the graph, not a guard
+            counters.clear()
+            m.neuron.v_threshold = ref.neuron.v_threshold = 0.8
+        x = _rec_x(seed=call)
+        out, gx, gp = _rec_fwd_bwd(cm, x)
+        out_r, gx_r, gp_r = _rec_fwd_bwd(ref, x)
+        assert torch.equal(out, out_r) and out.sum() > 0
+        torch.testing.assert_close(gx, gx_r, rtol=1e-5, atol=1e-6)
+        assert gp.keys() == gp_r.keys() and "neuron.w" in gp
+        for k in gp:
+            torch.testing.assert_close(gp[k], gp_r[k], rtol=1e-4, atol=1e-6, msg=k)
+        torch.testing.assert_close(m.feedback, ref.feedback)
+        torch.testing.assert_close(m.neuron.v, ref.neuron.v, rtol=1e-6, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
+
+
+def test_compiled_recurrent_layer_of_a_model_never_run():
+    """The first call of a model text nothing has loaded is a compiled one: the scan is chosen,
+    generated and loaded (and its ops registered) at trace time, outside the graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    m = flexdsl.recurrent(flexdsl.loads(_fresh_text("lif"), backend="torch"), 12, 8, backend="torch")
+    ref = copy.deepcopy(m)
+    out, gx, gp = _rec_fwd_bwd(torch.compile(m, fullgraph=True, backend="aot_eager"), _rec_x())
+    out_r, gx_r, gp_r = _rec_fwd_bwd(ref, _rec_x())
+    assert torch.equal(out, out_r)
+    torch.testing.assert_close(gx, gx_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gp["W_rec"], gp_r["W_rec"], rtol=1e-4, atol=1e-6)
+
+
+def test_compiled_bfloat16_call_starts_from_the_initial_state_eager_starts_from():
+    """An initial state computed from params (adex: v = E_L = -70.6 mV) is a float eagerly, which
+    the kernels take in float32; under a trace it is a float64 tensor, which they load in float32
+    too (it used to be rounded to the input's bfloat16 first: -70.5 mV)."""
+    torch._dynamo.reset()
+    x = torch.zeros(4, 3, dtype=torch.bfloat16)
+    m = flexdsl.load("adex", backend="triton")
+    ref = flexdsl.load("adex", backend="triton")
+    with torch.no_grad():
+        torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+        ref(x)
+    # at rest from E_L, the adaptation current stays 0; from bfloat16's -70.5 mV it would not
+    assert ref.w.abs().max() == 0
+    assert torch.equal(m.v, ref.v) and torch.equal(m.w, ref.w)

@@ -717,8 +717,14 @@ def test_load_errors(tmp_path):
 def test_graph_text_never_reaches_the_model_unchecked():
     g = _lif_graph()
     node = g.nodes["lif"]
-    node.metadata = {"flexdsl_surrogate": "sigmoid(alpha=4.0)\n    on spike:\n        v = 99",
-                     "flexdsl_method": "rk4; import os"}
+    # metadata that is not what flexdsl's export writes: a located error naming the node, before any
+    # model text is made from it
+    for md in ({"flexdsl_surrogate": "sigmoid(alpha=4.0)\n    on spike:\n        v = 99"},
+               {"flexdsl_method": "rk4; import os"}):
+        node.metadata = md
+        with pytest.raises(flexdsl.FlexDSLError, match=r"NIR node `lif` \(LIF\): its metadata flexdsl_"):
+            flexdsl.nir.load(g, dt=1e-3)
+    node.metadata = {}
     # odd node names become module names, never model text
     fc = nir.Linear(weight=np.eye(2))
     g.nodes = {"in.put": g.nodes["input"], "forward": fc, "if": node, "__class__": g.nodes["output"]}

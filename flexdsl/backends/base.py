@@ -50,6 +50,9 @@ class Program(Protocol):
     # the precision a call computes in when it is not the inputs' dtype (the Triton kernels: float32);
     # the module checks the params in it (a denominator that rounds to 0, a param beyond its range)
     computes_in: torch.dtype | None
+    # optional (default False): a tensor initial state may come in any floating dtype, the program
+    # converts it (else the module gives it the inputs' dtype, as a float state is rounded to it)
+    # reads_any_float: bool
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
             store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:

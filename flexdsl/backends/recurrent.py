@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -28,7 +29,7 @@ import torch
 from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import get
-from .base import IR, NoiseKey, key_ints
+from .base import IR, NoiseKey, key_ints, key_tensor
 
 # the backends with a recurrent scan (the module that makes its program)
 IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent"}
@@ -36,6 +37,7 @@ IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexd
 
 class RecurrentProgram(Protocol):
     binary: bool  # the source is a spike (0/1)
+    ops: tuple  # its custom ops (`register_ops`), set when loaded: the layer under torch.compile
 
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
                 states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None
@@ -69,8 +71,21 @@ def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> Recurr
             if p is None:
                 mod = importlib.import_module(IMPLEMENTATIONS[b.name])
                 p = mod.load_recurrent(ir, key, port, source, dense)
+                ck = ir.checked
+                name = "".join(ch for ch in f"{b.name}_{key[:16]}_{port}_{source}_{int(dense)}" if ch.isalnum() or ch == "_")
+                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), dense)
                 _PROGRAMS[k] = p
     return p
+
+
+def choose(backend: str, like: torch.Tensor) -> str:
+    """The scan a layer's call runs on: `backend`, or for "auto" the Triton kernels for CUDA
+    tensors of a kernel dtype (when Triton imports), else the torch scan."""
+    if backend != "auto":
+        return backend
+    if like.is_cuda and like.dtype in (torch.float32, torch.float16, torch.bfloat16) and get("triton").available():
+        return "triton"
+    return "torch"
 
 
 def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,88 +152,135 @@ def _exact_bf16(x: torch.Tensor) -> torch.Tensor | None:
     return xb if torch.equal(xb.float(), x) else None
 
 
+@dataclass
+class _Saved:
+    """What the backward of a call needs besides the call's own inputs."""
+
+    T: int
+    saved: Any  # the program's
+    S: torch.Tensor  # s0, then the source of every step
+    w: torch.Tensor
+    w_in: torch.Tensor | None
+    x: torch.Tensor | None  # the layer's input where the input product was made here in float
+    xb: torch.Tensor | None  # x in bfloat16 when the input product was fused (exact products)
+    s_exact: bool  # S exact in bfloat16 (spikes): the weight gradient takes exact bfloat16 products
+    linear: bool  # the input product (or the bias) was made here, not by the caller
+
+
+def _fusable(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether x W_in^T may run as exact bfloat16 products (CUDA, float32, no autocast)."""
+    return (fast_products(x) and w_in.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
+            and not torch.is_autocast_enabled("cuda"))
+
+
+def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, params, dense: bool, save: bool,
+             noise: NoiseKey | None = None) -> tuple[list, list, _Saved | None]:
+    """The layer's forward: the port's current `ix` (x itself; or x W_in^T + b, from bfloat16
+    parts when `xb` is given), then the program's scan. (outputs, final states, what the
+    backward needs when `save`)."""
+    linear = xb is None and (w_in is not None or b is not None)
+    if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
+        x2 = xb.reshape(-1, xb.shape[-1])
+        ix = _bf16_products([(x2, p.t()) for p in reversed(split3(w_in))], init=b)
+        ix = ix.reshape(*xb.shape[:-1], w_in.shape[0])
+    elif w_in is not None:
+        ix = torch.nn.functional.linear(x, w_in, b)
+    else:
+        ix = x if b is None else x + b
+    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save,
+                                        **({"noise": noise} if noise is not None else {}))
+    if not save:
+        return outs, fins, None
+    # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
+    s_exact = bool(prog.binary and dense and fast_products(w) and torch.equal(s0.to(torch.bfloat16).to(s0.dtype), s0))
+    return outs, fins, _Saved(ix.shape[0], saved, S, w, w_in, x if linear and w_in is not None else None, xb,
+                              s_exact, linear)
+
+
+def _backward(prog: RecurrentProgram, sv: _Saved, inputs, states, params, dense: bool, grads, need) -> list:
+    """The gradients of (x, w, s0, w_in, b, *the tensors of inputs, states and params) where
+    `need` says (None elsewhere): BPTT by the program, then the products that follow from `gI`."""
+    n_x, n_w, n_s0, n_win, n_b, *need_t = need
+    w, S, w_in = sv.w, sv.S, sv.w_in
+    n_st = len(states)
+    g_outs, g_fins = grads[:len(grads) - n_st], grads[len(grads) - n_st:]
+    if all(g is None for g in grads):
+        return [None] * (5 + len(need_t))
+    kinds = _tensor_kinds(inputs, states, params)
+    req: dict[str, Any] = {"T": sv.T, "inputs": [False] * len(inputs), "states": [False] * len(states),
+                           "params": [False] * len(params),
+                           "parts": fast_products(w) and dense and prog.binary and (n_w or n_win)}
+    for (kind, k), n in zip(kinds, need_t):
+        req[kind + "s"][k] = bool(n)
+    gI, g_in, g_st, g_pr, extra = prog.backward(sv.saved, w, g_outs, g_fins, req)
+    parts, sb = extra.get("parts"), extra.get("sb")
+    H = w.shape[0]
+    gflat = gI.reshape(-1, H)
+    pflat = parts.reshape(3, -1, H) if parts is not None else None
+    gw = gs0 = gx = gwin = gb = None
+    if n_w:
+        if dense:
+            prev = (sb if sb is not None else S)[:-1].reshape(-1, H)
+            gw = weight_grad(gflat, prev, sv.s_exact, pflat)
+        else:
+            gw = (gflat * S[:-1].reshape(-1, H)).sum(0)
+    if n_s0:
+        gs0 = gI[0].mm(w) if dense else gI[0] * w
+    xk = sv.xb if sv.xb is not None else sv.x  # (the input the product was made of, if made here)
+    if xk is not None and w_in is not None:
+        x2 = xk.reshape(-1, xk.shape[-1])
+        if n_win:
+            gwin = weight_grad(gflat, x2, sv.xb is not None, pflat)
+        if n_x:
+            gx = gI.matmul(w_in)
+    elif n_x:
+        gx = gI
+    if n_b and (sv.xb is not None or sv.linear):
+        gb = gflat.sum(0)
+    by = {"input": g_in, "state": g_st, "param": g_pr}
+    rest = [by[kind][k] if n else None for (kind, k), n in zip(kinds, need_t)]
+    return [gx, gw, gs0, gwin, gb, *rest]
+
+
+def _tensor_kinds(inputs, states, params) -> list[tuple[str, int]]:
+    """(kind, index) of each tensor among the inputs, states and params, in that order."""
+    return [("input", k) for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)] + \
+        [("state", k) for k, v in enumerate(states) if isinstance(v, torch.Tensor)] + \
+        [("param", k) for k, v in enumerate(params) if isinstance(v, torch.Tensor)]
+
+
 class _Scan(torch.autograd.Function):
-    """The layer: the input product (when fused: an input exact in bfloat16 and W_in in three
-    bfloat16 parts, exact products) and the recurrent scan, with BPTT."""
+    """The layer eagerly: the input product (when fused: an input exact in bfloat16 and W_in in
+    three bfloat16 parts, exact products) and the recurrent scan, with BPTT."""
 
     @staticmethod
     def forward(ctx, call, x, w, s0, w_in, b, *tensors):  # type: ignore[override]
         prog, inputs, states, params, dense, xb, noise = call
-        if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
-            x2 = xb.reshape(-1, xb.shape[-1])
-            ix = _bf16_products([(x2, p.t()) for p in reversed(split3(w_in))], init=b)
-            ix = ix.reshape(*xb.shape[:-1], w_in.shape[0])
-        else:
-            ix = x
-        need = ctx.needs_input_grad
-        save = any(need[1:])
-        outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save,
-                                            **({"noise": noise} if noise is not None else {}))
-        ctx.call = call
-        ctx.T = ix.shape[0]
-        ctx.kinds = [("input", k) for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)] + \
-            [("state", k) for k, v in enumerate(states) if isinstance(v, torch.Tensor)] + \
-            [("param", k) for k, v in enumerate(params) if isinstance(v, torch.Tensor)]
-        ctx.saved = saved
-        ctx.fused = xb is not None
-        # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
-        ctx.s_exact = bool(prog.binary and dense and save and fast_products(w)
-                           and torch.equal(s0.to(torch.bfloat16).to(s0.dtype), s0))
-        if save:
-            ctx.save_for_backward(w, S, w_in if xb is not None else None)
-        ctx.xb = xb if save else None
+        save = any(ctx.needs_input_grad[1:])
+        outs, fins, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, noise)
+        ctx.call, ctx.sv = call, sv
+        if sv is not None:  # (saved so that an in-place change before the backward is an error)
+            ctx.save_for_backward(sv.w, sv.S, sv.w_in)
+            sv.w = sv.S = sv.w_in = None  # type: ignore[assignment]
         ctx.set_materialize_grads(False)
-        ctx.n_out = len(outs)
         return (*outs, *fins)
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         if torch.is_grad_enabled():  # create_graph=True: the derived backward is first order
-            raise FlexDSLError("second derivatives through a recurrent layer are not available: its backward is the "
-                               "model's derived first-order backward", "<flexdsl.recurrent>",
-                               hint="differentiate once (without create_graph=True)")
+            _first_order()
         prog, inputs, states, params, dense, _, _ = ctx.call
-        w, S, w_in = ctx.saved_tensors
-        n_out = ctx.n_out
-        g_outs, g_fins = grads[:n_out], grads[n_out:]
-        need_t = ctx.needs_input_grad[6:]
-        n_x, n_w, n_s0, n_win, n_b = ctx.needs_input_grad[1:6]
-        if all(g is None for g in grads):
-            return (None,) * (6 + len(need_t))
-        need: dict[str, Any] = {"T": ctx.T, "inputs": [False] * len(inputs), "states": [False] * len(states),
-                                "params": [False] * len(params),
-                                "parts": fast_products(w) and dense and prog.binary and (n_w or n_win)}
-        for (kind, k), n in zip(ctx.kinds, need_t):
-            need[kind + "s"][k] = bool(n)
-        gI, g_in, g_st, g_pr, extra = prog.backward(ctx.saved, w, g_outs, g_fins, need)
-        ctx.saved = None
-        parts, sb = extra.get("parts"), extra.get("sb")
-        H = w.shape[0]
-        gflat = gI.reshape(-1, H)
-        pflat = parts.reshape(3, -1, H) if parts is not None else None
-        gw = gs0 = gx = gwin = gb = None
-        if n_w:
-            if dense:
-                prev = (sb if sb is not None else S)[:-1].reshape(-1, H)
-                gw = weight_grad(gflat, prev, ctx.s_exact, pflat)
-            else:
-                gw = (gflat * S[:-1].reshape(-1, H)).sum(0)
-        if n_s0:
-            gs0 = gI[0].mm(w) if dense else gI[0] * w
-        if ctx.fused:
-            xb = ctx.xb
-            if n_win:
-                gwin = weight_grad(gflat, xb.reshape(-1, xb.shape[-1]), True, pflat)
-            if n_b:
-                gb = gflat.sum(0)
-            if n_x:
-                gx = gI.matmul(w_in)
-        elif n_x:
-            gx = gI
-        ctx.xb = None
-        by = {"input": g_in, "state": g_st, "param": g_pr}
-        rest = [by[kind][k] if n else None for (kind, k), n in zip(ctx.kinds, need_t)]
-        return (None, gx, gw, gs0, gwin, gb, *rest)
+        sv, ctx.sv = ctx.sv, None
+        if sv is None:
+            return (None,) * len(ctx.needs_input_grad)
+        sv.w, sv.S, sv.w_in = ctx.saved_tensors
+        return (None, *_backward(prog, sv, inputs, states, params, dense, grads, ctx.needs_input_grad[1:]))
+
+
+def _first_order() -> None:
+    raise FlexDSLError("second derivatives through a recurrent layer are not available: its backward is the "
+                       "model's derived first-order backward", "<flexdsl.recurrent>",
+                       hint="differentiate once (without create_graph=True)")
 
 
 def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: torch.Tensor | None,
@@ -228,23 +290,151 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
     `x` is the layer's input `[T, B, F]`, multiplied by `w_in` (`[H, F]`, or None: `x` is the
     port's current) plus `b` before the loop; `inputs` has None at the port (the other inputs are
     [T, B, H] tensors); states and params are tensors or floats; `noise` keys a noisy model's draws
-    (`base.NoiseKey`; its elements are those of the [B, H] step)."""
-    if isinstance(noise, torch.Tensor):  # (a torch.compile trace: the key is read here, eagerly)
-        noise = NoiseKey(*key_ints(noise))
+    (`base.NoiseKey`, a tensor under torch.compile; its elements are those of the [B, H] step). Under
+    torch.compile the layer is one custom op (`register_ops`), its input product included unless
+    autocast makes it."""
+    if torch.compiler.is_compiling():
+        if w_in is not None and torch.is_autocast_enabled(x.device.type):  # (autocast: the graph's product)
+            x, w_in, b = torch.nn.functional.linear(x, w_in, b), None, None
+        tensors, vals, kinds = pack_args(inputs, states, params)
+        if noise is not None:  # (the key of the draws: one more tensor, kind 3)
+            tensors.append(key_tensor(noise))
+            kinds.append(3)
+        res = prog.ops[0](x, w, s0, w_in, b, tensors, vals, kinds)
+        n_out = len(res) - len(states)
+        return list(res[:n_out]), list(res[n_out:])
     xb = None
     if w_in is not None:
-        if (fast_products(x) and w_in.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
-                and not torch.is_autocast_enabled("cuda")):
+        if _fusable(x, w_in, b):
             xb = _exact_bf16(x)
         if xb is None:
             x, w_in, b = torch.nn.functional.linear(x, w_in, b), None, None
     elif b is not None:
         x, b = x + b, None
     tensors = [v for v in (*inputs, *states, *params) if isinstance(v, torch.Tensor)]
+    if isinstance(noise, torch.Tensor):
+        noise = NoiseKey(*key_ints(noise))
     res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb, noise), x, w, s0, w_in, b,
                       *tensors)
     n_out = len(res) - len(states)
     return list(res[:n_out]), list(res[n_out:])
 
 
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "scan", "weight_grad", "split3", "fast_products"]
+# ------------------------------------------------------------------ the layer as one graph node
+def pack_args(inputs, states, params) -> tuple[list[torch.Tensor], list[float], list[int]]:
+    """The inputs, states and params as a custom op takes them: the tensors, the floats, and per
+    entry its kind (0: a float, 1: a tensor, 2: None, the port)."""
+    tensors, vals, kinds = [], [], []
+    for v in (*inputs, *states, *params):
+        if v is None:
+            kinds.append(2)
+        elif isinstance(v, torch.Tensor):
+            tensors.append(v)
+            kinds.append(1)
+        else:
+            vals.append(float(v))
+            kinds.append(0)
+    return tensors, vals, kinds
+
+
+def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list, list, NoiseKey | None]:
+    """(inputs, states, params, the key of a noisy model's draws: a last tensor of kind 3)."""
+    noise = None
+    if kinds and kinds[-1] == 3:
+        noise = NoiseKey(*key_ints(tensors[-1]))
+        tensors, kinds = tensors[:-1], kinds[:-1]
+    it_t, it_v = iter(tensors), iter(vals)
+    out = [None if k == 2 else next(it_t) if k == 1 else next(it_v) for k in kinds]
+    return out[:n_in], out[n_in:n_in + n_st], out[n_in + n_st:], noise
+
+
+_FWD = "rec_fwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds) -> Tensor[]"
+_BWD = ("rec_bwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
+        "Tensor?[] grads, bool[] need) -> Tensor[]")
+_LIBS: dict[str, Any] = {}
+
+
+def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out: int, dense: bool) -> tuple:
+    """The layer's custom ops `rec_fwd` and `rec_bwd` (once per program and process), with fake
+    implementations and autograd, for torch.compile: one graph node per layer, never a trace of
+    the loop. The backward op runs the forward again, keeping what its backward reads, then the
+    backward (the layer's activations are not kept between the two: under torch.compile the
+    layer is recomputed, as with activation checkpointing)."""
+    ns = f"flexdsl_rec_{name}"
+    if ns in _LIBS:
+        return _LIBS[ns][1]
+    lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
+
+    def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds):
+        inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
+        xb = _exact_bf16(x) if w_in is not None and _fusable(x, w_in, b) else None
+        outs, fins, _ = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, False, noise)
+        return _fresh([*outs, *fins], [x, w, s0, w_in, b, *tensors])
+
+    def fwd_fake(x, w, s0, w_in, b, tensors, vals, kinds):
+        ix = torch.nn.functional.linear(x, w_in, b) if w_in is not None else x if b is None else x + b
+        T, B, H = ix.shape
+        return [ix.new_empty((T, B, H)) for _ in range(n_out)] + [ix.new_empty((B, H)) for _ in range(n_st)]
+
+    def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
+        inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
+        xb = _exact_bf16(x) if w_in is not None and _fusable(x, w_in, b) else None
+        _, _, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
+        assert sv is not None
+        g = _backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])
+        g += [None] * (noise is not None)  # (the key: no gradient)
+        args = [x, w, s0, w_in, b, *tensors]
+        return [(gi if gi is not None else torch.zeros_like(a)).to(a.dtype).reshape(a.shape)
+                for gi, a, n in zip(g, args, need) if n]
+
+    def bwd_fake(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
+        return [a.new_empty(a.shape) for a, n in zip([x, w, s0, w_in, b, *tensors], need) if n]
+
+    lib.define(_FWD)
+    lib.define(_BWD)
+    lib.impl("rec_fwd", fwd_impl, "CompositeExplicitAutograd")
+    lib.impl("rec_bwd", bwd_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{ns}::rec_fwd", fwd_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::rec_bwd", bwd_fake, lib=lib)
+    ops = getattr(torch.ops, ns)
+    fwd, bwd = ops.rec_fwd.default, ops.rec_bwd.default
+
+    def setup_context(ctx, inputs, output):
+        x, w, s0, w_in, b, tensors, vals, kinds = inputs
+        args = [x, w, s0, w_in, b, *tensors]
+        ctx.need = [a is not None and a.requires_grad for a in args]
+        ctx.vals, ctx.kinds, ctx.n = list(vals), list(kinds), len(tensors)
+        ctx.save_for_backward(*args)
+
+    def backward(ctx, grads):
+        if not torch.compiler.is_compiling() and torch.is_grad_enabled():
+            _first_order()
+        x, w, s0, w_in, b, *tensors = ctx.saved_tensors
+        res = iter(bwd(x, w, s0, w_in, b, tensors, ctx.vals, ctx.kinds, list(grads), ctx.need))
+        g = [next(res) if n else None for n in ctx.need]
+        # (an empty list of floats has the structure of an empty list of tensors: its "gradient" is [])
+        return (*g[:5], g[5:], None if ctx.vals else [], None if ctx.kinds else [])
+
+    torch.library.register_autograd(f"{ns}::rec_fwd", backward, setup_context=setup_context, lib=lib)
+    _LIBS[ns] = (lib, (fwd, bwd))
+    return fwd, bwd
+
+
+def _fresh(results: list[torch.Tensor], args: list) -> list[torch.Tensor]:
+    """A custom op's results sharing no memory with its arguments or with each other (a final
+    state may be an initial one, unchanged, or a view of an output): copies where they would."""
+    seen = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel()}
+    out = []
+    for r in results:
+        ptr = r.untyped_storage().data_ptr() if r.numel() else None
+        if ptr is not None and ptr in seen:
+            r = r.clone()
+            ptr = r.untyped_storage().data_ptr()
+        if ptr is not None:
+            seen.add(ptr)
+        out.append(r)
+    return out
+
+
+__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "register_ops", "pack_args", "weight_grad", "split3",
+           "fast_products"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._paths import LANGUAGE_REFERENCE
+from .._sympy import load as sympy_ready
 from ..runtime import display
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def render_html(model: Any, outdir: str | Path | None = None, *, plots: bool = T
                 standalone: bool = True) -> str:
     """The model's HTML page. Plots are written as PNGs into `outdir` (save the page there too)
     or, without `outdir`, embedded as data URIs; `standalone=False` gives a fragment."""
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
     from . import htmlpage
     from .content import describe
     from .figures import make_figures
@@ -62,6 +64,7 @@ def render_html(model: Any, outdir: str | Path | None = None, *, plots: bool = T
 def render_markdown(model: Any, outdir: str | Path | None = None, *, plots: bool = True,
                     sources: bool = True) -> str:
     """The model's Markdown page (math as LaTeX); plots as for `render_html`."""
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
     from . import mdpage
     from .content import describe
     from .figures import make_figures
@@ -75,6 +78,7 @@ def render_markdown(model: Any, outdir: str | Path | None = None, *, plots: bool
 def latex(model: Any, part: str = "equations", environment: str = "align*") -> str:
     """The model's equations as LaTeX: `part` "equations" (as written), "step" (discretized)
     or "backward" (derived); in an `align*` environment (amsmath), or `aligned` for notebooks."""
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
     from .latexdoc import model_latex
 
     return model_latex(compiled(model), part, environment)
@@ -82,6 +86,7 @@ def latex(model: Any, part: str = "equations", environment: str = "align*") -> s
 
 def build(targets: Any, outdir: str | Path, **kwargs: Any) -> BuildResult:
     """Pages for files, directories and library stems, plus the index (see `flexdsl doc`)."""
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
     from .sitebuild import build as _build
 
     return _build(list(targets) if not isinstance(targets, str | Path) else [targets], outdir, **kwargs)
@@ -97,6 +102,7 @@ def _notebook_html(model: Any) -> str:
 
 
 def _notebook_latex(model: Any) -> str:
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
     from .latexdoc import repr_latex
 
     return repr_latex(compiled(model))

@@ -24,6 +24,7 @@ from .._paths import NEURONS_DIR
 from ..frontend import ast as A
 from ..frontend.catalog import METHODS, SURROGATES
 from ..frontend.evaluate import evaluate
+from ..frontend.parse import source_lines
 from ..ir.functions import CONSTANTS
 from ..ir.lower import ToSympy
 from .printing import (
@@ -217,7 +218,7 @@ class _Written:
 
 
 def _source_line(c: Compiled, line: int) -> str:
-    lines = c.text.splitlines()
+    lines = source_lines(c.text)
     return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
 

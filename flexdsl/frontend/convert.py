@@ -33,6 +33,9 @@ class _Convert(A.ExprFold[tuple[A.Expr, DimValue]]):
         d = getattr(self.dims, f"visit_{type(e).__name__}")(e, *kids)
         if d.has_unit and d.const is not None:
             if value_finite(d.const):
+                if d.const != 0 and float(d.const) == 0.0:
+                    raise self.uc.err(f"`{expr_text(e)}` is too small for a float in base units (it would be 0)",
+                                      e.pos, "the smallest float is about 5e-324: rescale the constant")
                 return _number(d.const, e), d
         if isinstance(new, A.Quantity):  # (not finite: reported where the quantity was checked)
             raise self.uc.err(f"`{expr_text(e)}` is not a finite number in base units", e.pos)
@@ -197,6 +200,8 @@ def param_value(ck: CheckedModel, name: str, value: Any, definitions: Definition
     result = value_div(base, factor)
     if not value_finite(result):
         raise fail("the value is too large for a float")
+    if result != 0 and float(result) == 0.0:
+        raise fail("the value is too small for a float (it would be 0)")
     return float(result)
 
 

@@ -18,6 +18,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+from .._sympy import load as load_sympy
 from ..errors import did_you_mean
 from . import ast as A
 from .catalog import CONSTANTS, UNIT_BASES, UNIT_PREFIXES, is_unit, unit_parts
@@ -132,7 +133,7 @@ def show(d: Dim, system: str = "SI") -> str:
 def _system() -> tuple[Fraction, ...]:
     """The base system's scale of each SI base dimension (an exact solve: every unit of
     BASE_UNITS is 1 in it)."""
-    import sympy as sp
+    sp = load_sympy()
 
     rows, logs = [], []
     for name in BASE_UNITS:
@@ -154,9 +155,9 @@ def _system() -> tuple[Fraction, ...]:
 @lru_cache(maxsize=256)
 def _si(name: str) -> tuple[Fraction, tuple[Fraction, ...]]:
     """(value in SI base units, dimension exponents) of the unit `name`, from sympy."""
-    from sympy.physics import units as u
-    from sympy.physics.units import convert_to
-    from sympy.physics.units.prefixes import PREFIXES
+    u = load_sympy("sympy.physics.units")
+    convert_to = u.convert_to
+    PREFIXES = load_sympy("sympy.physics.units.prefixes").PREFIXES
 
     if name == "cd":
         q = u.candela

@@ -100,6 +100,24 @@ def _unquote(tok: Token) -> str:
     return s[3:-3] if s.startswith('"""') else s[1:-1]
 
 
+# a number as the language writes it, with an optional sign: ASCII digits only (Python's float()
+# also reads `３.5`, `1_0`, `nan`, ` 1 `, which are not numbers of the language)
+NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def read_number(text: str) -> float:
+    """A number given as text outside a model (a param value, a command-line option), read as
+    the language reads numbers; ValueError for anything else."""
+    if not isinstance(text, str) or NUMBER_TEXT.fullmatch(text.strip()) is None:
+        raise ValueError(f"not a number: {text!r}")
+    return float(text.strip())
+
+
+def _nonzero_mantissa(text: str) -> bool:
+    mantissa = text.lower().partition("e")[0]
+    return any(ch in "123456789" for ch in mantissa)
+
+
 def _dedent_doc(text: str) -> str:
     import inspect
 
@@ -122,6 +140,9 @@ class _ToAST(Transformer_NonRecursive):
         if value == float("inf"):
             raise FlexDSLError(f"the number `{tok}` is too large for a float", self.filename, tok.line, tok.column,
                                self.source, "the largest float is about 1.8e308")
+        if value == 0.0 and _nonzero_mantissa(str(tok)):
+            raise FlexDSLError(f"the number `{tok}` is too small for a float (it would be 0)", self.filename,
+                               tok.line, tok.column, self.source, "the smallest float is about 5e-324; write 0 for 0")
         return A.Num(value, str(tok), _pos(tok))
 
     def name(self, tok: Token) -> A.Name:
@@ -306,12 +327,15 @@ def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLEr
         if ch == '"':
             return FlexDSLError("unterminated string", filename, err.line, err.column, source,
                                 "strings are one line `\"...\"`; docstrings use `\"\"\"...\"\"\"`")
+        if ch.isdigit() or ch.isnumeric():
+            return FlexDSLError(f"`{ch}` (U+{ord(ch):04X}) is not a digit of a number", filename, err.line,
+                                err.column, source, "numbers are written with the ASCII digits 0-9")
         return FlexDSLError(f"unexpected character `{ch}`", filename, err.line, err.column, source)
     if isinstance(err, UnexpectedToken):
         tok = err.token
         expected = set(err.expected) if err.expected else set()
         if tok.type == "$END":
-            lines = source.rstrip("\n").splitlines() or [""]
+            lines = source_lines(source.rstrip("\n"))
             return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source,
                                 "a block needs an indented body" if "_INDENT" in expected else None)
         if tok.type == "_INDENT":
@@ -339,7 +363,7 @@ def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLEr
         return FlexDSLError(f"unexpected `{word}`, expected {_describe_expected(expected)}",
                             filename, tok.line, tok.column, source)
     if isinstance(err, UnexpectedEOF):
-        lines = source.rstrip("\n").splitlines() or [""]
+        lines = source_lines(source.rstrip("\n"))
         return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source)
     return FlexDSLError(str(err), filename, getattr(err, "line", 0), getattr(err, "column", 0), source)
 
@@ -350,6 +374,14 @@ def normalize(source: str) -> str:
     if source.startswith("\ufeff"):
         source = source[1:]
     return source.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def source_lines(source: str) -> list[str]:
+    """The model text's lines as the parser counts them (and as errors, generated code and docs
+    quote them): split at `\n` only. (`str.splitlines` also splits at a form feed, `\x85`,
+    U+2028 and others, which the language allows inside text and comments: every later line
+    number would be off.)"""
+    return source.split("\n")
 
 
 def _check_text(source: str, filename: str) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .lower import StepModel
     from .schedule import Hoisted
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass
@@ -43,6 +43,13 @@ class HostProgram:
     derived: list[str] = field(default_factory=list)
     assignments: list[tuple[str, Tree]] = field(default_factory=list)
     checks: list[tuple[str, str]] = field(default_factory=list)
+    # (state or output name, value, the SSA name of the statement that sets it) of each next state
+    # and output that is a constant: it must fit the dtype it is stored in (checked before a call)
+    constant_results: list[tuple[str, float, str]] = field(default_factory=list)
+    # (statement, its largest and its smallest nonzero constant) of the per-step statements with a
+    # constant beyond float16's range: each must hold in the precision a call computes in (1e308
+    # is inf in float32, so 0 * 1e308 is NaN; 1e-308 is 0, so `v >= 1e-308` fires at v = 0)
+    constants: list[tuple[str, float, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -52,7 +59,9 @@ class HostProgram:
         if d.get("format") != FORMAT:
             raise ValueError("a host program of another format")
         return cls(list(d["params"]), list(d["derived"]), [(str(n), t) for n, t in d["assignments"]],
-                   [(str(a), str(b)) for a, b in d["checks"]])
+                   [(str(a), str(b)) for a, b in d["checks"]],
+                   [(str(a), float(b), str(c)) for a, b, c in d["constant_results"]],
+                   [(str(a), float(b), float(c)) for a, b, c in d["constants"]])
 
 
 # ---------------------------------------------------------------------------------- sympy -> trees
@@ -183,6 +192,8 @@ def evaluate_expr(expr: Any, env: Mapping[Any, Any]) -> Any:
 # ---------------------------------------------------------------------------------- the program
 def host_program(step: StepModel, hoisted: Hoisted) -> HostProgram:
     """The derived params and the checked param-only values of a step, as host expressions."""
+    import sympy as sp
+
     prog = HostProgram([p.name for p in step.declared_params])
     for k, d in enumerate(step.matrix_exps):
         block = f"_expm{k}"
@@ -196,6 +207,26 @@ def host_program(step: StepModel, hoisted: Hoisted) -> HostProgram:
         name = f"_den{i}"
         prog.assignments.append((name, tree(d)))
         prog.checks.append((f"{y.name}|denominator {i}", name))
+    for i, (y, part) in enumerate(hoisted.parts):
+        try:
+            t = tree(part)
+        except TypeError:  # (a function the host does not evaluate: that part is not checked)
+            continue
+        name = f"_part{i}"
+        prog.assignments.append((name, t))
+        prog.checks.append((f"{y.name}|part {i}", name))
+    for label, e in [*((y.name, e) for y, e in hoisted.body),
+                     *zip((s.name for s in step.states), step.next_states), *step.outputs]:
+        mags = [abs(float(c)) for c in e.atoms(sp.Number) if not c.is_zero]
+        if mags and (max(mags) > 65504.0 or min(mags) < 6e-8):
+            prog.constants.append((label, max(mags), min(mags)))
+    values = dict(step.assignments)
+    for name, v in [*zip((s.name for s in step.states), step.next_states), *step.outputs]:
+        origin = ""
+        while v in values:
+            origin, v = str(v), values[v]
+        if v.is_Number:
+            prog.constant_results.append((name, float(v), origin))
     return prog
 
 

@@ -71,6 +71,10 @@ class Hoisted:
     # the param-only denominators of the body, (statement, denominator): params that make one 0
     # make the step divide by zero
     denominators: list[tuple[sp.Symbol, sp.Expr]] = field(default_factory=list)
+    # the param-only parts of the body's statements, (statement, part): each is computed from the
+    # params alone (e.g. euler's `dt*where(tau > 0, -8, 1)**(1/3)`), so params that make one NaN or
+    # inf make the step undefined, as for the invariants
+    parts: list[tuple[sp.Symbol, sp.Expr]] = field(default_factory=list)
 
 
 def hoist(step: StepModel) -> Hoisted:
@@ -84,6 +88,7 @@ def hoist(step: StepModel) -> Hoisted:
         used |= _free(v) & inv
     h = Hoisted(invariants, [y for y, _ in invariants if y in used], body)
     h.denominators = param_denominators(step, h)
+    h.parts = param_only_parts(step, h)
     return h
 
 
@@ -289,6 +294,29 @@ def param_denominators(step: StepModel, h: Hoisted) -> list[tuple[sp.Symbol, sp.
     return out
 
 
+def param_only_parts(step: StepModel, h: Hoisted) -> list[tuple[sp.Symbol, sp.Expr]]:
+    """(statement, part) for the largest sub-expressions of the per-step body that depend on
+    params only (not bare symbols or numbers; never inside the branches of a `where`, which its
+    condition may guard)."""
+    pset = {p.symbol for p in step.params} | {y for y, _ in h.invariants}
+    out: list[tuple[sp.Symbol, sp.Expr]] = []
+    seen: set[sp.Expr] = set()
+    for y, e in h.body:
+        stack = [e]
+        while stack:
+            n = stack.pop()
+            if not isinstance(n, sp.Expr) or n.is_Atom:
+                continue
+            free = n.free_symbols
+            if free and free <= pset and not isinstance(n, SpikeGE | SpikeGT):
+                if n not in seen:
+                    seen.add(n)
+                    out.append((y, n))
+                continue
+            stack.extend([n.args[0]] if isinstance(n, Where) else n.args)
+    return out
+
+
 def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
     """The powers in `e` outside the branches of a `where` (a branch may guard its division)."""
     out: list[sp.Pow] = []
@@ -304,4 +332,5 @@ def _unguarded_powers(e: sp.Expr) -> list[sp.Pow]:
     return out
 
 
-__all__ = ["Hoisted", "Schedule", "hoist", "make_schedule", "param_only", "live", "param_denominators"]
+__all__ = ["Hoisted", "Schedule", "hoist", "make_schedule", "param_only", "live", "param_denominators",
+           "param_only_parts"]

@@ -23,6 +23,7 @@ step at a time).
 
 from __future__ import annotations
 
+from .._sympy import load as sympy_ready
 from ..errors import FlexDSLError
 
 try:
@@ -31,12 +32,13 @@ except ImportError:  # numpy comes with the `nir` package
     raise FlexDSLError("flexdsl.nir needs numpy and the `nir` package, which are not installed", "<flexdsl.nir>",
                        hint="pip install 'flexdsl[nir]'") from None
 
-from .exporter import export
-from .fit import Exported, match
-from .importer import load
-from .linear import Affine, LinearStep, analyse, classify
-from .network import NIRNetwork
-from .primitives import DEFAULT_SURROGATE, METHODS, PRIMITIVES, Primitive, neuron_text
+sympy_ready()  # (before the modules below import it: one thread at a time)
+from .exporter import export  # noqa: E402
+from .fit import Exported, match  # noqa: E402
+from .importer import load  # noqa: E402
+from .linear import Affine, LinearStep, analyse, classify  # noqa: E402
+from .network import NIRNetwork  # noqa: E402
+from .primitives import DEFAULT_SURROGATE, METHODS, PRIMITIVES, Primitive, neuron_text  # noqa: E402
 
 __all__ = ["export", "load", "match", "analyse", "classify", "neuron_text", "NIRNetwork", "PRIMITIVES", "Primitive",
            "Exported", "LinearStep", "Affine", "METHODS", "DEFAULT_SURROGATE"]

@@ -238,7 +238,7 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
                                source, hint="pass dt=..., the length of one step in the graph's time unit "
                                "(snnTorch exports with dt=1e-4, Norse with dt=1e-3)")
         dt = meta["flexdsl_dt"]
-    dt = _check_dt(np.asarray(dt).reshape(-1)[0] if not isinstance(dt, int | float) else dt)
+    dt = _check_dt(dt)
     if method not in ("auto", *METHODS):
         raise FlexDSLError(f"method must be 'auto', 'euler' or 'exact', not {method!r}", "<flexdsl.nir>",
                            hint=did_you_mean(str(method), ["auto", *METHODS]))
@@ -268,17 +268,20 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
             continue
         kind = type(node).__name__
         if kind in PRIMITIVES:
-            md = node.metadata if isinstance(node.metadata, dict) else {}
-            meth = method if method != "auto" else (md.get("flexdsl_method") if md.get("flexdsl_method") in METHODS
-                                                    else "euler")
-            sur = surrogate or _surrogate(md.get("flexdsl_surrogate")) or DEFAULT_SURROGATE
+            md = _flexdsl_metadata(node, name, kind)
+            meth = method if method != "auto" else md.get("flexdsl_method", "euler")
+            sur = surrogate or md.get("flexdsl_surrogate") or DEFAULT_SURROGATE
             modules[name] = _neuron_module(kind, node, name, dt, meth, learn, _surrogate(sur) or DEFAULT_SURROGATE,
                                            backend, detach_reset)
             kinds[name] = "neuron"
         else:
             modules[name], kinds[name] = _layer_module(node, name)
     edges = _fuse_recurrent(modules, kinds, types, flat.edges, backend)
-    return NIRNetwork(modules, kinds, edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
+    net = NIRNetwork(modules, kinds, edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
+    shape = _declared_shape(flat.nodes[flat.inputs[0]])
+    if shape is not None:  # layers whose shapes do not fit are found now, not at the first call
+        net.check(shape)
+    return net
 
 
 def _fuse_recurrent(modules: dict[str, nn.Module], kinds: dict[str, str], types: dict[str, str],
@@ -314,3 +317,40 @@ def _fuse_recurrent(modules: dict[str, nn.Module], kinds: dict[str, str], types:
             edges = [(a, b) for a, b in edges if r not in (a, b)]
             break
     return edges
+
+
+def _flexdsl_metadata(node: Any, where: str, kind: str) -> dict[str, str]:
+    """What flexdsl's export recorded on a neuron node (`flexdsl_method`, `flexdsl_surrogate`),
+    checked: a recorded value that is not one flexdsl writes is an error, never ignored."""
+    md = node.metadata if isinstance(node.metadata, dict) else {}
+    out = {}
+    if "flexdsl_method" in md:
+        m = md["flexdsl_method"]
+        if not isinstance(m, str) or m not in METHODS:
+            raise FlexDSLError(f"NIR node `{where}` ({kind}): its metadata flexdsl_method is {m!r}, not one of "
+                               f"{', '.join(METHODS)}", "<nir graph>")
+        out["flexdsl_method"] = m
+    if "flexdsl_surrogate" in md:
+        s = _surrogate(md["flexdsl_surrogate"])
+        if s is None:
+            raise FlexDSLError(f"NIR node `{where}` ({kind}): its metadata flexdsl_surrogate is "
+                               f"{str(md['flexdsl_surrogate'])[:80]!r}, not a built-in surrogate with finite keywords",
+                               "<nir graph>", hint="e.g. 'atan(alpha=2.0)'")
+        out["flexdsl_surrogate"] = s
+    return out
+
+
+def _declared_shape(node: Any) -> tuple[int, ...] | None:
+    """The per-sample shape an Input node declares, where it declares one (small enough for a
+    trial run)."""
+    types = getattr(node, "input_type", None)
+    if not isinstance(types, dict) or len(types) != 1:
+        return None
+    try:
+        a = np.asarray(next(iter(types.values())))
+        shape = tuple(int(v) for v in a.reshape(-1)) if a.dtype.kind in "iu" else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not shape or any(n < 1 for n in shape) or int(np.prod(shape)) > 1 << 20:
+        return None
+    return shape

@@ -93,8 +93,26 @@ class NIRNetwork(nn.Module):
                 m.reset()
         self._prev = {}
 
+    def check(self, shape: tuple[int, ...]) -> None:
+        """One step of a zero input of this per-sample shape (the Input node's), so that layers
+        whose shapes do not fit are a located error at load; the states are reset after."""
+        with torch.no_grad():
+            x = torch.zeros(1, 1, *shape)
+            if self.recurrent:
+                self._step(x[0])
+            else:
+                self._one(x, 2, {})
+        self.reset()
+
     def _run_node(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
-        y = self._node_value(key, x, lead)
+        try:
+            y = self._node_value(key, x, lead)
+        except (RuntimeError, FlexDSLError) as e:  # (a layer or neuron that does not fit its input)
+            inv = {v: k for k, v in self.names.items()}
+            why = e.reason if isinstance(e, FlexDSLError) else str(e).splitlines()[0]
+            raise FlexDSLError(f"NIR node `{inv[key]}` ({self._node_kinds.get(inv[key], self.kinds[key])}) does not "
+                               f"fit its input of per-sample shape {tuple(x.shape[lead:])}: {why}", "<nir graph>",
+                               hint="the graph's layers must agree on the shapes between them") from None
         if self._shapes is not None:  # export records each node's per-sample shapes
             self._shapes.setdefault(key, (tuple(x.shape[lead:]), tuple(y.shape[lead:])))
         return y

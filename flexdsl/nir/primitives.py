@@ -145,17 +145,30 @@ def neuron_text(kind: str, values: Mapping[str, float], dt: float, method: str =
 
 
 def _check_dt(dt: Any) -> float:
+    """A step given to `load` or recorded in a graph: one real number (a number, or an array of
+    one number), positive and finite; a bool, text, an empty or longer array are errors."""
     try:
-        d = float(dt)
-    except (TypeError, ValueError):
+        if isinstance(dt, bool | str | bytes) or type(dt).__name__ == "bool_":
+            raise TypeError
+        if isinstance(dt, int | float):
+            d = float(dt)
+        else:  # (numpy arrays and scalars, lists: one real number)
+            import numpy as np
+
+            a = np.asarray(dt)
+            if a.size != 1 or a.dtype.kind not in "iuf":
+                raise TypeError
+            d = float(a.reshape(-1)[0])
+    except (TypeError, ValueError, OverflowError):
         d = float("nan")
     if not (math.isfinite(d) and d > 0):
-        raise FlexDSLError(f"dt must be a positive finite number, not {dt!r}", "<flexdsl.nir>",
+        shown = repr(dt) if len(repr(dt)) <= 60 else repr(dt)[:57] + "..."
+        raise FlexDSLError(f"dt must be a positive finite number, not {shown}", "<flexdsl.nir>",
                            hint="NIR is continuous time: dt is the length of one flexdsl step in NIR's time unit")
     return d
 
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"  # ASCII digits, as the language
 _SURROGATE = re.compile(rf"^\s*([a-z_][a-z0-9_]*)\s*\(\s*((?:[a-z_][a-z0-9_]*\s*=\s*{_NUMBER}\s*,?\s*)*)\)\s*$")
 _KWARG = re.compile(rf"([a-z_][a-z0-9_]*)\s*=\s*({_NUMBER})")
 

@@ -86,8 +86,12 @@ class CallArgs:
                               "inputs broadcast like torch tensors (e.g. [T, B, N] with [T, 1, N])") from None
         return xs, shape
 
-    def _states_for(self, x0: torch.Tensor, shape: torch.Size, given: Mapping[str, Any] | None) -> list[Any]:
-        """Each state's value for a call: given, kept from the last call, or initial."""
+    def _states_for(self, x0: torch.Tensor, shape: torch.Size, given: Mapping[str, Any] | None,
+                    any_float: bool = False) -> list[Any]:
+        """Each state's value for a call: given, kept from the last call, or initial. An initial
+        value that is a tensor (computed from tensor params; under torch.compile from every
+        param) is made the input's dtype, unless the program reads any floating dtype
+        (`any_float`: the Triton kernels, which load it in float32, as they take a float)."""
         out: list[Any] = []
         inits = None
         for name in self._state_names:
@@ -100,7 +104,7 @@ class CallArgs:
                     inits = self._initial_values()
                 v = inits[name]
                 if isinstance(v, torch.Tensor):
-                    v = v.to(device=x0.device, dtype=x0.dtype)
+                    v = v.to(device=x0.device) if any_float else v.to(device=x0.device, dtype=x0.dtype)
                 elif x0.dtype != torch.float64 and abs(float(v)) > torch.finfo(x0.dtype).max:
                     decl = next(s for s in self._compiled.checked.states if s.name == name)
                     raise self._error(f"state `{name}` starts at {float(v):g}, beyond what {x0.dtype} holds "

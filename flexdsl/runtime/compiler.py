@@ -24,7 +24,7 @@ from ..frontend.parse import normalize
 from ..ir.host import check_values, derived_values
 from ..library import resolve
 from ..store import cache
-from ..store.generated import load_module
+from ..store.generated import forget, load_module
 from ..store.pipeline import IR
 from . import display
 
@@ -183,8 +183,9 @@ def _backend(b: Backend | str) -> Backend:
 
 # Programs are shared by every Compiled of the same key (a model text loaded twice registers
 # its custom ops once).
-_PROGRAMS: dict[str, Program] = {}
+_PROGRAMS: OrderedDict[str, Program] = OrderedDict()
 _PROGRAMS_LOCK = threading.Lock()
+_PROGRAMS_SIZE = 256  # (the least recently loaded go: a model loaded again gets its program back from the caches)
 
 
 def _load_program(b: Backend, k: str, artefact) -> Program:
@@ -193,6 +194,13 @@ def _load_program(b: Backend, k: str, artefact) -> Program:
         if p is None:
             p = b.load(artefact(), k)
             _PROGRAMS[f"{b.name}:{k}"] = p
+            while len(_PROGRAMS) > _PROGRAMS_SIZE:
+                old = _PROGRAMS.popitem(last=False)[1]
+                mod = getattr(old, "module", None) or getattr(old, "mod", None)
+                if isinstance(mod, ModuleType):
+                    forget(mod)
+        else:
+            _PROGRAMS.move_to_end(f"{b.name}:{k}")
         return p
 
 

@@ -33,6 +33,8 @@ from .noise import NoiseSource
 from .params import (
     bits,
     broadcasts_to,
+    check_constant_results,
+    check_constants,
     check_invariants,
     constraint_holds,
     param_number,
@@ -415,8 +417,8 @@ class NeuronModule(Checkpoints, CallArgs, NoiseSource, _Base):  # type: ignore[v
             if isinstance(v, torch.Tensor):
                 self._states[k] = fn(v)
         self.__dict__["state_seqs"] = {k: fn(v) for k, v in self.state_seqs.items()}
-        try:
-            device = fn(torch.empty(0)).device
+        try:  # (where a tensor of the module goes: `.to(memory_format=...)` or `.half()` keep it where it is)
+            device = fn(torch.empty(0, device=self._fixed_t.device)).device
         except (RuntimeError, TypeError):
             return out
         if device.type != "meta":  # (the float params stay float64: only their device follows)
@@ -498,14 +500,16 @@ class NeuronModule(Checkpoints, CallArgs, NoiseSource, _Base):  # type: ignore[v
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
-            if dt not in self._dtypes_checked:
+            if (dt, x0.dtype) not in self._dtypes_checked:
+                check_constant_results(self._compiled, x0.dtype)
                 if dt != torch.float64:
                     self._check_invariants(None, dt)
-                self._dtypes_checked.add(dt)
+                    check_constants(self._compiled, dt)
+                self._dtypes_checked.add((dt, x0.dtype))
         params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
             self._check_param_shapes(params, x0, shape)
-        init = self._states_for(x0, shape, given)
+        init = self._states_for(x0, shape, given, getattr(program, "reads_any_float", False))
         if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
             from .finite import guard
 

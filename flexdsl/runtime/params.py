@@ -17,6 +17,7 @@ from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.convert import param_value
 from ..frontend.evaluate import evaluate, holds, reason
+from ..frontend.parse import read_number
 from ..store.pipeline import unit_definition
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def param_number(c: Compiled, p: A.Param, v: Any, what: str) -> Any:
     if isinstance(v, bool) or v is None:
         raise _override_error(c, p, repr(v))
     try:
-        f = float(v)
+        f = read_number(v) if isinstance(v, str) else float(v)  # (text as the language reads numbers)
     except OverflowError:
         raise FlexDSLError(f"{what} `{p.name}` is too large for a float: {_clip(repr(v))}", c.filename, p.pos.line,
                            p.pos.column, c.text, "params are float64 numbers (at most about 1.8e308)") from None
@@ -174,6 +175,10 @@ def check_invariants(c: Compiled, decls: Mapping[str, A.Param], values: Sequence
         where = f" in {dname} (the precision of this call)"
         params = [torch.as_tensor(p, dtype=torch.float64).to(dtype) for p in params]
         for (name, p), v, shown in zip(decls.items(), params, values):
+            exact = torch.as_tensor(shown, dtype=torch.float64).detach()
+            if bool(((v == 0) & (exact != 0)).any()):
+                raise error(f"`{name} = {show(shown)}` is 0 in {dname} (the precision of this call)", p.pos,
+                            "run in float64 (m.double() and a float64 input), or rescale the model")
             if not bool(torch.isfinite(v).all()):
                 if not bool(torch.isfinite(torch.as_tensor(shown, dtype=torch.float64)).all()):  # (trained)
                     raise error(f"param `{name}` is {show(shown)}: params are finite numbers", p.pos)
@@ -184,8 +189,8 @@ def check_invariants(c: Compiled, decls: Mapping[str, A.Param], values: Sequence
         vals = c.check_values(params)
     for name, v in vals.items():
         t = torch.as_tensor(v) if dtype is None else torch.as_tensor(v).to(dtype)
-        stmt, _, den = name.partition("|")
-        if den and bool((t == 0).any()):
+        stmt, _, kind = name.partition("|")
+        if kind.startswith("denominator") and bool((t == 0).any()):
             pos = c.step.origins.get(stmt) or c.checked.ast.pos
             raise error(f"with these params this statement divides by zero{where}: a denominator that "
                               "depends on params only is 0", pos,
@@ -193,12 +198,59 @@ def check_invariants(c: Compiled, decls: Mapping[str, A.Param], values: Sequence
                               else "run in float64 (m.double() and a float64 input), or change the params")
         if not bool(torch.isfinite(t).all()):
             eqs = c.checked.equations
-            pos = c.step.origins.get(name) or (eqs.pos if eqs is not None else c.checked.ast.pos)
+            pos = c.step.origins.get(stmt) or (eqs.pos if eqs is not None else c.checked.ast.pos)
             how = f" (method `{c.method}`)" if c.method else ""
+            what = f"`{stmt}`" if not kind else "a value of this statement computed from the params alone"
             raise error(
-                f"with these params the step is not defined{where}: `{name}`{how} is not finite", pos,
+                f"with these params the step is not defined{where}: {what}{how} is not finite", pos,
                 "a division by zero or an overflow among the params (e.g. a time constant of 0, or a step "
                 "`dt` so long that a decay factor overflows)" + ("; or run in float64" if where else ""))
 
 
-__all__ = ["resolve_params", "param_number", "constraint_holds", "check_invariants"]
+def check_constants(c: Compiled, compute: torch.dtype) -> None:
+    """The step's constants must fit the precision a call computes in: 1e308 is inf in
+    float32, so `v * 1e308` would give NaN for v = 0 where float64 gives 0."""
+    big = torch.finfo(compute).max
+    for label, largest, smallest in c.host.constants:
+        bad = largest if largest > big else smallest if _rounds_to_zero(smallest, compute) else None
+        if bad is not None:
+            pos = _position(c, label, label)
+            dname = str(compute).replace("torch.", "")
+            why = f"beyond what {dname} holds ({big:.3g})" if bad == largest else f"which {dname} rounds to 0"
+            raise FlexDSLError(f"this statement has the constant {bad:g}, {why}: {dname} is the precision of this "
+                               "call", c.filename, pos.line, pos.column, c.text,
+                               "run in float64 (m.double() and a float64 input), or rescale the model")
+
+
+def _position(c: Compiled, name: str, origin: str) -> A.Pos:
+    """Where a statement of the step comes from: its SSA name's origin, else the last statement
+    that sets the state `name`, else its declaration, else the model."""
+    ck = c.checked
+    pos = c.step.origins.get(origin)
+    if pos is not None:
+        return pos
+    sets = [a.pos for a in [*ck.update, *ck.on_spike] if a.target == name and not a.is_let]
+    decl = next((s for s in ck.states if s.name == name), None)
+    return sets[-1] if sets else decl.pos if decl is not None else ck.ast.pos
+
+
+def _rounds_to_zero(v: float, dtype: torch.dtype) -> bool:
+    return v != 0 and float(torch.tensor(v, dtype=torch.float64).to(dtype)) == 0.0
+
+
+def check_constant_results(c: Compiled, dtype: torch.dtype) -> None:
+    """A state or output the step sets to a constant must fit the dtype it is stored in
+    (float32 cannot hold 1e300: one backend would store inf, another fail)."""
+    big = torch.finfo(dtype).max
+    for name, v, origin in c.host.constant_results:
+        if abs(v) > big:
+            pos = _position(c, name, origin)
+            what = "state" if any(s.name == name for s in c.checked.states) else "output"
+            dname = str(dtype).replace("torch.", "")
+            raise FlexDSLError(f"the step sets {what} `{name}` to {v:g}, beyond what {dname} holds ({big:.3g})",
+                               c.filename, pos.line, pos.column, c.text,
+                               "run in float64 (m.double() and a float64 input), or rescale the model")
+
+
+__all__ = ["resolve_params", "param_number", "constraint_holds", "check_invariants", "check_constants",
+           "check_constant_results"]

@@ -20,11 +20,12 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import backends
+from ..backends import recurrent as scans
 from ..backends.base import transformed
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from .compiler import Compiled
 
 # program key -> program, filled by `_resolve` (read by the traced code)
-_RESOLVED: dict[str, Program] = {}
+_RESOLVED: dict[str, Any] = {}
 # a name per Compiled (what a trace passes to `_resolve`: Dynamo converts only constants)
 _REGISTRY: weakref.WeakValueDictionary[str, Compiled] = weakref.WeakValueDictionary()
 # per Compiled: (backend, device type, dtype) -> program (the eager path)
@@ -99,4 +100,28 @@ def _resolve(name: str, backend: str, device_type: str, dtype: torch.dtype) -> s
     return k
 
 
-__all__ = ["program_for", "register"]
+def recurrent_for(c: Compiled, name: str, backend: str, like: torch.Tensor, port: int, source: int,
+                  dense: bool) -> Any:
+    """The recurrent scan of `c` (registered as `name`) for a layer's call on tensors like `like`
+    (`backend`: a backend's name, or "auto": the Triton kernels for CUDA tensors of a kernel
+    dtype, else the torch scan), loaded at trace time under torch.compile like `program_for`."""
+    if torch.compiler.is_compiling():
+        return _RESOLVED[_resolve_recurrent(name, backend, like.device.type, like.dtype, port, source, dense)]
+    return scans.program(c, scans.choose(backend, like), port, source, dense)
+
+
+@_assume_constant_result
+def _resolve_recurrent(name: str, backend: str, device_type: str, dtype: torch.dtype, port: int, source: int,
+                       dense: bool) -> str:
+    """`_resolve` for a recurrent layer's scan (with its custom ops: `backends.recurrent.register_ops`)."""
+    c = _REGISTRY[name]
+    like = torch.empty(0, dtype=dtype, device=device_type)
+    program = scans.program(c, scans.choose(backend, like), port, source, dense)
+    c.derived_names  # noqa: B018 - computed here, read by the trace
+    k = f"rec{id(program)}"
+    with _LOCK:
+        _RESOLVED[k] = program
+    return k
+
+
+__all__ = ["program_for", "recurrent_for", "register"]

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import backends
 from ..backends import recurrent as scans
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
+from . import programs
 from .compiler import compile_model
 from .module import STEP_MODES, NeuronModule, _Base
 
@@ -57,7 +57,10 @@ class _NeuronView:
         flattened), derived params included: floats, or tensors broadcasting to `[flat, hidden]`."""
         m = self.m
         out = []
-        for name, v in zip(m._param_decls, m._param_list()):
+        # (under torch.compile the params as tensors: the float ones are entries of the module's
+        # float64 tensor, inputs of the graph rather than guarded constants)
+        values = m._traced_param_list() if torch.compiler.is_compiling() else m._param_list()
+        for name, v in zip(m._param_decls, values):
             if isinstance(v, torch.Tensor) and v.numel() > 1:
                 decl = m._param_decls[name]
                 if v.device != device:
@@ -277,12 +280,15 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         inputs = self._other_inputs(others, names, single, (T, flat, H), step_shape, dtype, dev)
         s0 = self._initial_feedback(step_shape, flat, dtype, dev)
         like = torch.empty((), dtype=dtype, device=dev)
-        states = view.states(like, step_shape, flat)
-        params = view.params(step_shape, flat, dev)
         outputs = [n for n, _ in ck.outputs]
         dense = self.connectivity == "all"
-        prog = scans.program(view.compiled, self._backend_for(like), names.index(self.port),
-                             outputs.index(self.source), dense)
+        port, source = names.index(self.port), outputs.index(self.source)
+        # (under torch.compile the scan is chosen and loaded at trace time, before anything reads
+        # the model's lazily computed fields; eagerly, the choice is checked first)
+        backend = self.backend if torch.compiler.is_compiling() else self._backend_for(like)
+        prog = programs.recurrent_for(view.compiled, view.m._compiled_name, backend, like, port, source, dense)
+        states = view.states(like, step_shape, flat)
+        params = view.params(step_shape, flat, dev)
         noise = view.m._noise_key(T, seed, generator, False)
         outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise)
         view.m._noise_advance(noise, T)
@@ -379,9 +385,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                     raise self._input_error(f"the Triton kernels take float32, float16 or bfloat16, not {ix.dtype}",
                                             "use backend='torch' for float64")
             return self.backend
-        if ix.is_cuda and ix.dtype in _KERNEL_DTYPES and backends.get("triton").available():
-            return "triton"
-        return "torch"
+        return scans.choose("auto", ix)
 
     def extra_repr(self) -> str:
         c = self._view.compiled

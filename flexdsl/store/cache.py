@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +72,17 @@ def key(*parts: str) -> str:
 
 # ----------------------------------------------------------------------------- the folder
 _warned: set[str] = set()
-_memory: dict[str, Artefact] = {}
+_memory: dict[str, Artefact] = {}  # the entries read or written by this process, most recent last
 _lock = threading.Lock()
+MEMORY_ENTRIES = 512  # (bounded: the least recently used go, and are read again from the folder)
+
+
+def _remember(k: str, art: Artefact) -> None:
+    with _lock:
+        _memory.pop(k, None)
+        _memory[k] = art
+        while len(_memory) > MEMORY_ENTRIES:
+            _memory.pop(next(iter(_memory)))
 
 
 def _warn(msg: str) -> None:
@@ -137,6 +147,7 @@ def read(k: str) -> Artefact | None:
     with _lock:
         hit = _memory.get(k)
     if hit is not None:
+        _remember(k, hit)
         return hit
     d = folder()
     if d is None:
@@ -162,24 +173,51 @@ def read(k: str) -> Artefact | None:
         except OSError:
             pass
         return None
-    with _lock:
-        _memory[k] = art
+    _remember(k, art)
     return art
+
+
+STALE_TMP_SECONDS = 600  # a write takes milliseconds: an older temporary file was left by a killed writer
+_swept: set[str] = set()
+
+
+def _sweep(d: Path) -> None:
+    """Delete the temporary files of writers that were killed before renaming them into place
+    (once per process and folder, before its first write)."""
+    if str(d) in _swept:
+        return
+    _swept.add(str(d))
+    now = time.time()
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        return
+    for e in entries:
+        if e.name.startswith(".") and e.name.endswith(".tmp"):
+            try:
+                if now - e.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS:
+                    os.unlink(e.path)
+            except OSError:
+                pass
 
 
 def write(k: str, art: Artefact) -> None:
     """Store an entry atomically (a temporary file renamed into place); in memory if the
     folder cannot be used."""
-    with _lock:
-        _memory[k] = art
+    _remember(k, art)
     d = folder()
     if d is None:
         return
     payload = {"key": k, "kind": art.kind, "source": art.source, "meta": art.meta}
     doc = {"format": FORMAT, "sha256": _digest(payload), "payload": payload}
+    _sweep(d)
     tmp = d / f".{k}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # left by a killed process that had this pid and thread id
+            tmp.unlink()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f)
         os.replace(tmp, d / f"{k}.json")

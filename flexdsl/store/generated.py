@@ -52,6 +52,16 @@ def load_module(kind: str, k: str, source: str) -> ModuleType:
         return mod
 
 
+def forget(mod: ModuleType) -> None:
+    """Drop a generated module from `sys.modules` and `linecache` (its program was evicted from
+    the runtime's bounded cache; whoever holds it keeps it, and a later load or import makes it
+    again from the store)."""
+    with _modules_lock:
+        if sys.modules.get(mod.__name__) is mod:
+            del sys.modules[mod.__name__]
+        linecache.cache.pop(getattr(mod, "__file__", None) or "", None)
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports `flexdsl._generated.<kind>_<key>` from a verified cache entry (a new process
     unpickling a model, or torch.compile's workers)."""

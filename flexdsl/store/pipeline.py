@@ -19,6 +19,7 @@ from __future__ import annotations
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
+from .._sympy import load as sympy_ready
 from ..frontend.check import CheckedModel, check
 from ..frontend.parse import parse
 from ..ir.host import HostProgram
@@ -65,6 +66,7 @@ class IR:
     @cached_property
     def step(self) -> StepModel:
         """The discretized step (sympy SSA assignments)."""
+        sympy_ready()
         from ..ir.lower import lower
 
         return lower(self.checked, self.detach_reset)
@@ -72,6 +74,7 @@ class IR:
     @cached_property
     def backward(self) -> BackwardModel:
         """The derived vector-Jacobian product of one step."""
+        sympy_ready()
         from ..ir.derive import derive
 
         return derive(self.step)
@@ -79,6 +82,7 @@ class IR:
     @cached_property
     def hoisted(self) -> Hoisted:
         """The step split into param-only values and the per-step body (no backward needed)."""
+        sympy_ready()
         from ..ir.schedule import hoist
 
         return hoist(self.step)
@@ -86,6 +90,7 @@ class IR:
     @cached_property
     def schedule(self) -> Schedule:
         """Hoisting and the save/recompute plan, shared by the backends."""
+        sympy_ready()
         from ..ir.schedule import make_schedule
 
         return make_schedule(self.step, self.backward, self.hoisted)
@@ -96,6 +101,7 @@ class IR:
         param-only values), from the disk cache when a process has seen the model before."""
 
         def make() -> cache.Artefact:
+            sympy_ready()
             from ..ir.host import host_program
 
             return cache.Artefact("host", "", host_program(self.step, self.hoisted).to_dict())

@@ -244,6 +244,11 @@ class CpuProgram:
             _setup_context(prog, ctx, inputs, output, n_saved)
 
         def backward(ctx, grads):
+            if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # (create_graph=True)
+                raise FlexDSLError("second-order gradients (create_graph=True) cannot go through the CPU kernels of "
+                                   f"{prog.name}: their backward is a kernel, and its results are not differentiable",
+                                   prog.name, hint="use backend='torch' for this model (its backward is "
+                                                   "differentiable)")
             return _backward(prog, ctx, grads, bwd)
 
         fwd.register_autograd(backward, setup_context=setup_context)

@@ -7,6 +7,7 @@ call of T steps does O(T) work in forward and backward.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -70,8 +71,7 @@ class TorchProgram:
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
         prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=x0.device)
                for p in params]
-        st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=x0.dtype, device=x0.device)
-              for s in states]
+        st = [_state(s, shape, x0.dtype, x0.device) for s in states]
         grad = torch.is_grad_enabled()
         save = grad and any(t.requires_grad for t in [*inputs, *st, *prm])
         key = key_tensor(noise)
@@ -88,8 +88,7 @@ class TorchProgram:
         T, dtype = x0.shape[0], x0.dtype
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
         prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64) for p in params]
-        st = [s if isinstance(s, torch.Tensor) else torch.full(shape, float(s), dtype=dtype, device=x0.device)
-              for s in states]
+        st = [_state(s, shape, dtype, x0.device) for s in states]
         n_out = self.n_outputs
         outs: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
         seqs: list[list[torch.Tensor]] = [[] for _ in st]
@@ -105,8 +104,7 @@ class TorchProgram:
             if stream is not None:
                 extra = [stream.at(t)]
             res = core(*xs, *st, *prm, *extra)
-            res = [r if isinstance(r, torch.Tensor) else torch.full(shape, float(r), dtype=dtype, device=x0.device)
-                   for r in res]
+            res = [r if isinstance(r, torch.Tensor) else _full(shape, r, dtype, x0.device) for r in res]
             res = [r.to(dtype) if r.dtype != dtype else r for r in res]
             for i in range(n_out):
                 outs[i].append(res[i])
@@ -127,6 +125,28 @@ class TorchProgram:
                     [empty.clone() for _ in st], [empty.clone() for _ in st])
         return ([_stack(o, shape) for o in outs], list(st), [_stack(s, shape) for s in seqs] if store_seqs else [],
                 [_stack(s, shape) for s in prevs] if keep_prev else [])
+
+
+def _state(s: Any, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A state as the step starts from it, in the call's dtype: a float16 state kept from an
+    earlier call must not make a float32 call compute `a * v` in float16 (a 0-d param does not
+    promote it), as the other backends compute in the call's precision. A 0-d state (an initial
+    value computed from tensor params, as under torch.compile) is broadcast to the step's shape:
+    a 0-d float32 state with a 0-d float64 param would make `v - E_L` a float64 operation, where a
+    float state computes it in float32."""
+    if not isinstance(s, torch.Tensor):
+        return torch.full(shape, float(s), dtype=dtype, device=device)
+    s = s if s.dtype == dtype else s.to(dtype)
+    return s.expand(shape) if s.dim() == 0 else s
+
+
+def _full(shape, value, dtype: torch.dtype, device) -> torch.Tensor:
+    """A constant result, rounded to `dtype` as a computed one would be (1e300 is inf in float32,
+    as in the other backends; the module refuses such a model before a call)."""
+    v = float(value)
+    if abs(v) > torch.finfo(dtype).max:
+        v = math.copysign(math.inf, v)
+    return torch.full(shape, v, dtype=dtype, device=device)
 
 
 def _stack(seq: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
@@ -151,7 +171,11 @@ class TorchBackend:
         return ""  # the generated source does not depend on the torch version
 
     def emit(self, ir: IR) -> Artefact:
+        from ..._sympy import load as sympy_ready
+
+        sympy_ready()  # (before the emitter's modules import it: one thread at a time)
         from .emit import emit_core
+
 
         step = ir.step
         meta = {"name": step.name, "inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],

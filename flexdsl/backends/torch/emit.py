@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ...frontend.parse import source_lines
 from ...ir.derive import BackwardModel
 from ...ir.lower import StepModel
 from ..printer import BasePrinter, comment_text, lhs_rhs_lines
@@ -73,7 +74,7 @@ def header(step: StepModel, what: str) -> list[str]:
 def emit_core(step: StepModel) -> str:
     """The generated module source: `surrogate` and `core`."""
     pr = TorchPrinter()
-    src_lines = step.checked.source.splitlines()
+    src_lines = source_lines(step.checked.source)
     params = [pr._print(p.symbol) for p in step.params]
     args = [pr._print(s) for s in [*step.inputs, *step.states]]
     outs = [name for name, _ in step.outputs]

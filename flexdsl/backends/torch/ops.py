@@ -97,21 +97,36 @@ def where(cond, a, b, like=None):
     dtype = torch.get_default_dtype()
     if isinstance(like, torch.Tensor) and like.is_floating_point():
         dtype = torch.promote_types(dtype, like.dtype)
-    return torch.where(cond, a, b).to(dtype)
+    # the numbers as tensors of that dtype (torch.where(cond, 0.1, 0.2) would round them to the
+    # default dtype first: 0.1 in float32 in a float64 run)
+    return torch.where(cond, torch.tensor(a, dtype=dtype, device=cond.device),
+                       torch.tensor(b, dtype=dtype, device=cond.device))
 
 
 def minimum(a, b):
     like = _like(a, b)
     if like is None:
         return min(a, b)
-    return torch.minimum(_t(a, like), _t(b, like))
+    a, b = _t(a, like), _t(b, like)
+    return _routed(torch.minimum(a, b), a < b, a, b)
 
 
 def maximum(a, b):
     like = _like(a, b)
     if like is None:
         return max(a, b)
-    return torch.maximum(_t(a, like), _t(b, like))
+    a, b = _t(a, like), _t(b, like)
+    return _routed(torch.maximum(a, b), a > b, a, b)
+
+
+def _routed(value: torch.Tensor, first: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`value` (torch.minimum/maximum: NaN propagates) with the gradient of the derived backward:
+    all of it to `a` where `first` holds, else to `b` — at a tie too, where torch would split it
+    in halves and the kernels give it to one side."""
+    if not (a.requires_grad or b.requires_grad):
+        return value
+    route = torch.where(first, a, b)
+    return route + (value - route).detach()
 
 
 def clip(x, lo, hi):

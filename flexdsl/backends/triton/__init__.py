@@ -51,7 +51,11 @@ class TritonBackend:
             return f"no triton, torch {torch.__version__}, chunks {chunk_sizes()}"
 
     def emit(self, ir: IR) -> Artefact:
+        from ..._sympy import load as sympy_ready
+
+        sympy_ready()  # (before the emitter's modules import it: one thread at a time)
         from .emit import emit
+
 
         source, abi = emit(ir)
         return Artefact("triton", source, {"abi": abi.to_dict()})

@@ -3,6 +3,14 @@ the kernels read them (`[T, N]` with a row stride, `[N]` per lane, or one value)
 MODE (0: a float argument, 1: a one-element tensor, 2: a `[N]` tensor), the loop invariants
 computed on the host in float64 when every param is a float, and the specialization keys of a
 launch (what Triton compiles a kernel for: dtypes, 16-byte alignment, ints ==1 / %16).
+
+A lane is a position in memory, not a logical index: the kernels compute every element of a step
+alone, so a call whose input steps are dense in memory in another order than the logical one
+(`channels_last` activations: what Inductor gives convolutions and their neighbours) runs on
+them as they are. Its `order` (the step dims from outermost to innermost in memory; None:
+contiguous) is the layout of every `[T, *shape]` and `[*shape]` tensor of the call: outputs,
+final states and gradients are made in it, and a state, per-channel param or gradient given in
+another layout is copied into it.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .kernel import bits, spec
+from .kernel import bits, prod, spec
 
 
 def unpack(tensors: Sequence[torch.Tensor], vals: Sequence[float], is_t: Sequence[bool]) -> list[Any]:
@@ -23,45 +31,115 @@ def unpack(tensors: Sequence[torch.Tensor], vals: Sequence[float], is_t: Sequenc
     return [next(it) if k else None for k in is_t]
 
 
-def flat_input(x: torch.Tensor, T: int, N: int) -> tuple[torch.Tensor, int]:
-    """An input as the kernels read it: [T, N] rows of unit stride, and the row stride (a
-    contiguous [T, *shape] tensor is already [T, N] in memory)."""
+Order = tuple[int, ...] | None
+
+
+def step_order(x: torch.Tensor) -> Order:
+    """The layout of a call whose first input is `x` ([T, *shape]): None where its steps are
+    contiguous (or not dense in any order: then the input is copied), else the step dims from
+    outermost to innermost in memory (by decreasing stride; size-1 dims keep their place)."""
+    if x.is_contiguous() or x.dim() < 3:
+        return None
+    nd = x.dim() - 1
+    order = tuple(sorted(range(nd), key=lambda d: -x.stride(d + 1)))
+    if order == tuple(range(nd)) or not dense(x, 1, x.shape[1:], order):
+        return None
+    return order
+
+
+def _strides(shape, order: tuple[int, ...]) -> list[int]:
+    """The strides of a step dense in `order`."""
+    out = [0] * len(shape)
+    acc = 1
+    for d in reversed(order):
+        out[d] = acc
+        acc *= shape[d]
+    return out
+
+
+def dense(t: torch.Tensor, lead: int, shape, order: Order) -> bool:
+    """Whether `t` ([*lead dims, *shape]) has each step dense in `order` (any lead strides)."""
+    st = t.stride()
+    exp = _strides(shape, tuple(range(len(shape))) if order is None else order)
+    return all(st[lead + i] == e for i, e in enumerate(exp) if shape[i] != 1)
+
+
+def fits(t: torch.Tensor, lead: int, shape, order: Order, N: int) -> bool:
+    """Whether `t` is flat in memory as the kernels read it: steps dense in `order`, rows of N."""
+    if order is None:
+        return t.is_contiguous()
+    return dense(t, lead, shape, order) and all(
+        t.stride(i) == N * prod(t.shape[i + 1:lead]) or t.shape[i] == 1 for i in range(lead))
+
+
+def alloc(lead: tuple[int, ...], shape, order: Order, dtype: torch.dtype, dev) -> torch.Tensor:
+    """A new tensor [*lead, *shape], flat in memory with its steps in `order`."""
+    if order is None:
+        return torch.empty((*lead, *shape), dtype=dtype, device=dev)
+    k = len(lead)
+    base = torch.empty((*lead, *(shape[d] for d in order)), dtype=dtype, device=dev)
+    return base.permute(*range(k), *(k + order.index(d) for d in range(len(shape))))
+
+
+def to_layout(t: torch.Tensor, lead: tuple[int, ...], shape, order: Order, N: int) -> torch.Tensor:
+    """`t` (broadcasting to [*lead, *shape]) flat in memory in `order`: itself, or a copy."""
+    if tuple(t.shape) == (*lead, *shape) and fits(t, len(lead), shape, order, N):
+        return t
+    if order is None:
+        return t.expand(*lead, *shape).contiguous()
+    return alloc(lead, shape, order, t.dtype, t.device).copy_(t)
+
+
+def flat_input(x: torch.Tensor, T: int, N: int, order: Order = None) -> tuple[torch.Tensor, int]:
+    """An input as the kernels read it: steps flat in memory (`order`), and the row stride (a
+    contiguous [T, *shape] tensor is already [T, N] in memory; a step-dense one keeps its rows)."""
+    if order is not None:
+        if x.dim() > 1 and dense(x, 1, x.shape[1:], order):
+            return x, x.stride(0) if T > 1 else N
+        return to_layout(x, (T,), x.shape[1:], order, N), N
     x2 = x if x.is_contiguous() else x.reshape(T, N)
     if not x2.is_contiguous() and x2.stride(1) != 1:
         x2 = x2.contiguous()
     return x2, (N if x2 is x else x2.stride(0))
 
 
-def flat_grad(g: torch.Tensor | None, lead: tuple[int, ...], N: int) -> torch.Tensor | None:
-    if g is None or g.is_contiguous():  # (flat in memory already)
+def flat_grad(g: torch.Tensor | None, lead: tuple[int, ...], N: int, shape=(), order: Order = None
+              ) -> torch.Tensor | None:
+    if g is None or (order is None and g.is_contiguous()):  # (flat in memory already)
         return g
-    return g.reshape(*lead, N).contiguous()
+    if order is None:
+        return g.reshape(*lead, N).contiguous()
+    return to_layout(g, lead, shape, order, N)
 
 
-def param_arg(p: torch.Tensor | None, v: float, shape, N: int, dev) -> tuple[Any, int]:
+def param_arg(p: torch.Tensor | None, v: float, shape, N: int, dev, order: Order = None) -> tuple[Any, int]:
     """A param's kernel argument and MODE."""
     if p is None:
         return float(v), 0
     if p.device != dev:
         p = p.to(dev)
-    if p.numel() == 1:
-        return p.reshape(1), 1
+    if p.numel() == 1:  # (the kernel reads the one value at its address: no view needed)
+        return p, 1
+    if order is not None:
+        return to_layout(p.detach(), (), shape, order, N), 2
     return p.detach().expand(shape).reshape(N).contiguous(), 2  # the kernel reads [N] at unit stride
 
 
-def param_args(params, param_vals, shape, N: int, dev, float_modes: list[int]) -> tuple[list, list]:
+def param_args(params, param_vals, shape, N: int, dev, float_modes: list[int], order: Order = None
+               ) -> tuple[list, list]:
     """The kernel arguments of the params and their MODEs (all-float params: the values)."""
     if not any(p is not None for p in params):
         return list(param_vals), float_modes
     pargs, modes = [], []
     for p, v in zip(params, param_vals):
-        a, mode = param_arg(p, v, shape, N, dev)
+        a, mode = param_arg(p, v, shape, N, dev, order)
         pargs.append(a)
         modes.append(mode)
     return pargs, modes
 
 
-def state_args(states, state_vals, shape, N: int, dev, float_modes: list[int]) -> tuple[list, list]:
+def state_args(states, state_vals, shape, N: int, dev, float_modes: list[int], order: Order = None
+               ) -> tuple[list, list]:
     """The initial states' kernel arguments and MODEs (0: a float; 1: one value in a tensor, a
     0-d one or one broadcast to the step's shape (stride 0 everywhere), read once — under
     torch.compile a param-valued initial state is a 0-d tensor; 2: a [N] tensor)."""
@@ -72,9 +150,12 @@ def state_args(states, state_vals, shape, N: int, dev, float_modes: list[int]) -
         if s is None:
             inits.append(float(v))
             initmodes.append(0)
-        elif s.numel() == 1 or (s.numel() and all(st == 0 for st in s.stride())):
-            inits.append(s.to(dev).reshape(-1)[:1])
+        elif s.numel() == 1 or (s.numel() and not any(s.stride())):
+            inits.append(s if s.device == dev else s.to(dev))  # (read once, at its address)
             initmodes.append(1)
+        elif order is not None:
+            inits.append(to_layout(s.to(dev), (), shape, order, N))
+            initmodes.append(2)
         else:
             inits.append(s.to(dev).expand(shape).reshape(N).contiguous())
             initmodes.append(2)
@@ -106,6 +187,15 @@ class HostInvariants:
         return hit
 
 
+def arg_key(a: Any) -> Any:
+    """A param's or initial state's kernel argument in a launch plan's signature: a float by its
+    bits (0.0 and -0.0 differ), a tensor by what the kernel is specialized on (its dtype and
+    16-byte alignment; the tensor itself is the call's own argument)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    return bits((a,))
+
+
 def fwd_key(values: dict[str, list], dtype: torch.dtype, N: int) -> tuple:
     """The forward launch's specialization key."""
     v = values
@@ -122,4 +212,5 @@ def bwd_key(values: dict[str, list], dtype: torch.dtype, N: int, need: Sequence[
             *map(spec, v["gout"]), *map(spec, v["gseq"]), *map(spec, v["gfin"]), *need)
 
 
-__all__ = ["unpack", "flat_input", "flat_grad", "param_args", "state_args", "HostInvariants", "fwd_key", "bwd_key"]
+__all__ = ["unpack", "step_order", "dense", "fits", "alloc", "to_layout", "flat_input", "flat_grad", "param_args",
+           "state_args", "HostInvariants", "arg_key", "fwd_key", "bwd_key"]

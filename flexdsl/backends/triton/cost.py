@@ -12,20 +12,20 @@ chunk length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import sympy as sp
-
-from ...ir.functions import draws_in
-from ...ir.lower import StepModel
-from ...ir.schedule import Assignments, Schedule
+from ..._sympy import load as load_sympy
 from ...settings import env_int
+
+if TYPE_CHECKING:  # (imported without sympy: the backend's version, part of every cache key, reads the chunk)
+    from ...ir.lower import StepModel
+    from ...ir.schedule import Assignments, Schedule
 
 # One pass over [T, N] float32 memory costs about as much time as this many operations per
 # lane of the unrolled recompute backward, whose long dependent chains issue slowly (measured on
 # an H100 at N*T = 2^27: LIF's 30 operations per step take 0.44 ms, 2.5 passes; Izhikevich's 61
 # take 0.60 ms, 3.4 passes)
 OPS_PER_PASS_RC = 12
-_TRANSCENDENTAL = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
 # a draw: Philox4x32-10 (ten rounds of two 32-bit multiplies with their high words, and xors) and
 # Box-Muller's log, cos and sqrt
 DRAW_OPS = 64
@@ -40,10 +40,14 @@ def chunk_sizes() -> tuple[int, ...]:
 
 def _ops(assignments: Assignments) -> int:
     """Arithmetic of a body, transcendental functions counted 4 times, a random draw DRAW_OPS times."""
+    sp = load_sympy()
+    from ...ir.functions import draws_in
+
+    transcendental = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
     n = 0
     for _, e in assignments:
         n += int(sp.count_ops(e))
-        n += 3 * sum(1 for a in sp.preorder_traversal(e) if isinstance(a, _TRANSCENDENTAL))
+        n += 3 * sum(1 for a in sp.preorder_traversal(e) if isinstance(a, transcendental))
         n += DRAW_OPS * len(draws_in(e))
     return n
 

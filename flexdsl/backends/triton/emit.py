@@ -29,6 +29,7 @@ from typing import Any
 import sympy as sp
 
 from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
+from ...frontend.parse import source_lines
 from ...ir.functions import TNOW, SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
@@ -197,7 +198,7 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
     plans = training_plans(step, sch)
     abi = build_abi(ir, plans)
     io_ptr = abi.name_of("out", abi.outputs[0])
-    P = _Printed(TritonPrinter(io_ptr), step.origins, step.checked.source.splitlines())
+    P = _Printed(TritonPrinter(io_ptr), step.origins, source_lines(step.checked.source))
     S = P.pr._print
 
     def sym_name(s: sp.Symbol) -> str:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import NoiseKey, custom_op, key_ints
-from .args import unpack
+from ..base import NoiseKey, key_ints
+from .args import alloc, step_order, unpack
 from .kernel import prod
 
 TritonProgram = Any  # (launch.TritonProgram, which imports this module)
@@ -37,6 +37,7 @@ class Call:
     state_is_t: list[bool]
     store_seqs: bool = False
     recompute: bool = False
+    order: tuple[int, ...] | None = None  # the layout of its steps in memory (args.step_order)
     seed: int = 0  # the key of a noisy model's draws (`base.NoiseKey`)
     t0: int = 0
 
@@ -61,7 +62,8 @@ def pack(call: Call, reread: list, saved: Any, params: list, states: list, grads
     flags, dtype)."""
     tensors = [*reread, saved, *(p for p in params if p is not None), *(s for s in states if s is not None),
                *grads.outs, *grads.seqs, *grads.fins]
-    sizes = [call.T, len(reread), len(grads.outs), len(grads.seqs), *call.shape]
+    sizes = [call.T, len(reread), len(grads.outs), len(grads.seqs), *call.shape,
+             *(call.order if call.order is not None else range(len(call.shape)))]
     # (which params and states are passed as tensors: the backward gets the states only to recompute)
     flags = [*(p is not None for p in params), *(s is not None for s in states), *need, call.recompute,
              call.store_seqs]
@@ -72,11 +74,13 @@ def unpack_bwd(tm: TritonProgram, tensors: list, sizes: list[int], vals: list[fl
                dtype: torch.dtype) -> tuple[Call, list, Any, list, list, Grads, list[bool]]:
     """The inverse of `pack`: (call, reread, saved, params, states, grads, need)."""
     n_pr, n_st, n_in = len(tm.params), len(tm.states), len(tm.inputs)
-    T, n_re, n_out, n_seq, *shape = sizes
+    T, n_re, n_out, n_seq, *dims = sizes
+    shape, order = dims[:len(dims) // 2], tuple(dims[len(dims) // 2:])
     p_is_t, s_is_t = list(flags[:n_pr]), list(flags[n_pr:n_pr + n_st])
     need = list(flags[n_pr + n_st:n_pr + n_st + n_in + n_st + len(tm.learnable)])
     recompute, store_seqs = bool(flags[-2]), bool(flags[-1])
-    call = Call(T, tuple(shape), dtype, list(vals[:n_pr]), p_is_t, list(vals[n_pr:]), s_is_t, store_seqs, recompute)
+    call = Call(T, tuple(shape), dtype, list(vals[:n_pr]), p_is_t, list(vals[n_pr:]), s_is_t, store_seqs, recompute,
+                None if order == tuple(range(len(shape))) else order)
     reread, saved = list(tensors[:n_re]), tensors[n_re]
     rest = tensors[n_re + 1:]
     k_p, k_s = sum(p_is_t), sum(s_is_t)
@@ -87,67 +91,108 @@ def unpack_bwd(tm: TritonProgram, tensors: list, sizes: list[int], vals: list[fl
     return call, reread, saved, params, states, grads, need
 
 
-def register_ops(tm: TritonProgram) -> tuple[Any, Any]:
-    """The model's custom ops `fwd` and `bwd`, with fake implementations and autograd."""
-    ns = f"flexdsl_{''.join(ch for ch in tm.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{tm.key[:16]}"
-    n_out, n_st = len(tm.outputs), len(tm.states)
+# torch.library ops cannot be unregistered: one pair per model key and process, calling the newest
+# program of that key (programs of one key are the same kernels), so that an evicted program is freed
+_OPS: dict[str, tuple[Any, Any]] = {}
+_OWNER: dict[str, TritonProgram] = {}
+_LIBS: list = []  # (the libraries that define them: an op lives as long as its library)
 
-    noisy = bool(tm.abi.draws)
 
-    @custom_op(f"{ns}::fwd", noisy)
-    def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
-            state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
-            save: bool, recompute: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
-        return tm.fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute,
-                           key)
+class _Owner:
+    """The program the ops of namespace `ns` run: the newest loaded."""
 
-    @fwd.register_fake
-    def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, key=None):
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_OWNER[self.ns], name)
+
+
+_FWD_SCHEMA = ("fwd(Tensor[] inputs, Tensor[] states, Tensor[] params, float[] state_vals, float[] param_vals, "
+               "bool[] is_tensor, bool store_seqs, bool save, bool recompute) -> Tensor[]")
+_BWD_SCHEMA = "bwd(Tensor?[] tensors, int[] sizes, float[] vals, bool[] flags, ScalarType dtype) -> Tensor[]"
+
+
+def register_ops(program: TritonProgram) -> tuple[Any, Any]:
+    """The model's custom ops `fwd` and `bwd`, with fake implementations and autograd (once per
+    model key and process; they run the newest program of the key).
+
+    They are defined with `torch.library.Library` (a schema, one Python kernel for every device,
+    `register_fake`, `register_autograd`) rather than the `custom_op` decorator, whose wrapper
+    checks aliasing and disables Dynamo on every call: a compiled graph calls these ops once per
+    layer and step, and the wrapper would cost more than the launch itself (tens of µs a call)."""
+    ns = f"flexdsl_{''.join(ch for ch in program.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{program.key[:16]}"
+    _OWNER[ns] = program
+    if ns in _OPS:
+        return _OPS[ns]
+    tm: Any = _Owner(ns)
+    n_out, n_st = len(program.outputs), len(program.states)
+    lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
+    _LIBS.append(lib)
+    # flexible layout: Inductor passes the ops their inputs in the layout it chose (channels_last
+    # activations next to convolutions) instead of copying them to the traced strides; the
+    # kernels run on any layout whose steps are dense in memory, and give outputs in it
+    # a noisy model's ops take the key of its draws (an int64 tensor: seed, first step) last
+    key = ", Tensor key)" if program.abi.draws else ")"
+    lib.define(_FWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
+    lib.define(_BWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
+
+    def fwd_kernel(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key):
+        return _OWNER[ns].fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
+                                   recompute, *key)
+
+    def fwd_fake(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key):
         x0 = inputs[0]
-        T, shape = x0.shape[0], x0.shape[1:]
-        res = [x0.new_empty((T, *shape)) for _ in range(n_out)] + [x0.new_empty(shape) for _ in range(n_st)]
+        # (the outputs' layout: the input's; a noisy model's steps in C order, where its elements are numbered)
+        T, shape, order = x0.shape[0], x0.shape[1:], None if key else step_order(x0)
+        dt, dev = x0.dtype, x0.device
+        res = [alloc((T,), shape, order, dt, dev) for _ in range(n_out)] + \
+            [alloc((), shape, order, dt, dev) for _ in range(n_st)]
         if store_seqs:
-            res += [x0.new_empty((T, *shape)) for _ in range(n_st)]
+            res += [alloc((T,), shape, order, dt, dev) for _ in range(n_st)]
         if save and recompute:
             res.append(x0.new_empty((max(tm.chunks(T) - 1, 0), n_st, prod(shape)), dtype=torch.float32))
         elif save and tm.saved:
             res.append(x0.new_empty((len(tm.saved), T, *shape)))
         return res
 
-    @custom_op(f"{ns}::bwd", noisy)
-    def bwd(tensors: list[torch.Tensor | None], sizes: list[int], vals: list[float], flags: list[bool],
-            dtype: torch.dtype, key: torch.Tensor | None = None) -> list[torch.Tensor]:
-        call, *rest = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
-        if key is not None:  # (a noisy model: the forward's draws)
-            call.seed, call.t0 = key_ints(key)
-        return tm.bwd(call, *rest)
+    def bwd_kernel(tensors, sizes, vals, flags, dtype, *key):
+        p = _OWNER[ns]
+        call, *rest = unpack_bwd(p, tensors, sizes, vals, flags, dtype)
+        if key:  # (a noisy model: the forward's draws)
+            call.seed, call.t0 = key_ints(key[0])
+        return p.bwd(call, *rest)
 
-    @bwd.register_fake
-    def _(tensors, sizes, vals, flags, dtype, key=None):
+    def bwd_fake(tensors, sizes, vals, flags, dtype, *key):
         call, *_, need = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
-        like = next(t for t in tensors if t is not None)
+        dev = next(t for t in tensors if t is not None).device
         n_in = len(tm.inputs)
-        res = [like.new_empty((call.T, *call.shape), dtype=dtype) for n in need[:n_in] if n]
-        res += [like.new_empty(call.shape, dtype=torch.float32) for n in need[n_in:] if n]
+        res = [alloc((call.T,), call.shape, call.order, dtype, dev) for n in need[:n_in] if n]
+        res += [alloc((), call.shape, call.order, torch.float32, dev) for n in need[n_in:] if n]
         return res
+
+    lib.impl("fwd", fwd_kernel, "CompositeExplicitAutograd")
+    lib.impl("bwd", bwd_kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{ns}::fwd", fwd_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::bwd", bwd_fake, lib=lib)
+    ops = getattr(torch.ops, ns)
+    fwd, bwd = ops.fwd.default, ops.bwd.default
 
     def setup_context(ctx, inputs, output):
         xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key = inputs
-        ctx.key = key[0] if key else None  # (a noisy model's op takes the key of its draws)
-        key = ctx.key
-        call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute,
-                       NoiseKey(0) if key is not None else None)
+        ctx.key = key  # ([the key of a noisy model's draws], else [])
+        call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute, NoiseKey(0) if key else None)
         keep(tm, ctx, xs, unpack(states, (), call.state_is_t), unpack(params, (), call.param_is_t), call, save,
              output)
 
     def backward(ctx, grads):
         if not torch.compiler.is_compiling():
             first_order_only(tm)
-        extra = [ctx.key] if ctx.key is not None else []
-        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), *extra))
-        return g_in, g_st, g_pr, None, None, None, None, None, None, *([None] * len(extra))
+        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), *ctx.key))
+        return g_in, g_st, g_pr, None, None, None, None, None, None, *([None] * len(ctx.key))
 
-    fwd.register_autograd(backward, setup_context=setup_context)
+    torch.library.register_autograd(f"{ns}::fwd", backward, setup_context=setup_context, lib=lib)
+    _OPS[ns] = (fwd, bwd)
     return fwd, bwd
 
 

@@ -32,7 +32,20 @@ from ...errors import FlexDSLError
 from ...settings import env_choice, env_int
 from ..base import NoiseKey, RunResult, key_ints, key_tensor, transformed
 from .abi import NOISE_ROLES, KernelABI
-from .args import HostInvariants, bwd_key, flat_grad, flat_input, fwd_key, param_args, state_args, unpack
+from .args import (
+    HostInvariants,
+    alloc,
+    arg_key,
+    bwd_key,
+    fits,
+    flat_grad,
+    flat_input,
+    fwd_key,
+    param_args,
+    state_args,
+    step_order,
+    unpack,
+)
 from .glue import Call, Eager, Grads, register_ops
 from .kernel import LAUNCHES, Kernel, LaunchPlan, LaunchPlans, bits, cdiv, device_of, interpret, prod
 
@@ -41,6 +54,7 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 class TritonProgram:
     computes_in = torch.float32  # whatever the I/O dtype: the precision params and states are used in
+    reads_any_float = True  # a tensor param or initial state of any floating dtype is loaded in float32
 
     def __init__(self, module: ModuleType, abi: KernelABI, key: str) -> None:
         self.mod = module
@@ -118,14 +132,16 @@ class TritonProgram:
 
     def call(self, xs, state_vals, param_vals, is_tensor, store_seqs: bool, recompute: bool,
              noise: NoiseKey | None = None) -> Call:
-        """The `Call` record of a call (`is_tensor`: per state, then per param)."""
+        """The `Call` record of a call (`is_tensor`: per state, then per param; `noise`: the key of a
+        noisy model's draws, whose steps run in C order: its elements are numbered in it)."""
         n_st = len(self.states)
         x0 = xs[0]
         if self.abi.draws and noise is None:
             raise ValueError(f"{self.name} draws random numbers: its program needs the call's NoiseKey")
         key = (noise.seed, noise.t0) if noise is not None else (0, 0)
         return Call(x0.shape[0], tuple(x0.shape[1:]), x0.dtype, list(param_vals), list(is_tensor[n_st:]),
-                    list(state_vals), list(is_tensor[:n_st]), bool(store_seqs), bool(recompute), *key)
+                    list(state_vals), list(is_tensor[:n_st]), bool(store_seqs), bool(recompute),
+                    None if self.abi.draws else step_order(x0), *key)
 
     # ------------------------------------------------------------------ forward
     def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
@@ -146,10 +162,10 @@ class TritonProgram:
         T, shape = x0.shape[0], x0.shape[1:]
         N = x0.numel() // T if T else prod(shape)
         dev, dtype = x0.device, x0.dtype
-        store_seqs, recompute = call.store_seqs, call.recompute
-        outs = [torch.empty(x0.shape, dtype=dtype, device=dev) for _ in self.outputs]
-        fins = [torch.empty(shape, dtype=dtype, device=dev) for _ in self.states]
-        seqs = [torch.empty(x0.shape, dtype=dtype, device=dev) for _ in self.states] if store_seqs else []
+        store_seqs, recompute, order = call.store_seqs, call.recompute, call.order
+        outs = [alloc((T,), shape, order, dtype, dev) for _ in self.outputs]
+        fins = [alloc((), shape, order, dtype, dev) for _ in self.states]
+        seqs = [alloc((T,), shape, order, dtype, dev) for _ in self.states] if store_seqs else []
         sav = ckpt = None
         if save and recompute:
             ckpt = torch.empty((max(self.chunks(T) - 1, 0), len(self.states), N), dtype=torch.float32, device=dev)
@@ -162,20 +178,36 @@ class TritonProgram:
         tensors = {"in": inputs, "out": outs, "fin": fins, "seq": seqs, "saved": [sav], "ckpt": [ckpt]}
         if self.abi.draws:  # (the key of the draws changes from call to call: a slot of the plan)
             tensors.update(call.key_values())
-        # a call like an earlier one (float states and params, contiguous aligned inputs): its plan
+        # a call like an earlier one (inputs flat in memory and aligned): its plan. Float states and
+        # params are part of the signature by their bits; tensor ones (under torch.compile every
+        # param is a tensor) by their kernel MODE, dtype and alignment, and are the call's own
+        # arguments
+        if order is None:
+            aligned = all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in inputs)
+        else:
+            aligned = all(fits(x, 1, shape, order, N) and x.data_ptr() % 16 == 0 for x in inputs)
+        floats = not any(t is not None for t in (*states, *params))
         sig = None
-        if not any(t is not None for t in (*states, *params)) and all(
-                x.is_contiguous() and x.data_ptr() % 16 == 0 for x in inputs):
+        if floats and aligned:
             sig = (T, N, dtype, dev, store_seqs, sav is not None, ckpt is not None, self.block, self.k_fwd.warps,
-                   bits(call.state_vals), bits(call.param_vals), *(x.dtype for x in inputs))
-            plan = self.launch_plans.get(sig)
-            if plan is not None:
-                plan.launch(tensors, dev)
-                LAUNCHES["fwd"] += 1
-                return result
-        flat = [flat_input(x, T, N) for x in inputs]
-        inits, initmodes = state_args(states, call.state_vals, shape, N, dev, self._float_initmodes)
-        pargs, modes = param_args(params, call.param_vals, shape, N, dev, self._float_modes)
+                   bits(call.state_vals), bits(call.param_vals), order, *(x.dtype for x in inputs))
+        elif not floats:
+            inits, initmodes = state_args(states, call.state_vals, shape, N, dev, self._float_initmodes, order)
+            pargs, modes = param_args(params, call.param_vals, shape, N, dev, self._float_modes, order)
+            tensors["init"], tensors["param"] = inits, pargs
+            if aligned:
+                sig = ("t", T, N, dtype, dev, store_seqs, sav is not None, ckpt is not None, self.block,
+                       self.k_fwd.warps, order, *initmodes, *modes, *map(arg_key, inits), *map(arg_key, pargs),
+                       *(x.dtype for x in inputs))
+        plan = self.launch_plans.get(sig)
+        if plan is not None:
+            plan.launch(tensors, dev)
+            LAUNCHES["fwd"] += 1
+            return result
+        flat = [flat_input(x, T, N, order) for x in inputs]
+        if floats:
+            inits, initmodes = state_args(states, call.state_vals, shape, N, dev, self._float_initmodes)
+            pargs, modes = param_args(params, call.param_vals, shape, N, dev, self._float_modes)
         host, hv = self.host(params, call.param_vals)
         block = self._block(N)
         values = {
@@ -201,14 +233,14 @@ class TritonProgram:
         the forward's saved values or, recomputing, its checkpoints (then `states` are the
         initial states, where the first chunk starts); `params` and `states` as lists, None
         where a value is a float."""
-        T, shape, dtype, recompute = call.T, tuple(call.shape), call.dtype, call.recompute
+        T, shape, dtype, recompute, order = call.T, tuple(call.shape), call.dtype, call.recompute, call.order
         N = prod(shape)
         n_in, n_st = len(self.inputs), len(self.states)
         need_gx, need_gs, need_gp = need[:n_in], need[n_in:n_in + n_st], need[n_in + n_st:]
         dev = device_of([saved, *reread, *grads.outs, *grads.seqs, *grads.fins, *params])
-        gx = [torch.empty((T, *shape), dtype=dtype, device=dev) if n else None for n in need_gx]
-        gs = [torch.empty(shape, dtype=torch.float32, device=dev) if n else None for n in need_gs]
-        gp = [torch.empty(shape, dtype=torch.float32, device=dev) if n else None for n in need_gp]
+        gx = [alloc((T,), shape, order, dtype, dev) if n else None for n in need_gx]
+        gs = [alloc((), shape, order, torch.float32, dev) if n else None for n in need_gs]
+        gp = [alloc((), shape, order, torch.float32, dev) if n else None for n in need_gp]
         result = [g for g in [*gx, *gs, *gp] if g is not None]
         if N == 0:
             return result
@@ -225,8 +257,13 @@ class TritonProgram:
             states, state_vals = (), ()
         elif not states:
             states, state_vals = self._nones_st, [0.0] * len(self.states)
-        out = {"gx": gx, "gs": gs, "gp": gp}
-        sig = self._bwd_signature(call, reread, saved, params, states, state_vals, grads, need, N, dev)
+        out: dict[str, list] = {"gx": gx, "gs": gs, "gp": gp}
+        args = None
+        if any(p is not None for p in (*params, *states)):  # (the kernel arguments of tensor params and states)
+            args = (param_args(params, call.param_vals, shape, N, dev, self._float_modes, order),
+                    state_args(states, state_vals, shape, N, dev, [0] * len(states), order))
+            out["param"], out["init"] = args[0][0], args[1][0]
+        sig = self._bwd_signature(call, reread, saved, args, state_vals, grads, need, N, dev)
         plan = self.launch_plans.get(sig)
         if plan is not None:
             xs_call: list[Any] = [None] * n_in
@@ -239,7 +276,7 @@ class TritonProgram:
             plan.launch(tensors, dev)
             LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
             return result
-        values = self._bwd_values(call, reread, saved, params, states, state_vals, grads, need, N, dev)
+        values = self._bwd_values(call, reread, saved, params, states, state_vals, grads, need, N, dev, args)
         values.update(out)
         key = bwd_key(values, dtype, N, need) if self.fast_keys else ()
         kernel = self.k_bwd_rc if recompute else self.k_bwd
@@ -247,42 +284,56 @@ class TritonProgram:
         kernel.launch(grid, values, key, dev)
         if sig is not None:
             self.launch_plans.remember(sig, LaunchPlan(kernel, values, ("in", "saved", "ckpt", "gout", "gseq",
-                                                                        "gfin", "gx", "gs", "gp", *NOISE_ROLES),
-                                                       grid, key))
+                                                                        "gfin", *out, *NOISE_ROLES), grid, key))
         LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
         return result
 
-    def _bwd_signature(self, call: Call, reread, saved, params, states, state_vals, grads: Grads, need, N, dev
+    def _bwd_signature(self, call: Call, reread, saved, args, state_vals, grads: Grads, need, N, dev
                        ) -> tuple | None:
-        """The launch plan's key of a backward like an earlier one (float states and params,
-        contiguous aligned tensors), else None."""
+        """The launch plan's key of a backward like an earlier one (contiguous aligned tensors),
+        else None. `args`: None where every param and state is a float (their bits are in the
+        key), else the kernel arguments and MODEs of the params and of the states (tensors by
+        dtype and alignment)."""
         g_all = (*grads.outs, *grads.seqs, *grads.fins)
-        if any(p is not None for p in (*params, *states)) or not all(
-                t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (*reread, *g_all) if t is not None):
+        order, shape = call.order, call.shape
+        if order is None:
+            if not all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (*reread, *g_all) if t is not None):
+                return None
+        elif not all(fits(t, t.dim() - len(shape), shape, order, N) and t.data_ptr() % 16 == 0
+                     for t in (*reread, *g_all) if t is not None):
             return None
         rc = call.recompute
-        return ("bwd", call.T, N, call.dtype, dev, rc, self.block_rc if rc else self.block,
-                (self.k_bwd_rc if rc else self.k_bwd).warps, *need, bits(call.param_vals), bits(state_vals),
+        if args is None:
+            pr: tuple = (bits(call.param_vals), bits(state_vals))
+        else:
+            (pargs, modes), (inits, initmodes) = args
+            pr = ("t", *modes, *initmodes, *map(arg_key, pargs), *map(arg_key, inits))
+        return ("bwd", call.T, N, call.dtype, dev, rc, order, self.block_rc if rc else self.block,
+                (self.k_bwd_rc if rc else self.k_bwd).warps, *need, *pr,
                 *(x.dtype for x in reread), *((None if g is None else g.dtype) for g in g_all),
                 None if saved is None else saved.dtype)
 
-    def _bwd_values(self, call: Call, reread, saved, params, states, state_vals, grads: Grads, need, N, dev
-                    ) -> dict[str, list]:
-        """The backward kernel's arguments by role (the gradients it writes added by the caller)."""
+    def _bwd_values(self, call: Call, reread, saved, params, states, state_vals, grads: Grads, need, N, dev,
+                    args=None) -> dict[str, list]:
+        """The backward kernel's arguments by role (the gradients it writes added by the caller;
+        `args`: the params' and states' arguments where already made)."""
         T, shape, rc = call.T, tuple(call.shape), call.recompute
         n_in, n_st = len(self.inputs), len(self.states)
         xs: list[Any] = [None] * n_in
         strides = [0] * n_in
+        order = call.order
         for i, x in zip(self.rc_idx if rc else self.reread_idx, reread):
-            xs[i], strides[i] = flat_input(x, T, N)
-        pargs, modes = param_args(params, call.param_vals, shape, N, dev, self._float_modes)
-        inits, initmodes = state_args(states, state_vals, shape, N, dev, [0] * len(states))
+            xs[i], strides[i] = flat_input(x, T, N, order)
+        if args is None:
+            args = (param_args(params, call.param_vals, shape, N, dev, self._float_modes, order),
+                    state_args(states, state_vals, shape, N, dev, [0] * len(states), order))
+        (pargs, modes), (inits, initmodes) = args
         host, hv = self.host(params, call.param_vals)
         hoisted = self.abi.hoisted_rc if rc else self.abi.hoisted_bwd
-        gout = [flat_grad(g, (T,), N) for g in grads.outs]
-        gseq = [flat_grad(g, (T,), N) for g in grads.seqs] if any(g is not None for g in grads.seqs) \
+        gout = [flat_grad(g, (T,), N, shape, order) for g in grads.outs]
+        gseq = [flat_grad(g, (T,), N, shape, order) for g in grads.seqs] if any(g is not None for g in grads.seqs) \
             else self._nones_st
-        gfin = [flat_grad(g, (), N) for g in grads.fins]
+        gfin = [flat_grad(g, (), N, shape, order) for g in grads.fins]
         return {
             "in": xs, "stride": strides, "saved": [saved], "ckpt": [saved], "param": pargs,
             "gout": gout, "gseq": gseq, "gfin": gfin,
