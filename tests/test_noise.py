@@ -466,6 +466,32 @@ def test_recurrent_layers_of_noisy_models():
             res[backend] = (out.detach(), r.W_rec.grad, r.neuron.sigma.grad)
         for a, b in zip(res["triton"], res["torch"]):
             _close(a, b, what=text.split(":")[0])
+    # under torch.compile: one graph node, the same draws
+    for backend in ("torch", "triton"):
+        torch._dynamo.reset()
+        torch.manual_seed(1)
+        r = flexdsl.recurrent(flexdsl.loads(NLIF), 5, 6, backend=backend)
+        x = torch.rand(9, 3, 5, requires_grad=True)
+        out = torch.compile(r, fullgraph=True, backend="aot_eager")(x, seed=3)
+        out.sum().backward()
+        g = r.W_rec.grad.clone()
+        r.W_rec.grad = None
+        r.reset()
+        ref = r(x, seed=3)
+        ref.sum().backward()
+        assert torch.equal(out, ref) and torch.equal(g, r.W_rec.grad), backend
+
+
+def test_noise_follows_the_element_not_the_memory_layout():
+    """An input in another memory layout (channels_last: the kernels run on it as it lies) draws
+    the same noise for the same element: the C-order position in the step's shape."""
+    x = torch.rand(6, 2, 3, 4, 5) * 1.5
+    xc = x.contiguous(memory_format=torch.channels_last_3d)  # (steps [2, 3, 4, 5] stored channels last)
+    assert not xc.is_contiguous()
+    ref = flexdsl.loads(NLIF, backend="torch")(x, seed=8)
+    for backend in ["triton"] + (["cpu"] if CPU else []):
+        m = flexdsl.loads(NLIF, backend=backend)
+        assert torch.equal(m(xc, seed=8), ref), backend
 
 
 # ------------------------------------------------------------------ the stochastic spike
