@@ -296,7 +296,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     overrides = {k: getattr(m, k) for k in overrides}  # numbers in the declared units
     from .docs.simulate import param_defaults, run_module, time_axis
 
-    run = run_module(m, x, overrides)
+    run = run_module(m, x, overrides, seed=args.seed)
     n_in = len(c.checked.inputs)
     from .docs.units import unit_label
 
@@ -470,6 +470,8 @@ def _add_run(sub) -> None:
     r.add_argument("--check-finite", action="store_true",
                    help="stop with an error at the first NaN or inf, naming the state, the step and the element")
     _add_options(r)
+    r.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="the seed of a noisy model's draws (default: the docs' fixed seed, so a run repeats)")
     r.set_defaults(fn=_cmd_run)
 
 

@@ -30,3 +30,9 @@ def test_cpu_training_benchmark_runs_and_checks_its_results(tmp_path):
     out = _run(["bench/cpu_train.py", "--T", "4", "--B", "2", "--N", "64", "--repeat", "2", "--threads", "1"],
                tmp_path)
     assert "one-time build of the CPU kernels" in out and out.count("x |") == 3, out
+
+
+def test_noise_benchmark_smoke_run(tmp_path):
+    """bench/noise_gpu.py on the CPU (Triton's interpreter): its checks pass and it prints its table."""
+    out = _run(["bench/noise_gpu.py", "--smoke"], tmp_path)
+    assert out.count("| lif + sigma*randn() |") == 3 and "noisy / noise-free" in out, out

@@ -7,7 +7,7 @@ runs a multi-step call with explicit states and params:
 
     art = backend.emit(ir)                       # once per model (then from the disk cache)
     prog = backend.load(art, key)                # once per process
-    res = prog.run(inputs, states, params, store_seqs=False)
+    res = prog.run(inputs, states, params, store_seqs=False)   # noise=NoiseKey(seed, t0) for a noisy model
 
 `inputs` are tensors `[T, *shape]`; `states` and `params` are, in declaration order, tensors
 (broadcastable to the step's shape) or Python floats; the derived params (`ir/host.py`) come
@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     import torch
 
 
+@dataclass(frozen=True)
+class NoiseKey:
+    """What the random draws of a call depend on besides the step and the element: the generator's
+    64-bit `seed` and `t0`, the step of the key that the call's first step is (its steps are t0,
+    t0 + 1, ...). Draw k of step t of element i is the same on every backend (the counter-based
+    generator of `backends/torch/random.py`)."""
+
+    seed: int
+    t0: int = 0
+
+
 @dataclass
 class RunResult:
     outputs: list[torch.Tensor]  # [T, *shape] each, in `output` order
@@ -44,7 +55,9 @@ class Program(Protocol):
     # reads_any_float: bool
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult: ...
+            store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
+        """`noise`: the key of the call's random draws (a model with draws only)."""
+        ...
 
 
 class Backend(Protocol):
@@ -67,6 +80,43 @@ class Backend(Protocol):
     def load(self, artefact: Artefact, key: str) -> Program: ...
 
 
+def key_tensor(noise: NoiseKey | torch.Tensor | None) -> torch.Tensor | None:
+    """A call's noise key as a custom op's argument: None (no noise) or an int64 tensor (seed, t0)
+    (under torch.compile the key is a tensor of the graph already)."""
+    import torch
+
+    if noise is None or isinstance(noise, torch.Tensor):
+        return noise
+    return torch.tensor([noise.seed, noise.t0], dtype=torch.int64)
+
+
+def key_ints(key: torch.Tensor | None) -> list[int]:
+    """The (seed, t0) of a key tensor (inside a custom op: the tensor is read, never traced)."""
+    return [int(v) for v in key.tolist()] if key is not None else []
+
+
+def op_schema(fn: Any, noisy: bool) -> str:
+    """The schema of a program's custom op whose last parameter is `key: torch.Tensor | None = None`:
+    without it for a model without noise (the op of such a model is what it was before noise
+    existed), with a required key for a noisy one (so that a traced call always passes it, and the
+    autograd formula's inputs are always the same)."""
+    import torch
+
+    schema = torch.library.infer_schema(fn, mutates_args=())
+    assert ", Tensor? key=None)" in schema, schema
+    return schema.replace(", Tensor? key=None)", ", Tensor key)" if noisy else ")")
+
+
+def custom_op(name: str, noisy: bool, **kwargs: Any):
+    """`torch.library.custom_op` for a program's op (see `op_schema`)."""
+    import torch
+
+    def deco(fn):
+        return torch.library.custom_op(name, mutates_args=(), schema=op_schema(fn, noisy), **kwargs)(fn)
+
+    return deco
+
+
 def transformed(t: Any) -> bool:
     """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
     its own, so a backend that runs kernels on data pointers does not accept it."""
@@ -76,4 +126,4 @@ def transformed(t: Any) -> bool:
     return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
 
 
-__all__ = ["Artefact", "Backend", "IR", "Program", "RunResult", "transformed"]
+__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "transformed"]

@@ -97,6 +97,13 @@ class BasePrinter(PythonCodePrinter):
     def _print_Relational(self, e):
         return f"{self._print(e.lhs)} {e.rel_op} {self._print(e.rhs)}"
 
+    def _print_Randn(self, e) -> str:
+        """A random draw (`Randn/Rand(k, TNOW)`): a backend that runs noisy models spells it."""
+        raise TypeError(f"printer {type(self).__name__} cannot print the random draws of a noisy model: give it "
+                        "`_print_Randn` and `_print_Rand` (see the torch backend's `TorchPrinter`)")
+
+    _print_Rand = _print_Randn
+
     def _print_Pow(self, e, rational=False):
         base, ex = e.args
         if ex == sp.Rational(1, 2):

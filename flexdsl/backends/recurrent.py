@@ -29,7 +29,7 @@ import torch
 from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import get
-from .base import IR
+from .base import IR, NoiseKey, key_ints, key_tensor
 
 # the backends with a recurrent scan (the module that makes its program)
 IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent"}
@@ -40,9 +40,11 @@ class RecurrentProgram(Protocol):
     ops: tuple  # its custom ops (`register_ops`), set when loaded: the layer under torch.compile
 
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
-                states: Sequence[Any], params: Sequence[Any], save: bool) -> tuple[list, list, torch.Tensor, Any]:
+                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None
+                ) -> tuple[list, list, torch.Tensor, Any]:
         """(outputs [T, B, H] each, final states [B, H], S [T + 1, B, H]: s0 then the source
-        of every step (the source output is S[1:]), what the backward needs (or None))."""
+        of every step (the source output is S[1:]), what the backward needs (or None)); `noise`:
+        the key of a noisy model's draws (the backward replays them)."""
         ...
 
     def backward(self, saved: Any, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
@@ -171,8 +173,8 @@ def _fusable(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> boo
             and not torch.is_autocast_enabled("cuda"))
 
 
-def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, params, dense: bool, save: bool
-             ) -> tuple[list, list, _Saved | None]:
+def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, params, dense: bool, save: bool,
+             noise: NoiseKey | None = None) -> tuple[list, list, _Saved | None]:
     """The layer's forward: the port's current `ix` (x itself; or x W_in^T + b, from bfloat16
     parts when `xb` is given), then the program's scan. (outputs, final states, what the
     backward needs when `save`)."""
@@ -185,7 +187,8 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
         ix = torch.nn.functional.linear(x, w_in, b)
     else:
         ix = x if b is None else x + b
-    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save)
+    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save,
+                                        **({"noise": noise} if noise is not None else {}))
     if not save:
         return outs, fins, None
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
@@ -252,9 +255,9 @@ class _Scan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, x, w, s0, w_in, b, *tensors):  # type: ignore[override]
-        prog, inputs, states, params, dense, xb = call
+        prog, inputs, states, params, dense, xb, noise = call
         save = any(ctx.needs_input_grad[1:])
-        outs, fins, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save)
+        outs, fins, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, noise)
         ctx.call, ctx.sv = call, sv
         if sv is not None:  # (saved so that an in-place change before the backward is an error)
             ctx.save_for_backward(sv.w, sv.S, sv.w_in)
@@ -266,7 +269,7 @@ class _Scan(torch.autograd.Function):
     def backward(ctx, *grads):  # type: ignore[override]
         if torch.is_grad_enabled():  # create_graph=True: the derived backward is first order
             _first_order()
-        prog, inputs, states, params, dense, _ = ctx.call
+        prog, inputs, states, params, dense, _, _ = ctx.call
         sv, ctx.sv = ctx.sv, None
         if sv is None:
             return (None,) * len(ctx.needs_input_grad)
@@ -282,16 +285,21 @@ def _first_order() -> None:
 
 def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: torch.Tensor | None,
          w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any], states: Sequence[Any], params: Sequence[Any],
-         dense: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+         dense: bool, noise: Any = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The layer's T steps with autograd: (outputs [T, B, H] each, final states [B, H] each).
     `x` is the layer's input `[T, B, F]`, multiplied by `w_in` (`[H, F]`, or None: `x` is the
     port's current) plus `b` before the loop; `inputs` has None at the port (the other inputs are
-    [T, B, H] tensors); states and params are tensors or floats. Under torch.compile the layer is
-    one custom op (`register_ops`), its input product included unless autocast makes it."""
+    [T, B, H] tensors); states and params are tensors or floats; `noise` keys a noisy model's draws
+    (`base.NoiseKey`, a tensor under torch.compile; its elements are those of the [B, H] step). Under
+    torch.compile the layer is one custom op (`register_ops`), its input product included unless
+    autocast makes it."""
     if torch.compiler.is_compiling():
         if w_in is not None and torch.is_autocast_enabled(x.device.type):  # (autocast: the graph's product)
             x, w_in, b = torch.nn.functional.linear(x, w_in, b), None, None
         tensors, vals, kinds = pack_args(inputs, states, params)
+        if noise is not None:  # (the key of the draws: one more tensor, kind 3)
+            tensors.append(key_tensor(noise))
+            kinds.append(3)
         res = prog.ops[0](x, w, s0, w_in, b, tensors, vals, kinds)
         n_out = len(res) - len(states)
         return list(res[:n_out]), list(res[n_out:])
@@ -304,7 +312,10 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
     elif b is not None:
         x, b = x + b, None
     tensors = [v for v in (*inputs, *states, *params) if isinstance(v, torch.Tensor)]
-    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb), x, w, s0, w_in, b, *tensors)
+    if isinstance(noise, torch.Tensor):
+        noise = NoiseKey(*key_ints(noise))
+    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb, noise), x, w, s0, w_in, b,
+                      *tensors)
     n_out = len(res) - len(states)
     return list(res[:n_out]), list(res[n_out:])
 
@@ -326,10 +337,15 @@ def pack_args(inputs, states, params) -> tuple[list[torch.Tensor], list[float], 
     return tensors, vals, kinds
 
 
-def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list, list]:
+def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list, list, NoiseKey | None]:
+    """(inputs, states, params, the key of a noisy model's draws: a last tensor of kind 3)."""
+    noise = None
+    if kinds and kinds[-1] == 3:
+        noise = NoiseKey(*key_ints(tensors[-1]))
+        tensors, kinds = tensors[:-1], kinds[:-1]
     it_t, it_v = iter(tensors), iter(vals)
     out = [None if k == 2 else next(it_t) if k == 1 else next(it_v) for k in kinds]
-    return out[:n_in], out[n_in:n_in + n_st], out[n_in + n_st:]
+    return out[:n_in], out[n_in:n_in + n_st], out[n_in + n_st:], noise
 
 
 _FWD = "rec_fwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds) -> Tensor[]"
@@ -350,9 +366,9 @@ def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out:
     lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
 
     def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds):
-        inputs, states, params = _unpack_args(tensors, vals, kinds, n_in, n_st)
+        inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
         xb = _exact_bf16(x) if w_in is not None and _fusable(x, w_in, b) else None
-        outs, fins, _ = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, False)
+        outs, fins, _ = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, False, noise)
         return _fresh([*outs, *fins], [x, w, s0, w_in, b, *tensors])
 
     def fwd_fake(x, w, s0, w_in, b, tensors, vals, kinds):
@@ -361,11 +377,12 @@ def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out:
         return [ix.new_empty((T, B, H)) for _ in range(n_out)] + [ix.new_empty((B, H)) for _ in range(n_st)]
 
     def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
-        inputs, states, params = _unpack_args(tensors, vals, kinds, n_in, n_st)
+        inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
         xb = _exact_bf16(x) if w_in is not None and _fusable(x, w_in, b) else None
-        _, _, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True)
+        _, _, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
         assert sv is not None
-        g = _backward(prog, sv, inputs, states, params, dense, grads, need)
+        g = _backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])
+        g += [None] * (noise is not None)  # (the key: no gradient)
         args = [x, w, s0, w_in, b, *tensors]
         return [(gi if gi is not None else torch.zeros_like(a)).to(a.dtype).reshape(a.shape)
                 for gi, a, n in zip(g, args, need) if n]

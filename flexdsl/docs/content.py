@@ -152,6 +152,7 @@ class ModelDoc:
     sources: dict[str, str] = field(default_factory=dict)  # "torch" / "triton" -> generated code
     notes: list[str] = field(default_factory=list)  # what was chosen at load; the bounds' parametrizations
     options: Any = None  # the load-time options (frontend/options.py LoadOptions)
+    stochastic: bool = False  # the step draws random numbers (white noise, randn(), rand())
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -192,7 +193,7 @@ class _Written:
     def __init__(self, c: Compiled) -> None:
         ck = c.checked
         names = [d.name for d in [*ck.inputs, *ck.params, *ck.states]] + list(ck.locals) + list(ck.subexprs)
-        self.env = {n: _sym(n) for n in names}
+        self.env = {n: _sym(n) for n in [*names, *ck.noise]}  # (white noise `xi` shows as ξ)
 
     def to_sympy(self, e: A.Expr, env: dict[str, sp.Expr]) -> sp.Expr:
         return _WrittenSympy(env).fold(e)
@@ -319,7 +320,8 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         method_auto=bool(c.step.method and c.step.method_auto), method_doc=method_doc,
         step=step, next_states=next_states, step_outputs=outs, surrogate=spike_doc,
         backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
-        sources=_sources(c) if sources else {}, notes=load_notes(ck, code=False), options=ck.options)
+        sources=_sources(c) if sources else {}, notes=load_notes(ck, code=False), options=ck.options,
+        stochastic=ck.stochastic)
 
 
 def _identity(c: Compiled) -> tuple[str, bool]:
@@ -405,9 +407,13 @@ def _written_blocks(c: Compiled, w: _Written) -> tuple[list[Block], SurrogateDoc
 
 def _spike_block(c: Compiled, w: _Written, rule: Any) -> Block:
     a, b = w.math(rule.left), w.math(rule.right)
-    op_ml, op_tx = {">=": ("\u2265", r"\geq"), "crosses": ("\u2197", r"\nearrow")}.get(rule.op, (">", ">"))
+    op = rule.op
+    if rule.written:  # `A < B` as written (stored as `B > A`)
+        a, b, op = b, a, rule.written
+    op_ml, op_tx = {">=": ("\u2265", r"\geq"), "crosses": ("\u2197", r"\nearrow"), "<": ("&lt;", r"\lt"),
+                    "<=": ("\u2264", r"\leq")}.get(op, (">", ">"))
     rhs = Math(f'<mrow><mo stretchy="false">[</mo>{a.mathml}<mo>{op_ml}</mo>{b.mathml}<mo stretchy="false">]</mo></mrow>',
-               rf"\left[{a.latex} {op_tx} {b.latex}\right]", f"[{a.text} {rule.op} {b.text}]")
+               rf"\left[{a.latex} {op_tx} {b.latex}\right]", f"[{a.text} {op} {b.text}]")
     st = Statement(_name("spike"), "=", rhs, rule.pos.line, _source_line(c, rule.pos.line))
     cond = ("is 1 at the step where the left side crosses the right side upwards (one spike per "
             "excursion), else 0" if rule.op == "crosses" else

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import FlexDSLError
 from . import plots
-from .simulate import DTYPE, Exploration, Run, TimeAxis, explore, firing_rates, simulate
+from .simulate import DOC_SEED, DTYPE, Exploration, Run, TimeAxis, explore, firing_rates, simulate
 from .units import unit_label
 
 if TYPE_CHECKING:
@@ -169,6 +169,8 @@ def _response_caption(c: Compiled, ex: Exploration, run: Run, lane: int) -> str:
            f"{_onset_text(t, run.onset)}{others}; {run.T} steps simulated in float64 (torch backend)")
     if t.unit:
         cap += f", dt = {_g(t.dt or 0)} {t.unit}"
+    if ck.stochastic:
+        cap += f"; one sample of the noise (seed={DOC_SEED})"
     cap += ". "
     if run.spikes is not None:
         n = int(run.spikes[:, lane].sum())

@@ -152,13 +152,20 @@ def _plots(d: ModelDoc, fig: Figures, add: Callable[[str], None]) -> None:
             add(f"The numbers: [{text(fig.fi_data if not fig.fi_data.startswith('data:') else 'CSV')}](<{fig.fi_data}>)\n")
 
 
+NOISE_NOTE = ("; N(0, 1) and U(0, 1) are random draws, new at every step for every neuron (a standard normal, a "
+              "uniform in (0, 1); white noise enters through its increment over the step, sqrt(dt) times a normal); "
+              "the backward replays the forward's draws")
+
+
 def _derived(d: ModelDoc, add: Callable[[str], None]) -> None:
     add("## What the compiler derived\n\n### The discretized step\n")
     if d.method:
         auto = " (chosen automatically)" if d.method_auto else ""
         add(f"ODEs integrated with **{text(d.method)}**{auto}: {text(d.method_doc)}.\n")
     add("Assignments of one step, in order (each name assigned once: $v_{1}$, $v_{2}$ are the successive values "
-        "of $v$); plain names are the values before the step, $[u \\geq 0]$ is the spike (1 or 0).\n")
+        "of $v$); plain names are the values before the step, $[u \\geq 0]$ is the spike (1 or 0)"
+        + (NOISE_NOTE.replace("N(0, 1)", "$\\mathcal{N}(0, 1)$").replace("U(0, 1)", "$\\mathcal{U}(0, 1)$")
+           if d.stochastic else "") + ".\n")
     add(_aligned(d.step.statements) + "\n")
     add("New states and outputs:\n")
     add(_aligned(d.next_states + d.step_outputs, lines=False) + "\n")

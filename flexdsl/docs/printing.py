@@ -285,6 +285,13 @@ class MathMLPrinter(MathMLPresentationPrinter):
     def _print_sign(self, e):
         return self._call("sgn", *e.args)
 
+    # a step's draws: a standard normal 𝒩(0, 1), a uniform 𝒰(0, 1) (anew at every step and element)
+    def _print_Randn(self, e):
+        return self._call("\U0001D4A9", sp.Integer(0), sp.Integer(1))
+
+    def _print_Rand(self, e):
+        return self._call("\U0001D4B0", sp.Integer(0), sp.Integer(1))
+
     def _print_SurrogateGrad(self, e):
         return self._row(self._el("mi", text="S"), self._el("mo", text="\u2032", lspace="0", rspace="0"),
                          self._paren_comma_separated(*e.args))

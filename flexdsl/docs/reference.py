@@ -1,5 +1,5 @@
 """The generated sections of the language reference (`docs/language.md`): the tables of
-functions, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form), the
+functions, random draws, constants, surrogates (keyword defaults, S'(x) rendered from its sympy form), the
 SpikingJelly and snnTorch surrogate objects the load option `surrogate=` maps (`runtime/options.py`),
 integration methods, the reserved words, the names taken by the torch module, the size limits and
 the grammar, all read from the code (`frontend/catalog.py`, `ir/surrogates.py`, `frontend/parse.py`,
@@ -47,6 +47,14 @@ def functions() -> str:
     for name, f in FUNCTIONS.items():
         doc = re.sub(rf"^{re.escape(name)}\([^)]*\):\s*", "", f.doc)
         rows.append(f"| `{signature(name)}` | {_cell(doc)} |")
+    return "\n".join(rows)
+
+
+def draws() -> str:
+    from ..frontend.catalog import DRAWS
+
+    rows = ["| draw | value |", "| --- | --- |"]
+    rows += [f"| `{d.name}()` | {_cell(d.doc)} |" for d in DRAWS.values()]
     return "\n".join(rows)
 
 
@@ -154,8 +162,8 @@ def grammar() -> str:
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
-    "functions": functions, "constants": constants, "surrogates": surrogates, "surrogate_objects": surrogate_objects,
-    "methods": methods,
+    "functions": functions, "draws": draws, "constants": constants, "surrogates": surrogates,
+    "surrogate_objects": surrogate_objects, "methods": methods,
     "reserved": reserved, "module_attributes": module_attributes, "limits": limits, "grammar": grammar,
 }
 

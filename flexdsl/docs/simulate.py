@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
 
 DTYPE = torch.float64
+DOC_SEED = 2021  # the seed of a noisy model's simulations in the docs
 
 
 # ----------------------------------------------------------------------------- time
@@ -94,6 +95,8 @@ def evaluate_step(step: StepModel, values: Mapping[str, Any], spike: Any = None)
     for y, e in step.assignments:
         if spike is not None and y == step.spike:
             env[y] = spike
+        elif y in env:  # (a draw: its values are given)
+            continue
         else:
             env[y] = evaluate_expr(e, env)
     return {s.name: v for s, v in env.items() if isinstance(s, sp.Symbol)}
@@ -144,10 +147,11 @@ def simulate(c: Compiled, amplitudes: torch.Tensor, T: int, onset: int,
 
 
 def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = None, *,
-               amplitudes: torch.Tensor | None = None, onset: int = 0) -> Run:
+               amplitudes: torch.Tensor | None = None, onset: int = 0, seed: int | None = None) -> Run:
     """Run a loaded model (a `NeuronModule`, any backend; float64 on the torch backend is what
     the docs use) on `x` ([T, B]) fed to its first input, the other inputs 0; the states, the
-    spikes, and the values before the reset with the threshold."""
+    spikes, and the values before the reset with the threshold. A noisy model draws from `seed`
+    (default `DOC_SEED`)."""
     c = m.compiled
     m = m.to(DTYPE)
     m.store_state_seqs = True
@@ -156,8 +160,10 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     zeros = torch.zeros_like(x)
     inputs = [x] + [zeros] * (len(c.checked.inputs) - 1)
     init = {s: _as_lanes(v, B) for s, v in m._initial_values().items()}
+    noisy = c.checked.stochastic  # (a fixed seed: the pages show the same noise at every build)
+    seed = DOC_SEED if seed is None else seed
     with torch.no_grad():
-        out = m(*inputs)
+        out = m(*inputs, seed=seed) if noisy else m(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     outputs = {n: o.to(DTYPE) for (n, _), o in zip(c.checked.outputs, outs)}
     states = {s: m.state_seqs[s].to(DTYPE) for s in m._state_names}
@@ -170,6 +176,8 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     for i in c.checked.inputs[1:]:
         values[i.name] = zeros
     step = c.step
+    if noisy:
+        values.update(_draw_values(step, T, B, seed))
     ssa = evaluate_step(step, values, spike=0.0 if step.spike is not None else None)
     env = {sp.Symbol(k, real=True): v for k, v in ssa.items()}
     pre = {s.name: _as_lanes(evaluate_expr(nxt, env), B, T) for s, nxt in zip(step.states, step.next_states)}
@@ -185,6 +193,17 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     if step.spike is not None:
         run.threshold_state, run.threshold = _threshold(c, run, pvals)
     return run
+
+
+def _draw_values(step: StepModel, T: int, B: int, seed: int) -> dict[str, torch.Tensor]:
+    """The draws of a run with `seed` ([T, B] each, lane b the element b): what `m(x, seed=seed)`
+    drew after a reset."""
+    from ..backends.torch.random import draws
+    from ..ir.functions import Rand, Randn
+
+    steps, lanes = torch.arange(T, dtype=torch.int64).unsqueeze(1), torch.arange(B, dtype=torch.int64)
+    return {y.name: draws(seed, "randn" if isinstance(e, Randn) else "rand", int(e.args[0]), steps, lanes)
+            for y, e in step.assignments if isinstance(e, Randn | Rand)}
 
 
 def _as_lanes(v: Any, B: int, T: int | None = None) -> torch.Tensor:

@@ -170,6 +170,13 @@ class LatexPrinterFlex(LatexPrinter):
     def _print_sign(self, e, exp=None):
         return self._call(r"\operatorname{sgn}", *e.args, exp=exp)
 
+    # a step's draws: a standard normal, a uniform in (0, 1) (anew at every step and element)
+    def _print_Randn(self, e, exp=None):
+        return self._call(r"\mathcal{N}", sp.Integer(0), sp.Integer(1), exp=exp)
+
+    def _print_Rand(self, e, exp=None):
+        return self._call(r"\mathcal{U}", sp.Integer(0), sp.Integer(1), exp=exp)
+
     def _print_SurrogateGrad(self, e, exp=None):
         return self._call("S'", *e.args, exp=exp)
 

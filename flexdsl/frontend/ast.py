@@ -211,6 +211,7 @@ class SpikeRule:
     right: Expr
     pos: Pos
     surrogate: SurrogateUse | None = None
+    written: str = ""  # "<" or "<=" where the rule was written `A < B` (stored as `B > A`)
 
 
 @dataclass

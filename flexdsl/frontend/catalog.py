@@ -7,6 +7,9 @@ these, so loading a model never imports sympy).
   printer has a `SPELL` table (`flexdsl.backends`), checked to cover every record here;
   `INTERNAL` holds the functions the lowering produces (spike, detach, sign, and `exprel`,
   the removable singularity of exact steps, with its derivative).
+- `DRAWS`: the random draws of a step, `randn()` and `rand()` (not functions: a draw has no
+  value outside a step, and a printer spells it only where its backend draws noise); the white
+  noise of an ODE is a name, `xi` or `xi_<suffix>` (`is_noise_name`), with Brian2's meaning;
 - `SURROGATES`: name, keyword defaults, `S'(x)` as text (the sympy form is in
   `flexdsl.ir.surrogates`).
 - `METHODS`: the ODE integration methods, with aliases (implementations in
@@ -107,6 +110,31 @@ INTERNAL: dict[str, Function] = {
 
 ALL_FUNCTIONS: dict[str, Function] = {**FUNCTIONS, **INTERNAL}
 
+
+@dataclass(frozen=True)
+class Draw:
+    """A random draw of a step (`randn()`, `rand()`): one value per step and element, from the
+    counter-based generator (the same on every backend); `sympy` names its sympy form."""
+
+    name: str
+    doc: str
+    sympy: str
+
+
+DRAWS: dict[str, Draw] = {
+    d.name: d
+    for d in [
+        Draw("randn", "a standard normal number, drawn anew at every step for every element", "Randn"),
+        Draw("rand", "a uniform number in (0, 1), drawn anew at every step for every element", "Rand"),
+    ]
+}
+
+
+def is_noise_name(name: str) -> bool:
+    """`xi` or `xi_<suffix>`: Gaussian white noise in an ODE (Brian2's names; unit 1/sqrt(time)),
+    independent sources for different names."""
+    return name == "xi" or (name.startswith("xi_") and len(name) > 3)
+
 CONSTANTS: dict[str, float] = {"pi": math.pi}
 
 SURROGATES: dict[str, Surrogate] = {
@@ -133,16 +161,23 @@ SURROGATES: dict[str, Surrogate] = {
 }
 
 DEFAULT_SURROGATE = "sigmoid"
+# the default of a stochastic spike rule (`spike when rand() < p`): S' = 1, so d spike / d p is 1, the
+# derivative of the firing probability P(spike) = p (Bengio et al. 2013's straight-through estimator)
+STOCHASTIC_SURROGATE = "straight_through"
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
-        Method("exact", "linear systems with state-free coefficients: the matrix exponential", ("linear",)),
+        Method("exact", "linear systems with state-free coefficients: the matrix exponential; with additive noise "
+                        "the exact variance (Ornstein-Uhlenbeck)", ("linear",)),
         Method("exponential_euler", "each equation linear in its own state: x_inf + (x - x_inf)*exp(a*dt)"),
-        Method("euler", "explicit Euler: x + dt*f(x)"),
+        Method("euler", "explicit Euler: x + dt*f(x); with noise, Euler-Maruyama: + g(x)*sqrt(dt)*randn()"),
         Method("rk2", "explicit midpoint: x + dt*f(x + dt/2*f(x))", ("midpoint",)),
         Method("rk4", "classical fourth-order Runge-Kutta"),
-        Method("heun", "explicit trapezoid: x + dt/2*(f(x) + f(x + dt*f(x)))"),
+        Method("heun", "explicit trapezoid: x + dt/2*(f(x) + f(x + dt*f(x))); with noise, the stochastic Heun "
+               "method (Stratonovich)"),
+        Method("milstein", "stochastic: Brian2's derivative-free Milstein method (one noise source per "
+                           "equation, Stratonovich)"),
     ]
 }
 

@@ -16,10 +16,13 @@ from .bounds import find_bounds
 from .catalog import (
     CONSTANTS,
     DEFAULT_SURROGATE,
+    DRAWS,
     FUNCTIONS,
     METHOD_ALIASES,
     METHODS,
     MODULE_ATTRIBUTES,
+    STOCHASTIC_SURROGATE,
+    is_noise_name,
     is_unit,
 )
 from .catalog import SURROGATES as BUILTIN_SURROGATES
@@ -55,6 +58,35 @@ class _Checker:
         """Names defined, functions known with the right arity, comparisons only where allowed."""
         _ExprChecker(self, visible, context, allow_compare).fold(e)
 
+    def noise_use(self, e: A.Name, context: str) -> None:
+        """White noise (`xi`, `xi_1`, ...): in an ODE's right-hand side (or a subexpression of the
+        equations), recorded as a noise source; anywhere else a located error."""
+        if context == "in an equation":
+            self.noise.setdefault(e.id, e.pos)
+            return
+        if context == "here":
+            raise self.err(f"`{e.id}` is the white noise of an ODE (unit 1/sqrt(time)), which has no value in a "
+                           "discrete statement", e.pos, "a step's noise in `update`, the spike rule or `on spike` "
+                           "is a draw: `randn()` (standard normal), e.g. `v += sigma*sqrt(dt)*randn()`")
+        raise self.err(f"`{e.id}` (white noise) cannot be used {context}", e.pos,
+                       "white noise `xi` belongs in an ODE's right-hand side, e.g. `dv/dt = -v/tau + "
+                       "sigma*sqrt(2/tau)*xi`")
+
+    def draw_use(self, e: A.Call, context: str) -> None:
+        """`randn()` and `rand()`: no arguments, in `update`, the spike rule and `on spike` only."""
+        if e.args:
+            raise self.err(f"`{e.func}()` takes no arguments", e.pos, f"scale it instead: e.g. `sigma*{e.func}()`"
+                           if e.func == "randn" else "e.g. `spike when rand() < p`")
+        if context == "here":
+            return
+        if context == "in an equation":
+            raise self.err(f"`{e.func}()` in an equation: an ODE's noise is the white noise `xi` (unit "
+                           "1/sqrt(time)), which the integration method scales with the step", e.pos,
+                           "write e.g. `dv/dt = -v/tau + sigma*sqrt(2/tau)*xi`; `randn()` draws one number per "
+                           "step, for `update`")
+        raise self.err(f"`{e.func}()` cannot be used {context}: it draws a new value at every step", e.pos,
+                       f"`{e.func}()` belongs in `update`, the spike rule or `on spike`")
+
     def scope_hint(self, context: str) -> str:
         if context == "in a param default":
             return "a param's default may use only params declared before it, and `pi`"
@@ -76,6 +108,9 @@ class _Checker:
         self.params: list[A.Param] = n.of(A.Param)
         self.states: list[A.State] = n.of(A.State)
         self.user_surrogates: dict[str, A.SurrogateDef] = {}
+        self.noise: dict[str, A.Pos] = {}  # the white noise sources of the equations, by first use
+        self.noisy: set[str] = set()  # the equations' subexpressions that hold white noise
+        self.random_locals: set[str] = set()  # the `update` locals computed from a draw (`rand()`...)
         self.declare_all()
         self.input_names = {i.name for i in self.inputs}
         self.param_names = [p.name for p in self.params]
@@ -101,7 +136,8 @@ class _Checker:
             self.check_refractory(refractory, spike, subexprs, set(locals_))
         out_names = self.check_outputs(outputs_decl, spike, locals_, subexprs)
         ck = CheckedModel(n, self.inputs, self.params, self.states, eqs, method, statements, spike, surrogate,
-                          ons.statements if ons else [], out_names, locals_, subexprs, refractory)
+                          ons.statements if ons else [], out_names, locals_, subexprs, refractory,
+                          noise=list(self.noise))
         if with_units:
             ck = dataclasses.replace(check_units(ck, self.definitions), written=ck)
             self.check_defaults(ck.params, ck.states)
@@ -122,6 +158,11 @@ class _Checker:
                 raise self.err(f"`{name}` is a built-in function and cannot be declared", pos)
             if name in CONSTANTS:
                 raise self.err(f"`{name}` is a built-in constant and cannot be declared", pos)
+            if name in DRAWS:
+                raise self.err(f"`{name}` is a built-in random draw (`{name}()`) and cannot be declared", pos)
+            if is_noise_name(name):
+                raise self.err(f"`{name}` is Gaussian white noise in the equations (Brian2's `xi`, `xi_1`, ...) "
+                               "and cannot be declared", pos, "choose another name, e.g. `eta`")
             if kind != "an input" and name in MODULE_ATTRIBUTES:
                 raise self.err(f"`{name}` cannot name {kind}: the loaded torch module has an attribute `{name}`",
                                pos, f"choose another name (e.g. `{name}_`): params and states are attributes of "
@@ -199,6 +240,8 @@ class _Checker:
                 if ln.name in self.visible:
                     raise self.err(f"`{ln.name}` is already declared; a subexpression needs a new name", ln.pos)
                 self.check_expr(ln.value, self.visible, "in an equation")
+                if any(is_noise_name(nm.id) or nm.id in self.noisy for nm in A.names(ln.value)):
+                    self.noisy.add(ln.name)
                 self.visible.add(ln.name)
                 subexprs.append(ln.name)
         return method, subexprs
@@ -253,6 +296,8 @@ class _Checker:
                                    "declaration", st.pos, "declare e.g. `refractory 2 ms`")
                 if tgt not in state_names:
                     raise self.err(f"`unless refractory` holds a state, and `{tgt}` is not a state", st.pos)
+            if tgt not in state_names and _draws_in(st.value, self.random_locals):
+                self.random_locals.add(tgt)
             if tgt not in state_names and tgt not in local_set:
                 if st.is_let is False and tgt in self.all_declared:
                     raise self.err(f"cannot assign to `{tgt}`", st.pos)
@@ -317,6 +362,9 @@ class _Checker:
             if name == "spike":
                 if spike is None:
                     raise self.err("`output spike` in a model without a spike rule", pos)
+            elif name in self.noisy:
+                raise self.err(f"`{name}` holds white noise (`xi`), which has no value at a step: it cannot be an "
+                               "output", pos, "output a state the noise drives instead")
             elif name not in state_names and name not in local_set and name not in subexprs:
                 if name in self.input_names or name in self.param_names:
                     raise self.err(f"`{name}` cannot be an output: outputs are `spike`, states or locals", pos)
@@ -364,7 +412,9 @@ class _Checker:
     def resolve_surrogate(self, spike: A.SpikeRule, params: set[str]) -> ResolvedSurrogate:
         use = spike.surrogate
         if use is None:
-            spec = BUILTIN_SURROGATES[DEFAULT_SURROGATE]
+            # a stochastic spike (`spike when rand() < p`): the derivative of the firing probability
+            stochastic = _draws_in(spike.left, self.random_locals) or _draws_in(spike.right, self.random_locals)
+            spec = BUILTIN_SURROGATES[STOCHASTIC_SURROGATE if stochastic else DEFAULT_SURROGATE]
             kw = {k: A.Num(v, repr(v), spike.pos) for k, v in spec.defaults.items()}
             return ResolvedSurrogate(spec.name, "x", kw, None, spike.pos)
         given: dict[str, A.Kwarg] = {}
@@ -409,7 +459,14 @@ class _ExprChecker(A.ExprFold[None]):
                 raise ck.err("a comparison is only allowed in `where(...)` and `where` constraints", e.pos,
                              "use where(cond, a, b) to choose between values")
         elif isinstance(e, A.Name):
+            if e.id in ck.noisy and self.context != "in an equation":
+                raise ck.err(f"`{e.id}` holds white noise (`xi`), which only an ODE can integrate: it cannot be "
+                             f"used {self.context}", e.pos, "in `update`, draw a step's noise with `randn()`, e.g. "
+                                                            "`v += sigma*sqrt(dt)*randn()`")
             if e.id not in self.visible and e.id not in CONSTANTS:
+                if is_noise_name(e.id):
+                    ck.noise_use(e, self.context)
+                    return
                 if e.id in ck.all_declared:
                     raise ck.err(f"`{e.id}` cannot be used {self.context}", e.pos, ck.scope_hint(self.context))
                 if is_unit(e.id) and e.id not in ck.model_names:  # a bare unit (`0.02 / ms`): see unitcheck.py
@@ -424,6 +481,9 @@ class _ExprChecker(A.ExprFold[None]):
                 raise ck.err(f"unknown unit `{e.unit}`", e.unit_pos,
                              suggest_unit(e.unit) or "e.g. `ms`, `mV`, `nA`, `nS`, `pF`, `um`")
         elif isinstance(e, A.Call):
+            if e.func in DRAWS:
+                ck.draw_use(e, self.context)
+                return
             b = FUNCTIONS.get(e.func)
             if b is None:
                 if e.func in ck.user_surrogates or e.func in BUILTIN_SURROGATES:
@@ -470,6 +530,12 @@ def check(neuron: A.Neuron, definitions: DefinitionStore | None = None) -> Check
     """Validate a parsed model; raises FlexDSLError at the first problem. `definitions`: where
     the definitions of the units a model writes are kept (see `dims.unit`)."""
     return _Checker(neuron, definitions).run()
+
+
+def _draws_in(e: A.Expr, random_locals: set[str]) -> bool:
+    """Whether an expression draws (`rand()`, `randn()`) or reads a local computed from a draw."""
+    return any((isinstance(n, A.Call) and n.func in DRAWS) or (isinstance(n, A.Name) and n.id in random_locals)
+               for n in A.nodes(e))
 
 
 def _names_in(e: A.Expr) -> set[str]:

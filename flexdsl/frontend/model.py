@@ -10,6 +10,7 @@ from fractions import Fraction
 from typing import Any
 
 from . import ast as A
+from .catalog import DRAWS
 from .dims import Dim
 from .options import NONE, LoadOptions
 
@@ -53,6 +54,7 @@ class CheckedModel:
     subexprs: list[str] = field(default_factory=list)
     refractory: A.Refractory | None = None
     units: UnitInfo | None = None  # None: a model written without units
+    noise: list[str] = field(default_factory=list)  # the equations' white noise sources (`xi`...), by first use
     # the model as written, before the conversion to base units (None: this is it); the docs show it
     written: CheckedModel | None = None
     # what was chosen at load (frontend/options.py), and the bounds that learnable params train
@@ -64,6 +66,29 @@ class CheckedModel:
     def hidden(self) -> list[str]:
         """The bookkeeping states the lowering adds (`HIDDEN_STATES`), after the model's own."""
         return [s.name for s in self.states if s.meta.get("hidden")]
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether a step draws random numbers: white noise in the equations, or `randn()`/`rand()`."""
+        if self.noise:
+            return True
+        exprs = [st.value for st in [*self.update, *self.on_spike]]
+        if self.spike is not None:
+            exprs += [self.spike.left, self.spike.right]
+        return any(isinstance(n, A.Call) and n.func in DRAWS for e in exprs for n in A.nodes(e))
+
+    @property
+    def noise_pos(self) -> A.Pos:
+        """Where the model first draws: white noise in the equations, else a draw (else the model)."""
+        exprs = [ln.value for ln in self.equations.lines] if self.equations is not None else []
+        exprs += [st.value for st in self.update]
+        exprs += [self.spike.left, self.spike.right] if self.spike is not None else []
+        exprs += [st.value for st in self.on_spike]
+        for e in exprs:
+            for n in A.nodes(e):
+                if (isinstance(n, A.Name) and n.id in self.noise) or (isinstance(n, A.Call) and n.func in DRAWS):
+                    return n.pos
+        return self.ast.pos
 
     @property
     def name(self) -> str:

@@ -271,6 +271,9 @@ class _ToAST(Transformer_NonRecursive):
         return A.SurrogateUse(str(name), [k for k in kwargs if k is not None], _pos(name))
 
     def spike_rule(self, spike: Token, left, op: Token, right, surrogate) -> A.SpikeRule:
+        flipped = {"<": ">", "<=": ">="}.get(str(op))
+        if flipped is not None:  # `A < B` fires as `B > A` (kept as written for the docs)
+            return A.SpikeRule(right, flipped, left, _pos(spike), surrogate, str(op))
         return A.SpikeRule(left, str(op), right, _pos(spike), surrogate)
 
     def neuron(self, name: Token, *items) -> A.Neuron:

@@ -23,7 +23,8 @@ The check: `dX/dt` has the unit of X per time (`dt` is a time); both sides of `+
 comparisons, `min`, `max`, `clip`, `where` agree (a plain `0` agrees with every unit);
 `exp`, `log`, `sin`, `cos`, `tanh`, `sigmoid` take dimensionless arguments; assignments,
 resets and `+=` keep a state's unit; a surrogate's argument is dimensionless (its scale
-keyword, `alpha`, has the inverse unit of the spike rule's `u`).
+keyword, `alpha`, has the inverse unit of the spike rule's `u`); white noise (`xi`) has the unit
+1/sqrt(time), as in Brian2, and the draws `randn()` and `rand()` are dimensionless.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ class DimFold(A.ExprFold[DimValue]):
             return self._keep(e, DimValue(args[0].dim ** Fraction(1, 2), has_unit=args[0].has_unit))
         if f in ("abs", "relu"):
             return self._keep(e, DimValue(args[0].dim, args[0].zero, has_unit=args[0].has_unit))
-        if f == "heaviside":
+        if f in ("heaviside", "randn", "rand"):
             return self._keep(e, DimValue(DIMENSIONLESS))
         if f == "where":
             vals = list(zip(e.args[1:], args[1:]))
@@ -278,6 +279,11 @@ class UnitChecker:
                         e.pos, self.hint_for(e, expected, got))
 
     def hint_for(self, e: A.Expr, expected: Dim, got: Dim | None = None) -> str | None:
+        noise = next((n.id for n in A.names(e) if n.id in self.ck.noise), None)
+        if noise is not None and got is not None:
+            return (f"white noise `{noise}` has the unit 1/sqrt(time) (Brian2's meaning): its coefficient needs the "
+                    f"unit {expected * Dim.of(TIME) ** Fraction(1, 2)}, e.g. `sigma*sqrt(2/tau)*{noise}` for a "
+                    "sigma in the unit of the state")
         if got is not None and not got.dimensionless and got / expected == Dim.of(TIME):
             if getattr(self, "in_ode", True):
                 return "a derivative is per time: divide by a time constant (e.g. `(E_L - v) / tau`)"
@@ -325,6 +331,8 @@ class UnitChecker:
         env: dict[str, Dim] = {}
         self.declarations(env)
         time = env.get("dt", DIMENSIONLESS)
+        for name in ck.noise:  # white noise (Brian2's `xi`): 1/sqrt(time)
+            env[name] = time ** Fraction(-1, 2)
         self.dims = env
         if ck.equations is not None:
             for ln in ck.equations.lines:

@@ -212,6 +212,37 @@ class Detach(_Real, sp.Function):
         return sp.Integer(0)
 
 
+# --- random draws (`randn()`, `rand()`, and the normal draws of white noise): a draw is
+# Draw(k, t), the k-th draw of the step t of an element, from the counter-based generator
+# (the same numbers on every backend); `t` is the symbol `TNOW`, the step a backend is at (so a
+# draw is never a constant of the params, and never gets a gradient).
+class Randn(_Real, sp.Function):
+    """A standard normal draw: the k-th of the step (args: k, the step's symbol)."""
+
+    nargs = 2
+
+    def _eval_derivative(self, s):
+        return sp.Integer(0)
+
+
+class Rand(_Real, sp.Function):
+    """A uniform draw in (0, 1): the k-th of the step (args: k, the step's symbol)."""
+
+    nargs = 2
+
+    def _eval_derivative(self, s):
+        return sp.Integer(0)
+
+
+TNOW = sp.Symbol("_tnow", real=True)  # the step a draw belongs to (named by each backend's loop)
+DRAW_CLASSES: dict[str, type[sp.Function]] = {"randn": Randn, "rand": Rand}
+
+
+def draws_in(e: sp.Basic) -> set[sp.Expr]:
+    """The draws in an expression."""
+    return {a for a in sp.preorder_traversal(e) if isinstance(a, Randn | Rand)} if e.has(TNOW) else set()
+
+
 def _where(cond, a, b):
     return Where(cond, a, b)
 

@@ -273,6 +273,7 @@ INTEGRATORS: dict[str, Callable[..., Values]] = {
     "rk2": rk2,
     "rk4": rk4,
     "heun": heun,
+    "milstein": euler,  # (Brian2's milstein without noise is Euler's step; with noise: `ir/noise.py`)
 }
 assert set(INTEGRATORS) == set(METHODS), "catalog.METHODS and integrate.INTEGRATORS disagree"
 

@@ -14,10 +14,11 @@ import sympy as sp
 
 from ..errors import FlexDSLError
 from ..frontend import ast as A
-from ..frontend.catalog import FUNCTIONS
+from ..frontend.catalog import DRAWS, FUNCTIONS
 from ..frontend.check import CheckedModel
-from .functions import CONSTANTS, Detach, SpikeGE, SpikeGT, Where
+from .functions import CONSTANTS, DRAW_CLASSES, TNOW, Detach, SpikeGE, SpikeGT, Where
 from .integrate import INTEGRATORS, Context, MatrixExp, NotApplicable, integrate_held
+from .noise import Stochastic, integrate_noisy, split
 from .surrogates import SurrogateInfo, surrogate_info
 from .tosympy import MAX_EXPONENT, NONFINITE, ToSympy, sym, to_sympy
 
@@ -62,6 +63,7 @@ class StepModel:
     taken: set[str] = field(default_factory=set)
     origins: dict[str, A.Pos] = field(default_factory=dict)  # SSA name -> source position
     matrix_exps: list[MatrixExp] = field(default_factory=list)  # how the derived params are computed
+    draws: int = 0  # random draws per step and element (`Randn/Rand(k, TNOW)`, k < draws): 0, a model without noise
 
     @property
     def name(self) -> str:
@@ -170,18 +172,24 @@ class _Lowering:
         self.states = [sym(s.name) for s in model.states]
         self.params = [ParamInfo(p.name, sym(p.name), p) for p in model.params]
         taken = {i.name for i in model.inputs} | {s.name for s in model.states} | {p.name for p in model.params}
-        taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(FUNCTIONS) | set(CONSTANTS)
+        taken |= set(model.locals) | set(model.subexprs) | {"spike"} | set(FUNCTIONS) | set(CONSTANTS) | set(DRAWS)
         self.names = NameGen(taken)
+        self.draw_syms: dict[tuple[int, int], sp.Expr] = {}  # a draw's call site -> its SSA symbol
         self.env: dict[str, sp.Expr] = ({s.name: s for s in [*self.inputs, *self.states]}
                                         | {p.name: p.symbol for p in self.params})
         self.assignments: list[tuple[sp.Symbol, sp.Expr]] = []
         self.origins: dict[str, A.Pos] = {}
-        self.dynamic: set[sp.Symbol] = {*self.inputs, *self.states}  # symbols that depend on inputs or states
+        # symbols that depend on inputs, states or draws (the step)
+        self.dynamic: set[sp.Symbol] = {*self.inputs, *self.states, TNOW}
         self.subexpr_defs: dict[str, A.Expr] = {}
+        self.noisy_subexprs: set[str] = set()  # subexpressions that hold white noise (only ODEs read them)
         if model.equations is not None:
             for ln in model.equations.lines:
                 if isinstance(ln, A.Subexpr):
                     self.subexpr_defs[ln.name] = ln.value
+                    if any(nm.id in model.noise or nm.id in self.noisy_subexprs for nm in A.names(ln.value)):
+                        self.noisy_subexprs.add(ln.name)
+        self.n_draws = 0
         self.matrix_exps: list[MatrixExp] = []
         self.not_refractory: sp.Expr | None = None
 
@@ -200,18 +208,33 @@ class _Lowering:
         """An expression's value now (the equations' subexpressions at the current values)."""
         n = self.n
         if not self.subexpr_defs:
-            return to_sympy(e, self.env, n)
+            return to_sympy(e, self.env, n, self.draw)
         subs: dict[str, sp.Expr] = {}
         local = ChainMap(subs, self.env)
         for name, d in self.subexpr_defs.items():
-            subs[name] = to_sympy(d, local, n)
-        return to_sympy(e, local, n)
+            if name not in self.noisy_subexprs:
+                subs[name] = to_sympy(d, local, n)
+        return to_sympy(e, local, n, self.draw)
+
+    def new_draw(self, kind: str, base: str) -> sp.Expr:
+        """The next draw of the step (`kind` "randn" or "rand"), as an SSA value."""
+        k = self.n_draws
+        self.n_draws += 1
+        return self.emit(base, DRAW_CLASSES[kind](sp.Integer(k), TNOW))
+
+    def draw(self, e: A.Call) -> sp.Expr:
+        """The value of the draw `randn()`/`rand()` written at `e` (the same call site, the same draw)."""
+        key = (e.pos.line, e.pos.column)
+        if key not in self.draw_syms:
+            self.draw_syms[key] = self.new_draw(e.func, e.func)
+        return self.draw_syms[key]
 
     def run(self) -> StepModel:
         model = self.model
         # the subexpressions' values at the step's start (e.g. alpha_m(v)): a shared temporary that holds
         # one takes its name in the generated code
-        named = {self.value(A.Name(name, A.Pos(0, 0))): name for name in self.subexpr_defs}
+        named = {self.value(A.Name(name, A.Pos(0, 0))): name for name in self.subexpr_defs
+                 if name not in self.noisy_subexprs}
         # -- 0. refractoriness, decided at the start of the step (Brian2's `not_refractory`)
         self.not_refractory = _refractoriness(model, self.env, self.value, self.emit, self.here)
         method = model.method
@@ -229,7 +252,7 @@ class _Lowering:
         assignments = share_subexpressions(self.assignments, self.names, named)
         return StepModel(model, self.inputs, self.states, self.params, assignments, next_states, outputs, spike_sym,
                          surrogate, method if model.equations is not None else None, model.method is None,
-                         self.detach_reset, self.names.taken, self.origins, self.matrix_exps)
+                         self.detach_reset, self.names.taken, self.origins, self.matrix_exps, self.n_draws)
 
     # ------------------------------------------------------------------ 1. equations
     def equations(self, eqs: A.Equations) -> str:
@@ -245,20 +268,24 @@ class _Lowering:
         ctx = Context(self.emit, lambda e: e.free_symbols <= constants, self.request_matrix_exp(odes))
         held = {sym(o.state) for o in odes if o.held}
 
+        sto = self.stochastic(odes, ode_syms, rhs_at, dt) if model.noise else None
+
         def integrate(m: str) -> dict[sp.Symbol, sp.Expr]:
+            if sto is not None:
+                return integrate_noisy(m, sto, dt, ctx, held, self.not_refractory)
             if held and self.not_refractory is not None:
                 return integrate_held(m, ode_syms, rhs_at, dt, ctx, held, self.not_refractory, self.assignments,
                                       self.matrix_exps)
             return INTEGRATORS[m](ode_syms, rhs_at, dt, ctx)
 
         method = model.method
-        if method is None:  # `exact` where it applies, else `euler`
+        if method is None:  # `exact` where it applies, else `euler` (with multiplicative noise `heun`, as Brian2)
             try:
                 new = integrate("exact")
                 method = "exact"
             except NotApplicable:
-                method = "euler"
-                new = integrate("euler")
+                method = "euler" if sto is None or sto.additive else "heun"
+                new = integrate(method)
         else:
             try:
                 new = integrate(method)
@@ -276,6 +303,22 @@ class _Lowering:
             env[s_.name] = self.emit(s_.name, new[s_])
         return method
 
+    def stochastic(self, odes: list[A.ODE], ode_syms: list[sp.Symbol], rhs_at, dt: sp.Expr) -> Stochastic:
+        """The equations' white noise: a normal draw per source (its Wiener increment sqrt(dt)*N), and
+        the right-hand sides split into drift and noise coefficients (a located error where noise does
+        not enter linearly)."""
+        n, model = self.n, self.model
+        lines = [ln for ln in model.equations.lines]  # type: ignore[union-attr]
+        dW: dict[sp.Symbol, sp.Expr] = {}
+        for name in model.noise:  # in order of first use: the draws' indices follow the model text
+            self.here[0] = next(ln.pos for ln in lines if any(nm.id == name for nm in A.names(ln.value)))
+            dW[sym(name)] = sp.sqrt(dt) * self.new_draw("randn", f"randn_{name}")
+        try:
+            return split(ode_syms, rhs_at, list(dW), dW)
+        except NotApplicable as e:
+            line = next(o for o in odes if o.state == e.state.name)
+            raise FlexDSLError(e.reason, n.filename, line.pos.line, line.pos.column, n.source, e.hint) from None
+
     def right_hand_sides(self, odes: list[A.ODE]):
         """`rhs_at(values)`: the right-hand sides at given state values, built (and checked) once
         from the AST, then substituted for each stage of a method."""
@@ -284,7 +327,7 @@ class _Lowering:
 
         def rhs_at(values: dict[sp.Symbol, sp.Expr]) -> dict[sp.Symbol, sp.Expr]:
             if not rhs_cache:
-                local = dict(env)
+                local = dict(env) | {name: sym(name) for name in self.model.noise}
                 for name, e in subexpr_defs.items():
                     local[name] = to_sympy(e, local, n)
                 rhs_cache.append({sym(o.state): to_sympy(o.value, local, n) for o in odes})
@@ -374,8 +417,9 @@ class _Lowering:
             subs: dict[str, sp.Expr] = {}
             local = ChainMap(subs, pre)
             for name, d in self.subexpr_defs.items():
-                subs[name] = to_sympy(d, local, n)
-            e = to_sympy(st.value, local, n)
+                if name not in self.noisy_subexprs:
+                    subs[name] = to_sympy(d, local, n)
+            e = to_sympy(st.value, local, n, self.draw)
             x = pre[st.target]
             if st.op == "=":
                 new_vals[st.target] = s * e + (1 - s) * x

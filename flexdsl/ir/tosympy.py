@@ -7,13 +7,14 @@ model's expressions.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import sympy as sp
 
 from ..errors import FlexDSLError
 from ..frontend import ast as A
-from .functions import CONSTANTS, make
+from ..frontend.catalog import DRAWS
+from .functions import CONSTANTS, DRAW_CLASSES, TNOW, make
 
 
 def sym(name: str) -> sp.Symbol:
@@ -32,9 +33,11 @@ class ToSympy(A.ExprFold[sp.Expr]):
     """AST -> sympy. With `neuron` given, a value that is not a finite real (x/0, log(0),
     exp(1000), sqrt(-1)...) or a power too large to expand is a located FlexDSLError."""
 
-    def __init__(self, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> None:
+    def __init__(self, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None,
+                 draw: Callable[[A.Call], sp.Expr] | None = None) -> None:
         self.env = env
         self.neuron = neuron
+        self.draw = draw  # a draw's value (`randn()`: the lowering's SSA symbol of that call)
 
     def fail(self, e: A.Expr, msg: str, hint: str | None = None) -> FlexDSLError:
         n = self.neuron
@@ -105,6 +108,8 @@ class ToSympy(A.ExprFold[sp.Expr]):
         return a**b
 
     def visit_Call(self, e: A.Call, *args: sp.Expr) -> sp.Expr:
+        if e.func in DRAWS:
+            return self.draw(e) if self.draw is not None else DRAW_CLASSES[e.func](sp.Integer(-1), TNOW)
         return self.checked(e, make(e.func, *args), True)
 
     def visit_Compare(self, e: A.Compare, *vals: sp.Expr) -> sp.Expr:
@@ -112,10 +117,11 @@ class ToSympy(A.ExprFold[sp.Expr]):
         return parts[0] if len(parts) == 1 else sp.And(*parts)
 
 
-def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None) -> sp.Expr:
+def to_sympy(e: A.Expr, env: Mapping[str, sp.Expr], neuron: A.Neuron | None = None,
+             draw: Callable[[A.Call], sp.Expr] | None = None) -> sp.Expr:
     """An AST expression as sympy, with names replaced by env[name]; with `neuron`, values that
-    are not finite reals are located errors."""
-    return ToSympy(env, neuron).fold(e)
+    are not finite reals are located errors; `draw` gives the value of a draw (`randn()`)."""
+    return ToSympy(env, neuron, draw).fold(e)
 
 
 __all__ = ["ToSympy", "to_sympy", "sym", "MAX_EXPONENT", "NONFINITE"]

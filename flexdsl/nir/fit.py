@@ -172,6 +172,11 @@ def match(module: NeuronModule | Compiled | str, dt: float, method: str = "auto"
         from ..runtime.params import resolve_params
 
         vals = resolve_params(c, dict(values or {}))
+    if c.checked.stochastic:
+        pos = c.checked.noise_pos
+        raise FlexDSLError(f"`{c.name}` draws random numbers (noise), which no NIR primitive has", c.filename,
+                           pos.line, pos.column, c.text, "export the model without its noise terms (NIR neurons are "
+                                                         "deterministic)")
     ls = analyse(c)
     kind, roles = classify(ls)
     model_co = _coefficients(ls, kind, roles)

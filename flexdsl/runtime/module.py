@@ -28,6 +28,7 @@ from . import display, programs
 from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
 from .compiler import Compiled, compile_text
+from .noise import NoiseSource
 from .params import (
     bits,
     broadcasts_to,
@@ -63,7 +64,7 @@ def triton_available() -> bool:
     return backends.get("triton").available()
 
 
-class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[valid-type,misc]
+class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
     `m(*inputs)`: inputs are `[T, *shape]` (step_mode "m") or `[*shape]` ("s"); returns the
@@ -157,6 +158,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         ck = self._compiled.checked
         d["_param_decls"] = {p.name: p for p in ck.params}
         d["_state_names"] = [s.name for s in ck.states]
+        d["_stochastic"] = ck.stochastic  # (the model draws random numbers: runtime/noise.py)
         d["_input_decls"] = list(ck.inputs)
         d["_init_cache"] = {}
         d["_dtypes_checked"] = set()  # (compute dtypes the params were checked in since they changed)
@@ -220,7 +222,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
         for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked",
-                  "_compiled_name"):
+                  "_compiled_name", "_stochastic"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
@@ -290,6 +292,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         for k in self._states:
             self._states[k] = None
         self.state_seqs = {}
+        self._noise_reset()  # (a noisy model's next call draws a new seed)
 
     def detach(self) -> None:
         """Cut the kept states from the graph of earlier calls (truncated BPTT; SpikingJelly's
@@ -375,15 +378,19 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
         """The generated single-step function with the module's params (read at each call):
         core(*inputs, *states) -> (*outputs, *new_states)."""
         fn = self._compiled.torch_module.core
+        if self._compiled.checked.stochastic:
+            return self._noisy_core(fn)
 
         def core(*args):
             return fn(*args, *self._core_params())
 
         return core
 
-    def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool):
+    def _run(self, inputs: Sequence[Any], given: Mapping[str, Any] | None, store_seqs: bool, seed: Any = None,
+             generator: Any = None):
         xs, shape = self._check_inputs(inputs)
         x0 = xs[0]
+        noise = self._noise_key(x0.shape[0], seed, generator, given is not None)
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
         if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
             dt = getattr(program, "computes_in", None) or x0.dtype
@@ -403,7 +410,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
             xs, init, params = guard(self._compiled, xs, init, params)
         params = self._compiled.with_derived(params)
         try:
-            res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite))
+            res = program.run(xs, init, params, store_seqs=store_seqs or bool(self.check_finite),
+                              **({"noise": noise} if noise is not None else {}))
         except RuntimeError:
             escaped = [n for n, v in zip(self._state_names, init) if given is None and vmapped(v)]
             if escaped:  # (looked for only on failure: nothing on the path of a call)
@@ -417,20 +425,23 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
             check(self._compiled, xs, init, params, res)
             if not store_seqs:
                 res.seqs = None
+        if given is None:
+            self._noise_advance(noise, x0.shape[0])
         outs = [o[0] for o in res.outputs] if self.step_mode == "s" else res.outputs
         return (outs[0] if len(outs) == 1 else tuple(outs)), res
 
-    def forward(self, *inputs: Any):
+    def forward(self, *inputs: Any, seed: Any = None, generator: Any = None):
+        """`seed=`/`generator=`: where a noisy model's draws of this call come from (runtime/noise.py)."""
         if len(inputs) == len(self._input_decls) + 1 and (inputs[-1] is None or isinstance(inputs[-1], Mapping)):
-            return self.step(*inputs[:-1], state=inputs[-1])
-        out, res = self._run(inputs, None, bool(self.store_state_seqs))
+            return self.step(*inputs[:-1], state=inputs[-1], seed=seed, generator=generator)
+        out, res = self._run(inputs, None, bool(self.store_state_seqs), seed, generator)
         for name, s in zip(self._state_names, res.states):
             self._states[name] = s
         if res.seqs is not None:
             self.state_seqs = dict(zip(self._state_names, res.seqs))
         return out
 
-    def step(self, *inputs: Any, state: Mapping[str, Any] | None = None):
+    def step(self, *inputs: Any, state: Mapping[str, Any] | None = None, seed: Any = None, generator: Any = None):
         """The functional form: `out, state = m.step(x, state)` runs the inputs from `state`
         (a dict of the model's states; None or empty: initial values) and returns the outputs
         and the new state, leaving the module's kept states untouched. Params are read live;
@@ -447,7 +458,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, _Base):  # type: ignore[va
                                   hint=did_you_mean(str(unknown[0]), self._state_names) or
                                   f"states: {', '.join(self._state_names)}")
             state = {k: self._state_value(k, v, "as given") for k, v in state.items()}
-        out, res = self._run(inputs, dict(state) if state else {}, False)
+        out, res = self._run(inputs, dict(state) if state else {}, False, seed, generator)
         return out, dict(zip(self._state_names, res.states))
 
     def _repr_html_(self) -> str | None:

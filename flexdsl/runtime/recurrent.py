@@ -254,7 +254,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         decl = next(i for i in ck.inputs if i.name == self.port)
         return self._view.error(msg, decl.pos, hint)
 
-    def forward(self, x: Any, *others: Any):
+    def forward(self, x: Any, *others: Any, seed: Any = None, generator: Any = None):
+        """`seed=`/`generator=`: where a noisy model's draws of this call come from (as for the neuron's
+        own module: the layer's [*batch, hidden] elements are the neuron's)."""
         view = self._view
         ck = view.compiled.checked
         names = [i.name for i in ck.inputs]
@@ -288,7 +290,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         prog = programs.recurrent_for(view.compiled, view.m._compiled_name, backend, like, port, source, dense)
         states = view.states(like, step_shape, flat)
         params = view.params(step_shape, flat, dev)
-        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense)
+        noise = view.m._noise_key(T, seed, generator, False)
+        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise)
+        view.m._noise_advance(noise, T)
         if T:
             view.keep(fins, step_shape)
             self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape)

@@ -22,6 +22,7 @@ class CpuABI:
       (gradient, or null: not needed), per state (gradient of the initial state, or null), per
       learnable param (per-lane sums in double, or null)]; f = [per param].
     Inputs are [T, N] with unit lane stride, outputs [T, N], saved values [K, T, N] (K = len(saved)).
+    A noisy model's `n` ends with the key of its draws: the seed and the key's step of the first step.
     """
 
     name: str
@@ -36,6 +37,7 @@ class CpuABI:
     grad_states: list[bool]
     grad_params: list[bool]
     lanes: int = 256  # lanes per block
+    draws: int = 0  # random draws per step and element (a noisy model: n also holds its key, seed and t0)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

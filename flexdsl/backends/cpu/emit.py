@@ -34,6 +34,7 @@ from sympy.printing.cxx import CXX17CodePrinter
 
 from ...frontend.catalog import ALL_FUNCTIONS
 from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_SERIES_BOUND
+from ...ir.functions import Randn, draws_in
 from ...ir.schedule import Assignments
 from ..base import IR
 from ..printer import comment_text, load_notes
@@ -175,6 +176,12 @@ class CppPrinter(CXX17CodePrinter):
     def _print_Not(self, e) -> str:
         return f"!({self._print(e.args[0])})"
 
+    # the draws of a noisy model: filled for the block's lanes before each step's lane loop
+    def _print_Randn(self, e) -> str:
+        return f"_d{int(e.args[0])}[_i]"
+
+    _print_Rand = _print_Randn
+
     def _print_Where(self, e) -> str:
         c, a, b = e.args
         return self.SPELL["where"].format(self._print(c), self._print(a), self._print(b))
@@ -243,13 +250,20 @@ def _kernel(pr: CppPrinter, hoisted: Assignments, params: list[sp.Symbol]) -> di
                           for i, (name, e) in enumerate(pr.constants.items())]}
 
 
+def _draws(assignments: Assignments) -> list[dict[str, Any]]:
+    """The draws a kernel's step computes: (index, "randn" or "rand"), in index order."""
+    found = {int(d.args[0]): ("randn" if isinstance(d, Randn) else "rand") for _, e in assignments
+             for d in draws_in(e)}
+    return [{"index": k, "kind": found[k]} for k in sorted(found)]
+
+
 def emit(ir: IR) -> tuple[str, CpuABI]:
     """The generated C++ source and its ABI."""
     step, bw, sch = ir.step, ir.backward, ir.schedule
     params = [p.symbol for p in step.params]
     src = step.checked.source.splitlines()
     abi = CpuABI(
-        name=step.name, inputs=[x.name for x in step.inputs], states=[s.name for s in step.states],
+        draws=step.draws, name=step.name, inputs=[x.name for x in step.inputs], states=[s.name for s in step.states],
         params=[p.name for p in step.params], learnable=[p.name for p in step.learnable],
         outputs=[n for n, _ in step.outputs], saved=[s.name for s in sch.saved], reread=[x.name for x in sch.reread],
         grad_inputs=list(sch.grad_inputs_nonzero), grad_states=list(sch.grad_states_nonzero),
@@ -264,6 +278,7 @@ def emit(ir: IR) -> tuple[str, CpuABI]:
         "saved_before": [{"index": i, "name": cname(s.name)} for i, s in enumerate(sch.saved) if s in state_set],
         "saved_after": [{"index": i, "name": cname(s.name)} for i, s in enumerate(sch.saved) if s not in state_set],
         "next": [lp._print(v) for v in step.next_states],
+        "draws": _draws(sch.fwd_body),
     }
     fwd.update(_kernel(lp, sch.fwd_hoisted, params))
 
@@ -284,6 +299,7 @@ def emit(ir: IR) -> tuple[str, CpuABI]:
         "grad_states": [blp._print(g) for g in bw.grad_states],
         "grad_params": [{"index": learn_idx[p.name], "value": blp._print(g)}
                         for p, g, nz in zip(step.learnable, bw.grad_params, sch.grad_params_nonzero) if nz],
+        "draws": _draws([*sch.recompute, *sch.bwd_body]),
     }
     bwd.update(_kernel(blp, b_hoisted, params))
     n_arrays = 2 * len(step.states) + 2 + max(len(fwd["constants"]), len(bwd["constants"]) + len(step.learnable))

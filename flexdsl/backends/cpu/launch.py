@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import RunResult
+from ..base import RunResult, custom_op, key_ints, key_tensor
 from .abi import CpuABI
 
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -102,9 +102,10 @@ class CpuProgram:
         return tensors, vals, keep
 
     def forward(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any],
-                store_seqs: bool, save: bool) -> list[torch.Tensor]:
+                store_seqs: bool, save: bool, key: Sequence[int] = ()) -> list[torch.Tensor]:
         """The forward kernel: outputs, final states, the state sequences (with `store_seqs`) and
-        the saved values [K, T, *shape] (with `save`, when the plan saves any)."""
+        the saved values [K, T, *shape] (with `save`, when the plan saves any); `key`: a noisy
+        model's (seed, t0)."""
         x0 = inputs[0]
         T, shape = x0.shape[0], _step_shape(inputs)
         N = _prod(shape)
@@ -133,16 +134,24 @@ class CpuProgram:
         seqs = [torch.empty((T, *shape), dtype=dtype) for _ in range(self.n_st)] if store_seqs else []
         saved = torch.empty((len(self.abi.saved), T, *shape), dtype=dtype) if save and self.abi.saved else None
         if N:
-            ints = [T, N, torch.get_num_threads(), *strides]
+            ints = [T, N, torch.get_num_threads(), *strides, *self._key(key)]
             ptrs = [*map(_ptr, xs), *map(_ptr, inits), *map(_ptr, prm), *map(_ptr, outs), *map(_ptr, fins),
                     *(map(_ptr, seqs) if store_seqs else [None] * self.n_st), _ptr(saved)]
             self._call("fwd", dtype, ints, ptrs, [*init_vals, *prm_vals])
         return [*outs, *fins, *seqs, *([saved] if saved is not None else [])]
 
+    def _key(self, key: Sequence[int]) -> list[int]:
+        """The kernels' key ints: (seed, t0) for a noisy model, else none."""
+        if not self.abi.draws:
+            return []
+        if len(key) != 2:
+            raise ValueError(f"{self.name} draws random numbers: its kernels need the call's NoiseKey")
+        return [int(key[0]), int(key[1])]
+
     def backward(self, reread: Sequence[torch.Tensor], saved: torch.Tensor | None, params: Sequence[Any],
                  g_outs: Sequence[torch.Tensor | None], g_seqs: Sequence[torch.Tensor | None],
                  g_fins: Sequence[torch.Tensor | None], need: Sequence[bool], T: int, shape: Sequence[int],
-                 dtype: torch.dtype) -> list[torch.Tensor]:
+                 dtype: torch.dtype, key: Sequence[int] = ()) -> list[torch.Tensor]:
         """The backward kernel: full-shape gradients of the inputs [T, *shape], of the initial
         states [*shape] and per element of the learnable params [*shape] (float64), those
         `need`ed (inputs, states, learnable params) in that order."""
@@ -172,7 +181,7 @@ class CpuProgram:
         gq = [flat(g, (T,)) for g in g_seqs]
         gf = [flat(g, ()) for g in g_fins]
         sv = saved.contiguous() if saved is not None else None
-        ints = [T, N, torch.get_num_threads(), *strides]
+        ints = [T, N, torch.get_num_threads(), *strides, *self._key(key)]
         ptrs = [*map(_ptr, xs), _ptr(sv), *map(_ptr, prm), *map(_ptr, go), *map(_ptr, gq), *map(_ptr, gf),
                 *map(_ptr, gx), *map(_ptr, gs), *map(_ptr, gp)]
         self._call("bwd", dtype, ints, ptrs, prm_vals)
@@ -195,15 +204,17 @@ class CpuProgram:
         n_in, n_st, n_out = self.n_in, self.n_st, self.n_out
         n_saved = len(self.abi.saved)
 
-        @torch.library.custom_op(f"{ns}::cpu_fwd", mutates_args=(), device_types="cpu")
+        noisy = bool(self.abi.draws)
+
+        @custom_op(f"{ns}::cpu_fwd", noisy, device_types="cpu")
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
-                save: bool) -> list[torch.Tensor]:
+                save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             st, pr = _unpack(states, state_vals, is_tensor[:n_st]), _unpack(params, param_vals, is_tensor[n_st:])
-            return prog.forward(inputs, st, pr, store_seqs, save)
+            return prog.forward(inputs, st, pr, store_seqs, save, key_ints(key))
 
         @fwd.register_fake
-        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save):
+        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key=None):
             x0 = inputs[0]
             T, shape = x0.shape[0], _step_shape(inputs)
             res = [x0.new_empty((T, *shape)) for _ in range(n_out)] + [x0.new_empty(shape) for _ in range(n_st)]
@@ -213,16 +224,16 @@ class CpuProgram:
                 res.append(x0.new_empty((n_saved, T, *shape)))
             return res
 
-        @torch.library.custom_op(f"{ns}::cpu_bwd", mutates_args=(), device_types="cpu")
+        @custom_op(f"{ns}::cpu_bwd", noisy, device_types="cpu")
         def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
                 param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
                 g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool], T: int,
-                shape: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
+                shape: list[int], dtype: torch.dtype, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             return prog.backward(reread, saved, _unpack(params, param_vals, is_param_t), g_outs, g_seqs, g_fins,
-                                 need, T, shape, dtype)
+                                 need, T, shape, dtype, key_ints(key))
 
         @bwd.register_fake
-        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype):
+        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype, key=None):
             like = next(t for t in [*reread, saved, *g_outs, *g_seqs, *g_fins, *params] if t is not None)
             res = [like.new_empty((T, *shape), dtype=dtype) for n in need[:n_in] if n]
             res += [like.new_empty(tuple(shape), dtype=dtype) for n in need[n_in:n_in + n_st] if n]
@@ -245,9 +256,10 @@ class CpuProgram:
 
     # ------------------------------------------------------------------ the Program interface
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult:
+            store_seqs: bool, noise: Any = None) -> RunResult:
         if self.lib is None:
-            return self.fallback.run(inputs, states, params, store_seqs=store_seqs)
+            return self.fallback.run(inputs, states, params, store_seqs=store_seqs,
+                                     **({"noise": noise} if noise is not None else {}))
         x0 = inputs[0]
         if x0.device.type != "cpu":
             raise FlexDSLError(f"the CPU kernels run on CPU tensors, but the input is on {x0.device}", self.name,
@@ -259,8 +271,9 @@ class CpuProgram:
         save = grad and (any(x.requires_grad for x in inputs)
                          or any(isinstance(v, torch.Tensor) and v.requires_grad for v in [*states, *params]))
         n_out, n_st = self.n_out, self.n_st
+        key = key_tensor(noise)
         if not save and not torch.compiler.is_compiling():
-            res = self.forward(inputs, states, params, store_seqs, False)
+            res = self.forward(inputs, states, params, store_seqs, False, key_ints(key))
         else:
             self._register_ops()
             assert self.op_fwd is not None
@@ -283,7 +296,8 @@ class CpuProgram:
                 else:
                     pr_vals.append(float(v))
                     is_t.append(False)
-            res = self.op_fwd(list(inputs), st, pr, st_vals, pr_vals, is_t, bool(store_seqs), save)
+            res = self.op_fwd(list(inputs), st, pr, st_vals, pr_vals, is_t, bool(store_seqs), save,
+                              *([key] if key is not None else []))
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
 
@@ -297,7 +311,8 @@ def _unpack(tensors: Sequence[torch.Tensor], vals: Sequence[float], is_t: Sequen
 def _setup_context(prog: CpuProgram, ctx, inputs, output, n_saved: int) -> None:
     """What the backward of the forward op needs (its setup_context)."""
     n_st = prog.n_st
-    xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save = inputs
+    xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, *key = inputs
+    ctx.key = key[0] if key else None  # (a noisy model's op takes the key of its draws)
     st = _unpack(states, state_vals, is_tensor[:n_st])
     pr = _unpack(params, param_vals, is_tensor[n_st:])
     x0 = xs[0]
@@ -333,7 +348,7 @@ def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
     g_pr: list = [None] * len(ctx.p_info)
     if any(need) and not all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
         res = iter(bwd(reread, sav, params, ctx.param_vals, ctx.is_param_t, g_outs, g_seqs, g_fins, need,
-                       ctx.T, list(ctx.shape), ctx.dtype))
+                       ctx.T, list(ctx.shape), ctx.dtype, *([ctx.key] if ctx.key is not None else [])))
         for i in range(n_in):
             if need[i]:
                 g_in[i] = _sum_to(next(res), ctx.x_shapes[i])
@@ -348,7 +363,7 @@ def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
     g_st = [g for g, info in zip(g_st, ctx.s_info) if info is not None]
     g_pr = [g for g, info in zip(g_pr, ctx.p_info) if info is not None]
     assert len(g_pr) == n_p_t
-    return g_in, g_st, g_pr, None, None, None, None, None
+    return g_in, g_st, g_pr, None, None, None, None, None, *([None] if ctx.key is not None else [])
 
 
 __all__ = ["CpuProgram", "CALLS", "DTYPES"]

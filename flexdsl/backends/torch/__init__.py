@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact, RunResult
+from ..base import IR, Artefact, NoiseKey, RunResult, key_tensor
+from .random import NoiseStream
 from .scan import ScanOps
 
 
@@ -31,6 +32,7 @@ class TorchProgram:
         self.n_outputs = len(meta["outputs"])
         self.n_inputs = len(meta["inputs"])
         self.n_states = len(meta["states"])
+        self.draws = int(meta.get("draws", 0))  # random draws per step and element (0: no noise)
         self.ops: ScanOps | None = None  # the time loop as custom ops (made by `prepare_trace`)
 
     def prepare_trace(self, ir: IR) -> None:
@@ -44,16 +46,25 @@ class TorchProgram:
         mod = load_module("torchscan", self.key, self.source + emit_core_backward(step, ir.backward))
         ns = f"flexdsl_{''.join(ch for ch in self.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{self.key[:16]}"
         self.ops = ScanOps(ns, self.loop, mod.core_backward, self.n_inputs, self.n_states, self.n_outputs,
-                           [p.learnable for p in step.params])
+                           [p.learnable for p in step.params], self.stream if self.draws else None)
 
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult:
+            store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
         if self.ops is not None and torch.compiler.is_compiling():
-            return self._run_op(inputs, states, params, store_seqs)
-        outs, fins, seqs, _ = self.loop(inputs, states, params, store_seqs, False)
+            return self._run_op(inputs, states, params, store_seqs, noise)
+        outs, fins, seqs, _ = self.loop(inputs, states, params, store_seqs, False, noise)
         return RunResult(outs, fins, seqs if store_seqs else None)
 
-    def _run_op(self, inputs, states, params, store_seqs: bool) -> RunResult:
+    def stream(self, noise: NoiseKey | None, T: int, shape, dtype: torch.dtype, device: torch.device
+               ) -> NoiseStream | None:
+        """The draws of a call (None for a model without noise)."""
+        if not self.draws:
+            return None
+        if noise is None:
+            raise ValueError(f"{self.name} draws random numbers: its program needs the call's NoiseKey")
+        return NoiseStream(noise.seed, noise.t0, tuple(shape), dtype, device, T)
+
+    def _run_op(self, inputs, states, params, store_seqs: bool, noise: Any = None) -> RunResult:
         """The traced call: one custom op (its autograd formula is the derived backward)."""
         assert self.ops is not None
         x0 = inputs[0]
@@ -63,15 +74,16 @@ class TorchProgram:
         st = [_state(s, shape, x0.dtype, x0.device) for s in states]
         grad = torch.is_grad_enabled()
         save = grad and any(t.requires_grad for t in [*inputs, *st, *prm])
-        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save)
+        key = key_tensor(noise)
+        res = self.ops.fwd(list(inputs), st, prm, bool(store_seqs), save, *([key] if key is not None else []))
         n_out, n_st = self.n_outputs, self.n_states
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
 
     def loop(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], store_seqs: bool,
-             keep_prev: bool) -> tuple[list, list, list, list]:
+             keep_prev: bool, noise: NoiseKey | None = None) -> tuple[list, list, list, list]:
         """`core` over the T steps: (outputs [T, *shape], final states, state sequences (with
-        `store_seqs`), the state before each step (with `keep_prev`))."""
+        `store_seqs`), the state before each step (with `keep_prev`)); `noise` keys the draws."""
         x0 = inputs[0]
         T, dtype = x0.shape[0], x0.dtype
         shape = x0.shape[1:] if len(inputs) == 1 else torch.broadcast_shapes(*(x.shape[1:] for x in inputs))
@@ -83,11 +95,15 @@ class TorchProgram:
         prevs: list[list[torch.Tensor]] = [[] for _ in st]
         steps = list(zip(*(x.unbind(0) for x in inputs)))
         core = self.core
-        for xs in steps:
+        stream = self.stream(noise, T, shape, dtype, x0.device)
+        extra: list[Any] = []
+        for t, xs in enumerate(steps):
             if keep_prev:
                 for i, s in enumerate(st):
                     prevs[i].append(s)
-            res = core(*xs, *st, *prm)
+            if stream is not None:
+                extra = [stream.at(t)]
+            res = core(*xs, *st, *prm, *extra)
             res = [r if isinstance(r, torch.Tensor) else _full(shape, r, dtype, x0.device) for r in res]
             res = [r.to(dtype) if r.dtype != dtype else r for r in res]
             for i in range(n_out):
@@ -165,6 +181,8 @@ class TorchBackend:
         meta = {"name": step.name, "inputs": [s.name for s in step.inputs], "states": [s.name for s in step.states],
                 "params": [p.name for p in step.params], "outputs": [n for n, _ in step.outputs],
                 "derived": [p.name for p in step.params if p.derived]}
+        if step.draws:
+            meta["draws"] = step.draws
         return Artefact("torch", emit_core(step), meta)
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:

@@ -46,11 +46,21 @@ class TorchPrinter(BasePrinter):
             return f"ops.heaviside_{kind}({u})"
         return f"ops.fire_{kind}({u}, surrogate, ({''.join(a + ', ' for a in self.fire_args)}))"
 
+    # the draws of a noisy model: `_noise` is the step's draws (`random.NoiseStep`), `core`'s last argument
+    def _print_Randn(self, e):
+        return f"_noise.randn({int(e.args[0])})"
+
+    def _print_Rand(self, e):
+        return f"_noise.rand({int(e.args[0])})"
+
     def _print_SpikeGE(self, e):
         return self._fire(e, "ge")
 
     def _print_SpikeGT(self, e):
         return self._fire(e, "gt")
+
+
+NOISE_ARG = ["_noise"]  # the last argument of `core` of a model with random draws
 
 
 def header(step: StepModel, what: str) -> list[str]:
@@ -95,9 +105,13 @@ def emit_core(step: StepModel) -> str:
     returns = ", ".join(outs + [s.name + "_next" for s in step.states])
     lines += ["", *derived_params_comment(step, pr, src_lines)]
     lines += [
-        f"def core({', '.join(args + params)}):",
-        f"    # One step of the model: ({comment_text(returns)}) = core(inputs, states, params)",
+        f"def core({', '.join(args + params + NOISE_ARG[:bool(step.draws)])}):",
+        f"    # One step of the model: ({comment_text(returns)}) = core(inputs, states, params"
+        + (", noise)" if step.draws else ")"),
     ]
+    if step.draws:
+        lines.append(f"    # `_noise`: this step's random draws ({step.draws} per element), `_noise.randn(k)` and "
+                     "`_noise.rand(k)`")
     lines += lhs_rhs_lines(core_pr, step.assignments, step.origins, src_lines)
     rets = [core_pr._print(v) for _, v in step.outputs] + [core_pr._print(v) for v in step.next_states]
     lines.append(f"    return ({', '.join(rets)},)")
@@ -134,7 +148,7 @@ def emit_core_backward(step: StepModel, bw: BackwardModel) -> str:
     grads = [pr._print(g) for g in [*bw.grad_outputs, *bw.grad_next_states]]
     lines = [
         "",
-        f"def core_backward({', '.join(args + grads + params)}):",
+        f"def core_backward({', '.join(args + grads + params + NOISE_ARG[:bool(step.draws)])}):",
         "    # The vector-Jacobian product of `core`, derived symbolically:",
         "    # (grad of inputs, of previous states, of learnable params).",
     ]

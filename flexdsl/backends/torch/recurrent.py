@@ -23,9 +23,10 @@ import torch
 
 from ...store import cache
 from ...store.generated import load_module
-from ..base import IR
+from ..base import IR, NoiseKey
 from ..printer import lhs_rhs_lines
-from .emit import TorchPrinter, header
+from .emit import NOISE_ARG, TorchPrinter, header
+from .random import NoiseStream
 
 
 def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
@@ -40,6 +41,7 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     inner = [s for s in sch.saved if s not in step.states]
     ins = [S(x) for x in step.inputs]
     states = [S(s) for s in step.states]
+    noise = NOISE_ARG[:bool(step.draws)]  # a noisy model's steps take their draws
     lines = [
         *header(step, "the recurrent layer's torch step (forward and derived backward)"),
         "import torch",
@@ -53,7 +55,7 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
         f"    return ({''.join(h + ', ' for h in hnames)})",
         "",
         "",
-        f"def _fwd_step({', '.join([*ins, *states, *params, *hnames])}):",
+        f"def _fwd_step({', '.join([*ins, *states, *params, *hnames, *noise])}):",
         "    # one step: (outputs, next states, the values the backward reads)",
         *lhs_rhs_lines(TorchPrinter(like=ins[0] if ins else None), sch.fwd_body, step.origins, src),
         "    return (" + "".join(S(v) + ", " for v in [*(v for _, v in step.outputs), *step.next_states, *inner]) + ")",
@@ -66,7 +68,7 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     reread = [S(x) for x in sch.reread]
     bpr = TorchPrinter(like=g_out[0] if g_out else (g_next[0] if g_next else None))
     lines += [
-        f"def _bwd_step({', '.join([*reread, *saved, *params, *hnames, *g_out, *g_next])}):",
+        f"def _bwd_step({', '.join([*reread, *saved, *params, *hnames, *g_out, *g_next, *noise])}):",
         "    # the derived vector-Jacobian product of one step: (grads of inputs, of previous states, of",
         "    # learnable params), from the saved values",
         *lhs_rhs_lines(bpr, sch.recompute),
@@ -78,7 +80,7 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
             "outputs": [n for n, _ in step.outputs], "saved": [s.name for s in sch.saved],
             "saved_states": [step.states.index(s) if s in step.states else -1 for s in sch.saved],
             "reread": [step.inputs.index(x) for x in sch.reread], "learnable": [p.name for p in step.learnable],
-            "params": [p.name for p in step.params], "n_hoisted": len(hoisted)}
+            "params": [p.name for p in step.params], "n_hoisted": len(hoisted), "draws": step.draws}
     return "\n".join(lines) + "\n", meta
 
 
@@ -104,11 +106,20 @@ class TorchRecurrentProgram:
         self.reread = meta["reread"]
         params = meta["params"]
         self.learn_idx = [params.index(p) for p in meta["learnable"]]
+        self.draws = int(meta.get("draws", 0))
+
+    def _stream(self, noise: NoiseKey | None, T: int, shape, dtype, dev) -> NoiseStream | None:
+        if not self.draws:
+            return None
+        if noise is None:
+            raise ValueError("a noisy model's recurrent scan needs the call's NoiseKey")
+        return NoiseStream(noise.seed, noise.t0, tuple(shape), dtype, dev, T)
 
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
-                states: Sequence[Any], params: Sequence[Any], save: bool):
+                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None):
         T, shape = ix.shape[0], ix.shape[1:]
         dev, dtype = ix.device, ix.dtype
+        stream = self._stream(noise, T, shape, dtype, dev)
         prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=dev)
                for p in params]
         hv = self.mod._invariants(*prm)
@@ -125,7 +136,7 @@ class TorchRecurrentProgram:
             cur = torch.addmm(ix[t], s, wt) if self.dense else torch.addcmul(ix[t], s, w)
             for k in range(self.n_in):
                 xs[k] = cur if k == port else inputs[k][t]
-            res = fwd(*xs, *st, *prm, *hv)
+            res = fwd(*xs, *st, *prm, *hv, *([stream.at(t)] if stream is not None else []))
             res = [_full(r, shape, ix) for r in res]
             for k in range(n_out):
                 outs[k].append(res[k])
@@ -147,16 +158,17 @@ class TorchRecurrentProgram:
         saved = None
         if save:
             saved = (prm, hv, [torch.stack(v) if T else None for v in kept],
-                     [torch.stack(v) if T else None for v in rer], shape, dtype)
+                     [torch.stack(v) if T else None for v in rer], shape, dtype, noise)
         return o, st, S, saved
 
     def backward(self, saved, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
                  g_fins: Sequence[torch.Tensor | None], need: dict[str, Any]):
         """(gI [T, B, H], grads of the other inputs [T, B, H], of the initial states, of the
         param values (each the size of the param value it was given))."""
-        prm, hv, kept, rer, shape, dtype = saved
+        prm, hv, kept, rer, shape, dtype, noise = saved
         T = need["T"]
         dev = w.device
+        stream = self._stream(noise, T, shape, dtype, dev)  # (the forward's draws)
         zero = torch.zeros((), dtype=dtype, device=dev)
         like = torch.empty((), dtype=dtype, device=dev)
         g_next = [zero if g is None else g for g in g_fins]
@@ -171,7 +183,8 @@ class TorchRecurrentProgram:
             go = [zero if g is None else g[t] for g in g_outs]
             if g_rec is not None:
                 go[self.source] = go[self.source] + g_rec
-            res = bwd(*(r[t] for r in rer), *(k[t] for k in kept), *prm, *hv, *go, *g_next)
+            res = bwd(*(r[t] for r in rer), *(k[t] for k in kept), *prm, *hv, *go, *g_next,
+                      *([stream.at(t)] if stream is not None else []))
             gi = _full(res[self.port], shape, like)
             gI[t] = gi
             for k, g in enumerate(g_in):

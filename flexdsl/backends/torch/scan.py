@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ..base import NoiseKey, custom_op, key_ints
+
 
 def _full(v: Any, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     """A value (number or broadcastable tensor) as a contiguous tensor of `shape` in `like`'s
@@ -49,19 +51,22 @@ class ScanOps:
     *grad states, *grad learnable params)."""
 
     def __init__(self, ns: str, loop: Callable, core_backward: Callable, n_in: int, n_st: int, n_out: int,
-                 learnable: Sequence[bool]) -> None:
+                 learnable: Sequence[bool], stream: Callable | None = None) -> None:
         self.loop, self.core_backward = loop, core_backward
+        self.stream = stream or (lambda *a: None)  # the draws of a call, for a noisy model
         self.n_in, self.n_st, self.n_out = n_in, n_st, n_out
         self.learnable = list(learnable)  # per param (declared, then derived)
         ops = self
 
-        @torch.library.custom_op(f"{ns}::torch_fwd", mutates_args=())
+        noisy = stream is not None
+
+        @custom_op(f"{ns}::torch_fwd", noisy)
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
-                store_seqs: bool, save: bool) -> list[torch.Tensor]:
-            return ops.forward(inputs, states, params, store_seqs, save)
+                store_seqs: bool, save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
+            return ops.forward(inputs, states, params, store_seqs, save, key)
 
         @fwd.register_fake
-        def _(inputs, states, params, store_seqs, save):
+        def _(inputs, states, params, store_seqs, save, key=None):
             x0 = inputs[0]
             T = x0.shape[0]
             shape = _step_shape(inputs)
@@ -69,14 +74,15 @@ class ScanOps:
                 + (n_st * [(T, *shape)] if save else [])
             return [x0.new_empty(s) for s in n]
 
-        @torch.library.custom_op(f"{ns}::torch_bwd", mutates_args=())
+        @custom_op(f"{ns}::torch_bwd", noisy)
         def bwd(inputs: list[torch.Tensor], prevs: list[torch.Tensor], params: list[torch.Tensor],
                 g_outs: list[torch.Tensor | None], g_seqs: list[torch.Tensor | None],
-                g_fins: list[torch.Tensor | None], need: list[bool]) -> list[torch.Tensor]:
-            return ops.backward(inputs, prevs, params, g_outs, g_seqs, g_fins, need)
+                g_fins: list[torch.Tensor | None], need: list[bool],
+                key: torch.Tensor | None = None) -> list[torch.Tensor]:
+            return ops.backward(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key)
 
         @bwd.register_fake
-        def _(inputs, prevs, params, g_outs, g_seqs, g_fins, need):
+        def _(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key=None):
             x0 = inputs[0]
             T, shape = x0.shape[0], _step_shape(inputs)
             out = [x0.new_empty((T, *shape)) for n in need[:n_in] if n]
@@ -85,7 +91,8 @@ class ScanOps:
             return out
 
         def setup_context(ctx, inputs, output):
-            xs, states, params, store_seqs, save = inputs
+            xs, states, params, store_seqs, save, *key = inputs
+            ctx.key = key[0] if key else None
             ctx.store_seqs = store_seqs
             ctx.shapes = ([tuple(x.shape) for x in xs], [tuple(s.shape) for s in states],
                           [tuple(p.shape) for p in params])
@@ -105,24 +112,27 @@ class ScanOps:
             g_fins = list(grads[n_out:n_out + n_st])
             g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
             x_shapes, s_shapes, p_shapes = ctx.shapes
-            none = ([None] * len(xs), [None] * len(s_shapes), [None] * len(params), None, None)
+            extra = [None] if ctx.key is not None else []
+            none = ([None] * len(xs), [None] * len(s_shapes), [None] * len(params), None, None, *extra)
             if not any(ctx.need) or not prevs or all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
                 return none
-            res = iter(bwd(xs, prevs, params, g_outs, g_seqs, g_fins, ctx.need))
+            res = iter(bwd(xs, prevs, params, g_outs, g_seqs, g_fins, ctx.need,
+                           *([ctx.key] if ctx.key is not None else [])))
             need = ctx.need
             gx = [_sum_to(next(res), (sh[0], *sh[1:])) if need[i] else None for i, sh in enumerate(x_shapes)]
             gs = [_sum_to(next(res), sh) if need[n_x + i] else None for i, sh in enumerate(s_shapes)]
             gp = [_sum_to(next(res), sh).to(dt) if need[n_x + len(s_shapes) + i] else None
                   for i, (sh, dt) in enumerate(zip(p_shapes, ctx.param_dtypes))]
-            return gx, gs, gp, None, None
+            return gx, gs, gp, None, None, *extra
 
         fwd.register_autograd(backward, setup_context=setup_context)
         self.fwd, self.bwd = fwd, bwd
 
     # ------------------------------------------------------------------ implementations
-    def forward(self, inputs, states, params, store_seqs: bool, save: bool) -> list[torch.Tensor]:
+    def forward(self, inputs, states, params, store_seqs: bool, save: bool, key=None) -> list[torch.Tensor]:
         with torch.no_grad():
-            outs, fins, seqs, prevs = self.loop(list(inputs), list(states), list(params), store_seqs, save)
+            outs, fins, seqs, prevs = self.loop(list(inputs), list(states), list(params), store_seqs, save,
+                                                _noise_key(key))
         x0 = inputs[0]
         T, shape = x0.shape[0], _step_shape(inputs)
         res = [_full(o, (T, *shape), x0) for o in outs] + [_full(s, shape, x0) for s in fins]
@@ -132,7 +142,7 @@ class ScanOps:
             res += [_full(q, (T, *shape), x0) for q in prevs]
         return _unaliased(res, [*inputs, *states, *params])
 
-    def backward(self, inputs, prevs, params, g_outs, g_seqs, g_fins, need) -> list[torch.Tensor]:
+    def backward(self, inputs, prevs, params, g_outs, g_seqs, g_fins, need, key=None) -> list[torch.Tensor]:
         """The derived VJP over the T steps, in reverse time: per step, `core_backward` at the
         step's inputs and previous states, with the outputs' gradients of the step and the
         gradients flowing back from the later steps."""
@@ -148,12 +158,14 @@ class ScanOps:
         gx = [torch.empty((T, *shape), dtype=dtype, device=device) if n else None for n in need_x]
         gp = [torch.zeros(shape, dtype=torch.float64, device=device) if n else None for n in need_p[:n_p]]
         zero = torch.zeros((), dtype=dtype, device=device)
+        stream = self.stream(_noise_key(key), T, shape, dtype, device)  # (a noisy model: the forward's draws)
         for t in range(T - 1, -1, -1):
             for i, g in enumerate(g_seqs):
                 if g is not None:
                     g_state[i] = g_state[i] + g[t]
             go = [g[t] if g is not None else zero for g in g_outs]
-            r = self.core_backward(*(x[t] for x in inputs), *(p[t] for p in prevs), *go, *g_state, *params)
+            r = self.core_backward(*(x[t] for x in inputs), *(p[t] for p in prevs), *go, *g_state, *params,
+                                   *([stream.at(t)] if stream is not None else []))
             for i in range(n_in):
                 if need_x[i]:
                     gx[i][t] = _full(r[i], shape, x0)  # type: ignore[index]
@@ -165,6 +177,10 @@ class ScanOps:
         out += [g for g, n in zip(g_state, need_s) if n]
         out += [g for g in gp if g is not None]
         return _unaliased(out, [*inputs, *prevs, *params, *(g for g in [*g_outs, *g_seqs, *g_fins] if g is not None)])
+
+
+def _noise_key(key: Sequence[torch.Tensor]) -> NoiseKey | None:
+    return NoiseKey(*key_ints(key)) if key is not None else None
 
 
 def _step_shape(inputs: Sequence[torch.Tensor]) -> torch.Size:

@@ -10,7 +10,8 @@ Roles of `fwd` (inference and training forward):
   in, stride (per input) · init (per state: a float, a one-element tensor or a [N] tensor) ·
   param (per param) ·
   out (per output) · fin, seq (per state) · hoisted (per host-computed invariant) ·
-  saved, N, T · constexpr: initmode (per state), mode (per param), host, store_seqs, save, block
+  saved, N, T · seedlo, seedhi, tbase (a noisy model: the key of its draws) · constexpr: initmode (per
+  state), mode (per param), host, store_seqs, save, block
 Roles of `bwd` (the derived backward, reverse time):
   in, stride (per input; only re-read inputs are passed) · saved · param · gout (per output) ·
   gseq, gfin (per state) · gx (per input) · gs (per state) · gp (per learnable) · hoisted ·
@@ -45,7 +46,10 @@ class Arg:
 # internal identifiers (no model name: a leading `_`, no `__`, never produced by `derived`)
 _FIXED = {"saved": "_saved", "N": "_N", "T": "_T", "host": "_HOST", "store_seqs": "_STORE_SEQS",
           "save": "_SAVE", "block": "_BLOCK", "ckpt": "_ckpt", "C": "_C", "checkpoint": "_CKPT",
-          "round": "_ROUND"}
+          "round": "_ROUND", "seedlo": "_seedlo", "seedhi": "_seedhi", "tbase": "_tbase"}
+# a noisy model's kernels take the key of the call's draws: the seed's low and high 31 bits, and
+# the key's step of the call's first step
+NOISE_ROLES = ("seedlo", "seedhi", "tbase")
 
 
 def arg(role: str, of: str = "", constexpr: bool = False) -> Arg:
@@ -77,6 +81,7 @@ class KernelABI:
     rc_passes: float = 0.0
     train_plan: str = "save"  # the default training plan with 32-bit I/O, "save" or "recompute"
     train_plan16: str = "save"  # ... with 16-bit I/O
+    draws: int = 0  # random draws per step and element (0: no noise, no key arguments)
     fwd: list[Arg] = field(default_factory=list)
     bwd: list[Arg] = field(default_factory=list)
     bwd_rc: list[Arg] = field(default_factory=list)
@@ -100,6 +105,7 @@ class KernelABI:
         a += [arg("seq", s) for s in self.states]
         a += [arg("hoisted", h) for h in self.hoisted_fwd]
         a += [arg("saved"), arg("ckpt"), arg("N"), arg("T")]
+        a += [arg(r) for r in NOISE_ROLES[:3 * bool(self.draws)]]
         a += [arg("initmode", s, True) for s in self.states]
         a += [arg("mode", p, True) for p in self.params]
         a += [arg("host", constexpr=True), arg("store_seqs", constexpr=True), arg("save", constexpr=True),
@@ -126,6 +132,7 @@ class KernelABI:
         a += [arg("hoisted", h) for h in (self.hoisted_rc if recompute else self.hoisted_bwd)]
         a += [arg("N"), arg("T"), arg("C"), *(arg("initmode", s, True) for s in self.states)] if recompute else \
             [arg("N"), arg("T")]
+        a += [arg(r) for r in NOISE_ROLES[:3 * bool(self.draws)]]
         a += [arg("mode", p, True) for p in self.params]
         a += [arg("hasgout", o, True) for o in self.outputs]
         a += [arg("hasgseq", s, True) for s in self.states]
@@ -151,4 +158,4 @@ class KernelABI:
         return cls(**d)
 
 
-__all__ = ["Arg", "KernelABI", "arg"]
+__all__ = ["Arg", "KernelABI", "arg", "NOISE_ROLES"]

@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # (imported without sympy: the backend's version, part of eve
 # an H100 at N*T = 2^27: LIF's 30 operations per step take 0.44 ms, 2.5 passes; Izhikevich's 61
 # take 0.60 ms, 3.4 passes)
 OPS_PER_PASS_RC = 12
+# a draw: Philox4x32-10 (ten rounds of two 32-bit multiplies with their high words, and xors) and
+# Box-Muller's log, cos and sqrt
+DRAW_OPS = 64
 MAX_UNROLLED = 640  # assignments in one unrolled chunk (forward + backward), for registers and compile time
 
 
@@ -36,13 +39,16 @@ def chunk_sizes() -> tuple[int, ...]:
 
 
 def _ops(assignments: Assignments) -> int:
-    """Arithmetic of a body, transcendental functions counted 4 times."""
+    """Arithmetic of a body, transcendental functions counted 4 times, a random draw DRAW_OPS times."""
     sp = load_sympy()
+    from ...ir.functions import draws_in
+
     transcendental = (sp.exp, sp.log, sp.tanh, sp.sin, sp.cos, sp.Pow)
     n = 0
     for _, e in assignments:
         n += int(sp.count_ops(e))
         n += 3 * sum(1 for a in sp.preorder_traversal(e) if isinstance(a, transcendental))
+        n += DRAW_OPS * len(draws_in(e))
     return n
 
 
@@ -92,4 +98,4 @@ def training_plans(step: StepModel, sch: Schedule) -> TrainingPlans:
     return TrainingPlans(chunk, plan32, why32, plan16, why16)
 
 
-__all__ = ["TrainingPlans", "training_plans", "chunk_sizes", "OPS_PER_PASS_RC", "MAX_UNROLLED"]
+__all__ = ["TrainingPlans", "training_plans", "chunk_sizes", "OPS_PER_PASS_RC", "MAX_UNROLLED", "DRAW_OPS"]

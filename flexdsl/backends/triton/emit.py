@@ -30,7 +30,7 @@ import sympy as sp
 
 from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_D_SERIES_F32, EXPREL_SERIES_BOUND
 from ...frontend.parse import source_lines
-from ...ir.functions import SpikeGE, SpikeGT
+from ...ir.functions import TNOW, SpikeGE, SpikeGT
 from ...ir.schedule import Assignments
 from ..base import IR
 from ..naming import ident, tagged
@@ -71,6 +71,13 @@ class TritonPrinter(BasePrinter):
             except TypeError:
                 pass
         return self._print(a)
+
+    # the draws of a noisy model: element `_offs`, the step `_tnow` (each kernel's loop names it)
+    def _print_Randn(self, e) -> str:
+        return f"_randn(_seedlo, _seedhi, {self._print(e.args[1])}, _offs, {int(e.args[0])})"
+
+    def _print_Rand(self, e) -> str:
+        return f"_rand(_seedlo, _seedhi, {self._print(e.args[1])}, _offs, {int(e.args[0])})"
 
     def _print_Stored(self, e) -> str:
         return f"_stored({self._print(e.args[0])}, {self.io_ptr}, _ROUND)"
@@ -168,7 +175,7 @@ def build_abi(ir: IR, plans: TrainingPlans | None = None) -> KernelABI:
         grad_params=list(sch.grad_params_nonzero), infer_passes=infer, train_passes=train,
         rc_inputs=[x.name for x in sch.rc_inputs], hoisted_rc=[y.name for y, _ in sch.rc_hoisted],
         chunk=plans.chunk, rc_passes=sch.recompute_passes(n_in, n_out, len(step.states), plans.chunk),
-        train_plan=plans.plan32, train_plan16=plans.plan16)
+        train_plan=plans.plan32, train_plan16=plans.plan16, draws=step.draws)
 
 
 def _fire_on_stored_values(body: Assignments, saved: list[sp.Symbol], states: list[sp.Symbol]) -> Assignments:
@@ -201,7 +208,7 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
                    for p in abi.params]
 
     # ---------------- forward
-    lane_f = _lanes(step.assignments, set(step.inputs) | set(step.states))
+    lane_f = _lanes(step.assignments, set(step.inputs) | set(step.states) | {TNOW})
     fwd = SimpleNamespace(**{
         "states": [{"name": ident(s), "arg": abi.name_of("init", s), "mode": abi.name_of("initmode", s),
                     "seq": abi.name_of("seq", s), "fin": abi.name_of("fin", s)} for s in abi.states],
@@ -219,7 +226,7 @@ def emit(ir: IR) -> tuple[str, KernelABI]:
     })
 
     # ---------------- backward
-    lane_b = set(bw.grad_outputs) | set(bw.grad_next_states) | set(step.inputs) | set(step.states)
+    lane_b = set(bw.grad_outputs) | set(bw.grad_next_states) | set(step.inputs) | set(step.states) | {TNOW}
     lane_b = _lanes([*sch.recompute, *sch.bwd_body], lane_b | set(sch.saved))
     grad_next = [S(g) for g in bw.grad_next_states]
     bwd_hoisted = [*sch.bwd_fwd_hoisted, *sch.bwd_hoisted]
@@ -273,8 +280,9 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
     inputs) in registers; then, in reverse, the saving backward's per-step code reading them."""
     step, bw, sch = ir.step, ir.backward, ir.schedule
     S = P.pr._print
-    renamed = [*step.states, *step.inputs, *(y for y, _ in sch.rc_body)]
-    kept = [*step.states, *sch.saved, *sch.reread]  # what the backward of a step reads of its forward
+    noise = [TNOW] if step.draws else []  # a step's draws read its own step
+    renamed = [*step.states, *step.inputs, *(y for y, _ in sch.rc_body), *noise]
+    kept = [*step.states, *sch.saved, *sch.reread, *noise]  # what the backward of a step reads of its forward
 
     def ren(j: int, syms) -> dict[sp.Symbol, sp.Symbol]:
         return {s: sp.Symbol(tagged(f"j{j}", s.name), real=True) for s in syms}
@@ -283,7 +291,7 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
     for j in range(abi.chunk):
         r, r_next, rk = ren(j, renamed), ren(j + 1, step.states), ren(j, kept)
         lanes = _lanes([(r.get(y, y), e.xreplace(r)) for y, e in sch.rc_body],
-                       {r[s] for s in [*step.states, *sch.rc_inputs]})
+                       {r[s] for s in [*step.states, *sch.rc_inputs, *noise]})
         forward = P.lines([(r[y], e.xreplace(r)) for y, e in sch.rc_body], comments=False)
         if j + 1 < abi.chunk:
             forward += [f"{S(r_next[s])} = {P.block(v.xreplace(r), lanes)}" for s, v in zip(step.states,
@@ -291,7 +299,7 @@ def _recompute_view(ir: IR, abi: KernelABI, P: _Printed, grad_next: list[str]) -
         back = [(y, e.xreplace(rk)) for y, e in [*sch.recompute, *sch.bwd_body]]
         lanes_b = _lanes(back, set(rk.values()) | set(bw.grad_outputs) | set(bw.grad_next_states))
         steps.append(SimpleNamespace(
-            j=j,
+            j=j, tnow=S(r[TNOW]) if noise else "",
             inputs=[{"name": S(r[x]), "arg": abi.name_of("in", x.name), "stride": abi.name_of("stride", x.name)}
                     for x in sch.rc_inputs],
             forward=forward,

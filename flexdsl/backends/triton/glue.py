@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
+from ..base import NoiseKey, key_ints
 from .args import alloc, step_order, unpack
 from .kernel import prod
 
@@ -37,6 +38,12 @@ class Call:
     store_seqs: bool = False
     recompute: bool = False
     order: tuple[int, ...] | None = None  # the layout of its steps in memory (args.step_order)
+    seed: int = 0  # the key of a noisy model's draws (`base.NoiseKey`)
+    t0: int = 0
+
+    def key_values(self) -> dict[str, list[int]]:
+        """The kernels' key arguments: the seed's low and high 31 bits, the first step's counter."""
+        return {"seedlo": [self.seed & 0x7FFFFFFF], "seedhi": [self.seed >> 31], "tbase": [self.t0]}
 
 
 @dataclass
@@ -125,16 +132,19 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     # flexible layout: Inductor passes the ops their inputs in the layout it chose (channels_last
     # activations next to convolutions) instead of copying them to the traced strides; the
     # kernels run on any layout whose steps are dense in memory, and give outputs in it
-    lib.define(_FWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
-    lib.define(_BWD_SCHEMA, tags=(torch.Tag.flexible_layout,))
+    # a noisy model's ops take the key of its draws (an int64 tensor: seed, first step) last
+    key = ", Tensor key)" if program.abi.draws else ")"
+    lib.define(_FWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
+    lib.define(_BWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
 
-    def fwd_kernel(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute):
+    def fwd_kernel(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key):
         return _OWNER[ns].fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
-                                   recompute)
+                                   recompute, *key)
 
-    def fwd_fake(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute):
+    def fwd_fake(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key):
         x0 = inputs[0]
-        T, shape, order = x0.shape[0], x0.shape[1:], step_order(x0)  # (the outputs' layout: the input's)
+        # (the outputs' layout: the input's; a noisy model's steps in C order, where its elements are numbered)
+        T, shape, order = x0.shape[0], x0.shape[1:], None if key else step_order(x0)
         dt, dev = x0.dtype, x0.device
         res = [alloc((T,), shape, order, dt, dev) for _ in range(n_out)] + \
             [alloc((), shape, order, dt, dev) for _ in range(n_st)]
@@ -146,11 +156,14 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
             res.append(x0.new_empty((len(tm.saved), T, *shape)))
         return res
 
-    def bwd_kernel(tensors, sizes, vals, flags, dtype):
+    def bwd_kernel(tensors, sizes, vals, flags, dtype, *key):
         p = _OWNER[ns]
-        return p.bwd(*unpack_bwd(p, tensors, sizes, vals, flags, dtype))
+        call, *rest = unpack_bwd(p, tensors, sizes, vals, flags, dtype)
+        if key:  # (a noisy model: the forward's draws)
+            call.seed, call.t0 = key_ints(key[0])
+        return p.bwd(call, *rest)
 
-    def bwd_fake(tensors, sizes, vals, flags, dtype):
+    def bwd_fake(tensors, sizes, vals, flags, dtype, *key):
         call, *_, need = unpack_bwd(tm, tensors, sizes, vals, flags, dtype)
         dev = next(t for t in tensors if t is not None).device
         n_in = len(tm.inputs)
@@ -166,16 +179,17 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     fwd, bwd = ops.fwd.default, ops.bwd.default
 
     def setup_context(ctx, inputs, output):
-        xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute = inputs
-        call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute)
+        xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key = inputs
+        ctx.key = key  # ([the key of a noisy model's draws], else [])
+        call = tm.call(xs, state_vals, param_vals, is_tensor, store_seqs, recompute, NoiseKey(0) if key else None)
         keep(tm, ctx, xs, unpack(states, (), call.state_is_t), unpack(params, (), call.param_is_t), call, save,
              output)
 
     def backward(ctx, grads):
         if not torch.compiler.is_compiling():
             first_order_only(tm)
-        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a)))
-        return g_in, g_st, g_pr, None, None, None, None, None, None
+        g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), *ctx.key))
+        return g_in, g_st, g_pr, None, None, None, None, None, None, *([None] * len(ctx.key))
 
     torch.library.register_autograd(f"{ns}::fwd", backward, setup_context=setup_context, lib=lib)
     _OPS[ns] = (fwd, bwd)

@@ -30,8 +30,8 @@ import torch
 
 from ...errors import FlexDSLError
 from ...settings import env_choice, env_int
-from ..base import RunResult, transformed
-from .abi import KernelABI
+from ..base import NoiseKey, RunResult, key_ints, key_tensor, transformed
+from .abi import NOISE_ROLES, KernelABI
 from .args import (
     HostInvariants,
     alloc,
@@ -130,22 +130,29 @@ class TritonProgram:
     def chunks(self, T: int) -> int:
         return cdiv(T, self.abi.chunk)
 
-    def call(self, xs, state_vals, param_vals, is_tensor, store_seqs: bool, recompute: bool) -> Call:
-        """The `Call` record of a call (`is_tensor`: per state, then per param)."""
+    def call(self, xs, state_vals, param_vals, is_tensor, store_seqs: bool, recompute: bool,
+             noise: NoiseKey | None = None) -> Call:
+        """The `Call` record of a call (`is_tensor`: per state, then per param; `noise`: the key of a
+        noisy model's draws, whose steps run in C order: its elements are numbered in it)."""
         n_st = len(self.states)
         x0 = xs[0]
+        if self.abi.draws and noise is None:
+            raise ValueError(f"{self.name} draws random numbers: its program needs the call's NoiseKey")
+        key = (noise.seed, noise.t0) if noise is not None else (0, 0)
         return Call(x0.shape[0], tuple(x0.shape[1:]), x0.dtype, list(param_vals), list(is_tensor[n_st:]),
-                    list(state_vals), list(is_tensor[:n_st]), bool(store_seqs), bool(recompute), step_order(x0))
+                    list(state_vals), list(is_tensor[:n_st]), bool(store_seqs), bool(recompute),
+                    None if self.abi.draws else step_order(x0), *key)
 
     # ------------------------------------------------------------------ forward
     def fwd_impl(self, inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
-                 recompute=False):
+                 recompute=False, key=None):
         """The forward op: the kernel, with states and params as the custom op passes them (the
         tensors, their float values, which are tensors). With `save`, the last result is what
         the backward reads: the saved values [K, T, *shape] or, with `recompute`, the float32
         checkpoints [C - 1, S, N] (the states at steps K, 2K, ...; the backward starts the first
         chunk from the initial states)."""
-        call = self.call(inputs, state_vals, param_vals, is_tensor, store_seqs, recompute)
+        call = self.call(inputs, state_vals, param_vals, is_tensor, store_seqs, recompute,
+                         NoiseKey(*key_ints(key)) if key is not None else None)
         return self._fwd(inputs, unpack(states, (), call.state_is_t), unpack(params, (), call.param_is_t), call,
                          save)
 
@@ -169,6 +176,8 @@ class TritonProgram:
         if N == 0:
             return result
         tensors = {"in": inputs, "out": outs, "fin": fins, "seq": seqs, "saved": [sav], "ckpt": [ckpt]}
+        if self.abi.draws:  # (the key of the draws changes from call to call: a slot of the plan)
+            tensors.update(call.key_values())
         # a call like an earlier one (inputs flat in memory and aligned): its plan. Float states and
         # params are part of the signature by their bits; tensor ones (under torch.compile every
         # param is a tensor) by their kernel MODE, dtype and alignment, and are the call's own
@@ -208,6 +217,7 @@ class TritonProgram:
             "saved": [sav], "ckpt": [ckpt], "N": [N], "T": [T], "initmode": initmodes, "mode": modes,
             "host": [host], "store_seqs": [bool(store_seqs)], "save": [sav is not None],
             "checkpoint": [ckpt is not None], "round": [sav is not None], "block": [block],
+            **call.key_values(),
         }
         key = fwd_key(values, dtype, N) if self.fast_keys else ()
         grid = (cdiv(N, block),)
@@ -259,8 +269,11 @@ class TritonProgram:
             xs_call: list[Any] = [None] * n_in
             for i, x in zip(self.rc_idx if recompute else self.reread_idx, reread):
                 xs_call[i] = x
-            plan.launch({"in": xs_call, "saved": [saved], "ckpt": [saved], "gout": grads.outs, "gseq": grads.seqs,
-                         "gfin": grads.fins, **out}, dev)
+            tensors = {"in": xs_call, "saved": [saved], "ckpt": [saved], "gout": grads.outs, "gseq": grads.seqs,
+                       "gfin": grads.fins, **out}
+            if self.abi.draws:
+                tensors.update(call.key_values())
+            plan.launch(tensors, dev)
             LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
             return result
         values = self._bwd_values(call, reread, saved, params, states, state_vals, grads, need, N, dev, args)
@@ -271,7 +284,7 @@ class TritonProgram:
         kernel.launch(grid, values, key, dev)
         if sig is not None:
             self.launch_plans.remember(sig, LaunchPlan(kernel, values, ("in", "saved", "ckpt", "gout", "gseq",
-                                                                        "gfin", *out), grid, key))
+                                                                        "gfin", *out, *NOISE_ROLES), grid, key))
         LAUNCHES["bwd_rc" if recompute else "bwd"] += 1
         return result
 
@@ -328,12 +341,12 @@ class TritonProgram:
             "N": [N], "T": [T], "C": [self.chunks(T)], "init": inits, "initmode": initmodes, "mode": modes,
             "hasgout": [g is not None for g in gout], "hasgseq": [g is not None for g in gseq],
             "hasgfin": [g is not None for g in gfin], "needgx": need[:n_in], "needgs": need[n_in:n_in + n_st],
-            "needgp": need[n_in + n_st:], "host": [host], "block": [self._block(N, rc)],
+            "needgp": need[n_in + n_st:], "host": [host], "block": [self._block(N, rc)], **call.key_values(),
         }
 
     # ------------------------------------------------------------------ the Program interface
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,
-            store_seqs: bool) -> RunResult:
+            store_seqs: bool, noise: NoiseKey | None = None) -> RunResult:
         x0 = inputs[0]
         self._check_call(inputs, states, params)
         if len(inputs) > 1:
@@ -357,9 +370,10 @@ class TritonProgram:
         is_t = [t is not None for t in [*st, *pr]]
         if torch.compiler.is_compiling():
             res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
-                              pr_vals, is_t, bool(store_seqs), save, recompute)
+                              pr_vals, is_t, bool(store_seqs), save, recompute,
+                              *([key_tensor(noise)] if noise is not None else []))
         else:
-            call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute)
+            call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute, noise)
             if not save:
                 res = self._fwd(xs, st, pr, call, False)
             else:

@@ -29,10 +29,11 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
+from ...ir.functions import TNOW
 from ...settings import env_int, env_tile
 from ...store import cache
 from ...store.generated import load_module
-from ..base import IR
+from ..base import IR, NoiseKey
 from ..naming import ident
 from ..recurrent import split3
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
@@ -59,7 +60,7 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
                         f"    {p['name']} = tl.load({p['arg']}).to(tl.float32)", "else:",
                         f"    {p['name']} = tl.load({p['arg']} + _offs, mask=_mask, other=1.0).to(tl.float32)"]
 
-    lane_f = _lanes(step.assignments, set(step.inputs) | set(step.states))
+    lane_f = _lanes(step.assignments, set(step.inputs) | set(step.states) | {TNOW})
     fwd = SimpleNamespace(
         others=[{"name": ident(x.name), "arg": abi.name_of("in", x.name)} for x in others],
         outputs=[{"arg": abi.name_of("out", n), "value": P.block(v, lane_f), "source": n == src_name}
@@ -73,7 +74,7 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
         next=[P.block(v, lane_f) for v in step.next_states],
     )
 
-    lane_b = set(bw.grad_outputs) | set(bw.grad_next_states) | set(step.inputs) | set(step.states)
+    lane_b = set(bw.grad_outputs) | set(bw.grad_next_states) | set(step.inputs) | set(step.states) | {TNOW}
     lane_b = _lanes([*sch.recompute, *sch.bwd_body], lane_b | set(sch.saved))
     bwd_hoisted = [*sch.bwd_fwd_hoisted, *sch.bwd_hoisted]
     used_out = {n: u for n, u in zip(abi.outputs, sch.grad_outputs_used)}
@@ -100,7 +101,7 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
         model=step.name, port=port_sym.name, source=src_name, port_name=ident(port_sym.name),
         src_out=abi.name_of("out", src_name), param_loads=param_loads, param_block=param_block, fwd=fwd, bwd=bwd,
         port_reread=port_reread, port_grad=P.block(bw.grad_inputs[port], lane_b),
-        src_used=used_out[src_name])
+        src_used=used_out[src_name], draws=step.draws)
     meta = {"abi": abi.to_dict(), "port": port, "source": source, "port_reread": port_reread,
             "others": [x.name for x in others], "reread_others": [x["arg"] for x in bwd.reread],
             "grad_others": [x.name for x, nz in zip(step.inputs, abi.grad_inputs) if x != port_sym and nz],
@@ -215,7 +216,15 @@ class TritonRecurrentProgram:
         return {self.abi.name_of("hoisted", n): (hv.get(n, 0.0) if host else 0.0) for n in names}
 
     # ------------------------------------------------------------------ forward
-    def forward(self, ix, w, s0, inputs, states, params, save):
+    def _key(self, noise: NoiseKey | None) -> dict[str, int]:
+        """The kernels' key arguments (a noisy model's)."""
+        if not self.abi.draws:
+            return {}
+        if noise is None:
+            raise ValueError("a noisy model's recurrent scan needs the call's NoiseKey")
+        return {"_seedlo": noise.seed & 0x7FFFFFFF, "_seedhi": noise.seed >> 31, "_tbase": noise.t0}
+
+    def forward(self, ix, w, s0, inputs, states, params, save, noise: NoiseKey | None = None):
         T, B, H = ix.shape
         dev, dtype = ix.device, ix.dtype
         if dev.type != "cuda" and not self.interpret:
@@ -251,7 +260,7 @@ class TritonRecurrentProgram:
                                   "_xp": xp, "_st": st, "_saved": sav,
                                   "_bar": torch.zeros(1, dtype=torch.int32, device=dev), "_B": B, "_H": H, "_T": T,
                                   "_HOST": host, "_SAVE": sav is not None or xp is not None, "_ROUND": sav is not None,
-                                  "_SPLIT_A": 1 if exact else 3, "_SHADOW": shadow}
+                                  "_SPLIT_A": 1 if exact else 3, "_SHADOW": shadow, **self._key(noise)}
             for k, name in enumerate(self.inputs):
                 if k != self.port:
                     kw[self.abi.name_of("in", name)] = inputs[k].contiguous()
@@ -266,12 +275,12 @@ class TritonRecurrentProgram:
             LAUNCHES["rec_fwd"] += 1
         fins = [st[i].view(B, H).to(dtype) for i in range(len(self.states))]
         saved = (sav, xp, Sb, params, B, H, dtype, [inputs[k] for k in range(len(self.inputs)) if k != self.port and
-                                   self.abi.name_of("in", self.inputs[k]) in self.meta["reread_others"]])
+                                   self.abi.name_of("in", self.inputs[k]) in self.meta["reread_others"]], noise)
         return outs, fins, S, saved if save else None
 
     # ------------------------------------------------------------------ backward
     def backward(self, saved, w, g_outs, g_fins, need):
-        sav, xp, Sb, params, B, H, dtype, reread = saved
+        sav, xp, Sb, params, B, H, dtype, reread, noise = saved
         T = need["T"]
         dev = w.device
         N = B * H
@@ -297,7 +306,7 @@ class TritonRecurrentProgram:
                                   "_W": self._weights(w, dtype, lay["_SPLIT_W"]), "_xp": xp, "_gst": gst,
                                   "_gp": gp, "_saved": sav, "_bar": torch.zeros(1, dtype=torch.int32, device=dev),
                                   "_B": B, "_H": H, "_T": T, "_HOST": host,
-                                  "_SPLIT_A": 3 if dtype == torch.float32 else 1}
+                                  "_SPLIT_A": 3 if dtype == torch.float32 else 1, **self._key(noise)}
             it = iter(reread)
             for a in self.meta["reread_others"]:
                 kw[a] = next(it).contiguous()
