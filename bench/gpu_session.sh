@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the device machine, from the repository root (a clean clone works):
 #   bash bench/gpu_session.sh STEP...
-#   STEP: check | check_save | harness | harness_old | extra | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
+#   STEP: check | check_save | harness | harness_old | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
 # flexdsl runs from this checkout. Wheels in .whl/ (e.g. spikingjelly, loguru, for a machine without them)
 # are installed into /tmp/site first; `harness_old` runs a baseline checkout carried as .old/.
 # Every script a step runs is in bench/; logs go to $OUT (default /tmp), one per step.
@@ -28,6 +28,8 @@ for step in "$@"; do
     harness) timeout 300 python3 bench/flexdsl_gpu.py ;;
     harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 bench/flexdsl_gpu.py ;;
     extra) timeout 300 python3 bench/extra_gpu.py ;;
+    noise) timeout 300 python3 bench/noise_gpu.py ;;
+    noise_check) timeout 300 python3 bench/noise_cuda_check.py ;;
     profile) timeout 200 python3 bench/profile_overhead.py ;;
     *) echo "unknown step $step" ;;
   esac 2>&1 | tee -a $OUT/$step.log | grep -v "Warning\|warn("
