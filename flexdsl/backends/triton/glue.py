@@ -113,6 +113,12 @@ _FWD_SCHEMA = ("fwd(Tensor[] inputs, Tensor[] states, Tensor[] params, float[] s
 _BWD_SCHEMA = "bwd(Tensor?[] tensors, int[] sizes, float[] vals, bool[] flags, ScalarType dtype) -> Tensor[]"
 
 
+def _namespace(program: TritonProgram) -> str:
+    """The ops' namespace: the model's name (ASCII letters and digits) and its key."""
+    name = "".join(ch for ch in program.name.lower() if ch.isascii() and ch.isalnum())[:24]
+    return f"flexdsl_{name}_{program.key[:16]}"
+
+
 def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     """The model's custom ops `fwd` and `bwd`, with fake implementations and autograd (once per
     model key and process; they run the newest program of the key).
@@ -121,7 +127,7 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     `register_fake`, `register_autograd`) rather than the `custom_op` decorator, whose wrapper
     checks aliasing and disables Dynamo on every call: a compiled graph calls these ops once per
     layer and step, and the wrapper would cost more than the launch itself (tens of µs a call)."""
-    ns = f"flexdsl_{''.join(ch for ch in program.name.lower() if ch.isascii() and ch.isalnum())[:24]}_{program.key[:16]}"
+    ns = _namespace(program)
     _OWNER[ns] = program
     if ns in _OPS:
         return _OPS[ns]
