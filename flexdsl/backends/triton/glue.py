@@ -135,9 +135,8 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     n_out, n_st = len(program.outputs), len(program.states)
     lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
     _LIBS.append(lib)
-    # flexible layout: Inductor passes the ops their inputs in the layout it chose (channels_last
-    # activations next to convolutions) instead of copying them to the traced strides; the
-    # kernels run on any layout whose steps are dense in memory, and give outputs in it
+    # flexible layout: Inductor passes the ops their inputs in the layout it chose (channels_last next to
+    # convolutions); the kernels run on any layout whose steps are dense in memory, and give outputs in it
     # a noisy model's ops take the key of its draws (an int64 tensor: seed, first step) last
     key = ", Tensor key)" if program.abi.draws else ")"
     lib.define(_FWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
