@@ -39,7 +39,8 @@ def fwd_bwd(m, x, w, **kw):
     out = m(x, **kw)
     out = out[0] if isinstance(out, tuple) else out
     (out * w).sum().backward()
-    return out.detach(), x.grad, {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+    named = getattr(m, "_orig_mod", m).named_parameters()  # (a compiled module's names carry `_orig_mod.`)
+    return out.detach(), x.grad, {n: p.grad for n, p in named if p.grad is not None}
 
 
 def rel(a, b) -> float:
@@ -67,6 +68,25 @@ def check(name: str, make, x, new: bool, kw: dict) -> dict:
     return {"case": name, "path": "triton_op" if new else "custom op", "out_equal": spikes_equal,
             "grad_rel": worst, "recompiles": counters["stats"]["unique_graphs"],
             "flexdsl_launches": sum(LAUNCHES.values()), "spiked": ref[0].mean().item()}
+
+
+def dynamic_shapes() -> dict:
+    """One compiled LIF called with three shapes (Dynamo marks the sizes dynamic at the second):
+    each call against eager, and the number of graphs compiled."""
+    inductor.ENABLED[0] = True
+    torch._dynamo.reset()
+    m = flexdsl.load("lif", learnable="tau").to(DEV)
+    cm = torch.compile(m)
+    counters.clear()
+    worst, equal = 0.0, True
+    for shape in ((4, 2, 8, 8), (6, 3, 8, 8), (5, 7, 8, 8), (9, 3, 8, 8)):
+        x = torch.rand(*shape, device=DEV) * 2.5
+        w = torch.randn_like(x)
+        ref, got = fwd_bwd(m, x, w), fwd_bwd(cm, x, w)
+        equal &= torch.equal(ref[0], got[0])
+        worst = max(worst, rel(got[1], ref[1]), *(rel(got[2].get(k), v) for k, v in ref[2].items()))
+    return {"case": "lif learnable tau, 4 shapes", "path": "triton_op", "out_equal": equal, "grad_rel": worst,
+            "recompiles": counters["stats"]["unique_graphs"], "flexdsl_launches": ""}
 
 
 def stack_step(model, net, x):
@@ -145,7 +165,11 @@ def main() -> None:
     cases = [("lif", lambda: flexdsl.load("lif").to(DEV), x5 * 2.5),
              ("izhikevich", lambda: flexdsl.load("izhikevich").to(DEV), x5 * 20.0),
              ("noisy lif", lambda: flexdsl.loads(NLIF).to(DEV), x5 * 1.5),
-             ("lif channels_last", lambda: flexdsl.load("lif").to(DEV), cl * 2.5)]
+             ("lif channels_last", lambda: flexdsl.load("lif").to(DEV), cl * 2.5),
+             ("lif bf16", lambda: flexdsl.load("lif").to(DEV), (x5 * 2.5).bfloat16()),
+             ("lif learnable tau", lambda: flexdsl.load("lif", learnable="tau").to(DEV), x5 * 2.5),
+             ("plif", lambda: flexdsl.load("plif").to(DEV), x5 * 2.5),
+             ("adex", lambda: flexdsl.load("adex").to(DEV), x5 * 1500.0)]
     rows = []
     for name, make, x in cases:
         for new in (False, True):
@@ -155,6 +179,11 @@ def main() -> None:
                 r = {"case": name, "path": "triton_op" if new else "custom op", "error": repr(e)[:300]}
             print(r, flush=True)
             rows.append(r)
+    try:
+        rows.append(dynamic_shapes())
+    except Exception as e:
+        rows.append({"case": "lif learnable tau, 4 shapes", "path": "triton_op", "error": repr(e)[:300]})
+    print(rows[-1], flush=True)
     times = stack_times()
     print("\n| case | path | outputs equal | grads max rel diff | recompiles | flexdsl launches | error |")
     print("|---|---|---|---|---|---|---|")
