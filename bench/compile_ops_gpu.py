@@ -8,6 +8,7 @@ and with the opaque custom ops (FLEXDSL_TRITON_INDUCTOR=0's path), in one proces
    median of 30 synchronized steps, eager / default (custom ops) / default / reduce-overhead.
 
     python3 bench/compile_ops_gpu.py            (a CUDA GPU)
+    python3 bench/compile_ops_gpu.py --models   (instead of 1. and 2.: every library model, compiled vs eager)
 """
 
 from __future__ import annotations
@@ -89,6 +90,28 @@ def dynamic_shapes() -> dict:
             "recompiles": counters["stats"]["unique_graphs"], "flexdsl_launches": ""}
 
 
+SCALE = {"adex": 1500.0, "hodgkin_huxley": 20.0, "morris_lecar": 100.0, "izhikevich_2003": 20.0, "izhikevich": 20.0,
+         "lif_ode": 3.0, "lif_refractory": 3.0, "eif": 3.0, "qif": 3.0}
+
+
+def every_model() -> list[dict]:
+    """Every library model compiled (default mode, the triton_ops) against eager on [8, 4, 16, 16, 16]:
+    outputs equal, the input's gradient and the learnable params' to rounding."""
+    rows = []
+    inductor.ENABLED[0] = True
+    for path in sorted((Path(flexdsl.__file__).resolve().parent.parent / "neurons").glob("*.neuron")):
+        name = path.stem
+        try:
+            x = torch.rand(8, 4, 16, 16, 16, generator=torch.Generator().manual_seed(2)).to(DEV) * SCALE.get(name, 2.5)
+            torch._dynamo.reset()
+            r = check(name, lambda name=name: flexdsl.load(name).to(DEV), x, True, {})
+        except Exception as e:  # (report and go on)
+            r = {"case": name, "path": "triton_op", "error": repr(e)[-300:]}
+        print(r, flush=True)
+        rows.append(r)
+    return rows
+
+
 def stack_step(model, net, x):
     def step():
         for m in net:
@@ -157,21 +180,32 @@ def stack_times() -> list[tuple[str, float]]:
     return rows
 
 
-def main() -> None:
-    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    log_ttir_failures()
+def table(rows: list[dict], times: list[tuple[str, float]]) -> None:
+    print("\n| case | path | outputs equal | grads max rel diff | recompiles | flexdsl launches | error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['path']} | {r.get('out_equal', '')} | {r.get('grad_rel', float('nan')):.2e} | "
+              f"{r.get('recompiles', '')} | {r.get('flexdsl_launches', '')} | {r.get('error', '')} |")
+    if times:
+        print(f"\n16 LIF layers, [4, 16, 64, 32, 32] fp32, step (reset, forward, mean, backward), "
+              f"{torch.cuda.get_device_name()}")
+        print("| mode | ms (median of 30) |\n|---|---|")
+        for label, ms in times:
+            print(f"| {label} | {ms:.2f} |")
+
+
+def cases() -> list[dict]:
     x5 = torch.rand(8, 4, 16, 16, 16, device=DEV)
     cl = (torch.rand(8, 4, 16, 16, 16, device=DEV).permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3))
-    cases = [("lif", lambda: flexdsl.load("lif").to(DEV), x5 * 2.5),
-             ("izhikevich", lambda: flexdsl.load("izhikevich").to(DEV), x5 * 20.0),
-             ("noisy lif", lambda: flexdsl.loads(NLIF).to(DEV), x5 * 1.5),
-             ("lif channels_last", lambda: flexdsl.load("lif").to(DEV), cl * 2.5),
-             ("lif bf16", lambda: flexdsl.load("lif").to(DEV), (x5 * 2.5).bfloat16()),
-             ("lif learnable tau", lambda: flexdsl.load("lif", learnable="tau").to(DEV), x5 * 2.5),
-             ("plif", lambda: flexdsl.load("plif").to(DEV), x5 * 2.5),
-             ("adex", lambda: flexdsl.load("adex").to(DEV), x5 * 1500.0)]
+    todo = [("lif", lambda: flexdsl.load("lif").to(DEV), x5 * 2.5),
+            ("izhikevich", lambda: flexdsl.load("izhikevich").to(DEV), x5 * 20.0),
+            ("noisy lif", lambda: flexdsl.loads(NLIF).to(DEV), x5 * 1.5),
+            ("lif channels_last", lambda: flexdsl.load("lif").to(DEV), cl * 2.5),
+            ("lif bf16", lambda: flexdsl.load("lif").to(DEV), (x5 * 2.5).bfloat16()),
+            ("lif learnable tau", lambda: flexdsl.load("lif", learnable="tau").to(DEV), x5 * 2.5),
+            ("plif", lambda: flexdsl.load("plif").to(DEV), x5 * 2.5)]
     rows = []
-    for name, make, x in cases:
+    for name, make, x in todo:
         for new in (False, True):
             try:
                 r = check(name, make, x, new, {"seed": 7} if "noisy" in name else {})
@@ -179,21 +213,19 @@ def main() -> None:
                 r = {"case": name, "path": "triton_op" if new else "custom op", "error": repr(e)[:300]}
             print(r, flush=True)
             rows.append(r)
+    return rows
+
+
+def main() -> None:
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    log_ttir_failures()
+    rows = every_model() if "--models" in sys.argv else cases()
     try:
         rows.append(dynamic_shapes())
     except Exception as e:
         rows.append({"case": "lif learnable tau, 4 shapes", "path": "triton_op", "error": repr(e)[:300]})
     print(rows[-1], flush=True)
-    times = stack_times()
-    print("\n| case | path | outputs equal | grads max rel diff | recompiles | flexdsl launches | error |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['case']} | {r['path']} | {r.get('out_equal', '')} | {r.get('grad_rel', float('nan')):.2e} | "
-              f"{r.get('recompiles', '')} | {r.get('flexdsl_launches', '')} | {r.get('error', '')} |")
-    print(f"\n16 LIF layers, [4, 16, 64, 32, 32] fp32, step (reset, forward, mean, backward), {torch.cuda.get_device_name()}")
-    print("| mode | ms (median of 30) |\n|---|---|")
-    for label, ms in times:
-        print(f"| {label} | {ms:.2f} |")
+    table(rows, [] if "--models" in sys.argv else stack_times())
 
 
 if __name__ == "__main__":

@@ -378,7 +378,9 @@ class TritonProgram:
         recompute = save and self.recompute(x0.dtype)
         is_t = [t is not None for t in [*st, *pr]]
         if torch.compiler.is_compiling():
-            new = self.op_fwd_cuda is not None and x0.is_cuda and inductor.ENABLED[0]
+            # (sizes Dynamo made symbolic keep the custom ops: the triton_op's body would specialize them)
+            new = self.op_fwd_cuda is not None and x0.is_cuda and inductor.ENABLED[0] and \
+                not any(isinstance(d, torch.SymInt) for d in x0.shape)
             op = self.op_fwd_cuda if new else self.op_fwd
             res = op(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals, pr_vals, is_t,
                      bool(store_seqs), save, recompute, *([key_tensor(noise)] if noise is not None else []))
