@@ -25,6 +25,7 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_TRAINING": ("", "save", "recompute"),
     "FLEXDSL_TRITON_FAST_LAUNCH": ("", "0", "1"),
+    "FLEXDSL_TRITON_INDUCTOR": ("", "0", "1"),
     "FLEXDSL_RECURRENT_PRODUCTS": ("", "bf16", "fp32"),
 }
 

@@ -183,6 +183,16 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     ops = getattr(torch.ops, ns)
     fwd, bwd = ops.fwd.default, ops.bwd.default
 
+    setup_context, backward = autograd_fns(tm, bwd)
+    torch.library.register_autograd(f"{ns}::fwd", backward, setup_context=setup_context, lib=lib)
+    _OPS[ns] = (fwd, bwd)
+    return fwd, bwd
+
+
+def autograd_fns(tm: TritonProgram, bwd) -> tuple[Any, Any]:
+    """The forward op's autograd formula, (setup_context, backward), with `bwd` the backward op
+    (shared by the ops of `register_ops` and of `inductor.register_triton_ops`)."""
+
     def setup_context(ctx, inputs, output):
         xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key = inputs
         ctx.key = key  # ([the key of a noisy model's draws], else [])
@@ -196,9 +206,7 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
         g_in, g_st, g_pr = gradients(tm, ctx, grads, lambda *a: bwd(*pack(*a), *ctx.key))
         return g_in, g_st, g_pr, None, None, None, None, None, None, *([None] * len(ctx.key))
 
-    torch.library.register_autograd(f"{ns}::fwd", backward, setup_context=setup_context, lib=lib)
-    _OPS[ns] = (fwd, bwd)
-    return fwd, bwd
+    return setup_context, backward
 
 
 def keep(tm: TritonProgram, ctx, xs, st, pr, call: Call, save: bool, output) -> None:
@@ -289,4 +297,4 @@ class Eager(torch.autograd.Function):
         return (None, *g_in, *g_st, *g_pr)
 
 
-__all__ = ["Call", "Grads", "register_ops", "Eager", "pack", "unpack_bwd"]
+__all__ = ["Call", "Grads", "register_ops", "autograd_fns", "Eager", "pack", "unpack_bwd"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import struct
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -20,6 +21,23 @@ from ...settings import env_choice
 LAUNCHES: Counter = Counter()
 
 _INTERPRET: list[bool] = []
+_WRAPPING: list[bool] = []
+
+
+@contextmanager
+def wrapping() -> Iterator[None]:
+    """Launch through `torch.library.wrap_triton` (the body of a `triton_op`, which Inductor
+    traces with tensors that have no data: no launch plans, no compiled-kernel cache)."""
+    _WRAPPING.append(True)
+    try:
+        yield
+    finally:
+        _WRAPPING.pop()
+
+
+def wrapped() -> bool:
+    """Whether launches go through `wrap_triton` now."""
+    return bool(_WRAPPING)
 
 
 def interpret() -> bool:
@@ -100,6 +118,9 @@ class Kernel:
 
     def launch_full(self, grid: tuple[int], full: list, key: tuple, device: torch.device) -> None:
         """Launch with the full argument list, in ABI order."""
+        if _WRAPPING:
+            torch.library.wrap_triton(self.fn)[grid](*full, num_warps=self.warps)
+            return
         if interpret() or not self.fast:
             self.fn[grid](*full, num_warps=self.warps)
             return
@@ -164,5 +185,5 @@ class LaunchPlans:
         self.plans.clear()
 
 
-__all__ = ["Kernel", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
+__all__ = ["wrapping", "wrapped", "Kernel", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
            "device_of"]

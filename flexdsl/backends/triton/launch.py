@@ -15,6 +15,8 @@ Launch heuristics, visible here and settable by environment variables:
 - `FLEXDSL_TRITON_TRAINING=save|recompute` forces a training plan (default: the schedule's choice,
   stated in the kernels' header); `FLEXDSL_CHUNK` fixes the recompute chunk (default 8, or 4 for
   big models);
+- `FLEXDSL_TRITON_INDUCTOR=0`: under torch.compile on CUDA, the custom ops of `glue.py` instead of
+  the `triton_op`s of `inductor.py` (whose kernels Inductor's code launches);
 - `FLEXDSL_TRITON_FAST_LAUNCH=0` turns off the cache of compiled kernels that skips Triton's
   per-call argument binding (tens of microseconds a launch).
 T is a runtime loop bound and N a runtime size: a new T or shape compiles nothing.
@@ -31,6 +33,7 @@ import torch
 from ...errors import FlexDSLError
 from ...settings import env_choice, env_int
 from ..base import NoiseKey, RunResult, key_ints, key_tensor, transformed
+from . import inductor
 from .abi import NOISE_ROLES, KernelABI
 from .args import (
     HostInvariants,
@@ -47,7 +50,7 @@ from .args import (
     unpack,
 )
 from .glue import Call, Eager, Grads, register_ops
-from .kernel import LAUNCHES, Kernel, LaunchPlan, LaunchPlans, bits, cdiv, device_of, interpret, prod
+from .kernel import LAUNCHES, Kernel, LaunchPlan, LaunchPlans, bits, cdiv, device_of, interpret, prod, wrapped
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -93,6 +96,8 @@ class TritonProgram:
         self._nones_st = [None] * len(self.states)
         self._zeros_hf = [0.0] * len(abi.hoisted_fwd)
         self.op_fwd, self.op_bwd = register_ops(self)
+        # the ops Inductor traces into on CUDA (not for the interpreter, nor a noisy model: inductor.py)
+        self.op_fwd_cuda = None if self.interpret or abi.draws else inductor.register_triton_ops(self)[0]
 
     @property
     def warps(self) -> int:
@@ -182,7 +187,10 @@ class TritonProgram:
         # params are part of the signature by their bits; tensor ones (under torch.compile every
         # param is a tensor) by their kernel MODE, dtype and alignment, and are the call's own
         # arguments
-        if order is None:
+        traced = wrapped()  # (in a triton_op's body: tensors without data, no plans)
+        if traced:
+            aligned = False
+        elif order is None:
             aligned = all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in inputs)
         else:
             aligned = all(fits(x, 1, shape, order, N) and x.data_ptr() % 16 == 0 for x in inputs)
@@ -219,7 +227,7 @@ class TritonProgram:
             "checkpoint": [ckpt is not None], "round": [sav is not None], "block": [block],
             **call.key_values(),
         }
-        key = fwd_key(values, dtype, N) if self.fast_keys else ()
+        key = fwd_key(values, dtype, N) if self.fast_keys and not traced else ()
         grid = (cdiv(N, block),)
         self.k_fwd.launch(grid, values, key, dev)
         if sig is not None:
@@ -263,7 +271,8 @@ class TritonProgram:
             args = (param_args(params, call.param_vals, shape, N, dev, self._float_modes, order),
                     state_args(states, state_vals, shape, N, dev, [0] * len(states), order))
             out["param"], out["init"] = args[0][0], args[1][0]
-        sig = self._bwd_signature(call, reread, saved, args, state_vals, grads, need, N, dev)
+        traced = wrapped()  # (in a triton_op's body: tensors without data, no plans)
+        sig = None if traced else self._bwd_signature(call, reread, saved, args, state_vals, grads, need, N, dev)
         plan = self.launch_plans.get(sig)
         if plan is not None:
             xs_call: list[Any] = [None] * n_in
@@ -278,7 +287,7 @@ class TritonProgram:
             return result
         values = self._bwd_values(call, reread, saved, params, states, state_vals, grads, need, N, dev, args)
         values.update(out)
-        key = bwd_key(values, dtype, N, need) if self.fast_keys else ()
+        key = bwd_key(values, dtype, N, need) if self.fast_keys and not traced else ()
         kernel = self.k_bwd_rc if recompute else self.k_bwd
         grid = (cdiv(N, values["block"][0]),)
         kernel.launch(grid, values, key, dev)
@@ -369,9 +378,12 @@ class TritonProgram:
         recompute = save and self.recompute(x0.dtype)
         is_t = [t is not None for t in [*st, *pr]]
         if torch.compiler.is_compiling():
-            res = self.op_fwd(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals,
-                              pr_vals, is_t, bool(store_seqs), save, recompute,
-                              *([key_tensor(noise)] if noise is not None else []))
+            # (sizes Dynamo made symbolic keep the custom ops: the triton_op's body would specialize them)
+            new = self.op_fwd_cuda is not None and x0.is_cuda and inductor.ENABLED[0] and \
+                not any(isinstance(d, torch.SymInt) for d in x0.shape)
+            op = self.op_fwd_cuda if new else self.op_fwd
+            res = op(xs, [t for t in st if t is not None], [t for t in pr if t is not None], st_vals, pr_vals, is_t,
+                     bool(store_seqs), save, recompute, *([key_tensor(noise)] if noise is not None else []))
         else:
             call = self.call(xs, st_vals, pr_vals, is_t, bool(store_seqs), recompute, noise)
             if not save:
