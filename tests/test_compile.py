@@ -128,6 +128,32 @@ def test_compile_on_the_first_call_of_a_model_never_run(backend):
     torch.testing.assert_close(gp["w"], gp_r["w"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_network_of_several_models_compiles_on_its_first_call(backend):
+    """Several models that nothing has compiled, and a recurrent layer, in one graph traced on its
+    first call: each model's program is resolved during the same trace (a regression: the second
+    model's program was looked up in a table the trace had read before it was resolved)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), flexdsl.loads(_fresh_text("lif"), backend=backend),
+        torch.nn.Linear(8, 8), flexdsl.loads(_fresh_text("plif"), backend=backend),
+        flexdsl.recurrent(flexdsl.loads(_fresh_text("alif")), 8, 6,  # (no C++ scan: the torch one)
+                          backend="torch" if backend == "cpu" else backend))
+    ref = copy.deepcopy(net)
+    x = torch.rand(6, 3, 8)
+    cm = torch.compile(net, fullgraph=True, backend="aot_eager")
+    outs = []
+    for model in (cm, ref):
+        out = model(x)
+        out = out[0] if isinstance(out, tuple) else out
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        outs.append(out.detach())
+    assert torch.equal(outs[0], outs[1])
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 # ------------------------------------------------------------------ the time loop is one node
 def _captured_graphs(m, x):
     graphs = []

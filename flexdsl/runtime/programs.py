@@ -32,8 +32,13 @@ if TYPE_CHECKING:
     from ..backends.base import Program
     from .compiler import Compiled
 
-# program key -> program, filled by `_resolve` (read by the traced code)
-_RESOLVED: dict[str, Any] = {}
+class _Resolved:
+    """Programs by key as attributes, set by `_resolve` and read by the traced code. Not a dict:
+    Dynamo takes a dict it has read in a trace as it was then, so a second model's program,
+    resolved later in the same trace, would be missing from it; an attribute is read anew."""
+
+
+_RESOLVED = _Resolved()
 # a name per Compiled (what a trace passes to `_resolve`: Dynamo converts only constants)
 _REGISTRY: weakref.WeakValueDictionary[str, Compiled] = weakref.WeakValueDictionary()
 # per Compiled: (backend, device type, dtype) -> program (the eager path)
@@ -54,7 +59,7 @@ def program_for(c: Compiled, name: str, backend: str, x0: torch.Tensor) -> Progr
     """The program that runs a call of `c` (registered as `name`) on inputs like `x0` (its
     device type and dtype)."""
     if torch.compiler.is_compiling():
-        return _RESOLVED[_resolve(name, backend, x0.device.type, x0.dtype)]
+        return getattr(_RESOLVED, _resolve(name, backend, x0.device.type, x0.dtype))
     if transformed(x0):  # under a torch.func transform: chosen for these inputs, not remembered
         return c.program(backends.choose(backend, [x0]))
     chosen = _CHOSEN.get(c)
@@ -88,15 +93,15 @@ def _assume_constant_result(fn):
 def _resolve(name: str, backend: str, device_type: str, dtype: torch.dtype) -> str:
     """Run by Dynamo at trace time, outside the graph (its arguments are constants): choose and
     load the program of the Compiled registered as `name`, prepare it for the trace, and return
-    its key in `_RESOLVED`."""
+    its name in `_RESOLVED`."""
     c = _REGISTRY[name]
     program = _choose(c, backend, device_type, dtype)
     prepare = getattr(program, "prepare_trace", None)
     if prepare is not None:
         prepare(c)
-    k = f"{id(program)}"
+    k = f"p{id(program)}"
     with _LOCK:
-        _RESOLVED[k] = program
+        setattr(_RESOLVED, k, program)
     return k
 
 
@@ -106,7 +111,7 @@ def recurrent_for(c: Compiled, name: str, backend: str, like: torch.Tensor, port
     (`backend`: a backend's name, or "auto": the Triton kernels for CUDA tensors of a kernel
     dtype, else the torch scan), loaded at trace time under torch.compile like `program_for`."""
     if torch.compiler.is_compiling():
-        return _RESOLVED[_resolve_recurrent(name, backend, like.device.type, like.dtype, port, source, dense)]
+        return getattr(_RESOLVED, _resolve_recurrent(name, backend, like.device.type, like.dtype, port, source, dense))
     return scans.program(c, scans.choose(backend, like), port, source, dense)
 
 
@@ -120,7 +125,7 @@ def _resolve_recurrent(name: str, backend: str, device_type: str, dtype: torch.d
     c.derived_names  # noqa: B018 - computed here, read by the trace
     k = f"rec{id(program)}"
     with _LOCK:
-        _RESOLVED[k] = program
+        setattr(_RESOLVED, k, program)
     return k
 
 
