@@ -117,6 +117,17 @@ def custom_op(name: str, noisy: bool, **kwargs: Any):
     return deco
 
 
+def register_ops(lib: Any, ns: str, ops: Sequence[tuple[str, Any, Any]]) -> tuple[Any, ...]:
+    """Implement the ops `lib` has defined in namespace `ns` (each `(name, implementation, fake)`:
+    one Python implementation for every device, and the fake one for tracing); their overloads."""
+    import torch
+
+    for name, impl, fake in ops:
+        lib.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{ns}::{name}", fake, lib=lib)
+    return tuple(getattr(getattr(torch.ops, ns), name).default for name, _, _ in ops)
+
+
 def transformed(t: Any) -> bool:
     """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
     its own, so a backend that runs kernels on data pointers does not accept it."""
@@ -126,4 +137,4 @@ def transformed(t: Any) -> bool:
     return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
 
 
-__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "transformed"]
+__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed"]

@@ -30,6 +30,7 @@ from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import get
 from .base import IR, NoiseKey, key_ints, key_tensor
+from .base import register_ops as implement
 
 # the backends with a recurrent scan (the module that makes its program)
 IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent"}
@@ -392,12 +393,7 @@ def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out:
 
     lib.define(_FWD)
     lib.define(_BWD)
-    lib.impl("rec_fwd", fwd_impl, "CompositeExplicitAutograd")
-    lib.impl("rec_bwd", bwd_impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{ns}::rec_fwd", fwd_fake, lib=lib)
-    torch.library.register_fake(f"{ns}::rec_bwd", bwd_fake, lib=lib)
-    ops = getattr(torch.ops, ns)
-    fwd, bwd = ops.rec_fwd.default, ops.rec_bwd.default
+    fwd, bwd = implement(lib, ns, [("rec_fwd", fwd_impl, fwd_fake), ("rec_bwd", bwd_impl, bwd_fake)])
 
     def setup_context(ctx, inputs, output):
         x, w, s0, w_in, b, tensors, vals, kinds = inputs

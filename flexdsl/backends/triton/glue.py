@@ -15,6 +15,7 @@ import torch
 
 from ...errors import FlexDSLError
 from ..base import NoiseKey, key_ints
+from ..base import register_ops as implement
 from .args import alloc, step_order, unpack
 from .kernel import prod
 
@@ -176,12 +177,7 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
         res += [alloc((), call.shape, call.order, torch.float32, dev) for n in need[n_in:] if n]
         return res
 
-    lib.impl("fwd", fwd_kernel, "CompositeExplicitAutograd")
-    lib.impl("bwd", bwd_kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{ns}::fwd", fwd_fake, lib=lib)
-    torch.library.register_fake(f"{ns}::bwd", bwd_fake, lib=lib)
-    ops = getattr(torch.ops, ns)
-    fwd, bwd = ops.fwd.default, ops.bwd.default
+    fwd, bwd = implement(lib, ns, [("fwd", fwd_kernel, fwd_fake), ("bwd", bwd_kernel, bwd_fake)])
 
     setup_context, backward = autograd_fns(tm, bwd)
     torch.library.register_autograd(f"{ns}::fwd", backward, setup_context=setup_context, lib=lib)
