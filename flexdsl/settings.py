@@ -21,6 +21,8 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
     "FLEXDSL_RECURRENT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' kernels"),
     "FLEXDSL_RECURRENT_PROGRAMS": (1, 1 << 16, False, "programs of the recurrent layers' kernels (at most one per "
                                                       "multiprocessor)"),
+    "FLEXDSL_PRODUCT_WARPS": (1, 16, True, "warps per program of the recurrent layers' fused input product"),
+    "FLEXDSL_PRODUCT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' fused input product"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_TRAINING": ("", "save", "recompute"),

@@ -508,6 +508,83 @@ def test_spike_inputs_take_exact_bfloat16_products(monkeypatch):
     assert calls == [3]  # only dW_rec, of the spikes
 
 
+@needs_triton
+def test_triton_input_product_kernels_are_exact():
+    """The fused input product of the GPU path (`backends/triton/products.py`, here in Triton's
+    interpreter): the one-pass bfloat16 conversion refuses values it would change (and infinities,
+    whose product with a zero part of a weight would be NaN), and the product of spikes with W_in's
+    three bfloat16 parts equals the exact float64 product: bit for bit on a dyadic grid (every sum
+    exact in float32), within float32 rounding otherwise; tiles with tails in M, N and K."""
+    from flexdsl.backends.recurrent import split3
+    from flexdsl.backends.triton import products
+
+    torch.manual_seed(3)
+    x = (torch.rand(37, 70) < 0.3).float() * 8
+    xb = products.to_bf16_exact(x)
+    assert xb is not None and xb.dtype == torch.bfloat16 and torch.equal(xb.float(), x)
+    for bad in (1e-3, float("inf"), float("nan")):
+        y = x.clone()
+        y[5, 7] = bad if bad != 1e-3 else 1 + bad
+        assert products.to_bf16_exact(y) is None, bad
+    assert products.to_bf16_exact(torch.empty(0, 5)).shape == (0, 5)
+    for M, N, K in ((37, 45, 70), (5, 3, 1), (64, 32, 33)):
+        x = (torch.rand(M, K) < 0.3).float() * 8
+        xb = products.to_bf16_exact(x)
+        grid_w = torch.randint(-64, 65, (N, K)) / 128.0
+        grid_b = torch.randint(-64, 65, (N,)) / 128.0
+        got = products.split3_mm(xb, torch.stack(split3(grid_w)), grid_b)
+        assert torch.equal(got.double(), x.double() @ grid_w.double().t() + grid_b.double())
+        w, b = torch.randn(N, K), torch.randn(N)
+        exact = x.double() @ w.double().t() + b.double()
+        got = products.split3_mm(xb, torch.stack(split3(w)), b)
+        bound = 2 * K * 2.0 ** -24 * (x.double().abs() @ w.double().abs().t() + b.double().abs())
+        assert ((got.double() - exact).abs() <= bound).all()
+        got = products.split3_mm(xb, torch.stack(split3(grid_w)), None)  # (no bias)
+        assert torch.equal(got.double(), x.double() @ grid_w.double().t())
+    assert products.split3_mm(torch.empty(0, 4, dtype=torch.bfloat16), torch.zeros(3, 2, 4, dtype=torch.bfloat16),
+                              None).shape == (0, 2)
+
+
+@needs_triton
+def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
+    """The layer wired to the GPU path's fused kernels (forced here on CPU tensors, in the
+    interpreter): spike inputs go through the one-pass conversion and the fused product, other
+    inputs through the float32 product; spikes equal the float64 torch scan's, gradients close."""
+    from flexdsl.backends import recurrent as scans
+    from flexdsl.backends.triton import products
+
+    torch.manual_seed(5)
+    m = flexdsl.recurrent("lif", 12, 10)
+    with torch.no_grad():
+        m.W_in.copy_(torch.randint(-40, 41, m.W_in.shape) / 128.0)
+        m.W_rec.copy_(torch.randint(-40, 41, m.W_rec.shape) / 128.0)
+        m.bias.copy_(torch.randint(-20, 21, m.bias.shape) / 128.0)
+    g = torch.randn(9, 4, 10, dtype=torch.float64)
+    spikes = (torch.rand(9, 4, 12) < 0.4).float() * 8
+
+    def run(dtype, backend):
+        mm = copy.deepcopy(m).to(dtype)
+        mm.backend = backend
+        out = mm(spikes.to(dtype))
+        (out * g.to(dtype)).sum().backward()
+        return out.detach().double(), [p.grad.double() for p in (mm.W_in, mm.W_rec, mm.bias)]
+
+    ref = run(torch.float64, "torch")
+    used = []
+
+    def spy(t):
+        used.append(t.shape)
+        return products
+
+    monkeypatch.setattr(scans, "_triton_products", spy)
+    monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
+    got = run(torch.float32, "triton")
+    assert used, "the fused kernels were not used"
+    assert ref[0].sum() > 10 and torch.equal(got[0], ref[0])
+    for a, b in zip(got[1], ref[1]):
+        assert rel(a, b) < 1e-6
+
+
 # ----------------------------------------------------------------------------- NIR
 def test_snntorch_rleaky_nir_graph_loads_as_one_compiled_layer():
     """snnTorch exports RLeaky as a LIF node and its recurrent Affine in a cycle; flexdsl.nir.load

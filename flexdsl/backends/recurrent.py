@@ -147,10 +147,34 @@ def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool, parts: torch.Tens
     return g.t().mm(s.to(g.dtype))
 
 
+def _triton_products(t: torch.Tensor):
+    """`backends/triton/products.py` (one-pass conversion, fused exact products) where Triton runs
+    on `t` (a CUDA tensor), else None: the torch way."""
+    if t.is_cuda and get("triton").available():
+        from .triton import products
+
+        return products
+    return None
+
+
 def _exact_bf16(x: torch.Tensor) -> torch.Tensor | None:
-    """x in bfloat16 where that is exact (spikes, small integers), else None."""
+    """x in bfloat16 where that is exact (spikes, small integers) and finite, else None (an infinity
+    times a zero part of a weight would give NaN where float32 gives the infinity)."""
+    kern = _triton_products(x)
+    if kern is not None:
+        return kern.to_bf16_exact(x)
     xb = x.to(torch.bfloat16)
-    return xb if torch.equal(xb.float(), x) else None
+    return xb if torch.equal(xb.float(), x) and bool(torch.isfinite(xb).all()) else None
+
+
+def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+    """xb W_in^T + b in float32 from exact bfloat16 products (xb [M, F] exact in bfloat16, W_in in
+    its three parts): one fused Triton kernel on CUDA, else three torch products (None where torch
+    has none either)."""
+    kern = _triton_products(xb)
+    if kern is not None:
+        return kern.split3_mm(xb, torch.stack(split3(w_in.float())), b)
+    return _bf16_products([(xb, p.t()) for p in reversed(split3(w_in))], init=b)
 
 
 @dataclass
@@ -181,8 +205,9 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
     backward needs when `save`)."""
     linear = xb is None and (w_in is not None or b is not None)
     if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
-        x2 = xb.reshape(-1, xb.shape[-1])
-        ix = _bf16_products([(x2, p.t()) for p in reversed(split3(w_in))], init=b)
+        ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b)
+        if ix is None:  # (torch has no bfloat16 products into float32 here: the same values in float32)
+            ix = torch.nn.functional.linear(xb.reshape(-1, xb.shape[-1]).float(), w_in, b)
         ix = ix.reshape(*xb.shape[:-1], w_in.shape[0])
     elif w_in is not None:
         ix = torch.nn.functional.linear(x, w_in, b)

@@ -1,0 +1,237 @@
+"""Where the time of a recurrent layer goes on a GPU (issue 20's largest case): per-kernel times
+from torch.profiler, the persistent kernel's cost per step, the input product's pieces, launch
+settings, and the grid barrier alone.
+
+    python3 bench/recurrent_profile.py                 # CUDA only
+    python3 bench/recurrent_profile.py --cases 1024x250x256 --settings 0
+
+Layer and input as in bench/recurrent_gpu.py (Linear(700 -> H) into H recurrent LIF neurons,
+x = 8 x Bernoulli(0.05) spikes). Times: torch.profiler's CUDA kernel totals (mean of 3 calls), and
+module calls timed like the harness (median, synchronized).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recurrent_gpu import IN, bench, flexdsl_layer  # noqa: E402
+
+
+def kernel_table(fn, n: int = 3, top: int = 8) -> list[tuple[str, float, int]]:
+    """(kernel name, mean us per call, launches per call), the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    tot: dict[str, float] = defaultdict(float)
+    cnt: dict[str, int] = defaultdict(int)
+    for e in p.events():
+        if e.device_type.name == "CUDA":
+            tot[e.name[:70]] += e.device_time / n  # us
+            cnt[e.name[:70]] += 1
+    rows = sorted(((k, v, cnt[k] // n) for k, v in tot.items()), key=lambda r: -r[1])
+    return rows[:top]
+
+
+def layer_call(model, H, T, B, dtype, train, connectivity="all"):
+    torch.manual_seed(0)
+    net = flexdsl_layer(model, connectivity)(H).cuda()
+    x = (torch.rand(T, B, IN, device="cuda") < 0.05).float() * 8
+    w = torch.randn(T, B, H, device="cuda")
+    ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
+
+    def step():
+        net.reset()
+        if train:
+            for p in net.parameters():
+                p.grad = None
+            with ac:
+                out = net(x)
+            (out.float() * w).sum().backward()
+        else:
+            with torch.no_grad(), ac:
+                net(x)
+
+    return step
+
+
+def profile_cases(cases):
+    print("per-kernel CUDA time (us per call, launches per call)", flush=True)
+    for model, dtype, train, conn in (("lif", "fp32", False, "all"), ("lif", "fp32", True, "all")):
+        for H, T, B in cases:
+            for t in (T,):
+                rows = kernel_table(layer_call(model, H, t, B, dtype, train, conn))
+                total = sum(r[1] for r in rows)
+                print(f"  {model} {dtype} {'train' if train else 'infer'} {conn:10s} H={H} T={t} B={B}: "
+                      f"top kernels {total / 1e3:.3f} ms", flush=True)
+                for name, us, c in rows:
+                    print(f"      {us:9.1f} us  x{c:<3d} {name}", flush=True)
+
+
+def input_product_pieces(H, T, B):
+    """The pieces of the fused float32 input product, each alone (do_bench, ms)."""
+    from triton.testing import do_bench
+
+    from flexdsl.backends.recurrent import _bf16_products, _exact_bf16, split3
+
+    x = (torch.rand(T, B, IN, device="cuda") < 0.05).float() * 8
+    w_in = torch.randn(H, IN, device="cuda") / IN ** 0.5
+    b = torch.randn(H, device="cuda")
+    xb = x.bfloat16()
+    x2 = xb.reshape(-1, IN)
+    parts = [p.t() for p in reversed(split3(w_in))]
+    res = {
+        "exact_bf16 check (x -> bf16, equal)": do_bench(lambda: _exact_bf16(x)),
+        "3 bf16 products, fp32 out (addmm)": do_bench(lambda: _bf16_products([(x2, p) for p in parts], init=b)),
+        "one bf16 product, fp32 out": do_bench(lambda: torch.mm(x2, parts[0], out_dtype=torch.float32)),
+        "one bf16 product, bf16 out": do_bench(lambda: torch.mm(x2, parts[0])),
+        "fp32 linear (cuBLAS, no TF32)": do_bench(lambda: torch.nn.functional.linear(x, w_in, b)),
+        "x.to(bf16) alone": do_bench(lambda: x.to(torch.bfloat16)),
+    }
+    print(f"input product pieces H={H} T={T} B={B} (ms):", flush=True)
+    for k, v in res.items():
+        print(f"  {v:8.3f}  {k}", flush=True)
+
+
+def product_kernel(H, T, B):
+    """The fused input product (`backends/triton/products.py`) against the float64 product, and its
+    launch settings (ms)."""
+    from triton.testing import do_bench
+
+    from flexdsl.backends.recurrent import split3
+    from flexdsl.backends.triton import products
+
+    torch.manual_seed(0)
+    x = (torch.rand(T * B, IN, device="cuda") < 0.05).float() * 8
+    w_in = torch.randn(H, IN, device="cuda") / IN ** 0.5
+    b = torch.randn(H, device="cuda")
+    xb = products.to_bf16_exact(x)
+    parts = torch.stack(split3(w_in))
+    exact = x[:4096].double() @ w_in.double().t() + b.double()
+    got = products.split3_mm(xb, parts, b)[:4096].double()
+    bound = 2 * IN * 2.0 ** -24 * (x[:4096].double().abs() @ w_in.double().abs().t() + b.double().abs())
+    f32 = torch.nn.functional.linear(x[:4096], w_in, b).double()
+    print(f"fused input product H={H} M={T * B}: max |err| {float((got - exact).abs().max()):.2e} "
+          f"(float32 linear {float((f32 - exact).abs().max()):.2e}), within the float32 bound: "
+          f"{bool(((got - exact).abs() <= bound).all())}", flush=True)
+    print(f"  to_bf16_exact {do_bench(lambda: products.to_bf16_exact(x)):.3f} ms", flush=True)
+    row = []
+    for tile, warps, stages in (("", "", ""), ("128x128x64", "8", "4"), ("128x256x64", "8", "3"),
+                                ("128x128x32", "8", "4"), ("128x64x64", "4", "4"), ("256x128x64", "8", "3"),
+                                ("64x128x64", "4", "4"), ("128x128x64", "4", "3")):
+        for k, v in (("FLEXDSL_PRODUCT_TILE", tile), ("FLEXDSL_PRODUCT_WARPS", warps),
+                     ("FLEXDSL_PRODUCT_STAGES", stages)):
+            os.environ[k] = v
+        try:
+            ms = do_bench(lambda: products.split3_mm(xb, parts, b))
+            row.append(f"{tile or 'default'}/{warps or '-'}/{stages or '-'} {ms:.3f}")
+        except Exception as e:  # noqa: BLE001
+            row.append(f"{tile}/{warps}/{stages} failed {type(e).__name__}: {str(e)[:60]}")
+    for k in ("FLEXDSL_PRODUCT_TILE", "FLEXDSL_PRODUCT_WARPS", "FLEXDSL_PRODUCT_STAGES"):
+        os.environ.pop(k, None)
+    print("  split3_mm (tile/warps/stages ms): " + " | ".join(row), flush=True)
+
+
+def settings(cases, reps):
+    knobs = [{}, {"FLEXDSL_RECURRENT_TILE": "32x64x64"}, {"FLEXDSL_RECURRENT_TILE": "128x32x64"},
+             {"FLEXDSL_RECURRENT_TILE": "64x64x64"}, {"FLEXDSL_RECURRENT_TILE": "64x32x128"},
+             {"FLEXDSL_RECURRENT_TILE": "64x32x32"}, {"FLEXDSL_RECURRENT_PROGRAMS": "64"},
+             {"FLEXDSL_RECURRENT_WARPS": "8"}, {"FLEXDSL_RECURRENT_STAGES": "2"}, {"FLEXDSL_RECURRENT_STAGES": "3"}]
+    print("launch settings: LIF fp32 inference (ms, median)", flush=True)
+    for H, T, B in cases:
+        out = []
+        for k in knobs:
+            os.environ.update(k)
+            try:
+                ms = bench(flexdsl_layer("lif"), H, T, B, "cuda", "fp32", False, reps, 2)
+                out.append(f"{k or 'default'} {ms:.2f}")
+            except Exception as e:  # noqa: BLE001
+                out.append(f"{k} failed {type(e).__name__}: {str(e)[:60]}")
+            for n in k:
+                os.environ.pop(n)
+        print(f"  H={H} T={T} B={B}: " + " | ".join(out), flush=True)
+
+
+def barrier_alone(T: int = 250):
+    """A persistent kernel of P programs doing nothing but T grid barriers (us per step): polling
+    with atomics (as the layer's kernel does) or with acquire loads."""
+    import triton
+    import triton.language as tl
+    from triton.testing import do_bench
+
+    @triton.jit
+    def bar_atomic(bar, T, NPROG):
+        for step in range(0, T):
+            tl.debug_barrier()
+            tl.atomic_add(bar, 1, sem="release", scope="gpu")
+            seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
+            while seen < (step + 1) * NPROG:
+                seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
+
+    @triton.jit
+    def bar_load(bar, T, NPROG):
+        for step in range(0, T):
+            tl.debug_barrier()
+            tl.atomic_add(bar, 1, sem="release", scope="gpu")
+            seen = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [bar],
+                                             dtype=tl.int32, is_pure=False, pack=1)
+            while seen < (step + 1) * NPROG:
+                seen = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [bar],
+                                                 dtype=tl.int32, is_pure=False, pack=1)
+            tl.debug_barrier()
+
+    print(f"grid barrier alone, T={T} (us per step):", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for P in (16, 32, 64, 128, sms):
+        row = []
+        for name, k in (("atomic poll", bar_atomic), ("acquire-load poll", bar_load)):
+            try:
+                def go(k=k, P=P):
+                    bar = torch.zeros(1, dtype=torch.int32, device="cuda")
+                    k[(P,)](bar, T, P, num_warps=4)
+                ms = do_bench(go, warmup=5, rep=50)
+                row.append(f"{name} {ms * 1e3 / T:6.2f}")
+            except Exception as e:  # noqa: BLE001
+                row.append(f"{name} failed {type(e).__name__}: {str(e)[:80]}")
+        print(f"  P={P:4d}: " + " | ".join(row), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="1024x250x256")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--steps", default="product,profile")
+    a = ap.parse_args()
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
+    steps = a.steps.split(",")
+    if "barrier" in steps:
+        barrier_alone()
+    if "product" in steps:
+        for H, T, B in cases:
+            product_kernel(H, T, B)
+    if "pieces" in steps:
+        for H, T, B in cases:
+            input_product_pieces(H, T, B)
+    if "profile" in steps:
+        profile_cases(cases)
+    if "settings" in steps:
+        settings(cases, a.reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Exact float32 products of values that bfloat16 holds exactly (spikes, small integers) in
+Triton, for the recurrent layer's input product (`backends/recurrent.py`):
+
+    xb = to_bf16_exact(x)                     # x in bfloat16, or None where that is not exact
+    ix = split3_mm(xb2, parts, b)             # xb2 @ (hi + mid + lo)^T + b, float32
+
+`to_bf16_exact` converts and checks in one pass (cuBLAS-free: the torch way takes four passes and
+three kernels); `split3_mm` reads each tile of x once for the three bfloat16 parts of the float32
+weight (`split3`: hi + mid + lo == w), accumulates the three tensor-core products in float32 and
+adds the bias before one store: every product is exact, so the result is a float32 sum of the
+exact terms, as a float32 matmul gives. With cuBLAS the same takes three GEMMs, two of which read
+and write the float32 result again (and a 700-wide row, not 16-byte aligned, sends it to older,
+slower kernels).
+
+Launch settings (env): `FLEXDSL_PRODUCT_TILE=BMxBNxBK` (default 128x128x64), `FLEXDSL_PRODUCT_WARPS`
+(8), `FLEXDSL_PRODUCT_STAGES` (3).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...settings import env_int, env_tile
+from .launch import interpret
+
+
+@triton.jit
+def _to_bf16_exact_kernel(x, out, flag, n, BLOCK: tl.constexpr):
+    # out = bfloat16(x); flag = 1 where a value is not finite or not exact in bfloat16
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m, other=0.0)
+    vb = v.to(tl.bfloat16)
+    tl.store(out + offs, vb, mask=m)
+    back = vb.to(tl.float32)
+    bad = (back != v) | (tl.abs(v) == float("inf"))  # (NaN: back != v)
+    if tl.max(bad.to(tl.int32), axis=0) > 0:
+        tl.store(flag, 1)
+
+
+@triton.jit
+def _split3_mm_kernel(a, w, b, c, M, N, K, part, HAS_B: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    # c[M, N] = a[M, K] @ (w[0] + w[1] + w[2])^T + b: a and w bfloat16 (w [3, N, K], `part` = N * K
+    # elements apart), three products accumulated in float32, lo first. IEEE: float32 operands
+    # and IEEE products (Triton's interpreter, whose 16-bit dot is not exact)
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    width = GROUP * num_n  # GROUP row blocks walk the column blocks together (W's tiles stay in L2)
+    first = (pid // width) * GROUP
+    size = tl.minimum(num_m - first, GROUP)
+    pm = first + (pid % width) % size
+    pn = (pid % width) // size
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    ap = a + rm[:, None].to(tl.int64) * K + rk[None, :]
+    wp = w + rn[None, :].to(tl.int64) * K + rk[:, None]
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        km = (k0 + rk) < K
+        av = tl.load(ap, mask=(rm < M)[:, None] & km[None, :], other=0.0)
+        wm = km[:, None] & (rn < N)[None, :]
+        w2 = tl.load(wp + 2 * part, mask=wm, other=0.0)
+        w1 = tl.load(wp + part, mask=wm, other=0.0)
+        w0 = tl.load(wp, mask=wm, other=0.0)
+        if IEEE:
+            af = av.to(tl.float32)
+            acc = tl.dot(af, w2.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(af, w1.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(af, w0.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(av, w2, acc)
+            acc = tl.dot(av, w1, acc)
+            acc = tl.dot(av, w0, acc)
+        ap += BK
+        wp += BK
+    if HAS_B:
+        acc += tl.load(b + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    cm = (rm < M)[:, None] & (rn < N)[None, :]
+    tl.store(c + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=cm)
+
+
+def to_bf16_exact(x: torch.Tensor) -> torch.Tensor | None:
+    """x (float32) in bfloat16 where every value is finite and exact there, else None (one pass,
+    and one synchronisation to read the verdict)."""
+    xc = x.contiguous()
+    out = torch.empty(xc.shape, dtype=torch.bfloat16, device=x.device)
+    n = xc.numel()
+    if n == 0:
+        return out
+    flag = torch.zeros(1, dtype=torch.int32, device=x.device)
+    block = 4096 if not interpret() else 1 << 16
+    _to_bf16_exact_kernel[(triton.cdiv(n, block),)](xc, out, flag, n, BLOCK=block, num_warps=8)
+    return None if int(flag.item()) else out
+
+
+def split3_mm(xb: torch.Tensor, parts: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`xb @ (parts[0] + parts[1] + parts[2])^T + b` in float32: xb [M, K] bfloat16, parts [3, N, K]
+    bfloat16 (the float32 weight's `split3`), b [N] or None. Each product is exact; the sum is
+    float32."""
+    xb = xb.contiguous()
+    parts = parts.contiguous()
+    M, K = xb.shape
+    N = parts.shape[1]
+    out = torch.empty((M, N), dtype=torch.float32, device=xb.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.copy_((b.float() if b is not None else torch.zeros(N, device=xb.device)).expand(M, N))
+    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 64))
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _split3_mm_kernel[grid](xb, parts, b.contiguous() if b is not None else xb, out, M, N, K, N * K,
+                            HAS_B=b is not None, IEEE=interpret(), BM=bm, BN=bn, BK=bk, GROUP=8,
+                            num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
+                            num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3)
+    return out
+
+
+__all__ = ["to_bf16_exact", "split3_mm"]
