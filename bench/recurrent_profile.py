@@ -128,21 +128,28 @@ def product_kernel(H, T, B):
           f"(float32 linear {float((f32 - exact).abs().max()):.2e}), within the float32 bound: "
           f"{bool(((got - exact).abs() <= bound).all())}", flush=True)
     print(f"  to_bf16_exact {do_bench(lambda: products.to_bf16_exact(x)):.3f} ms", flush=True)
-    row = []
-    for tile, warps, stages in (("", "", ""), ("128x128x64", "8", "4"), ("128x256x64", "8", "3"),
-                                ("128x128x32", "8", "4"), ("128x64x64", "4", "4"), ("256x128x64", "8", "3"),
-                                ("64x128x64", "4", "4"), ("128x128x64", "4", "3")):
+    row, best = [], None
+    for tile, warps, stages in (("", "", ""), ("128x128x64", "8", "2"), ("128x128x64", "4", "3"),
+                                ("128x128x32", "8", "4"), ("128x128x32", "8", "3"), ("128x64x64", "4", "3"),
+                                ("64x128x64", "4", "3"), ("128x256x32", "8", "3"), ("256x128x32", "8", "3"),
+                                ("128x64x64", "4", "4"), ("64x64x64", "4", "4")):
         for k, v in (("FLEXDSL_PRODUCT_TILE", tile), ("FLEXDSL_PRODUCT_WARPS", warps),
                      ("FLEXDSL_PRODUCT_STAGES", stages)):
             os.environ[k] = v
         try:
             ms = do_bench(lambda: products.split3_mm(xb, parts, b))
             row.append(f"{tile or 'default'}/{warps or '-'}/{stages or '-'} {ms:.3f}")
+            if best is None or ms < best[0]:
+                best = (ms, tile, warps, stages)
         except Exception as e:  # noqa: BLE001
             row.append(f"{tile}/{warps}/{stages} failed {type(e).__name__}: {str(e)[:60]}")
     for k in ("FLEXDSL_PRODUCT_TILE", "FLEXDSL_PRODUCT_WARPS", "FLEXDSL_PRODUCT_STAGES"):
         os.environ.pop(k, None)
     print("  split3_mm (tile/warps/stages ms): " + " | ".join(row), flush=True)
+    if best is not None:
+        _, tile, warps, stages = best
+        print(f"BEST_PRODUCT FLEXDSL_PRODUCT_TILE={tile} FLEXDSL_PRODUCT_WARPS={warps} "
+              f"FLEXDSL_PRODUCT_STAGES={stages}", flush=True)
 
 
 def settings(cases, reps):

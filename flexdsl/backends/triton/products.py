@@ -27,11 +27,17 @@ from .launch import interpret
 
 
 @triton.jit
-def _to_bf16_exact_kernel(x, out, flag, n, BLOCK: tl.constexpr):
-    # out = bfloat16(x); flag = 1 where a value is not finite or not exact in bfloat16
+def _to_bf16_exact_kernel(x, out, flag, n, K, KP, PAD: tl.constexpr, BLOCK: tl.constexpr):
+    # out [rows, KP] = bfloat16(x [rows, K]), zeros in the KP - K padding columns; flag = 1 where a
+    # value is not finite or not exact in bfloat16
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    v = tl.load(x + offs, mask=m, other=0.0)
+    if PAD:
+        row = offs // KP
+        col = offs - row * KP
+        v = tl.load(x + row * K + col, mask=m & (col < K), other=0.0)
+    else:
+        v = tl.load(x + offs, mask=m, other=0.0)
     vb = v.to(tl.bfloat16)
     tl.store(out + offs, vb, mask=m)
     back = vb.to(tl.float32)
@@ -41,11 +47,13 @@ def _to_bf16_exact_kernel(x, out, flag, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _split3_mm_kernel(a, w, b, c, M, N, K, part, HAS_B: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    # c[M, N] = a[M, K] @ (w[0] + w[1] + w[2])^T + b: a and w bfloat16 (w [3, N, K], `part` = N * K
-    # elements apart), three products accumulated in float32, lo first. IEEE: float32 operands
-    # and IEEE products (Triton's interpreter, whose 16-bit dot is not exact)
+def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    # c[M, N] = a[M, K] @ (w[0] + w[1] + w[2])^T + b: a [M, K] bfloat16 with rows `lda` apart, w
+    # [3, N, K] bfloat16 with rows `lda` apart too (`part` elements between the parts); three
+    # products accumulated in float32, lo first. EVEN_K: K is a multiple of BK (the rows are
+    # padded with zeros), no mask along K. IEEE: float32 operands and IEEE products (Triton's
+    # interpreter, whose 16-bit dot is not exact)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -57,16 +65,21 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, part, HAS_B: tl.constexpr, IEEE: tl.c
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    ap = a + rm[:, None].to(tl.int64) * K + rk[None, :]
-    wp = w + rn[None, :].to(tl.int64) * K + rk[:, None]
+    ap = a + (rm % M)[:, None].to(tl.int64) * lda + rk[None, :]  # (rows past M read row r % M: no mask)
+    wp = w + (rn % N)[None, :].to(tl.int64) * lda + rk[:, None]
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        km = (k0 + rk) < K
-        av = tl.load(ap, mask=(rm < M)[:, None] & km[None, :], other=0.0)
-        wm = km[:, None] & (rn < N)[None, :]
-        w2 = tl.load(wp + 2 * part, mask=wm, other=0.0)
-        w1 = tl.load(wp + part, mask=wm, other=0.0)
-        w0 = tl.load(wp, mask=wm, other=0.0)
+        if EVEN_K:
+            av = tl.load(ap)
+            w2 = tl.load(wp + 2 * part)
+            w1 = tl.load(wp + part)
+            w0 = tl.load(wp)
+        else:
+            km = (k0 + rk) < K
+            av = tl.load(ap, mask=km[None, :], other=0.0)
+            w2 = tl.load(wp + 2 * part, mask=km[:, None], other=0.0)
+            w1 = tl.load(wp + part, mask=km[:, None], other=0.0)
+            w0 = tl.load(wp, mask=km[:, None], other=0.0)
         if IEEE:
             af = av.to(tl.float32)
             acc = tl.dot(af, w2.to(tl.float32), acc, input_precision="ieee")
@@ -84,26 +97,36 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, part, HAS_B: tl.constexpr, IEEE: tl.c
     tl.store(c + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=cm)
 
 
+_ALIGN = 64  # rows padded to a multiple of this many elements: aligned, and no mask along K
+
+
+def _padded(k: int) -> int:
+    return -(-k // _ALIGN) * _ALIGN
+
+
 def to_bf16_exact(x: torch.Tensor) -> torch.Tensor | None:
     """x (float32) in bfloat16 where every value is finite and exact there, else None (one pass,
-    and one synchronisation to read the verdict)."""
-    xc = x.contiguous()
-    out = torch.empty(xc.shape, dtype=torch.bfloat16, device=x.device)
-    n = xc.numel()
-    if n == 0:
-        return out
-    flag = torch.zeros(1, dtype=torch.int32, device=x.device)
-    block = 4096 if not interpret() else 1 << 16
-    _to_bf16_exact_kernel[(triton.cdiv(n, block),)](xc, out, flag, n, BLOCK=block, num_warps=8)
-    return None if int(flag.item()) else out
+    and one synchronisation to read the verdict). The result's rows (last dim) lie in a buffer
+    padded with zeros to a multiple of 64 elements (a view: aligned rows for the products)."""
+    K = x.shape[-1] if x.dim() else 1
+    xc = x.contiguous().reshape(-1, K)
+    rows, kp = xc.shape[0], _padded(K)
+    buf = torch.empty((rows, kp), dtype=torch.bfloat16, device=x.device)
+    n = buf.numel()
+    if n:
+        flag = torch.zeros(1, dtype=torch.int32, device=x.device)
+        block = 4096 if not interpret() else 1 << 16
+        _to_bf16_exact_kernel[(triton.cdiv(n, block),)](xc, buf, flag, n, K, kp, PAD=kp != K, BLOCK=block,
+                                                        num_warps=8)
+        if int(flag.item()):
+            return None
+    return buf[:, :K].reshape(x.shape)
 
 
 def split3_mm(xb: torch.Tensor, parts: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """`xb @ (parts[0] + parts[1] + parts[2])^T + b` in float32: xb [M, K] bfloat16, parts [3, N, K]
-    bfloat16 (the float32 weight's `split3`), b [N] or None. Each product is exact; the sum is
-    float32."""
-    xb = xb.contiguous()
-    parts = parts.contiguous()
+    """`xb @ (parts[0] + parts[1] + parts[2])^T + b` in float32: xb [M, K] bfloat16 (rows may lie in
+    a padded buffer, as `to_bf16_exact` gives them), parts [3, N, K] bfloat16 (the float32 weight's
+    `split3`), b [N] or None. Each product is exact; the sum is float32."""
     M, K = xb.shape
     N = parts.shape[1]
     out = torch.empty((M, N), dtype=torch.float32, device=xb.device)
@@ -111,11 +134,15 @@ def split3_mm(xb: torch.Tensor, parts: torch.Tensor, b: torch.Tensor | None) -> 
         return out
     if K == 0:
         return out.copy_((b.float() if b is not None else torch.zeros(N, device=xb.device)).expand(M, N))
+    kp = _padded(K)
+    if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
+        xb = torch.nn.functional.pad(xb, (0, kp - K))  # (rows aligned and padded with zeros)
+    wp = torch.nn.functional.pad(parts, (0, kp - K)).contiguous()
     bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 64))
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _split3_mm_kernel[grid](xb, parts, b.contiguous() if b is not None else xb, out, M, N, K, N * K,
-                            HAS_B=b is not None, IEEE=interpret(), BM=bm, BN=bn, BK=bk, GROUP=8,
-                            num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
+    _split3_mm_kernel[grid](xb, wp, b.contiguous() if b is not None else wp, out, M, N, kp, kp, N * kp,
+                            HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(), BM=bm, BN=bn, BK=bk,
+                            GROUP=8, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
                             num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3)
     return out
 
