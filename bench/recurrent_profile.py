@@ -68,6 +68,39 @@ def layer_call(model, H, T, B, dtype, train, connectivity="all"):
     return step
 
 
+def timeline(H, T, B, dtype="fp32", train=False):
+    """One call's events in time order (us from the call's start): the CUDA kernels, the host's
+    synchronisations and the long host operations, and the call's wall time without the profiler."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    step = layer_call("lif", H, T, B, dtype, train)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(10):
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t) * 1e6)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        step()
+        torch.cuda.synchronize()
+    ev = sorted(p.events(), key=lambda e: e.time_range.start)
+    t0 = ev[0].time_range.start
+    print(f"timeline lif {dtype} {'train' if train else 'infer'} H={H} T={T} B={B}: wall {sorted(walls)[5]:.0f} us "
+          f"(median of 10, no profiler)", flush=True)
+    keep = ("Synchronize", "item", "local_scalar", "equal", "LaunchKernel", "Memcpy", "to_bf16", "split3",
+            "_rec_", "run")
+    for e in ev:
+        dur = e.time_range.end - e.time_range.start
+        cuda = e.device_type.name == "CUDA"
+        if cuda or (dur > 20 and any(k in e.name for k in keep)) or dur > 150:
+            print(f"  {e.time_range.start - t0:9.0f} {dur:8.0f}  {'GPU' if cuda else 'cpu'}  {e.name[:80]}", flush=True)
+
+
 def profile_cases(cases):
     print("per-kernel CUDA time (us per call, launches per call)", flush=True)
     for model, dtype, train, conn in (("lif", "fp32", False, "all"), ("lif", "fp32", True, "all")):
@@ -234,6 +267,9 @@ def main() -> None:
     if "pieces" in steps:
         for H, T, B in cases:
             input_product_pieces(H, T, B)
+    if "timeline" in steps:
+        for H, T, B in cases:
+            timeline(H, T, B)
     if "profile" in steps:
         profile_cases(cases)
     if "settings" in steps:

@@ -41,11 +41,12 @@ class RecurrentProgram(Protocol):
     ops: tuple  # its custom ops (`register_ops`), set when loaded: the layer under torch.compile
 
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
-                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None
-                ) -> tuple[list, list, torch.Tensor, Any]:
+                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None,
+                s0_exact: bool | None = None) -> tuple[list, list, torch.Tensor, Any]:
         """(outputs [T, B, H] each, final states [B, H], S [T + 1, B, H]: s0 then the source
         of every step (the source output is S[1:]), what the backward needs (or None)); `noise`:
-        the key of a noisy model's draws (the backward replays them)."""
+        the key of a noisy model's draws (the backward replays them); `s0_exact`: whether s0 is
+        exact in bfloat16, where the caller knows (None: the program checks if it needs to)."""
         ...
 
     def backward(self, saved: Any, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
@@ -167,6 +168,11 @@ def _exact_bf16(x: torch.Tensor) -> torch.Tensor | None:
     return xb if torch.equal(xb.float(), x) and bool(torch.isfinite(xb).all()) else None
 
 
+def _exact_in_bf16(t: torch.Tensor) -> bool:
+    """Every value of `t` finite and exact in bfloat16."""
+    return bool(((t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)).all())
+
+
 def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
     """xb W_in^T + b in float32 from exact bfloat16 products (xb [M, F] exact in bfloat16, W_in in
     its three parts): one fused Triton kernel on CUDA, else three torch products (None where torch
@@ -213,12 +219,17 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
         ix = torch.nn.functional.linear(x, w_in, b)
     else:
         ix = x if b is None else x + b
-    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save,
+    # whether s0 is exact in bfloat16 (the spikes of an earlier call, zeros; not a value given by hand):
+    # decided here once, for the scan's products and the weight gradient's (one synchronisation,
+    # before the scan is launched rather than between the input product and the scan)
+    s0_exact = _exact_in_bf16(s0) if prog.binary and dense and fast_products(s0) else None
+    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save, s0_exact=s0_exact,
                                         **({"noise": noise} if noise is not None else {}))
     if not save:
         return outs, fins, None
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
-    s_exact = bool(prog.binary and dense and fast_products(w) and torch.equal(s0.to(torch.bfloat16).to(s0.dtype), s0))
+    s_exact = bool(prog.binary and dense and fast_products(w) and (s0_exact if s0_exact is not None
+                                                                   else _exact_in_bf16(s0)))
     return outs, fins, _Saved(ix.shape[0], saved, S, w, w_in, x if linear and w_in is not None else None, xb,
                               s_exact, linear)
 

@@ -116,7 +116,8 @@ class TorchRecurrentProgram:
         return NoiseStream(noise.seed, noise.t0, tuple(shape), dtype, dev, T)
 
     def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
-                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None):
+                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None,
+                s0_exact: bool | None = None):
         T, shape = ix.shape[0], ix.shape[1:]
         dev, dtype = ix.device, ix.dtype
         stream = self._stream(noise, T, shape, dtype, dev)

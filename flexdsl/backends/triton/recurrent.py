@@ -224,7 +224,8 @@ class TritonRecurrentProgram:
             raise ValueError("a noisy model's recurrent scan needs the call's NoiseKey")
         return {"_seedlo": noise.seed & 0x7FFFFFFF, "_seedhi": noise.seed >> 31, "_tbase": noise.t0}
 
-    def forward(self, ix, w, s0, inputs, states, params, save, noise: NoiseKey | None = None):
+    def forward(self, ix, w, s0, inputs, states, params, save, noise: NoiseKey | None = None,
+                s0_exact: bool | None = None):
         T, B, H = ix.shape
         dev, dtype = ix.device, ix.dtype
         if dev.type != "cuda" and not self.interpret:
@@ -249,7 +250,8 @@ class TritonRecurrentProgram:
             # the previous step's source as a product operand: spikes are exact in bfloat16 (the
             # initial one too, unless it was given other values)
             s0b = s0.to(torch.bfloat16) if self.dense and self.binary else None
-            exact = s0b is not None and (dtype != torch.float32 or torch.equal(s0b.to(dtype), s0))
+            exact = s0b is not None and (dtype != torch.float32 or (
+                s0_exact if s0_exact is not None else bool(torch.equal(s0b.to(dtype), s0) and torch.isfinite(s0).all())))
             shadow = exact and dtype == torch.float32 and not self.interpret
             if shadow:
                 Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
