@@ -12,7 +12,7 @@ exact terms, as a float32 matmul gives. With cuBLAS the same takes three GEMMs, 
 and write the float32 result again (and a 700-wide row, not 16-byte aligned, sends it to older,
 slower kernels).
 
-Launch settings (env): `FLEXDSL_PRODUCT_TILE=BMxBNxBK` (default 128x128x64), `FLEXDSL_PRODUCT_WARPS`
+Launch settings (env): `FLEXDSL_PRODUCT_TILE=BMxBNxBK` (default 128x128x32), `FLEXDSL_PRODUCT_WARPS`
 (8), `FLEXDSL_PRODUCT_STAGES` (3).
 """
 
@@ -138,7 +138,7 @@ def split3_mm(xb: torch.Tensor, parts: torch.Tensor, b: torch.Tensor | None) -> 
     if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
         xb = torch.nn.functional.pad(xb, (0, kp - K))  # (rows aligned and padded with zeros)
     wp = torch.nn.functional.pad(parts, (0, kp - K)).contiguous()
-    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 64))
+    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 32))
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _split3_mm_kernel[grid](xb, wp, b.contiguous() if b is not None else wp, out, M, N, kp, kp, N * kp,
                             HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(), BM=bm, BN=bn, BK=bk,
