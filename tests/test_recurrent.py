@@ -532,17 +532,22 @@ def test_triton_input_product_kernels_are_exact():
         xb = products.to_bf16_exact(x)
         grid_w = torch.randint(-64, 65, (N, K)) / 128.0
         grid_b = torch.randint(-64, 65, (N,)) / 128.0
-        got = products.split3_mm(xb, torch.stack(split3(grid_w)), grid_b)
+        got = products.split3_mm(xb, grid_w, grid_b)
         assert torch.equal(got.double(), x.double() @ grid_w.double().t() + grid_b.double())
         w, b = torch.randn(N, K), torch.randn(N)
         exact = x.double() @ w.double().t() + b.double()
-        got = products.split3_mm(xb, torch.stack(split3(w)), b)
+        got = products.split3_mm(xb, w, b)
         bound = 2 * K * 2.0 ** -24 * (x.double().abs() @ w.double().abs().t() + b.double().abs())
         assert ((got.double() - exact).abs() <= bound).all()
-        got = products.split3_mm(xb, torch.stack(split3(grid_w)), None)  # (no bias)
+        got = products.split3_mm(xb, grid_w, None)  # (no bias)
         assert torch.equal(got.double(), x.double() @ grid_w.double().t())
-    assert products.split3_mm(torch.empty(0, 4, dtype=torch.bfloat16), torch.zeros(3, 2, 4, dtype=torch.bfloat16),
-                              None).shape == (0, 2)
+    assert products.split3_mm(torch.empty(0, 4, dtype=torch.bfloat16), torch.zeros(2, 4), None).shape == (0, 2)
+    w = torch.randn(7, 13) * torch.logspace(-20, 20, 13)  # (magnitudes far apart)
+    parts = products.split3(w)
+    assert parts.shape == (3, 7, 13) and parts.dtype == torch.bfloat16
+    assert torch.equal(parts.double().sum(0), w.double())  # (the three parts hold every float32 bit)
+    padded = products.split3(w, 64)
+    assert padded.shape == (3, 7, 64) and torch.equal(padded[:, :, :13], parts) and not padded[:, :, 13:].any()
 
 
 @needs_triton

@@ -170,6 +170,8 @@ def _exact_bf16(x: torch.Tensor) -> torch.Tensor | None:
 
 def _exact_in_bf16(t: torch.Tensor) -> bool:
     """Every value of `t` finite and exact in bfloat16."""
+    if t.dtype == torch.float32 and _triton_products(t) is not None:
+        return _exact_bf16(t) is not None  # (one kernel)
     return bool(((t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)).all())
 
 
@@ -179,7 +181,7 @@ def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None)
     has none either)."""
     kern = _triton_products(xb)
     if kern is not None:
-        return kern.split3_mm(xb, torch.stack(split3(w_in.float())), b)
+        return kern.split3_mm(xb, w_in, b.contiguous() if b is not None else None)
     return _bf16_products([(xb, p.t()) for p in reversed(split3(w_in))], init=b)
 
 
@@ -209,6 +211,10 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
     """The layer's forward: the port's current `ix` (x itself; or x W_in^T + b, from bfloat16
     parts when `xb` is given), then the program's scan. (outputs, final states, what the
     backward needs when `save`)."""
+    # whether s0 is exact in bfloat16 (the spikes of an earlier call, zeros; not a value given by hand):
+    # decided here once, for the scan's products and the weight gradient's (one synchronisation,
+    # before anything is launched: the scan's preparation then overlaps the input product)
+    s0_exact = _exact_in_bf16(s0) if prog.binary and dense and fast_products(s0) else None
     linear = xb is None and (w_in is not None or b is not None)
     if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
         ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b)
@@ -219,10 +225,6 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
         ix = torch.nn.functional.linear(x, w_in, b)
     else:
         ix = x if b is None else x + b
-    # whether s0 is exact in bfloat16 (the spikes of an earlier call, zeros; not a value given by hand):
-    # decided here once, for the scan's products and the weight gradient's (one synchronisation,
-    # before the scan is launched rather than between the input product and the scan)
-    s0_exact = _exact_in_bf16(s0) if prog.binary and dense and fast_products(s0) else None
     outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save, s0_exact=s0_exact,
                                         **({"noise": noise} if noise is not None else {}))
     if not save:

@@ -2,7 +2,8 @@
 Triton, for the recurrent layer's input product (`backends/recurrent.py`):
 
     xb = to_bf16_exact(x)                     # x in bfloat16, or None where that is not exact
-    ix = split3_mm(xb2, parts, b)             # xb2 @ (hi + mid + lo)^T + b, float32
+    ix = split3_mm(xb2, w_in, b)              # xb2 @ (hi + mid + lo)^T + b, float32
+    parts = split3(w)                         # [3, *w.shape] bfloat16, in one launch
 
 `to_bf16_exact` converts and checks in one pass (cuBLAS-free: the torch way takes four passes and
 three kernels); `split3_mm` reads each tile of x once for the three bfloat16 parts of the float32
@@ -44,6 +45,26 @@ def _to_bf16_exact_kernel(x, out, flag, n, K, KP, PAD: tl.constexpr, BLOCK: tl.c
     bad = (back != v) | (tl.abs(v) == float("inf"))  # (NaN: back != v)
     if tl.max(bad.to(tl.int32), axis=0) > 0:
         tl.store(flag, 1)
+
+
+@triton.jit
+def _split3_kernel(w, out, n, K, KP, PAD: tl.constexpr, BLOCK: tl.constexpr):
+    # out [3, rows, KP] bfloat16: hi, mid, lo of w [rows, K] (float32), hi + mid + lo == w up to
+    # 2^-24 |w|; zeros in the KP - K padding columns
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    if PAD:
+        row = offs // KP
+        col = offs - row * KP
+        v = tl.load(w + row * K + col, mask=m & (col < K), other=0.0).to(tl.float32)
+    else:
+        v = tl.load(w + offs, mask=m, other=0.0).to(tl.float32)
+    hi = v.to(tl.bfloat16)
+    r = v - hi.to(tl.float32)
+    mid = r.to(tl.bfloat16)
+    tl.store(out + offs, hi, mask=m)
+    tl.store(out + n + offs, mid, mask=m)
+    tl.store(out + 2 * n + offs, (r - mid.to(tl.float32)).to(tl.bfloat16), mask=m)
 
 
 @triton.jit
@@ -123,12 +144,26 @@ def to_bf16_exact(x: torch.Tensor) -> torch.Tensor | None:
     return buf[:, :K].reshape(x.shape)
 
 
-def split3_mm(xb: torch.Tensor, parts: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """`xb @ (parts[0] + parts[1] + parts[2])^T + b` in float32: xb [M, K] bfloat16 (rows may lie in
-    a padded buffer, as `to_bf16_exact` gives them), parts [3, N, K] bfloat16 (the float32 weight's
-    `split3`), b [N] or None. Each product is exact; the sum is float32."""
+def split3(w: torch.Tensor, kp: int | None = None) -> torch.Tensor:
+    """[3, *w.shape] bfloat16 (hi, mid, lo; hi + mid + lo == w in float32 up to 2^-24 |w|) in one
+    launch; with `kp`, rows padded with zeros to kp elements ([3, rows, kp])."""
+    K = w.shape[-1] if w.dim() else 1
+    wc = w.contiguous().reshape(-1, K)
+    kp = K if kp is None else kp
+    out = torch.empty((3, wc.shape[0], kp), dtype=torch.bfloat16, device=w.device)
+    n = wc.shape[0] * kp
+    if n:
+        block = 1024 if not interpret() else 1 << 16
+        _split3_kernel[(triton.cdiv(n, block),)](wc, out, n, K, kp, PAD=kp != K, BLOCK=block, num_warps=4)
+    return out if kp != K else out.reshape(3, *w.shape)
+
+
+def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`xb @ w^T + b` in float32 from exact products: xb [M, K] bfloat16 (exact values; rows may lie
+    in a padded buffer, as `to_bf16_exact` gives them), w [N, K] float32 (multiplied as its three
+    bfloat16 parts, `split3`), b [N] or None. Each product is exact; the sum is float32."""
     M, K = xb.shape
-    N = parts.shape[1]
+    N = w.shape[0]
     out = torch.empty((M, N), dtype=torch.float32, device=xb.device)
     if M == 0 or N == 0:
         return out
@@ -137,14 +172,14 @@ def split3_mm(xb: torch.Tensor, parts: torch.Tensor, b: torch.Tensor | None) -> 
     kp = _padded(K)
     if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
         xb = torch.nn.functional.pad(xb, (0, kp - K))  # (rows aligned and padded with zeros)
-    wp = torch.nn.functional.pad(parts, (0, kp - K)).contiguous()
+    wp = split3(w, kp)
     bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 32))
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _split3_mm_kernel[grid](xb, wp, b.contiguous() if b is not None else wp, out, M, N, kp, kp, N * kp,
+    _split3_mm_kernel[grid](xb, wp, b if b is not None else wp, out, M, N, kp, kp, N * kp,
                             HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(), BM=bm, BN=bn, BK=bk,
                             GROUP=8, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
                             num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3)
     return out
 
 
-__all__ = ["to_bf16_exact", "split3_mm"]
+__all__ = ["to_bf16_exact", "split3", "split3_mm"]

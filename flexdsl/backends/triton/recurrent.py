@@ -35,9 +35,9 @@ from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
 from ..naming import ident
-from ..recurrent import split3
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
 from .launch import LAUNCHES, interpret
+from .products import split3
 
 TEMPLATE = "recurrent.py.j2"
 
@@ -117,8 +117,9 @@ def _sm_count(index: int) -> int:
 
 
 def _split3(w: torch.Tensor) -> torch.Tensor:
-    """[3, *w.shape] bfloat16: hi, mid, lo with hi + mid + lo == w (float32) up to 2^-24 |w|."""
-    return torch.stack(split3(w.float())).contiguous()
+    """[3, *w.shape] bfloat16: hi, mid, lo with hi + mid + lo == w (float32) up to 2^-24 |w| (one
+    launch)."""
+    return split3(w)
 
 
 def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tuple[int, int, int]:
