@@ -515,7 +515,6 @@ def test_triton_input_product_kernels_are_exact():
     whose product with a zero part of a weight would be NaN), and the product of spikes with W_in's
     three bfloat16 parts equals the exact float64 product: bit for bit on a dyadic grid (every sum
     exact in float32), within float32 rounding otherwise; tiles with tails in M, N and K."""
-    from flexdsl.backends.recurrent import split3
     from flexdsl.backends.triton import products
 
     torch.manual_seed(3)
@@ -550,6 +549,17 @@ def test_triton_input_product_kernels_are_exact():
     assert padded.shape == (3, 7, 64) and torch.equal(padded[:, :, :13], parts) and not padded[:, :, 13:].any()
 
 
+def run_on(m, x, g, s0):
+    """The float32 Triton layer `m` (a copy) on x, from the feedback s0: (spikes, weight gradients)."""
+    mm = copy.deepcopy(m)
+    mm.backend = "triton"
+    if s0 is not None:
+        mm.feedback = s0
+    out = mm(x)
+    (out * g.float()).sum().backward()
+    return out.detach(), [p.grad.clone() for p in (mm.W_in, mm.W_rec, mm.bias)]
+
+
 @needs_triton
 def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     """The layer wired to the GPU path's fused kernels (forced here on CPU tensors, in the
@@ -581,6 +591,10 @@ def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
         used.append(t.shape)
         return products
 
+    analog = torch.rand(9, 4, 12) * 3
+    plain = run_on(m, analog, g, None)  # (the float32 product, nothing forced)
+    plain_s0 = run_on(m, spikes, g, torch.full((4, 10), 0.3))
+
     monkeypatch.setattr(scans, "_triton_products", spy)
     monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
     got = run(torch.float32, "triton")
@@ -588,6 +602,17 @@ def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     assert ref[0].sum() > 10 and torch.equal(got[0], ref[0])
     for a, b in zip(got[1], ref[1]):
         assert rel(a, b) < 1e-6
+    # launched as if exact, found not to be (an analog input; feedback set by hand): run again,
+    # checked first, with the same results as without the fused path
+    from flexdsl.backends.triton.recurrent import TritonRecurrentProgram
+
+    progs = [p for p in scans._PROGRAMS.values() if isinstance(p, TritonRecurrentProgram)]
+    for x, s0, want in ((analog, None, plain), (spikes, torch.full((4, 10), 0.3), plain_s0)):
+        for p in progs:
+            monkeypatch.setattr(p, "check_first", False, raising=False)
+        res = run_on(m, x, g, s0)
+        assert any(p.check_first for p in progs)  # (from now on the program checks first: one run, not two)
+        assert torch.equal(res[0], want[0]) and all(torch.equal(a, b) for a, b in zip(res[1], want[1]))
 
 
 # ----------------------------------------------------------------------------- NIR

@@ -207,14 +207,15 @@ def _fusable(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> boo
 
 
 def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, params, dense: bool, save: bool,
-             noise: NoiseKey | None = None) -> tuple[list, list, _Saved | None]:
+             noise: NoiseKey | None = None, s0_exact: bool | None = None) -> tuple[list, list, _Saved | None]:
     """The layer's forward: the port's current `ix` (x itself; or x W_in^T + b, from bfloat16
     parts when `xb` is given), then the program's scan. (outputs, final states, what the
     backward needs when `save`)."""
     # whether s0 is exact in bfloat16 (the spikes of an earlier call, zeros; not a value given by hand):
     # decided here once, for the scan's products and the weight gradient's (one synchronisation,
     # before anything is launched: the scan's preparation then overlaps the input product)
-    s0_exact = _exact_in_bf16(s0) if prog.binary and dense and fast_products(s0) else None
+    if s0_exact is None and prog.binary and dense and fast_products(s0):
+        s0_exact = _exact_in_bf16(s0)
     linear = xb is None and (w_in is not None or b is not None)
     if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
         ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b)
@@ -294,9 +295,9 @@ class _Scan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, x, w, s0, w_in, b, *tensors):  # type: ignore[override]
-        prog, inputs, states, params, dense, xb, noise = call
+        prog, inputs, states, params, dense, xb, noise, s0_exact = call
         save = any(ctx.needs_input_grad[1:])
-        outs, fins, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, noise)
+        outs, fins, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, noise, s0_exact)
         ctx.call, ctx.sv = call, sv
         if sv is not None:  # (saved so that an in-place change before the backward is an error)
             ctx.save_for_backward(sv.w, sv.S, sv.w_in)
@@ -308,7 +309,7 @@ class _Scan(torch.autograd.Function):
     def backward(ctx, *grads):  # type: ignore[override]
         if torch.is_grad_enabled():  # create_graph=True: the derived backward is first order
             _first_order()
-        prog, inputs, states, params, dense, _, _ = ctx.call
+        prog, inputs, states, params, dense, _, _, _ = ctx.call
         sv, ctx.sv = ctx.sv, None
         if sv is None:
             return (None,) * len(ctx.needs_input_grad)
@@ -320,6 +321,42 @@ def _first_order() -> None:
     raise FlexDSLError("second derivatives through a recurrent layer are not available: its backward is the "
                        "model's derived first-order backward", "<flexdsl.recurrent>",
                        hint="differentiate once (without create_graph=True)")
+
+
+class _Guess:
+    """Whether x and s0 are exact in bfloat16, found on the device without waiting for it: the
+    conversions and their verdicts are launched, the verdicts copied to pinned host memory behind an
+    event, and the layer launched as if both were exact; `confirmed()` then waits for that event
+    only (long passed by then) and the caller runs the layer again, checking first, where they
+    were not. A program that met an inexact input once checks first from then on (a layer fed
+    analog values pays its check, not two runs)."""
+
+    def __init__(self, xb: torch.Tensor | None, s0_exact: bool | None, host: torch.Tensor, event) -> None:
+        self.xb, self.s0_exact, self.host, self.event = xb, s0_exact, host, event
+
+    @staticmethod
+    def launch(prog: RecurrentProgram, x: torch.Tensor, w_in, b, s0: torch.Tensor, dense: bool) -> _Guess | None:
+        kern = _triton_products(x)
+        want_x = w_in is not None and _fusable(x, w_in, b)
+        want_s0 = bool(prog.binary and dense and fast_products(s0))
+        if kern is None or not (want_x or want_s0) or getattr(prog, "check_first", False):
+            return None
+        flags = torch.zeros(2, dtype=torch.int32, device=x.device)
+        xb = kern.to_bf16(x, flags[0:1]) if want_x else None
+        if want_s0:
+            kern.to_bf16(s0, flags[1:2])
+        host, event = flags, None
+        if flags.is_cuda:
+            host = torch.empty(2, dtype=torch.int32, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(x.device))
+        return _Guess(xb, True if want_s0 else None, host, event)
+
+    def confirmed(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return not any(self.host.tolist())
 
 
 def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: torch.Tensor | None,
@@ -342,19 +379,30 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         res = prog.ops[0](x, w, s0, w_in, b, tensors, vals, kinds)
         n_out = len(res) - len(states)
         return list(res[:n_out]), list(res[n_out:])
-    xb = None
-    if w_in is not None:
-        if _fusable(x, w_in, b):
-            xb = _exact_bf16(x)
-        if xb is None:
-            x, w_in, b = torch.nn.functional.linear(x, w_in, b), None, None
-    elif b is not None:
-        x, b = x + b, None
-    tensors = [v for v in (*inputs, *states, *params) if isinstance(v, torch.Tensor)]
     if isinstance(noise, torch.Tensor):
         noise = NoiseKey(*key_ints(noise))
-    res = _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb, noise), x, w, s0, w_in, b,
-                      *tensors)
+    tensors = [v for v in (*inputs, *states, *params) if isinstance(v, torch.Tensor)]
+
+    def run(xb: torch.Tensor | None, s0_exact: bool | None, checked: bool) -> tuple:
+        xx, wi, bb = x, w_in, b
+        if wi is not None:
+            if xb is None and not checked and _fusable(xx, wi, bb):
+                xb = _exact_bf16(xx)
+            if xb is None:
+                xx, wi, bb = torch.nn.functional.linear(xx, wi, bb), None, None
+        elif bb is not None:
+            xx, bb = xx + bb, None
+        return _Scan.apply((prog, list(inputs), list(states), list(params), dense, xb, noise, s0_exact), xx, w, s0,
+                           wi, bb, *tensors)
+
+    guess = _Guess.launch(prog, x, w_in, b, s0, dense)
+    if guess is None:
+        res = run(None, None, False)
+    else:
+        res = run(guess.xb, guess.s0_exact, True)
+        if not guess.confirmed():  # (x or s0 not exact after all: again, checking first from now on)
+            prog.check_first = True  # type: ignore[attr-defined]
+            res = run(None, None, False)
     n_out = len(res) - len(states)
     return list(res[:n_out]), list(res[n_out:])
 

@@ -125,23 +125,28 @@ def _padded(k: int) -> int:
     return -(-k // _ALIGN) * _ALIGN
 
 
-def to_bf16_exact(x: torch.Tensor) -> torch.Tensor | None:
-    """x (float32) in bfloat16 where every value is finite and exact there, else None (one pass,
-    and one synchronisation to read the verdict). The result's rows (last dim) lie in a buffer
-    padded with zeros to a multiple of 64 elements (a view: aligned rows for the products)."""
+def to_bf16(x: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+    """x (float32) in bfloat16, `flag` (int32, on x's device) set to 1 where a value is not finite or
+    not exact there; nothing waits. The result's rows (last dim) lie in a buffer padded with zeros
+    to a multiple of 64 elements (a view: aligned rows for the products)."""
     K = x.shape[-1] if x.dim() else 1
     xc = x.contiguous().reshape(-1, K)
     rows, kp = xc.shape[0], _padded(K)
     buf = torch.empty((rows, kp), dtype=torch.bfloat16, device=x.device)
     n = buf.numel()
     if n:
-        flag = torch.zeros(1, dtype=torch.int32, device=x.device)
         block = 4096 if not interpret() else 1 << 16
         _to_bf16_exact_kernel[(triton.cdiv(n, block),)](xc, buf, flag, n, K, kp, PAD=kp != K, BLOCK=block,
                                                         num_warps=8)
-        if int(flag.item()):
-            return None
     return buf[:, :K].reshape(x.shape)
+
+
+def to_bf16_exact(x: torch.Tensor) -> torch.Tensor | None:
+    """x (float32) in bfloat16 where every value is finite and exact there, else None (one pass,
+    and one synchronisation to read the verdict); as `to_bf16`."""
+    flag = torch.zeros(1, dtype=torch.int32, device=x.device)
+    xb = to_bf16(x, flag)
+    return None if int(flag.item()) else xb
 
 
 def split3(w: torch.Tensor, kp: int | None = None) -> torch.Tensor:
@@ -182,4 +187,4 @@ def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     return out
 
 
-__all__ = ["to_bf16_exact", "split3", "split3_mm"]
+__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm"]
