@@ -101,6 +101,40 @@ def timeline(H, T, B, dtype="fp32", train=False):
             print(f"  {e.time_range.start - t0:9.0f} {dur:8.0f}  {'GPU' if cuda else 'cpu'}  {e.name[:80]}", flush=True)
 
 
+def host(H, T, B, dtype="fp32", train=False, calls=30):
+    """The host's share of a call: the time until the call returns with the GPU idle at its start
+    (median), and where it goes (cProfile of `calls` calls, cumulative and own time)."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    step = layer_call("lif", H, T, B, dtype, train)
+    for _ in range(3):
+        step()
+    ts = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        ts.append((time.perf_counter() - t) * 1e6)
+        torch.cuda.synchronize()
+    print(f"host lif {dtype} {'train' if train else 'infer'} H={H} T={T} B={B}: {sorted(ts)[calls // 2]:.0f} us until "
+          f"the call returns (median of {calls})", flush=True)
+    pr = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        pr.enable()
+        step()
+        pr.disable()
+    torch.cuda.synchronize()
+    for key, n in (("cumulative", 45), ("tottime", 25)):
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(n)
+        lines = [ln for ln in out.getvalue().splitlines() if ln.strip()][3:]
+        print("\n".join("    " + ln[:150] for ln in lines), flush=True)
+
+
 def profile_cases(cases):
     print("per-kernel CUDA time (us per call, launches per call)", flush=True)
     for model, dtype, train, conn in (("lif", "fp32", False, "all"), ("lif", "fp32", True, "all")):
@@ -267,6 +301,9 @@ def main() -> None:
     if "pieces" in steps:
         for H, T, B in cases:
             input_product_pieces(H, T, B)
+    if "host" in steps:
+        for H, T, B in cases:
+            host(H, T, B)
     if "timeline" in steps:
         for H, T, B in cases:
             timeline(H, T, B)
