@@ -140,6 +140,46 @@ class Kernel:
             self.fn[grid](*full, num_warps=self.warps)
 
 
+class Launcher:
+    """A hand-written (static) kernel launched with keyword arguments, keeping its compiled
+    kernels by specialization key (`spec` of each argument, the constexpr values, warps and
+    stages) so that a later launch skips Triton's per-call binding (tens of microseconds: a
+    recurrent layer's call makes six launches). Through `wrap_triton`, in the interpreter, or with
+    FLEXDSL_TRITON_FAST_LAUNCH=0: the public launch."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        params = getattr(fn, "params", None)  # (not in the interpreter, which launches the public way)
+        self.names: list[str] = [p.name for p in params] if params is not None else []
+        self.const = [bool(p.is_constexpr) for p in params] if params is not None else []
+        self.cache: dict[tuple, Any] = {}
+        self.fast = params is not None and env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
+
+    def __call__(self, grid: tuple[int, ...], num_warps: int = 4, num_stages: int = 3, **kw: Any) -> None:
+        if _WRAPPING:
+            torch.library.wrap_triton(self.fn)[grid](**kw, num_warps=num_warps, num_stages=num_stages)
+            return
+        if interpret() or not self.fast:
+            self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
+            return
+        full = [kw[n] for n in self.names]
+        key = (num_warps, num_stages, *((v if c else spec(v)) for v, c in zip(full, self.const)))
+        ck = self.cache.get(key)
+        if ck is None:
+            ck = self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
+            if hasattr(ck, "run"):
+                self.cache[key] = ck
+            return
+        g = (*grid, 1, 1)
+        try:
+            stream = _stream(device_of(v for v in full if isinstance(v, torch.Tensor)).index or 0)
+            ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(g[:3], stream, *full),
+                   None, None, *full)
+        except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
+            self.fast = False
+            self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
+
+
 class LaunchPlan:
     """A kernel launch with everything fixed but the call's own tensors: the argument list,
     where each call's tensors go (`slots`: position -> (kind, index)), the grid and the
@@ -185,5 +225,5 @@ class LaunchPlans:
         self.plans.clear()
 
 
-__all__ = ["wrapping", "wrapped", "Kernel", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
+__all__ = ["wrapping", "wrapped", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
            "device_of"]

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ...settings import env_int, env_tile
+from .kernel import Launcher
 from .launch import interpret
 
 
@@ -118,6 +119,7 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_
     tl.store(c + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=cm)
 
 
+_TO_BF16, _SPLIT3, _SPLIT3_MM = Launcher(_to_bf16_exact_kernel), Launcher(_split3_kernel), Launcher(_split3_mm_kernel)
 _ALIGN = 64  # rows padded to a multiple of this many elements: aligned, and no mask along K
 
 
@@ -136,8 +138,8 @@ def to_bf16(x: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
     n = buf.numel()
     if n:
         block = 4096 if not interpret() else 1 << 16
-        _to_bf16_exact_kernel[(triton.cdiv(n, block),)](xc, buf, flag, n, K, kp, PAD=kp != K, BLOCK=block,
-                                                        num_warps=8)
+        _TO_BF16((triton.cdiv(n, block),), num_warps=8, x=xc, out=buf, flag=flag, n=n, K=K, KP=kp, PAD=kp != K,
+                 BLOCK=block)
     return buf[:, :K].reshape(x.shape)
 
 
@@ -159,7 +161,7 @@ def split3(w: torch.Tensor, kp: int | None = None) -> torch.Tensor:
     n = wc.shape[0] * kp
     if n:
         block = 1024 if not interpret() else 1 << 16
-        _split3_kernel[(triton.cdiv(n, block),)](wc, out, n, K, kp, PAD=kp != K, BLOCK=block, num_warps=4)
+        _SPLIT3((triton.cdiv(n, block),), num_warps=4, w=wc, out=out, n=n, K=K, KP=kp, PAD=kp != K, BLOCK=block)
     return out if kp != K else out.reshape(3, *w.shape)
 
 
@@ -180,10 +182,10 @@ def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     wp = split3(w, kp)
     bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 32))
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _split3_mm_kernel[grid](xb, wp, b if b is not None else wp, out, M, N, kp, kp, N * kp,
-                            HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(), BM=bm, BN=bn, BK=bk,
-                            GROUP=8, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
-                            num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3)
+    _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
+               num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=xb, w=wp, b=b if b is not None else wp, c=out,
+               M=M, N=N, K=kp, lda=kp, part=N * kp, HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(),
+               BM=bm, BN=bn, BK=bk, GROUP=8)
     return out
 
 

@@ -36,6 +36,7 @@ from ...store.generated import load_module
 from ..base import IR, NoiseKey
 from ..naming import ident
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
+from .kernel import Launcher
 from .launch import LAUNCHES, interpret
 from .products import split3
 
@@ -159,6 +160,7 @@ class TritonRecurrentProgram:
         self.learn_idx = [abi.params.index(p) for p in abi.learnable]
         self.interpret = interpret()
         self.binary = self.outputs[source] == "spike"  # the source is 0/1: exact in any float dtype
+        self.fwd_kernel, self.bwd_kernel = Launcher(module._rec_fwd_kernel), Launcher(module._rec_bwd_kernel)
         self._host_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
@@ -274,7 +276,7 @@ class TritonRecurrentProgram:
             kw.update(self._hoisted(self.meta["hoisted_fwd"], host, hv))
             grid = lay.pop("grid")
             kw.update(lay)
-            self.mod._rec_fwd_kernel[grid](**kw)
+            self.fwd_kernel(grid, **kw)
             LAUNCHES["rec_fwd"] += 1
         fins = [st[i].view(B, H).to(dtype) for i in range(len(self.states))]
         saved = (sav, xp, Sb, params, B, H, dtype, [inputs[k] for k in range(len(self.inputs)) if k != self.port and
@@ -326,7 +328,7 @@ class TritonRecurrentProgram:
             kw.update(self._hoisted(self.meta["hoisted_bwd"], host, hv))
             grid = lay.pop("grid")
             kw.update(lay)
-            self.mod._rec_bwd_kernel[grid](**kw)
+            self.bwd_kernel(grid, **kw)
             LAUNCHES["rec_bwd"] += 1
         g_st = [gst[i].view(B, H) if n else None for i, n in enumerate(need["states"])]
         g_in: list[Any] = [None] * len(self.inputs)
