@@ -587,7 +587,7 @@ def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     ref = run(torch.float64, "torch")
     used = []
 
-    def spy(t):
+    def spy(t, prog):
         used.append(t.shape)
         return products
 

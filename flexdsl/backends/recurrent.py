@@ -148,38 +148,39 @@ def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool, parts: torch.Tens
     return g.t().mm(s.to(g.dtype))
 
 
-def _triton_products(t: torch.Tensor):
-    """`backends/triton/products.py` (one-pass conversion, fused exact products) where Triton runs
-    on `t` (a CUDA tensor), else None: the torch way."""
-    if t.is_cuda and get("triton").available():
+def _triton_products(t: torch.Tensor, prog: Any):
+    """`backends/triton/products.py` (one-pass conversion, fused exact products) where the layer
+    runs on the Triton kernels and `t` is a CUDA tensor, else None: the torch way (a layer asked
+    to run on the torch backend launches no Triton kernel)."""
+    if t.is_cuda and getattr(prog, "fused_products", False) and get("triton").available():
         from .triton import products
 
         return products
     return None
 
 
-def _exact_bf16(x: torch.Tensor) -> torch.Tensor | None:
+def _exact_bf16(x: torch.Tensor, prog: Any) -> torch.Tensor | None:
     """x in bfloat16 where that is exact (spikes, small integers) and finite, else None (an infinity
     times a zero part of a weight would give NaN where float32 gives the infinity)."""
-    kern = _triton_products(x)
+    kern = _triton_products(x, prog)
     if kern is not None:
         return kern.to_bf16_exact(x)
     xb = x.to(torch.bfloat16)
     return xb if torch.equal(xb.float(), x) and bool(torch.isfinite(xb).all()) else None
 
 
-def _exact_in_bf16(t: torch.Tensor) -> bool:
+def _exact_in_bf16(t: torch.Tensor, prog: Any) -> bool:
     """Every value of `t` finite and exact in bfloat16."""
-    if t.dtype == torch.float32 and _triton_products(t) is not None:
-        return _exact_bf16(t) is not None  # (one kernel)
+    if t.dtype == torch.float32 and _triton_products(t, prog) is not None:
+        return _exact_bf16(t, prog) is not None  # (one kernel)
     return bool(((t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)).all())
 
 
-def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: Any) -> torch.Tensor | None:
     """xb W_in^T + b in float32 from exact bfloat16 products (xb [M, F] exact in bfloat16, W_in in
     its three parts): one fused Triton kernel on CUDA, else three torch products (None where torch
     has none either)."""
-    kern = _triton_products(xb)
+    kern = _triton_products(xb, prog)
     if kern is not None:
         return kern.split3_mm(xb, w_in, b.contiguous() if b is not None else None)
     return _bf16_products([(xb, p.t()) for p in reversed(split3(w_in))], init=b)
@@ -215,10 +216,10 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
     # decided here once, for the scan's products and the weight gradient's (one synchronisation,
     # before anything is launched: the scan's preparation then overlaps the input product)
     if s0_exact is None and prog.binary and dense and fast_products(s0):
-        s0_exact = _exact_in_bf16(s0)
+        s0_exact = _exact_in_bf16(s0, prog)
     linear = xb is None and (w_in is not None or b is not None)
     if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
-        ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b)
+        ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b, prog)
         if ix is None:  # (torch has no bfloat16 products into float32 here: the same values in float32)
             ix = torch.nn.functional.linear(xb.reshape(-1, xb.shape[-1]).float(), w_in, b)
         ix = ix.reshape(*xb.shape[:-1], w_in.shape[0])
@@ -232,7 +233,7 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
         return outs, fins, None
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
     s_exact = bool(prog.binary and dense and fast_products(w) and (s0_exact if s0_exact is not None
-                                                                   else _exact_in_bf16(s0)))
+                                                                   else _exact_in_bf16(s0, prog)))
     return outs, fins, _Saved(ix.shape[0], saved, S, w, w_in, x if linear and w_in is not None else None, xb,
                               s_exact, linear)
 
@@ -336,7 +337,7 @@ class _Guess:
 
     @staticmethod
     def launch(prog: RecurrentProgram, x: torch.Tensor, w_in, b, s0: torch.Tensor, dense: bool) -> _Guess | None:
-        kern = _triton_products(x)
+        kern = _triton_products(x, prog)
         want_x = w_in is not None and _fusable(x, w_in, b)
         want_s0 = bool(prog.binary and dense and fast_products(s0))
         if kern is None or not (want_x or want_s0) or getattr(prog, "check_first", False):
@@ -387,7 +388,7 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         xx, wi, bb = x, w_in, b
         if wi is not None:
             if xb is None and not checked and _fusable(xx, wi, bb):
-                xb = _exact_bf16(xx)
+                xb = _exact_bf16(xx, prog)
             if xb is None:
                 xx, wi, bb = torch.nn.functional.linear(xx, wi, bb), None, None
         elif bb is not None:
@@ -454,7 +455,7 @@ def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out:
 
     def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
-        xb = _exact_bf16(x) if w_in is not None and _fusable(x, w_in, b) else None
+        xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
         outs, fins, _ = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, False, noise)
         return _fresh([*outs, *fins], [x, w, s0, w_in, b, *tensors])
 
@@ -465,7 +466,7 @@ def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out:
 
     def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
-        xb = _exact_bf16(x) if w_in is not None and _fusable(x, w_in, b) else None
+        xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
         _, _, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
         assert sv is not None
         g = _backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])

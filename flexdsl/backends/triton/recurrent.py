@@ -161,6 +161,7 @@ class TritonRecurrentProgram:
         self.interpret = interpret()
         self.binary = self.outputs[source] == "spike"  # the source is 0/1: exact in any float dtype
         self.fwd_kernel, self.bwd_kernel = Launcher(module._rec_fwd_kernel), Launcher(module._rec_bwd_kernel)
+        self.fused_products = True  # (the layer's input product and checks in Triton too: products.py)
         self._host_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
