@@ -14,7 +14,9 @@ Peers: snnTorch RLeaky(all_to_all=True, reset_mechanism="zero") and SpikingJelly
 LinearRecurrentContainer(LIFNode) (LIF only), and a hand-written torch loop (LIF; LSNN for ALIF).
 flexdsl: `flexdsl.recurrent(model, 700, H)` (Triton on CUDA, the torch backend on the CPU).
 Breakdown: the same layer with one-to-one recurrent weights (no recurrent product) and the input
-product alone give the shares of the recurrent product, the neuron and the input product; the
+product alone (as the layer makes it: in float32 on CUDA the fused exact product of
+backends/triton/products.py, else Linear) give the shares of the recurrent product, the neuron
+(with the host's work) and the input product; the
 floor is the larger of the arithmetic at the measured matmul rate, the bytes at the measured copy
 bandwidth, and the 2T dependent steps at 1.5 us each (a grid barrier and an L2 round trip).
 """
@@ -187,9 +189,41 @@ def bench(make, H, T, B, dev, dtype, train, reps, warm):
 
 
 def input_product(H, T, B, dev, dtype, train, reps, warm):
-    """Linear(700 -> H) over all steps alone (and its weight gradient)."""
+    """The input product over all steps alone, as flexdsl's layer makes it (and its weight
+    gradient): in float32 on CUDA the one-pass bfloat16 conversion of the spike input and the fused
+    product of its three exact parts (backends/triton/products.py; training adds dW_in as three
+    bfloat16 products), else Linear(700 -> H)."""
     fc = nn.Linear(IN, H).to(dev)
+    if dev == "cuda" and dtype == "fp32":
+        return bench(lambda _: _Fused(fc), H, T, B, dev, dtype, train, reps, warm)
     return bench(lambda _: _Only(fc), H, T, B, dev, dtype, train, reps, warm)
+
+
+class _FusedProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b):
+        from flexdsl.backends.triton import products
+
+        xb = products.to_bf16_exact(x).reshape(-1, x.shape[-1])
+        ctx.save_for_backward(xb)
+        return products.split3_mm(xb, w, b).reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        from flexdsl.backends.recurrent import weight_grad
+
+        (xb,) = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        return None, weight_grad(g2, xb, True), g2.sum(0)
+
+
+class _Fused(nn.Module):
+    def __init__(self, fc):
+        super().__init__()
+        self.fc = fc
+
+    def forward(self, x):
+        return _FusedProduct.apply(x, self.fc.weight, self.fc.bias)
 
 
 class _Only(nn.Module):
