@@ -561,6 +561,18 @@ def run_on(m, x, g, s0):
 
 
 @needs_triton
+@pytest.mark.parametrize("name, value", [("FLEXDSL_PRODUCT_TILE", "128x128"), ("FLEXDSL_PRODUCT_TILE", "8x32x32"),
+                                         ("FLEXDSL_PRODUCT_WARPS", "3"), ("FLEXDSL_PRODUCT_STAGES", "-1")])
+def test_bad_product_settings_are_clear_errors(monkeypatch, name, value):
+    from flexdsl.backends.triton import products
+
+    monkeypatch.setenv(name, value)
+    xb = torch.ones(4, 3, dtype=torch.bfloat16)
+    with pytest.raises(FlexDSLError, match=f"the environment variable {name}"):
+        products.split3_mm(xb, torch.ones(2, 3), None)
+
+
+@needs_triton
 def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     """The layer wired to the GPU path's fused kernels (forced here on CPU tensors, in the
     interpreter): spike inputs go through the one-pass conversion and the fused product, other
