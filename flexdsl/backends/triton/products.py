@@ -1,12 +1,13 @@
 """Exact float32 products of values that bfloat16 holds exactly (spikes, small integers) in
 Triton, for the recurrent layer's input product (`backends/recurrent.py`):
 
-    xb = to_bf16_exact(x)                     # x in bfloat16, or None where that is not exact
+    xb = to_bf16(x, flag)                     # x in bfloat16; flag (on the device) 1 where not exact
+    xb = to_bf16_exact(x)                     # the same, waiting for the verdict: None where not exact
     ix = split3_mm(xb2, w_in, b)              # xb2 @ (hi + mid + lo)^T + b, float32
     parts = split3(w)                         # [3, *w.shape] bfloat16, in one launch
 
-`to_bf16_exact` converts and checks in one pass (cuBLAS-free: the torch way takes four passes and
-three kernels); `split3_mm` reads each tile of x once for the three bfloat16 parts of the float32
+`to_bf16` converts and checks in one pass (the torch way takes four kernels and a synchronisation),
+into rows padded to 64 elements (aligned, no mask along K in the product); `split3_mm` reads each tile of x once for the three bfloat16 parts of the float32
 weight (`split3`: hi + mid + lo == w), accumulates the three tensor-core products in float32 and
 adds the bias before one store: every product is exact, so the result is a float32 sum of the
 exact terms, as a float32 matmul gives. With cuBLAS the same takes three GEMMs, two of which read
