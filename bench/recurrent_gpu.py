@@ -156,7 +156,9 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
-def bench(make, H, T, B, dev, dtype, train, reps, warm):
+def make_step(make, H, T, B, dev, dtype, train):
+    """One timed unit of the layer `make(H)`: reset, then forward (+ backward when training) on
+    the case's input spikes, under autocast for bf16."""
     torch.manual_seed(0)
     net = make(H).to(dev)
     x = (torch.rand(T, B, IN, device=dev) < 0.05).float() * 8
@@ -176,6 +178,11 @@ def bench(make, H, T, B, dev, dtype, train, reps, warm):
             with torch.no_grad(), ac:
                 net(x)
 
+    return step
+
+
+def bench(make, H, T, B, dev, dtype, train, reps, warm):
+    step = make_step(make, H, T, B, dev, dtype, train)
     for _ in range(warm):
         step()
     sync(dev)

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurrent_gpu import IN, bench, flexdsl_layer  # noqa: E402
+from recurrent_gpu import IN, bench, flexdsl_layer, make_step  # noqa: E402
 
 
 def kernel_table(fn, n: int = 3, top: int = 8) -> list[tuple[str, float, int]]:
@@ -47,25 +47,7 @@ def kernel_table(fn, n: int = 3, top: int = 8) -> list[tuple[str, float, int]]:
 
 
 def layer_call(model, H, T, B, dtype, train, connectivity="all"):
-    torch.manual_seed(0)
-    net = flexdsl_layer(model, connectivity)(H).cuda()
-    x = (torch.rand(T, B, IN, device="cuda") < 0.05).float() * 8
-    w = torch.randn(T, B, H, device="cuda")
-    ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
-
-    def step():
-        net.reset()
-        if train:
-            for p in net.parameters():
-                p.grad = None
-            with ac:
-                out = net(x)
-            (out.float() * w).sum().backward()
-        else:
-            with torch.no_grad(), ac:
-                net(x)
-
-    return step
+    return make_step(flexdsl_layer(model, connectivity), H, T, B, "cuda", dtype, train)
 
 
 def timeline(H, T, B, dtype="fp32", train=False):
@@ -322,27 +304,17 @@ def main() -> None:
     a = ap.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
-    steps = a.steps.split(",")
-    if "barrier" in steps:
-        barrier_alone()
-    if "product" in steps:
-        for H, T, B in cases:
-            product_kernel(H, T, B)
-    if "pieces" in steps:
-        for H, T, B in cases:
-            input_product_pieces(H, T, B)
-    if "compile" in steps:
-        compiled_check()
-    if "host" in steps:
-        for H, T, B in cases:
-            host(H, T, B)
-    if "timeline" in steps:
-        for H, T, B in cases:
-            timeline(H, T, B)
-    if "profile" in steps:
-        profile_cases(cases)
-    if "settings" in steps:
-        settings(cases, a.reps)
+    per_case = {"product": product_kernel, "pieces": input_product_pieces, "host": host, "timeline": timeline}
+    once = {"barrier": barrier_alone, "compile": compiled_check, "profile": lambda: profile_cases(cases),
+            "settings": lambda: settings(cases, a.reps)}
+    for step in a.steps.split(","):
+        if step in per_case:
+            for H, T, B in cases:
+                per_case[step](H, T, B)
+        elif step in once:
+            once[step]()
+        else:
+            raise SystemExit(f"unknown step {step!r}: one of {', '.join([*per_case, *once])}")
 
 
 if __name__ == "__main__":

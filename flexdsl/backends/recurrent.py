@@ -169,7 +169,7 @@ def _exact_bf16(x: torch.Tensor, prog: Any) -> torch.Tensor | None:
     return xb if torch.equal(xb.float(), x) and bool(torch.isfinite(xb).all()) else None
 
 
-def _exact_in_bf16(t: torch.Tensor, prog: Any) -> bool:
+def exact_in_bf16(t: torch.Tensor, prog: Any) -> bool:
     """Every value of `t` finite and exact in bfloat16."""
     if t.dtype == torch.float32 and _triton_products(t, prog) is not None:
         return _exact_bf16(t, prog) is not None  # (one kernel)
@@ -216,7 +216,7 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
     # decided here once, for the scan's products and the weight gradient's (one synchronisation,
     # before anything is launched: the scan's preparation then overlaps the input product)
     if s0_exact is None and prog.binary and dense and fast_products(s0):
-        s0_exact = _exact_in_bf16(s0, prog)
+        s0_exact = exact_in_bf16(s0, prog)
     linear = xb is None and (w_in is not None or b is not None)
     if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
         ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b, prog)
@@ -233,7 +233,7 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
         return outs, fins, None
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
     s_exact = bool(prog.binary and dense and fast_products(w) and (s0_exact if s0_exact is not None
-                                                                   else _exact_in_bf16(s0, prog)))
+                                                                   else exact_in_bf16(s0, prog)))
     return outs, fins, _Saved(ix.shape[0], saved, S, w, w_in, x if linear and w_in is not None else None, xb,
                               s_exact, linear)
 
@@ -520,4 +520,5 @@ def _fresh(results: list[torch.Tensor], args: list) -> list[torch.Tensor]:
 
 
 __all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "register_ops", "pack_args", "weight_grad", "split3",
+           "exact_in_bf16",
            "fast_products"]

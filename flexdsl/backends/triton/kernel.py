@@ -93,11 +93,46 @@ def spec(t: Any) -> Any:
     return (t.dtype, t.data_ptr() % 16 == 0)
 
 
-class Kernel:
-    """One kernel with its ABI order: a launch takes a value list per role."""
+class Compiled:
+    """A Triton kernel's compiled kernels by specialization key, so that a later launch with the
+    same key skips Triton's per-call argument binding (tens of microseconds a launch). Through
+    `wrap_triton`, in the interpreter, or with FLEXDSL_TRITON_FAST_LAUNCH=0: the public launch."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.cache: dict[tuple, Any] = {}
+        self.fast = env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
+
+    def run_full(self, grid: tuple[int, ...], full: list, key: tuple, device_index: int, **opts: Any) -> None:
+        """Launch with every argument in signature order (constexprs too); `key` must determine
+        Triton's specialization of the launch (with the launch options `opts`)."""
+        if _WRAPPING:
+            torch.library.wrap_triton(self.fn)[grid](*full, **opts)
+            return
+        if interpret() or not self.fast:
+            self.fn[grid](*full, **opts)
+            return
+        ck = self.cache.get(key)
+        if ck is None:
+            ck = self.fn[grid](*full, **opts)
+            if hasattr(ck, "run"):
+                self.cache[key] = ck
+            return
+        g = (*grid, 1, 1)
+        try:
+            stream = _stream(device_index)
+            ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
+                   None, None, *full)
+        except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
+            self.fast = False
+            self.fn[grid](*full, **opts)
+
+
+class Kernel(Compiled):
+    """One generated kernel with its ABI order: a launch takes a value list per role."""
 
     def __init__(self, fn, args, warps: int) -> None:
-        self.fn = fn
+        super().__init__(fn)
         groups: dict[str, int] = {}
         self.index: list[tuple[str, int]] = []
         for a in args:
@@ -106,8 +141,6 @@ class Kernel:
             self.index.append((a.role, i))
         self.constexpr = [a.constexpr for a in args]
         self.warps = warps
-        self.cache: dict = {}
-        self.fast = env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
 
     def launch(self, grid: tuple[int], values: dict[str, list], key: tuple, device: torch.device) -> None:
         """Launch with the arguments in ABI order. `key` must determine Triton's specialization
@@ -118,66 +151,29 @@ class Kernel:
 
     def launch_full(self, grid: tuple[int], full: list, key: tuple, device: torch.device) -> None:
         """Launch with the full argument list, in ABI order."""
-        if _WRAPPING:
-            torch.library.wrap_triton(self.fn)[grid](*full, num_warps=self.warps)
-            return
-        if interpret() or not self.fast:
-            self.fn[grid](*full, num_warps=self.warps)
-            return
-        key = (self.warps, *key)
-        ck = self.cache.get(key)
-        if ck is None:
-            ck = self.fn[grid](*full, num_warps=self.warps)
-            if hasattr(ck, "run"):
-                self.cache[key] = ck
-            return
-        try:
-            stream = _stream(device.index or 0)
-            ck.run(grid[0], 1, 1, stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
-                   None, None, *full)
-        except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
-            self.fast = False
-            self.fn[grid](*full, num_warps=self.warps)
+        self.run_full(grid, full, (self.warps, *key), device.index or 0, num_warps=self.warps)
 
 
-class Launcher:
-    """A hand-written (static) kernel launched with keyword arguments, keeping its compiled
-    kernels by specialization key (`spec` of each argument, the constexpr values, warps and
-    stages) so that a later launch skips Triton's per-call binding (tens of microseconds: a
-    recurrent layer's call makes six launches). Through `wrap_triton`, in the interpreter, or with
-    FLEXDSL_TRITON_FAST_LAUNCH=0: the public launch."""
+class Launcher(Compiled):
+    """A hand-written (static) kernel launched with keyword arguments; its key is derived from
+    the arguments themselves (`spec` of each, the constexpr values, warps and stages): a recurrent
+    layer's call makes six such launches."""
 
     def __init__(self, fn) -> None:
-        self.fn = fn
+        super().__init__(fn)
         params = getattr(fn, "params", None)  # (not in the interpreter, which launches the public way)
         self.names: list[str] = [p.name for p in params] if params is not None else []
         self.const = [bool(p.is_constexpr) for p in params] if params is not None else []
-        self.cache: dict[tuple, Any] = {}
-        self.fast = params is not None and env_choice("FLEXDSL_TRITON_FAST_LAUNCH") != "0"
+        self.fast = self.fast and params is not None
 
     def __call__(self, grid: tuple[int, ...], num_warps: int = 4, num_stages: int = 3, **kw: Any) -> None:
-        if _WRAPPING:
-            torch.library.wrap_triton(self.fn)[grid](**kw, num_warps=num_warps, num_stages=num_stages)
-            return
-        if interpret() or not self.fast:
+        if not self.names:
             self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
             return
         full = [kw[n] for n in self.names]
-        key = (num_warps, num_stages, *((v if c else spec(v)) for v, c in zip(full, self.const)))
-        ck = self.cache.get(key)
-        if ck is None:
-            ck = self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
-            if hasattr(ck, "run"):
-                self.cache[key] = ck
-            return
-        g = (*grid, 1, 1)
-        try:
-            stream = _stream(device_of(v for v in full if isinstance(v, torch.Tensor)).index or 0)
-            ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(g[:3], stream, *full),
-                   None, None, *full)
-        except (TypeError, AttributeError):  # another Triton's launcher API: use the public path
-            self.fast = False
-            self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
+        key = (num_warps, num_stages, *((v if c else spec(v)) for v, c in zip(full, self.const))) if self.fast else ()
+        dev = device_of(v for v in full if isinstance(v, torch.Tensor))
+        self.run_full(grid, full, key, dev.index or 0, num_warps=num_warps, num_stages=num_stages)
 
 
 class LaunchPlan:
@@ -225,5 +221,5 @@ class LaunchPlans:
         self.plans.clear()
 
 
-__all__ = ["wrapping", "wrapped", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
+__all__ = ["wrapping", "wrapped", "Compiled", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
            "device_of"]

@@ -35,6 +35,7 @@ from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
 from ..naming import ident
+from ..recurrent import exact_in_bf16
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
 from .kernel import Launcher
 from .launch import LAUNCHES, interpret
@@ -115,12 +116,6 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
 @lru_cache(maxsize=8)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _split3(w: torch.Tensor) -> torch.Tensor:
-    """[3, *w.shape] bfloat16: hi, mid, lo with hi + mid + lo == w (float32) up to 2^-24 |w| (one
-    launch)."""
-    return split3(w)
 
 
 def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tuple[int, int, int]:
@@ -213,7 +208,7 @@ class TritonRecurrentProgram:
         if not self.dense:
             return w.detach().float().contiguous()
         if split_w == 3:
-            return _split3(w.detach())
+            return split3(w.detach())  # ([3, H, H] bfloat16, one launch)
         return w.detach().to(dtype).contiguous()
 
     def _hoisted(self, names: list[str], host: bool, hv: dict) -> dict[str, Any]:
@@ -255,7 +250,7 @@ class TritonRecurrentProgram:
             # initial one too, unless it was given other values)
             s0b = s0.to(torch.bfloat16) if self.dense and self.binary else None
             exact = s0b is not None and (dtype != torch.float32 or (
-                s0_exact if s0_exact is not None else bool(torch.equal(s0b.to(dtype), s0) and torch.isfinite(s0).all())))
+                s0_exact if s0_exact is not None else exact_in_bf16(s0, self)))
             shadow = exact and dtype == torch.float32 and not self.interpret
             if shadow:
                 Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
