@@ -256,14 +256,8 @@ class TritonRecurrentProgram:
                 Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
                 Sb[0] = s0b
             lay = self._layout(B, H, dev, dtype, 2 if (shadow or dtype != torch.float32) else 4)
-            # the spikes of the steps after the first as bits for the products (the tile's columns
-            # and the K block whole words); Sb then only for s0 and the backward
-            pack = self.dense and self.binary and lay["_BN"] % 32 == 0 and lay["_BK"] % 32 == 0
-            Sp = torch.empty((T + 1, B, -(-H // 32)), dtype=torch.int32, device=dev) if pack else None
             host, hv = self._host(params)
-            kw: dict[str, Any] = {"_ix": ix, "_S": S, "_Sb": Sb, "_Sp": Sp, "_PACK": pack,
-                                  "_SB_ALL": shadow and (save or not pack),
-                                  "_W": self._weights(w, dtype, lay["_SPLIT_W"]),
+            kw: dict[str, Any] = {"_ix": ix, "_S": S, "_Sb": Sb, "_W": self._weights(w, dtype, lay["_SPLIT_W"]),
                                   "_xp": xp, "_st": st, "_saved": sav,
                                   "_bar": torch.zeros(1, dtype=torch.int32, device=dev), "_B": B, "_H": H, "_T": T,
                                   "_HOST": host, "_SAVE": sav is not None or xp is not None, "_ROUND": sav is not None,
