@@ -17,7 +17,6 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
     "FLEXDSL_TRITON_WARPS": (1, 32, True, "warps per program of the Triton kernels"),
     "FLEXDSL_TRITON_WARPS_RC": (1, 32, True, "warps per program of the recompute backward"),
     "FLEXDSL_RECURRENT_BK": (16, 256, True, "the K block of the recurrent layers' products"),
-    "FLEXDSL_RECURRENT_SPLITK": (1, 8, True, "the K ranges of the recurrent forward's product (1: whole K)"),
     "FLEXDSL_RECURRENT_WARPS": (1, 16, True, "warps per program of the recurrent layers' kernels"),
     "FLEXDSL_RECURRENT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' kernels"),
     "FLEXDSL_RECURRENT_PROGRAMS": (1, 1 << 16, False, "programs of the recurrent layers' kernels (at most one per "

@@ -279,48 +279,6 @@ def test_triton_scan_equals_torch_scan(model, opts, scale):
 
 
 @needs_triton
-@pytest.mark.parametrize("model", ["lif", "alif"])
-@pytest.mark.parametrize("tile, splitk", [("16x32x16", 2), ("16x32x16", 4), ("32x32x16", 8), ("16x16x16", 1)])
-def test_triton_split_product_equals_the_float64_scan(monkeypatch, model, tile, splitk):
-    """The forward's recurrent product split over K ranges (partial sums over ranges of W's
-    columns, summed after a barrier), with K ranges that end inside a block and ranges left empty
-    (H = 40): the layer's spikes equal the float64 torch scan's, gradients within float32; the
-    product tile taller than the neuron's step tile (`_EM = BM / SPLITK`) covers every row."""
-    torch.manual_seed(11)
-    T, B, I, H = 12, 21, 6, 40
-    m = flexdsl.recurrent(model, I, H, backend="torch")
-    with torch.no_grad():  # dyadic weights: the float32 sums of the products are exact
-        m.W_in.copy_(torch.randint(-64, 65, m.W_in.shape) / 64.0)
-        m.W_rec.copy_(torch.randint(-24, 25, m.W_rec.shape) / 64.0)
-    x = (torch.rand(T, B, I) < 0.5).double() * 4
-    g = torch.randn(T, B, H, dtype=torch.float64)
-    ref = _run(copy.deepcopy(m).double(), x, g)
-    monkeypatch.setenv("FLEXDSL_RECURRENT_TILE", tile)
-    monkeypatch.setenv("FLEXDSL_RECURRENT_SPLITK", str(splitk))
-    m.backend = "triton"
-    got = _run(m, x.float(), g.float())
-    spikes = ref[0][0]
-    assert spikes.sum() > 100 and float(spikes.mean()) < 0.6  # (the recurrence matters: many spikes, not all)
-    assert torch.equal(got[0][0].double(), spikes)
-    for k in ref[1]:
-        assert rel(got[1][k].double(), ref[1][k]) < 1e-5, k
-
-
-@needs_triton
-def test_split_product_tiles_are_chosen_by_the_cost_model():
-    """The split of K is taken where the per-step product is bound by L2 bytes (the SHD-shaped
-    1024-neuron layer at batch 256 on 132 multiprocessors), not for small layers, where the extra
-    barrier costs more than the bytes saved."""
-    from flexdsl.backends.triton.recurrent import forward_tiles, step_seconds
-
-    bm, bn, _, sk = forward_tiles(256, 1024, 132, 2, 6)
-    assert sk > 1 and (256 // bm) * (1024 // bn) * sk <= 132
-    assert step_seconds(256, 1024, bm, bn, sk, 132, 2, 6) < 0.9 * step_seconds(256, 1024, 64, 32, 1, 132, 2, 6)
-    for B, H in ((64, 256), (64, 512), (32, 256)):
-        assert forward_tiles(B, H, 132, 2, 6)[3] == 1
-
-
-@needs_triton
 def test_triton_scan_bfloat16_follows_float32():
     torch.manual_seed(6)
     T, B, I, H = 12, 2, 4, 20
@@ -807,7 +765,6 @@ def test_bench_smoke_runs_on_the_cpu():
 @needs_triton
 @pytest.mark.parametrize("name, value", [("FLEXDSL_RECURRENT_TILE", "3x3"), ("FLEXDSL_RECURRENT_TILE", "8x32x32"),
                                          ("FLEXDSL_RECURRENT_WARPS", "3"), ("FLEXDSL_RECURRENT_BK", "-64"),
-                                         ("FLEXDSL_RECURRENT_SPLITK", "3"), ("FLEXDSL_RECURRENT_SPLITK", "16"),
                                          ("FLEXDSL_RECURRENT_PRODUCTS", "tf32")])
 def test_bad_launch_settings_are_clear_errors(monkeypatch, name, value):
     monkeypatch.setenv(name, value)

@@ -138,47 +138,7 @@ def tile_shape(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tup
             if best is None or key < best[0]:
                 best = (key, bm, bn)
     bm, bn = (best[1], best[2]) if best is not None else (128, 128)
-    return bm, bn, _bk(bm, bn)
-
-
-def _bk(bm: int, bn: int) -> int:
-    return env_int("FLEXDSL_RECURRENT_BK") or (32 if max(bm, bn) >= 128 else 64)
-
-
-# the forward's cost model (H100-sized): L2 bytes at ~5 TB/s in all and ~100 GB/s a multiprocessor,
-# a grid barrier ~1 us (bench/recurrent_profile.py measures each)
-L2_BPS, SM_BPS, BARRIER_S = 5e12, 1e11, 1e-6
-
-
-def step_seconds(B: int, H: int, bm: int, bn: int, splitk: int, programs: int, a_bytes: int, w_bytes: int) -> float:
-    """The modelled time of one step of the forward scan with [bm, bn] product tiles over `splitk`
-    ranges of K: the larger of its L2 bytes in all and per program, plus its grid barriers (a split
-    product stores float32 partial sums, re-read by the neuron's step after one more barrier)."""
-    tiles = (-(-B // bm)) * (-(-H // bn))
-    per_tile = (bm * a_bytes + bn * w_bytes) * (-(-H // splitk)) + (8 * bm * bn if splitk > 1 else 0)
-    waves = -(-(tiles * splitk) // programs)
-    return max(tiles * splitk * per_tile / L2_BPS, waves * per_tile / SM_BPS) + BARRIER_S * (2 if splitk > 1 else 1)
-
-
-def forward_tiles(B: int, H: int, programs: int, a_bytes: int, w_bytes: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, SPLITK) of the dense forward scan: the whole-K tile of `tile_shape`, or a split
-    of K over more programs where the cost model says it is faster (large H and B, where the
-    per-step product is bound by L2 bytes); `FLEXDSL_RECURRENT_SPLITK` fixes the split."""
-    bm, bn, bk = tile_shape(B, H, programs, a_bytes, w_bytes)
-    fixed = env_int("FLEXDSL_RECURRENT_SPLITK")
-    if fixed is not None or env_tile("FLEXDSL_RECURRENT_TILE") is not None:
-        return bm, bn, bk, min(fixed or 1, bm)
-    best = (step_seconds(B, H, bm, bn, 1, programs, a_bytes, w_bytes), bm, bn, 1)
-    for sk in (2, 4, 8):
-        for m in (64, 128):
-            for n in (32, 64, 128):
-                if (-(-B // m)) * (-(-H // n)) * sk > programs or H < 4 * sk * 16:
-                    continue
-                t = step_seconds(B, H, m, n, sk, programs, a_bytes, w_bytes)
-                if t < 0.9 * best[0]:
-                    best = (t, m, n, sk)
-    _, bm, bn, sk = best
-    return bm, bn, _bk(bm, bn) if sk == 1 else min(_bk(bm, bn), 64), sk
+    return bm, bn, env_int("FLEXDSL_RECURRENT_BK") or (32 if max(bm, bn) >= 128 else 64)
 
 
 class TritonRecurrentProgram:
@@ -229,8 +189,7 @@ class TritonRecurrentProgram:
             kw[self.abi.name_of("mode", name)] = mode
         return kw
 
-    def _layout(self, B: int, H: int, dev: torch.device, dtype: torch.dtype, a_bytes: int,
-                fwd: bool = False) -> dict[str, Any]:
+    def _layout(self, B: int, H: int, dev: torch.device, dtype: torch.dtype, a_bytes: int) -> dict[str, Any]:
         if self.interpret or dev.type != "cuda":
             programs = 1
         else:
@@ -238,20 +197,12 @@ class TritonRecurrentProgram:
             programs = min(programs, _sm_count(dev.index or 0))
         exact32 = self.interpret
         split_w = 3 if (dtype == torch.float32 and self.dense and not exact32) else 1
-        w_bytes = 2 * split_w if dtype == torch.float32 else dtype.itemsize
-        if fwd and self.dense:
-            bm, bn, bk, sk = forward_tiles(B, H, programs, a_bytes, w_bytes)
-        else:
-            (bm, bn, bk), sk = tile_shape(B, H, programs, a_bytes, w_bytes), 1
-        tiles = (-(-B // bm)) * (-(-H // bn)) * sk
+        bm, bn, bk = tile_shape(B, H, programs, a_bytes, 2 * split_w if dtype == torch.float32 else dtype.itemsize)
+        tiles = (-(-B // bm)) * (-(-H // bn))
         nprog = max(1, min(programs, tiles))
-        lay = {"grid": (nprog,), "num_warps": env_int("FLEXDSL_RECURRENT_WARPS") or 4,
-               "num_stages": env_int("FLEXDSL_RECURRENT_STAGES") or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn,
-               "_BK": bk, "_SYNC": nprog > 1 and self.dense, "_DENSE": self.dense, "_SPLIT_W": split_w,
-               "_EXACT32": exact32}
-        if fwd:
-            lay.update(_SPLITK=sk, _EM=bm // sk)
-        return lay
+        return {"grid": (nprog,), "num_warps": env_int("FLEXDSL_RECURRENT_WARPS") or 4,
+                "num_stages": env_int("FLEXDSL_RECURRENT_STAGES") or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+                "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
         if not self.dense:
@@ -304,12 +255,10 @@ class TritonRecurrentProgram:
             if shadow:
                 Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
                 Sb[0] = s0b
-            lay = self._layout(B, H, dev, dtype, 2 if (shadow or dtype != torch.float32) else 4, fwd=True)
-            sk = lay["_SPLITK"]
+            lay = self._layout(B, H, dev, dtype, 2 if (shadow or dtype != torch.float32) else 4)
             host, hv = self._host(params)
             kw: dict[str, Any] = {"_ix": ix, "_S": S, "_Sb": Sb, "_W": self._weights(w, dtype, lay["_SPLIT_W"]),
-                                  "_xp": xp, "_P": torch.empty((sk, N), dtype=torch.float32, device=dev) if sk > 1
-                                  else None, "_st": st, "_saved": sav,
+                                  "_xp": xp, "_st": st, "_saved": sav,
                                   "_bar": torch.zeros(1, dtype=torch.int32, device=dev), "_B": B, "_H": H, "_T": T,
                                   "_HOST": host, "_SAVE": sav is not None or xp is not None, "_ROUND": sav is not None,
                                   "_SPLIT_A": 1 if exact else 3, "_SHADOW": shadow, **self._key(noise)}
@@ -396,4 +345,4 @@ def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> Tri
     return TritonRecurrentProgram(load_module("tritonrec", k, art.source), art.meta, port, source, dense)
 
 
-__all__ = ["emit_recurrent", "TritonRecurrentProgram", "load_recurrent", "tile_shape", "forward_tiles"]
+__all__ = ["emit_recurrent", "TritonRecurrentProgram", "load_recurrent", "tile_shape"]
