@@ -231,24 +231,29 @@ def product_kernel(H, T, B):
               f"FLEXDSL_PRODUCT_STAGES={stages}", flush=True)
 
 
-def settings(cases, reps):
-    knobs = [{}, {"FLEXDSL_RECURRENT_TILE": "32x64x64"}, {"FLEXDSL_RECURRENT_TILE": "128x32x64"},
-             {"FLEXDSL_RECURRENT_TILE": "64x64x64"}, {"FLEXDSL_RECURRENT_TILE": "64x32x128"},
-             {"FLEXDSL_RECURRENT_TILE": "64x32x32"}, {"FLEXDSL_RECURRENT_PROGRAMS": "64"},
-             {"FLEXDSL_RECURRENT_WARPS": "8"}, {"FLEXDSL_RECURRENT_STAGES": "2"}, {"FLEXDSL_RECURRENT_STAGES": "3"}]
-    print("launch settings: LIF fp32 inference (ms, median)", flush=True)
+DEFAULT_KNOBS = ("FLEXDSL_RECURRENT_TILE=32x64x64;FLEXDSL_RECURRENT_TILE=128x32x64;"
+                 "FLEXDSL_RECURRENT_TILE=64x32x32;FLEXDSL_RECURRENT_TILE=64x32x128;"
+                 "FLEXDSL_RECURRENT_WARPS=8;FLEXDSL_RECURRENT_STAGES=3")
+
+
+def settings(cases, reps, knobs_arg: str = DEFAULT_KNOBS):
+    """Each launch setting (`A=1,B=2;C=3`: `;` between settings) against the default, LIF fp32
+    inference: the call (median, synchronized, ms) and the scan kernel alone (profiler, ms)."""
+    knobs = [{}] + [dict(kv.split("=", 1) for kv in k.split(",")) for k in knobs_arg.split(";") if k]
+    print("launch settings: LIF fp32 inference, call ms (median) / scan kernel ms", flush=True)
     for H, T, B in cases:
-        out = []
+        print(f"  H={H} T={T} B={B}:", flush=True)
         for k in knobs:
             os.environ.update(k)
             try:
                 ms = bench(flexdsl_layer("lif"), H, T, B, "cuda", "fp32", False, reps, 2)
-                out.append(f"{k or 'default'} {ms:.2f}")
+                scan = sum(us for name, us, _ in kernel_table(layer_call("lif", H, T, B, "fp32", False), top=20)
+                           if name.startswith("_rec_fwd")) / 1e3
+                print(f"    {ms:6.3f} / {scan:6.3f}  {k or 'default'}", flush=True)
             except Exception as e:  # noqa: BLE001
-                out.append(f"{k} failed {type(e).__name__}: {str(e)[:60]}")
+                print(f"    failed {type(e).__name__}: {str(e)[:200]}  {k}", flush=True)
             for n in k:
                 os.environ.pop(n)
-        print(f"  H={H} T={T} B={B}: " + " | ".join(out), flush=True)
 
 
 def barrier_alone(T: int = 250):
@@ -301,12 +306,13 @@ def main() -> None:
     ap.add_argument("--cases", default="1024x250x256")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--steps", default="product,profile")
+    ap.add_argument("--knobs", default=DEFAULT_KNOBS, help="the settings step's settings: A=1,B=2;C=3")
     a = ap.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
     per_case = {"product": product_kernel, "pieces": input_product_pieces, "host": host, "timeline": timeline}
     once = {"barrier": barrier_alone, "compile": compiled_check, "profile": lambda: profile_cases(cases),
-            "settings": lambda: settings(cases, a.reps)}
+            "settings": lambda: settings(cases, a.reps, a.knobs)}
     for step in a.steps.split(","):
         if step in per_case:
             for H, T, B in cases:
