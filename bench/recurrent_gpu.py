@@ -403,6 +403,72 @@ def sweep(dev, cases, reps):
     return best
 
 
+def graph_check(dev) -> bool:
+    """Inference calls replayed from CUDA graphs (small layers, no gradient) against the same calls
+    run eagerly (FLEXDSL_RECURRENT_GRAPHS=0): equal bits over a sequence of calls that change what a
+    stale graph would get wrong: continuing feedback (no reset), weights changed in place, a
+    weight replaced, a float parameter changed, per-neuron parameter tensors, an analog input (its
+    check fails: the call runs eagerly, checked), shapes changing."""
+    import copy
+    import os
+
+    import flexdsl
+
+    print("graph check: replayed inference calls vs eager calls, bit for bit", flush=True)
+    ok_all = True
+    cases = [("lif", {}), ("alif", {}), ("lif", {"connectivity": "one_to_one"}), ("lif", {"in_features": None}),
+             ("lif", {"param_shapes": {"tau": (96,)}})]
+    for model, opts in cases:
+        torch.manual_seed(3)
+        opts = dict(opts)
+        F = opts.pop("in_features", 40)
+        a = flexdsl.recurrent(model, F, 96, **opts).to(dev)
+        b = copy.deepcopy(a)
+        xs = [(torch.rand(20, 8, F if F else 96, device=dev) < 0.3).float() * 12 for _ in range(3)]
+
+        def calls(m, graphs, xs=xs):
+            from flexdsl.backends import recurrent as scans
+
+            for p in scans._PROGRAMS.values():  # (a program that met an analog input checks first)
+                p.__dict__.pop("check_first", None)
+            os.environ["FLEXDSL_RECURRENT_GRAPHS"] = "1" if graphs else "0"
+            outs = []
+            with torch.no_grad():
+                for i in range(14):
+                    if i in (0, 6):
+                        m.reset()
+                    if i == 8:
+                        m.W_rec.mul_(1.25)
+                    if i == 10:
+                        m.W_rec = torch.nn.Parameter(m.W_rec.detach() * 0.9)
+                    if i == 11 and hasattr(m.neuron, "tau") and not isinstance(m.neuron.tau, torch.Tensor):
+                        m.neuron.tau = 7.0
+                    x = xs[i % 3] if i != 12 else xs[0] * 0.37  # (an analog input)
+                    if i == 13:
+                        x = xs[1][:, :4]  # (another batch size)
+                        m.reset()
+                    outs.append(m(x))
+            os.environ.pop("FLEXDSL_RECURRENT_GRAPHS")
+            return outs
+
+        from flexdsl.backends import recurrent as scans
+
+        made = sum(p.__dict__.get("_graphs_made", 0) for p in scans._PROGRAMS.values())
+        try:
+            got, want = calls(a, True), calls(b, False)
+        except Exception as e:  # noqa: BLE001
+            print(f"  {model:6s} {str(opts)[:30]:30s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            ok_all = False
+            continue
+        used = sum(p.__dict__.get("_graphs_made", 0) for p in scans._PROGRAMS.values()) - made
+        same = all(torch.equal(g, w) for g, w in zip(got, want))
+        rate = float(torch.stack([g.float().mean() for g in got[:12]]).mean())
+        print(f"  {model:6s} {str(opts)[:30]:30s} rate {rate:.3f}, graphs made {used}, "
+              f"{'equal bits' if same else 'DIFFERENT'}", flush=True)
+        ok_all &= same and used > 0
+    return ok_all
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -428,7 +494,7 @@ def main() -> None:
     dev = a.device
     name = torch.cuda.get_device_name() if dev == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"device {name}, torch {torch.__version__}", flush=True)
-    if dev == "cuda" and not a.no_check and not (exact_check(dev) & check(dev)):
+    if dev == "cuda" and not a.no_check and not (graph_check(dev) & exact_check(dev) & check(dev)):
         print("CHECK FAILED", flush=True)
     if a.check_only:
         return

@@ -117,6 +117,61 @@ def host(H, T, B, dtype="fp32", train=False, calls=30):
         print("\n".join("    " + ln[:150] for ln in lines), flush=True)
 
 
+def milestones(H, T, B, dtype="fp32", train=False, calls=30):
+    """Host time (us from the call's start, median of `calls` synchronized calls, no profiler) at
+    which each stage of a layer call begins and ends: where the host's share of a call goes."""
+    import time
+    from collections import defaultdict
+
+    from flexdsl.backends import recurrent as scans
+    from flexdsl.backends.triton import kernel, products
+    from flexdsl.backends.triton import recurrent as trec
+    from flexdsl.runtime import recurrent as rrec
+
+    marks: list[tuple[str, float]] = []
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+
+        def inner(*a, **k):
+            marks.append((label + ">", time.perf_counter()))
+            try:
+                return fn(*a, **k)
+            finally:
+                marks.append((label + "<", time.perf_counter()))
+        setattr(owner, name, inner)
+        return owner, name, fn
+
+    undo = [wrap(products, "to_bf16", "to_bf16"), wrap(products, "split3", "split3"),
+            wrap(products, "split3_mm", "split3_mm"), wrap(scans._Guess, "launch", "guess"),
+            wrap(scans._Guess, "confirmed", "confirmed"), wrap(scans, "_forward", "_forward"),
+            wrap(trec.TritonRecurrentProgram, "forward", "prog.forward"), wrap(kernel.Launcher, "__call__", "launch"),
+            wrap(rrec.RecurrentModule, "forward", "module"),
+            wrap(scans, "scan", "scan")]
+    step = layer_call("lif", H, T, B, dtype, train)
+    for _ in range(3):
+        step()
+    at: dict[str, list[float]] = defaultdict(list)
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        marks.clear()
+        t0 = time.perf_counter()
+        step()
+        marks.append(("returned", time.perf_counter()))
+        torch.cuda.synchronize()
+        marks.append(("synchronized", time.perf_counter()))
+        seen: dict[str, int] = defaultdict(int)
+        for name, t in marks:
+            seen[name] += 1
+            at[f"{name}#{seen[name]}"].append((t - t0) * 1e6)
+    for owner, name, fn in undo:
+        setattr(owner, name, fn)
+    print(f"milestones lif {dtype} {'train' if train else 'infer'} H={H} T={T} B={B} (us from the call's start, "
+          f"median of {calls})", flush=True)
+    for name, ts in sorted(at.items(), key=lambda kv: sorted(kv[1])[len(kv[1]) // 2]):
+        print(f"  {sorted(ts)[len(ts) // 2]:8.0f}  {name}", flush=True)
+
+
 def compiled_check():
     """The layer under torch.compile (fullgraph) on CUDA equals eager: spike and analog inputs,
     float32, training (spikes equal; weight gradients within 1e-4 relative: the compiled op passes
@@ -310,7 +365,8 @@ def main() -> None:
     a = ap.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
-    per_case = {"product": product_kernel, "pieces": input_product_pieces, "host": host, "timeline": timeline}
+    per_case = {"product": product_kernel, "pieces": input_product_pieces, "host": host, "timeline": timeline,
+                "milestones": milestones}
     once = {"barrier": barrier_alone, "compile": compiled_check, "profile": lambda: profile_cases(cases),
             "settings": lambda: settings(cases, a.reps, a.knobs)}
     for step in a.steps.split(","):

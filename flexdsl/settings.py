@@ -29,6 +29,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_FAST_LAUNCH": ("", "0", "1"),
     "FLEXDSL_TRITON_INDUCTOR": ("", "0", "1"),
     "FLEXDSL_RECURRENT_PRODUCTS": ("", "bf16", "fp32"),
+    "FLEXDSL_RECURRENT_GRAPHS": ("", "0", "1"),
 }
 
 

@@ -771,3 +771,115 @@ def test_bad_launch_settings_are_clear_errors(monkeypatch, name, value):
     m = flexdsl.recurrent("lif", 3, 4, backend="triton")
     with pytest.raises(FlexDSLError, match=f"the environment variable {name}"):
         m(torch.rand(3, 2, 3, requires_grad=True)).sum().backward()
+
+
+# ----------------------------------------------------------------------------- replayed calls
+def test_replay_key_holds_what_a_captured_call_depends_on(monkeypatch):
+    """A CUDA graph replays the kernels of the call it captured, reading the weights and tensor
+    params in place and the call's own tensors from copies: its key must change with anything else
+    the launches depend on (shapes, dtypes, float values to the bit, the weights' addresses and
+    layouts, the settings, known-zero feedback) and must not change with the copied values."""
+    from flexdsl.backends.replay import graph_key
+
+    T, B, F, H = 5, 3, 4, 6
+    x, s0 = torch.rand(T, B, F), torch.zeros(B, H)
+    w_in, b, w, tau = torch.rand(H, F), torch.rand(H), torch.rand(H, H), torch.rand(H)
+
+    def key(**kw):
+        a = dict(x=x, w_in=w_in, b=b, w=w, s0=s0, s0_zero=True, inputs=[None], states=[0.0], params=[tau, 2.0],
+                 dense=True)
+        a.update(kw)
+        return graph_key(**a)
+
+    base = key()
+    assert key(x=torch.rand(T, B, F), s0=torch.ones(B, H)) == base  # (copied: values do not matter)
+    assert key(params=[tau.view(H), 2.0]) == base  # (a view of the same memory reads the same)
+    changed = {
+        "another input shape": key(x=torch.rand(T + 1, B, F)),
+        "another dtype": key(x=x.double()),
+        "a new weight tensor": key(w=w.clone()),
+        "a transposed weight": key(w=w.t()),
+        "a new param tensor": key(params=[tau.clone(), 2.0]),
+        "another float param": key(params=[tau, 2.5]),
+        "-0.0 for 0.0": key(states=[-0.0]),
+        "a state tensor for a float": key(states=[torch.zeros(B, H)]),
+        "given feedback": key(s0_zero=False),
+        "one-to-one": key(dense=False),
+        "no bias": key(b=None),
+    }
+    for what, k in changed.items():
+        assert k != base, what
+    monkeypatch.setenv("FLEXDSL_RECURRENT_TILE", "32x32x32")
+    assert key() != base
+    monkeypatch.setenv("FLEXDSL_RECURRENT_TILE", "")
+    monkeypatch.setenv("FLEXDSL_PRODUCT_STAGES", "2")
+    assert key() != base
+
+
+def test_replay_policy_eager_first_then_graph_and_back_to_eager_on_a_failed_check(monkeypatch):
+    """The replay policy (graphs faked, CPU): a key's first call runs eagerly (it compiles the
+    kernels), the second captures, later ones replay; a verdict "not exact" drops the graph and
+    makes the program check first (as eagerly); keys that keep changing stop capturing after
+    CAPTURES; at most KEEP graphs are held."""
+    from flexdsl.backends import replay
+
+    made, runs = [], []
+
+    class Fake:
+        def __init__(self, ok=True):
+            self.ok = ok
+
+        def run(self, x, s0, inputs, states):
+            runs.append(x)
+            return [x * 2] if self.ok else None
+
+    verdict = [True]
+
+    def capture(*a):
+        made.append(a[0])
+        return Fake(verdict[0])
+
+    monkeypatch.setattr(replay, "_capture", capture)
+
+    class Prog:
+        pass
+
+    prog = Prog()
+    x = torch.ones(2)
+
+    def call(key):
+        return replay.replay(prog, key, x, x, True, [], [], True, None, None)
+
+    assert call("a") is None and not made  # first sight: eagerly
+    assert torch.equal(call("a")[0], x * 2) and len(made) == 1  # captured and run
+    assert torch.equal(call("a")[0], x * 2) and len(made) == 1 and len(runs) == 2  # replayed
+    verdict[0] = False
+    assert call("b") is None and call("b") is None  # captured; its check failed: eagerly
+    assert getattr(prog, "check_first", False) and "b" not in prog._graphs
+    for k in range(3 * replay.CAPTURES):
+        call(f"k{k}")
+        call(f"k{k}")
+    assert len(made) <= replay.CAPTURES and getattr(prog, "graphs_off", False)
+    assert len(prog._graphs) <= replay.KEEP
+
+
+def test_replay_is_only_for_small_gradient_free_cuda_calls():
+    """No graph for CPU tensors, for the torch scan, when a gradient is wanted, for noisy models,
+    or when turned off (FLEXDSL_RECURRENT_GRAPHS=0, checked like every setting)."""
+    from flexdsl.backends.replay import eligible
+
+    class Prog:
+        fused_products = True
+
+    x = torch.rand(4, 2, 3)
+    assert not eligible(Prog(), x, [x], None, 5)  # (CPU)
+    assert not eligible(object(), x, [x], None, 5)
+
+
+@pytest.mark.parametrize("value", ["2", "yes"])
+def test_bad_graph_setting_is_a_clear_error(monkeypatch, value):
+    monkeypatch.setenv("FLEXDSL_RECURRENT_GRAPHS", value)
+    from flexdsl.settings import env_choice
+
+    with pytest.raises(FlexDSLError, match="FLEXDSL_RECURRENT_GRAPHS"):
+        env_choice("FLEXDSL_RECURRENT_GRAPHS")

@@ -279,6 +279,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         if w.dtype != dtype:
             w = w.to(dtype)
         inputs = self._other_inputs(others, names, single, (T, flat, H), step_shape, dtype, dev)
+        s0_zero = self._states["feedback"] is None  # (zeros made here: exact, nothing to check)
         s0 = self._initial_feedback(step_shape, flat, dtype, dev)
         like = torch.empty((), dtype=dtype, device=dev)
         outputs = [n for n, _ in ck.outputs]
@@ -291,7 +292,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         states = view.states(like, step_shape, flat)
         params = view.params(step_shape, flat, dev)
         noise = view.m._noise_key(T, seed, generator, False)
-        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise)
+        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise,
+                                s0_zero=s0_zero)
         view.m._noise_advance(noise, T)
         if T:
             view.keep(fins, step_shape)
