@@ -498,6 +498,10 @@ def main() -> None:
         print("CHECK FAILED", flush=True)
     if a.check_only:
         return
+    from flexdsl.backends import recurrent as scans
+
+    for p in scans._PROGRAMS.values():  # (the checks' analog inputs made them check first: not the table's)
+        p.__dict__.pop("check_first", None)
     ceil = ceilings(dev)
     if ceil:
         print(f"measured: fp32 matmul {ceil['fp32']:.0f} TFLOP/s, bf16 {ceil['bf16']:.0f} TFLOP/s, copy "
