@@ -408,7 +408,7 @@ def graph_check(dev) -> bool:
     run eagerly (FLEXDSL_RECURRENT_GRAPHS=0): equal bits over a sequence of calls that change what a
     stale graph would get wrong: continuing feedback (no reset), weights changed in place, a
     weight replaced, a float parameter changed, per-neuron parameter tensors, an analog input (its
-    check fails: the call runs eagerly, checked), shapes changing."""
+    check fails: the call runs eagerly, checked), shapes changing, inference mode and back."""
     import copy
     import os
 
@@ -447,7 +447,8 @@ def graph_check(dev) -> bool:
                     if i == 13:
                         x = xs[1][:, :4]  # (another batch size)
                         m.reset()
-                    outs.append(m(x))
+                    with torch.inference_mode() if i in (4, 5) else torch.no_grad():
+                        outs.append(m(x).clone())
             os.environ.pop("FLEXDSL_RECURRENT_GRAPHS")
             return outs
 

@@ -81,7 +81,8 @@ def graph_key(x: torch.Tensor, w_in: torch.Tensor | None, b: torch.Tensor | None
     """All that a captured call depends on besides the values of its copied tensors."""
     env = tuple(os.environ.get(n) for n in _SETTINGS)
     stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
-    return (tuple(x.shape), x.dtype, x.device, stream, env, dense, s0_zero, tuple(s0.shape), s0.dtype,
+    mode = torch.is_inference_mode_enabled()  # (inference tensors: the static buffers of one mode only)
+    return (tuple(x.shape), x.dtype, x.device, stream, env, mode, dense, s0_zero, tuple(s0.shape), s0.dtype,
             None if w_in is None else _pinned(w_in), None if b is None else _pinned(b), _pinned(w),
             tuple(_copied(v) for v in inputs), tuple(_copied(v) for v in states),
             tuple(_pinned(p) if isinstance(p, torch.Tensor) else ("f", _bits(p)) for p in params))
