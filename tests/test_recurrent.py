@@ -885,3 +885,36 @@ def test_bad_graph_setting_is_a_clear_error(monkeypatch, value):
 
     with pytest.raises(FlexDSLError, match="FLEXDSL_RECURRENT_GRAPHS"):
         env_choice("FLEXDSL_RECURRENT_GRAPHS")
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_a_retained_graph_backpropagates_twice(backend):
+    """Two losses of one forward (`retain_graph=True`), a Jacobian: each backward through the layer
+    gets its own gradients (the sum of two backwards equals one backward of the summed losses);
+    a second backward without a retained graph is PyTorch's error, not silent zeros."""
+    torch.manual_seed(0)
+    dtype = torch.float64 if backend == "torch" else torch.float32
+    m = flexdsl.recurrent("lif", 3, 4, backend=backend).to(dtype)
+    x = (2 * torch.randn(6, 2, 3)).to(dtype).requires_grad_()
+    weights = torch.arange(4.0, dtype=dtype)
+
+    def losses():
+        m.reset()
+        out = m(x)
+        return out.sum(), (out * weights).sum()
+
+    l1, l2 = losses()
+    (l1 + l2).backward()
+    want = (m.W_rec.grad.clone(), m.W_in.grad.clone(), x.grad.clone())
+    assert want[0].abs().sum() > 0
+    m.zero_grad()
+    x.grad = None
+    l1, l2 = losses()
+    l1.backward(retain_graph=True)
+    l2.backward()
+    for a, b in zip((m.W_rec.grad, m.W_in.grad, x.grad), want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    l1, _ = losses()
+    l1.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        l1.backward()

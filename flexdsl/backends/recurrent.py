@@ -18,6 +18,7 @@ disk like every artefact and loaded once per process.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from collections.abc import Sequence
@@ -299,10 +300,14 @@ class _Scan(torch.autograd.Function):
         prog, inputs, states, params, dense, xb, noise, s0_exact = call
         save = any(ctx.needs_input_grad[1:])
         outs, fins, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, noise, s0_exact)
-        ctx.call, ctx.sv = call, sv
-        if sv is not None:  # (saved so that an in-place change before the backward is an error)
-            ctx.save_for_backward(sv.w, sv.S, sv.w_in)
-            sv.w = sv.S = sv.w_in = None  # type: ignore[assignment]
+        ctx.call, ctx.sv = call, None
+        if sv is not None:
+            # every tensor the backward needs goes through save_for_backward: autograd frees them after
+            # the backward (kept with retain_graph=True: a second backward gets them again), and an
+            # in-place change before the backward is an error, not wrong gradients
+            held, ts = _stash((sv.w, sv.S, sv.w_in, sv.x, sv.xb, sv.saved))
+            ctx.save_for_backward(*ts)
+            ctx.sv = dataclasses.replace(sv, w=None, S=None, w_in=None, x=None, xb=None, saved=held)
         ctx.set_materialize_grads(False)
         return (*outs, *fins)
 
@@ -311,11 +316,43 @@ class _Scan(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the derived backward is first order
             _first_order()
         prog, inputs, states, params, dense, _, _, _ = ctx.call
-        sv, ctx.sv = ctx.sv, None
-        if sv is None:
+        if ctx.sv is None:
             return (None,) * len(ctx.needs_input_grad)
-        sv.w, sv.S, sv.w_in = ctx.saved_tensors
+        w, S, w_in, x, xb, saved = _unstash(ctx.sv.saved, ctx.saved_tensors)
+        sv = dataclasses.replace(ctx.sv, w=w, S=S, w_in=w_in, x=x, xb=xb, saved=saved)
         return (None, *_backward(prog, sv, inputs, states, params, dense, grads, ctx.needs_input_grad[1:]))
+
+
+class _Slot(int):
+    """Where a stashed tensor was (its index among the saved tensors)."""
+
+
+def _stash(obj: Any) -> tuple[Any, list[torch.Tensor]]:
+    """`obj` (tensors in nested tuples and lists) with each tensor replaced by its `_Slot`, and the
+    tensors in slot order."""
+    ts: list[torch.Tensor] = []
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            ts.append(o)
+            return _Slot(len(ts) - 1)
+        if isinstance(o, (tuple, list)):
+            return _rebuild(o, [walk(v) for v in o])
+        return o
+
+    return walk(obj), ts
+
+
+def _rebuild(o: tuple | list, items: list) -> Any:
+    return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)  # (a named tuple: by position)
+
+
+def _unstash(held: Any, ts: Sequence[torch.Tensor]) -> Any:
+    if isinstance(held, _Slot):
+        return ts[held]
+    if isinstance(held, (tuple, list)):
+        return _rebuild(held, [_unstash(v, ts) for v in held])
+    return held
 
 
 def _first_order() -> None:
