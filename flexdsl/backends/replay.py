@@ -40,6 +40,8 @@ from ..settings import CHOICES, INTS, env_choice
 MAX_ELEMENTS = 1 << 23  # T * B * H and T * B * F at most (a graph's buffers: ~8 such values a element)
 KEEP = 4  # graphs kept per program (the least recently used dropped)
 CAPTURES = 16  # captures per program at most (then eagerly: call signatures that keep changing)
+# other threads' CUDA calls (a DataLoader's pinning thread) are not restricted while this one captures
+MODE = "thread_local"
 
 
 def eligible(prog: Any, x: torch.Tensor, tensors: Sequence[torch.Tensor], noise: Any, hidden: int) -> bool:
@@ -186,13 +188,13 @@ def _capture(x, s0, s0_zero, inputs, states, checks, convert, compute) -> Replay
     conv: Any = (None, None)
     if checks:
         g1 = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g1, pool=pool):
+        with torch.cuda.graph(g1, pool=pool, capture_error_mode=MODE):
             flags, conv = convert(rep.x, rep.s0)
         rep.g1, rep.flags = g1, flags
         rep.host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
     else:
         conv = convert(rep.x, rep.s0)[1]  # (nothing launched)
-    with torch.cuda.graph(rep.g2, pool=pool):
+    with torch.cuda.graph(rep.g2, pool=pool, capture_error_mode=MODE):
         rep.outs = tuple(compute(rep.x, s0_of(), rep.inputs, rep.states, conv))
     return rep
 
