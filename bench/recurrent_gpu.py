@@ -467,7 +467,34 @@ def graph_check(dev) -> bool:
         print(f"  {model:6s} {str(opts)[:30]:30s} rate {rate:.3f}, graphs made {used}, "
               f"{'equal bits' if same else 'DIFFERENT'}", flush=True)
         ok_all &= same and used > 0
-    return ok_all
+    # a capture beside a thread that pins host memory and copies (a DataLoader's): neither fails
+    import threading
+
+    stop, errors = threading.Event(), []
+
+    def pinner():
+        k = 0
+        try:
+            while not stop.is_set():
+                k += 1
+                torch.empty((1 << 16) + 4096 * (k % 97), pin_memory=True).to(dev, non_blocking=True)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    th = threading.Thread(target=pinner)
+    th.start()
+    try:
+        m = flexdsl.recurrent("lif", 33, 48).to(dev)
+        with torch.no_grad():
+            for _ in range(4):
+                m.reset()
+                m((torch.rand(9, 5, 33, device=dev) < 0.3).float())
+    except Exception as e:  # noqa: BLE001
+        errors.append(e)
+    stop.set()
+    th.join()
+    print(f"  capture beside a pinning thread: {'ok' if not errors else 'FAILED ' + repr(errors[0])[:200]}", flush=True)
+    return ok_all and not errors
 
 
 def main() -> None:
