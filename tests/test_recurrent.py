@@ -918,3 +918,96 @@ def test_a_retained_graph_backpropagates_twice(backend):
     l1.backward()
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         l1.backward()
+
+
+# ----------------------------------------------------------------------------- what users change
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_outputs_and_feedback_never_share_memory(backend):
+    """Editing the returned spikes does not change the layer's next step, setting `feedback` does
+    not rewrite outputs already returned, and with gradients an in-place op on the output works
+    (as on any module's output) and backpropagates like its out-of-place form."""
+    torch.manual_seed(2)
+    r = flexdsl.recurrent("lif", None, 2, bias=False, backend=backend)
+    with torch.no_grad():
+        r.W_rec.copy_(torch.tensor([[0.0, 0.0], [5.0, 0.0]]))
+    x, z = torch.tensor([[[3.0, 0.0]]]), torch.zeros(1, 1, 2)
+    with torch.no_grad():
+        r(x)
+        assert r(z).tolist() == [[[0.0, 1.0]]]  # (neuron 0's spike reaches neuron 1)
+        r.reset()
+        y = r(x)
+        y.zero_()
+        assert r.feedback.tolist() == [[1.0, 0.0]] and r(z).tolist() == [[[0.0, 1.0]]]
+        r.reset()
+        y = r(x)
+        r.feedback.fill_(7.0)
+        assert y.tolist() == [[[1.0, 0.0]]]
+    m = flexdsl.recurrent("lif", 3, 4, backend=backend)
+    xx = torch.randn(5, 2, 3) * 3
+    grads = []
+    for inplace in (False, True):
+        m.reset()
+        m.zero_grad()
+        out = m(xx)
+        out = torch.nn.functional.relu(out * 2 - 1, inplace=inplace) if not inplace else out.mul_(2).sub_(1).relu_()
+        out.sum().backward()
+        grads.append(m.W_rec.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_weights_replaced_by_another_shape_are_located_errors(backend):
+    """A weight, bias or mask replaced after construction (`.data =`, a new Parameter, written in
+    place) is checked at the call: a located error naming it and the shape the layer needs, before
+    anything is computed (a kernel would read a smaller W_rec out of bounds; torch would broadcast)."""
+    x = torch.randn(4, 2, 3)
+    cases = [("one_to_one", "W_rec", lambda r: setattr(r.W_rec, "data", torch.tensor([5.0]))),
+             ("all", "W_rec", lambda r: setattr(r, "W_rec", nn.Parameter(torch.randn(5, 5)))),
+             ("all", "W_in", lambda r: setattr(r.W_in, "data", torch.randn(4, 2))),
+             ("all", "bias", lambda r: setattr(r.bias, "data", torch.randn(4, 1, 4))),
+             ("all", "mask", lambda r: setattr(r, "mask", torch.ones(3, 3))),
+             ("all", "mask", lambda r: r.mask.fill_(0.5))]
+    for conn, name, change in cases:
+        r = flexdsl.recurrent("lif", 3, 4, connectivity=conn, backend=backend,
+                              mask=torch.ones(4, 4) if name == "mask" else None)
+        r(x)
+        with torch.no_grad():
+            change(r)
+        with pytest.raises(FlexDSLError, match=f"`{name}`") as e:
+            r(x)
+        assert ":" in str(e.value).splitlines()[0] and "^" in str(e.value), str(e.value)
+
+
+def test_autocast_with_float64_weights_is_a_located_error():
+    for in_f in (4, None):
+        r = flexdsl.recurrent("lif", in_f, 4).double()
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(FlexDSLError, match="float64"):
+            r(torch.randn(5, 2, 4))
+    r = flexdsl.recurrent("lif", 4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert r(torch.randn(5, 2, 4)).dtype == torch.bfloat16
+
+
+def test_kept_feedback_of_another_batch_points_at_the_fed_back_output():
+    r = flexdsl.recurrent("lif", 3, 4)
+    r(torch.rand(2, 2, 3))
+    with pytest.raises(FlexDSLError) as e:
+        r(torch.rand(2, 3, 3))
+    text = str(e.value)
+    assert "lif.neuron:" in text and "output spike" in text and "reset()" in text
+
+
+def test_generated_recurrent_code_quotes_the_right_lines():
+    """A docstring holding characters `str.splitlines` splits at (U+2028, a form feed) does not shift
+    the `# line N:` comments of the generated recurrent scans (torch, Triton) and CPU kernels."""
+    from flexdsl.backends.cpu.emit import emit as emit_cpu
+    from flexdsl.backends.torch.recurrent import emit_recurrent as emit_torch
+    from flexdsl.backends.triton.recurrent import emit_recurrent as emit_triton
+
+    src = ('neuron L:\n    """a\u2028b\x0cc"""\n    input x\n    param tau = 2.0 where tau > 1\n    state v = 0.0\n'
+           '    update:\n        v = v + (x - v) / tau\n    spike when v >= 1.0 surrogate sigmoid(alpha=4.0)\n'
+           '    on spike:\n        v = 0.0\n    output spike\n')
+    c = flexdsl.recurrent(src, 3, 4)._view.compiled
+    for code, mark in ((emit_torch(c)[0], "#"), (emit_triton(c, 0, 0)[0], "#"), (emit_cpu(c)[0], "//")):
+        quoted = [ln.strip() for ln in code.split("\n") if "x - v" in ln and f"{mark} line" in ln]
+        assert quoted and all(q.startswith(f"{mark} line 7: ") for q in quoted), quoted

@@ -309,6 +309,9 @@ class _Scan(torch.autograd.Function):
             ctx.save_for_backward(*ts)
             ctx.sv = dataclasses.replace(sv, w=None, S=None, w_in=None, x=None, xb=None, saved=held)
         ctx.set_materialize_grads(False)
+        if save:  # (views of the scan's buffers as differentiable outputs could not be changed in place)
+            outs = [o.clone() if o._base is not None else o for o in outs]
+            fins = [f.clone() if f._base is not None else f for f in fins]
         return (*outs, *fins)
 
     @staticmethod

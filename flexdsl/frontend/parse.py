@@ -308,7 +308,7 @@ _TOKEN_WORDS = {
 
 def _previous_word(source: str, tok: Token) -> str:
     """The word just before a token on its line (for hints about word order)."""
-    lines = source.splitlines()
+    lines = source_lines(source)
     if not 0 < tok.line <= len(lines):
         return ""
     before = lines[tok.line - 1][: tok.column - 1].split()

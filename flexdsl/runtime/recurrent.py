@@ -37,6 +37,7 @@ CONNECTIVITY = ("all", "one_to_one")
 _CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
                          "elementwise": "one_to_one"}
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_AUTOCASTABLE = (torch.float32, torch.float16, torch.bfloat16)  # (what autocast converts)
 
 
 class _NeuronView:
@@ -217,7 +218,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         st = self.__dict__.get("_states")
         if st is not None and name in st:
             if value is not None and not isinstance(value, torch.Tensor):
-                raise self._view.error(f"`{name}` takes a tensor [*batch, hidden] or None, not {type(value).__name__}")
+                raise self._view.error(f"`{name}` takes a tensor [*batch, hidden] or None, not {type(value).__name__}",
+                                       self._source_pos())
             st[name] = value
             return
         super().__setattr__(name, value)
@@ -249,6 +251,11 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
             self.__dict__.setdefault("_step_mode", state.get("step_mode", "m"))
 
     # ------------------------------------------------------------------ compute
+    def _source_pos(self) -> A.Pos:
+        """Where the fed-back output is declared (the `output` line): what `feedback` holds."""
+        ck = self._view.compiled.checked
+        return next((p for n, p in ck.outputs if n == self.source), ck.outputs[0][1])
+
     def _input_error(self, msg: str, hint: str | None = None) -> FlexDSLError:
         ck = self._view.compiled.checked
         decl = next(i for i in ck.inputs if i.name == self.port)
@@ -297,7 +304,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         view.m._noise_advance(noise, T)
         if T:
             view.keep(fins, step_shape)
-            self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape)
+            # (a copy: the returned output and the kept feedback never share memory)
+            self._states["feedback"] = outs[outputs.index(self.source)][-1].reshape(step_shape).clone()
         res = [o.reshape(T, *step_shape) for o in outs]
         if single:
             res = [r[0] for r in res]
@@ -323,22 +331,57 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         return x.unsqueeze(0) if single else x
 
     def _check_weights(self, xs: torch.Tensor) -> torch.dtype:
-        """The weights' device and dtype against the input's; the dtype the neurons run in (the
-        input's, or autocast's, which the input product runs in)."""
+        """The weights' shapes, device and dtype against the layer's and the input's (a weight
+        replaced by one of another shape would broadcast, or be read out of bounds by a kernel);
+        the dtype the neurons run in (the input's, or autocast's, which the input product runs in)."""
         dev = xs.device
-        weights = [p for p in (self.W_in, self.W_rec, self.bias) if p is not None]
+        H, conn = self.hidden, self.connectivity
+        want = {"W_in": (H, self.in_features), "W_rec": (H, H) if conn == "all" else (H,), "bias": (H,),
+                "mask": (H, H) if conn == "all" else (H,)}
+        named = [(n, getattr(self, n)) for n in ("W_in", "W_rec", "bias", "mask")]
+        for name, p in named:
+            if p is None:
+                continue
+            if not isinstance(p, torch.Tensor) or tuple(p.shape) != want[name]:
+                got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+                raise self._input_error(f"`{name}` is {got}, but this layer (in_features={self.in_features}, hidden={H}, "
+                                        f"connectivity={conn!r}) needs {want[name]}",
+                                        "assign a tensor of that shape (or build a new layer for another size)")
+        if self.mask is not None:
+            self._check_mask_values()
+        weights = [p for n, p in named if p is not None and n != "mask"]
         for p in weights:
             if p.device != dev:
                 raise self._input_error(f"the input is on {dev} but the layer's weights are on {p.device}",
                                         "move the layer: m.to(device)")
         autocast = torch.is_autocast_enabled(dev.type) if dev.type in ("cuda", "cpu") else False
-        if not autocast:
-            for p in weights:
-                if p.dtype != xs.dtype:
-                    raise self._input_error(f"the input is {xs.dtype} but the layer's weights are {p.dtype}",
-                                            f"convert one of them: m.to({xs.dtype}) or x.to({p.dtype}) (or run "
-                                            "under torch.autocast)")
-        return torch.get_autocast_dtype(dev.type) if autocast and self.W_in is not None else xs.dtype
+        if autocast and self.W_in is not None:  # (the input product runs in autocast's dtype, W_rec cast to it)
+            for p in (xs, *weights):
+                if p.dtype not in _AUTOCASTABLE:
+                    what = "the input is" if p is xs else "the layer's weights are"
+                    raise self._input_error(f"{what} {p.dtype}, which autocast does not convert (float32, float16 "
+                                            "and bfloat16 only)", "convert the layer and the input: m.float(), "
+                                            "x.float()")
+            return torch.get_autocast_dtype(dev.type)
+        for p in weights:
+            if p.dtype != xs.dtype:
+                raise self._input_error(f"the input is {xs.dtype} but the layer's weights are {p.dtype}",
+                                        f"convert one of them: m.to({xs.dtype}) or x.to({p.dtype})"
+                                        + (" (or run under torch.autocast)" if self.W_in is not None else ""))
+        return xs.dtype
+
+    def _check_mask_values(self) -> None:
+        """The mask holds 0/1 values (checked when it changed: a new tensor, or written in place)."""
+        m = self.mask
+        if m.dtype == torch.bool or torch.compiler.is_compiling():
+            return
+        seen = (m.data_ptr(), m._version, m.dtype, m.device)
+        if self.__dict__.get("_mask_seen") == seen:
+            return
+        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
+            raise self._input_error("`mask` must hold 0/1 (or bool) values", "it keeps (1) or removes (0) a "
+                                    "recurrent weight; scale weights through W_rec")
+        self.__dict__["_mask_seen"] = seen
 
     def _other_inputs(self, others, names, single, shape3, step_shape, dtype, dev) -> list[Any]:
         """The model's inputs other than the port, as [T, B, H] tensors (None at the port)."""
@@ -370,7 +413,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
             return torch.zeros((flat, self.hidden), dtype=dtype, device=dev)
         if fb.shape != step_shape or fb.device != dev:
             raise self._view.error(f"`feedback` has shape {tuple(fb.shape)} on {fb.device} (from an earlier call, or "
-                                   f"as given), but this input's step shape is {tuple(step_shape)} on {dev}", None,
+                                   f"as given), but this input's step shape is {tuple(step_shape)} on {dev}",
+                                   self._source_pos(),
                                    "call m.reset() (or spikingjelly's functional.reset_net) before a batch of "
                                    "another size")
         return fb.reshape(flat, self.hidden).to(dtype)

@@ -34,6 +34,7 @@ from sympy.printing.cxx import CXX17CodePrinter
 
 from ...frontend.catalog import ALL_FUNCTIONS
 from ...frontend.numeric import EXPREL_D_SERIES, EXPREL_SERIES_BOUND
+from ...frontend.parse import source_lines
 from ...ir.functions import Randn, draws_in
 from ...ir.schedule import Assignments
 from ..base import IR
@@ -261,7 +262,7 @@ def emit(ir: IR) -> tuple[str, CpuABI]:
     """The generated C++ source and its ABI."""
     step, bw, sch = ir.step, ir.backward, ir.schedule
     params = [p.symbol for p in step.params]
-    src = step.checked.source.splitlines()
+    src = source_lines(step.checked.source)
     abi = CpuABI(
         draws=step.draws, name=step.name, inputs=[x.name for x in step.inputs], states=[s.name for s in step.states],
         params=[p.name for p in step.params], learnable=[p.name for p in step.learnable],

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ...frontend.parse import source_lines
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
@@ -34,7 +35,7 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     step, bw, sch = ir.step, ir.backward, ir.schedule
     pr = TorchPrinter()  # (`like`: a tensor argument whose dtype a `where` of two numbers takes)
     S = pr._print
-    src = step.checked.source.splitlines()
+    src = source_lines(step.checked.source)
     params = [S(p.symbol) for p in step.params]
     hoisted = sch.hoisted
     hnames = [S(y) for y, _ in hoisted]

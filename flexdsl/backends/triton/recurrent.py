@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
+from ...frontend.parse import source_lines
 from ...ir.functions import TNOW
 from ...settings import env_int, env_tile
 from ...store import cache
@@ -49,7 +50,7 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
     step, bw, sch = ir.step, ir.backward, ir.schedule
     base, abi = emit(ir)
     io_ptr = abi.name_of("out", abi.outputs[0])
-    P = _Printed(TritonPrinter(io_ptr), step.origins, step.checked.source.splitlines())
+    P = _Printed(TritonPrinter(io_ptr), step.origins, source_lines(step.checked.source))
     S = P.pr._print
     port_sym = step.inputs[port]
     src_name = abi.outputs[source]
