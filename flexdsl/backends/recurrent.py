@@ -32,6 +32,7 @@ from ..settings import env_choice
 from . import get, replay
 from .base import IR, NoiseKey, key_ints, key_tensor
 from .base import register_ops as implement
+from .stash import stash, unstash
 
 # the backends with a recurrent scan (the module that makes its program)
 IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent"}
@@ -305,7 +306,7 @@ class _Scan(torch.autograd.Function):
             # every tensor the backward needs goes through save_for_backward: autograd frees them after
             # the backward (kept with retain_graph=True: a second backward gets them again), and an
             # in-place change before the backward is an error, not wrong gradients
-            held, ts = _stash((sv.w, sv.S, sv.w_in, sv.x, sv.xb, sv.saved))
+            held, ts = stash((sv.w, sv.S, sv.w_in, sv.x, sv.xb, sv.saved))
             ctx.save_for_backward(*ts)
             ctx.sv = dataclasses.replace(sv, w=None, S=None, w_in=None, x=None, xb=None, saved=held)
         ctx.set_materialize_grads(False)
@@ -321,41 +322,9 @@ class _Scan(torch.autograd.Function):
         prog, inputs, states, params, dense, _, _, _ = ctx.call
         if ctx.sv is None:
             return (None,) * len(ctx.needs_input_grad)
-        w, S, w_in, x, xb, saved = _unstash(ctx.sv.saved, ctx.saved_tensors)
+        w, S, w_in, x, xb, saved = unstash(ctx.sv.saved, ctx.saved_tensors)
         sv = dataclasses.replace(ctx.sv, w=w, S=S, w_in=w_in, x=x, xb=xb, saved=saved)
         return (None, *_backward(prog, sv, inputs, states, params, dense, grads, ctx.needs_input_grad[1:]))
-
-
-class _Slot(int):
-    """Where a stashed tensor was (its index among the saved tensors)."""
-
-
-def _stash(obj: Any) -> tuple[Any, list[torch.Tensor]]:
-    """`obj` (tensors in nested tuples and lists) with each tensor replaced by its `_Slot`, and the
-    tensors in slot order."""
-    ts: list[torch.Tensor] = []
-
-    def walk(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            ts.append(o)
-            return _Slot(len(ts) - 1)
-        if isinstance(o, (tuple, list)):
-            return _rebuild(o, [walk(v) for v in o])
-        return o
-
-    return walk(obj), ts
-
-
-def _rebuild(o: tuple | list, items: list) -> Any:
-    return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)  # (a named tuple: by position)
-
-
-def _unstash(held: Any, ts: Sequence[torch.Tensor]) -> Any:
-    if isinstance(held, _Slot):
-        return ts[held]
-    if isinstance(held, (tuple, list)):
-        return _rebuild(held, [_unstash(v, ts) for v in held])
-    return held
 
 
 def _first_order() -> None:
