@@ -234,8 +234,8 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
     if not save:
         return outs, fins, None
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
-    s_exact = bool(prog.binary and dense and fast_products(w) and (s0_exact if s0_exact is not None
-                                                                   else exact_in_bf16(s0, prog)))
+    # (s0_exact was decided above wherever this can hold: w and s0 share device and dtype)
+    s_exact = bool(prog.binary and dense and fast_products(w) and s0_exact)
     return outs, fins, _Saved(ix.shape[0], saved, S, w, w_in, x if linear and w_in is not None else None, xb,
                               s_exact, linear)
 
@@ -426,14 +426,15 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         return _Scan.apply((prog, list(ins), list(sts), list(params), dense, xb, noise, s0_exact), xx, w, ss,
                            wi, bb, *tensors)
 
+    s0_known = True if s0_zero else None  # (what is known of s0's exactness before any check)
+
     def split(res: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         n_out = len(res) - len(states)
         return list(res[:n_out]), list(res[n_out:])
 
-    own = [v for v in (x, w_in, b, w, s0, *inputs, *states, *params) if isinstance(v, torch.Tensor)]
+    own = (v for v in (x, w_in, b, w, s0, *inputs, *states, *params) if isinstance(v, torch.Tensor))  # (lazy)
     if replay.eligible(prog, x, own, noise, w.shape[0]):
         want = _Guess.wanted(prog, x, w_in, b, s0, dense, s0_zero)
-        s0_known = True if s0_zero else None
 
         def convert(xx: torch.Tensor, ss: torch.Tensor) -> tuple:
             if want is None:
@@ -450,11 +451,11 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
             return split(res)
     guess = _Guess.launch(prog, x, w_in, b, s0, dense, s0_zero)
     if guess is None:
-        return split(run(x, s0, inputs, states, None, True if s0_zero else None, False))
+        return split(run(x, s0, inputs, states, None, s0_known, False))
     res = run(x, s0, inputs, states, guess.xb, guess.s0_exact, True)
     if not guess.confirmed():  # (x or s0 not exact after all: again, checking first from now on)
         prog.check_first = True  # type: ignore[attr-defined]
-        res = run(x, s0, inputs, states, None, True if s0_zero else None, False)
+        res = run(x, s0, inputs, states, None, s0_known, False)
     return split(res)
 
 

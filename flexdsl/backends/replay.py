@@ -30,7 +30,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -44,7 +44,7 @@ CAPTURES = 16  # captures per program at most (then eagerly: call signatures tha
 MODE = "thread_local"
 
 
-def eligible(prog: Any, x: torch.Tensor, tensors: Sequence[torch.Tensor], noise: Any, hidden: int) -> bool:
+def eligible(prog: Any, x: torch.Tensor, tensors: Iterable[torch.Tensor], noise: Any, hidden: int) -> bool:
     """Whether this call may replay a graph: a Triton program on CUDA, no gradient wanted, no
     noise, no autocast, small, not turned off, and the program not checking first."""
     if not (x.is_cuda and getattr(prog, "fused_products", False)) or noise is not None:

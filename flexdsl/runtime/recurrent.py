@@ -37,7 +37,7 @@ CONNECTIVITY = ("all", "one_to_one")
 _CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
                          "elementwise": "one_to_one"}
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_AUTOCASTABLE = (torch.float32, torch.float16, torch.bfloat16)  # (what autocast converts)
+_AUTOCASTABLE = _KERNEL_DTYPES  # (the same three: what autocast converts)
 
 
 class _NeuronView:
@@ -378,9 +378,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         seen = (m.data_ptr(), m._version, m.dtype, m.device)
         if self.__dict__.get("_mask_seen") == seen:
             return
-        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
-            raise self._input_error("`mask` must hold 0/1 (or bool) values", "it keeps (1) or removes (0) a "
-                                    "recurrent weight; scale weights through W_rec")
+        if not _zeros_and_ones(m):
+            raise self._input_error("`mask` must hold 0/1 (or bool) values", _MASK_HINT)
         self.__dict__["_mask_seen"] = seen
 
     def _other_inputs(self, others, names, single, shape3, step_shape, dtype, dev) -> list[Any]:
@@ -449,6 +448,13 @@ def _positive_int(view: _NeuronView, name: str, v: Any, where: A.Pos) -> int:
     return int(v)
 
 
+_MASK_HINT = "it keeps (1) or removes (0) a recurrent weight; scale weights through W_rec"
+
+
+def _zeros_and_ones(m: torch.Tensor) -> bool:
+    return not m.is_complex() and bool(((m == 0) | (m == 1)).all())
+
+
 def _mask(view: _NeuronView, mask: Any, shape: tuple[int, ...], conn: str, hidden: int, where: A.Pos) -> torch.Tensor:
     try:
         m = torch.as_tensor(mask)
@@ -458,10 +464,8 @@ def _mask(view: _NeuronView, mask: Any, shape: tuple[int, ...], conn: str, hidde
         raise view.error(f"mask has shape {tuple(m.shape)}, but hidden={hidden} with connectivity={conn!r} needs "
                          f"{shape}", where, "mask[i, j] = 1 keeps the weight from neuron j to neuron i"
                          if conn == "all" else "one_to_one: a 0/1 value per neuron")
-    if m.dtype != torch.bool:
-        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
-            raise view.error("mask must hold 0/1 (or bool) values", where,
-                             "it keeps (1) or removes (0) a recurrent weight; scale weights through W_rec")
+    if m.dtype != torch.bool and not _zeros_and_ones(m):
+        raise view.error("mask must hold 0/1 (or bool) values", where, _MASK_HINT)
     return m.to(torch.get_default_dtype())
 
 
