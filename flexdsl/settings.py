@@ -30,6 +30,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_INDUCTOR": ("", "0", "1"),
     "FLEXDSL_RECURRENT_PRODUCTS": ("", "bf16", "fp32"),
     "FLEXDSL_RECURRENT_GRAPHS": ("", "0", "1"),
+    "FLEXDSL_RECURRENT_FIXED": ("", "0", "1"),
+    "FLEXDSL_RECURRENT_RESIDENT": ("", "0", "1"),
 }
 
 

@@ -161,21 +161,36 @@ def _triton_products(t: torch.Tensor, prog: Any):
     return None
 
 
-def _exact_bf16(x: torch.Tensor, prog: Any) -> torch.Tensor | None:
+def _exact_bf16(x: torch.Tensor, prog: Any, ints: bool = False) -> torch.Tensor | None:
     """x in bfloat16 where that is exact (spikes, small integers) and finite, else None (an infinity
     times a zero part of a weight would give NaN where float32 gives the infinity)."""
     kern = _triton_products(x, prog)
     if kern is not None:
-        return kern.to_bf16_exact(x)
-    xb = x.to(torch.bfloat16)
-    return xb if torch.equal(xb.float(), x) and bool(torch.isfinite(xb).all()) else None
+        return kern.to_bf16_exact(x, ints)
+    return x.to(torch.bfloat16) if _exact_torch(x, ints) else None
 
 
 def exact_in_bf16(t: torch.Tensor, prog: Any) -> bool:
-    """Every value of `t` finite and exact in bfloat16."""
+    """Every value of the fed-back `t` (s0) finite and exact in bfloat16, and a small integer
+    where the program's recurrent products run in int8 (`small_ints`)."""
+    ints = small_ints(prog, t)
     if t.dtype == torch.float32 and _triton_products(t, prog) is not None:
-        return _exact_bf16(t, prog) is not None  # (one kernel)
-    return bool(((t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)).all())
+        return _exact_bf16(t, prog, ints) is not None  # (one kernel)
+    return _exact_torch(t, ints)
+
+
+def small_ints(prog: Any, t: torch.Tensor) -> bool:
+    """Whether the program's recurrent products of a fed-back `t` run in int8 (fixed point,
+    `backends/triton/recurrent.py`): then "exact" means integers from -127 to 127 (spikes)."""
+    ints = getattr(prog, "exact_ints", None)
+    return bool(ints is not None and ints(t.dtype))
+
+
+def _exact_torch(t: torch.Tensor, ints: bool) -> bool:
+    ok = (t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)
+    if ints:
+        ok &= (t == t.round()) & (t.abs() <= 127)
+    return bool(ok.all())
 
 
 def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: Any) -> torch.Tensor | None:
@@ -364,7 +379,7 @@ class _Guess:
         flags = torch.zeros(2, dtype=torch.int32, device=x.device)
         xb = kern.to_bf16(x, flags[0:1]) if want[0] else None
         if want[1]:
-            kern.to_bf16(s0, flags[1:2])
+            kern.to_bf16(s0, flags[1:2], small_ints(prog, s0))
         return flags, xb
 
     @staticmethod

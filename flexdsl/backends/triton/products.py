@@ -30,9 +30,9 @@ from .launch import interpret
 
 
 @triton.jit
-def _to_bf16_exact_kernel(x, out, flag, n, K, KP, PAD: tl.constexpr, BLOCK: tl.constexpr):
+def _to_bf16_exact_kernel(x, out, flag, n, K, KP, PAD: tl.constexpr, INTS: tl.constexpr, BLOCK: tl.constexpr):
     # out [rows, KP] = bfloat16(x [rows, K]), zeros in the KP - K padding columns; flag = 1 where a
-    # value is not finite or not exact in bfloat16
+    # value is not finite or not exact in bfloat16 (INTS: or not an integer from -127 to 127)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     if PAD:
@@ -45,6 +45,8 @@ def _to_bf16_exact_kernel(x, out, flag, n, K, KP, PAD: tl.constexpr, BLOCK: tl.c
     tl.store(out + offs, vb, mask=m)
     back = vb.to(tl.float32)
     bad = (back != v) | (tl.abs(v) == float("inf"))  # (NaN: back != v)
+    if INTS:
+        bad = bad | (v != v.to(tl.int32).to(tl.float32)) | (tl.abs(v) > 127.0)
     if tl.max(bad.to(tl.int32), axis=0) > 0:
         tl.store(flag, 1)
 
@@ -120,7 +122,42 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_
     tl.store(c + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=cm)
 
 
+@triton.jit
+def _split_fixed_kernel(w, out, scale, N, K, KP, BLOCK: tl.constexpr):
+    # one row of w [N, K] (float32) in fixed point: q = round(w * 2^(30 - e)), e the row's binary
+    # exponent (max |w| < 2^e, so |q| <= 2^30), as four balanced base-256 digits (out [4, N, K]
+    # int8, q == d0 + 2^8 d1 + 2^16 d2 + 2^24 d3); scale[row] = 2^(e - 30) (float64), NaN if the
+    # row holds a value that is not finite (the products with it are NaN in float32 too)
+    row = tl.program_id(0).to(tl.int64)
+    base = w + row * K
+    top = tl.zeros([BLOCK], dtype=tl.float32)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
+        v = tl.load(base + ks, mask=ks < K, other=0.0).to(tl.float32)
+        finite = tl.abs(v) < float("inf")  # (False for NaN too)
+        bad = tl.maximum(bad, (~finite).to(tl.int32))
+        top = tl.maximum(top, tl.where(finite, tl.abs(v), 0.0))
+    field = (tl.max(top, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    e = tl.maximum(field, 1) - 126  # max |w| < 2^e (a zero or subnormal row: e = -125)
+    up = ((30 - e + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2^(30 - e), exact
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
+        m = ks < K
+        v = tl.load(base + ks, mask=m, other=0.0).to(tl.float32)
+        v = tl.where(tl.abs(v) < float("inf"), v, 0.0)
+        x = v.to(tl.float64) * up
+        q = ((x + 6755399441055744.0) - 6755399441055744.0).to(tl.int64)  # round to nearest, ties even
+        for p in tl.static_range(4):
+            d = ((q + 128) & 255) - 128
+            tl.store(out + p * N * KP + row * KP + ks, d.to(tl.int8), mask=m)
+            q = (q - d) >> 8
+    down = ((e - 30 + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    tl.store(scale + row, tl.where(tl.max(bad, axis=0) > 0, float("nan"), down))
+
+
 _TO_BF16, _SPLIT3, _SPLIT3_MM = Launcher(_to_bf16_exact_kernel), Launcher(_split3_kernel), Launcher(_split3_mm_kernel)
+_SPLIT_FIXED = Launcher(_split_fixed_kernel)
 _ALIGN = 64  # rows padded to a multiple of this many elements: aligned, and no mask along K
 
 
@@ -128,9 +165,9 @@ def _padded(k: int) -> int:
     return -(-k // _ALIGN) * _ALIGN
 
 
-def to_bf16(x: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+def to_bf16(x: torch.Tensor, flag: torch.Tensor, ints: bool = False) -> torch.Tensor:
     """x (float32) in bfloat16, `flag` (int32, on x's device) set to 1 where a value is not finite or
-    not exact there; nothing waits. The result's rows (last dim) lie in a buffer padded with zeros
+    not exact there (`ints`: or not an integer from -127 to 127, as int8 holds it); nothing waits. The result's rows (last dim) lie in a buffer padded with zeros
     to a multiple of 64 elements (a view: aligned rows for the products)."""
     K = x.shape[-1] if x.dim() else 1
     xc = x.contiguous().reshape(-1, K)
@@ -140,15 +177,16 @@ def to_bf16(x: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
     if n:
         block = 4096 if not interpret() else 1 << 16
         _TO_BF16((triton.cdiv(n, block),), num_warps=8, x=xc, out=buf, flag=flag, n=n, K=K, KP=kp, PAD=kp != K,
-                 BLOCK=block)
+                 INTS=ints, BLOCK=block)
     return buf[:, :K].reshape(x.shape)
 
 
-def to_bf16_exact(x: torch.Tensor) -> torch.Tensor | None:
-    """x (float32) in bfloat16 where every value is finite and exact there, else None (one pass,
-    and one synchronisation to read the verdict); as `to_bf16`."""
+def to_bf16_exact(x: torch.Tensor, ints: bool = False) -> torch.Tensor | None:
+    """x (float32) in bfloat16 where every value is finite and exact there (`ints`: and an integer
+    from -127 to 127), else None (one pass, and one synchronisation to read the verdict); as
+    `to_bf16`."""
     flag = torch.zeros(1, dtype=torch.int32, device=x.device)
-    xb = to_bf16(x, flag)
+    xb = to_bf16(x, flag, ints)
     return None if int(flag.item()) else xb
 
 
@@ -190,4 +228,24 @@ def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     return out
 
 
-__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm"]
+def split_fixed(w: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (float32) per row in 31-bit fixed point: (digits [4, N, K] int8, scale [N] float64)
+    with w[n, k] ~= scale[n] * sum_p 256^p digits[p, n, k], within scale[n] / 2 (2^-31 of the
+    row's binary range, at most 2^-30 of its largest |w|); scale NaN for a row with a value that is
+    not finite. Products of int8 spikes with the digits sum exactly in int32 (`tl.dot`), and one
+    rounding to float32 at the end. With `kp`, rows padded with zeros to kp elements."""
+    wc = w.detach().float().contiguous()
+    N, K = wc.shape
+    kp = K if kp is None else kp
+    out = (torch.empty if kp == K else torch.zeros)((4, N, kp), dtype=torch.int8, device=w.device)
+    scale = torch.empty((N,), dtype=torch.float64, device=w.device)
+    if N and K:
+        block = min(max(triton.next_power_of_2(K), 16), 1024)
+        _SPLIT_FIXED((N,), num_warps=4, w=wc, out=out, scale=scale, N=N, K=K, KP=kp, BLOCK=block)
+    elif N:
+        scale.fill_(1.0)
+        out.zero_()
+    return out, scale
+
+
+__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed"]

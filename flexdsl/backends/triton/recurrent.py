@@ -8,16 +8,23 @@ steps (every program is resident: at most one per multiprocessor). The backward 
 same way, the source's gradient taking `gI[t + 1] W` (gI: the port's gradient), and writes `gI`
 for the products after the loop (`backends/recurrent.py`).
 
-The recurrent product exploits binary spikes: a spike is exact in bfloat16, so with float32
-weights split into three bfloat16 matrices (`split3`, summing to the float32 value) three
-bfloat16 tensor-core products give the float32 result; a float32 operand that is not a spike
-(the backward's gradients, a non-spike source) is split too (six products, error ~2^-24). With
-16-bit I/O, one product in that dtype with float32 accumulation.
+The recurrent product exploits binary spikes. In float32 on CUDA the forward runs it in fixed
+point (`split_fixed`): each neuron's row of W as a 31-bit integer of its binary range in four
+int8 digits, the spikes in int8 (`_Sb`), four int8 tensor-core products summed exactly in
+int32, combined in int64 and rounded once to float32 (error per spike within 2^-31 of the row's
+binary range, 2^-30 of its largest |w|; the same call gives the same bits). Elsewhere (the
+backward's gradients, Triton's interpreter, FLEXDSL_RECURRENT_FIXED=0) float32 weights are split
+into three bfloat16 matrices (`split3`, summing to the float32 value): a spike is exact in
+bfloat16, so three bfloat16 products give the float32 result; a float32 operand that is not a
+spike is split too (six products, error ~2^-24). With 16-bit I/O, one product in that dtype with
+float32 accumulation. A program owning one tile keeps its neurons' states in registers and loads
+its input a step ahead, while it waits at the grid barrier (FLEXDSL_RECURRENT_RESIDENT=0: not).
 
 Launch heuristics (env): `FLEXDSL_RECURRENT_TILE=BMxBNxBK` (the tile), `FLEXDSL_RECURRENT_BK` (the
 product's K block), `FLEXDSL_RECURRENT_WARPS` (4), `FLEXDSL_RECURRENT_STAGES` (Triton's pipelining
 depth, 4), `FLEXDSL_RECURRENT_PROGRAMS` (at most the multiprocessor count);
-`FLEXDSL_RECURRENT_PRODUCTS=fp32` turns off the exact bfloat16 products of spikes outside the kernels.
+`FLEXDSL_RECURRENT_PRODUCTS=fp32` turns off the exact bfloat16 products of spikes outside the kernels;
+`FLEXDSL_RECURRENT_FIXED` (0/1) and `FLEXDSL_RECURRENT_RESIDENT` (0) as above.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import torch
 from ...errors import FlexDSLError
 from ...frontend.parse import source_lines
 from ...ir.functions import TNOW
-from ...settings import env_int, env_tile
+from ...settings import env_choice, env_int, env_tile
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
@@ -40,7 +47,7 @@ from ..recurrent import exact_in_bf16
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
 from .kernel import Launcher
 from .launch import LAUNCHES, interpret
-from .products import split3
+from .products import split3, split_fixed
 
 TEMPLATE = "recurrent.py.j2"
 
@@ -114,6 +121,23 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
 
 
 # ------------------------------------------------------------------------------------ launch
+def _fixed_scan(interpreted: bool) -> bool:
+    """Whether float32 spikes' recurrent products run in fixed point (`split_fixed`):
+    FLEXDSL_RECURRENT_FIXED=1 or 0, by default on CUDA (not in Triton's interpreter)."""
+    knob = env_choice("FLEXDSL_RECURRENT_FIXED")
+    return knob == "1" or (knob == "" and FIXED_DEFAULT and not interpreted)
+
+
+FIXED_DEFAULT = True  # (measured faster on an H100: bench/RESULTS.md)
+
+
+def _resident() -> bool:
+    """Whether a program owning one tile keeps its states in registers and loads its input a step
+    ahead (FLEXDSL_RECURRENT_RESIDENT, on by default)."""
+    return env_choice("FLEXDSL_RECURRENT_RESIDENT") != "0"
+
+
+
 @lru_cache(maxsize=8)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -190,19 +214,23 @@ class TritonRecurrentProgram:
             kw[self.abi.name_of("mode", name)] = mode
         return kw
 
-    def _layout(self, B: int, H: int, dev: torch.device, dtype: torch.dtype, a_bytes: int) -> dict[str, Any]:
+    def _layout(self, B: int, H: int, dev: torch.device, dtype: torch.dtype, a_bytes: int,
+                fixed: bool = False) -> dict[str, Any]:
         if self.interpret or dev.type != "cuda":
             programs = 1
         else:
             programs = env_int("FLEXDSL_RECURRENT_PROGRAMS") or _sm_count(dev.index or 0)
             programs = min(programs, _sm_count(dev.index or 0))
         exact32 = self.interpret
-        split_w = 3 if (dtype == torch.float32 and self.dense and not exact32) else 1
-        bm, bn, bk = tile_shape(B, H, programs, a_bytes, 2 * split_w if dtype == torch.float32 else dtype.itemsize)
+        split_w = 4 if fixed else 3 if (dtype == torch.float32 and self.dense and not exact32) else 1
+        w_bytes = 4 if fixed else 2 * split_w if dtype == torch.float32 else dtype.itemsize
+        bm, bn, bk = tile_shape(B, H, programs, a_bytes, w_bytes)
+        if fixed and env_tile("FLEXDSL_RECURRENT_TILE") is None and env_int("FLEXDSL_RECURRENT_BK") is None:
+            bk = 128  # (int8: half the bytes of a bfloat16 block, and fewer steps of the K loop)
         tiles = (-(-B // bm)) * (-(-H // bn))
         nprog = max(1, min(programs, tiles))
         return {"grid": (nprog,), "num_warps": env_int("FLEXDSL_RECURRENT_WARPS") or 4,
-                "num_stages": env_int("FLEXDSL_RECURRENT_STAGES") or 4, "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
+                "num_stages": env_int("FLEXDSL_RECURRENT_STAGES") or (3 if fixed else 4), "_NPROG": nprog, "_BM": bm, "_BN": bn, "_BK": bk, "_SYNC": nprog > 1 and self.dense,
                 "_DENSE": self.dense, "_SPLIT_W": split_w, "_EXACT32": exact32}
 
     def _weights(self, w: torch.Tensor, dtype: torch.dtype, split_w: int) -> torch.Tensor:
@@ -223,6 +251,11 @@ class TritonRecurrentProgram:
         if noise is None:
             raise ValueError("a noisy model's recurrent scan needs the call's NoiseKey")
         return {"_seedlo": noise.seed & 0x7FFFFFFF, "_seedhi": noise.seed >> 31, "_tbase": noise.t0}
+
+    def exact_ints(self, dtype: torch.dtype) -> bool:
+        """Whether this layer's exact products in `dtype` run in int8 fixed point (float32 spikes fed
+        back, `split_fixed`): the values called exact are then integers from -127 to 127."""
+        return dtype == torch.float32 and self.dense and self.binary and _fixed_scan(self.interpret)
 
     def forward(self, ix, w, s0, inputs, states, params, save, noise: NoiseKey | None = None,
                 s0_exact: bool | None = None):
@@ -252,14 +285,18 @@ class TritonRecurrentProgram:
             s0b = s0.to(torch.bfloat16) if self.dense and self.binary else None
             exact = s0b is not None and (dtype != torch.float32 or (
                 s0_exact if s0_exact is not None else exact_in_bf16(s0, self)))
-            shadow = exact and dtype == torch.float32 and not self.interpret
+            fixed = exact and self.exact_ints(dtype)  # (then s0_exact says: small integers)
+            shadow = exact and dtype == torch.float32 and (fixed or not self.interpret)
             if shadow:
-                Sb = torch.empty((T + 1, B, H), dtype=torch.bfloat16, device=dev)
-                Sb[0] = s0b
-            lay = self._layout(B, H, dev, dtype, 2 if (shadow or dtype != torch.float32) else 4)
+                Sb = torch.empty((T + 1, B, H), dtype=torch.int8 if fixed else torch.bfloat16, device=dev)
+                Sb[0] = s0.to(Sb.dtype)
+            lay = self._layout(B, H, dev, dtype, 1 if fixed else 2 if (shadow or dtype != torch.float32) else 4,
+                               fixed)
             host, hv = self._host(params)
-            kw: dict[str, Any] = {"_ix": ix, "_S": S, "_Sb": Sb, "_W": self._weights(w, dtype, lay["_SPLIT_W"]),
-                                  "_xp": xp, "_st": st, "_saved": sav,
+            wk, wsc = split_fixed(w) if fixed else (self._weights(w, dtype, lay["_SPLIT_W"]), None)
+            tiles = (-(-B // lay["_BM"])) * (-(-H // lay["_BN"]))
+            kw: dict[str, Any] = {"_ix": ix, "_S": S, "_Sb": Sb, "_W": wk, "_Wsc": wsc, "_xp": xp,
+                                  "_RESIDENT": tiles <= lay["_NPROG"] and _resident(), "_st": st, "_saved": sav,
                                   "_bar": torch.zeros(1, dtype=torch.int32, device=dev), "_B": B, "_H": H, "_T": T,
                                   "_HOST": host, "_SAVE": sav is not None or xp is not None, "_ROUND": sav is not None,
                                   "_SPLIT_A": 1 if exact else 3, "_SHADOW": shadow, **self._key(noise)}
