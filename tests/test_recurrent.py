@@ -1011,3 +1011,135 @@ def test_generated_recurrent_code_quotes_the_right_lines():
     for code, mark in ((emit_torch(c)[0], "#"), (emit_triton(c, 0, 0)[0], "#"), (emit_cpu(c)[0], "//")):
         quoted = [ln.strip() for ln in code.split("\n") if "x - v" in ln and f"{mark} line" in ln]
         assert quoted and all(q.startswith(f"{mark} line 7: ") for q in quoted), quoted
+
+
+# ----------------------------------------------------------------------------- fixed point, resident tiles
+@needs_triton
+def test_fixed_point_weights_recombine_within_the_stated_bound():
+    """`split_fixed`: each row as four balanced int8 digits of a 31-bit integer of the row's binary
+    range; the value they give is within half a unit of that range (2^-31 of 2^e, e the row's
+    exponent, max|w| < 2^e) of the float32 weight, checked in float64 from the digits alone."""
+    from flexdsl.backends.triton.products import split_fixed
+
+    torch.manual_seed(3)
+    w = torch.randn(9, 70) * torch.logspace(-30, 30, 9)[:, None]
+    w[2] = 0.0
+    w[3] = torch.randint(-64, 65, (70,)) / 128  # on a grid the fixed point holds exactly
+    w[4, 5] = float("nan")
+    w[5, 6] = float("inf")
+    w[6] = 1e-41  # subnormal
+    d, sc = split_fixed(w)
+    assert d.dtype == torch.int8 and d.shape == (4, 9, 70) and sc.dtype == torch.float64
+    q = sum(d[p].long() * 256 ** p for p in range(4))
+    assert int(d[3].abs().max()) <= 64  # |q| <= 2^30: the top digit never overflows
+    back = q.double() * sc[:, None]
+    fin = torch.isfinite(w).all(1)
+    assert fin.tolist() == [True] * 4 + [False] * 2 + [True] * 3
+    assert torch.isnan(sc[~fin]).all()
+    top = w.double().abs().amax(1)
+    for r in torch.nonzero(fin & (top > 0)).flatten().tolist():
+        e = int(torch.frexp(top[r]).exponent)  # top < 2^e
+        assert (back[r] - w[r].double()).abs().max() <= 2.0 ** (e - 31), r
+    assert torch.equal(back[3].float(), w[3]) and torch.equal(back[2], torch.zeros(70, dtype=torch.float64))
+
+
+@needs_triton
+def test_small_integer_check_flags_what_int8_cannot_hold():
+    from flexdsl.backends.triton.products import to_bf16_exact
+
+    assert to_bf16_exact(torch.tensor([0.0, 1.0, -127.0, 127.0, 3.0]), ints=True) is not None
+    for bad in (0.5, 128.0, -128.5, float("inf"), float("nan"), 1e30):
+        assert to_bf16_exact(torch.tensor([1.0, bad]), ints=True) is None, bad
+    assert to_bf16_exact(torch.tensor([0.5, 2.0 ** 100]), ints=False) is not None  # (bfloat16 holds them)
+
+
+def _spy_fixed(monkeypatch) -> list:
+    import flexdsl.backends.triton.recurrent as tr
+
+    calls: list = []
+    real = tr.split_fixed
+    monkeypatch.setattr(tr, "split_fixed", lambda w, *a: (calls.append(tuple(w.shape)), real(w, *a))[1])
+    return calls
+
+
+@needs_triton
+@pytest.mark.parametrize("model, H, B, gain", [("if", 16, 1, 1), ("if", 40, 7, 1), ("alif", 24, 5, 32)])
+def test_fixed_point_scan_equals_the_float64_scan(monkeypatch, model, H, B, gain):
+    """The fixed-point recurrent products (FLEXDSL_RECURRENT_FIXED=1; the default on CUDA): with
+    weights on a grid of 2^-7 every current of IF is exact in float32, so the spikes must equal
+    the float64 torch scan's at every step (and the gradients within 1e-5) — the integer sums are
+    exact, not merely close. ALIF (two states, a leak) likewise on this short sequence."""
+    monkeypatch.setenv("FLEXDSL_RECURRENT_FIXED", "1")
+    calls = _spy_fixed(monkeypatch)
+    torch.manual_seed(11)
+    T, IN = 25, 12
+    m = flexdsl.recurrent(model, IN, H, backend="torch")
+    with torch.no_grad():
+        m.W_in.copy_(torch.randint(-16, 17, m.W_in.shape) / 128 * gain)
+        m.W_rec.copy_(torch.randint(-24, 25, m.W_rec.shape) / 128 * gain)
+        m.bias.copy_(torch.randint(-8, 9, m.bias.shape) / 128)
+    x = (torch.rand(T, B, IN) < 0.3).float() * 4
+    w = torch.randn(T, B, H)
+    ref = _run(m.double(), x.double(), w.double())
+    m = m.float()
+    m.backend = "triton"
+    got = _run(m, x, w)
+    assert calls and calls[0] == (H, H)  # (the fixed-point path ran)
+    assert int(ref[0][0].sum()) > 10
+    for a, b in zip(got[0], ref[0]):
+        assert torch.equal(a.double(), b) if a is got[0][0] else rel(a.double(), b) < 1e-6
+    for k in ref[1]:
+        assert rel(got[1][k].double(), ref[1][k]) < 1e-5, k
+
+
+@needs_triton
+def test_fixed_point_scan_takes_the_float_path_for_fractional_feedback(monkeypatch):
+    """Feedback given by hand with values int8 cannot hold (0.5) is not multiplied in fixed point:
+    the scan takes the float32 path and still equals the float64 scan."""
+    monkeypatch.setenv("FLEXDSL_RECURRENT_FIXED", "1")
+    calls = _spy_fixed(monkeypatch)
+    torch.manual_seed(12)
+    T, B, IN, H = 10, 3, 6, 20
+    m = flexdsl.recurrent("if", IN, H, backend="torch")
+    with torch.no_grad():
+        m.W_in.copy_(torch.randint(-16, 17, m.W_in.shape) / 128)
+        m.W_rec.copy_(torch.randint(-24, 25, m.W_rec.shape) / 128)
+    x = (torch.rand(T, B, IN) < 0.3).float() * 4
+    s0 = (torch.rand(B, H) < 0.5).float() * 0.5
+    md = copy.deepcopy(m).double()
+    md.feedback = s0.double()
+    ref = md(x.double())
+    m.backend = "triton"
+    m.feedback = s0.clone()
+    got = m(x)
+    assert calls == []
+    assert torch.equal(got.double(), ref) and int(ref.sum()) > 5
+
+
+@needs_triton
+@pytest.mark.parametrize("fixed", ["0", "1"])
+def test_resident_tile_equals_the_tile_loop_bit_for_bit(monkeypatch, fixed):
+    """A program owning one tile keeps its states in registers and loads its input a step ahead
+    (FLEXDSL_RECURRENT_RESIDENT, on by default): the same bits as loading and storing them every
+    step, outputs and final states (ALIF: two states), forward and gradients."""
+    monkeypatch.setenv("FLEXDSL_RECURRENT_FIXED", fixed)
+    torch.manual_seed(13)
+    T, B, IN, H = 15, 4, 7, 30
+    m = flexdsl.recurrent("alif", IN, H, backend="triton")
+    with torch.no_grad():
+        m.W_in.mul_(6.0)
+        m.W_rec.mul_(3.0)
+    x = (torch.rand(T, B, IN) < 0.4).float()
+    w = torch.randn(T, B, H)
+    res = {}
+    for resident in ("1", "0"):
+        monkeypatch.setenv("FLEXDSL_RECURRENT_RESIDENT", resident)
+        m.reset()
+        res[resident] = _run(m, x, w)
+    assert int(res["1"][0][0].sum()) > 5
+    for a, b in zip(res["1"][0], res["0"][0]):
+        assert torch.equal(a, b)
+    for k in res["0"][1]:
+        assert torch.equal(res["1"][1][k], res["0"][1][k]), k
+    for k in res["0"][3]:
+        assert torch.equal(res["1"][3][k], res["0"][3][k]), k
