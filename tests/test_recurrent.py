@@ -1143,3 +1143,64 @@ def test_resident_tile_equals_the_tile_loop_bit_for_bit(monkeypatch, fixed):
         assert torch.equal(res["1"][1][k], res["0"][1][k]), k
     for k in res["0"][3]:
         assert torch.equal(res["1"][3][k], res["0"][3][k]), k
+
+
+# ----------------------------------------------------------------------------- memory
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_calls_leave_no_tensors_in_reference_cycles(backend):
+    """A call's buffers are freed when the last reference goes, not when Python's cycle collector
+    happens to run: no tensor of a call (training or not) ends in a reference cycle. (Such a cycle
+    kept every call's activations alive on the GPU and made each call allocate afresh.)"""
+    import gc
+
+    m = flexdsl.recurrent("lif", 6, 16, backend=backend)
+    x = (torch.rand(9, 3, 6) < 0.4).float()
+    m(x).sum().backward()
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for grad in (False, True):
+            m.reset()
+            with torch.set_grad_enabled(grad):
+                out = m(x)
+                if grad:
+                    out.sum().backward()
+            del out
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            leaked = [tuple(o.shape) for o in gc.garbage if isinstance(o, torch.Tensor)]
+            gc.garbage.clear()
+            gc.set_debug(0)
+            assert leaked == [], f"grad={grad}: tensors in reference cycles {leaked}"
+    finally:
+        gc.set_debug(0)
+        if was:
+            gc.enable()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_calls_without_gradients_keep_nothing_for_a_backward(monkeypatch, backend):
+    """Under no_grad or inference_mode the scan runs its forward alone (an autograd Function would
+    still see the weights needing gradients and save every step's state for nothing)."""
+    from flexdsl.backends import recurrent as scans
+
+    seen = []
+    real = scans._forward
+
+    def spy(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, *rest):
+        seen.append(save)
+        return real(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, *rest)
+
+    monkeypatch.setattr(scans, "_forward", spy)
+    m = flexdsl.recurrent("alif", 5, 12, backend=backend)
+    x = torch.rand(7, 2, 5) * 3
+    with torch.no_grad():
+        a = m(x)
+    m.reset()
+    with torch.inference_mode():
+        b = m(x)
+    m.reset()
+    c = m(x)
+    assert seen == [False, False, True]
+    assert torch.equal(a, b) and torch.equal(a, c.detach())

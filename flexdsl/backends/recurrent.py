@@ -438,6 +438,13 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         elif bb is not None:
             xx, bb = xx + bb, None
         tensors = [v for v in (*ins, *sts, *params) if isinstance(v, torch.Tensor)]
+        if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (xx, w, ss, wi, bb,
+                                                                                               *tensors)):
+            # nothing to differentiate (no_grad, inference mode: the Function's needs_input_grad would
+            # still say the weights need it): the forward alone, keeping nothing for a backward
+            outs, fins, _ = _forward(prog, xx, w, ss, wi, bb, xb, list(ins), list(sts), list(params), dense, False,
+                                     noise, s0_exact)
+            return (*outs, *fins)
         return _Scan.apply((prog, list(ins), list(sts), list(params), dense, xb, noise, s0_exact), xx, w, ss,
                            wi, bb, *tensors)
 

@@ -19,16 +19,18 @@ def stash(obj: Any) -> tuple[Any, list[torch.Tensor]]:
     """`obj` (tensors in nested tuples and lists) with each tensor replaced by its `_Slot`, and the
     tensors in slot order."""
     ts: list[torch.Tensor] = []
+    return _walk(obj, ts), ts
 
-    def walk(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            ts.append(o)
-            return _Slot(len(ts) - 1)
-        if isinstance(o, (tuple, list)):
-            return _rebuild(o, [walk(v) for v in o])
-        return o
 
-    return walk(obj), ts
+def _walk(o: Any, ts: list[torch.Tensor]) -> Any:
+    # (a module-level function: a nested one calling itself would be a reference cycle holding the
+    # tensors until Python's cycle collector runs, long after autograd freed them)
+    if isinstance(o, torch.Tensor):
+        ts.append(o)
+        return _Slot(len(ts) - 1)
+    if isinstance(o, (tuple, list)):
+        return _rebuild(o, [_walk(v, ts) for v in o])
+    return o
 
 
 def _rebuild(o: tuple | list, items: list) -> Any:
