@@ -266,7 +266,7 @@ class TritonRecurrentProgram:
                                hint="use backend='auto' (the torch path on the CPU)")
         N = B * H
         S = torch.empty((T + 1, B, H), dtype=dtype, device=dev)
-        S[0] = s0
+        S[0].copy_(s0)
         outs = [S[1:] if k == self.source else torch.empty((T, B, H), dtype=dtype, device=dev)
                 for k in range(len(self.outputs))]
         st = torch.empty((len(self.states), N), dtype=torch.float32, device=dev)
@@ -282,14 +282,13 @@ class TritonRecurrentProgram:
         if T and N:
             # the previous step's source as a product operand: spikes are exact in bfloat16 (the
             # initial one too, unless it was given other values)
-            s0b = s0.to(torch.bfloat16) if self.dense and self.binary else None
-            exact = s0b is not None and (dtype != torch.float32 or (
+            exact = self.dense and self.binary and (dtype != torch.float32 or (
                 s0_exact if s0_exact is not None else exact_in_bf16(s0, self)))
             fixed = exact and self.exact_ints(dtype)  # (then s0_exact says: small integers)
             shadow = exact and dtype == torch.float32 and (fixed or not self.interpret)
             if shadow:
                 Sb = torch.empty((T + 1, B, H), dtype=torch.int8 if fixed else torch.bfloat16, device=dev)
-                Sb[0] = s0.to(Sb.dtype)
+                Sb[0].copy_(s0)
             lay = self._layout(B, H, dev, dtype, 1 if fixed else 2 if (shadow or dtype != torch.float32) else 4,
                                fixed)
             host, hv = self._host(params)
