@@ -497,6 +497,40 @@ def graph_check(dev) -> bool:
     return ok_all and not errors
 
 
+def autocast_check(dev) -> bool:
+    """Inference under autocast to bfloat16 (the input product in flexdsl's kernel on padded rows,
+    `products.mm_bf16`) against the same call with torch's product (FLEXDSL_RECURRENT_PRODUCTS=fp32):
+    the input products within one bfloat16 unit, the layers' spikes (nearly) all equal."""
+    import os
+
+    import flexdsl
+    from flexdsl.backends.triton.products import mm_bf16
+
+    print("autocast check: bf16 inference, the padded-row input product vs torch's", flush=True)
+    ok = True
+    for model, H, T, B in (("lif", 1024, 30, 256), ("alif", 256, 40, 64)):
+        torch.manual_seed(2)
+        m = flexdsl.recurrent(model, IN, H).to(dev)
+        x = (torch.rand(T, B, IN, device=dev) < 0.05).float() * 8
+        with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
+            ref_in = torch.nn.functional.linear(x, m.W_in, m.bias).float()
+        got_in = mm_bf16(x.reshape(-1, IN), m.W_in, m.bias).float().reshape(ref_in.shape)
+        within = bool(((got_in - ref_in).abs() <= ref_in.abs() * 2.0 ** -8 + 1e-6).all())
+        outs = []
+        for products in ("", "fp32"):
+            os.environ["FLEXDSL_RECURRENT_PRODUCTS"] = products
+            m.reset()
+            with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
+                outs.append(m(x).float())
+        os.environ.pop("FLEXDSL_RECURRENT_PRODUCTS")
+        same = float((outs[0] == outs[1]).float().mean())
+        good = within and same > 0.99
+        ok &= good
+        print(f"  {model:5s} H={H:5d} T={T} B={B}: input products {'within one bf16 unit' if within else 'DIFFER'}, "
+              f"spikes equal {same:.4f} (rate {float(outs[1].mean()):.3f}) {'ok' if good else 'MISMATCH'}", flush=True)
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -522,7 +556,8 @@ def main() -> None:
     dev = a.device
     name = torch.cuda.get_device_name() if dev == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"device {name}, torch {torch.__version__}", flush=True)
-    if dev == "cuda" and not a.no_check and not (graph_check(dev) & exact_check(dev) & check(dev)):
+    if dev == "cuda" and not a.no_check and not (graph_check(dev) & exact_check(dev) & check(dev) &
+                                                  autocast_check(dev)):
         print("CHECK FAILED", flush=True)
     if a.check_only:
         return

@@ -1204,3 +1204,27 @@ def test_calls_without_gradients_keep_nothing_for_a_backward(monkeypatch, backen
     c = m(x)
     assert seen == [False, False, True]
     assert torch.equal(a, b) and torch.equal(a, c.detach())
+
+
+@needs_triton
+def test_bfloat16_input_product_kernel_is_autocasts_product():
+    """`products.mm_bf16` (the layer's `W_in x + b` under autocast to bfloat16 on CUDA, without
+    gradients): bfloat16 operands, float32 sums, one rounding to bfloat16 at the end — against the
+    float64 product of the same bfloat16 operands, within one bfloat16 unit of the result (Triton's
+    interpreter truncates where the GPU rounds to nearest) plus float32 summation; padding, no bias,
+    empty shapes."""
+    from flexdsl.backends.triton.products import mm_bf16
+
+    torch.manual_seed(21)
+    for M, K, N, bias in ((70, 700, 40, True), (33, 100, 17, False), (5, 3, 7, True), (64, 64, 32, True)):
+        x = torch.randn(M, K).bfloat16().float()
+        w = torch.randn(N, K).bfloat16().float()
+        b = torch.randn(N).bfloat16().float() if bias else None
+        got = mm_bf16(x, w, b)
+        assert got.dtype == torch.bfloat16 and got.shape == (M, N)
+        ref = x.double() @ w.double().T + (b.double() if bias else 0.0)
+        bound = ref.abs() * 2.0 ** -7 + (x.abs().double() @ w.abs().double().T) * 2.0 ** -22
+        assert ((got.double() - ref).abs() <= bound).all(), (M, K, N)
+    assert mm_bf16(torch.zeros(0, 5), torch.zeros(3, 5), None).shape == (0, 3)
+    assert torch.equal(mm_bf16(torch.zeros(2, 0), torch.zeros(3, 0), torch.tensor([1.0, 2.0, 3.0])).float(),
+                       torch.tensor([[1.0, 2.0, 3.0]] * 2))

@@ -73,12 +73,14 @@ def _split3_kernel(w, out, n, K, KP, PAD: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                      PARTS: tl.constexpr = 3):
     # c[M, N] = a[M, K] @ (w[0] + w[1] + w[2])^T + b: a [M, K] bfloat16 with rows `lda` apart, w
     # [3, N, K] bfloat16 with rows `lda` apart too (`part` elements between the parts); three
     # products accumulated in float32, lo first. EVEN_K: K is a multiple of BK (the rows are
     # padded with zeros), no mask along K. IEEE: float32 operands and IEEE products (Triton's
-    # interpreter, whose 16-bit dot is not exact)
+    # interpreter, whose 16-bit dot is not exact). PARTS 1: w is one bfloat16 matrix (autocast's
+    # product), one product; c in its own dtype
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -94,7 +96,19 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_
     wp = w + (rn % N)[None, :].to(tl.int64) * lda + rk[:, None]
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        if EVEN_K:
+        if PARTS == 1:
+            if EVEN_K:
+                av = tl.load(ap)
+                w0 = tl.load(wp)
+            else:
+                km = (k0 + rk) < K
+                av = tl.load(ap, mask=km[None, :], other=0.0)
+                w0 = tl.load(wp, mask=km[:, None], other=0.0)
+            if IEEE:
+                acc = tl.dot(av.to(tl.float32), w0.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(av, w0, acc)
+        elif EVEN_K:
             av = tl.load(ap)
             w2 = tl.load(wp + 2 * part)
             w1 = tl.load(wp + part)
@@ -105,7 +119,9 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_
             w2 = tl.load(wp + 2 * part, mask=km[:, None], other=0.0)
             w1 = tl.load(wp + part, mask=km[:, None], other=0.0)
             w0 = tl.load(wp, mask=km[:, None], other=0.0)
-        if IEEE:
+        if PARTS == 1:
+            pass
+        elif IEEE:
             af = av.to(tl.float32)
             acc = tl.dot(af, w2.to(tl.float32), acc, input_precision="ieee")
             acc = tl.dot(af, w1.to(tl.float32), acc, input_precision="ieee")
@@ -119,7 +135,7 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_
     if HAS_B:
         acc += tl.load(b + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     cm = (rm < M)[:, None] & (rn < N)[None, :]
-    tl.store(c + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=cm)
+    tl.store(c + rm[:, None].to(tl.int64) * N + rn[None, :], acc.to(c.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -248,4 +264,33 @@ def split_fixed(w: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, t
     return out, scale
 
 
-__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed"]
+def mm_bf16(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`x @ w^T + b` as autocast to bfloat16 computes it (operands rounded to bfloat16, float32
+    accumulation, a bfloat16 result) for x [M, K] float32 or bfloat16, w [N, K], b [N] or None: rows
+    padded to 64 elements (aligned: cuBLAS takes slower kernels for a 700-wide bfloat16 row), one
+    kernel for the conversion of x and one product."""
+    M, K = x.shape
+    N = w.shape[0]
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.copy_((b if b is not None else torch.zeros(N, device=x.device)).to(out.dtype).expand(M, N))
+    kp = _padded(K)
+    flag = torch.zeros(1, dtype=torch.int32, device=x.device)  # (its verdict is not read: a cast, not a check)
+    xb = to_bf16(x.float() if x.dtype != torch.float32 else x, flag)
+    if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
+        xb = torch.nn.functional.pad(xb, (0, kp - K))
+    wp = torch.zeros((N, kp), dtype=torch.bfloat16, device=x.device)
+    wp[:, :K].copy_(w)
+    bb = b.to(torch.bfloat16) if b is not None else None
+    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 64))
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
+               num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=xb, w=wp, b=bb if bb is not None else wp, c=out,
+               M=M, N=N, K=kp, lda=kp, part=0, HAS_B=bb is not None, EVEN_K=kp % bk == 0, IEEE=interpret(),
+               BM=bm, BN=bn, BK=bk, GROUP=8, PARTS=1)
+    return out
+
+
+__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed", "mm_bf16"]
