@@ -218,12 +218,15 @@ class _Saved:
     linear: bool  # the input product (or the bias) was made here, not by the caller
 
 
+_MM_BF16_MIN = 1 << 24  # (inputs of fewer values: the launches cost more than cuBLAS's slower kernel)
+
+
 def _linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: Any) -> torch.Tensor:
     """`W_in x + b` as torch computes it. Under autocast to bfloat16 on CUDA with no gradient to
-    track (inference), the same product in one Triton kernel on rows padded to 64 elements
-    (`products.mm_bf16`: cuBLAS takes slower kernels for a 700-wide bfloat16 row); the input's
-    conversion is the one autocast makes."""
-    kern = _triton_products(x, prog)
+    track (inference) and a large input, the same product in one Triton kernel on rows padded to 64
+    elements (`products.mm_bf16`: cuBLAS takes slower kernels for a 700-wide bfloat16 row); the
+    input's conversion is the one autocast makes."""
+    kern = _triton_products(x, prog) if x.numel() >= _MM_BF16_MIN else None
     if (kern is not None and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
             and env_choice("FLEXDSL_RECURRENT_PRODUCTS") != "fp32" and x.dtype in (torch.float32, torch.bfloat16)
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_in, b)))):

@@ -164,13 +164,16 @@ class Launcher(Compiled):
         params = getattr(fn, "params", None)  # (not in the interpreter, which launches the public way)
         self.names: list[str] = [p.name for p in params] if params is not None else []
         self.const = [bool(p.is_constexpr) for p in params] if params is not None else []
+        # a parameter's default where the call leaves it out (as Triton's own launch does)
+        self.defaults = {p.name: p.default for p in params if getattr(p, "has_default", False)} if params else {}
         self.fast = self.fast and params is not None
 
     def __call__(self, grid: tuple[int, ...], num_warps: int = 4, num_stages: int = 3, **kw: Any) -> None:
         if not self.names:
             self.fn[grid](**kw, num_warps=num_warps, num_stages=num_stages)
             return
-        full = [kw[n] for n in self.names]
+        defaults = self.defaults
+        full = [kw[n] if n in kw else defaults[n] for n in self.names]
         key = (num_warps, num_stages, *((v if c else spec(v)) for v, c in zip(full, self.const))) if self.fast else ()
         dev = device_of(v for v in full if isinstance(v, torch.Tensor))
         self.run_full(grid, full, key, dev.index or 0, num_warps=num_warps, num_stages=num_stages)

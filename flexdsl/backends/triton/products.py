@@ -240,7 +240,7 @@ def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
                num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=xb, w=wp, b=b if b is not None else wp, c=out,
                M=M, N=N, K=kp, lda=kp, part=N * kp, HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(),
-               BM=bm, BN=bn, BK=bk, GROUP=8)
+               BM=bm, BN=bn, BK=bk, GROUP=8, PARTS=3)
     return out
 
 
