@@ -1228,3 +1228,62 @@ def test_bfloat16_input_product_kernel_is_autocasts_product():
     assert mm_bf16(torch.zeros(0, 5), torch.zeros(3, 5), None).shape == (0, 3)
     assert torch.equal(mm_bf16(torch.zeros(2, 0), torch.zeros(3, 0), torch.tensor([1.0, 2.0, 3.0])).float(),
                        torch.tensor([[1.0, 2.0, 3.0]] * 2))
+
+
+TWO_PORT_NOISY = """
+neuron TwoPortNoisy:
+    input x
+    input drive
+    param tau = 2.0 where tau > 1
+    param sigma = 0.3 where sigma >= 0
+    state v = 0.0
+    update:
+        v = v + (x + 2 * drive - v) / tau + sigma * randn()
+    spike when v >= 1.0
+    on spike:
+        v = 0.0
+    output spike, v
+"""
+
+
+@needs_triton
+@pytest.mark.parametrize("text, port, others, gain", [(TWO_PORT_NOISY, "drive", 1, 5.0), ("alif", None, 0, 40.0)])
+def test_scan_in_step_ranges_equals_one_launch(monkeypatch, text, port, others, gain):
+    """On CUDA a large call without gradients runs its scan in step ranges, each launched once its
+    piece of the input product is done (`backends.recurrent._pieces`). The same kernel on views of
+    the call's buffers: every output, the final states and the noise draws equal one launch's bit
+    for bit (here the ranges are forced, in Triton's interpreter)."""
+    from flexdsl.backends.triton.recurrent import TritonRecurrentProgram
+
+    torch.manual_seed(14)
+    T, B, IN, H = 11, 3, 5, 24
+    m = flexdsl.recurrent(text, IN, H, backend="triton", **({"port": port} if port else {}))
+    with torch.no_grad():
+        m.W_in.mul_(gain)
+        m.W_rec.mul_(3.0)
+    x = (torch.rand(T, B, IN) < 0.5).float()
+    extra = [torch.rand(T, B, H) for _ in range(others)]
+    real = TritonRecurrentProgram.forward
+    seen = []
+
+    def in_pieces(self, ix, *a, **k):
+        n = ix.shape[0]
+        k["ready"] = [(0, 3, None), (3, 4, None), (4, n, None)]
+        seen.append(n)
+        return real(self, ix, *a, **k)
+
+    res = []
+    for patch in (False, True):
+        if patch:
+            monkeypatch.setattr(TritonRecurrentProgram, "forward", in_pieces)
+        m.reset()
+        with torch.no_grad():
+            out = m(x, *extra, **({"seed": 7} if port else {}))
+        out = out if isinstance(out, tuple) else (out,)
+        res.append(([o.clone() for o in out], {k: getattr(m.neuron, k).clone() for k in m.neuron.state_names}))
+    assert seen == [T]
+    assert int(res[0][0][0].sum()) > 5
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    for k in res[0][1]:
+        assert torch.equal(res[0][1][k], res[1][1][k]), k
