@@ -32,7 +32,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_RECURRENT_GRAPHS": ("", "0", "1"),
     "FLEXDSL_RECURRENT_FIXED": ("", "0", "1"),
     "FLEXDSL_RECURRENT_RESIDENT": ("", "0", "1"),
-    "FLEXDSL_RECURRENT_PIECES": ("", "0", "1"),
 }
 
 

@@ -235,54 +235,6 @@ def _linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: A
     return torch.nn.functional.linear(x, w_in, b)
 
 
-_PIECES_MIN = 1 << 24  # (input values from which the input product runs in pieces beside the scan)
-_SIDE: dict[int, Any] = {}
-
-
-def _side_stream(dev: torch.device) -> Any:
-    """A side stream of the device (one per device and process) for the pieces of input products."""
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    st = _SIDE.get(index)
-    if st is None:
-        st = _SIDE.setdefault(index, torch.cuda.Stream(device=index))
-    return st
-
-
-def _pieces(prog: Any, xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, save: bool) -> tuple | None:
-    """The fused input product of a large call without gradients in four pieces of steps on a side
-    stream, an event after each: (ix [T, B, H], [(t0, t1, event)]); the program's scan runs each step
-    range once its piece is done, so the later pieces' products overlap the earlier steps' scan.
-    None where that does not apply (FLEXDSL_RECURRENT_PIECES=0, a program without pieces, a small or
-    saving call, a stream being captured): the product in one piece."""
-    kern = _triton_products(xb, prog)
-    if (kern is None or save or not getattr(prog, "takes_pieces", False) or xb.numel() < _PIECES_MIN
-            or xb.dim() != 3 or env_choice("FLEXDSL_RECURRENT_PIECES") == "0"
-            or torch.cuda.is_current_stream_capturing()):
-        return None
-    T, B, F = xb.shape
-    H = w_in.shape[0]
-    n = min(4, T)
-    dev = xb.device
-    main, side = torch.cuda.current_stream(dev), _side_stream(dev)
-    ix = torch.empty((T, B, H), dtype=torch.float32, device=dev)
-    x2, i2 = xb.reshape(T * B, F), ix.view(T * B, H)
-    bb = b.contiguous() if b is not None else None
-    ready = []
-    side.wait_stream(main)  # (x converted, the weights as the call found them)
-    with torch.cuda.stream(side):
-        parts = kern.split3(w_in, kern.padded(F))
-        for i in range(n):
-            t0, t1 = T * i // n, T * (i + 1) // n
-            kern.split3_mm(x2[t0 * B:t1 * B], w_in, bb, out=i2[t0 * B:t1 * B], parts=parts)
-            ev = torch.cuda.Event()
-            ev.record(side)
-            ready.append((t0, t1, ev))
-    for t in (ix, xb, w_in, parts, bb):  # (made or read on the side stream, freed by the caller's)
-        if t is not None:
-            t.record_stream(side)
-    return ix, ready
-
-
 def _fusable(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> bool:
     """Whether x W_in^T may run as exact bfloat16 products (CUDA, float32, no autocast)."""
     return (fast_products(x) and w_in.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
@@ -300,11 +252,7 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
     if s0_exact is None and prog.binary and dense and fast_products(s0):
         s0_exact = exact_in_bf16(s0, prog)
     linear = xb is None and (w_in is not None or b is not None)
-    extra: dict[str, Any] = {} if noise is None else {"noise": noise}
-    pieces = _pieces(prog, xb, w_in, b, save) if xb is not None else None
-    if pieces is not None:  # the input product in pieces on a side stream, each step range's scan after its piece
-        ix, extra["ready"] = pieces
-    elif xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
+    if xb is not None:  # the input product, fused: x W_in^T + b from bfloat16 parts
         ix = _input_product(xb.reshape(-1, xb.shape[-1]), w_in, b, prog)
         if ix is None:  # (torch has no bfloat16 products into float32 here: the same values in float32)
             ix = torch.nn.functional.linear(xb.reshape(-1, xb.shape[-1]).float(), w_in, b)
@@ -313,9 +261,8 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
         ix = torch.nn.functional.linear(x, w_in, b)
     else:
         ix = x if b is None else x + b
-    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save, s0_exact=s0_exact, **extra)
-    if pieces is not None and ix.is_cuda:
-        torch.cuda.current_stream(ix.device).wait_stream(_side_stream(ix.device))
+    outs, fins, S, saved = prog.forward(ix, w, s0, inputs, states, params, save, s0_exact=s0_exact,
+                                        **({"noise": noise} if noise is not None else {}))
     if not save:
         return outs, fins, None
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values

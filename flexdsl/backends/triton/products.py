@@ -177,11 +177,6 @@ _SPLIT_FIXED = Launcher(_split_fixed_kernel)
 _ALIGN = 64  # rows padded to a multiple of this many elements: aligned, and no mask along K
 
 
-def padded(k: int) -> int:
-    """The row length (elements) the products pad a K-wide row to."""
-    return _padded(k)
-
-
 def _padded(k: int) -> int:
     return -(-k // _ALIGN) * _ALIGN
 
@@ -225,16 +220,13 @@ def split3(w: torch.Tensor, kp: int | None = None) -> torch.Tensor:
     return out if kp != K else out.reshape(3, *w.shape)
 
 
-def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor | None = None,
-              parts: torch.Tensor | None = None) -> torch.Tensor:
+def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """`xb @ w^T + b` in float32 from exact products: xb [M, K] bfloat16 (exact values; rows may lie
     in a padded buffer, as `to_bf16_exact` gives them), w [N, K] float32 (multiplied as its three
-    bfloat16 parts, `split3`), b [N] or None. Each product is exact; the sum is float32. `out`: a
-    contiguous [M, N] float32 tensor to write; `parts`: `split3(w, padded(K))` made before (a product
-    in pieces splits W once)."""
+    bfloat16 parts, `split3`), b [N] or None. Each product is exact; the sum is float32."""
     M, K = xb.shape
     N = w.shape[0]
-    out = torch.empty((M, N), dtype=torch.float32, device=xb.device) if out is None else out
+    out = torch.empty((M, N), dtype=torch.float32, device=xb.device)
     if M == 0 or N == 0:
         return out
     if K == 0:
@@ -242,7 +234,7 @@ def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: to
     kp = _padded(K)
     if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
         xb = torch.nn.functional.pad(xb, (0, kp - K))  # (rows aligned and padded with zeros)
-    wp = split3(w, kp) if parts is None else parts
+    wp = split3(w, kp)
     bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 32))
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
@@ -301,4 +293,4 @@ def mm_bf16(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return out
 
 
-__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed", "mm_bf16", "padded"]
+__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed", "mm_bf16"]

@@ -182,7 +182,6 @@ class TritonRecurrentProgram:
         self.binary = self.outputs[source] == "spike"  # the source is 0/1: exact in any float dtype
         self.fwd_kernel, self.bwd_kernel = Launcher(module._rec_fwd_kernel), Launcher(module._rec_bwd_kernel)
         self.fused_products = True  # (the layer's input product and checks in Triton too: products.py)
-        self.takes_pieces = True  # (forward(ready=...): the scan in step ranges as the input product's pieces land)
         self._host_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
@@ -259,9 +258,7 @@ class TritonRecurrentProgram:
         return dtype == torch.float32 and self.dense and self.binary and _fixed_scan(self.interpret)
 
     def forward(self, ix, w, s0, inputs, states, params, save, noise: NoiseKey | None = None,
-                s0_exact: bool | None = None, ready: list | None = None):
-        """As `RecurrentProgram.forward`; `ready` [(t0, t1, event)]: ix is being written in pieces of
-        steps (`backends.recurrent._pieces`), each range's scan waits for its piece's event."""
+                s0_exact: bool | None = None):
         T, B, H = ix.shape
         dev, dtype = ix.device, ix.dtype
         if dev.type != "cuda" and not self.interpret:
@@ -312,39 +309,12 @@ class TritonRecurrentProgram:
             kw.update(self._hoisted(self.meta["hoisted_fwd"], host, hv))
             grid = lay.pop("grid")
             kw.update(lay)
-            if ready is None:
-                self.fwd_kernel(grid, **kw)
-                LAUNCHES["rec_fwd"] += 1
-            else:
-                self._pieces(grid, kw, ready, ix, S, Sb, outs, noise, save)
+            self.fwd_kernel(grid, **kw)
+            LAUNCHES["rec_fwd"] += 1
         fins = [st[i].view(B, H).to(dtype) for i in range(len(self.states))]
         saved = (sav, xp, Sb, params, B, H, dtype, [inputs[k] for k in range(len(self.inputs)) if k != self.port and
                                    self.abi.name_of("in", self.inputs[k]) in self.meta["reread_others"]], noise)
         return outs, fins, S, saved if save else None
-
-    def _pieces(self, grid, kw: dict[str, Any], ready: list, ix, S, Sb, outs, noise, save: bool) -> None:
-        """The scan as one launch per step range [t0, t1), each after its piece of ix: the same
-        kernel on views of the call's buffers (S[t0] holds the source before step t0; the states
-        pass from one launch to the next in _st), a barrier counter of its own."""
-        if save:
-            raise ValueError("the scan in pieces keeps nothing for a backward")
-        stream = torch.cuda.current_stream(ix.device) if ix.is_cuda else None
-        bars = torch.zeros(len(ready), dtype=torch.int32, device=ix.device)
-        others = [self.abi.name_of("in", n) for k, n in enumerate(self.inputs) if k != self.port]
-        outputs = [(self.abi.name_of("out", n), outs[k]) for k, n in enumerate(self.outputs) if k != self.source]
-        for c, (t0, t1, ev) in enumerate(ready):
-            if stream is not None and ev is not None:
-                stream.wait_event(ev)
-            piece = dict(kw, _ix=ix[t0:t1], _S=S[t0:], _Sb=Sb[t0:] if Sb is not None else None, _T=t1 - t0,
-                         _bar=bars[c:c + 1])
-            for a in others:
-                piece[a] = kw[a][t0:t1]
-            for a, o in outputs:
-                piece[a] = o[t0:t1]
-            if noise is not None and self.abi.draws:
-                piece["_tbase"] = noise.t0 + t0
-            self.fwd_kernel(grid, **piece)
-            LAUNCHES["rec_fwd"] += 1
 
     # ------------------------------------------------------------------ backward
     def backward(self, saved, w, g_outs, g_fins, need):
