@@ -5,8 +5,10 @@ code before noise existed.
 
 The reference is `tests/fixtures/noise_free_sources.json`: the SHA-256 of each source, recorded by
 this module's `sources()` run on main at commit a990aec (before the change; the model file is named
-`<stem>.neuron`, so no path of the machine enters a source). If another change to code generation
-is intended, regenerate the fixture deliberately: `python tests/test_noise_free_code.py --write`.
+`<stem>.neuron`, so no path of the machine enters a source; the Triton recurrent scans re-recorded
+after their deliberate change in issue 20, fixed-point products and resident tiles, which touched no
+other source). If another change to code generation is intended, regenerate the fixture
+deliberately: `python tests/test_noise_free_code.py --write`.
 """
 
 from __future__ import annotations
@@ -55,5 +57,5 @@ def test_generated_code_of_models_without_noise_is_unchanged():
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     FIXTURE.write_text(json.dumps({
         "about": "SHA-256 of the generated sources of every library model without noise (tests/test_noise_free_code.py)",
-        "recorded_from": "main at a990aec (after issue 19), before noise (issue 21); Triton kernels after c24c",
+        "recorded_from": "main at a990aec (after issue 19), before noise (issue 21); Triton kernels after c24c; the Triton recurrent scans after issue 20 session 4 (fixed-point products, resident tiles)",
         "sha256": sources()}, indent=1, sort_keys=True) + "\n")
