@@ -765,7 +765,8 @@ def test_bench_smoke_runs_on_the_cpu():
 @needs_triton
 @pytest.mark.parametrize("name, value", [("FLEXDSL_RECURRENT_TILE", "3x3"), ("FLEXDSL_RECURRENT_TILE", "8x32x32"),
                                          ("FLEXDSL_RECURRENT_WARPS", "3"), ("FLEXDSL_RECURRENT_BK", "-64"),
-                                         ("FLEXDSL_RECURRENT_PRODUCTS", "tf32")])
+                                         ("FLEXDSL_RECURRENT_PRODUCTS", "tf32"), ("FLEXDSL_RECURRENT_FIXED", "yes"),
+                                         ("FLEXDSL_RECURRENT_RESIDENT", "2")])
 def test_bad_launch_settings_are_clear_errors(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     m = flexdsl.recurrent("lif", 3, 4, backend="triton")
