@@ -227,6 +227,8 @@ class TritonRecurrentProgram:
         bm, bn, bk = tile_shape(B, H, programs, a_bytes, w_bytes)
         if fixed and env_tile("FLEXDSL_RECURRENT_TILE") is None and env_int("FLEXDSL_RECURRENT_BK") is None:
             bk = 128  # (int8: half the bytes of a bfloat16 block, and fewer steps of the K loop)
+        if fixed:
+            bk = max(bk, 32)  # (an int8 tensor-core product takes K blocks of 32 or more)
         tiles = (-(-B // bm)) * (-(-H // bn))
         nprog = max(1, min(programs, tiles))
         return {"grid": (nprog,), "num_warps": env_int("FLEXDSL_RECURRENT_WARPS") or 4,
