@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import get, replay
 from .base import IR, NoiseKey, key_ints, key_tensor
-from .base import register_ops as implement
 from .stash import stash, unstash
 
 # the backends with a recurrent scan (the module that makes its program)
@@ -77,7 +77,10 @@ def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> Recurr
                 p = mod.load_recurrent(ir, key, port, source, dense)
                 ck = ir.checked
                 name = "".join(ch for ch in f"{b.name}_{key[:16]}_{port}_{source}_{int(dense)}" if ch.isalnum() or ch == "_")
-                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), dense)
+                from .recurrent_ops import register_ops
+
+                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), dense,
+                                     sys.modules[__name__])
                 _PROGRAMS[k] = p
     return p
 
@@ -515,100 +518,6 @@ def pack_args(inputs, states, params) -> tuple[list[torch.Tensor], list[float], 
     return tensors, vals, kinds
 
 
-def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list, list, NoiseKey | None]:
-    """(inputs, states, params, the key of a noisy model's draws: a last tensor of kind 3)."""
-    noise = None
-    if kinds and kinds[-1] == 3:
-        noise = NoiseKey(*key_ints(tensors[-1]))
-        tensors, kinds = tensors[:-1], kinds[:-1]
-    it_t, it_v = iter(tensors), iter(vals)
-    out = [None if k == 2 else next(it_t) if k == 1 else next(it_v) for k in kinds]
-    return out[:n_in], out[n_in:n_in + n_st], out[n_in + n_st:], noise
-
-
-_FWD = "rec_fwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds) -> Tensor[]"
-_BWD = ("rec_bwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
-        "Tensor?[] grads, bool[] need) -> Tensor[]")
-_LIBS: dict[str, Any] = {}
-
-
-def register_ops(prog: RecurrentProgram, name: str, n_in: int, n_st: int, n_out: int, dense: bool) -> tuple:
-    """The layer's custom ops `rec_fwd` and `rec_bwd` (once per program and process), with fake
-    implementations and autograd, for torch.compile: one graph node per layer, never a trace of
-    the loop. The backward op runs the forward again, keeping what its backward reads, then the
-    backward (the layer's activations are not kept between the two: under torch.compile the
-    layer is recomputed, as with activation checkpointing)."""
-    ns = f"flexdsl_rec_{name}"
-    if ns in _LIBS:
-        return _LIBS[ns][1]
-    lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
-
-    def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds):
-        inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
-        xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
-        outs, fins, _ = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, False, noise)
-        return _fresh([*outs, *fins], [x, w, s0, w_in, b, *tensors])
-
-    def fwd_fake(x, w, s0, w_in, b, tensors, vals, kinds):
-        ix = torch.nn.functional.linear(x, w_in, b) if w_in is not None else x if b is None else x + b
-        T, B, H = ix.shape
-        return [ix.new_empty((T, B, H)) for _ in range(n_out)] + [ix.new_empty((B, H)) for _ in range(n_st)]
-
-    def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
-        inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
-        xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
-        _, _, sv = _forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
-        assert sv is not None
-        g = _backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])
-        g += [None] * (noise is not None)  # (the key: no gradient)
-        args = [x, w, s0, w_in, b, *tensors]
-        return [(gi if gi is not None else torch.zeros_like(a)).to(a.dtype).reshape(a.shape)
-                for gi, a, n in zip(g, args, need) if n]
-
-    def bwd_fake(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
-        return [a.new_empty(a.shape) for a, n in zip([x, w, s0, w_in, b, *tensors], need) if n]
-
-    lib.define(_FWD)
-    lib.define(_BWD)
-    fwd, bwd = implement(lib, ns, [("rec_fwd", fwd_impl, fwd_fake), ("rec_bwd", bwd_impl, bwd_fake)])
-
-    def setup_context(ctx, inputs, output):
-        x, w, s0, w_in, b, tensors, vals, kinds = inputs
-        args = [x, w, s0, w_in, b, *tensors]
-        ctx.need = [a is not None and a.requires_grad for a in args]
-        ctx.vals, ctx.kinds, ctx.n = list(vals), list(kinds), len(tensors)
-        ctx.save_for_backward(*args)
-
-    def backward(ctx, grads):
-        if not torch.compiler.is_compiling() and torch.is_grad_enabled():
-            _first_order()
-        x, w, s0, w_in, b, *tensors = ctx.saved_tensors
-        res = iter(bwd(x, w, s0, w_in, b, tensors, ctx.vals, ctx.kinds, list(grads), ctx.need))
-        g = [next(res) if n else None for n in ctx.need]
-        # (an empty list of floats has the structure of an empty list of tensors: its "gradient" is [])
-        return (*g[:5], g[5:], None if ctx.vals else [], None if ctx.kinds else [])
-
-    torch.library.register_autograd(f"{ns}::rec_fwd", backward, setup_context=setup_context, lib=lib)
-    _LIBS[ns] = (lib, (fwd, bwd))
-    return fwd, bwd
-
-
-def _fresh(results: list[torch.Tensor], args: list) -> list[torch.Tensor]:
-    """A custom op's results sharing no memory with its arguments or with each other (a final
-    state may be an initial one, unchanged, or a view of an output): copies where they would."""
-    seen = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel()}
-    out = []
-    for r in results:
-        ptr = r.untyped_storage().data_ptr() if r.numel() else None
-        if ptr is not None and ptr in seen:
-            r = r.clone()
-            ptr = r.untyped_storage().data_ptr()
-        if ptr is not None:
-            seen.add(ptr)
-        out.append(r)
-    return out
-
-
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "register_ops", "pack_args", "weight_grad", "split3",
+__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "pack_args", "weight_grad", "split3",
            "exact_in_bf16",
            "fast_products"]

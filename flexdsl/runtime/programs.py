@@ -118,7 +118,7 @@ def recurrent_for(c: Compiled, name: str, backend: str, like: torch.Tensor, port
 @_assume_constant_result
 def _resolve_recurrent(name: str, backend: str, device_type: str, dtype: torch.dtype, port: int, source: int,
                        dense: bool) -> str:
-    """`_resolve` for a recurrent layer's scan (with its custom ops: `backends.recurrent.register_ops`)."""
+    """`_resolve` for a recurrent layer's scan (with its custom ops: `backends.recurrent_ops.register_ops`)."""
     c = _REGISTRY[name]
     like = torch.empty(0, dtype=dtype, device=device_type)
     program = scans.program(c, scans.choose(backend, like), port, source, dense)
