@@ -14,19 +14,13 @@ import triton.language as tl
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flexdsl.backends.triton.products import grouped_tile  # noqa: E402
 
 
 @triton.jit
 def _int8_mm(a, w, c, M, N, K, part, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
              DIGITS: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    width = GROUP * num_n
-    first = (pid // width) * GROUP
-    size = tl.minimum(num_m - first, GROUP)
-    pm = first + (pid % width) % size
-    pn = (pid % width) // size
+    pm, pn = grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)

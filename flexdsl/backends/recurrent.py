@@ -232,7 +232,7 @@ def _linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: A
     kern = _triton_products(x, prog) if x.numel() >= _MM_BF16_MIN else None
     if (kern is not None and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
             and env_choice("FLEXDSL_RECURRENT_PRODUCTS") != "fp32" and x.dtype in (torch.float32, torch.bfloat16)
-            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_in, b)))):
+            and not replay.tracks_grad((x, w_in, b))):
         y = kern.mm_bf16(x.reshape(-1, x.shape[-1]), w_in, b)
         return y.reshape(*x.shape[:-1], w_in.shape[0])
     return torch.nn.functional.linear(x, w_in, b)
@@ -458,8 +458,7 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         elif bb is not None:
             xx, bb = xx + bb, None
         tensors = [v for v in (*ins, *sts, *params) if isinstance(v, torch.Tensor)]
-        if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (xx, w, ss, wi, bb,
-                                                                                               *tensors)):
+        if not replay.tracks_grad((xx, w, ss, wi, bb, *tensors)):
             # nothing to differentiate (no_grad, inference mode: the Function's needs_input_grad would
             # still say the weights need it): the forward alone, keeping nothing for a backward
             outs, fins, _ = _forward(prog, xx, w, ss, wi, bb, xb, list(ins), list(sts), list(params), dense, False,

@@ -44,6 +44,12 @@ CAPTURES = 16  # captures per program at most (then eagerly: call signatures tha
 MODE = "thread_local"
 
 
+def tracks_grad(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """Whether autograd records a call on these tensors (grad mode on and one of them requires a
+    gradient): a Function's `needs_input_grad` says so even under no_grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def eligible(prog: Any, x: torch.Tensor, tensors: Iterable[torch.Tensor], noise: Any, hidden: int) -> bool:
     """Whether this call may replay a graph: a Triton program on CUDA, no gradient wanted, no
     noise, no autocast, small, not turned off, and the program not checking first."""
@@ -53,7 +59,7 @@ def eligible(prog: Any, x: torch.Tensor, tensors: Iterable[torch.Tensor], noise:
         return False
     if env_choice("FLEXDSL_RECURRENT_GRAPHS") == "0" or torch.is_autocast_enabled("cuda"):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if tracks_grad(tensors):
         return False
     if x.dim() != 3:
         return False
@@ -199,4 +205,4 @@ def _capture(x, s0, s0_zero, inputs, states, checks, convert, compute) -> Replay
     return rep
 
 
-__all__ = ["eligible", "graph_key", "replay", "MAX_ELEMENTS", "Replay"]
+__all__ = ["tracks_grad", "eligible", "graph_key", "replay", "MAX_ELEMENTS", "Replay"]

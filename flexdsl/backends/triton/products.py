@@ -72,6 +72,16 @@ def _split3_kernel(w, out, n, K, KP, PAD: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    # (row block, column block) of program `pid` over an [M, N] result: GROUP row blocks walk the
+    # column blocks together, so that W's tiles stay in L2
+    width = GROUP * tl.cdiv(N, BN)
+    first = (pid // width) * GROUP
+    size = tl.minimum(tl.cdiv(M, BM) - first, GROUP)
+    return first + (pid % width) % size, (pid % width) // size
+
+
+@triton.jit
 def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                       PARTS: tl.constexpr = 3):
@@ -81,14 +91,7 @@ def _split3_mm_kernel(a, w, b, c, M, N, K, lda, part, HAS_B: tl.constexpr, EVEN_
     # padded with zeros), no mask along K. IEEE: float32 operands and IEEE products (Triton's
     # interpreter, whose 16-bit dot is not exact). PARTS 1: w is one bfloat16 matrix (autocast's
     # product), one product; c in its own dtype
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    width = GROUP * num_n  # GROUP row blocks walk the column blocks together (W's tiles stay in L2)
-    first = (pid // width) * GROUP
-    size = tl.minimum(num_m - first, GROUP)
-    pm = first + (pid % width) % size
-    pn = (pid % width) // size
+    pm, pn = grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -232,16 +235,29 @@ def split3_mm(xb: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     if K == 0:
         return out.copy_((b.float() if b is not None else torch.zeros(N, device=xb.device)).expand(M, N))
     kp = _padded(K)
+    _product(_aligned(xb, kp), split3(w, kp), b, out, kp, 3)
+    return out
+
+
+def _aligned(xb: torch.Tensor, kp: int) -> torch.Tensor:
+    """xb [M, K] bfloat16 as rows of kp elements, aligned, zeros past K (itself when it lies so, as
+    `to_bf16` writes it; else a padded copy)."""
     if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
-        xb = torch.nn.functional.pad(xb, (0, kp - K))  # (rows aligned and padded with zeros)
-    wp = split3(w, kp)
-    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 32))
+        xb = torch.nn.functional.pad(xb, (0, kp - xb.shape[1]))
+    return xb
+
+
+def _product(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c: torch.Tensor, kp: int, parts: int) -> None:
+    """One launch of `_split3_mm_kernel`: c [M, N] = a @ (the `parts` bfloat16 matrices of w)^T + b,
+    a and w in rows of kp elements."""
+    M, N = c.shape
+    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else
+                                                      (128, 128, 32 if parts == 3 else 64))
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
-               num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=xb, w=wp, b=b if b is not None else wp, c=out,
-               M=M, N=N, K=kp, lda=kp, part=N * kp, HAS_B=b is not None, EVEN_K=kp % bk == 0, IEEE=interpret(),
-               BM=bm, BN=bn, BK=bk, GROUP=8, PARTS=3)
-    return out
+               num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=a, w=w, b=b if b is not None else w, c=c,
+               M=M, N=N, K=kp, lda=kp, part=N * kp if parts == 3 else 0, HAS_B=b is not None, EVEN_K=kp % bk == 0,
+               IEEE=interpret(), BM=bm, BN=bn, BK=bk, GROUP=8, PARTS=parts)
 
 
 def split_fixed(w: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,18 +295,10 @@ def mm_bf16(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     kp = _padded(K)
     flag = torch.zeros(1, dtype=torch.int32, device=x.device)  # (its verdict is not read: a cast, not a check)
     xb = to_bf16(x.float() if x.dtype != torch.float32 else x, flag)
-    if xb.stride(1) != 1 or xb.stride(0) != kp or xb.storage_offset() % _ALIGN:
-        xb = torch.nn.functional.pad(xb, (0, kp - K))
     wp = torch.zeros((N, kp), dtype=torch.bfloat16, device=x.device)
     wp[:, :K].copy_(w)
-    bb = b.to(torch.bfloat16) if b is not None else None
-    bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else (128, 128, 64))
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
-               num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=xb, w=wp, b=bb if bb is not None else wp, c=out,
-               M=M, N=N, K=kp, lda=kp, part=0, HAS_B=bb is not None, EVEN_K=kp % bk == 0, IEEE=interpret(),
-               BM=bm, BN=bn, BK=bk, GROUP=8, PARTS=1)
+    _product(_aligned(xb, kp), wp, b.to(torch.bfloat16) if b is not None else None, out, kp, 1)
     return out
 
 
-__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed", "mm_bf16"]
+__all__ = ["to_bf16", "to_bf16_exact", "split3", "split3_mm", "split_fixed", "mm_bf16", "grouped_tile"]

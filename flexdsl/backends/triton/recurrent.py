@@ -121,6 +121,9 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
 
 
 # ------------------------------------------------------------------------------------ launch
+FIXED_DEFAULT = True  # (measured faster on an H100: bench/RESULTS.md)
+
+
 def _fixed_scan(interpreted: bool) -> bool:
     """Whether float32 spikes' recurrent products run in fixed point (`split_fixed`):
     FLEXDSL_RECURRENT_FIXED=1 or 0, by default on CUDA (not in Triton's interpreter)."""
@@ -128,14 +131,10 @@ def _fixed_scan(interpreted: bool) -> bool:
     return knob == "1" or (knob == "" and FIXED_DEFAULT and not interpreted)
 
 
-FIXED_DEFAULT = True  # (measured faster on an H100: bench/RESULTS.md)
-
-
 def _resident() -> bool:
     """Whether a program owning one tile keeps its states in registers and loads its input a step
     ahead (FLEXDSL_RECURRENT_RESIDENT, on by default)."""
     return env_choice("FLEXDSL_RECURRENT_RESIDENT") != "0"
-
 
 
 @lru_cache(maxsize=8)
