@@ -22,11 +22,11 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from noisy_models import NLIF  # noqa: E402
-
 import flexdsl  # noqa: E402
 from flexdsl.backends.triton import inductor  # noqa: E402
 from flexdsl.backends.triton.kernel import LAUNCHES  # noqa: E402
+
+from noisy_models import NLIF  # noqa: E402
 
 DEV = "cuda"
 

@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from noisy_models import MODELS, SCALE  # noqa: E402
-
 import flexdsl  # noqa: E402
+
+from noisy_models import MODELS, SCALE  # noqa: E402
 
 
 def call(text: str, backend: str, x: torch.Tensor, seed: int, plan: str | None = None):
