@@ -24,6 +24,8 @@ import torch
 
 import flexdsl
 
+from tolerances import assert_close, scan_ops
+
 warnings.filterwarnings("ignore", module="spikingjelly")
 from spikingjelly.activation_based import functional as sj_functional  # noqa: E402
 from spikingjelly.activation_based import neuron as sj_neuron  # noqa: E402
@@ -282,10 +284,6 @@ SJ_CASES = {
 }
 
 
-def _tol(dtype):
-    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
-
-
 def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, state_loss: bool = False):
     sj_sg, clause = SJ_SURROGATES[sg]
     g = torch.Generator().manual_seed(seed)
@@ -309,13 +307,10 @@ def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, st
     mism = (s_m.to(s_ref.dtype) != s_ref).nonzero()
     assert mism.numel() == 0, f"{len(mism)} spikes differ from SpikingJelly, first at {mism[:3].tolist()}"
 
+    T, opts = x.shape[0], dict(detach_reset=detach)
     for mine, theirs in case.states.items():
-        torch.testing.assert_close(
-            getattr(m, mine).detach(),
-            getattr(ref, theirs).detach().to(dtype),
-            atol=1e-6 if dtype == torch.float32 else 1e-12,
-            rtol=1e-6 if dtype == torch.float32 else 1e-12,
-        )
+        assert_close(getattr(m, mine), getattr(ref, theirs).to(dtype), ops=scan_ops(text, T, backward=False, **opts),
+                     what=mine)
 
     w_s = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     loss_ref = (s_ref * w_s).sum()
@@ -328,13 +323,15 @@ def run_against_sj(case: SJCase, sg: str, detach: bool, dtype, seed: int = 0, st
     loss_m.backward()
     assert x_ref.grad is not None and x_m.grad is not None
     assert x_ref.grad.abs().sum() > 0
-    torch.testing.assert_close(x_m.grad, x_ref.grad, **_tol(dtype))
+    assert_close(x_m.grad, x_ref.grad, ops=scan_ops(text, T, **opts), what="x.grad")
     for mine, theirs in case.params.items():
         p_m, p_ref = getattr(m, mine), getattr(ref, theirs)
         assert isinstance(p_m, torch.nn.Parameter), f"{mine} must be an nn.Parameter"
-        torch.testing.assert_close(p_m.detach().to(dtype), p_ref.detach().to(dtype), **_tol(dtype))
+        assert_close(p_m.to(dtype), p_ref.to(dtype), ops=1, what=mine)
         assert p_m.grad is not None, f"learnable {mine} got no gradient"
-        torch.testing.assert_close(p_m.grad.to(dtype), p_ref.grad.to(dtype), **_tol(dtype))
+        # a param's gradient sums its T-step gradient over every element of the input
+        assert_close(p_m.grad.to(dtype), p_ref.grad.to(dtype), ops=scan_ops(text, T, x.numel(), **opts),
+                     what=f"{mine}.grad")
     return m, ref
 
 
@@ -376,11 +373,11 @@ def test_lif_single_step_mode_matches_spikingjelly():
     sr = torch.stack([ref(xt) for xt in xr])
     sm = torch.stack([m(xt) for xt in xm])
     assert torch.equal(sm, sr)
-    torch.testing.assert_close(m.v.detach(), ref.v.detach(), atol=1e-6, rtol=1e-6)
+    assert_close(m.v, ref.v, ops=scan_ops("lif", 24, backward=False))
     w = torch.randn(x.shape, generator=g)
     (sr * w).sum().backward()
     (sm * w).sum().backward()
-    torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
+    assert_close(xm.grad, xr.grad, ops=scan_ops("lif", 24))
 
 
 @pytest.mark.parametrize(
@@ -395,7 +392,7 @@ def test_state_sequences_match_spikingjelly(stem, cls, kw):
         sr, sm = ref(x), m(x)
     assert torch.equal(sm, sr)
     assert m.state_seqs["v"].shape == (20, 3, 5)
-    torch.testing.assert_close(m.state_seqs["v"], ref.v_seq, atol=1e-6, rtol=1e-6)
+    assert_close(m.state_seqs["v"], ref.v_seq, ops=scan_ops(stem, 20, backward=False))
 
 
 def test_reset_between_sequences_matches_spikingjelly():
@@ -443,11 +440,11 @@ def test_izhikevich_single_step_mode_matches_spikingjelly():
     sr = torch.stack([ref(xt) for xt in xr])
     sm = torch.stack([m(xt) for xt in xm])
     assert torch.equal(sm, sr)
-    torch.testing.assert_close(m.w.detach(), ref.w.detach(), atol=1e-6, rtol=1e-6)
+    assert_close(m.w, ref.w, ops=scan_ops("izhikevich", 24, backward=False))
     w = torch.randn(x.shape, generator=g)
     (sr * w).sum().backward()
     (sm * w).sum().backward()
-    torch.testing.assert_close(xm.grad, xr.grad, atol=1e-5, rtol=1e-5)
+    assert_close(xm.grad, xr.grad, ops=scan_ops("izhikevich", 24))
 
 
 def test_plif_per_channel_time_constant_matches_spikingjelly_per_channel():
@@ -470,5 +467,5 @@ def test_plif_per_channel_time_constant_matches_spikingjelly_per_channel():
         s_r = ref(xr)
         (s_r * w_s[:, c]).sum().backward()
         assert torch.equal(s_m[:, c], s_r)
-        torch.testing.assert_close(xm.grad[:, c], xr.grad, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(m.w.grad[c, 0], ref.w.grad, atol=1e-5, rtol=1e-5)
+        assert_close(xm.grad[:, c], xr.grad, ops=scan_ops("plif", 24))
+        assert_close(m.w.grad[c, 0], ref.w.grad, ops=scan_ops("plif", 24, xr.numel()))

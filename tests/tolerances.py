@@ -76,22 +76,26 @@ def _as_f64(x) -> torch.Tensor:
 
 
 def bound(actual, expected, *, ops: float, cond: float = 1.0, scale: float | None = None,
-          floor: float = 0.0) -> float:
+          floor: float = 0.0, precision=None) -> float:
     """The absolute bound of max|actual - expected| (see the module docstring)."""
     e = _as_f64(expected)
     if scale is None:
         scale = float(e.abs().max()) if e.numel() else 0.0
     scale = max(scale, floor)
+    if precision is not None:
+        return tol(precision, ops, cond) * scale
     return tol(_dtype(actual), ops, cond, _dtype(expected)) * scale
 
 
 def assert_close(actual, expected, *, ops: float, cond: float = 1.0, scale: float | None = None,
-                 floor: float = 0.0, what: str = "") -> None:
+                 floor: float = 0.0, precision=None, what: str = "") -> None:
     """max|actual - expected| <= cond * (gamma_ops(u_actual) + gamma_ops(u_expected)) * scale.
 
     `scale` is the magnitude of the quantities the result combines (default: max|expected|;
-    at least `floor`, for results that may all be 0 while their terms are not). Shapes must be
-    equal, NaNs must sit at the same places."""
+    at least `floor`, for results that may all be 0 while their terms are not). `precision`:
+    the dtype both sides really computed in, where it is not their dtype (a reference that
+    rounds to float32 inside a float64 computation). Shapes must be equal, NaNs must sit at
+    the same places."""
     a, e = _as_f64(actual), _as_f64(expected)
     assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
@@ -99,10 +103,10 @@ def assert_close(actual, expected, *, ops: float, cond: float = 1.0, scale: floa
     inf = torch.isinf(e)
     assert torch.equal(a[inf], e[inf]), f"{what}: infinities differ"
     ok = ~(nan_e | inf)
-    b = bound(actual, e[ok] if e.numel() else e, ops=ops, cond=cond, scale=scale, floor=floor)
+    b = bound(actual, e[ok] if e.numel() else e, ops=ops, cond=cond, scale=scale, floor=floor, precision=precision)
     err = float((a[ok] - e[ok]).abs().max()) if ok.any() else 0.0
     assert err <= b, (f"{what}: max |difference| {err:.3g} > bound {b:.3g} ({ops:g} operations in "
-                      f"{_dtype(actual)} vs {_dtype(expected)}, condition {cond:g})")
+                      f"{precision or _dtype(actual)} vs {precision or _dtype(expected)}, condition {cond:g})")
 
 
 def ulps(x: float, dtype=torch.float32) -> float:
@@ -160,3 +164,29 @@ def condition(fn, *inputs: torch.Tensor, delta: float = 2.0**-30, trials: int = 
         change = float((flat(fn(*pert)) - base).abs().max())
         worst = max(worst, change / (delta * scale) if scale > 0 else 1.0)
     return worst
+
+
+def scan_ops(model: str, T: int, reduce: int = 0, backward: bool = True, **options) -> int:
+    """The operations behind a value after T steps of a model: T forward steps (and T backward
+    steps for a gradient), plus `reduce` for a sum over that many terms (a param's gradient
+    summed over the batch, the features and the steps)."""
+    fwd, bwd = model_ops(model, **options)
+    return T * (fwd + (bwd if backward else 0)) + reduce
+
+
+def module_condition(make, x: torch.Tensor, w) -> float:
+    """`condition` of a neuron module's outputs and input gradient at input `x`: `make()` builds
+    a fresh module (run here in float64 on its own), the loss is sum(output_k * w_k) over its
+    outputs (`w` a tensor or one per output). A steep surrogate or an amplifying recurrence
+    shows here as a condition above 1."""
+    ws = w if isinstance(w, list | tuple) else [w]
+
+    def run(xx):
+        m = make().double()
+        xx = xx.clone().requires_grad_()
+        out = m(xx)
+        out = out if isinstance(out, tuple) else (out,)
+        sum((o * wk.double()).sum() for o, wk in zip(out, ws)).backward()
+        return [o.detach() for o in out] + [xx.grad]
+
+    return condition(run, x)
