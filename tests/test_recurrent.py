@@ -16,7 +16,7 @@ import flexdsl
 from flexdsl import FlexDSLError
 from flexdsl.runtime.module import triton_available
 
-from tolerances import assert_close, condition, model_ops, tol
+from tolerances import assert_close, condition, layer_ops, tol
 
 TRITON = triton_available()
 needs_triton = pytest.mark.skipif(not TRITON, reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
@@ -41,14 +41,6 @@ neuron RLeakyZero:
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
-def layer_ops(model, T: int, B: int, I: int | None, H: int, **options) -> int:
-    """The operations behind one gradient of a T-step layer: per step the neuron's forward and
-    derived backward (counted on the generated step), the input and recurrent dot products
-    (I + H terms) forward and back; a weight's gradient then sums T * B such terms."""
-    fwd, bwd = model_ops(model, **options)
-    return T * (fwd + bwd + 2 * ((I or 1) + H)) + T * B
 
 
 def layer_condition(m, x: torch.Tensor, g: torch.Tensor) -> float:

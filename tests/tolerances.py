@@ -174,19 +174,32 @@ def scan_ops(model: str, T: int, reduce: int = 0, backward: bool = True, **optio
     return T * (fwd + (bwd if backward else 0)) + reduce
 
 
-def module_condition(make, x: torch.Tensor, w) -> float:
-    """`condition` of a neuron module's outputs and input gradient at input `x`: `make()` builds
-    a fresh module (run here in float64 on its own), the loss is sum(output_k * w_k) over its
-    outputs (`w` a tensor or one per output). A steep surrogate or an amplifying recurrence
-    shows here as a condition above 1."""
+def module_condition(make, x: torch.Tensor, w, params: bool = True) -> float:
+    """`condition` of a neuron module's outputs and input gradient at input `x` and at its
+    params' values: `make(**values)` builds a fresh module (run here in float64 on its own), the
+    loss is sum(output_k * w_k) over its outputs (`w` a tensor or one per output). The params
+    are perturbed too (`params=True`: every float param given to `make` by name): a float32
+    call rounds them, and a model in physical units (v near -65 mV, a threshold 15 mV above)
+    turns that rounding into a larger relative change of v - threshold. A steep surrogate or an
+    amplifying recurrence shows here as a condition above 1."""
     ws = w if isinstance(w, list | tuple) else [w]
+    values = make().param_values() if params else {}
+    names = [k for k, v in values.items() if isinstance(v, float) and v != 0.0]
 
-    def run(xx):
-        m = make().double()
+    def run(xx, *ps):
+        m = make(**{n: float(p) for n, p in zip(names, ps)}).double()
         xx = xx.clone().requires_grad_()
         out = m(xx)
         out = out if isinstance(out, tuple) else (out,)
         sum((o * wk.double()).sum() for o, wk in zip(out, ws)).backward()
         return [o.detach() for o in out] + [xx.grad]
 
-    return condition(run, x)
+    return condition(run, x, *(torch.tensor(values[n], dtype=torch.float64) for n in names))
+
+
+def layer_ops(model, T: int, B: int, I: int | None, H: int, **options) -> int:
+    """The operations behind one gradient of a T-step recurrent layer: per step the neuron's
+    forward and derived backward (counted on the generated step), the input and recurrent dot
+    products (I + H terms) forward and back; a weight's gradient then sums T * B such terms."""
+    fwd, bwd = model_ops(model, **options)
+    return T * (fwd + bwd + 2 * ((I or 1) + H)) + T * B
