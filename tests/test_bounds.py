@@ -25,6 +25,8 @@ from torch.nn.functional import softplus
 
 import flexdsl
 
+from tolerances import assert_close, scan_ops
+
 ROOT = Path(__file__).resolve().parent.parent
 LIF_TEXT = (ROOT / "neurons" / "lif.neuron").read_text()
 
@@ -325,7 +327,8 @@ def test_weight_norm_style_wrappers_on_flexdsl_params():
     m = flexdsl.load("plif", w=w0, param_shapes={"w": (4,)})
     torch.nn.utils.parametrizations.weight_norm(m, "w", dim=0)
     out = m(x)
-    torch.testing.assert_close(out, ref)
+    # weight_norm recomputes w = g * v / |v| (3 operations) before the same 10 steps
+    assert_close(out, ref, ops=scan_ops("plif", x.shape[0], 3, backward=False))
     out.sum().backward()
     assert m.parametrizations.w.original0.grad is not None
     with warnings.catch_warnings():
@@ -334,7 +337,7 @@ def test_weight_norm_style_wrappers_on_flexdsl_params():
         torch.nn.utils.weight_norm(old, "w", dim=0)  # deletes the Parameter, sets `w` before each call
         assert {n for n, _ in old.named_parameters()} == {"w_g", "w_v"}
         out = old(x)
-        torch.testing.assert_close(out, ref)
+        assert_close(out, ref, ops=scan_ops("plif", x.shape[0], 3, backward=False))
         out.sum().backward()
         assert old.w_g.grad is not None and old.w_v.grad is not None
         old.reset()
@@ -362,7 +365,7 @@ def test_functional_call_with_a_dict_of_params():
     ref.sum().backward()
     assert torch.equal(out, ref)
     for k, p in m.named_parameters():
-        torch.testing.assert_close(params[k].grad, p.grad)
+        assert torch.equal(params[k].grad, p.grad)  # (the same computation on the same values)
     # a value by the param's own name is used as given (PyTorch's rule for parametrized names)
     tau = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
     out = functional_call(m, {"tau": tau}, (x,))

@@ -24,6 +24,8 @@ from flexdsl.backends.cpu.emit import CppPrinter
 from flexdsl.frontend.catalog import ALL_FUNCTIONS
 from flexdsl.ir.functions import SYMPY
 
+from tolerances import assert_close, scan_ops
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not backends.get("cpu").available(),
                                 reason="no C++ compiler: the fallback is tested in a subprocess below")
@@ -57,24 +59,25 @@ def _run(m, xs, state=None):
             "gs": {k: v.grad for k, v in st.items()} if st else {}}
 
 
-def _close(a, b, dtype, what):
+def _close(a, b, ops, what):
     if a is None or b is None:
         assert a is None and b is None, what
         return
-    scale = float(b.abs().max()) if b.numel() else 1.0
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    torch.testing.assert_close(a, b, rtol=tol * 10, atol=tol * max(scale, 1e-30), msg=what)
+    assert_close(a, b, ops=ops, what=what)
 
 
-def _same(ra, rb, dtype):
+def _same(ra, rb, model: str, x: torch.Tensor):
+    """The C++ kernels against the torch backend: within the counted operations of x's steps
+    (a param's gradient: a sum over x's elements), relative to each value's largest magnitude."""
+    ops = scan_ops(model, max(x.shape[0], 1), x.numel())
     for a, b in zip(ra["out"], rb["out"]):
-        _close(a, b, dtype, "output")
+        _close(a, b, ops, "output")
     for key in ("fin", "seqs", "gp", "gs"):
         assert ra[key].keys() == rb[key].keys(), key
         for k in ra[key]:
-            _close(ra[key][k], rb[key][k], dtype, f"{key} {k}")
+            _close(ra[key][k], rb[key][k], ops, f"{key} {k}")
     for a, b in zip(ra["gx"], rb["gx"]):
-        _close(a, b, dtype, "input gradient")
+        _close(a, b, ops, "input gradient")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
@@ -85,12 +88,12 @@ def test_every_library_model_matches_the_torch_backend(model, dtype):
     a = flexdsl.load(model, backend="cpu").to(dtype)
     b = flexdsl.load(model, backend="torch").to(dtype)
     ra, rb = _run(a, [x]), _run(b, [x])
-    _same(ra, rb, dtype)
+    _same(ra, rb, model, x)
     # spikes are decisions: the same ones (both backends compute the step in the same order)
     assert torch.equal(ra["out"][0], rb["out"][0])
     # from given initial states that require grad (their gradients come back)
     state = {k: v * 0.5 for k, v in b.initial_state(x).items()}
-    _same(_run(a, [x], state), _run(b, [x], state), dtype)
+    _same(_run(a, [x], state), _run(b, [x], state), model, x)
     assert CALLS["fwd"] > before["fwd"] and CALLS["bwd"] > before["bwd"]  # the kernels ran
 
 
@@ -135,15 +138,13 @@ def test_broadcast_inputs_per_channel_params_and_odd_shapes():
                 for p, q in zip(a(*xs), b(*xs)):
                     assert p.shape == q.shape and torch.equal(p, q)
                 continue
-            _same(_run(a, xs), _run(b, xs), dtype)
+            _same(_run(a, xs), _run(b, xs), text, xs[0].expand(torch.broadcast_shapes(*shapes)))
     # a non-contiguous input (a transposed batch) and a view with a step stride
     x = _x(T=6, shape=(5, 4)).transpose(1, 2)
     assert not x.is_contiguous()
-    _same(_run(flexdsl.load("plif", backend="cpu"), [x]), _run(flexdsl.load("plif", backend="torch"), [x]),
-          torch.float32)
+    _same(_run(flexdsl.load("plif", backend="cpu"), [x]), _run(flexdsl.load("plif", backend="torch"), [x]), "plif", x)
     x = _x(T=12, shape=(3, 4))[::2]
-    _same(_run(flexdsl.load("alif", backend="cpu"), [x]), _run(flexdsl.load("alif", backend="torch"), [x]),
-          torch.float32)
+    _same(_run(flexdsl.load("alif", backend="cpu"), [x]), _run(flexdsl.load("alif", backend="torch"), [x]), "alif", x)
 
 
 def test_results_do_not_depend_on_the_thread_count():
@@ -201,8 +202,7 @@ def test_names_that_are_cpp_keywords_or_macros():
     output spike
 """
     x = _x()
-    _same(_run(flexdsl.loads(text, backend="cpu"), [x]), _run(flexdsl.loads(text, backend="torch"), [x]),
-          torch.float32)
+    _same(_run(flexdsl.loads(text, backend="cpu"), [x]), _run(flexdsl.loads(text, backend="torch"), [x]), text, x)
 
 
 def test_the_printer_spells_every_built_in_function():

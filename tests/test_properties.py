@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 import flexdsl
 
+from tolerances import assert_close, scan_ops
+
 NAMES = ["x", "v", "a", "b"]
 
 
@@ -217,5 +219,5 @@ def test_triton_equals_a_fresh_torch_module_over_any_history(model, ops):
         assert len(a[0]) == len(b[0]) and len(a[1]) == len(b[1]), (text, op)
         for u, w in zip(a[0], b[0]):
             torch.testing.assert_close(u, w, rtol=0, atol=0, msg=f"{text}\n{op}")
-        for u, w in zip(a[1], b[1]):
-            torch.testing.assert_close(u, w, rtol=1e-5, atol=1e-6, msg=f"{text}\n{op}")
+        for u, w in zip(a[1], b[1]):  # (at most 4 steps; a param's gradient sums at most 4 x 2 x 4 terms)
+            assert_close(u, w, ops=scan_ops(text, 4, 32), precision=torch.float32, what=f"{text}\n{op}")

@@ -95,7 +95,8 @@ def assert_close(actual, expected, *, ops: float, cond: float = 1.0, scale: floa
     at least `floor`, for results that may all be 0 while their terms are not). `precision`:
     the dtype both sides really computed in, where it is not their dtype (a reference that
     rounds to float32 inside a float64 computation). Shapes must be equal, NaNs must sit at
-    the same places."""
+    the same places. `cond` may be a function, called only when the difference exceeds the
+    bound of condition 1 (a condition estimate costs runs; most comparisons do not need it)."""
     a, e = _as_f64(actual), _as_f64(expected)
     assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
@@ -103,8 +104,11 @@ def assert_close(actual, expected, *, ops: float, cond: float = 1.0, scale: floa
     inf = torch.isinf(e)
     assert torch.equal(a[inf], e[inf]), f"{what}: infinities differ"
     ok = ~(nan_e | inf)
-    b = bound(actual, e[ok] if e.numel() else e, ops=ops, cond=cond, scale=scale, floor=floor, precision=precision)
     err = float((a[ok] - e[ok]).abs().max()) if ok.any() else 0.0
+    if callable(cond):
+        b1 = bound(actual, e[ok] if e.numel() else e, ops=ops, scale=scale, floor=floor, precision=precision)
+        cond = 1.0 if err <= b1 else cond()
+    b = bound(actual, e[ok] if e.numel() else e, ops=ops, cond=cond, scale=scale, floor=floor, precision=precision)
     assert err <= b, (f"{what}: max |difference| {err:.3g} > bound {b:.3g} ({ops:g} operations in "
                       f"{precision or _dtype(actual)} vs {precision or _dtype(expected)}, condition {cond:g})")
 
