@@ -77,7 +77,8 @@ def resolve(model: str | Path) -> tuple[str, str]:
                                " (`flexdsl check` and `flexdsl doc` take directories)" if p.is_dir() else ""))
     hint = library_hint(name or p.stem)
     if stem.endswith(".neuron"):
+        exact = (name or p.stem) in library()
         raise FlexDSLError(f"no such file: `{model}`", str(model),
-                           hint=hint if hint is None or "library" in hint else f"a library model? {hint}")
+                           hint=hint if hint is None or exact else f"a library model? {hint}")
     raise FlexDSLError(f"no such file or library model: `{model}`", str(model),
                        hint=hint or "library models: " + ", ".join(library()))
