@@ -57,10 +57,12 @@ def printable(text: str) -> str:
 
 def did_you_mean(name: str, known: Iterable[str]) -> str | None:
     """A "did you mean `x`?" hint from the closest known names, or None: the same name in
-    another case first (`dV/dt` for a state `v`, `Lif` for `lif`), then the closest spellings."""
+    another case first (`dV/dt` for a state `v`, `Lif` for `lif`), then the same letters in
+    another order (`lfi` for `lif`: one transposition), then the closest spellings."""
     names = sorted(set(known))
     lower = {k.lower(): k for k in names}
     same = [k for k in names if k.lower() == name.lower() and k != name]
+    same += [k for k in names if sorted(k.lower()) == sorted(name.lower()) and k.lower() != name.lower()]
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     close += [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=3, cutoff=0.6)]
     close = [k for k in dict.fromkeys(same + close) if k != name][:3]

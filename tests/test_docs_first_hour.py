@@ -182,3 +182,48 @@ def test_readme_page_image_shows_the_current_page():
     assert recorded == readme_images.digest(), (
         "docs/images/adex_page.png shows an older page: run `python tests/readme_images.py`")
     assert "docs/images/adex_page.png" in (ROOT / "README.md").read_text()
+
+
+# ------------------------------------------------------------------ issue 37: model names as the docs write them
+LIBRARY_LIF = ROOT / "neurons" / "lif.neuron"
+
+
+@pytest.mark.parametrize("name", ["lif.neuron", "neurons/lif", "neurons/lif.neuron", "./neurons/lif"])
+def test_a_library_model_named_as_a_file_resolves_to_it(tmp_path, monkeypatch, capsys, name):
+    """`lif.neuron` (the docs' first example) and `neurons/lif` name the library model where no such
+    file exists: load, recurrent and the CLI alike."""
+    monkeypatch.chdir(tmp_path)
+    m = flexdsl.load(name)
+    assert Path(m.compiled.filename) == LIBRARY_LIF and m.compiled.text == LIBRARY_LIF.read_text()
+    assert flexdsl.recurrent(name, 3, 4).neuron.compiled.filename == m.compiled.filename
+    assert cli.main(["run", name, "--T", "30", "--input", "1.5"]) == 0
+    assert "spikes" in capsys.readouterr().out
+
+
+def test_a_file_of_that_name_always_wins_over_the_library(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mine = LIBRARY_LIF.read_text().replace("param tau = 2.0", "param tau = 7.0")
+    (tmp_path / "lif.neuron").write_text(mine)
+    (tmp_path / "neurons").mkdir()
+    (tmp_path / "neurons" / "lif.neuron").write_text(mine.replace("7.0", "5.0"))
+    assert flexdsl.load("lif.neuron").tau == 7.0
+    assert flexdsl.load("neurons/lif.neuron").tau == 5.0
+    assert flexdsl.load("lif").tau == 2.0  # a bare name is the library's (a path names a file)
+
+
+@pytest.mark.parametrize("name,first", [
+    ("lfi.neuron", "lif"), ("neurons/lfi", "lif"), ("neurons/adexx.neuron", "adex"),
+    ("nowhere/lif.neuron", "lif"), ("nowhere/plif.neuron", "plif"),
+])
+def test_a_missing_name_suggests_the_closest_library_model_first(tmp_path, monkeypatch, capsys, name, first):
+    """Never `plif or klif` for `lif`: the model of that very name comes first, then the closest."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.load(name)
+    hint = ei.value.hint or ""
+    assert re.findall(r"`(\w+)`", hint)[0] == first, hint
+    if name.startswith("nowhere/"):  # (a path in a missing directory: the model of that very name)
+        assert "no such directory" in ei.value.reason and "library model" in hint
+    assert cli.main(["run", name]) == 1
+    err = capsys.readouterr().err
+    assert hint in err and "Traceback" not in err

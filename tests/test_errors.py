@@ -19,8 +19,10 @@ Each case checks:
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -625,6 +627,44 @@ CASES: list[Case] = [
         At("equations method", "exakt"),
         ("exakt", DID, "exact"),
     ),
+    # ------------------------------------ a newcomer's mistakes (issue 37): the right hint for each
+    Case(
+        "brian2_factor_times_derivative",
+        mut(ODE, ODE_LINE, "        tau_m * dv/dt = v_rest - v + I"),
+        At("tau_m * dv/dt", "tau_m"),
+        ("brian2", "`dv/dt = (v_rest - v + i) / tau_m`"),
+    ),
+    Case(
+        "brian2_factor_without_spaces",
+        mut(ODE, ODE_LINE, "        tau_m*dv/dt = (v_rest - v + I)  # Brian2"),
+        At("tau_m*dv/dt", "tau_m"),
+        ("`dv/dt = (v_rest - v + i) / tau_m`",),
+    ),
+    Case(
+        "swapped_ge",
+        mut(LIF, "v >= v_threshold", "v => v_threshold"),
+        At("spike when", "=>"),
+        ("`=>`", DID, "`>=`"),
+    ),
+    Case(
+        "swapped_le_in_where",
+        mut(LIF, "where tau > 1", "where 1 =< tau"),
+        At("where 1", "=<"),
+        ("`=<`", DID, "`<=`"),
+    ),
+    Case("misspelled_param", mut(LIF, "param v_threshold", "parm v_threshold"), At("parm", "parm"),
+         ("`parm`", DID, "`param`")),
+    Case("misspelled_state", mut(LIF, "state v", "sate v"), At("sate v", "sate"), (DID, "`state`")),
+    Case("misspelled_update", mut(LIF, "    update:", "    upate:"), At("upate:", "upate"), (DID, "`update`")),
+    Case("misspelled_input", mut(LIF, "    input x", "    inpt x"), At("inpt x", "inpt"), (DID, "`input`")),
+    Case("misspelled_on_spike", mut(LIF, "on spike:", "on spkie:"), At("on spkie", "spkie"), (DID, "`spike`")),
+    Case("misspelled_when", mut(LIF, "spike when", "spike wen"), At("spike wen", "wen"), (DID, "`when`")),
+    Case(
+        "misspelled_equations",
+        mut(ODE, "equations method exact:", "equatons method exact:"),
+        At("equatons", "equatons"),
+        (DID, "`equations`"),
+    ),
 ]
 
 assert len({c.id for c in CASES}) == len(CASES)
@@ -1054,3 +1094,115 @@ def test_an_initial_state_beyond_the_input_dtype_is_a_located_error(backend):
     m = flexdsl.loads(text, backend="torch", store_state_seqs=True).double()
     m(torch.rand(3, 2, dtype=torch.float64))
     assert m.state_seqs["w"][-1, 0].item() == 1e300 / 8
+
+
+# --------------------------------------------------------------------------- #
+# a newcomer's mistakes (issue 37): pasting the hint gives a model that loads
+# --------------------------------------------------------------------------- #
+NEURONS = Path(__file__).resolve().parents[1] / "neurons"
+
+
+def _hint_code(err: flexdsl.FlexDSLError) -> str:
+    """The code a hint proposes: its first backquoted text."""
+    m = re.search(r"`([^`]+)`", err.hint or "")
+    assert m, f"no code in the hint:\n{err}"
+    return m.group(1)
+
+
+def _paste(text: str, line: int, code: str) -> str:
+    """`text` with line `line` (1-based) replaced by `code`, indented as that line was."""
+    lines = text.split("\n")
+    old = lines[line - 1]
+    lines[line - 1] = old[: len(old) - len(old.lstrip())] + code
+    return "\n".join(lines)
+
+
+def test_pasting_the_brian2_hints_gives_the_library_adex_back():
+    """AdEx written as Brian2 writes it (`C * dv/dt = ...`, `tau_w*dw/dt = ...`): each line is a
+    located error whose hint, pasted over it, is the library's own line, so the result is the
+    library model's text."""
+    lib = (NEURONS / "adex.neuron").read_text()
+    dv = "dv/dt = (-g_L * (v - E_L) + g_L * Delta_T * exp((v - V_T) / Delta_T) - w + I) / C"
+    dw = "dw/dt = (a * (v - E_L) - w) / tau_w"
+    brian = mut(lib, dv, "C * dv/dt = -g_L * (v - E_L) + g_L * Delta_T * exp((v - V_T) / Delta_T) - w + I")
+    brian = mut(brian, dw, "tau_w*dw/dt = a * (v - E_L) - w")
+    text = brian
+    for factor, fixed in (("C * dv/dt", dv), ("tau_w*dw/dt", dw)):
+        with pytest.raises(flexdsl.FlexDSLError) as ei:
+            flexdsl.loads(text)
+        err = ei.value
+        assert (err.line, err.column) == At(factor, factor).resolve(text), str(err)
+        assert "brian2" in err.reason.lower() and _hint_code(err) == fixed
+        text = _paste(text, err.line, _hint_code(err))
+    assert text == lib
+    flexdsl.loads(text)
+
+
+def test_the_brian2_rewrite_keeps_unless_refractory_and_groups_the_factor():
+    text = textwrap.dedent("""\
+        neuron B:
+            input I
+            param dt = 0.1
+            param R = 2.0
+            param tau = 10.0
+            state v = 0.0
+            refractory 2.0
+            equations:
+                R*tau * dv/dt = -v + R*I unless refractory
+            spike when v > 1
+            on spike:
+                v = 0
+        """)
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(text)
+    assert _hint_code(ei.value) == "dv/dt = (-v + R*I) / (R*tau) unless refractory"
+    fixed = flexdsl.loads(_paste(text, ei.value.line, _hint_code(ei.value)), backend="torch").double()
+    hand = flexdsl.loads(mut(text, "R*tau * dv/dt = -v + R*I", "dv/dt = (-v + R*I) / (R*tau)"),
+                         backend="torch").double()
+    x = torch.rand(50, 3, dtype=torch.float64)
+    assert torch.equal(fixed(x), hand(x)) and fixed(x).sum() >= 0
+
+
+_UNITS_UPDATE = textwrap.dedent("""\
+    neuron U:
+        input x : mV
+        param tau = 10 ms where tau > 0
+        state v = 0 mV
+        update:
+            v = v + dt * (x - v) / tau
+        spike when v > 1 mV surrogate sigmoid(alpha=4/mV)
+        on spike:
+            v = 0 mV
+    """)
+
+
+@pytest.mark.parametrize("case", ["adex", "ode_without_units", "update_with_units"])
+def test_pasting_the_missing_dt_hint_gives_a_model_that_loads(case):
+    """The hint for a missing `dt` carries a time unit where the model writes units (the unitless
+    `param dt = 0.1` is refused there), none where it does not; pasted, the model loads and runs."""
+    if case == "adex":
+        full = (NEURONS / "adex.neuron").read_text()
+        line = next(ln for ln in full.split("\n") if ln.lstrip().startswith("param dt"))
+        text = mut(full, line, "    # (dt removed)")
+    elif case == "ode_without_units":
+        text, full = mut(ODE, "    param dt = 0.1\n", "    # (dt removed)\n"), ODE
+    else:
+        text, full = mut(_UNITS_UPDATE, "    state v", "    # (dt removed)\n    state v"), None
+    with pytest.raises(flexdsl.FlexDSLError) as ei:
+        flexdsl.loads(text)
+    code = _hint_code(ei.value)
+    units = case != "ode_without_units"
+    assert code == ("param dt = 0.1 ms" if units else "param dt = 0.1"), str(ei.value)
+    at = At("(dt removed)", "#").resolve(text)[0]
+    m = flexdsl.loads(_paste(text, at, code), backend="torch").double()
+    x = torch.full((300, 2), 900.0 if case == "adex" else 1.5, dtype=torch.float64)
+    out = m(x)
+    out = out[0] if isinstance(out, tuple) else out
+    assert torch.isfinite(out).all()
+    if full is not None:  # the pasted value is the one the complete model has: the same outputs
+        ref = flexdsl.loads(full, backend="torch").double()
+        r = ref(x)
+        assert torch.equal(out, r[0] if isinstance(r, tuple) else r) and out.sum() > 0
+    if units:  # (what the hint said before: a number without a unit, which the unit check refuses)
+        with pytest.raises(flexdsl.FlexDSLError, match="must be a time"):
+            flexdsl.loads(_paste(text, at, "param dt = 0.1"))

@@ -16,7 +16,7 @@ import torch
 
 import flexdsl
 
-from tolerances import assert_close, module_condition, scan_ops
+from tolerances import assert_close, layer_ops, module_condition, scan_ops, tol
 
 warnings.filterwarnings("ignore")
 import snntorch as snn  # noqa: E402
@@ -360,3 +360,117 @@ def test_norse_lif_box_matches_norse(dtype):
     (z_ref * w).sum().backward()
     (z_m * w).sum().backward()
     assert_grads_close(xm.grad, xr.grad, "norse_lif_box", lambda: flexdsl.load("norse_lif_box", backend="torch"), x, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recurrent layers (issue 37): the library models of snnTorch's RLeaky/RSynaptic and Norse's
+# LIFRecurrent, as `flexdsl.recurrent(model, in_features, hidden)`, against the layers themselves
+# ---------------------------------------------------------------------------------------------
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+R_SNN_CASES = {
+    # id: (stem, snnTorch layer(hidden, spike_grad), number of states, input scale, recurrent gain)
+    "rleaky": ("snn_rleaky", lambda H, sg: snn.RLeaky(beta=0.9, linear_features=H, spike_grad=sg), 1, 1.0, 2.0),
+    "rleaky_zero": ("snn_rleaky_zero", lambda H, sg: snn.RLeaky(beta=0.9, linear_features=H, spike_grad=sg,
+                                                                 reset_mechanism="zero"), 1, 1.0, 2.0),
+    "rsynaptic": ("snn_rsynaptic", lambda H, sg: snn.RSynaptic(alpha=0.9, beta=0.8, linear_features=H, spike_grad=sg),
+                  2, 0.4, 1.0),
+}
+
+
+@pytest.mark.parametrize("sg", ["default", "fast_sigmoid"])
+@pytest.mark.parametrize("case", sorted(R_SNN_CASES))
+def test_recurrent_library_models_equal_snntorch_layers(case, sg):
+    """`flexdsl.recurrent("snn_rleaky", I, H)` (and `snn_rleaky_zero`, `snn_rsynaptic`) with the same
+    weights equals snnTorch's RLeaky(all_to_all=True, linear_features=H) (RSynaptic) fed by a Linear:
+    spikes exactly, the states and the gradients of W_in, W_rec, the bias and x to the bound of
+    summing in another order (float32: snnTorch's spikes are float32 whatever the dtype)."""
+    stem, make, n_states, scale, gain = R_SNN_CASES[case]
+    spike_grad = None if sg == "default" else snn_surrogate.fast_sigmoid(slope=5)
+    torch.manual_seed(21)
+    T, B, I, H = 25, 4, 6, 12
+    ref = make(H, spike_grad)
+    with torch.no_grad():
+        ref.recurrent.weight.mul_(gain)
+    fc = torch.nn.Linear(I, H)
+    x = torch.rand(T, B, I) * scale
+    xr = x.clone().requires_grad_()
+    cur = fc(xr)
+    states, outs = ref.reset_mem(), []
+    for t in range(T):
+        states = ref(cur[t], *states)
+        outs.append(states)
+    ref_outs = [torch.stack([o[k] for o in outs]) for k in range(1 + n_states)]
+
+    m = flexdsl.recurrent(stem, I, H, backend="torch", surrogate=spike_grad)
+    with torch.no_grad():
+        m.W_in.copy_(fc.weight)
+        m.bias.copy_(fc.bias + ref.recurrent.bias)  # snnTorch adds its recurrent Linear's bias every step
+        m.W_rec.copy_(ref.recurrent.weight)
+    xo = x.clone().requires_grad_()
+    mine = m(xo)
+    assert isinstance(mine, tuple) and len(mine) == 1 + n_states
+    assert_same_spikes(mine[0], ref_outs[0])
+    bound = tol(torch.float32, layer_ops(stem, T, B, I, H))  # (tests/tolerances.py)
+    for a, b in zip(mine[1:], ref_outs[1:]):
+        assert _rel(a.detach(), b.detach()) < bound
+    g = [torch.randn_like(o) for o in ref_outs]
+    sum((o * w).sum() for o, w in zip(ref_outs, g)).backward()
+    sum((o * w).sum() for o, w in zip(mine, g)).backward()
+    for name, a, b in [("W_in", m.W_in.grad, fc.weight.grad), ("W_rec", m.W_rec.grad, ref.recurrent.weight.grad),
+                       ("bias", m.bias.grad, fc.bias.grad), ("bias", m.bias.grad, ref.recurrent.bias.grad),
+                       ("x", xo.grad, xr.grad)]:
+        assert b.abs().max() > 0, f"{name}: the reference gradient is zero (a test that cannot fail)"
+        assert _rel(a, b) < bound, f"{name}: relative error {_rel(a, b):.2e} (bound {bound:.1e})"
+
+
+@pytest.mark.parametrize("autapses", [False, True])
+def test_norse_lif_recurrent_equals_norse_lif_recurrent(autapses):
+    """`flexdsl.recurrent("norse_lif_recurrent", I, H, bias=False, mask=1 - eye)` equals Norse's
+    LIFRecurrent(I, H) with the same weights (float64): spikes exactly, final states and the
+    gradients of the weights and the input to the bound of summing in another order; with
+    autapses=True, no mask. `norse_lif`, whose reset is not detached, does not (the gradients
+    differ): the model's `where` reset is what makes it Norse's."""
+    from norse.torch import LIFRecurrent
+
+    torch.manual_seed(22)
+    T, B, I, H = 30, 3, 5, 10
+    # (Norse's default LIFParameters are float32 tensors: dt * tau_mem_inv would be rounded to float32)
+    ref = LIFRecurrent(I, H, p=_lif_params(torch.float64), autapses=autapses).double()
+    with torch.no_grad():
+        ref.input_weights.mul_(30.0)
+        ref.recurrent_weights.mul_(30.0)
+    x = torch.rand(T, B, I, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    z_ref, state = ref(xr)
+    g = torch.randn_like(z_ref)
+    (z_ref * g).sum().backward()
+    mask = None if autapses else 1 - torch.eye(H)
+    bound = tol(torch.float64, layer_ops("norse_lif_recurrent", T, B, I, H))
+
+    def run(stem):
+        m = flexdsl.recurrent(stem, I, H, bias=False, mask=mask, backend="torch").double()
+        with torch.no_grad():
+            m.W_in.copy_(ref.input_weights)
+            m.W_rec.copy_(ref.recurrent_weights)
+        xo = x.clone().requires_grad_()
+        z = m(xo)
+        (z * g).sum().backward()
+        return m, z, xo
+
+    m, z, xo = run("norse_lif_recurrent")
+    assert_same_spikes(z, z_ref)
+    assert _rel(m.neuron.v.detach(), state.v.detach()) < bound and _rel(m.neuron.i.detach(), state.i.detach()) < bound
+    assert torch.equal(m.feedback, state.z)
+    if not autapses:
+        assert torch.all(m.W_rec.grad.diagonal() == 0)
+    for name, a, b in [("W_in", m.W_in.grad, ref.input_weights.grad), ("W_rec", m.W_rec.grad, ref.recurrent_weights.grad),
+                       ("x", xo.grad, xr.grad)]:
+        assert b.abs().max() > 0, f"{name}: the reference gradient is zero (a test that cannot fail)"
+        assert _rel(a, b) < bound, f"{name}: relative error {_rel(a, b):.2e} (bound {bound:.1e})"
+    other, z2, _ = run("norse_lif")
+    assert torch.equal(z2, z_ref) and _rel(other.W_rec.grad, ref.recurrent_weights.grad) > 1e3 * bound

@@ -338,6 +338,64 @@ def test_export_leaves_the_network_as_it_was():
     assert torch.equal(lif.v, before) and net.training
 
 
+
+def _same_value(a, b, where: str) -> None:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _same_value(a[k], b[k], f"{where}.{k}")
+    else:
+        assert a == b, where
+
+
+def _same_graph(g1, g2) -> None:
+    """Two NIR graphs with the same nodes (type and every field, arrays exactly) and edges."""
+    assert list(g1.nodes) == list(g2.nodes) and sorted(g1.edges) == sorted(g2.edges)
+    for k in g1.nodes:
+        a, b = g1.nodes[k], g2.nodes[k]
+        assert type(a) is type(b), k
+        _same_value(vars(a), vars(b), k)
+
+
+@pytest.mark.parametrize("kind", ["neuron", "sequential", "recurrent", "sequential_recurrent", "imported"])
+def test_export_does_not_depend_on_the_modules_call_state(kind):
+    """A module called with a batch of 100 exports the graph of a fresh one (issue 37: the states
+    a call kept, [100, ...], are not the sample's batch), and keeps its states."""
+    def make():
+        torch.manual_seed(5)
+        if kind == "neuron":
+            return flexdsl.load("lif", tau=3.0)
+        if kind == "sequential":
+            return nn.Sequential(nn.Linear(6, 8), flexdsl.load("cuba_lif"))
+        if kind == "recurrent":
+            return flexdsl.recurrent("lif", 6, 8)
+        layer = flexdsl.recurrent("lif", 6, 8)
+        net = nn.Sequential(layer, nn.Linear(8, 3), flexdsl.load("li"))
+        if kind == "sequential_recurrent":
+            return net
+        return flexdsl.nir.load(flexdsl.nir.export(net, torch.zeros(4, 1, 6), dt=1e-3))
+
+    features = 8 if kind == "neuron" else 6
+    fresh, used = make(), make()
+    used(torch.rand(7, 100, features) * 3)
+    kept = {n: b.clone() for n, b in _kept_states(used).items()}
+    assert kept and all(b.shape[0] == 100 for b in kept.values())
+    sample = torch.zeros(4, 1, features)
+    _same_graph(flexdsl.nir.export(used, sample, dt=1e-3), flexdsl.nir.export(fresh, sample, dt=1e-3))
+    assert all(torch.equal(b, kept[n]) for n, b in _kept_states(used).items())
+
+
+def _kept_states(net: nn.Module) -> dict[str, torch.Tensor]:
+    """Every state tensor the flexdsl modules of `net` keep (neurons' states, fed-back spikes)."""
+    out = {}
+    for name, m in net.named_modules():
+        for k, v in getattr(m, "_states", {}).items():
+            if isinstance(v, torch.Tensor):
+                out[f"{name}.{k}"] = v
+    return out
+
 def test_conv_network_per_channel_round_trip():
     # step_mode "s": one step per call, [batch, C, H, W]
     lif1 = flexdsl.load("lif", step_mode="s", param_shapes={"tau": (3, 1, 1)})

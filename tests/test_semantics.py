@@ -665,6 +665,7 @@ SURROGATES = {
     "triangle(alpha=1.0)": lambda u: 1.0 * np.maximum(1 - 1.0 * np.abs(u), 0),
     "rect(alpha=1.0)": lambda u: np.where(np.abs(u) < 0.5, 1.0, 0.0),
     "straight_through()": lambda u: np.ones_like(u),
+    "spike_rate_escape(beta=0.5, slope=3.0)": lambda u: 3.0 * np.exp(-0.5 * np.abs(u - 1)),
 }
 
 

@@ -103,7 +103,7 @@ def surrogates() -> str:
 
 def surrogate_objects() -> str:
     """The SpikingJelly and snnTorch surrogate objects `surrogate=` takes, and what each becomes."""
-    from ..runtime.options import SNNTORCH, SPIKINGJELLY, SPIKINGJELLY_DEFINED
+    from ..runtime.options import SNNTORCH, SNNTORCH_DEFINED, SPIKINGJELLY, SPIKINGJELLY_DEFINED
 
     rows = ["| given as `surrogate=` | becomes |", "| --- | --- |"]
     for cls, (name, kw) in SPIKINGJELLY.items():
@@ -121,6 +121,10 @@ def surrogate_objects() -> str:
     for fn, (name, kw) in SNNTORCH.items():
         args = ", ".join(f"{v}={k}" for k, v in kw.items())
         rows.append(f"| snnTorch `surrogate.{fn}(" + ", ".join(kw) + f")` | `{name}({args})` |")
+    for fn, text in SNNTORCH_DEFINED.items():
+        params = re.findall(r"(\w+)=\{\w+\}", text)
+        shown = _cell(re.sub(r"=\{\w+\}", "", text))
+        rows.append(f"| snnTorch `surrogate.{fn}(" + ", ".join(params) + f")` | the user surrogate `surrogate {shown}` |")
     return "\n".join(rows)
 
 

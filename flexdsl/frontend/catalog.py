@@ -157,6 +157,8 @@ SURROGATES: dict[str, Surrogate] = {
                   "Bellec et al. 2018 (LSNN)", scales={"width": 1}),
         Surrogate("norse_triangle", {"alpha": 0.3}, "alpha*relu(1-|x|)", "Norse `triangle`", unitless_arg=True),
         Surrogate("norse_tanh", {"k": 1.0}, "1-tanh(k*x)^2", "Norse `tanh`", unitless_arg=True),
+        Surrogate("spike_rate_escape", {"beta": 1.0, "slope": 25.0}, "slope*exp(-beta*|x-1|)",
+                  "snnTorch `spike_rate_escape`", unitless_arg=True),
     ]
 }
 

@@ -51,8 +51,14 @@ class _Checker:
     def unknown(self, name: str, pos: A.Pos, known: set[str], what: str = "name") -> FlexDSLError:
         hint = did_you_mean(name, known)
         if name == "dt" and "dt" not in known:
-            hint = "declare the step as a param: `param dt = 0.1`"
+            hint = self.dt_hint()
         return self.err(f"unknown {what} `{name}`", pos, hint)
+
+    def dt_hint(self) -> str:
+        """How to declare the step: a time where the model writes units (pasted, it loads)."""
+        if uses_units(self.n):
+            return "declare the step as a param, e.g. `param dt = 0.1 ms` (a time: the model writes units)"
+        return "declare the step as a param, e.g. `param dt = 0.1` (in the time unit of the model's constants)"
 
     def check_expr(self, e: A.Expr, visible: set[str], context: str, allow_compare: bool = False) -> None:
         """Names defined, functions known with the right arity, comparisons only where allowed."""
@@ -262,8 +268,7 @@ class _Checker:
             raise self.err(f"second equation for `d{st}/dt`", ln.pos)
         ode_states.add(st)
         if "dt" not in self.param_names:
-            raise self.err("an ODE needs the step `dt` declared as a param", ln.pos,
-                           "add e.g. `param dt = 0.1  \"step (ms)\"`")
+            raise self.err("an ODE needs the step `dt` declared as a param", ln.pos, self.dt_hint())
         self.check_expr(ln.value, self.visible, "in an equation")
         if ln.held and refractory is None:
             raise self.err(f"`d{st}/dt ... unless refractory` in a model without a `refractory` "

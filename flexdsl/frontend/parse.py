@@ -11,12 +11,14 @@ import threading
 from functools import lru_cache
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import UnexpectedInput, VisitError
 from lark.indenter import Indenter
 
 from .._paths import GRAMMAR_DIR
 from ..errors import FlexDSLError
 from . import ast as A
+from .syntax import RESERVED, syntax_error
+from .syntax import source_lines as source_lines  # (the parser's line count, used by the backends)
 
 _RECURSION_HINT = "split long expressions into several `let` statements"
 
@@ -25,10 +27,6 @@ MAX_DEPTH = 64  # nesting of an expression (calls, parentheses, powers, unary mi
 # characters no model text may hold: C0 controls other than tab, newline and form feed, DEL,
 # C1 controls, and lone surrogates (which no file can encode)
 _BAD_CHARS = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff]")
-
-RESERVED = frozenset(
-    "neuron input param state update equations method spike when surrogate on output where learnable let".split()
-)
 
 
 class _IndentError(Exception):
@@ -297,92 +295,12 @@ def _pos_of_expr(e) -> A.Pos:
 
 
 
-_TOKEN_WORDS = {
-    "_NL": "end of line", "_INDENT": "indent", "_DEDENT": "dedent", "$END": "end of file",
-    "NAME": "a name", "NUMBER": "a number", "STRING": "a string", "LONG_STRING": "a docstring",
-    "EQUALS": "`=`", "AUG_OP": "`+=`", "COLON": "`:`", "LPAR": "`(`", "RPAR": "`)`", "COMMA": "`,`",
-    "ADD": "`+`", "SUB": "`-`", "MUL": "`*`", "DIV": "`/`", "POW": "`**`", "GE": "`>=`", "GT": "`>`",
-    "LE": "`<=`", "LT": "`<`", "EQ": "`==`", "NE": "`!=`", "ONE_OVER": "`1/` (a unit after a number)",
-}
-
-
-def _previous_word(source: str, tok: Token) -> str:
-    """The word just before a token on its line (for hints about word order)."""
-    lines = source_lines(source)
-    if not 0 < tok.line <= len(lines):
-        return ""
-    before = lines[tok.line - 1][: tok.column - 1].split()
-    return before[-1] if before else ""
-
-
-def _describe_expected(expected: set[str]) -> str:
-    words = sorted({_TOKEN_WORDS.get(e, f"`{e.lower()}`") for e in expected})
-    if len(words) > 6:
-        words = words[:6] + ["..."]
-    return ", ".join(words)
-
-
-def _syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLError:
-    if isinstance(err, UnexpectedCharacters):
-        ch = source[err.pos_in_stream] if err.pos_in_stream < len(source) else ""
-        if ch == '"':
-            return FlexDSLError("unterminated string", filename, err.line, err.column, source,
-                                "strings are one line `\"...\"`; docstrings use `\"\"\"...\"\"\"`")
-        if ch.isdigit() or ch.isnumeric():
-            return FlexDSLError(f"`{ch}` (U+{ord(ch):04X}) is not a digit of a number", filename, err.line,
-                                err.column, source, "numbers are written with the ASCII digits 0-9")
-        return FlexDSLError(f"unexpected character `{ch}`", filename, err.line, err.column, source)
-    if isinstance(err, UnexpectedToken):
-        tok = err.token
-        expected = set(err.expected) if err.expected else set()
-        if tok.type == "$END":
-            lines = source_lines(source.rstrip("\n"))
-            return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source,
-                                "a block needs an indented body" if "_INDENT" in expected else None)
-        if tok.type == "_INDENT":
-            return FlexDSLError("unexpected indent", filename, tok.end_line, tok.end_column, source,
-                                "indent only the body of `neuron`, `update:`, `equations:` and `on spike:`")
-        if tok.type == "_DEDENT":
-            return FlexDSLError("unexpected dedent", filename, tok.end_line, tok.end_column, source,
-                                f"expected {_describe_expected(expected)}")
-        if tok.type == "_NL":
-            if "_INDENT" in expected:
-                return FlexDSLError("expected an indented block", filename, tok.end_line, tok.end_column, source)
-            return FlexDSLError(f"unexpected end of line, expected {_describe_expected(expected)}",
-                                filename, tok.line, tok.column, source)
-        word = str(tok)
-        if "NAME" in expected and word in RESERVED:
-            return FlexDSLError(f"`{word}` is a reserved word and cannot be used as a name", filename,
-                                tok.line, tok.column, source, "choose another name")
-        if word == "where" and _previous_word(source, tok) == "learnable":
-            return FlexDSLError("`where` after `learnable`: the constraint comes first", filename, tok.line,
-                                tok.column, source, "write `param NAME = VALUE where CONDITION learnable`, e.g. "
-                                "`param tau = 2.0 where tau > 1 learnable`")
-        if "COLON" in expected and tok.type != "COLON":
-            return FlexDSLError(f"expected `:` before {_TOKEN_WORDS.get(tok.type, '`' + word + '`')}",
-                                filename, tok.line, tok.column, source)
-        return FlexDSLError(f"unexpected `{word}`, expected {_describe_expected(expected)}",
-                            filename, tok.line, tok.column, source)
-    if isinstance(err, UnexpectedEOF):
-        lines = source_lines(source.rstrip("\n"))
-        return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source)
-    return FlexDSLError(str(err), filename, getattr(err, "line", 0), getattr(err, "column", 0), source)
-
-
 def normalize(source: str) -> str:
     """The text as the parser sees it (and as errors quote it): no byte-order mark, and every
     line break (`\\r\\n`, a lone `\\r`) a `\\n`."""
     if source.startswith("\ufeff"):
         source = source[1:]
     return source.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def source_lines(source: str) -> list[str]:
-    """The model text's lines as the parser counts them (and as errors, generated code and docs
-    quote them): split at `\n` only. (`str.splitlines` also splits at a form feed, `\x85`,
-    U+2028 and others, which the language allows inside text and comments: every later line
-    number would be off.)"""
-    return source.split("\n")
 
 
 def _check_text(source: str, filename: str) -> None:
@@ -411,7 +329,7 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
                            "indent blocks with 4 spaces or with tabs, the same way throughout the file") from None
     except UnexpectedInput as e:
-        raise _syntax_error(e, filename, source) from None
+        raise syntax_error(e, filename, source) from None
     try:
         neuron = _ToAST(filename, source).transform(tree)
     except VisitError as e:
@@ -443,7 +361,7 @@ def parse_fragment(text: str, shown_prefix: str, filename: str) -> A.SurrogateUs
     except _IndentError as e:  # (a one-line text has no indentation; kept for completeness)
         raise FlexDSLError(e.message, filename, 1, e.column, shown) from None
     except UnexpectedInput as e:
-        err = _syntax_error(e, filename, shown + " " * (len(body) - len(text)))
+        err = syntax_error(e, filename, shown + " " * (len(body) - len(text)))
         reason = err.reason.replace("end of file", "end of the text").replace("end of line", "end of the text")
         raise FlexDSLError(reason, filename, err.line, err.column, shown, err.hint) from None
     try:

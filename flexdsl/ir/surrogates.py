@@ -81,6 +81,10 @@ def _norse_tanh(x, k):
     return 1 - sp.tanh(k * x) ** 2
 
 
+def _spike_rate_escape(x, beta, slope):
+    return slope * sp.exp(-beta * sp.Abs(x - 1))
+
+
 def _straight_through(x):
     return sp.Integer(1)
 
@@ -90,6 +94,7 @@ _DERIVATIVES = {
     "soft_sign": _soft_sign, "super_spike": _super_spike, "erf": _erf, "fast_sigmoid": _fast_sigmoid,
     "triangle": _triangle, "rect": _rect, "straight_through": _straight_through,
     "pseudo_derivative": _pseudo_derivative, "norse_triangle": _norse_triangle, "norse_tanh": _norse_tanh,
+    "spike_rate_escape": _spike_rate_escape,
 }
 assert set(_DERIVATIVES) == set(SURROGATES), "catalog.SURROGATES and surrogates._DERIVATIVES disagree"
 

@@ -8,6 +8,7 @@ import operator
 import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,9 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, 
     """A `nir.NIRGraph` of a network of torch layers and flexdsl neurons (or of one neuron).
 
     `sample_input` is one input of the network (`[T, batch, *shape]`, or `[batch, *shape]`
-    when the neurons use step_mode "s"); it gives the layers' shapes, and the network's states
-    are left as they were. `dt` is the length of one step in NIR's (continuous) time unit.
+    when the neurons use step_mode "s"); it gives the layers' shapes (the network runs once on it
+    from its initial states); the graph is made from the params and weights alone, and the states
+    earlier calls left (of any batch size) are neither used nor changed. `dt` is the length of one step in NIR's (continuous) time unit.
     `method` is the discretisation the neurons' steps are read as: "euler", "exact", or "auto"
     (a neuron's own ODE method where it has one, else euler; the other where that does not
     fit). With `path`, the graph is also written there (`nir.write`).
@@ -180,6 +182,34 @@ def _graph(nir, root: nn.Module, graph: torch.fx.Graph, sample_input: torch.Tens
     return nodes, edges
 
 
+
+@contextmanager
+def _fresh_states(modules):
+    """The flexdsl neurons and recurrent layers among `modules` start from their initial states
+    (what a call kept, of any batch size, is not the graph's business), and get back what they
+    had, states, state sequences, fed-back spikes and noise counters, afterwards."""
+    mods = list(modules)
+    neurons = [m for m in mods if isinstance(m, NeuronModule)]
+    layers = [m for m in mods if isinstance(m, RecurrentModule)]
+    saved = [(m, dict(m._states), dict(m.state_seqs), m.__dict__.get("_noise_state")) for m in neurons]
+    feedback = [(m, m.feedback) for m in layers]
+    try:
+        for m in neurons:
+            m._states.update(dict.fromkeys(m._states))
+            if m.__dict__.get("_noise_state") is not None:
+                m.__dict__["_noise_state"] = m.__dict__["_noise_state"].clone()
+        for m in layers:
+            m.feedback = None
+        yield
+    finally:
+        for m, st, seqs, noise in saved:
+            m._states.update(st)
+            m.__dict__["state_seqs"] = seqs
+            if noise is not None:
+                m.__dict__["_noise_state"] = noise
+        for m, fb in feedback:
+            m.feedback = fb
+
 def _write(nir, path: str | Path, g) -> None:
     try:
         nir.write(str(path), g)
@@ -194,14 +224,10 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
     if x.dim() <= lead:
         raise _net_error(f"sample_input has shape {tuple(x.shape)}, but the network takes "
                          + ("[T, batch, *shape]" if lead == 2 else "[batch, *shape]"))
-    neurons = [m.neuron if isinstance(m, RecurrentModule) else m for m in net.nodes.values()
-               if isinstance(m, NeuronModule | RecurrentModule)]
-    saved = [(m, dict(m._states), dict(m.state_seqs)) for m in neurons]
-    feedback = [(m, m.feedback) for m in net.nodes.values() if isinstance(m, RecurrentModule)]
     prev = net._prev
     net._shapes, net._prev = {}, {}
     try:
-        with torch.no_grad():
+        with _fresh_states(net.modules()), torch.no_grad():
             net(x)
     except FlexDSLError:
         raise
@@ -209,11 +235,6 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
         raise _net_error(f"the network fails on sample_input of shape {tuple(x.shape)}: {e}") from None
     finally:
         shapes, net._shapes, net._prev = net._shapes, None, prev
-        for m, st, seqs in saved:
-            m._states.update(st)
-            m.__dict__["state_seqs"] = seqs
-        for m, fb in feedback:
-            m.feedback = fb
     inv = {k: n for n, k in net.names.items()}
     nodes: dict[str, Any] = {}
     inner: list[tuple[str, str]] = []  # the edges inside recurrent layers
@@ -266,8 +287,8 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
 
 
 def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
-    """Run the network once on `x` (no grad, states restored): each layer's input and output
-    shapes per call, and the network's per-sample output shape."""
+    """Run the network once on `x` (no grad, from the initial states; the states restored after):
+    each layer's input and output shapes per call, and the network's per-sample output shape."""
     records: dict[nn.Module, list[tuple[tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
     handles = []
     for m in root.modules():
@@ -277,12 +298,10 @@ def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
                 records[mod].append((tuple(args[0].shape), tuple(o.shape)))
 
             handles.append(m.register_forward_hook(hook))
-    saved = [(m, dict(m._states), dict(m.state_seqs)) for m in root.modules() if isinstance(m, NeuronModule)]
-    feedback = [(m, m.feedback) for m in root.modules() if isinstance(m, RecurrentModule)]
     training = [(m, m.training) for m in root.modules()]
     try:
         root.eval()
-        with torch.no_grad():
+        with _fresh_states(root.modules()), torch.no_grad():
             out = root(x)
     except FlexDSLError:
         raise
@@ -291,11 +310,6 @@ def _shapes(root: nn.Module, x: torch.Tensor, lead: int):
     finally:
         for h in handles:
             h.remove()
-        for m, st, seqs in saved:
-            m._states.update(st)
-            m.__dict__["state_seqs"] = seqs
-        for m, fb in feedback:
-            m.feedback = fb
         for m, t in training:
             m.training = t
     if not isinstance(out, torch.Tensor):

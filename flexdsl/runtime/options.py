@@ -3,8 +3,8 @@
 - `surrogate=`: text (`"atan(alpha=2.0)"`, checked later like the model's own spike rule), or a
   surrogate object of SpikingJelly (`surrogate.ATan(alpha=2.0)`, what its model zoo passes as
   `surrogate_function=`) or snnTorch (`surrogate.atan(alpha=2.0)`, `fast_sigmoid(slope=25)`), made
-  into the built-in with the same derivative and parameters (a class without one: a user surrogate's
-  definition with its derivative, `SPIKINGJELLY_DEFINED`). The objects are read (their class,
+  into the built-in with the same derivative and parameters (one without: a user surrogate's
+  definition with its derivative, `SPIKINGJELLY_DEFINED`, `SNNTORCH_DEFINED`). The objects are read (their class,
   their parameters; snnTorch's closures by their cells), never called; neither library is imported.
 - `learnable=`: a param's name, a list of names, or True/False (every param, none).
 
@@ -16,6 +16,7 @@ pipeline's, located in the text or the model.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,22 @@ SNNTORCH: dict[str, tuple[str, dict[str, str]]] = {
     "fast_sigmoid": ("fast_sigmoid", {"slope": "slope"}),
     "sigmoid": ("sigmoid", {"slope": "alpha"}),
     "straight_through_estimator": ("straight_through", {}),
+    "spike_rate_escape": ("spike_rate_escape", {"beta": "beta", "slope": "slope"}),
+}
+# snnTorch's factories whose derivative no built-in has, as user surrogates with the derivative its
+# backward computes: factory -> the definition, `{param}` for each parameter's value. (A built-in's
+# derivative is positive at the threshold; snnTorch's triangular is -threshold there, heaviside and
+# SFS are 0 there.)
+SNNTORCH_DEFINED: dict[str, str] = {
+    "triangular": "triangular(x, threshold={threshold}) = where(x < 0, threshold, -threshold)",
+    "heaviside": "snn_heaviside(x) = where(x > 0, 1, 0)",
+    "SFS": "sparse_fast_sigmoid(x, slope={slope}, B={B}) = where(x > B, 1/(slope*abs(x) + 1)**2, 0)",
+}
+# snnTorch's factories that have no closed form to map, and why
+SNNTORCH_REFUSED: dict[str, str] = {
+    "SSO": "draws its gradient below the threshold at random (torch.rand_like) at every backward",
+    "LSO": "fails in snnTorch 1.0 itself (its closure calls the stochastic operator with too few arguments)",
+    "custom_surrogate": "wraps a Python function, which flexdsl does not run",
 }
 
 
@@ -89,7 +106,8 @@ def _call(name: str, kwargs: dict[str, str]) -> str:
 def _understood() -> str:
     return ("SpikingJelly's " + ", ".join(f"surrogate.{k}" for k in {**SPIKINGJELLY, **SPIKINGJELLY_DEFINED})
             + "; snnTorch's "
-            + ", ".join(f"surrogate.{k}()" for k in SNNTORCH) + "; or text such as \"atan(alpha=2.0)\"")
+            + ", ".join(f"surrogate.{k}()" for k in {**SNNTORCH, **SNNTORCH_DEFINED})
+            + "; or text such as \"atan(alpha=2.0)\"")
 
 
 def _spikingjelly(obj: Any) -> tuple[str, str]:
@@ -141,18 +159,28 @@ def _defined(cls: str, shown: str, params: dict[str, Any]) -> str:
 def _snntorch(fn: Callable) -> tuple[str, str]:
     factory = fn.__qualname__.split(".")[0]
     shown = f"snntorch's surrogate.{factory}"
-    if factory not in SNNTORCH or fn.__qualname__ != f"{factory}.<locals>.inner":
+    if factory in SNNTORCH_REFUSED:
+        raise OptionError(f"surrogate={shown}(...) {SNNTORCH_REFUSED[factory]}: it has no closed form to map",
+                          "write the derivative you want as a user surrogate (`surrogate name(x, k=v) = ...`, "
+                          "as the option's text); understood: " + _understood())
+    known = factory in SNNTORCH or factory in SNNTORCH_DEFINED
+    if not known or fn.__qualname__ != f"{factory}.<locals>.inner":
         raise OptionError(f"surrogate={shown}(...) has no equivalent among flexdsl's built-in surrogates",
                           "understood: " + _understood())
     cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in (fn.__closure__ or ()))))
-    name, keywords = SNNTORCH[factory]
-    kwargs = {}
-    for p, kw in keywords.items():
+    params = list(SNNTORCH[factory][1]) if factory in SNNTORCH else re.findall(r"(\w+)=\{\w+\}",
+                                                                                SNNTORCH_DEFINED[factory])
+    values = {}
+    for p in params:
         if p not in cells:
             raise OptionError(f"surrogate={shown}(...) cannot be read (its `{p}` is not where snnTorch 1.0 keeps it)",
                               "pass the surrogate as text, e.g. surrogate=\"atan(alpha=2.0)\"")
-        kwargs[kw] = _number(cells[p], f"{shown}'s `{p}`")
-    return _call(name, kwargs), f"{shown}({', '.join(f'{p}={cells[p]}' for p in keywords)})"
+        values[p] = _number(cells[p], f"{shown}'s `{p}`")
+    origin = f"{shown}({', '.join(f'{p}={cells[p]}' for p in params)})"
+    if factory in SNNTORCH_DEFINED:
+        return SNNTORCH_DEFINED[factory].format(**values), origin
+    name, keywords = SNNTORCH[factory]
+    return _call(name, {kw: values[p] for p, kw in keywords.items()}), origin
 
 
 def surrogate_text(value: Any) -> tuple[str | None, str]:
@@ -209,4 +237,4 @@ def make(surrogate: Any, learnable: Any, compiled: Callable[[], Compiled]) -> Lo
 
 
 __all__ = ["make", "surrogate_text", "learnable_names", "SPIKINGJELLY", "SPIKINGJELLY_DEFINED", "SNNTORCH",
-           "OptionError"]
+           "SNNTORCH_DEFINED", "SNNTORCH_REFUSED", "OptionError"]
