@@ -198,7 +198,7 @@ def test_matches_snntorch(case, sg, dtype):
     loss_m.backward()
     # snnTorch's spikes are float32 whatever the input dtype ((x > 0).float()), so the gradient reaching
     # its surrogate is rounded to float32: float64 runs are compared to float32 accuracy here.
-    assert_grads_close(xm.grad, xr.grad, text, lambda: flexdsl.loads(text, backend="torch", **overrides), x, w,
+    assert_grads_close(xm.grad, xr.grad, text, lambda **kw: flexdsl.loads(text, backend="torch", **{**overrides, **kw}), x, w,
                        precision=torch.float32)
 
 
@@ -277,7 +277,7 @@ def test_norse_lif_matches_norse(case, dtype):
     w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     (z_ref * w).sum().backward()
     (z_m * w).sum().backward()
-    assert_grads_close(xm.grad, xr.grad, "norse_lif", lambda: flexdsl.load("norse_lif", dt=dt, backend="torch", **overrides), x, w)
+    assert_grads_close(xm.grad, xr.grad, "norse_lif", lambda **kw: flexdsl.load("norse_lif", backend="torch", **{"dt": dt, **overrides, **kw}), x, w)
 
 
 @pytest.mark.parametrize(
@@ -310,7 +310,7 @@ def test_norse_lif_other_norse_surrogates(method, alpha, clause, definition, for
     (z_ref * w).sum().backward()
     (z_m * w).sum().backward()
     text = with_surrogate(text_of("norse_lif"), clause, definition)
-    assert_grads_close(xm.grad, xr.grad, text, lambda: flexdsl.loads(text, backend="torch"), x, w)
+    assert_grads_close(xm.grad, xr.grad, text, lambda **kw: flexdsl.loads(text, backend="torch", **kw), x, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
@@ -333,7 +333,7 @@ def test_li_matches_norse(dtype):
     w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     (v_ref * w).sum().backward()
     (v_m * w).sum().backward()
-    assert_grads_close(xm.grad, xr.grad, "li", lambda: flexdsl.load("li", backend="torch"), x, w)
+    assert_grads_close(xm.grad, xr.grad, "li", lambda **kw: flexdsl.load("li", backend="torch", **kw), x, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
@@ -359,7 +359,7 @@ def test_norse_lif_box_matches_norse(dtype):
     w = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
     (z_ref * w).sum().backward()
     (z_m * w).sum().backward()
-    assert_grads_close(xm.grad, xr.grad, "norse_lif_box", lambda: flexdsl.load("norse_lif_box", backend="torch"), x, w)
+    assert_grads_close(xm.grad, xr.grad, "norse_lif_box", lambda **kw: flexdsl.load("norse_lif_box", backend="torch", **kw), x, w)
 
 
 # ---------------------------------------------------------------------------------------------
