@@ -57,5 +57,5 @@ def test_generated_code_of_models_without_noise_is_unchanged():
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     FIXTURE.write_text(json.dumps({
         "about": "SHA-256 of the generated sources of every library model without noise (tests/test_noise_free_code.py)",
-        "recorded_from": "main at a990aec (after issue 19), before noise (issue 21); Triton kernels after c24c; the Triton recurrent scans after issue 20 session 4 (fixed-point products, resident tiles)",
+        "recorded_from": "main at a990aec (after issue 19), before noise (issue 21); Triton kernels after c24c; the Triton recurrent scans after issue 20 session 4 (fixed-point products, resident tiles); the models added in issue 37 (snn_rleaky, snn_rleaky_zero, snn_rsynaptic, norse_lif_recurrent) recorded when added, every earlier entry unchanged",
         "sha256": sources()}, indent=1, sort_keys=True) + "\n")
