@@ -6,10 +6,11 @@ flexdsl's own functions and its naming of variables.
 - Names: `v_threshold` → v with subscript "threshold", `tau_m` → τ_m, `Delta_T` → Δ_T; a name
   whose first part is not one letter (or a Greek letter) stays whole and upright (`mem`,
   `was_below`). Shared subexpressions of generated code (`_t`, `_t_3`) print as t̃, t̃₃; in a
-  backward, the gradient `grad_v` of `v` prints as v̄ (the adjoint).
+  backward, the gradient `grad_v` of `v` prints as v̄ (the adjoint); the states flexdsl adds for
+  refractoriness and crossings (`_above_threshold`) without the underscore, in sans-serif.
 - Functions: `sigmoid` → σ, `where(c, a, b)` → a brace of cases, `heaviside` → Θ, the spike
   `SpikeGE(u)` → the Iverson bracket [u ≥ 0] (`SpikeGT`: [u > 0]), `min`/`max`, `relu`, `clip`,
-  `detach`, `sgn`; |x| is printed with `\\lvert`…`\\rvert` in LaTeX (no `|`: safe in Markdown tables).
+  `detach` (the stop-gradient, sg), `sgn`; |x| is printed with `\\lvert`…`\\rvert` in LaTeX (no `|`: safe in Markdown tables).
 
 Expressions converted "as written" (`sympy.evaluate(False)`) keep their structure; the printers
 parenthesize them by precedence, so `x - (v - v_reset)` keeps its parentheses.
@@ -32,6 +33,7 @@ from .layout import (
     UnitSymbol,
     _negated,
     _unsigned,
+    bookkeeping,
     number_text,
     product,
     simple_exponent,
@@ -91,6 +93,10 @@ class MathMLPrinter(MathMLPresentationPrinter):
             return self._el("msub", t, self._el("mn", text=m.group(1))) if m.group(1) else t
         if name == "_u":
             return self._bar(self._el("mi", text="u"), overline)
+        kept = bookkeeping(name)
+        if kept is not None:
+            return self._bar(self._el("mi", text=kept, mathvariant="sans-serif", style="font-family: sans-serif"),
+                             overline)
         base, _, sub, compound = split_name(name)
         mi = self._bar(self._el("mi", text=base), overline)
         if compound or not sub:
@@ -279,8 +285,8 @@ class MathMLPrinter(MathMLPresentationPrinter):
     def _print_heaviside(self, e):
         return self._call("\u0398", *e.args)
 
-    def _print_Detach(self, e):
-        return self._call("detach", *e.args)
+    def _print_Detach(self, e):  # the stop-gradient: the value, no gradient through it
+        return self._call("sg", *e.args)
 
     def _print_sign(self, e):
         return self._call("sgn", *e.args)
