@@ -554,6 +554,30 @@ def test_guides_are_html_pages_and_every_link_works(site):
     assert "$\\alpha" not in language and language.count("<math") >= 14  # the surrogate table's formulas
 
 
+def test_pages_show_no_markers_markdown_links_or_internal_names(site):
+    """No HTML page of the site shows the reference generator's `<!-- BEGIN GENERATED -->` markers
+    (as text or as table rows), links to a `.md` file (the HTML page of that document instead) or
+    names one as a link's text, or shows a name of flexdsl's making in its math (a bookkeeping state's
+    `_above_threshold`, `detach`, a temporary t̃); nor does the LaTeX of the Markdown pages."""
+    out, _, _, _ = site
+    pages = sorted(p for p in out.glob("*.html") if not p.name.endswith(".md.html") and p.name != "harness.html")
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "&lt;!--" not in text and "GENERATED:" not in text, page.name
+        for a in parse(text).iter("a"):
+            target = (a.attrs.get("href") or "").partition("#")[0]
+            assert not target.endswith(".md"), (page.name, target)
+            assert not a.text().strip().endswith(".md"), (page.name, a.text())
+        for mth in re.findall(r"<math\b.*?</math>", text, re.S):
+            tokens = re.findall(r"<m[io]\b[^>]*>([^<]*)</m[io]>", mth)
+            assert not [s for s in tokens if s.startswith("_") or s in ("detach", "t\u0303")], (page.name, mth[:300])
+    for md in sorted(out.glob("*.md")):
+        text = re.sub(r"^(`{3,}).*?^\1", "", md.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for m in re.finditer(r"\$\$(.+?)\$\$|\$([^$\n]+)\$", text, re.S):
+            tex = m.group(1) or m.group(2)
+            assert not re.search(r"\{\\_|grad\\_|detach|\\tilde\{t\}", tex), (md.name, tex[:300])
+
+
 # ------------------------------------------------------------------------------ what a reader sees
 @pytest.mark.parametrize("stem", MODELS)
 def test_page_math_reads_as_math(site, stem):

@@ -35,6 +35,7 @@ from .printing import (
     latex,
     math_element,
     mathml_inner,
+    wrapping,
 )
 from .units import declared_unit, unit_label
 
@@ -55,6 +56,10 @@ class Math:
 
     def element(self, display: bool = False) -> str:
         return math_element(self.mathml, display, self.text)
+
+    def wrapping(self) -> str:
+        """As `element`, in pieces that wrap like text (a long value in a table cell)."""
+        return wrapping(self.mathml, self.text)
 
 
 @dataclass
@@ -539,10 +544,22 @@ def _kw_text(c: Compiled, w: _Written | None, e: A.Expr) -> str:
     return A.to_text(e)
 
 
+def derived_note(doc: ModelDoc) -> str:
+    """What the derived step's names and functions beyond the model's own mean (empty: none)."""
+    out = ""
+    if doc.bookkeeping:
+        names = ", ".join(doc.bookkeeping)
+        out += (f"; in sans-serif ({names}): the state{'s' if len(doc.bookkeeping) > 1 else ''} flexdsl adds to "
+                "keep refractoriness and threshold crossings from step to step")
+    if doc.stop_gradient:
+        out += "; sg(x) is x with no gradient through it (a stop-gradient)"
+    return out
+
+
 def method_text(doc: ModelDoc) -> str:
     if not doc.method:
         return ""
     return f"{doc.method}" + (" (chosen automatically)" if doc.method_auto else "")
 
 
-__all__ = ["describe", "ModelDoc", "Statement", "Math", "Row", "Block", "SurrogateDoc", "split_doc", "method_text"]
+__all__ = ["describe", "derived_note", "ModelDoc", "Statement", "Math", "Row", "Block", "SurrogateDoc", "split_doc", "method_text"]

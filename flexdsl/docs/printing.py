@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import Collection
 
 import sympy as sp
@@ -95,7 +96,8 @@ class MathMLPrinter(MathMLPresentationPrinter):
             return self._bar(self._el("mi", text="u"), overline)
         kept = bookkeeping(name)
         if kept is not None:
-            return self._bar(self._el("mi", text=kept, mathvariant="sans-serif", style="font-family: sans-serif"),
+            return self._bar(self._el("mi", text=kept, mathvariant="sans-serif",
+                                      style="font-family: sans-serif; font-size: 0.9em"),
                              overline)
         base, _, sub, compound = split_name(name)
         mi = self._bar(self._el("mi", text=base), overline)
@@ -367,6 +369,45 @@ def math_element(inner: str, display: bool = False, alttext: str = "") -> str:
     return f"<math{attrs}>{inner}</math>"
 
 
+_BREAK_BEFORE = {"+", MINUS, "\u00b7", "/", "=", "<", ">", "\u2264", "\u2265"}
+_FENCES = {"(", ")", "[", "]", "{", "}", "|"}
+
+
+def _flat(el: ET.Element) -> list[ET.Element]:
+    """The row's pieces with the rows that only group (no attribute, no stretching fence) opened:
+    a line may break between any two of them."""
+    if el.tag != "mrow" or el.attrib or any(
+            c.tag == "mo" and (c.text or "") in _FENCES and c.get("stretchy") != "false" for c in el):
+        return [el]
+    return [x for c in el for x in _flat(c)]
+
+
+def wrapping(inner: str, alttext: str = "") -> str:
+    """Presentation markup as several `<math>` elements with a line-break opportunity (`<wbr>`)
+    before each `+`, `−`, `·`, `/`: a long value in a table cell wraps like text instead of
+    running off (MathML Core does not break lines itself); the operator that begins a piece keeps
+    its spacing (`form="infix"`). Markup with nothing to break at stays one element."""
+    try:
+        root = ET.fromstring(inner)
+    except ET.ParseError:
+        return math_element(inner, alttext=alttext)
+    pieces: list[list[ET.Element]] = [[]]
+    for el in _flat(root):
+        prev = pieces[-1][-1] if pieces[-1] else None
+        binary = prev is not None and (prev.tag != "mo" or (prev.text or "") in (")", "]", "|"))  # (not a sign)
+        if el.tag == "mo" and (el.text or "") in _BREAK_BEFORE and binary:
+            el.set("form", "infix")
+            pieces.append([])
+        pieces[-1].append(el)
+    if len(pieces) == 1:
+        return math_element(inner, alttext=alttext)
+    out = []
+    for k, els in enumerate(pieces):
+        body = "".join(ET.tostring(e, encoding="unicode") for e in els)
+        out.append(math_element(f"<mrow>{body}</mrow>", alttext=alttext if k == 0 else ""))
+    return "<wbr>".join(out)
+
+
 def mathml(expr: sp.Basic, display: bool = False, adjoints: Collection[str] = (), order: str | None = None) -> str:
     """`expr` as a `<math>` element (MathML Core)."""
     return math_element(mathml_inner(expr, adjoints, order), display, alttext=sp.sstr(expr, order=order))
@@ -407,6 +448,6 @@ def derivative_mathml(state: str) -> str:
 
 from .texprint import LatexPrinterFlex, derivative_latex, latex, latex_name, tex_text  # noqa: E402 - re-exported
 
-__all__ = ["mathml", "mathml_inner", "math_element", "equation", "latex", "latex_name", "derivative_mathml",
+__all__ = ["mathml", "mathml_inner", "math_element", "wrapping", "equation", "latex", "latex_name", "derivative_mathml",
            "derivative_latex", "split_name", "UnitSymbol", "MathMLPrinter", "LatexPrinterFlex", "MATHML_NS",
            "tex_text"]
