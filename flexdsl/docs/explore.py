@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
 
 SCAN = torch.logspace(-3, 4, 29, dtype=DTYPE)  # amplitudes tried to find where a model fires
-POINTS = 25  # the grid's round amplitudes: 0 and 24 equal steps
+POINTS = 25  # about this many round amplitudes in the grid
 LONGER = 4  # the continuation: the window this many times as long ...
 MAX_EXTRA = 3000  # ... but at most this many steps more (a step costs the same in a long run: Hodgkin-Huxley)
 
@@ -78,12 +78,21 @@ def nice(v: float) -> float:
     return math.copysign(float(f"{math.ceil(round(abs(v) / 10**e, 9))}e{e}"), v)
 
 
+def round_step(span: float, points: int = POINTS) -> float:
+    """The step of 1, 2, 2.5 or 5 times a power of ten nearest (in ratio) to `span / (points - 1)`."""
+    target = abs(span) / (points - 1)
+    e = math.floor(math.log10(target))
+    steps = [m * 10.0**k for k in (e - 1, e, e + 1) for m in (1.0, 2.0, 2.5, 5.0)]
+    return math.copysign(min(steps, key=lambda s: abs(math.log(s / target))), span)
+
+
 def grid(lo: float, hi: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """0 and `POINTS - 1` equal steps of a round size up to about 3 * `hi` (each amplitude as
-    its shortest decimal), with `lo` and `hi` (silent and firing, the threshold between them);
-    and which of them are the round ones."""
-    step = nice(3.0 * hi / (POINTS - 1))
-    regular = {float(f"{k * step:.12g}") for k in range(POINTS)}
+    """Round amplitudes from 0 in steps of `round_step` up to at least 3 * `hi` (about `POINTS`
+    of them), with `lo` and `hi` (silent and firing, the threshold between them); and which of
+    them are the round ones."""
+    step = round_step(3.0 * hi)
+    n = math.ceil(round(3.0 * hi / step, 9))
+    regular = {float(f"{k * step:.12g}") + 0.0 for k in range(n + 1)}  # (+ 0.0: no -0.0)
     amps = sorted(regular | {lo, hi}, key=abs)
     return torch.tensor(amps, dtype=DTYPE), torch.tensor([a in regular for a in amps])
 
@@ -184,4 +193,4 @@ def _bisect(c: Compiled, lo: float, hi: float, T: int, onset: int, params: Mappi
 
 
 __all__ = ["SCAN", "LONGER", "MAX_EXTRA", "Exploration", "duration", "explore", "grid", "nice", "fires_later",
-           "extra_steps"]
+           "extra_steps", "round_step"]
