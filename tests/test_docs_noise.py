@@ -36,9 +36,9 @@ def _value_and_grad(text: str, sigma: float, current: float, seed: int, loss, gr
     out = m(torch.full((2000, 1000), current, dtype=D), seed=seed)
     value = loss(out[0] if isinstance(out, tuple) else out)
     if not grad:
-        return float(value), float(m.sigma.detach())  # (the param as stored: 2.2 may have been rounded on the way)
+        return float(value.detach()), float(m.sigma.detach())  # (the param as stored: 2.2 may have been rounded on the way)
     (g,) = torch.autograd.grad(value, [m.sigma])
-    return float(value), float(g)
+    return float(value.detach()), float(g)
 
 
 def _rate(s: torch.Tensor) -> torch.Tensor:
