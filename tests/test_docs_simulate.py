@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import flexdsl
+from flexdsl.docs.explore import explore
 from flexdsl.docs.plots import surrogate_curve
-from flexdsl.docs.simulate import TimeAxis, explore, simulate, time_axis
+from flexdsl.docs.simulate import TimeAxis, simulate, time_axis
 from flexdsl.docs.units import looks_like_unit, trailing_parenthesized, unit_of
 
 D = torch.float64

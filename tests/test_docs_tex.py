@@ -26,10 +26,13 @@ def pdflatex() -> str:
     return path
 
 
-def compile_tex(body: str, tmp: Path, name: str, preamble: str = "") -> str:
-    """Typeset `body` in an article with amsmath; fail with TeX's own error otherwise. Returns
-    the log."""
-    doc = ("\\documentclass{article}\n\\usepackage[margin=1cm,paperwidth=60cm,paperheight=200cm]{geometry}\n"
+BIG_PAGE = "\\usepackage[margin=1cm,paperwidth=60cm,paperheight=200cm]{geometry}\n"
+
+
+def compile_tex(body: str, tmp: Path, name: str, preamble: str = "", page: str = BIG_PAGE) -> str:
+    """Typeset `body` in an article with amsmath (on a big page, or `page`: "" for the article
+    class's own, US letter with 345 pt of text); fail with TeX's own error otherwise. Returns the log."""
+    doc = ("\\documentclass{article}\n" + page +
            "\\usepackage{amsmath}\n" + preamble + "\\begin{document}\n" + body + "\n\\end{document}\n")
     (tmp / f"{name}.tex").write_text(doc, encoding="utf-8")
     r = subprocess.run([pdflatex(), "-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape", f"{name}.tex"],
@@ -53,6 +56,35 @@ def test_latex_of_every_library_model_compiles(tmp_path):
             parts.append(f"\\section*{{{stem.replace('_', chr(92) + '_')}: {part}}}\n{tex}")
     log = compile_tex("\n\n".join(parts), tmp_path, "library")
     assert re.search(r"Output written on library\.pdf \((\d+) pages?", log)
+
+
+# names of flexdsl's own making, which a page must not show: a state it adds (`_above_threshold`,
+# printed `\mathrm{\_above...}`), a gradient's or a temporary's name, the stop-gradient's code name
+INTERNAL = re.compile(r"\{\\_|grad\\_|detach|\\tilde\{t\}")
+
+
+def test_latex_fits_a_page_and_names_only_the_models_quantities(tmp_path):
+    """Every library model's equations, step and backward typeset on the article class's own page
+    (345 pt of text) with no box more than 20 pt too wide or too high (TeX's log, per model and part),
+    and no name that flexdsl made up (Hodgkin–Huxley's backward ran 1184 pt off the page and
+    showed `detach(_above_threshold)`)."""
+    parts = []
+    for stem in MODELS:
+        c = flexdsl.compile(stem)
+        for part in ("equations", "step", "backward"):
+            tex = docs.latex(c, part)
+            assert not INTERNAL.search(tex), (stem, part, INTERNAL.search(tex).group(0))
+            parts.append(f"\\typeout{{PART {stem} {part}}}\n{tex}\n\\clearpage")
+    log = compile_tex("\n".join(parts), tmp_path, "page", page="")
+    where, over = "", []
+    for line in log.splitlines():
+        m = re.match(r"PART (\S+ \S+)", line)
+        where = m.group(1) if m else where
+        m = re.search(r"Overfull \\[hv]box \(([\d.]+)pt too (wide|high)", line)
+        if m:
+            over.append((where, float(m.group(1)), m.group(2)))
+    assert all(pt <= 20 for _, pt, _ in over), over
+    assert re.search(r"Output written on page\.pdf \((\d+) pages", log)
 
 
 def test_latex_with_user_surrogate_names_and_units_compiles(tmp_path):

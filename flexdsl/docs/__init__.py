@@ -8,9 +8,11 @@ gives pages (HTML, Markdown), LaTeX and plots.
     flexdsl.docs.language_reference()      # the path of the language reference (language.md)
 
 `model` is anything `flexdsl.compile` takes (a path, a library stem, model text), a compiled
-model, or a loaded module. The modules: `content` (what a page says), `printing` (MathML and
-LaTeX printers), `simulate` + `plots` + `figures` (the plots), `htmlpage`, `mdpage`, `latexdoc`,
-`sitebuild` (pages + index), and `reference` (the generated tables of the language reference).
+model, or a loaded module. The modules: `content` (what a page says; `docstring`: the docstring's
+parts), `printing` (MathML and LaTeX printers), `simulate` + `explore` + `fi` + `plots` + `figures`
+(the plots: the simulations, where a model fires and over how long a window, the f–I numbers and
+caption), `htmlpage`, `mdpage`, `latexdoc` (+ `texbreak`: long equations over lines), `sitebuild`
+(pages + index), `guides`, and `reference` (the generated tables of the language reference).
 Importing this package installs the notebook display of compiled models and loaded modules
 (`_repr_html_`, `_repr_latex_`) and `Compiled.latex()` in the runtime's display registry.
 """

@@ -12,7 +12,6 @@ derived backward (`c.backward`). Every equation carries its MathML and its LaTeX
 from __future__ import annotations
 
 import html
-import inspect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,8 +25,9 @@ from ..frontend import ast as A
 from ..frontend.catalog import METHODS, SURROGATES
 from ..frontend.evaluate import evaluate
 from ..frontend.parse import source_lines
-from ..ir.functions import CONSTANTS
+from ..ir.functions import CONSTANTS, Detach
 from ..ir.lower import ToSympy
+from .docstring import split_doc
 from .printing import (
     UnitSymbol,
     derivative_latex,
@@ -35,6 +35,7 @@ from .printing import (
     latex,
     math_element,
     mathml_inner,
+    wrapping,
 )
 from .units import declared_unit, unit_label
 
@@ -49,9 +50,16 @@ class Math:
     mathml: str
     latex: str
     text: str = ""  # a plain-text form (alt text, Markdown fallbacks)
+    expr: Any = None  # the sympy expression printed (LaTeX breaks it over lines: latexdoc.py)
+    adjoints: frozenset[str] = frozenset()
+    order: str | None = None
 
     def element(self, display: bool = False) -> str:
         return math_element(self.mathml, display, self.text)
+
+    def wrapping(self) -> str:
+        """As `element`, in pieces that wrap like text (a long value in a table cell)."""
+        return wrapping(self.mathml, self.text)
 
 
 @dataclass
@@ -153,6 +161,8 @@ class ModelDoc:
     notes: list[str] = field(default_factory=list)  # what was chosen at load; the bounds' parametrizations
     options: Any = None  # the load-time options (frontend/options.py LoadOptions)
     stochastic: bool = False  # the step draws random numbers (white noise, randn(), rand())
+    bookkeeping: list[str] = field(default_factory=list)  # the states flexdsl added (refractoriness, crossings)
+    stop_gradient: bool = False  # the step holds a stop-gradient (sg: detach_reset, the bookkeeping)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -163,7 +173,7 @@ def _sym(name: str) -> sp.Symbol:
 def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset(), order: str | None = None,
           inline: bool = False) -> Math:
     return Math(mathml_inner(expr, adjoints, order, inline), latex(expr, adjoints, order, inline),
-                sp.sstr(expr, order=order))
+                sp.sstr(expr, order=order), None if inline else expr, adjoints, order)
 
 
 def _name(name: str) -> Math:
@@ -242,61 +252,6 @@ def _held(m: Math, held: bool) -> Math:
                 rf"{m.latex} \quad \text{{unless refractory}}", f"{m.text} unless refractory")
 
 
-_ABBREV = r"(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)(?<!\bvs)(?<!\bal)(?<!\bFig)(?<!\bEq)(?<!\bapprox)"
-_SENTENCE_END = re.compile(_ABBREV + r"[.!?:]$")
-_FIRST_SENTENCE = re.compile(r"(.+?" + _ABBREV + r"[.!?])\s+([A-Z(\"'].*)$")
-
-
-def split_doc(doc: str) -> tuple[str, list[tuple[str, str]], str]:
-    """(summary, blocks, reference) of a docstring: the first sentence (wrapped over lines or
-    not); the rest as paragraphs
-    ("p") and indented runs ("pre", e.g. hand-written equations); the paragraph(s) starting
-    with "Reference:" apart."""
-    text = inspect.cleandoc(doc or "")
-    if not text:
-        return "", [], ""
-    first, _, rest = text.partition("\n")
-    # a summary wrapped over several lines: the first sentence of the first paragraph
-    lines = text.splitlines()
-    n = 1
-    while n < len(lines) and lines[n].strip() and not lines[n][:1].isspace() and not _SENTENCE_END.search(first):
-        first = f"{first} {lines[n].strip()}"
-        n += 1
-    m = _FIRST_SENTENCE.match(first)
-    head = ""
-    if m is not None and not re.match(r"\s*References?\s*:", first):
-        first, head = m.group(1), m.group(2)
-    rest = "\n".join(lines[n:])
-    if head:
-        rest = head + "\n" + rest if rest.strip() and not rest.startswith("\n") else head + "\n" + rest
-    blocks: list[tuple[str, str]] = []
-    refs: list[str] = []
-    for para in re.split(r"\n\s*\n", rest.strip("\n")):
-        if not para.strip():
-            continue
-        if re.match(r"\s*References?\s*:", para):
-            refs.append(re.sub(r"^\s*References?\s*:\s*", "", para))
-            continue
-        run: list[str] = []
-        kind = None
-        for ln in para.splitlines():
-            k = "pre" if ln[:1].isspace() else "p"
-            if kind is not None and k != kind:
-                blocks.append((kind, _join(kind, run)))
-                run = []
-            kind = k
-            run.append(ln)
-        if run and kind is not None:
-            blocks.append((kind, _join(kind, run)))
-    return first.strip(), blocks, "\n\n".join(" ".join(r.split()) for r in refs)
-
-
-def _join(kind: str, lines: list[str]) -> str:
-    if kind == "pre":
-        return inspect.cleandoc("\n".join(lines)) if len(lines) > 1 else lines[0].strip()
-    return " ".join(" ".join(ln.split()) for ln in lines)
-
-
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
@@ -321,7 +276,8 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         step=step, next_states=next_states, step_outputs=outs, surrogate=spike_doc,
         backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
         sources=_sources(c) if sources else {}, notes=load_notes(ck, code=False), options=ck.options,
-        stochastic=ck.stochastic)
+        stochastic=ck.stochastic, bookkeeping=[s.name.lstrip("_") for s in ck.states if s.meta.get("hidden")],
+        stop_gradient=any(e.has(Detach) for _, e in c.step.assignments))
 
 
 def _identity(c: Compiled) -> tuple[str, bool]:
@@ -476,7 +432,9 @@ def _derived_backward(c: Compiled) -> tuple[list[Statement], list[Math], list[St
     adj = frozenset({g.name for g in [*bw.grad_outputs, *bw.grad_next_states]}
                     | {y.name for y, _ in bw.assignments if y.name.startswith("grad_")})
     _, forward = without_temporaries(list(step.assignments))
-    shown, subs = without_temporaries(list(bw.assignments), forward)
+    # a backward's expressions are values: a stop-gradient in one (the forward's, re-used) is its argument
+    plain = [(y, e.replace(Detach, lambda a: a)) for y, e in bw.assignments]
+    shown, subs = without_temporaries(plain, forward)
     bsts = [Statement(_math(y, adj), "=", _math(e, adj)) for y, e in shown]
     given = [_math(g, adj) for g in [*bw.grad_outputs, *bw.grad_next_states]]
     results = []
@@ -484,7 +442,7 @@ def _derived_backward(c: Compiled) -> tuple[list[Statement], list[Math], list[St
                     *zip((p.symbol for p in step.learnable), bw.grad_params)]:
         lhs = Math(f"<mfrac><mrow><mo>\u2202</mo><mi>L</mi></mrow><mrow><mo>\u2202</mo>{mathml_inner(leaf)}</mrow>"
                    "</mfrac>", rf"\frac{{\partial L}}{{\partial {latex(leaf)}}}", f"dL/d{leaf.name}")
-        results.append(Statement(lhs, "=", _math(g.xreplace(subs), adj)))
+        results.append(Statement(lhs, "=", _math(g.xreplace(subs).replace(Detach, lambda a: a), adj)))
     return bsts, given, results
 
 
@@ -586,10 +544,22 @@ def _kw_text(c: Compiled, w: _Written | None, e: A.Expr) -> str:
     return A.to_text(e)
 
 
+def derived_note(doc: ModelDoc) -> str:
+    """What the derived step's names and functions beyond the model's own mean (empty: none)."""
+    out = ""
+    if doc.bookkeeping:
+        names = ", ".join(doc.bookkeeping)
+        out += (f"; in sans-serif ({names}): the state{'s' if len(doc.bookkeeping) > 1 else ''} flexdsl adds to "
+                "keep refractoriness and threshold crossings from step to step")
+    if doc.stop_gradient:
+        out += "; sg(x) is x with no gradient through it (a stop-gradient)"
+    return out
+
+
 def method_text(doc: ModelDoc) -> str:
     if not doc.method:
         return ""
     return f"{doc.method}" + (" (chosen automatically)" if doc.method_auto else "")
 
 
-__all__ = ["describe", "ModelDoc", "Statement", "Math", "Row", "Block", "SurrogateDoc", "split_doc", "method_text"]
+__all__ = ["describe", "derived_note", "ModelDoc", "Statement", "Math", "Row", "Block", "SurrogateDoc", "split_doc", "method_text"]

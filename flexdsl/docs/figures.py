@@ -4,7 +4,6 @@ data URIs for a self-contained page), with their captions."""
 from __future__ import annotations
 
 import base64
-import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,9 @@ import torch
 
 from ..errors import FlexDSLError
 from . import plots
-from .simulate import DOC_SEED, DTYPE, Exploration, Run, TimeAxis, explore, firing_rates, simulate
+from .explore import Exploration, explore, nice
+from .fi import fi_caption, fi_curve, write_csv
+from .simulate import DOC_SEED, DTYPE, Run, TimeAxis, simulate
 from .units import unit_label
 
 if TYPE_CHECKING:
@@ -73,14 +74,6 @@ def _g(v: float) -> str:
     return f"{v:.4g}"
 
 
-def nice(v: float) -> float:
-    """`v` rounded away from zero to two significant digits (1743.2 -> 1800)."""
-    if v == 0 or not math.isfinite(v):
-        return v
-    e = math.floor(math.log10(abs(v))) - 1
-    return math.copysign(float(f"{math.ceil(round(abs(v) / 10**e, 9))}e{e}"), v)
-
-
 def make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> Figures:
     """Simulate the model (torch backend, float64) and draw its figures as `<stem>.<kind>.png` in
     `outdir`; without `outdir` the images are embedded in the sources as data URIs. A model that
@@ -115,12 +108,13 @@ def _make_figures(c: Compiled, stem: str, outdir: str | Path | None = None) -> F
     figs.response = plots.response_figure(c, lane_run, lane, ex.time, out / f"{stem}.response.png").name
     figs.response_caption = _response_caption(c, ex, lane_run, lane)
     if ex.spiking and ex.rheobase is not None:
-        marked = None
-        if cmd is not None:
-            marked = (cmd.amplitude, float(firing_rates(lane_run, ex.time)[lane]))
-        figs.fi = plots.fi_figure(c, ex, out / f"{stem}.fi.png", marked).name
-        figs.fi_data = _write_fi_data(c, ex, out / f"{stem}.fi.csv").name
-        figs.fi_caption = fi_caption(c, ex)
+        fi = fi_curve(c, ex, ex.lane if cmd is not None else None)
+        figs.fi = plots.fi_figure(c, fi, out / f"{stem}.fi.png").name
+        figs.fi_data = write_csv(c, fi, out / f"{stem}.fi.csv").name
+        figs.fi_caption = fi_caption(c, fi)
+        if c.checked.stochastic and cmd is not None:
+            figs.fi_caption += (f" The circle marks the step response's amplitude; the one trial shown above has "
+                                f"{cmd.spikes} spike{'s' if cmd.spikes != 1 else ''}.")
     if c.step.surrogate is not None:
         from .content import surrogate_call
 
@@ -136,8 +130,8 @@ def _onset_text(t: TimeAxis, onset: int) -> str:
 
 
 def _response(c: Compiled, ex: Exploration) -> tuple[Run, int, RunCommand | None]:
-    """The step response to show, and the command that reproduces it: the chosen lane's
-    amplitude rounded to two digits (simulated again; the lane itself if that does not spike)."""
+    """The step response to show (a lane of the f–I grid: a round amplitude; a noisy model's
+    simulated alone, so that the command repeats its draws) and the command that reproduces it."""
     run = ex.run
     assert run is not None
     inp = c.checked.inputs[0]
@@ -145,11 +139,8 @@ def _response(c: Compiled, ex: Exploration) -> tuple[Run, int, RunCommand | None
         return run, ex.lane, None
     amp = float(run.amplitudes[ex.lane])
     shown, lane = run, ex.lane
-    rounded = nice(amp)
-    if rounded != amp:
-        again = simulate(c, torch.tensor([rounded], dtype=DTYPE), run.T, run.onset)
-        if again.spikes is not None and float(again.spikes[:, 0].sum()) >= 1 and bool(again.finite()[0]):
-            shown, lane, amp = again, 0, rounded
+    if c.checked.stochastic:
+        shown, lane = simulate(c, torch.tensor([amp], dtype=DTYPE), run.T, run.onset, run.params), 0
     assert shown.spikes is not None
     n = int(shown.spikes[:, lane].sum())
     if n < 1:
@@ -183,43 +174,6 @@ def _response_caption(c: Compiled, ex: Exploration, run: Run, lane: int) -> str:
     if not bool(run.finite()[lane]):
         cap += "The states are not finite (NaN or inf) with these params and this input."
     return cap.strip()
-
-
-def fi_caption(c: Compiled, ex: Exploration) -> str:
-    """What the f–I plot shows, its numbers read from the same rates the plot draws."""
-    run = ex.run
-    assert run is not None and ex.rheobase is not None
-    inp = c.checked.inputs[0]
-    u = f" {unit_label(inp)}" if unit_label(inp) else ""
-    rates = ex.rates()
-    amps = run.amplitudes
-    steps = run.T - run.onset
-    window = f"{_g(steps * ex.time.dt)} {ex.time.unit}" if ex.time.unit and ex.time.dt else f"{steps} steps"
-    cap = (f"Firing rate while a step input of {inp.name} is on (1 / the mean interval between its spikes in a "
-           f"window of {window}; a single spike: 1 / the window), against the step's amplitude: {amps.numel()} "
-           f"amplitudes from 0 to {_g(float(amps[-1]))}{u}. ")
-    if float(rates[0]) > 0:
-        return cap + f"The model fires without input (rate {_g(float(rates[0]))} at amplitude 0)."
-    cap += f"It fires from {_g(ex.rheobase)}{u} on (the smallest amplitude plotted with a spike"
-    if ex.silent is not None and ex.silent != 0:
-        cap += f"; {_g(ex.silent)}{u} gives none"
-    return cap + "); below it the rate is 0."
-
-
-def _write_fi_data(c: Compiled, ex: Exploration, path: Path) -> Path:
-    """The numbers behind the f–I plot, as CSV."""
-    run = ex.run
-    assert run is not None
-    inp = c.checked.inputs[0]
-    unit = unit_label(inp)
-    head = f"amplitude of {inp.name}" + (f" ({unit})" if unit else "")
-    rate_head = ex.time.rate_label
-    counts = run.counts()
-    lines = [f"{head},spikes,{rate_head}"]
-    for a, n, r in zip(run.amplitudes.tolist(), counts.tolist(), ex.rates().tolist()):
-        lines.append(f"{a!r},{int(n)},{r!r}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 __all__ = ["Figures", "RunCommand", "make_figures", "fi_caption", "nice"]

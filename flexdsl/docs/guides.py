@@ -3,7 +3,9 @@ a generated site, beside their Markdown.
 
 Markdown is rendered with markdown-it-py (CommonMark and tables; raw HTML in the text stays
 text). Headings get GitHub's anchors, so the guides' `#1-a-first-model` links work; links to
-another guide (`units.md#2-refractoriness`) point to its HTML page. The formulas of the
+another guide (`units.md#2-refractoriness`) point to its HTML page. HTML comments on lines of their
+own (the `<!-- BEGIN GENERATED: … -->` markers of `reference.py`) are not part of the text and are
+dropped (outside code blocks), so they neither show nor join a table above them. The formulas of the
 generated tables (`$…$`, LaTeX written by `reference.py`) are shown as MathML from the same
 sympy expressions, so a page needs no script and no network, like the model pages.
 """
@@ -22,6 +24,23 @@ GUIDES = {"language.md": "The flexdsl language reference", "units.md": "Units, r
           "nir.md": "NIR: to and from other SNN libraries"}
 _MATH = re.compile(r"\$([^$\n]+)\$")
 _LINK = re.compile(r"^([A-Za-z0-9_.-]+)\.md(#[^\s]*)?$")
+_COMMENT = re.compile(r"^\s*<!--.*-->\s*$")
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+
+
+def drop_comments(markdown: str) -> str:
+    """The Markdown without its whole-line HTML comments (code blocks kept as they are): each
+    becomes an empty line, which also ends a table right above it."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in markdown.split("\n"):
+        m, s = _FENCE.match(line), line.strip()
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is not None and set(s) == {fence[0]} and len(s) >= len(fence):  # (a closing fence)
+            fence = None
+        out.append("" if fence is None and _COMMENT.match(line) else line)
+    return "\n".join(out)
 
 
 def slug(text: str, taken: dict[str, int]) -> str:
@@ -57,7 +76,7 @@ def to_html(markdown: str, math: Mapping[str, str] | None = None, guides: Mappin
         found.append(math[tex])
         return f"FLEXDSLMATH{len(found) - 1}X"
 
-    text = _MATH.sub(hold, markdown)
+    text = _MATH.sub(hold, drop_comments(markdown))
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = md.parse(text)
     taken: dict[str, int] = {}
@@ -91,4 +110,4 @@ def available() -> list[str]:
     return [g for g in GUIDES if (DOCS_DIR / g).is_file()]
 
 
-__all__ = ["GUIDES", "to_html", "render", "slug", "available", "formulas"]
+__all__ = ["GUIDES", "to_html", "render", "slug", "available", "formulas", "drop_comments"]

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .content import ModelDoc
+from .content import ModelDoc, derived_note
 
 if TYPE_CHECKING:
     import jinja2
@@ -99,6 +99,7 @@ def _context(d: ModelDoc, fig: Figures | None, **extra: object) -> dict[str, obj
 
     rows = [*d.inputs, *d.params, *d.states]
     return {"d": d, "fig": fig, "version": __version__, "file_label": file_label(d), "usage": usage(d, fig),
+            "derived_note": derived_note(d),
             "source_titles": SOURCE_TITLES, "has_guessed_units": any(r.unit and not r.unit_declared for r in rows),
             **extra}
 

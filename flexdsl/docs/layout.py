@@ -62,6 +62,16 @@ def split_name(name: str) -> tuple[str, str, str, bool]:
     return name, name, "", True
 
 
+def bookkeeping(name: str) -> str | None:
+    """The shown name of a state flexdsl adds for refractoriness and crossings (`_above_threshold`,
+    `_steps_since_spike`, their versions: names a model cannot write) without its underscore, set
+    apart in sans-serif by the printers; None for any other name (the temporaries `_t…` and the
+    spike rule's `_u` have their own forms)."""
+    if not name.startswith("_") or name == "_u" or _TEMP.fullmatch(name):
+        return None
+    return name.lstrip("_")
+
+
 def _latin_twin(greek: str) -> str:
     """The Latin capital a Greek capital looks like (Alpha → A, Beta → B, ...)."""
     return {"Alpha": "A", "Beta": "B", "Epsilon": "E", "Zeta": "Z", "Eta": "H", "Iota": "I", "Kappa": "K",

@@ -9,7 +9,7 @@ import html
 import re
 from collections.abc import Callable, Sequence
 
-from .content import Math, ModelDoc, Statement, tex_op
+from .content import Math, ModelDoc, Statement, derived_note, tex_op
 from .figures import Figures
 from .htmlpage import SOURCE_TITLES, Failure, IndexEntry, code_spans, file_label, number, usage
 
@@ -165,7 +165,7 @@ def _derived(d: ModelDoc, add: Callable[[str], None]) -> None:
     add("Assignments of one step, in order (each name assigned once: $v_{1}$, $v_{2}$ are the successive values "
         "of $v$); plain names are the values before the step, $[u \\geq 0]$ is the spike (1 or 0)"
         + (NOISE_NOTE.replace("N(0, 1)", "$\\mathcal{N}(0, 1)$").replace("U(0, 1)", "$\\mathcal{U}(0, 1)$")
-           if d.stochastic else "") + ".\n")
+           if d.stochastic else "") + text(derived_note(d)) + ".\n")
     add(_aligned(d.step.statements) + "\n")
     add("New states and outputs:\n")
     add(_aligned(d.next_states + d.step_outputs, lines=False) + "\n")

@@ -3,7 +3,8 @@
 - `surrogate_figure`: the surrogate S (the smooth step whose slope backward uses) and S'.
 - `response_figure`: the response to a step input — the input, every state (the state of the
   spike rule with its values before the reset at the spikes, and the threshold), the spikes.
-- `fi_figure`: the f–I curve (mean rate during the step against its amplitude).
+- `fi_figure`: the f–I curve (`fi.FICurve`: the rate during the step against its amplitude; a
+  noisy model's mean over trials with a band of their spread).
 - `thumbnail`: a small trace for the index.
 
 Time axes are in the model's time unit where `dt` is declared with one, else in steps.
@@ -16,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .simulate import DTYPE, Exploration, Run, TimeAxis, evaluate_expr, param_defaults
+from .explore import Exploration
+from .simulate import DTYPE, Run, TimeAxis, evaluate_expr, param_defaults
 from .units import unit_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from ..runtime.compiler import Compiled
+    from .fi import FICurve
 
 DPI = 100
 THRESHOLD_COLOR = "tab:red"
@@ -234,33 +237,35 @@ def _label(name: str, unit: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------- f–I
-def fi_figure(c: Compiled, ex: Exploration, path: str | Path, marked: tuple[float, float] | None = None) -> Path:
-    return save(draw_fi(c, ex, marked), path)
+def fi_figure(c: Compiled, fi: FICurve, path: str | Path) -> Path:
+    return save(draw_fi(c, fi), path)
 
 
-def draw_fi(c: Compiled, ex: Exploration, marked: tuple[float, float] | None = None) -> Figure:
-    """The f–I curve: `ex.rates()` against the amplitudes (the same numbers the caption and the
-    data file give); `marked`: (amplitude, rate) of the step response shown above the curve."""
-    run = ex.run
-    assert run is not None and run.spikes is not None
-    rate = ex.rates()
-    ok = torch.isfinite(rate)
-    steps = run.T - run.onset
+def draw_fi(c: Compiled, fi: FICurve) -> Figure:
+    """The f–I curve: `fi.mean` against the amplitudes (the numbers the caption and the data file
+    give), a noisy model's spread as a band, and the step response's amplitude (`fi.marked`) as a
+    circle on the curve."""
+    rate, a = fi.mean, fi.amplitudes
+    ok = fi.finite
     inp = c.checked.inputs[0]
     fig, axes = _figure(7.4, 3.2)
     ax = axes[0, 0]
-    a = run.amplitudes
-    ax.plot(a[ok].numpy(), rate[ok].numpy(), "o-", color=TRACE_COLOR, ms=3.5, lw=1.3, label="rate")
-    if marked is not None:
-        ax.plot([marked[0]], [marked[1]], "o", color=THRESHOLD_COLOR, ms=8, mfc="none", mew=1.5,
-                label="the step\nresponse above")
+    label = "rate" if fi.trials == 1 else f"mean of {fi.trials}\ntrials"
+    if fi.trials > 1:
+        lo = (rate - fi.spread).clamp(min=0)
+        ax.fill_between(a[ok].numpy(), lo[ok].numpy(), (rate + fi.spread)[ok].numpy(), color=TRACE_COLOR,
+                        alpha=0.2, lw=0, label="\u00b1 1 s.d.")
+    ax.plot(a[ok].numpy(), rate[ok].numpy(), "o-", color=TRACE_COLOR, ms=3.5, lw=1.3, label=label)
+    if fi.marked is not None and bool(ok[fi.marked]):
+        ax.plot([float(a[fi.marked])], [float(rate[fi.marked])], "o", color=THRESHOLD_COLOR, ms=8, mfc="none",
+                mew=1.5, label="the step\nresponse above")
     if not bool(ok.all()):
         ax.plot(a[~ok].numpy(), torch.zeros(int((~ok).sum()), dtype=DTYPE).numpy(), "x", color="0.5",
                 label="not finite")
     ax.set_xlabel(f"step amplitude of {_label(inp.name, unit_label(inp))}", fontsize=9)
-    ax.set_ylabel(ex.time.rate_label, fontsize=9)
-    dur = f"{steps * ex.time.dt:g} {ex.time.unit}" if ex.time.unit and ex.time.dt else f"{steps} steps"
-    ax.set_title(f"{c.checked.name}: f\u2013I curve (1 / mean interspike interval, {dur} window)", fontsize=10)
+    ax.set_ylabel(fi.time.rate_label, fontsize=9)
+    ax.set_title(f"{c.checked.name}: f\u2013I curve (1 / mean interspike interval, {fi.duration(fi.window)} window)",
+                 fontsize=10)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=8)

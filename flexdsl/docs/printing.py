@@ -6,10 +6,11 @@ flexdsl's own functions and its naming of variables.
 - Names: `v_threshold` → v with subscript "threshold", `tau_m` → τ_m, `Delta_T` → Δ_T; a name
   whose first part is not one letter (or a Greek letter) stays whole and upright (`mem`,
   `was_below`). Shared subexpressions of generated code (`_t`, `_t_3`) print as t̃, t̃₃; in a
-  backward, the gradient `grad_v` of `v` prints as v̄ (the adjoint).
+  backward, the gradient `grad_v` of `v` prints as v̄ (the adjoint); the states flexdsl adds for
+  refractoriness and crossings (`_above_threshold`) without the underscore, in sans-serif.
 - Functions: `sigmoid` → σ, `where(c, a, b)` → a brace of cases, `heaviside` → Θ, the spike
   `SpikeGE(u)` → the Iverson bracket [u ≥ 0] (`SpikeGT`: [u > 0]), `min`/`max`, `relu`, `clip`,
-  `detach`, `sgn`; |x| is printed with `\\lvert`…`\\rvert` in LaTeX (no `|`: safe in Markdown tables).
+  `detach` (the stop-gradient, sg), `sgn`; |x| is printed with `\\lvert`…`\\rvert` in LaTeX (no `|`: safe in Markdown tables).
 
 Expressions converted "as written" (`sympy.evaluate(False)`) keep their structure; the printers
 parenthesize them by precedence, so `x - (v - v_reset)` keeps its parentheses.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import html
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import Collection
 
 import sympy as sp
@@ -32,6 +34,7 @@ from .layout import (
     UnitSymbol,
     _negated,
     _unsigned,
+    bookkeeping,
     number_text,
     product,
     simple_exponent,
@@ -91,6 +94,11 @@ class MathMLPrinter(MathMLPresentationPrinter):
             return self._el("msub", t, self._el("mn", text=m.group(1))) if m.group(1) else t
         if name == "_u":
             return self._bar(self._el("mi", text="u"), overline)
+        kept = bookkeeping(name)
+        if kept is not None:
+            return self._bar(self._el("mi", text=kept, mathvariant="sans-serif",
+                                      style="font-family: sans-serif; font-size: 0.9em"),
+                             overline)
         base, _, sub, compound = split_name(name)
         mi = self._bar(self._el("mi", text=base), overline)
         if compound or not sub:
@@ -279,8 +287,8 @@ class MathMLPrinter(MathMLPresentationPrinter):
     def _print_heaviside(self, e):
         return self._call("\u0398", *e.args)
 
-    def _print_Detach(self, e):
-        return self._call("detach", *e.args)
+    def _print_Detach(self, e):  # the stop-gradient: the value, no gradient through it
+        return self._call("sg", *e.args)
 
     def _print_sign(self, e):
         return self._call("sgn", *e.args)
@@ -361,6 +369,45 @@ def math_element(inner: str, display: bool = False, alttext: str = "") -> str:
     return f"<math{attrs}>{inner}</math>"
 
 
+_BREAK_BEFORE = {"+", MINUS, "\u00b7", "/", "=", "<", ">", "\u2264", "\u2265"}
+_FENCES = {"(", ")", "[", "]", "{", "}", "|"}
+
+
+def _flat(el: ET.Element) -> list[ET.Element]:
+    """The row's pieces with the rows that only group (no attribute, no stretching fence) opened:
+    a line may break between any two of them."""
+    if el.tag != "mrow" or el.attrib or any(
+            c.tag == "mo" and (c.text or "") in _FENCES and c.get("stretchy") != "false" for c in el):
+        return [el]
+    return [x for c in el for x in _flat(c)]
+
+
+def wrapping(inner: str, alttext: str = "") -> str:
+    """Presentation markup as several `<math>` elements with a line-break opportunity (`<wbr>`)
+    before each `+`, `−`, `·`, `/`: a long value in a table cell wraps like text instead of
+    running off (MathML Core does not break lines itself); the operator that begins a piece keeps
+    its spacing (`form="infix"`). Markup with nothing to break at stays one element."""
+    try:
+        root = ET.fromstring(inner)
+    except ET.ParseError:
+        return math_element(inner, alttext=alttext)
+    pieces: list[list[ET.Element]] = [[]]
+    for el in _flat(root):
+        prev = pieces[-1][-1] if pieces[-1] else None
+        binary = prev is not None and (prev.tag != "mo" or (prev.text or "") in (")", "]", "|"))  # (not a sign)
+        if el.tag == "mo" and (el.text or "") in _BREAK_BEFORE and binary:
+            el.set("form", "infix")
+            pieces.append([])
+        pieces[-1].append(el)
+    if len(pieces) == 1:
+        return math_element(inner, alttext=alttext)
+    out = []
+    for k, els in enumerate(pieces):
+        body = "".join(ET.tostring(e, encoding="unicode") for e in els)
+        out.append(math_element(f"<mrow>{body}</mrow>", alttext=alttext if k == 0 else ""))
+    return "<wbr>".join(out)
+
+
 def mathml(expr: sp.Basic, display: bool = False, adjoints: Collection[str] = (), order: str | None = None) -> str:
     """`expr` as a `<math>` element (MathML Core)."""
     return math_element(mathml_inner(expr, adjoints, order), display, alttext=sp.sstr(expr, order=order))
@@ -401,6 +448,6 @@ def derivative_mathml(state: str) -> str:
 
 from .texprint import LatexPrinterFlex, derivative_latex, latex, latex_name, tex_text  # noqa: E402 - re-exported
 
-__all__ = ["mathml", "mathml_inner", "math_element", "equation", "latex", "latex_name", "derivative_mathml",
+__all__ = ["mathml", "mathml_inner", "math_element", "wrapping", "equation", "latex", "latex_name", "derivative_mathml",
            "derivative_latex", "split_name", "UnitSymbol", "MathMLPrinter", "LatexPrinterFlex", "MATHML_NS",
            "tex_text"]

@@ -7,8 +7,9 @@
   With the spike forced to 0 the step's new states are the values *before* the reset, and the
   spike rule's `u` is the quantity that fires at 0: the plots draw the threshold crossing and
   the threshold itself (`B` in `spike when A >= B`) from them.
-- `explore(c)`: step inputs of increasing amplitude; the f–I curve (mean rate during the step
-  against amplitude) and the lane shown as the step response.
+- `simulate(c, amplitudes, T, onset)`: step inputs, one per lane; `continue_run(run, steps)` runs the
+  same lanes on, from where the run ended (the window of an f–I curve continued, `explore.py`).
+- `firing_rates(run, time)`: each lane's rate while the step is on.
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ class Run:
     threshold: torch.Tensor | None = None  # [T, B] or [1, 1]
     init: dict[str, torch.Tensor] = field(default_factory=dict)  # [B], before the first step
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    module: Any = field(default=None, repr=False)  # the module, its states where the run ended
+    params: Mapping[str, float] | None = None  # the param overrides it ran with
+    seed: int | None = None  # a noisy model's seed
+    start: int = 0  # the run's first step counted from the reset (a continued run: > 0)
 
     @property
     def T(self) -> int:
@@ -136,30 +141,46 @@ class Run:
 
 
 def simulate(c: Compiled, amplitudes: torch.Tensor, T: int, onset: int,
-             params: Mapping[str, float] | None = None) -> Run:
-    """Step inputs (0 before `onset`, then each amplitude) on the first input, the others 0."""
+             params: Mapping[str, float] | None = None, detail: bool = True) -> Run:
+    """Step inputs (0 before `onset`, then each amplitude) on the first input, the others 0
+    (`detail`: see `run_module`)."""
     from ..runtime.module import NeuronModule
 
     m = NeuronModule(c, dict(params or {}), "m", "torch", store_state_seqs=True)
     x = torch.zeros(T, amplitudes.numel(), dtype=DTYPE)
     x[onset:] = amplitudes.to(DTYPE)
-    return run_module(m, x, params, amplitudes=amplitudes, onset=onset)
+    return run_module(m, x, params, amplitudes=amplitudes, onset=onset, detail=detail)
+
+
+def continue_run(run: Run, steps: int, detail: bool = False) -> Run:
+    """The lanes of `run` (made by `simulate` or `run_module`) for `steps` more steps of the same
+    input, from the states where it ended; a noisy model's draws go on as one longer call's would
+    (the steps are counted from the reset). Its `onset` is 0: the step is on throughout."""
+    assert run.module is not None, "a run made by run_module"
+    x = run.x[-1:].expand(steps, -1).clone()
+    return run_module(run.module, x, run.params, amplitudes=run.amplitudes, onset=0, seed=run.seed,
+                      start=run.start + run.T, detail=detail)
 
 
 def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = None, *,
-               amplitudes: torch.Tensor | None = None, onset: int = 0, seed: int | None = None) -> Run:
+               amplitudes: torch.Tensor | None = None, onset: int = 0, seed: int | None = None,
+               start: int = 0, detail: bool = True) -> Run:
     """Run a loaded model (a `NeuronModule`, any backend; float64 on the torch backend is what
     the docs use) on `x` ([T, B]) fed to its first input, the other inputs 0; the states, the
-    spikes, and the values before the reset with the threshold. A noisy model draws from `seed`
-    (default `DOC_SEED`)."""
+    spikes, and (`detail`, or where the model does not output its spike) the values before the
+    reset with the threshold. A noisy model draws from `seed` (default `DOC_SEED`). `start` > 0:
+    the module goes on from its states (`continue_run`)."""
     c = m.compiled
     m = m.to(DTYPE)
     m.store_state_seqs = True
-    m.reset()
     T, B = x.shape
+    if start:
+        init = {s: _as_lanes(m.state_seqs[s][-1], B) for s in m._state_names}
+    else:
+        m.reset()
+        init = {s: _as_lanes(v, B) for s, v in m._initial_values().items()}
     zeros = torch.zeros_like(x)
     inputs = [x] + [zeros] * (len(c.checked.inputs) - 1)
-    init = {s: _as_lanes(v, B) for s, v in m._initial_values().items()}
     noisy = c.checked.stochastic  # (a fixed seed: the pages show the same noise at every build)
     seed = DOC_SEED if seed is None else seed
     with torch.no_grad():
@@ -167,41 +188,51 @@ def run_module(m: Any, x: torch.Tensor, params: Mapping[str, float] | None = Non
     outs = out if isinstance(out, tuple) else (out,)
     outputs = {n: o.to(DTYPE) for (n, _), o in zip(c.checked.outputs, outs)}
     states = {s: m.state_seqs[s].to(DTYPE) for s in m._state_names}
-    # the step once more, for all steps at once, with the spike forced to 0: the pre-reset values
-    pvals = param_defaults(c, params)
-    declared = [pvals[p.name] for p in c.checked.params]
-    pvals.update(zip(c.derived_names, c.with_derived(declared)[len(declared):]))  # e.g. exact propagators
-    prev = {s: torch.cat([init[s].reshape(1, B), states[s][:-1]]) for s in states}
-    values: dict[str, Any] = {**pvals, **prev, c.checked.inputs[0].name: x}
-    for i in c.checked.inputs[1:]:
-        values[i.name] = zeros
-    step = c.step
-    if noisy:
-        values.update(_draw_values(step, T, B, seed))
-    ssa = evaluate_step(step, values, spike=0.0 if step.spike is not None else None)
-    env = {sp.Symbol(k, real=True): v for k, v in ssa.items()}
-    pre = {s.name: _as_lanes(evaluate_expr(nxt, env), B, T) for s, nxt in zip(step.states, step.next_states)}
-    u = spikes = None
-    if step.spike is not None:
-        u = _as_lanes(evaluate_expr(step.spike_u, env), B, T)
-        if "spike" in outputs:
-            spikes = outputs["spike"]
-        else:
-            spikes = (u >= 0 if c.checked.spike.op == ">=" else u > 0).to(DTYPE)
     amps = amplitudes if amplitudes is not None else x[-1] if T else torch.zeros(B, dtype=DTYPE)
-    run = Run(amps, x, onset, states, pre, spikes, u, init=init, outputs=outputs)
-    if step.spike is not None:
-        run.threshold_state, run.threshold = _threshold(c, run, pvals)
+    spiking = c.step.spike is not None
+    run = Run(amps, x, onset, states, {}, outputs.get("spike") if spiking else None, None, init=init,
+              outputs=outputs, module=m, params=params, seed=seed if noisy else None, start=start)
+    if detail or (spiking and run.spikes is None):
+        pvals = _before_reset(c, run)
+        if spiking:
+            if run.spikes is None:
+                assert run.u is not None
+                run.spikes = (run.u >= 0 if c.checked.spike.op == ">=" else run.u > 0).to(DTYPE)
+            run.threshold_state, run.threshold = _threshold(c, run, pvals)
     return run
 
 
-def _draw_values(step: StepModel, T: int, B: int, seed: int) -> dict[str, torch.Tensor]:
+def _before_reset(c: Compiled, run: Run) -> dict[str, float]:
+    """The step once more, for all steps at once, with the spike forced to 0: the values before the
+    reset (`run.pre`) and the spike rule's `u`. Returns the params' values (derived ones too)."""
+    pvals = param_defaults(c, run.params)
+    declared = [pvals[p.name] for p in c.checked.params]
+    pvals.update(zip(c.derived_names, c.with_derived(declared)[len(declared):]))  # e.g. exact propagators
+    T, B = run.x.shape
+    prev = {s: torch.cat([run.init[s].reshape(1, B), v[:-1]]) for s, v in run.states.items()}
+    zeros = torch.zeros_like(run.x)
+    values: dict[str, Any] = {**pvals, **prev, c.checked.inputs[0].name: run.x}
+    for i in c.checked.inputs[1:]:
+        values[i.name] = zeros
+    step = c.step
+    if run.seed is not None:
+        values.update(_draw_values(step, T, B, run.seed, run.start))
+    ssa = evaluate_step(step, values, spike=0.0 if step.spike is not None else None)
+    env = {sp.Symbol(k, real=True): v for k, v in ssa.items()}
+    run.pre = {s.name: _as_lanes(evaluate_expr(nxt, env), B, T) for s, nxt in zip(step.states, step.next_states)}
+    if step.spike is not None:
+        run.u = _as_lanes(evaluate_expr(step.spike_u, env), B, T)
+    return pvals
+
+
+def _draw_values(step: StepModel, T: int, B: int, seed: int, start: int = 0) -> dict[str, torch.Tensor]:
     """The draws of a run with `seed` ([T, B] each, lane b the element b): what `m(x, seed=seed)`
-    drew after a reset."""
+    drew `start` steps after a reset."""
     from ..backends.torch.random import draws
     from ..ir.functions import Rand, Randn
 
-    steps, lanes = torch.arange(T, dtype=torch.int64).unsqueeze(1), torch.arange(B, dtype=torch.int64)
+    steps = torch.arange(start, start + T, dtype=torch.int64).unsqueeze(1)
+    lanes = torch.arange(B, dtype=torch.int64)
     return {y.name: draws(seed, "randn" if isinstance(e, Randn) else "rand", int(e.args[0]), steps, lanes)
             for y, e in step.assignments if isinstance(e, Randn | Rand)}
 
@@ -253,30 +284,7 @@ def _threshold(c: Compiled, run: Run, params: Mapping[str, float]) -> tuple[str 
     return None, None
 
 
-# ----------------------------------------------------------------------------- choosing the input
-SCAN = torch.logspace(-3, 4, 29, dtype=DTYPE)  # amplitudes tried to find where a model fires
-
-
-@dataclass
-class Exploration:
-    time: TimeAxis
-    run: Run | None  # the f–I lanes (or one lane for a non-spiking model)
-    lane: int  # the lane shown as the step response
-    rheobase: float | None  # the smallest amplitude that fires within the window (refined by bisection)
-    note: str = ""
-    silent: float | None = None  # the largest amplitude found not to fire (the rheobase lies above it)
-
-    @property
-    def spiking(self) -> bool:
-        return self.run is not None and self.run.spikes is not None
-
-    def rates(self) -> torch.Tensor:
-        """Each lane's firing rate (see `firing_rates`), NaN where the states are not finite."""
-        assert self.run is not None
-        r = firing_rates(self.run, self.time)
-        return torch.where(self.run.finite(), r, torch.full_like(r, float("nan")))
-
-
+# ----------------------------------------------------------------------------- rates
 def firing_rates(run: Run, time: TimeAxis) -> torch.Tensor:
     """The firing rate of each lane while the step is on: 1 / (mean interspike interval), i.e.
     (n - 1) spikes over the time from the first spike to the last; one spike: 1 / the window
@@ -295,73 +303,5 @@ def firing_rates(run: Run, time: TimeAxis) -> torch.Tensor:
     return torch.where(n >= 2, isi, torch.where(n == 1, one, torch.zeros_like(n)))
 
 
-def duration(time: TimeAxis) -> int:
-    """Steps simulated: 200, or about 100 ms of model time (at most 3000 steps)."""
-    if time.seconds and time.dt:
-        return int(min(max(round(0.1 / (time.dt * time.seconds)), 200), 3000))
-    return 200
-
-
-def _fires(run: Run) -> torch.Tensor:
-    """Which lanes fire because of the input: more spikes than lane 0 (no input) had."""
-    counts, finite = run.counts(), run.finite()
-    base = float(counts[0]) if bool(finite[0]) else 0.0  # a model may fire without input
-    return (counts >= base + max(1.0, 0.5 * base)) & finite
-
-
-def explore(c: Compiled, T: int | None = None, params: Mapping[str, float] | None = None) -> Exploration:
-    """Find where the model fires: a scan of step amplitudes over ±1e-3 … 1e4 (the first spikes
-    tell: a short window), then the rheobase by bisection on the full window between the last
-    silent and the first firing amplitude; then an f–I grid from 0 to 3 times the rheobase that
-    holds the rheobase itself."""
-    time = time_axis(c, params)
-    T = T or duration(time)
-    onset = max(T // 10, 1)
-    if c.checked.spike is None:
-        run = simulate(c, torch.tensor([1.0], dtype=DTYPE), T, onset, params)
-        return Exploration(time, run, 0, None, "non-spiking: the response to a unit step")
-    lo = hi = None
-    t_scan = min(T, onset + max((T - onset) // 4, 50))
-    for sign in (1.0, -1.0):
-        amps = torch.cat([torch.zeros(1, dtype=DTYPE), sign * SCAN])
-        fired = _fires(simulate(c, amps, t_scan, onset, params))
-        if bool(fired.any()):
-            k = int(torch.nonzero(fired)[0])
-            lo, hi = float(amps[k - 1]), float(amps[k])
-            break
-    if hi is None:
-        run = simulate(c, torch.tensor([1.0], dtype=DTYPE), T, onset, params)
-        return Exploration(time, run, 0, None, "no spike for step inputs from \u00b10.001 to \u00b110000")
-    lo, hi = _bisect(c, lo, hi, T, onset, params)
-    grid = torch.cat([torch.linspace(0.0, 3.0 * hi, 25, dtype=DTYPE), torch.tensor([lo, hi], dtype=DTYPE)])
-    grid = grid[torch.argsort(grid.abs())].unique_consecutive()
-    run = simulate(c, grid, T, onset, params)
-    fired = _fires(run)
-    firing = torch.nonzero(fired).flatten()
-    rheo = float(grid[int(firing[0])]) if len(firing) else None
-    counts = torch.where(run.finite(), run.counts(), torch.full_like(run.counts(), -1.0))
-    top = float(counts.max())
-    # the step response: a lane with a fair number of spikes (about one per 10 steps at most)
-    want = min(0.1 * (T - onset), max(0.5 * top, min(3.0, top)))
-    lane = int(torch.nonzero(counts >= want)[0]) if top > 0 else len(grid) - 1
-    silent = [float(a) for a, f in zip(grid, fired) if not f and (rheo is None or abs(float(a)) < abs(rheo))]
-    return Exploration(time, run, lane, rheo, silent=silent[-1] if silent else None)
-
-
-def _bisect(c: Compiled, lo: float, hi: float, T: int, onset: int, params: Mapping[str, float] | None,
-            rounds: int = 1, lanes: int = 24) -> tuple[float, float]:
-    """Narrow (lo silent, hi firing) on the full window: each round simulates `lanes` amplitudes
-    between them at once (one round: to 1/25 of the scan's interval, a factor 1.78)."""
-    for _ in range(rounds):
-        amps = torch.linspace(lo, hi, lanes + 2, dtype=DTYPE)[1:-1]
-        fired = _fires(simulate(c, torch.cat([torch.zeros(1, dtype=DTYPE), amps]), T, onset, params))[1:]
-        if not bool(fired.any()):
-            break  # (the scan's firing amplitude fired on the short window; on the full one as well)
-        k = int(torch.nonzero(fired)[0])
-        hi = float(amps[k])
-        lo = float(amps[k - 1]) if k > 0 else lo
-    return lo, hi
-
-
-__all__ = ["TimeAxis", "time_axis", "evaluate_step", "evaluate_expr", "simulate", "run_module", "explore", "Exploration", "Run",
-           "param_defaults", "duration", "firing_rates"]
+__all__ = ["TimeAxis", "time_axis", "evaluate_step", "evaluate_expr", "simulate", "run_module", "continue_run", "Run",
+           "param_defaults", "firing_rates", "DOC_SEED", "DTYPE"]

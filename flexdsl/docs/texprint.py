@@ -15,6 +15,7 @@ from .layout import (
     _negated,
     _tex_text,
     _unsigned,
+    bookkeeping,
     number_text,
     product,
     simple_exponent,
@@ -46,6 +47,9 @@ class LatexPrinterFlex(LatexPrinter):
             return r"\tilde{t}" + (f"_{{{m.group(1)}}}" if m.group(1) else "")
         if name == "_u":
             return "u"
+        kept = bookkeeping(name)
+        if kept is not None:
+            return r"\mathsf{" + _tex_text(kept) + "}"
         base, tex, sub, compound = split_name(name)
         if compound:
             return r"\mathrm{" + _tex_text(name) + "}"
@@ -164,8 +168,8 @@ class LatexPrinterFlex(LatexPrinter):
     def _print_heaviside(self, e, exp=None):
         return self._call(r"\Theta", *e.args, exp=exp)
 
-    def _print_Detach(self, e, exp=None):
-        return self._call(r"\operatorname{detach}", *e.args, exp=exp)
+    def _print_Detach(self, e, exp=None):  # the stop-gradient: the value, no gradient through it
+        return self._call(r"\operatorname{sg}", *e.args, exp=exp)
 
     def _print_sign(self, e, exp=None):
         return self._call(r"\operatorname{sgn}", *e.args, exp=exp)
