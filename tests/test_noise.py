@@ -538,3 +538,62 @@ def test_nir_export_of_a_noisy_model_is_a_located_error():
     with pytest.raises(flexdsl.FlexDSLError) as e:
         flexdsl.nir.export(net, torch.rand(5, 2, 3), dt=1e-3)
     assert "draws random numbers" in str(e.value) and e.value.line == 8 and e.value.column == 41
+
+
+# ------------------------------------------------------------------ one rule for where the draws come from
+def _stream_run(make, path: str, functional: bool):
+    """Three calls (the third after a reset) from torch.manual_seed(123) on one path, and what the
+    global generator looks like after each call."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)  # (a layer's initial weights)
+    m = make()
+    f = m if path == "eager" else torch.compile(m, fullgraph=True, backend=path)
+    torch.manual_seed(123)
+    x = torch.full((6, 4), 0.6)
+    outs, rng = [], []
+    for k in range(3):
+        if k == 2:
+            m.reset()
+        outs.append(f(x).detach())
+        rng.append(torch.get_rng_state())
+    if functional:  # the functional form without a seed: a seed per call
+        g = torch.compile(lambda xx: m.step(xx, None)[0], fullgraph=True, backend=path) if path != "eager" else \
+            (lambda xx: m.step(xx, None)[0])
+        outs += [g(x).detach(), g(x).detach()]
+        rng.append(torch.get_rng_state())
+    return outs, rng
+
+
+@pytest.mark.parametrize("kind", ["neuron", "layer"])
+@pytest.mark.parametrize("backend", ["torch", "triton"] + (["cpu"] if CPU else []))
+def test_random_streams_are_the_same_on_every_path(kind, backend):
+    """Eager, compiled (aot_eager and Inductor), a neuron and a recurrent layer: from one
+    torch.manual_seed the same draws, and the global generator advanced by exactly one seed per
+    reset (and one per functional call without a seed), never on the other calls."""
+    from flexdsl.runtime.noise import draw_seed
+
+    if kind == "neuron":
+        def make():
+            return flexdsl.loads(NLIF, backend=backend)
+    else:
+        if backend == "cpu":
+            pytest.skip("(the layer's CPU scan: see the layer tests)")
+
+        def make():
+            return flexdsl.recurrent(flexdsl.loads(NLIF), None, 4, bias=False, backend=backend)
+
+    ref, rng = _stream_run(make, "eager", kind == "neuron")
+    torch.manual_seed(123)
+    draw_seed()  # the one seed of the first call
+    assert torch.equal(rng[0], torch.get_rng_state()) and torch.equal(rng[1], rng[0])  # none at the second
+    draw_seed()
+    assert torch.equal(rng[2], torch.get_rng_state())  # one after the reset
+    assert not torch.equal(ref[0], ref[1])  # (the stream goes on: other noise at the next steps)
+    paths = ["aot_eager"] + (["inductor"] if backend != "triton" else [])
+    for path in paths:
+        got, rng_c = _stream_run(make, path, kind == "neuron")
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref):
+            assert torch.equal(a, b), (path, kind, backend)
+        for a, b in zip(rng_c, rng):
+            assert torch.equal(a, b), (path, "the global generator advanced differently")

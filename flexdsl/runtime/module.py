@@ -28,7 +28,7 @@ from . import display, programs
 from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
 from .compiler import Compiled, compile_text
-from .noise import NoiseSource
+from .noise import NoiseSource, seed_ops
 from .params import (
     bits,
     broadcasts_to,
@@ -159,6 +159,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
         d["_param_decls"] = {p.name: p for p in ck.params}
         d["_state_names"] = [s.name for s in ck.states]
         d["_stochastic"] = ck.stochastic  # (the model draws random numbers: runtime/noise.py)
+        if ck.stochastic:
+            seed_ops()  # (defined here, outside any trace: a traced call draws its seed through them)
         d["_input_decls"] = list(ck.inputs)
         d["_init_cache"] = {}
         d["_dtypes_checked"] = set()  # (compute dtypes the params were checked in since they changed)

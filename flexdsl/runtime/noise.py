@@ -10,6 +10,13 @@ draws in one call. `m(x, seed=s)` draws this call from the seed `s` (the steps s
 the reset: after `m.reset()`, the same call with the same seed draws the same noise);
 `m(x, generator=g)` takes the call's seed from the `torch.Generator` `g`. The functional form
 `m.step(x, state, seed=s)` counts steps from 0 and, without a seed, draws one per call.
+
+The global generator's contract is the same on every path (eager, `torch.compile`, a neuron or a
+recurrent layer): a module draws one seed from torch's default CPU generator at its first call
+after loading or `reset()` (and the functional form one per call without `seed=`), nothing at
+any other call, and nothing for a call given `seed=` or `generator=`. Under a trace the seed is
+drawn by the opaque ops below at run time, as an eager call draws it (Inductor's own random ops
+would draw another stream, and on every call).
 """
 
 from __future__ import annotations
@@ -29,6 +36,32 @@ def draw_seed(generator: torch.Generator | None = None) -> int:
     """A 62-bit seed from `generator` (default: torch's default CPU generator)."""
     device = generator.device if generator is not None else "cpu"
     return int(torch.randint(0, SEED_LIMIT - 1, (), dtype=torch.int64, generator=generator, device=device))
+
+
+def _stream_seed_impl(state: torch.Tensor) -> None:
+    if int(state[0]) < 0:  # (no seed since the reset: draw it, as an eager call does)
+        state[0] = draw_seed()
+
+
+def _fresh_seed_impl(like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(draw_seed(), dtype=torch.int64)
+
+
+_OPS: list = []
+
+
+def seed_ops() -> tuple:
+    """(stream_seed, fresh_seed): custom ops that a traced call runs at run time, drawing from the
+    default generator exactly as an eager call (defined on first use: no torch.library work when
+    flexdsl is imported)."""
+    if not _OPS:
+        stream = torch.library.custom_op("flexdsl::noise_stream_seed", mutates_args=("state",),
+                                         schema="(Tensor(a!) state) -> ()")(_stream_seed_impl)
+        fresh = torch.library.custom_op("flexdsl::noise_fresh_seed", mutates_args=(),
+                                        schema="(Tensor like) -> Tensor")(_fresh_seed_impl)
+        fresh.register_fake(lambda like: torch.empty((), dtype=torch.int64))
+        _OPS[:] = [stream, fresh]
+    return tuple(_OPS)
 
 
 class NoiseSource:
@@ -107,18 +140,19 @@ class NoiseSource:
 
     def _traced_key(self, explicit: int | None, functional: bool) -> torch.Tensor:
         """The key under torch.compile: an int64 tensor (seed, t0) of the graph (no value is read,
-        so nothing is guarded: the stream's seed and step are inputs, updated in place)."""
+        so nothing is guarded: the stream's seed and step are inputs, updated in place). A seed
+        not given is drawn at run time by an opaque op, from the default generator, when an eager
+        call would draw it (module docstring)."""
+        stream_seed, fresh_seed = seed_ops()
         if functional:
-            seed = torch.tensor(explicit) if explicit is not None else \
-                torch.randint(0, SEED_LIMIT - 1, (), dtype=torch.int64)
+            seed = torch.tensor(explicit) if explicit is not None else fresh_seed(torch.zeros(()))
             return torch.stack([seed, torch.zeros((), dtype=torch.int64)])
         st = self._noise_stream()
         if explicit is not None:
             seed = torch.full((), explicit, dtype=torch.int64)
         else:
-            fresh = torch.randint(0, SEED_LIMIT - 1, (), dtype=torch.int64)
-            seed = torch.where(st[0] < 0, fresh, st[0])
-            st[0].copy_(seed)
+            stream_seed(st)
+            seed = st[0]
         return torch.stack([seed, st[1]])
 
     def _noise_advance(self, key: NoiseKey | torch.Tensor | None, T: int) -> None:
@@ -128,4 +162,4 @@ class NoiseSource:
             self._noise_stream()[1] = key.t0 + T
 
 
-__all__ = ["NoiseSource", "draw_seed", "SEED_LIMIT", "STEP_LIMIT"]
+__all__ = ["NoiseSource", "draw_seed", "seed_ops", "SEED_LIMIT", "STEP_LIMIT"]
