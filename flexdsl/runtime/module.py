@@ -25,17 +25,13 @@ from ..frontend import ast as A
 from ..frontend.evaluate import evaluate
 from . import bounds as bound_values
 from . import display, programs
+from .callcheck import CallChecks
+from .callcheck import register as register_check
 from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
 from .compiler import Compiled, compile_text
 from .noise import NoiseSource, seed_ops
-from .params import (
-    bits,
-    broadcasts_to,
-    check_constant_results,
-    check_constants,
-    resolve_params,
-)
+from .params import bits, broadcasts_to, resolve_params
 from .slots import ParamSlots
 
 STEP_MODES = ("s", "m")
@@ -64,7 +60,7 @@ def triton_available() -> bool:
     return backends.get("triton").available()
 
 
-class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # type: ignore[valid-type,misc]
+class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
     `m(*inputs)`: inputs are `[T, *shape]` (step_mode "m") or `[*shape]` ("s"); returns the
@@ -164,6 +160,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
         d["_input_decls"] = list(ck.inputs)
         d["_init_cache"] = {}
         d["_dtypes_checked"] = set()  # (compute dtypes the params were checked in since they changed)
+        d["_check_key"] = register_check(self)  # (where a compiled call's check finds it: runtime/callcheck.py)
 
     # ------------------------------------------------------------------ errors
     def _error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
@@ -224,7 +221,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
         for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked",
-                  "_compiled_name", "_stochastic"):
+                  "_compiled_name", "_stochastic", "_check_key", "_checked_fp", "_checked_bounded"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
@@ -394,15 +391,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
         x0 = xs[0]
         noise = self._noise_key(x0.shape[0], seed, generator, given is not None)
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
-        if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
-            dt = getattr(program, "computes_in", None) or x0.dtype
-            if (dt, x0.dtype) not in self._dtypes_checked:
-                check_constant_results(self._compiled, x0.dtype)
-                if dt != torch.float64:
-                    self._check_invariants(None, dt)
-                    check_constants(self._compiled, dt)
-                self._dtypes_checked.add((dt, x0.dtype))
-        params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
+        params = self._call_params(program, x0)  # (checked: runtime/callcheck.py)
         if self._parameters or self._buffers:
             self._check_param_shapes(params, x0, shape)
         init = self._states_for(x0, shape, given, getattr(program, "reads_any_float", False))

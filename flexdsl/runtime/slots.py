@@ -302,11 +302,12 @@ class ParamSlots:
         with torch.no_grad():
             t.copy_(torch.tensor(vals, dtype=torch.float64))
 
-    def _traced_param_list(self) -> list[Any]:
+    def _traced_param_list(self, fixed: torch.Tensor | None = None) -> list[Any]:
         """Every param's value as a tensor, for a torch.compile trace: the float params are
-        entries of `_fixed_t`, so that the graph takes them as inputs (a new value of a
-        non-learnable param recompiles nothing) and no float is read (and guarded)."""
-        t = self._fixed_t
+        entries of `_fixed_t` (or of `fixed`, its checked copy: `runtime/callcheck.py`), so that
+        the graph takes them as inputs (a new value of a non-learnable param recompiles nothing)
+        and no float is read (and guarded)."""
+        t = self._fixed_t if fixed is None else fixed
         return self._with_bounds([t[i] if k == "f" else self._slot(n, k)
                                   for i, (n, k) in enumerate(zip(self._param_decls, self._param_kinds))])
 

@@ -1,0 +1,138 @@
+"""The one place a call's params are checked, for every way a model runs: a neuron module's eager
+call, a recurrent layer's call (through its neuron), and a `torch.compile` trace (at trace time,
+on the values the graph starts from). A mixin of `NeuronModule`.
+
+What is checked, once per change of the params and per precision a call computes in:
+- every param finite, every `where` constraint, a defined step (`slots._validate`'s float64 checks);
+- the params and constants in the call's precision (a value that is 0 or beyond the range of
+  float32/float16 where the step needs it nonzero or finite: `params.check_invariants`,
+  `check_constants`, `check_constant_results`).
+
+What counts as a change: an assignment through the API (`m.tau = ...`, `load_state_dict`, which
+validate before they store), and any in-place change autograd sees (an optimizer step, `p.mul_()`
+under `torch.no_grad()`, a copy into a buffer): the tensors' version counters, data pointers,
+shapes and dtypes form a fingerprint compared at every call (a few integers: nothing is read
+from a device). A write through `.data` bypasses PyTorch's version counter; flexdsl reads a
+bounded param's raw value at every call (its value is computed on the host), so those are
+checked whatever changed them, and `check_finite=True` checks every value at every call.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from .params import check_constant_results, check_constants
+
+
+class CallChecks:
+    """NeuronModule's checks of its params before a call (see the module docstring)."""
+
+    def _fingerprint(self) -> tuple:
+        """What identifies the params' tensors' contents without reading them."""
+        out: list[Any] = []
+        for t in (*self._parameters.values(), *self._buffers.values()):
+            if t is not None:
+                out += (t._version, t.data_ptr(), t.dtype, t.shape)
+        return tuple(out)
+
+    def _call_params(self, program: Any, x0: torch.Tensor) -> list[Any]:
+        """The params of a call on inputs like `x0` run by `program`, checked (see the module
+        docstring). Under a trace the float params come through the op `flexdsl::checked_params`,
+        which runs the same checks when the compiled call runs (its fingerprint compare: a few
+        integers when nothing changed) and raises the eager call's error."""
+        dt = getattr(program, "computes_in", None) or x0.dtype
+        if torch.compiler.is_compiling():
+            t = check_op()(self._fixed_t, self.__dict__["_check_key"], str(dt), str(x0.dtype))
+            return self._traced_param_list(t)
+        params = self._param_list()
+        self._check_values(dt, x0.dtype, params)
+        return params
+
+
+    def _check_values(self, dt: torch.dtype, dtype: torch.dtype, params: list[Any] | None = None) -> None:
+        """The eager check: the full float64 validation when the fingerprint moved, the checks in
+        precision `dt` (inputs in `dtype`) once per change."""
+        d = self.__dict__
+        fp = self._fingerprint() if (self._parameters or self._buffers) else ()
+        if fp != d.get("_checked_fp"):
+            self._dtypes_checked.clear()
+            self._init_cache.clear()
+            self._validate_tensors()
+            d["_checked_fp"] = fp
+        bounded = self._bounded_floats(params) if self._bounds else None
+        if bounded is not None and bounded != d.get("_checked_bounded"):  # (read on the host at every call)
+            self._dtypes_checked.clear()
+            d["_checked_bounded"] = bounded
+        if (dt, dtype) not in self._dtypes_checked:
+            check_constant_results(self._compiled, dtype)
+            if dt != torch.float64:
+                self._check_invariants(None, dt)
+                check_constants(self._compiled, dt)
+            self._dtypes_checked.add((dt, dtype))
+
+    def _validate_tensors(self) -> None:
+        """The float64 checks of the params as they are now (after a change the API did not see:
+        an optimizer step, an in-place op): finite, every `where` constraint, a defined step."""
+        env = self._param_env()
+        tensors = {n: v for n, v in env.items() if isinstance(v, torch.Tensor)}
+        for n, v in tensors.items():
+            bad = ~torch.isfinite(v)
+            if bool(bad.any()):
+                what = "nan" if bool(torch.isnan(v).any()) else "infinite"
+                b = self._bounds.get(n)
+                where = f" (from its Parameter `{b.raw}`)" if b is not None else ""
+                raise self._error(f"param `{n}` is {what}{where}: it was changed in place (an optimizer step, an "
+                                  "in-place op) to a value that is not a finite number", self._param_decls[n].pos,
+                                  "a gradient step too large, or a NaN gradient: lower the learning rate, clip the "
+                                  "gradients, and assign a finite value (m." + n + " = ...) to go on")
+        self._validate({}, tensors)
+
+    def _bounded_floats(self, params: list[Any] | None) -> tuple:
+        """The bounded params' values as floats (what the call computes from their raw Parameters)."""
+        vals = dict(zip(self._param_decls, params)) if params is not None else self.param_values()
+        out: list[float] = []
+        for n in self._bounds:
+            v = vals[n]
+            out += v.detach().reshape(-1).tolist() if isinstance(v, torch.Tensor) else [float(v)]
+        return tuple(out)
+
+
+_MODULES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_OP: list = []
+_LOCK = threading.Lock()
+
+
+def register(module: Any) -> str:
+    """The name under which the check op finds `module` (a string: what a graph can hold)."""
+    k = f"m{id(module):x}"
+    with _LOCK:
+        _MODULES[k] = module
+    check_op()  # (defined here, outside any trace)
+    return k
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def _checked_params(fixed: torch.Tensor, key: str, dt: str, dtype: str) -> torch.Tensor:
+    _MODULES[key]._check_values(_dtype(dt), _dtype(dtype))
+    return fixed.clone()  # (an op's output may not alias its input; a few float64 values)
+
+
+def check_op():
+    """`flexdsl::checked_params(fixed, key, dt, dtype) -> fixed`: a traced call's params checked
+    when the call runs (defined on first use: no torch.library work when flexdsl is imported)."""
+    if not _OP:
+        op = torch.library.custom_op("flexdsl::checked_params", mutates_args=(),
+                                     schema="(Tensor fixed, str key, str dt, str dtype) -> Tensor")(_checked_params)
+        op.register_fake(lambda fixed, key, dt, dtype: torch.empty_like(fixed))
+        _OP.append(op)
+    return _OP[0]
+
+
+__all__ = ["CallChecks", "check_op", "register"]
