@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..backends.base import transformed
 from .params import check_constant_results, check_constants
 
 
@@ -32,11 +33,15 @@ class CallChecks:
     """NeuronModule's checks of its params before a call (see the module docstring)."""
 
     def _fingerprint(self) -> tuple:
-        """What identifies the params' tensors' contents without reading them."""
+        """What identifies the params' tensors' contents: version counters, pointers, shapes and
+        dtypes, and for small CPU tensors their bytes (a write through `.data` bypasses the version
+        counter; reading a device's memory would wait for the device, so there it is not read)."""
         out: list[Any] = []
         for t in (*self._parameters.values(), *self._buffers.values()):
             if t is not None:
                 out += (t._version, t.data_ptr(), t.dtype, t.shape)
+                if t.device.type == "cpu" and t.numel() <= _HASHED and not transformed(t):
+                    out.append(hash(t.detach().numpy(force=True).tobytes()))
         return tuple(out)
 
     def _call_params(self, program: Any, x0: torch.Tensor) -> list[Any]:
@@ -101,6 +106,7 @@ class CallChecks:
         return tuple(out)
 
 
+_HASHED = 1 << 16  # (CPU tensors of at most this many values are compared by their bytes)
 _MODULES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _OP: list = []
 _LOCK = threading.Lock()
