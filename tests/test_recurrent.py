@@ -476,7 +476,7 @@ def test_bad_construction_is_a_located_error():
     with pytest.raises(FlexDSLError, match="has no output `spik`") as e:
         flexdsl.recurrent("lif", 3, 4, source="spik")
     assert "did you mean `spike`" in str(e.value)
-    with pytest.raises(FlexDSLError, match=r"mask has shape \(3, 3\), but hidden=4"):
+    with pytest.raises(FlexDSLError, match=r"`mask` has shape \(3, 3\), but hidden=4"):
         flexdsl.recurrent("lif", 3, 4, mask=torch.ones(3, 3))
     with pytest.raises(FlexDSLError, match="0/1"):
         flexdsl.recurrent("lif", 3, 4, mask=torch.full((4, 4), 0.5))
@@ -1009,16 +1009,21 @@ def test_weights_replaced_by_another_shape_are_located_errors(backend):
              ("all", "W_in", lambda r: setattr(r.W_in, "data", torch.randn(4, 2))),
              ("all", "bias", lambda r: setattr(r.bias, "data", torch.randn(4, 1, 4))),
              ("all", "mask", lambda r: setattr(r, "mask", torch.ones(3, 3))),
-             ("all", "mask", lambda r: r.mask.fill_(0.5))]
+             ("all", "mask", lambda r: setattr(r, "mask", torch.full((4, 4), 0.5)))]
     for conn, name, change in cases:
         r = flexdsl.recurrent("lif", 3, 4, connectivity=conn, backend=backend,
                               mask=torch.ones(4, 4) if name == "mask" else None)
         r(x)
-        with torch.no_grad():
-            change(r)
-        with pytest.raises(FlexDSLError, match=f"`{name}`") as e:
+        with pytest.raises(FlexDSLError, match=f"`{name}`") as e:  # (a mask is refused when assigned)
+            with torch.no_grad():
+                change(r)
             r(x)
         assert ":" in str(e.value).splitlines()[0] and "^" in str(e.value), str(e.value)
+    r = flexdsl.recurrent("lif", 3, 4, backend=backend, mask=torch.ones(4, 4))
+    assert r.mask.dtype == torch.bool  # (no in-place write can make a mask rescale W_rec: it holds bools)
+    with torch.no_grad():
+        r.mask.fill_(0.5)
+    assert bool(r.mask.all())
 
 
 def test_autocast_with_float64_weights_is_a_located_error():

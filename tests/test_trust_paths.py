@@ -98,3 +98,70 @@ def test_an_optimizer_step_to_nan_is_refused_on_every_path(path):
             f.reset()
         m.reset()
         _refused(f, x, "nan")
+
+
+# ---------------------------------------------------------------- a recurrent layer's own inputs
+def _layer(**kw):
+    torch.manual_seed(0)
+    return flexdsl.recurrent("lif", 3, 4, backend="torch", **kw)
+
+
+def test_a_layers_mask_can_only_keep_or_remove_weights():
+    """The mask is kept as bool: a write into it (through `.data`, in place, or a new tensor)
+    cannot scale W_rec; a new mask is checked like the one given at construction."""
+    x = torch.rand(6, 2, 3) * 4
+    ones = _layer(mask=torch.ones(4, 4))
+    plain = _layer()
+    assert ones.mask.dtype == torch.bool and torch.equal(ones(x), plain(x))
+    for write in (lambda m: m.data.fill_(1), lambda m: m.data.copy_(torch.full((4, 4), 3.0)),
+                  lambda m: m.fill_(True)):
+        ones.reset()
+        plain.reset()
+        write(ones.mask)
+        assert torch.equal(ones(x), plain(x))  # (never 3 * W_rec)
+    for bad in (torch.full((4, 4), 0.5), torch.ones(3, 3), "x", torch.tensor([[1 + 1j] * 4] * 4)):
+        with pytest.raises(FlexDSLError, match="mask"):
+            ones.mask = bad
+    ones.mask = torch.eye(4)  # a valid new mask: bool, used
+    assert ones.mask.dtype == torch.bool and int(ones.mask.sum()) == 4
+    ones.mask = None
+    ones.reset()
+    plain.reset()
+    assert torch.equal(ones(x), plain(x))
+
+
+def test_a_layers_feedback_weights_and_options_are_checked():
+    """Complex or integer feedback (assigned, or a tensor changed to it), weights set to None, a
+    neuron option the layer cannot honour, a torch.func transform: located errors, never a silent
+    drop (of an imaginary part, of an option) or a raw exception."""
+    from torch.func import functional_call, grad, vmap
+
+    x = torch.rand(5, 2, 3)
+    m = _layer()
+    for bad in (torch.zeros(2, 4, dtype=torch.complex64), torch.zeros(2, 4, dtype=torch.int64), 1.0):
+        with pytest.raises(FlexDSLError, match="feedback"):
+            m.feedback = bad
+    m(x)
+    m._states["feedback"] = torch.zeros(2, 4, dtype=torch.complex64)  # (around the assignment)
+    with pytest.raises(FlexDSLError, match="feedback"):
+        m(x)
+    for name in ("W_rec", "W_in"):
+        m = _layer()
+        with pytest.raises(FlexDSLError, match=name):
+            setattr(m, name, None)
+        m.register_parameter(name, None)  # (around the assignment)
+        with pytest.raises(FlexDSLError, match=name):
+            m(x)
+    for option in ("check_finite", "store_state_seqs"):
+        with pytest.raises(FlexDSLError, match=option):
+            flexdsl.recurrent(flexdsl.load("lif", **{option: True}), 3, 4)
+        m = _layer()
+        setattr(m.neuron, option, True)
+        with pytest.raises(FlexDSLError, match=option):
+            m(x)
+    m = _layer()
+    for transform in (lambda: grad(lambda xx: m(xx).sum())(x), lambda: vmap(m, in_dims=1, out_dims=1)(x),
+                      lambda: grad(lambda p: functional_call(m, p, (x,)).sum())(dict(m.named_parameters()))):
+        m.reset()
+        with pytest.raises(FlexDSLError, match="torch.func"):
+            transform()

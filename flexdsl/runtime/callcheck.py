@@ -38,10 +38,16 @@ class CallChecks:
         counter; reading a device's memory would wait for the device, so there it is not read)."""
         out: list[Any] = []
         for t in (*self._parameters.values(), *self._buffers.values()):
-            if t is not None:
-                out += (t._version, t.data_ptr(), t.dtype, t.shape)
-                if t.device.type == "cpu" and t.numel() <= _HASHED and not transformed(t):
+            if t is None:
+                continue
+            if transformed(t) or not _has_storage(t):  # (a torch.func tensor: no memory to identify it by;
+                return (object(),)                    # never equal to the last one: checked at every call)
+            out += (t._version, t.data_ptr(), t.dtype, t.shape)
+            if t.device.type == "cpu" and t.numel() <= _HASHED:
+                try:
                     out.append(hash(t.detach().numpy(force=True).tobytes()))
+                except RuntimeError:  # (a tensor inside a torch.func transform: no bytes to read)
+                    return (object(),)
         return tuple(out)
 
     def _call_params(self, program: Any, x0: torch.Tensor) -> list[Any]:
@@ -110,6 +116,7 @@ _HASHED = 1 << 16  # (CPU tensors of at most this many values are compared by th
 _MODULES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _OP: list = []
 _LOCK = threading.Lock()
+_OP_LOCK = threading.Lock()
 
 
 def register(module: Any) -> str:
@@ -119,6 +126,14 @@ def register(module: Any) -> str:
         _MODULES[k] = module
     check_op()  # (defined here, outside any trace)
     return k
+
+
+def _has_storage(t: torch.Tensor) -> bool:
+    try:
+        t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -133,12 +148,16 @@ def _checked_params(fixed: torch.Tensor, key: str, dt: str, dtype: str) -> torch
 def check_op():
     """`flexdsl::checked_params(fixed, key, dt, dtype) -> fixed`: a traced call's params checked
     when the call runs (defined on first use: no torch.library work when flexdsl is imported)."""
-    if not _OP:
+    if _OP:  # (the path a trace takes: the op is defined before any trace, at registration)
+        return _OP[0]
+    with _OP_LOCK:  # (two threads defining it at once: one Library destroyed under the other)
+        if _OP:
+            return _OP[0]
         op = torch.library.custom_op("flexdsl::checked_params", mutates_args=(),
                                      schema="(Tensor fixed, str key, str dt, str dtype) -> Tensor")(_checked_params)
         op.register_fake(lambda fixed, key, dt, dtype: torch.empty_like(fixed))
         _OP.append(op)
-    return _OP[0]
+        return op
 
 
 __all__ = ["CallChecks", "check_op", "register"]

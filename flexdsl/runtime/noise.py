@@ -22,6 +22,7 @@ would draw another stream, and on every call).
 from __future__ import annotations
 
 import numbers
+import threading
 from typing import Any
 
 import torch
@@ -48,20 +49,25 @@ def _fresh_seed_impl(like: torch.Tensor) -> torch.Tensor:
 
 
 _OPS: list = []
+_OPS_LOCK = threading.Lock()
 
 
 def seed_ops() -> tuple:
     """(stream_seed, fresh_seed): custom ops that a traced call runs at run time, drawing from the
     default generator exactly as an eager call (defined on first use: no torch.library work when
     flexdsl is imported)."""
-    if not _OPS:
+    if _OPS:  # (the path a trace takes)
+        return tuple(_OPS)
+    with _OPS_LOCK:  # (two threads defining them at once: one Library destroyed under the other)
+        if _OPS:
+            return tuple(_OPS)
         stream = torch.library.custom_op("flexdsl::noise_stream_seed", mutates_args=("state",),
                                          schema="(Tensor(a!) state) -> ()")(_stream_seed_impl)
         fresh = torch.library.custom_op("flexdsl::noise_fresh_seed", mutates_args=(),
                                         schema="(Tensor like) -> Tensor")(_fresh_seed_impl)
         fresh.register_fake(lambda like: torch.empty((), dtype=torch.int64))
         _OPS[:] = [stream, fresh]
-    return tuple(_OPS)
+        return tuple(_OPS)
 
 
 class NoiseSource:

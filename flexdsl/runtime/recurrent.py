@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..backends import recurrent as scans
+from ..backends.base import transformed
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from . import programs
@@ -54,14 +55,15 @@ class _NeuronView:
     def error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
         return self.m._error(msg, pos, hint)
 
-    def params(self, step_shape: torch.Size, flat: int, device: torch.device) -> list[Any]:
+    def params(self, prog: Any, like: torch.Tensor, step_shape: torch.Size, flat: int) -> list[Any]:
         """Every param's value for a call on `[flat, hidden]` lanes (the layer's batch dims
-        flattened), derived params included: floats, or tensors broadcasting to `[flat, hidden]`."""
+        flattened) run by `prog` on tensors like `like`, derived params included: floats, or
+        tensors broadcasting to `[flat, hidden]`; checked as the neuron's own call checks them
+        (`runtime/callcheck.py`: also under torch.compile, and after in-place changes)."""
         m = self.m
+        device = like.device
         out = []
-        # (under torch.compile the params as tensors: the float ones are entries of the module's
-        # float64 tensor, inputs of the graph rather than guarded constants)
-        values = m._traced_param_list() if torch.compiler.is_compiling() else m._param_list()
+        values = m._call_params(prog, like)
         for name, v in zip(m._param_decls, values):
             if isinstance(v, torch.Tensor) and v.numel() > 1:
                 decl = m._param_decls[name]
@@ -92,6 +94,13 @@ class _NeuronView:
         for name, v in zip(self.m._state_names, finals):
             self.m._states[name] = v.reshape(step_shape)
 
+    def refuse_unsupported(self) -> None:
+        """The neuron's call options a layer has no way to honour: a located error, never ignored."""
+        for name in ("check_finite", "store_state_seqs"):
+            if getattr(self.m, name, False):
+                raise self.error(f"the neuron has `{name}` on, which recurrent layers do not support", None,
+                                 f"turn it off (m.neuron.{name} = False), or run the neuron module on its own")
+
     def initial_states_floats(self) -> bool:
         return all(v is None for v in self.m._states.values())
 
@@ -113,6 +122,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                  step_mode: str = "m", backend: str = "auto") -> None:
         super().__init__()
         view = _NeuronView(neuron)
+        view.refuse_unsupported()
         c = neuron.compiled
         ck = c.checked
         where = ck.ast.pos
@@ -217,12 +227,26 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
     def __setattr__(self, name: str, value: Any) -> None:
         st = self.__dict__.get("_states")
         if st is not None and name in st:
-            if value is not None and not isinstance(value, torch.Tensor):
-                raise self._view.error(f"`{name}` takes a tensor [*batch, hidden] or None, not {type(value).__name__}",
-                                       self._source_pos())
+            if value is not None and (not isinstance(value, torch.Tensor) or not value.is_floating_point()):
+                what = type(value).__name__ if not isinstance(value, torch.Tensor) else f"a {value.dtype} tensor"
+                raise self._view.error(f"`{name}` takes a floating-point tensor [*batch, hidden] or None, not {what}",
+                                       self._source_pos(), "e.g. m.feedback = torch.zeros(batch, hidden)")
             st[name] = value
             return
+        if name == "mask" and "mask" in self.__dict__.get("_buffers", {}):
+            value = self._new_mask(value)
+        elif value is None and (name == "W_rec" or (name == "W_in" and self.__dict__.get("in_features") is not None)):
+            raise self._view.error(f"`{name}` cannot be None: this layer (in_features={self.in_features}, "
+                                   f"hidden={self.hidden}) multiplies by it at every step", self._source_pos(),
+                                   f"assign a tensor of its shape, e.g. m.{name}.data.zero_() for no weights")
         super().__setattr__(name, value)
+
+    def _new_mask(self, value: Any) -> torch.Tensor | None:
+        """A mask assigned after construction, checked like the one given to it (kept as bool)."""
+        if value is None:
+            return None
+        shape = (self.hidden, self.hidden) if self.connectivity == "all" else (self.hidden,)
+        return _mask(self._view, value, shape, self.connectivity, self.hidden, self._view.compiled.checked.ast.pos)
 
     def reset(self) -> None:
         """Back to the initial states: the neuron's, and zeros for `feedback`."""
@@ -265,6 +289,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         """`seed=`/`generator=`: where a noisy model's draws of this call come from (as for the neuron's
         own module: the layer's [*batch, hidden] elements are the neuron's)."""
         view = self._view
+        view.refuse_unsupported()
         ck = view.compiled.checked
         names = [i.name for i in ck.inputs]
         if len(others) != len(names) - 1:
@@ -274,6 +299,11 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                             + "".join(f", `{n}`" for n in rest) + f"; got {1 + len(others)}")
         single = self.step_mode == "s"
         xs = self._check_input(x, single)
+        if not torch.compiler.is_compiling() and any(transformed(t) for t in (xs, *others, *self.parameters())):
+            raise self._input_error("torch.func transforms (grad, vmap, jacrev, functional_call under grad) are not "
+                                    "available on recurrent layers: their time loop is one autograd Function",
+                                    "differentiate with loss.backward() / torch.autograd.grad; torch.func works on a "
+                                    "neuron module (flexdsl.load) with the torch backend")
         dev = xs.device
         dtype = self._check_weights(xs)
         T, batch, H = xs.shape[0], xs.shape[1:-1], self.hidden
@@ -297,7 +327,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         backend = self.backend if torch.compiler.is_compiling() else self._backend_for(like)
         prog = programs.recurrent_for(view.compiled, view.m._compiled_name, backend, like, port, source, dense)
         states = view.states(like, step_shape, flat)
-        params = view.params(step_shape, flat, dev)
+        params = view.params(prog, like, step_shape, flat)
         noise = view.m._noise_key(T, seed, generator, False)
         outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise,
                                 s0_zero=s0_zero)
@@ -341,6 +371,10 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         named = [(n, getattr(self, n)) for n in ("W_in", "W_rec", "bias", "mask")]
         for name, p in named:
             if p is None:
+                if name == "W_rec" or (name == "W_in" and self.in_features is not None):
+                    raise self._input_error(f"`{name}` is None, but this layer (in_features={self.in_features}, "
+                                            f"hidden={H}) multiplies by it at every step",
+                                            f"register a Parameter of shape {want[name]} as m.{name}")
                 continue
             if not isinstance(p, torch.Tensor) or tuple(p.shape) != want[name]:
                 got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
@@ -410,6 +444,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         fb = self._states["feedback"]
         if fb is None:
             return torch.zeros((flat, self.hidden), dtype=dtype, device=dev)
+        if not fb.is_floating_point():  # (complex: its imaginary part would be dropped)
+            raise self._view.error(f"`feedback` is a {fb.dtype} tensor; it must be floating point", self._source_pos(),
+                                   "assign a real tensor (or None: zeros), e.g. m.feedback = torch.zeros(batch, hidden)")
         if fb.shape != step_shape or fb.device != dev:
             raise self._view.error(f"`feedback` has shape {tuple(fb.shape)} on {fb.device} (from an earlier call, or "
                                    f"as given), but this input's step shape is {tuple(step_shape)} on {dev}",
@@ -459,14 +496,14 @@ def _mask(view: _NeuronView, mask: Any, shape: tuple[int, ...], conn: str, hidde
     try:
         m = torch.as_tensor(mask)
     except (TypeError, ValueError, RuntimeError):
-        raise view.error(f"mask must be a tensor of 0/1 (or bool) values, not {type(mask).__name__}", where) from None
+        raise view.error(f"`mask` must be a tensor of 0/1 (or bool) values, not {type(mask).__name__}", where) from None
     if tuple(m.shape) != shape:
-        raise view.error(f"mask has shape {tuple(m.shape)}, but hidden={hidden} with connectivity={conn!r} needs "
+        raise view.error(f"`mask` has shape {tuple(m.shape)}, but hidden={hidden} with connectivity={conn!r} needs "
                          f"{shape}", where, "mask[i, j] = 1 keeps the weight from neuron j to neuron i"
                          if conn == "all" else "one_to_one: a 0/1 value per neuron")
     if m.dtype != torch.bool and not _zeros_and_ones(m):
-        raise view.error("mask must hold 0/1 (or bool) values", where, _MASK_HINT)
-    return m.to(torch.get_default_dtype())
+        raise view.error("`mask` must hold 0/1 (or bool) values", where, _MASK_HINT)
+    return m.to(torch.bool)  # (kept as bool: no write into it, `.data` included, can make it rescale W_rec)
 
 
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
