@@ -34,6 +34,7 @@ from .params import (
     broadcasts_to,
     check_constant_results,
     check_constants,
+    common_shape,
     resolve_params,
 )
 from .slots import ParamSlots
@@ -119,6 +120,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
             raise self._error(f"params must be a dict of param values, not {type(params).__name__}")
         values = resolve_params(c, dict(params or {}))
         bounded = {}
+        stored: dict[str, Any] = {}
         for p in ck.params:
             v = values[p.name]
             t: torch.Tensor | None = None
@@ -130,6 +132,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
                 t = t.expand(shapes[p.name]).clone()
             elif isinstance(v, torch.Tensor):
                 t = v.detach().to(torch.float64).clone()
+            stored[p.name] = t if t is not None else v
+            common_shape(c, stored)
             if p.learnable:
                 init = t if t is not None else torch.tensor(float(v), dtype=torch.float64)
                 if p.name in ck.bounds:
@@ -144,10 +148,9 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
             b = ck.bounds[name]
             if not bound_values.inside(b, init, values):
                 raise self._on_bound(name, init)
-            # (float64, as per-channel values and derived params are: a value set reads back as set)
-            raw = bound_values.raw(b, init, values, torch.float64)
-            self.register_parameter(b.raw, nn.Parameter(raw.expand(init.shape).clone() if raw.shape != init.shape
-                                                        else raw))
+            # (float64, as per-channel values and derived params are: a value set reads back as set;
+            # the param's shape, as any learnable param has)
+            self.register_parameter(b.raw, nn.Parameter(self._raw_for(name, init, values, init)))
         self._sync_fixed()
         self._check_invariants()
         self._prepare(None)
@@ -283,7 +286,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
         out = {}
         for name, v in self._initial_values().items():
             if isinstance(v, torch.Tensor):
-                v = v.to(device=x0.device, dtype=x0.dtype)
+                v = self._initial_shaped(name, v, shape).to(device=x0.device, dtype=x0.dtype)
             out[name] = torch.zeros(shape, dtype=x0.dtype, device=x0.device) + v
         return out
 
@@ -392,17 +395,20 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, NoiseSource, _Base):  # ty
         x0 = xs[0]
         noise = self._noise_key(x0.shape[0], seed, generator, given is not None)
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
-        if not torch.compiler.is_compiling():  # the params in the precision this call computes in, once
-            dt = getattr(program, "computes_in", None) or x0.dtype
-            if (dt, x0.dtype) not in self._dtypes_checked:
+        call = (x0.dtype, getattr(program, "computes_in", None))  # (a bounded param is inside its bounds in both)
+        if torch.compiler.is_compiling():
+            params = self._traced_param_list(call)
+        else:
+            params = self._param_list(call)
+            dt = call[1] or x0.dtype
+            if (dt, x0.dtype) not in self._dtypes_checked:  # the params in the precision this call computes in, once
                 check_constant_results(self._compiled, x0.dtype)
                 if dt != torch.float64:
-                    self._check_invariants(None, dt)
+                    self._check_invariants(params, dt)
                     check_constants(self._compiled, dt)
                 self._dtypes_checked.add((dt, x0.dtype))
-        params = self._traced_param_list() if torch.compiler.is_compiling() else self._param_list()
         if self._parameters or self._buffers:
-            self._check_param_shapes(params, x0, shape)
+            params = self._check_param_shapes(params, x0, shape)
         init = self._states_for(x0, shape, given, getattr(program, "reads_any_float", False))
         if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
             from .finite import guard

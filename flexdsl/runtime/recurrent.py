@@ -54,31 +54,21 @@ class _NeuronView:
     def error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
         return self.m._error(msg, pos, hint)
 
-    def params(self, step_shape: torch.Size, flat: int, device: torch.device) -> list[Any]:
+    def params(self, like: torch.Tensor, step_shape: torch.Size, flat: int, computes_in: torch.dtype | None
+               ) -> list[Any]:
         """Every param's value for a call on `[flat, hidden]` lanes (the layer's batch dims
-        flattened), derived params included: floats, or tensors broadcasting to `[flat, hidden]`."""
+        flattened), derived params included: floats, or tensors broadcasting to `[flat, hidden]`
+        (the neuron module's rule, `params.step_param`); a bounded one inside its bounds in the
+        call's dtype and the one it computes in."""
         m = self.m
-        out = []
+        call = (like.dtype, computes_in)
         # (under torch.compile the params as tensors: the float ones are entries of the module's
         # float64 tensor, inputs of the graph rather than guarded constants)
-        values = m._traced_param_list() if torch.compiler.is_compiling() else m._param_list()
-        for name, v in zip(m._param_decls, values):
-            if isinstance(v, torch.Tensor) and v.numel() > 1:
-                decl = m._param_decls[name]
-                if v.device != device:
-                    raise self.error(f"param `{name}` is on {v.device} but the input is on {device}", decl.pos,
-                                     "move the layer: m.to(device)")
-                try:
-                    full = torch.broadcast_shapes(v.shape, step_shape)
-                except RuntimeError:
-                    full = None
-                if full != step_shape:
-                    raise self.error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to the "
-                                     f"layer's step shape {tuple(step_shape)} ([*batch, hidden])", decl.pos,
-                                     f"a value per neuron has shape (hidden,): param_shapes={{'{name}': (hidden,)}}")
-                if v.dim() > 1:
-                    v = v.expand(step_shape).reshape(flat, step_shape[-1])
-            out.append(v)
+        values = m._traced_param_list(call) if torch.compiler.is_compiling() else m._param_list(call)
+        values = m._check_param_shapes(values, like, step_shape, "the layer's step shape ([*batch, hidden])",
+                                       "a value per neuron has shape (hidden,): param_shapes={'<name>': (hidden,)}")
+        out = [v.expand(step_shape).reshape(flat, step_shape[-1]) if isinstance(v, torch.Tensor) and v.dim() > 1
+               else v for v in values]
         return m.compiled.with_derived(out)
 
     def states(self, like: torch.Tensor, step_shape: torch.Size, flat: int) -> list[Any]:
@@ -296,8 +286,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         # the model's lazily computed fields; eagerly, the choice is checked first)
         backend = self.backend if torch.compiler.is_compiling() else self._backend_for(like)
         prog = programs.recurrent_for(view.compiled, view.m._compiled_name, backend, like, port, source, dense)
+        params = view.params(like, step_shape, flat, getattr(prog, "computes_in", None))
         states = view.states(like, step_shape, flat)
-        params = view.params(step_shape, flat, dev)
         noise = view.m._noise_key(T, seed, generator, False)
         outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise,
                                 s0_zero=s0_zero)
