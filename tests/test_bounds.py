@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import textwrap
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.functional import softplus
@@ -283,6 +285,148 @@ def test_torch_compile_traces_the_parametrization_without_recompiling():
     m.reset()
     assert torch.equal(cm(x), flexdsl.load("lif", tau=m.tau.item(), v_reset=m.v_reset.item(), v_threshold=1.3)(x))
     assert len(calls) == 1
+
+
+# ------------------------------------------------------------------ the inverse, over the whole range
+def _one_param(where: str, default: float) -> str:
+    return (f"neuron G:\n    input x\n    param a = -3.0\n    param g = {default} where {where}\n"
+            "    state v = 0.0\n    update:\n        v = v + g * x\n    output v\n")
+
+
+def _sigma(r: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.where(r >= 0, 1 / (1 + np.exp(-np.abs(r))), np.exp(-np.abs(r)) / (1 + np.exp(-np.abs(r))))
+
+
+def _readback_bound(kind: str, v: np.ndarray, r: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """The documented promise of `m.g = v` read back: within one ulp of the largest magnitude
+    the parametrization combines (v, its bounds, v's distance to them), or one step of the
+    float64 raw value where that step is larger (the value's change between neighbouring raw
+    values: slope x ulp(raw), softplus' = sigmoid (1 above its switch at 20), sigmoid' = s(1-s))."""
+    if kind == "lower":
+        mags, slope = [v, np.full_like(v, lo), v - lo], np.where(r > 20, 1.0, _sigma(r))
+    elif kind == "upper":
+        mags, slope = [v, np.full_like(v, hi), hi - v], np.where(r > 20, 1.0, _sigma(r))
+    else:
+        mags, slope = [v, np.full_like(v, lo), np.full_like(v, hi - lo)], (hi - lo) * _sigma(r) * _sigma(-r)
+    big = np.max(np.abs(np.stack(mags)), axis=0)
+    return np.maximum(np.spacing(big), slope * np.spacing(np.abs(r)))
+
+
+def _around(c: float) -> list[float]:
+    """Values on both sides of `c`: 1 to 20 ulps, and 1e-15 to 1e-1 relative."""
+    out = [float(np.nextafter(c, c + s)) for s in (-1, 1)]
+    out += [c + s * j * np.spacing(c) for s in (-1, 1) for j in (2, 3, 7, 20)]
+    return out + [c * (1 + s * 10.0**k) for s in (-1, 1) for k in range(-15, 0)]
+
+
+# (kind, model, learnable param, load options, its bounds (lo, hi), values: tiny and huge distances
+# to the bounds, both sides of softplus's switch (raw 20: distance 20, and 20.000000002 where its
+# two branches meet), both sides of sigmoid's (raw -700), ulps away from each bound)
+_SWITCH = 20.000000002061153  # log1p(exp(20)): the largest value of softplus's lower branch
+_RANGES = [
+    ("lower", "lif", "tau", {}, (1.0, None),
+     [1 + 10.0**k for k in range(-15, 308)] + [1 + j * 2.0**-52 for j in range(1, 40)]
+     + [1 + x for x in _around(20.0) + _around(_SWITCH) + _around(21.0)] + [1.7e308, 3.7, 7.0]),
+    ("lower", _one_param("g > 0", 1.0), "g", {}, (0.0, None),
+     [10.0**k for k in range(-307, 308)] + [2.2250738585072014e-308] + _around(20.0) + _around(_SWITCH)
+     + _around(2.0**-1020) + [5e-300, 0.01, 0.3, 0.69314718055994531, 1.0]),
+    ("lower", _one_param("g > a", 1.0), "g", {}, (-3.0, None),
+     [-3 + 10.0**k for k in range(-15, 308)] + [-3 + x for x in _around(20.0) + _around(_SWITCH)]
+     + _around(-1e-9) + [0.0, -1.0, 17.0]),
+    ("upper", "lif", "v_reset", {"learnable": ["v_reset"]}, (None, 1.0),
+     [1 - 10.0**k for k in range(-16, 308)] + [1 - x for x in _around(20.0) + _around(_SWITCH)]
+     + [1e-12, 1e-9, -1e-9, 0.0, -1.7e308]),
+    ("interval", "snn_leaky", "beta", {}, (0.0, 1.0),
+     [10.0**k for k in range(-307, 0)] + [1 - 10.0**-k for k in range(1, 16)]
+     + [1 - j * 2.0**-53 for j in range(1, 20)] + _around(math.exp(-700.0)) + _around(0.5) + [0.95]),
+    ("interval", _one_param("-2.5 < g < 7", 1.0), "g", {}, (-2.5, 7.0),
+     [-2.5 + 10.0**k for k in range(-15, 1)] + [7 - 10.0**k for k in range(-15, 1)]
+     + [-2.5 + 9.5 * math.exp(-700.0) * (1 + 10.0**k) for k in range(-12, 0)] + [0.0, 1.0, 6.9]),
+]
+
+
+@pytest.mark.parametrize("kind,model,name,options,limits,values", _RANGES,
+                         ids=[f"{r[0]}-{r[2]}-{i}" for i, r in enumerate(_RANGES)])
+def test_a_value_set_reads_back_as_promised_over_the_whole_range(kind, model, name, options, limits, values):
+    """`m.g = v` reads back `v` to the documented promise, for values close to a bound and far from
+    it, on both sides of the switch points of softplus and sigmoid, as one value and as a
+    per-channel tensor; and as a float32 call sees it wherever float32 tells `v` from its
+    neighbours at that promise. (Before: 3.5e5 ulps off above softplus's switch.)"""
+    lo, hi = limits
+    v = np.array(sorted({float(x) for x in values if (lo is None or x > lo) and (hi is None or x < hi)}))
+    v = v[np.isfinite(v)]
+    load = flexdsl.loads if "\n" in model else flexdsl.load
+    opts = {"learnable": name, **options}
+    m = load(model, param_shapes={name: (len(v),)}, **opts)
+    setattr(m, name, torch.tensor(v, dtype=torch.float64))  # every value at once, per channel
+    got = getattr(m, name).detach().numpy()
+    r = getattr(m, "raw_" + name).detach().numpy()
+    bound = _readback_bound(kind, v, r, lo, hi)
+    worst = np.argmax(np.abs(got - v) / bound)
+    within = bool(np.all(np.abs(got - v) <= bound))
+    assert within, f"v={v[worst]!r} read back {got[worst]!r} (raw {r[worst]!r}), bound {bound[worst]:.3g}"
+    small = np.abs(v) < float(np.finfo(np.float32).max) / 2
+    seen32 = small & (np.spacing(np.abs(np.where(small, v, 0)).astype(np.float32)).astype(np.float64) > 4 * bound)
+    assert np.array_equal(got[seen32].astype(np.float32), v[seen32].astype(np.float32))
+    assert seen32.sum() >= 20
+    one = load(model, **opts)  # and one value at a time, for a few of them
+    for x in v[:: max(1, len(v) // 25)]:
+        setattr(one, name, float(x))
+        assert getattr(one, name).item() == got[np.searchsorted(v, x)]  # (the same computation per channel)
+
+
+# ------------------------------------------------------------------ strictly inside, in the call's precision
+DIVIDES = """neuron Divides:
+    input x
+    param tau = 2.0 where tau > 1
+    param c = 0.5 where 0 < c < 1
+    param k = 3.0 where k < 4
+    param a = 0.5
+    param g = 2.0 where g > 2 * a
+""" + "".join(f"    state {n}{i} = 0.0\n" for n in "dq" for i in range(5)) + """    update:
+""" + "".join(f"        d{i} = x * ({e})\n        q{i} = x / ({e})\n" for i, e in
+              enumerate(["tau - 1", "c", "1 - c", "4 - k", "g - 2 * a"])) + \
+    "    output " + ", ".join(f"d{i}, q{i}" for i in range(5)) + "\n"
+
+
+def test_no_raw_value_puts_a_value_on_its_bound_in_the_precision_of_the_call():
+    """Every finite raw value, however far out (an optimizer's huge step included), gives values
+    strictly inside their bounds as the call's precision holds them, far enough that dividing by
+    the distance to the bound is finite there: a model that divides by it runs on every backend
+    and dtype, each quotient finite and positive. A raw value that is not finite gives NaN, never a
+    finite value that hides it."""
+    x = torch.ones(1, 3)
+    raws = [1e308, -1e308, 1e30, -1e30, 1e6, -1e6, 800.0, -800.0, 710.0, -710.0, 40.0, -40.0, 20.000001, -20.0, 0.0]
+    runs = [("torch", d) for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)]
+    runs += [("triton", d) for d in (torch.float32, torch.float16, torch.bfloat16)]
+    runs += [("cpu", d) for d in (torch.float32, torch.float64)]
+    for backend, dtype in runs:
+        for big in raws:
+            m = flexdsl.loads(DIVIDES, learnable=["tau", "c", "k", "g"], backend=backend)
+            with torch.no_grad():
+                for n in ("raw_tau", "raw_c", "raw_k", "raw_g"):
+                    getattr(m, n).fill_(big)
+            outs = m(x.to(dtype))  # distances to the bounds d_i, as the call computes them, and 1/d_i
+            assert all(o.dtype == dtype and bool(torch.isfinite(o).all()) for o in outs), (backend, dtype, big)
+            assert all(bool((d > 0).all()) for d in outs[::2]), (backend, dtype, big, outs[::2])
+            assert m.tau.item() > 1 and 0 < m.c.item() < 1 and m.k.item() < 4 and m.g.item() > 2 * m.a
+    # the issue's case: an optimizer step far too large drives each value onto its bound in float32
+    m = flexdsl.loads(DIVIDES, learnable=["tau", "c", "k", "g"], backend="torch")
+    opt = torch.optim.SGD(m.parameters(), lr=1e30)
+    xs = torch.ones(2, 3)
+    for sign in (1.0, -1.0):
+        opt.zero_grad()
+        (sign * (m.tau + m.c - m.k + m.g)).backward()
+        opt.step()
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            m.reset()
+            outs = m(xs.to(dtype))
+            assert all(bool(torch.isfinite(o).all()) for o in outs) and all(bool((d > 0).all()) for d in outs[::2])
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        with torch.no_grad():
+            m.raw_tau.fill_(bad)
+        assert math.isnan(m.tau.item())
 
 
 # ------------------------------------------------------------------ PyTorch's own tools

@@ -296,6 +296,116 @@ def test_a_refused_checkpoint_changes_nothing():
     assert m.tau == 2.0
 
 
+def _everything(m) -> dict:
+    """What a refused change must leave as it was: every param's value, every Parameter (the same
+    object, its value, shape and dtype), buffer and float param."""
+    out = {f"value:{k}": v for k, v in _snapshot(m).items()}
+    out |= {f"param:{k}": (id(p), p.detach().clone()) for k, p in m.named_parameters()}
+    out |= {f"buffer:{k}": b.clone() for k, b in m.named_buffers()}
+    return out | {f"float:{k}": v for k, v in m._fixed.items()}
+
+
+def _unchanged(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, tuple):
+            if x[0] != y[0]:
+                return False
+            x, y = x[1], y[1]
+        if not _same({k: x}, {k: y}):
+            return False
+    return True
+
+
+def _bad_checkpoints(m, leaky) -> list[tuple]:
+    """(module, checkpoint) pairs of several params, one of them refused: a raw value that is NaN,
+    per-channel values whose shapes clash, a value on its bound (a closed one, which the
+    constraint allows) beside a raw value of another shape (which loading would reshape), values
+    that violate a constraint."""
+    good, lgood = m.state_dict(), leaky.state_dict()
+    f64 = torch.float64
+    return [(m, good | {"raw_tau": torch.tensor(float("nan"), dtype=f64)}),
+            (m, good | {"raw_tau": torch.full((2,), 0.5, dtype=f64), "raw_v_reset": torch.full((3,), 0.5, dtype=f64)}),
+            (m, {k: v for k, v in good.items() if k != "raw_tau"} | {"tau": torch.tensor(0.5)}),
+            (m, {k: v for k, v in good.items() if k != "raw_v_reset"} | {"v_reset": torch.ones(3) * 2}),
+            (leaky, {k: v for k, v in lgood.items() if k != "raw_beta"} |
+             {"beta": torch.tensor(1.0), "raw_threshold": torch.full((3,), 0.5, dtype=f64)}),
+            (leaky, lgood | {"raw_threshold": torch.full((3,), 0.5, dtype=f64),
+                             "raw_beta": torch.full((2,), 0.5, dtype=f64)})]
+
+
+def test_a_refused_change_of_any_kind_of_param_changes_nothing():
+    """Every kind of param (float, buffer, per-channel, unbounded and bounded learnable, one that a
+    torch tool took over) and several params at once (load_state_dict, set_extra_state): a
+    refused change raises a located error before anything is stored -- including the raw value
+    of a bounded param whose bound it would move, and a Parameter that a checkpoint would
+    reshape. (Before: a per-channel bound assigned where one raw value could not keep the bounded
+    param's value stored the bound, then raised torch's error.)"""
+    lif = flexdsl.load("lif", learnable=["tau", "v_reset"])
+    per = flexdsl.load("lif", learnable=["v_reset"], param_shapes={"v_reset": (3,), "tau": (3,)})
+    plif = flexdsl.load("plif", param_shapes={"w": (4,)})
+    cases = [
+        (lif, "v_threshold", [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([[1.0, 2.0, 3.0]] * 2), -1.0, 0.0]),
+        (lif, "tau", [1.0, torch.tensor([2.0, 3.0]), torch.nn.Parameter(torch.tensor(3.0)), float("nan")]),
+        (lif, "v_reset", [1.0, 2.0, torch.tensor([-1.0, -2.0])]),
+        (per, "v_threshold", [torch.tensor([1.0, 2.0]), torch.tensor([0.5, -5.0, 2.0]), torch.ones(2, 2)]),
+        (per, "tau", [torch.tensor([2.0, 3.0]), torch.tensor([2.0, 0.5, 3.0]), torch.ones(2, 2) * 2]),
+        (per, "v_reset", [torch.tensor([[-1.0, -2.0, -3.0]] * 2), torch.tensor([-1.0, 5.0, -1.0])]),
+        (plif, "w", [torch.zeros(3), torch.nn.Parameter(torch.full((4,), float("nan"))), torch.ones(2, 4)]),
+        (plif, "v_threshold", [torch.ones(3), torch.ones(2, 3)]),
+    ]
+    x = torch.rand(4, 2, 3, generator=torch.Generator().manual_seed(3)) * 2
+    for m, name, values in cases:
+        before = _everything(m)
+        xx = x if m is not plif else torch.rand(4, 2, 4, generator=torch.Generator().manual_seed(3)) * 2
+        m.reset()
+        out = m(xx)
+        for v in values:
+            with pytest.raises(flexdsl.FlexDSLError) as e:
+                setattr(m, name, v)
+            assert e.value.line, e.value
+            assert _unchanged(before, _everything(m)), (name, v)
+        m.reset()
+        assert torch.equal(m(xx), out)  # (the same values, the same program)
+    # several params at once: checkpoints and extra state
+    for m, sd in _bad_checkpoints(lif, flexdsl.load("snn_leaky", learnable=["beta", "threshold"])):
+        before = _everything(m)
+        with pytest.raises(flexdsl.FlexDSLError) as e:
+            m.load_state_dict(sd)
+        assert e.value.line and _unchanged(before, _everything(m)), sd.keys()
+    before = _everything(lif)
+    extra = lif.get_extra_state()
+    for params in ({"v_threshold": -2.0}, {"v_threshold": float("nan")}, {"v_threshold": 5.0, "bogus": 1.0}):
+        with pytest.raises(flexdsl.FlexDSLError):
+            lif.set_extra_state({**extra, "params": params})
+        assert _unchanged(before, _everything(lif)), params
+    leaky = flexdsl.load("snn_leaky", learnable="beta")  # a bounded param's float (saved where it was not
+    before = _everything(leaky)  # learnable) on its closed bound, which the constraint allows
+    with pytest.raises(flexdsl.FlexDSLError, match="lies on the bound"):
+        leaky.set_extra_state({**leaky.get_extra_state(), "params": {"threshold": 2.0, "beta": 1.0}})
+    assert _unchanged(before, _everything(leaky))
+    from torch.nn.utils import parametrize  # a param a torch tool took over: validated as given
+
+    class Same(torch.nn.Module):
+        def forward(self, w):
+            return w
+
+        def right_inverse(self, w):
+            return w
+
+    parametrize.register_parametrization(plif, "w", Same())
+    before = _everything(plif)
+    for v in (torch.full((4,), float("nan")), torch.tensor([0.0, float("inf"), 0.0, 0.0]), "abc"):
+        with pytest.raises(flexdsl.FlexDSLError):
+            plif.w = v
+        assert _unchanged(before, _everything(plif))
+    # and what the rule lets through is stored whole: a bound of equal values per channel keeps v_reset
+    lif.v_threshold = torch.full((3,), 1.5)
+    assert lif.v_reset.shape == (3,) and bool((lif.v_reset == 0).all()) and lif.raw_v_reset.shape == ()
+
+
 def test_a_checkpoint_of_another_model_or_missing_params_does_not_load():
     lif = flexdsl.load("lif", tau=3.0)
     for other in ("izhikevich", "lif_soft", "plif"):
@@ -390,6 +500,86 @@ def test_unvalidated_values_never_reach_torch_raw():
         with pytest.raises(flexdsl.FlexDSLError, match="empty"):
             m.v_reset = v
     assert flexdsl.load("lif", param_shapes={"tau": 3}).tau.shape == (3,)
+
+
+# ---------------------------------------------------------------- one rule for a param's shape against the step
+# LIF without its bound (tau a plain Parameter when learnable) and a threshold no membrane reaches here,
+# so that the reference is the membrane's linear recurrence, written out below
+LIF_PLAIN = (ROOT / "neurons" / "lif.neuron").read_text().replace(" where tau > 1", "")
+_FITS = [(1,), (1, 1), (1, 1, 1), (3,), (1, 3), (1, 1, 3), (2, 1), (1, 2, 1), (2, 3), (1, 2, 3), (1, 1, 1, 1, 3)]
+_CLASHES = [(3, 1), (2, 2, 3), (4,), (1, 4), (2, 1, 1), (3, 1, 1)]
+
+
+def _membrane(x: torch.Tensor, tau: torch.Tensor, step: tuple[int, ...]) -> torch.Tensor:
+    """The reference: v_t = v + (x_t - v) / tau from v = 0 (v_reset = 0, no spike), in float64,
+    with tau taken by the documented rule (its leading sizes of 1 beyond the step's rank dropped)."""
+    t = tau.reshape(tau.shape[max(0, tau.dim() - len(step)):])
+    v = torch.zeros(step, dtype=torch.float64)
+    for xt in x.double():
+        v = v + (xt - v) / t
+    return v
+
+
+def _tau(shape: tuple[int, ...]) -> torch.Tensor:
+    n = 1
+    for k in shape:
+        n *= k
+    return (1.5 + 0.25 * torch.arange(n, dtype=torch.float64)).reshape(shape)
+
+
+def test_a_params_shape_broadcasts_by_one_rule_on_every_backend_and_in_recurrent_layers():
+    """A param broadcasts against one step of the input to the step's shape, its leading sizes of
+    1 beyond the step's rank dropped: the outputs and states keep the input's shapes and equal the
+    reference (and its gradient reaches the param in its own shape) on the torch, Triton and CPU
+    backends and in a recurrent layer; a shape that does not broadcast so is the same located error
+    everywhere. (Before: (1, 1, 1) gave the torch backend an extra dimension, the Triton backend
+    and the torch recurrent scan torch's errors.)"""
+    T, step = 4, (2, 3)
+    x = torch.rand(T, *step, generator=torch.Generator().manual_seed(5)) * 2
+    ops = scan_ops("lif", T)
+    for shape in _FITS:
+        ref_tau = _tau(shape).requires_grad_()
+        ref = _membrane(x, ref_tau, step)
+        ref.sum().backward()
+        for backend, dtype in (("torch", torch.float64), ("torch", torch.float32), ("triton", torch.float32),
+                               ("cpu", torch.float32)):
+            m = flexdsl.loads(LIF_PLAIN, backend=backend, learnable="tau", param_shapes={"tau": shape},
+                              tau=_tau(shape), v_threshold=20.0).to(dtype)
+            out = m(x.to(dtype))
+            assert out.shape == x.shape and m.v.shape == step, (shape, backend, out.shape, m.v.shape)
+            assert_close(m.v, ref, ops=ops, what=f"{shape} {backend} {dtype}")
+            m.v.sum().backward()
+            assert m.tau.grad.shape == shape
+            assert_close(m.tau.grad, ref_tau.grad, ops=ops + T * 6, scale=float(ref_tau.grad.abs().max()),
+                         what=f"grad {shape} {backend}")
+    errors = {}
+    for shape in _CLASHES:
+        for backend in ("torch", "triton", "cpu"):
+            m = flexdsl.load("lif", backend=backend, param_shapes={"tau": shape}, tau=_tau(shape))
+            with pytest.raises(flexdsl.FlexDSLError) as e:
+                m(x)
+            errors.setdefault(shape, set()).add((e.value.reason, e.value.line, e.value.column))
+        assert len(errors[shape]) == 1 and next(iter(errors[shape]))[1] == 16, errors[shape]
+    # the recurrent layer: [*batch, hidden] steps, on its torch and Triton scans
+    H, x3 = 3, torch.rand(T, 2, 4, generator=torch.Generator().manual_seed(6))
+    for shape in [*_FITS, *_CLASHES]:
+        got, seen = [], set()
+        for backend in ("torch", "triton"):
+            neuron = flexdsl.loads(LIF_PLAIN, param_shapes={"tau": shape}, tau=_tau(shape), v_threshold=20.0)
+            layer = flexdsl.recurrent(neuron, 4, H, backend=backend)
+            try:
+                out = layer(x3)
+            except flexdsl.FlexDSLError as e:
+                seen.add((e.reason, e.line, e.column))
+                continue
+            assert out.shape == (T, 2, H) and layer.neuron.v.shape == (2, H)
+            with torch.no_grad():
+                drive = x3.double() @ layer.W_in.double().T + layer.bias.double()  # (no spike: no feedback)
+            got.append(layer.neuron.v)
+            assert_close(layer.neuron.v, _membrane(drive, _tau(shape), (2, H)), ops=ops + T * 8,
+                         what=f"recurrent {shape} {backend}")
+        assert (len(got), len(seen)) in ((2, 0), (0, 1)), (shape, seen)
+        assert (len(got) == 2) == (shape in _FITS)
 
 
 # ---------------------------------------------------------------- both backends agree at the edges

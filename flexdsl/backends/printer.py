@@ -153,7 +153,8 @@ def load_notes(ck, code: bool = True) -> list[str]:
         out.append(f"Chosen at load: learnable={o.learnable_text()} (trained: {', '.join(learn) or 'no param'})")
     if ck.bounds and code:
         out += ["Bounded learnable params train as unconstrained Parameters raw_<name>; each value is computed",
-                "from its Parameter once per call, on the host (float64; kept strictly inside a strict bound):"]
+                "from its Parameter once per call, on the host (float64; strictly inside a strict bound in the",
+                "precision of the call):"]
     for b in ck.bounds.values():
         wheres = "; ".join(constraint_text(ck.source, ck.param(n).where)
                            for n in dict.fromkeys(lim.source for lim in (*b.lower, *b.upper)))

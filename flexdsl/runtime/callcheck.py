@@ -56,10 +56,11 @@ class CallChecks:
         which runs the same checks when the compiled call runs (its fingerprint compare: a few
         integers when nothing changed) and raises the eager call's error."""
         dt = getattr(program, "computes_in", None) or x0.dtype
+        call = (x0.dtype, dt)  # (a bounded param is inside its bounds in both: runtime/bounds.py)
         if torch.compiler.is_compiling():
             t = check_op()(self._fixed_t, self.__dict__["_check_key"], str(dt), str(x0.dtype))
-            return self._traced_param_list(t)
-        params = self._param_list()
+            return self._traced_param_list(t, call)
+        params = self._param_list(call)
         self._check_values(dt, x0.dtype, params)
         return params
 
@@ -81,7 +82,7 @@ class CallChecks:
         if (dt, dtype) not in self._dtypes_checked:
             check_constant_results(self._compiled, dtype)
             if dt != torch.float64:
-                self._check_invariants(None, dt)
+                self._check_invariants(params if params is not None else self._param_list((dtype, dt)), dt)
                 check_constants(self._compiled, dt)
             self._dtypes_checked.add((dt, dtype))
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .params import step_param
+
 
 class CallArgs:
     """NeuronModule's checks of a call's inputs, states and params."""
@@ -104,6 +106,7 @@ class CallArgs:
                     inits = self._initial_values()
                 v = inits[name]
                 if isinstance(v, torch.Tensor):
+                    v = self._initial_shaped(name, v, shape)
                     v = v.to(device=x0.device) if any_float else v.to(device=x0.device, dtype=x0.dtype)
                 elif x0.dtype != torch.float64 and abs(float(v)) > torch.finfo(x0.dtype).max:
                     decl = next(s for s in self._compiled.checked.states if s.name == name)
@@ -124,19 +127,37 @@ class CallArgs:
             out.append(v)
         return out
 
-    def _check_param_shapes(self, params: Sequence[Any], x0: torch.Tensor, shape: torch.Size) -> None:
-        """Per-channel params on the input's device, broadcasting to one step of the input."""
-        for name, v in zip(self._param_decls, params):
-            if isinstance(v, torch.Tensor) and v.numel() > 1:
-                if v.device != x0.device:
+    def _check_param_shapes(self, params: Sequence[Any], x0: torch.Tensor, shape: Sequence[int],
+                            what: str = "the input's step shape", hint: str | None = None) -> list[Any]:
+        """The params as one step of `shape` takes them (`params.step_param`, the rule of every
+        backend and recurrent layer): per-channel ones on the input's device, each broadcasting to
+        the step's shape without changing it (leading sizes of 1 beyond its rank dropped)."""
+        out = list(params)
+        for i, (name, v) in enumerate(zip(self._param_decls, params)):
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                if v.numel() > 1 and v.device != x0.device:
                     raise self._error(f"param `{name}` is on {v.device} but the input is on {x0.device}",
                                       self._param_decls[name].pos, "move the module: m.to(device)")
-                if v.shape != shape and (v.dim() > len(shape) or any(
-                        p != 1 and p != s for p, s in zip(v.shape[::-1], shape[::-1]))):
-                    raise self._error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to "
-                                      f"the input's step shape {tuple(shape)}", self._param_decls[name].pos,
-                                      "per-channel values broadcast like torch tensors against one step of "
-                                      "the input (e.g. shape (C,) for [T, B, C], (C, 1, 1) for [T, B, C, H, W])")
+                if v.shape != shape:
+                    fitted = step_param(v, shape)
+                    if fitted is None:
+                        raise self._error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to "
+                                          f"{what} {tuple(shape)}", self._param_decls[name].pos, (hint or
+                                          "per-channel values broadcast against one step of the input to its shape "
+                                          "(e.g. shape (C,) for [T, B, C], (C, 1, 1) for [T, B, C, H, W])"
+                                          ).replace("<name>", name))
+                    out[i] = fitted
+        return out
+
+    def _initial_shaped(self, name: str, v: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        """An initial state computed from per-channel params, as one step of `shape` takes it."""
+        fitted = step_param(v, shape)
+        if fitted is None:
+            decl = next(s for s in self._compiled.checked.states if s.name == name)
+            raise self._error(f"the initial value of state `{name}` has shape {tuple(v.shape)}, which does not "
+                              f"broadcast to the input's step shape {tuple(shape)}", decl.pos,
+                              "it is computed from per-channel params: give them shapes that broadcast to one step")
+        return fitted
 
 
 _is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)

@@ -31,13 +31,18 @@ class Checkpoints:
 
     def set_extra_state(self, state: Any) -> None:
         floats = self._extra_params(state)
-        if not self.__dict__.get("_loading"):  # called directly: validated here (a load validated it all)
-            self._validate({k: self._stored_form(k, v) for k, v in floats.items()}, floats)
+        kept: dict[str, torch.Tensor] = {}
+        raws: dict[str, torch.Tensor] = {}
+        if not self.__dict__.get("_loading"):  # called directly: validated here (a load validated it all,
+            # and put the raw values of bounded params into the state dict)
+            kept = self._validate({k: self._stored_form(k, v) for k, v in floats.items()}, floats)
+            raws = self._raws_of_floats(floats)
+        # every check passed and everything to store is computed: store (nothing below raises)
         for k, v in floats.items():
             if k in self._bounds:  # (saved where `k` was not learnable: its raw value gives it)
-                raw = self._raw_tensor(k)
-                with torch.no_grad():
-                    raw.copy_(self._raw_for(k, v, self._param_env() | floats, raw))
+                if k in raws:
+                    with torch.no_grad():
+                        self._raw_tensor(k).copy_(raws[k])
             elif k in self._parameters:
                 with torch.no_grad():
                     self._parameters[k].fill_(v)
@@ -45,7 +50,20 @@ class Checkpoints:
                 self._buffers[k] = torch.full_like(self._buffers[k], v)
             else:
                 self._fixed[k] = v
+        self._keep_bounded(kept)
         self._params_changed()
+
+    def _raws_of_floats(self, floats: Mapping[str, float]) -> dict[str, torch.Tensor]:
+        """The raw values that give the bounded params among a checkpoint's floats their values
+        (saved where they were not learnable), checked: inside their bounds, held by the raw's shape."""
+        env = self._param_env() | dict(floats)
+        out = {}
+        for k, v in floats.items():
+            if k in self._bounds:
+                if not bound_values.inside(self._bounds[k], v, env):
+                    raise self._on_bound(k, v)
+                out[k] = self._raw_for(k, v, env, self._raw_tensor(k))
+        return out
 
     def _extra_params(self, state: Any) -> dict[str, float]:
         """The float params of a checkpoint's extra state, checked: of this model, names it
@@ -142,9 +160,13 @@ class Checkpoints:
         if strict and _loading_strictly():
             self._check_complete(state_dict, prefix, given, raws)
         given |= self._bounded_values(raws, given)
-        self._validate({k: self._stored_form(k, v) for k, v in given.items()}, given)
+        kept = self._validate({k: self._stored_form(k, v) for k, v in given.items()}, given)
+        values = self._raws_of_values(state_dict, prefix, given, raws, floats)
+        # every check passed and everything to store is computed: store (nothing below raises)
+        for k, r in values.items():
+            state_dict.pop(prefix + k, None)
+            state_dict[prefix + self._bounds[k].raw] = r
         self._adopt_checkpoint_shapes(state_dict, prefix, floats)
-        self._raws_of_values(state_dict, prefix, given, raws)
         self.__dict__["_loading"] = True
         try:
             super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -157,6 +179,7 @@ class Checkpoints:
             key = prefix + (self._bounds[k].raw if k in self._bounds else k)
             if key in missing_keys:
                 missing_keys.remove(key)
+        self._keep_bounded(kept)
         self._params_changed()
 
     def _check_complete(self, state_dict: Mapping[str, Any], prefix: str, given: Mapping[str, Any],
@@ -196,20 +219,24 @@ class Checkpoints:
                 env[k] = out[k] = bound_values.value(self._bounds[k], raws[k], env).detach()
         return out
 
-    def _raws_of_values(self, state_dict: dict, prefix: str, given: Mapping[str, Any],
-                        raws: Mapping[str, Any]) -> None:
+    def _raws_of_values(self, state_dict: Mapping[str, Any], prefix: str, given: Mapping[str, Any],
+                        raws: Mapping[str, Any], floats: Mapping[str, float]) -> dict[str, torch.Tensor]:
         """A checkpoint that holds a bounded param's value (saved before it was bounded, or where it
-        was an unbounded Parameter or a buffer) loads it as the raw value that gives it."""
+        was an unbounded Parameter, a buffer or a float) loads it as the raw value that gives it:
+        name -> raw value (a tensor value's shape, as a checkpoint's forms are taken over; a float
+        fills the raw Parameter), each checked (inside its bounds, held by that shape)."""
         env = self._param_env() | dict(given)
+        out = {}
         for k, b in self._bounds.items():
-            if k in raws or prefix + k not in state_dict:
+            if k in raws or (prefix + k not in state_dict and k not in floats):
                 continue
-            v = state_dict.pop(prefix + k)
+            v = given[k]
             if not bound_values.inside(b, v, env):
                 raise self._on_bound(k, v)
-            like = self._raw_tensor(k)
-            r = bound_values.raw(b, v.detach(), env, like.dtype, like.device)
-            state_dict[prefix + b.raw] = r.expand(like.shape) if r.dim() < like.dim() else r
+            cur = self._raw_tensor(k)
+            like = torch.empty(v.shape, dtype=cur.dtype, device=cur.device) if isinstance(v, torch.Tensor) else cur
+            out[k] = self._raw_for(k, v.detach() if isinstance(v, torch.Tensor) else v, env, like)
+        return out
 
 
 def _loading_strictly() -> bool:

@@ -31,7 +31,7 @@ from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
 from .compiler import Compiled, compile_text
 from .noise import NoiseSource, seed_ops
-from .params import bits, broadcasts_to, resolve_params
+from .params import bits, broadcasts_to, common_shape, resolve_params
 from .slots import ParamSlots
 
 STEP_MODES = ("s", "m")
@@ -115,6 +115,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
             raise self._error(f"params must be a dict of param values, not {type(params).__name__}")
         values = resolve_params(c, dict(params or {}))
         bounded = {}
+        stored: dict[str, Any] = {}
         for p in ck.params:
             v = values[p.name]
             t: torch.Tensor | None = None
@@ -126,6 +127,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
                 t = t.expand(shapes[p.name]).clone()
             elif isinstance(v, torch.Tensor):
                 t = v.detach().to(torch.float64).clone()
+            stored[p.name] = t if t is not None else v
+            common_shape(c, stored)
             if p.learnable:
                 init = t if t is not None else torch.tensor(float(v), dtype=torch.float64)
                 if p.name in ck.bounds:
@@ -140,10 +143,9 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
             b = ck.bounds[name]
             if not bound_values.inside(b, init, values):
                 raise self._on_bound(name, init)
-            # (float64, as per-channel values and derived params are: a value set reads back as set)
-            raw = bound_values.raw(b, init, values, torch.float64)
-            self.register_parameter(b.raw, nn.Parameter(raw.expand(init.shape).clone() if raw.shape != init.shape
-                                                        else raw))
+            # (float64, as per-channel values and derived params are: a value set reads back as set;
+            # the param's shape, as any learnable param has)
+            self.register_parameter(b.raw, nn.Parameter(self._raw_for(name, init, values, init)))
         self._sync_fixed()
         self._check_invariants()
         self._prepare(None)
@@ -282,7 +284,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         out = {}
         for name, v in self._initial_values().items():
             if isinstance(v, torch.Tensor):
-                v = v.to(device=x0.device, dtype=x0.dtype)
+                v = self._initial_shaped(name, v, shape).to(device=x0.device, dtype=x0.dtype)
             out[name] = torch.zeros(shape, dtype=x0.dtype, device=x0.device) + v
         return out
 
@@ -393,7 +395,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
         params = self._call_params(program, x0)  # (checked: runtime/callcheck.py)
         if self._parameters or self._buffers:
-            self._check_param_shapes(params, x0, shape)
+            params = self._check_param_shapes(params, x0, shape)
         init = self._states_for(x0, shape, given, getattr(program, "reads_any_float", False))
         if self.check_finite:  # gradients too: a NaN or inf reaching an input, state or param (runtime/finite.py)
             from .finite import guard

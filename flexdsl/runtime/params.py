@@ -57,6 +57,8 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
                                    "numbers", c.filename, p.default.pos.line, p.default.pos.column, c.text,
                                    "an overflow (or a NaN) among the params it is computed from")
         env[p.name] = v
+        if isinstance(v, torch.Tensor):
+            common_shape(c, env)
         if p.where is not None and not constraint_holds(c, p, env):
             what = "the override" if p.name in overrides else "the default"
             raise FlexDSLError(f"{what} `{p.name} = {show(v)}` violates the constraint of `{p.name}`", c.filename,
@@ -142,6 +144,48 @@ def broadcasts_to(a: Sequence[int], b: Sequence[int]) -> bool:
         return tuple(torch.broadcast_shapes(tuple(a), tuple(b))) == tuple(b)
     except RuntimeError:
         return False
+
+
+def step_param(v: torch.Tensor, shape: Sequence[int]) -> torch.Tensor | None:
+    """A param's tensor as one step of `shape` takes it -- the one rule of every backend and of
+    the recurrent layers: it broadcasts to the step's shape without changing it (aligned from
+    the right, each size 1 or the step's), its leading sizes of 1 beyond the step's rank
+    dropped (a view: gradients reach the param). None where it does not broadcast so."""
+    extra = v.dim() - len(shape)
+    if extra > 0:
+        if any(n != 1 for n in v.shape[:extra]):
+            return None
+        v = v.reshape(v.shape[extra:])
+    if any(p != 1 and p != s for p, s in zip(v.shape[::-1], tuple(shape)[::-1])):
+        return None
+    return v
+
+
+def common_shape(c: Compiled, values: Mapping[str, Any]) -> None:
+    """The params' shapes must broadcast together (else no step shape takes them all): a located
+    error at the first param that does not."""
+    shapes: list[tuple[int, ...]] = []
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            try:
+                torch.broadcast_shapes(*shapes, tuple(v.shape))
+            except RuntimeError:
+                p = c.checked.param(name)
+                # (sizes broadcast together when they do pairwise: one param clashes with it)
+                other = next(n for n, w in values.items() if isinstance(w, torch.Tensor) and _clash(w.shape, v.shape))
+                raise FlexDSLError(f"`{name}` of shape {tuple(v.shape)} does not broadcast with `{other}` of shape "
+                                   f"{tuple(values[other].shape)}", c.filename, p.pos.line,
+                                   p.pos.column, c.text, "per-channel params broadcast together and against one "
+                                   "step of the input (e.g. (C,) and (C,) or (1,) for [T, B, C])") from None
+            shapes.append(tuple(v.shape))
+
+
+def _clash(a: Sequence[int], b: Sequence[int]) -> bool:
+    try:
+        torch.broadcast_shapes(tuple(a), tuple(b))
+        return False
+    except RuntimeError:
+        return True
 
 
 def bits(vals) -> bytes:
@@ -253,4 +297,4 @@ def check_constant_results(c: Compiled, dtype: torch.dtype) -> None:
 
 
 __all__ = ["resolve_params", "param_number", "constraint_holds", "check_invariants", "check_constants",
-           "check_constant_results"]
+           "check_constant_results", "step_param", "common_shape"]

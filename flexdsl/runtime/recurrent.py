@@ -58,29 +58,16 @@ class _NeuronView:
     def params(self, prog: Any, like: torch.Tensor, step_shape: torch.Size, flat: int) -> list[Any]:
         """Every param's value for a call on `[flat, hidden]` lanes (the layer's batch dims
         flattened) run by `prog` on tensors like `like`, derived params included: floats, or
-        tensors broadcasting to `[flat, hidden]`; checked as the neuron's own call checks them
-        (`runtime/callcheck.py`: also under torch.compile, and after in-place changes)."""
+        tensors broadcasting to `[flat, hidden]` (the neuron module's rule, `params.step_param`);
+        checked as the neuron's own call checks them (`runtime/callcheck.py`: also under
+        torch.compile, and after in-place changes), a bounded one inside its bounds in the call's
+        dtype and the one it computes in."""
         m = self.m
-        device = like.device
-        out = []
         values = m._call_params(prog, like)
-        for name, v in zip(m._param_decls, values):
-            if isinstance(v, torch.Tensor) and v.numel() > 1:
-                decl = m._param_decls[name]
-                if v.device != device:
-                    raise self.error(f"param `{name}` is on {v.device} but the input is on {device}", decl.pos,
-                                     "move the layer: m.to(device)")
-                try:
-                    full = torch.broadcast_shapes(v.shape, step_shape)
-                except RuntimeError:
-                    full = None
-                if full != step_shape:
-                    raise self.error(f"param `{name}` has shape {tuple(v.shape)}, which does not broadcast to the "
-                                     f"layer's step shape {tuple(step_shape)} ([*batch, hidden])", decl.pos,
-                                     f"a value per neuron has shape (hidden,): param_shapes={{'{name}': (hidden,)}}")
-                if v.dim() > 1:
-                    v = v.expand(step_shape).reshape(flat, step_shape[-1])
-            out.append(v)
+        values = m._check_param_shapes(values, like, step_shape, "the layer's step shape ([*batch, hidden])",
+                                       "a value per neuron has shape (hidden,): param_shapes={'<name>': (hidden,)}")
+        out = [v.expand(step_shape).reshape(flat, step_shape[-1]) if isinstance(v, torch.Tensor) and v.dim() > 1
+               else v for v in values]
         return m.compiled.with_derived(out)
 
     def states(self, like: torch.Tensor, step_shape: torch.Size, flat: int) -> list[Any]:
@@ -326,8 +313,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         # the model's lazily computed fields; eagerly, the choice is checked first)
         backend = self.backend if torch.compiler.is_compiling() else self._backend_for(like)
         prog = programs.recurrent_for(view.compiled, view.m._compiled_name, backend, like, port, source, dense)
-        states = view.states(like, step_shape, flat)
         params = view.params(prog, like, step_shape, flat)
+        states = view.states(like, step_shape, flat)
         noise = view.m._noise_key(T, seed, generator, False)
         outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise,
                                 s0_zero=s0_zero)

@@ -21,7 +21,7 @@ from ..frontend.bounds import RAW_PREFIX
 from ..frontend.convert import param_value
 from ..store.pipeline import unit_definition
 from . import bounds
-from .params import broadcasts_to, check_invariants, constraint_holds, param_number, show
+from .params import broadcasts_to, check_invariants, common_shape, constraint_holds, param_number, show
 
 
 class ParamSlots:
@@ -95,9 +95,9 @@ class ParamSlots:
         else:
             buf = self._buffers[name]
             t = torch.as_tensor(value, dtype=buf.dtype, device=buf.device)
-            new = t.clone() if t.numel() > 1 else t.expand_as(buf).clone()
+            new = t.clone() if t.numel() > 1 else t.reshape(()).expand_as(buf).clone()
         kept = self._validate({name: new}, {name: value})
-        # every check passed: store
+        # every check passed and everything to store is computed: store (nothing below raises)
         if name in d["_fixed"]:
             if isinstance(new, torch.Tensor):
                 del d["_fixed"][name]
@@ -118,6 +118,8 @@ class ParamSlots:
     def _fitting(self, name: str, value: Any, param: torch.Tensor) -> torch.Tensor:
         """A value for a learnable param's tensor, in its dtype and shape."""
         t = torch.as_tensor(value, dtype=param.dtype, device=param.device)
+        if t.numel() == 1:  # (one value, whatever its shape)
+            t = t.reshape(())
         if not broadcasts_to(t.shape, param.shape):
             raise self._error(f"learnable `{name}` has shape {tuple(param.shape)}; a value of shape "
                               f"{tuple(t.shape)} does not fit", self._param_decls[name].pos,
@@ -141,6 +143,7 @@ class ParamSlots:
         if not bounds.inside(b, shaped, env):
             raise self._on_bound(name, value)
         new = self._raw_for(name, shaped, env, raw)
+        # every check passed and everything to store is computed: store (nothing below raises)
         with torch.no_grad():
             raw.copy_(new)
         self._keep_bounded(kept)
@@ -151,7 +154,9 @@ class ParamSlots:
         takes the value (its right inverse), a wrapper's tensor (old-style `weight_norm`,
         `spectral_norm`: set before each forward) is used as the value, with its graph."""
         prop = getattr(type(self), name, None)
-        if isinstance(prop, property):
+        if isinstance(prop, property):  # (validated as given: the parametrization's right inverse stores it)
+            checked = param_number(self._compiled, self._param_decls[name], value, "the assigned value")
+            self._validate({name: checked.detach() if isinstance(checked, torch.Tensor) else checked}, {name: value})
             object.__setattr__(self, name, value)
             self._params_changed()
             return
@@ -173,16 +178,18 @@ class ParamSlots:
             self.__dict__["_values"][name] = value
         self._params_changed()
 
-    def _validate(self, changed: Mapping[str, Any], shown: Mapping[str, Any]) -> dict[str, Any]:
+    def _validate(self, changed: Mapping[str, Any], shown: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Raise unless the params, with `changed` (name -> the value as it would be stored),
-        are finite, satisfy every `where` constraint and define the step; nothing is stored.
-        A bounded param whose bounds follow a changed param keeps its value, which must stay
-        inside them: the values to keep are returned (for `_keep_bounded`)."""
+        are finite, broadcast together, satisfy every `where` constraint and define the step;
+        nothing is stored. A bounded param whose bounds follow a changed param keeps its value,
+        which must stay inside them and be one its Parameter can give: the raw values that keep
+        them are returned, computed (for `_keep_bounded`, which only copies them)."""
         c = self._compiled
         env = self._param_env()
         for k, v in changed.items():
             env[k] = param_number(c, self._param_decls[k], v.detach() if isinstance(v, torch.Tensor) else v,
                                   "the new value of")
+        common_shape(c, {k: v for k, v in env.items() if k not in changed} | {k: env[k] for k in changed})
         self._check_constraints(env, shown)
         kept = {}
         for n, b in self._bounds.items():
@@ -193,26 +200,24 @@ class ParamSlots:
                 raise self._error(f"{what} puts learnable `{n} = {show(env[n])}` on its bound ({b.formula()})",
                                   self._param_decls[n].pos, "a bounded learnable param stays strictly inside its "
                                                             "bounds: change its value first")
-            kept[n] = env[n]
+            kept[n] = self._raw_for(n, env[n], env, self._raw_tensor(n))
         self._check_invariants([env[n] for n in self._param_decls])
         return kept
 
     def _on_bound(self, name: str, v: Any) -> Exception:
         b = self._bounds[name]
         return self._error(f"learnable `{name} = {show(v)}` lies on the bound of `{name}`, which training never "
-                           f"reaches: `{name}` trains as {b.formula()}", self._param_decls[name].pos,
+                           f"reaches (nor a value nearer to a strict bound than float64's smallest normal number, "
+                           f"2.2e-308): `{name}` trains as {b.formula()}", self._param_decls[name].pos,
                            f"give `{name}` a value strictly inside its bounds (a little away from the bound), or "
                            "load it as not learnable (learnable=...)")
 
-    def _keep_bounded(self, kept: Mapping[str, Any]) -> None:
-        """Bounded params whose bounds moved keep their values (`_validate` checked they may)."""
-        if not kept:
-            return
-        env = self._param_env()
-        for n, v in kept.items():
-            raw = self._raw_tensor(n)
+    def _keep_bounded(self, kept: Mapping[str, torch.Tensor]) -> None:
+        """Bounded params whose bounds moved keep their values: their raw values, computed by
+        `_validate`, are stored."""
+        for n, r in kept.items():
             with torch.no_grad():
-                raw.copy_(self._raw_for(n, v, env, raw))
+                self._raw_tensor(n).copy_(r)
 
     def _raw_tensor(self, name: str) -> torch.Tensor:
         """A bounded param's raw Parameter (or what a torch tool put in its place)."""
@@ -221,9 +226,17 @@ class ParamSlots:
         return raw if raw is not None else getattr(self, b.raw)
 
     def _raw_for(self, name: str, v: Any, env: Mapping[str, Any], like: torch.Tensor) -> torch.Tensor:
-        """The raw value that gives a bounded param the value `v`, shaped and typed like `like`."""
-        r = bounds.raw(self._bounds[name], v, env, like.dtype, like.device)
-        return r.expand_as(like) if r.shape != like.shape else r
+        """The raw value that gives a bounded param the value `v`, shaped and typed like `like`
+        (a located error where a raw value of that shape cannot: bounds per channel, one raw value)."""
+        b = self._bounds[name]
+        r = bounds.raw(b, v, env, like.dtype, like.device)
+        fitted = _fit(r, like.shape)
+        if fitted is None:
+            raise self._error(f"learnable `{name}` trains as {b.formula()}: its Parameter `{b.raw}` has shape "
+                              f"{tuple(like.shape)}, and `{name} = {show(v)}` with these bounds needs a raw value of "
+                              f"shape {tuple(r.shape)}", self._param_decls[name].pos,
+                              f"give `{name}` a value per channel at load: param_shapes={{'{name}': {tuple(r.shape)}}}")
+        return fitted
 
     def _param_env(self) -> dict[str, Any]:
         return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.param_values().items()}
@@ -241,12 +254,13 @@ class ParamSlots:
                 raise self._error(f"{what} violates the constraint of `{p.name}`", p.where.pos,
                                   f"`{p.name}` must satisfy: {A.constraint_text(self._compiled.text, p.where)}")
 
-    def _param_list(self) -> list[Any]:
-        """Every param's current value, in declaration order."""
+    def _param_list(self, call: tuple[torch.dtype | None, ...] = ()) -> list[Any]:
+        """Every param's current value, in declaration order (`call`: the dtypes of a call, which
+        a bounded param's value is inside its bounds in: `runtime/bounds.py`)."""
         fixed = self._fixed
         if len(fixed) == len(self._param_decls):
             return [fixed[n] for n in self._param_decls]
-        return self._with_bounds([fixed[n] if n in fixed else self._slot(n) for n in self._param_decls])
+        return self._with_bounds([fixed[n] if n in fixed else self._slot(n) for n in self._param_decls], call)
 
     def _slot(self, n: str, kind: str | None = None) -> Any:
         """A param's tensor where it lives: a buffer, a Parameter (or its replacement under
@@ -273,7 +287,7 @@ class ParamSlots:
                               self._param_decls[n].pos, f"assign one: m.{n} = torch.nn.Parameter(...)")
         return v
 
-    def _with_bounds(self, vals: list[Any]) -> list[Any]:
+    def _with_bounds(self, vals: list[Any], call: tuple[torch.dtype | None, ...] = ()) -> list[Any]:
         """`vals` with each bounded param's raw value replaced by the param's value (in
         declaration order, so that a bound of an earlier bounded param sees its value)."""
         if not self._bounds:
@@ -283,7 +297,7 @@ class ParamSlots:
         for i, n in enumerate(names):
             b = self._bounds.get(n)
             if b is not None and n not in values:
-                vals[i] = bounds.value(b, vals[i], dict(zip(names, vals)))
+                vals[i] = bounds.value(b, vals[i], dict(zip(names, vals)), call)
         return vals
 
     def _sync_fixed(self) -> None:
@@ -302,14 +316,15 @@ class ParamSlots:
         with torch.no_grad():
             t.copy_(torch.tensor(vals, dtype=torch.float64))
 
-    def _traced_param_list(self, fixed: torch.Tensor | None = None) -> list[Any]:
+    def _traced_param_list(self, fixed: torch.Tensor | None = None,
+                           call: tuple[torch.dtype | None, ...] = ()) -> list[Any]:
         """Every param's value as a tensor, for a torch.compile trace: the float params are
         entries of `_fixed_t` (or of `fixed`, its checked copy: `runtime/callcheck.py`), so that
         the graph takes them as inputs (a new value of a non-learnable param recompiles nothing)
         and no float is read (and guarded)."""
         t = self._fixed_t if fixed is None else fixed
         return self._with_bounds([t[i] if k == "f" else self._slot(n, k)
-                                  for i, (n, k) in enumerate(zip(self._param_decls, self._param_kinds))])
+                                  for i, (n, k) in enumerate(zip(self._param_decls, self._param_kinds))], call)
 
     def param_values(self) -> dict[str, Any]:
         """Current value of every param (floats, buffers, Parameters, or a bounded param's value
@@ -328,6 +343,23 @@ class ParamSlots:
         self._init_cache.clear()
         self._dtypes_checked.clear()
         self._sync_fixed()
+
+
+def _fit(r: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+    """`r` in `shape`: broadcast to it, or reduced to it where `r` is the same along the sizes
+    `shape` lacks (bounds per channel that are equal); None where it differs there."""
+    if r.shape == shape:
+        return r
+    if broadcasts_to(r.shape, shape):
+        return r.expand(shape).clone()
+    lead = r.dim() - len(shape)
+    if lead < 0 or not broadcasts_to(shape, r.shape):
+        return None
+    dims = [i for i in range(r.dim()) if i < lead or (shape[i - lead] == 1 and r.shape[i] != 1)]
+    first = r.amin(dim=dims, keepdim=True)
+    if not torch.equal(first.expand_as(r), r):
+        return None
+    return first.reshape(shape)
 
 
 def _swapping() -> bool:
