@@ -132,24 +132,29 @@ def library(source: str, name: str, filename: str) -> tuple[ctypes.CDLL, bool]:
     path = d / f"{k}.so"
     with _lock:
         entry = cache.read(k)
+        builds = 2  # a library that does not load is damaged: removed, and built once more
         if entry is not None and path.is_file():
             try:
                 if _sha256(path) == entry.meta.get("sha256"):
                     return _open(path), bool(entry.meta.get("openmp"))
-            except OSError:  # (unreadable, or a library that does not load: damaged, rebuilt below)
-                pass
+            except OSError:  # (unreadable, or a library that does not load: damaged)
+                builds = 1
             _discard(k, path)
-        openmp = _compile(cxx, source, path, name, filename)
-        try:
-            lib = _open(path)
-        except OSError as e:
-            _discard(k, path)
-            raise BuildError(f"the C++ compiler {cxx} wrote a library of the CPU kernels of {name} that cannot be "
-                             f"loaded: {str(e).strip()[:300]}", filename,
-                             hint="check the compiler ($CXX) and its linker; meanwhile use backend='torch'") from None
-        cache.write(k, cache.Artefact("cpu-library", "", {"sha256": _sha256(path), "openmp": openmp,
-                                                          "file": path.name}))
-        return lib, openmp
+        for attempt in range(builds):
+            openmp = _compile(cxx, source, path, name, filename)
+            try:
+                lib = _open(path)
+            except OSError as e:
+                _discard(k, path)
+                if attempt + 1 < builds:
+                    continue
+                raise BuildError(f"the C++ compiler {cxx} wrote a library of the CPU kernels of {name} that cannot "
+                                 f"be loaded: {str(e).strip()[:300]}", filename,
+                                 hint="check the compiler ($CXX) and its linker; meanwhile use backend='torch'") from None
+            cache.write(k, cache.Artefact("cpu-library", "", {"sha256": _sha256(path), "openmp": openmp,
+                                                              "file": path.name}))
+            return lib, openmp
+        raise AssertionError("unreachable")
 
 
 def _open(path: Path) -> ctypes.CDLL:
