@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import FlexDSLError
-from .library import library
+from .library import library, not_a_model
 from .runtime.compiler import Compiled, compile_model
 from .runtime.options import make as make_options
 
@@ -76,6 +76,8 @@ def load(
 
 def loads(text: str, **kwargs: Any) -> NeuronModule:
     """Like `load`, from model text."""
+    if not isinstance(text, str):
+        raise not_a_model(text, "text", text_only=True)
     if "\n" not in text:
         text = text + "\n"
     return load(text, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ._paths import NEURONS_DIR
@@ -21,6 +22,35 @@ def looks_like_source(arg: str) -> bool:
     """Model text rather than a path or a stem: text has line breaks (a model needs several
     lines; `loads` adds one to a single line). A file named `neuron lif.neuron` is a path."""
     return "\n" in arg or "\r" in arg
+
+
+def not_a_model(value: object, what: str, text_only: bool = False) -> FlexDSLError:
+    """The error for a model argument of another type than a path or text (`flexdsl.load(5)`)."""
+    kind = type(value).__name__
+    hint = ("give the model's text as a str" if text_only else
+            "give a `.neuron` file's path, a library model's name (flexdsl.library() lists them) or the model's text")
+    if isinstance(value, bytes | bytearray):
+        hint = "decode it first: `.decode('utf-8')` (a model is UTF-8 text)"
+    elif type(value).__name__ in ("NeuronModule", "RecurrentModule"):
+        hint = "it is loaded already: use it as it is (copy.deepcopy(m) for a second one)"
+    shown = "None" if value is None else f"a value of type {kind}"
+    return FlexDSLError(f"the {what} must be {'text (a str)' if text_only else 'a path, a library model or text'}, "
+                        f"not {shown}", f"<{what} argument>", hint=hint)
+
+
+def _is_file(p: Path) -> bool:
+    """Whether `p` is a file; False where the name cannot be one (too long, a NUL character)."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def library_name(arg: str) -> str | None:
@@ -49,36 +79,43 @@ def resolve(model: str | Path) -> tuple[str, str]:
     is that file; otherwise `X`, `X.neuron`, `neurons/X` and `neurons/X.neuron` are the library
     model X where it has one (a file of that name always wins); anything else is an error that
     names the closest library models."""
+    if isinstance(model, os.PathLike) and not isinstance(model, Path):
+        model = os.fspath(model)
+    if not isinstance(model, str | Path):
+        raise not_a_model(model, "model")
     if isinstance(model, Path):
         path = model
     else:
         if looks_like_source(model):
             return model, "<string>"
         path = Path(model)
-    if path.is_file():
+    if _is_file(path):
         try:
             return path.read_text(encoding="utf-8"), str(model)
         except (OSError, UnicodeDecodeError) as e:
             raise FlexDSLError(f"cannot read `{model}`: {e}", str(model)) from None
     stem = str(model)
     p = Path(stem)
-    name = None if p.is_dir() else library_name(stem)
-    if name is not None and library_path(name).is_file():
+    name = None if _is_dir(p) else library_name(stem)
+    if name is not None and _is_file(library_path(name)):
         lp = library_path(name)
         return lp.read_text(encoding="utf-8"), str(lp)
     slash = stem.endswith(("/", "\\"))
-    if name is None and (slash or p.is_dir() or (str(p.parent) not in ("", ".") and not p.parent.is_dir())):
+    is_dir = _is_dir(p)
+    if name is None and (slash or is_dir or (str(p.parent) not in ("", ".") and not _is_dir(p.parent))):
         # a path, not a model name: say what is missing (and the library model of that name, if any)
-        missing = p if slash or p.is_dir() else p.parent
-        lib = None if slash or p.is_dir() or p.stem not in library() else library_hint(p.stem)
-        raise FlexDSLError(f"no such directory: `{missing}/`" if not p.is_dir() else
+        missing = p if slash or is_dir else p.parent
+        lib = None if slash or is_dir or p.stem not in library() else library_hint(p.stem)
+        raise FlexDSLError(f"no such directory: `{missing}/`" if not is_dir else
                            f"`{stem}` is a directory, not a model file", str(model),
                            hint=lib or "give a `.neuron` file, or a library model's name" + (
-                               " (`flexdsl check` and `flexdsl doc` take directories)" if p.is_dir() else ""))
+                               " (`flexdsl check` and `flexdsl doc` take directories)" if is_dir else ""))
     hint = library_hint(name or p.stem)
     if stem.endswith(".neuron"):
         exact = (name or p.stem) in library()
         raise FlexDSLError(f"no such file: `{model}`", str(model),
                            hint=hint if hint is None or exact else f"a library model? {hint}")
+    if stem.lstrip().startswith("neuron "):
+        hint = "model text has line breaks (flexdsl.loads takes the text of a model)"
     raise FlexDSLError(f"no such file or library model: `{model}`", str(model),
                        hint=hint or "library models: " + ", ".join(library()))

@@ -23,6 +23,7 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
                                                       "multiprocessor)"),
     "FLEXDSL_PRODUCT_WARPS": (1, 16, True, "warps per program of the recurrent layers' fused input product"),
     "FLEXDSL_PRODUCT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' fused input product"),
+    "FLEXDSL_CPU_BUILD_TIMEOUT": (1, 86400, False, "seconds a build of the CPU kernels may take"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_TRAINING": ("", "save", "recompute"),

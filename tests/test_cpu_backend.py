@@ -285,3 +285,102 @@ def test_custom_ops_pass_opcheck():
     w = torch.tensor(-0.3, requires_grad=True)
     args = ([x], [], [w], [0.0], [2.0, 0.0, 1.0, 0.0], [False, False, True, False, False], False, True)
     torch.library.opcheck(prog.op_fwd, args)
+
+
+# ------------------------------------------------------------------ issue 36: broken compilers
+_CALL = """
+import json, warnings, torch, flexdsl
+from flexdsl.backends.cpu import CALLS, build
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as w:
+    x = torch.rand(6, 3, generator=torch.Generator().manual_seed(0)) * 2
+    m = flexdsl.load("lif", backend="cpu")
+    same = torch.equal(m(x), flexdsl.load("lif", backend="torch")(x)) and torch.equal(m(x), m(x))
+print(json.dumps({"builds": len(build.BUILD_TIMES), "kernel_calls": CALLS["fwd"], "same": same,
+                  "warnings": [str(x.message) for x in w if "flexdsl" in str(x.message)]}))
+"""
+
+
+def _call(tmp_path, cxx=None, **env):
+    import json
+
+    e = {**os.environ, "PYTHONPATH": str(ROOT), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache"), **env}
+    e.pop("CXX", None)
+    if cxx is not None:
+        e["CXX"] = str(cxx)
+    r = subprocess.run([sys.executable, "-c", _CALL], capture_output=True, text=True, env=e, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _script(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return p
+
+
+def _libraries(tmp_path):
+    return sorted((tmp_path / "cache").rglob("*.so"))
+
+
+def test_a_compiler_that_writes_garbage_falls_back_and_nothing_damaged_is_kept(tmp_path):
+    """A compiler that exits 0 but writes no library: the library cannot be loaded, so it is
+    damaged -- removed with its cache entry, built once more, then the torch backend's loop runs
+    the model with one warning that says why. A second process does not load it either (it builds
+    and fails again); a process with a working compiler builds and runs the kernels."""
+    runs = tmp_path / "runs"
+    garbage = _script(tmp_path, "garbage-c++", f'echo run >> "{runs}"\n'
+                                               'while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\n'
+                                               'echo "not a library" > "$out"\nexit 0\n')
+    for k in range(2):
+        r = _call(tmp_path, garbage)
+        assert r["same"] and r["kernel_calls"] == 0, r
+        assert len(r["warnings"]) == 1 and "cannot be loaded" in r["warnings"][0], r["warnings"]
+        assert _libraries(tmp_path) == []
+        assert len(runs.read_text().split()) == 2 * (k + 1)  # (built, found damaged, built once more: per process)
+    r = _call(tmp_path)
+    assert r["same"] and r["kernel_calls"] > 0 and r["builds"] == 1 and r["warnings"] == [], r
+    assert len(_libraries(tmp_path)) == 1
+
+
+def test_a_damaged_library_the_cache_vouches_for_is_rebuilt(tmp_path):
+    """A cached library whose recorded SHA-256 matches but which does not load (a broken compiler
+    of an earlier run, recorded by an earlier version): removed and rebuilt, without a warning."""
+    assert _call(tmp_path)["builds"] == 1
+    (lib,) = _libraries(tmp_path)
+    lib.write_bytes(b"\x7fELF garbage" * 100)
+    code = ("import hashlib, os, sys\nfrom pathlib import Path\nfrom flexdsl.store import cache\n"
+            "lib = Path(sys.argv[1]); k = lib.stem; e = cache.read(k)\n"
+            "e.meta['sha256'] = hashlib.sha256(lib.read_bytes()).hexdigest(); cache.write(k, e)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-c", code, str(lib)], check=True, env=env, timeout=300)
+    r = _call(tmp_path)
+    assert r["same"] and r["kernel_calls"] > 0 and r["builds"] == 1 and r["warnings"] == [], r
+
+
+def test_a_compiler_that_never_returns_is_stopped_at_the_time_limit(tmp_path):
+    """A compiler that hangs is stopped after FLEXDSL_CPU_BUILD_TIMEOUT seconds -- its whole process
+    group, the programs it started included -- and the model runs on the torch backend's loop with
+    one warning naming the limit; it is not tried again without OpenMP."""
+    pids = tmp_path / "pids"
+    sleepy = _script(tmp_path, "sleepy-c++", f'echo $$ >> "{pids}"\nsleep 1000 &\necho $! >> "{pids}"\nwait\n')
+    r = _call(tmp_path, sleepy, FLEXDSL_CPU_BUILD_TIMEOUT="2")
+    assert r["same"] and r["kernel_calls"] == 0 and r["builds"] == 0, r
+    assert len(r["warnings"]) == 1 and "did not finish" in r["warnings"][0] and "within 2 s" in r["warnings"][0]
+    started = pids.read_text().split()
+    assert len(started) == 2, started  # (one build, not a second one without OpenMP)
+    for pid in started:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "State:\tZ" in status.read_text(), pid  # (gone, or a zombie: not running)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "1e3", "100000000"])
+def test_the_build_time_limit_is_checked(monkeypatch, value):
+    monkeypatch.setenv("FLEXDSL_CPU_BUILD_TIMEOUT", value)
+    with pytest.raises(flexdsl.FlexDSLError, match="FLEXDSL_CPU_BUILD_TIMEOUT"):
+        build.build_timeout()
+    monkeypatch.setenv("FLEXDSL_CPU_BUILD_TIMEOUT", "17")
+    assert build.build_timeout() == 17
+    monkeypatch.delenv("FLEXDSL_CPU_BUILD_TIMEOUT")
+    assert build.build_timeout() == 60

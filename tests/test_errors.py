@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import flexdsl
+from flexdsl.errors import printable
 
 # --------------------------------------------------------------------------- #
 # base models
@@ -1206,3 +1207,92 @@ def test_pasting_the_missing_dt_hint_gives_a_model_that_loads(case):
     if units:  # (what the hint said before: a number without a unit, which the unit check refuses)
         with pytest.raises(flexdsl.FlexDSLError, match="must be a time"):
             flexdsl.loads(_paste(text, at, "param dt = 0.1"))
+
+
+# --------------------------------------------------------------------------- #
+# issue 36: bad arguments, line breaks inside a line, very long lines
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("call, says", [
+    (lambda: flexdsl.load(5), "not a value of type int"), (lambda: flexdsl.load(None), "not None"),
+    (lambda: flexdsl.loads(5), "must be text"), (lambda: flexdsl.loads(None), "must be text"),
+    (lambda: flexdsl.compile(5), "not a value of type int"), (lambda: flexdsl.compile(2.5), "type float"),
+    (lambda: flexdsl.recurrent(None, 3, 4), "not None"), (lambda: flexdsl.recurrent(7, 3, 4), "type int"),
+    (lambda: flexdsl.load(b"neuron A:\n"), "decode"), (lambda: flexdsl.load(["lif"]), "type list"),
+    (lambda: flexdsl.load(flexdsl.load("lif")), "loaded already"),
+    (lambda: flexdsl.load("x" * 100_000), "no such file"), (lambda: flexdsl.load("li\x00f"), "no such file")])
+def test_a_model_argument_of_another_kind_is_a_located_error(call, says):
+    """What `load`, `loads`, `compile` and `recurrent` take as the model (a path, a library name,
+    text, or for `recurrent` a loaded module): anything else is a FlexDSLError naming the argument,
+    with a hint, never Python's TypeError or an OSError of a name no file can have."""
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        call()
+    err = e.value
+    assert says in str(err), str(err)
+    assert err.hint and str(err).startswith(printable(err.filename)[:20]) and len(str(err)) < 2000, str(err)
+
+
+BREAKS = ["\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x0b", "\x0c"]
+
+
+@pytest.mark.parametrize("sep", BREAKS)
+@pytest.mark.parametrize("case", ["string", "description", "docstring", "name", "comment"])
+def test_line_breaks_inside_a_line_never_shift_an_error(sep, case, tmp_path):
+    """A character `str.splitlines` splits at (but the language does not) inside a string, a
+    description, a docstring, a name or a comment: the error's line and column are the real ones,
+    and its message has exactly its own lines (the header, the source line, the caret, the hint),
+    so the caret stands under the column in the line shown, whatever prints it."""
+    base = ('neuron A:\n    """doc"""\n    input x  # note\n    param a = 0.5 "half"\n    state v = 0.0\n'
+            '    update:\n        v = v * a + x\n    output v\n')
+    edits = {"string": ("        v = v * a + x\n", f'        v = v * a + x "q{sep}r"\n'),
+             "description": ('"half"', f'"half" "more{sep}text"'),
+             "docstring": ('    output v\n', f'    output v\n    """late{sep}doc"""\n'),
+             "name": ("v * a + x\n", f"v * a{sep}b + x\n"),
+             "comment": ("# note\n", f"# no{sep}te\n    input z z\n")}
+    old, new = edits[case]
+    text = base.replace(old, new)
+    path = tmp_path / "m.neuron"
+    path.write_bytes(text.encode("utf-8"))
+    for model in (text, str(path)):
+        with pytest.raises(flexdsl.FlexDSLError) as e:
+            flexdsl.load(model)
+        err = e.value
+        real = text.split("\n")[err.line - 1]  # (the parser's lines: split at `\n` only)
+        lines = err.format().split("\n")
+        assert err.format().splitlines() == lines, lines  # no other line break in the message
+        assert lines[0].startswith(f"{err.filename}:{err.line}:{err.column}: error:")
+        assert lines[1] == "".join(ch if ch.isprintable() else " " for ch in real)
+        assert lines[2] == " " * (err.column - 1) + "^"
+        if sep in "\x1c\x1d\x1e\x0b":  # (control characters: refused where they stand)
+            assert (err.line, err.column) == (text[:text.index(sep)].count("\n") + 1,
+                                              text.index(sep) - text.rfind("\n", 0, text.index(sep)))
+        else:  # the token the parser stops at: the string, the second description, the docstring, the character
+            token = {"string": '"q', "description": '"more', "docstring": '"""late', "comment": "z z",
+                     "name": "b" if sep == "\x0c" else sep}[case]  # (a form feed is white space)
+            want = text.index(token) + (2 if case == "comment" else 0)
+            assert (err.line, err.column) == (text[:want].count("\n") + 1, want - text.rfind("\n", 0, want)), \
+                (case, err.line, err.column)
+
+
+@pytest.mark.parametrize("body", ["        v = " + "x + " * 250_000 + "x\n", "    input x  # " + "c" * 1_000_000 + "\n",
+                                  "    param a = " + "1" * 1_000_000 + "\n", "    param a = " + "(" * 500_000 + "\n"])
+def test_a_one_megabyte_line_is_a_short_located_error(body, tmp_path, capsys):
+    """A line of a million characters (a model file of one huge line): a located error from the
+    first look at the text (the longest line the language takes is `MAX_LINE`), and a message of a
+    few hundred characters whose shown line is a window around the column, the caret under it."""
+    from flexdsl import cli
+    from flexdsl.frontend.parse import MAX_LINE
+
+    text = "neuron A:\n    input x\n    state v = 0.0\n    update:\n" + body + "    output v\n"
+    line = text[:text.index(body)].count("\n") + 1
+    path = tmp_path / "big.neuron"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(flexdsl.FlexDSLError, match="too long") as e:
+        flexdsl.load(str(path))
+    err = e.value
+    assert (err.line, err.column) == (line, MAX_LINE + 1)
+    assert len(str(err)) < 1000
+    shown, caret = str(err).split("\n")[1:3]
+    assert caret == " " * (err.caret - 1) + "^" and shown[err.caret - 1] == body.rstrip("\n")[err.column - 1]
+    assert cli.main(["check", str(path)]) == 1
+    out, errout = capsys.readouterr()
+    assert "too long" in errout and len(out + errout) < 2000 and "Traceback" not in errout

@@ -45,6 +45,11 @@ EXTREME = [
     "-(1e200*1e200)", "1e-200*1e-200", "exp(710)", "exp(-746)", "log(0)", "sqrt(-1)", "0/0", "1/0", "(-8)**(1/3)",
     "2**1024", "2**-1075", "where(1 > 0, 1e308*10, 0)", "clip(1e309, 0, 1)", "min(1e308, 1e308*10)", "1e38",
     "3.5e38", "-3.5e38", "65504", "65520", "1e5", "-1e300", "1e300", "(1e308 + 1e308) / 2", "1e-45", "1e-46",
+    # integers no float64 holds exactly (sympy folds them exactly; torch's scalars and Triton's integer constants
+    # stop at 64 bits), negative square roots and fractional powers of negative constants
+    "2**70", "-2**64", "2**53 + 1", "3**40", "10**20", "4294967296*4294967296", "2**63", "9007199254740993",
+    "2**70 * 2**70", "2**200", "2**1023 * 2", "2**-1074", "sqrt(-2)", "sqrt(-1e-300)", "(-1)**0.5", "sqrt(1 - 2)",
+    "sqrt(2**70 - 2**71)", "(-2)**(1/2)",
 ]
 NON_ASCII = ["1\u06605", "\uff13.5", "\u0663", "1e\u0665", "\u0663.\u0665", "2\u0e52", "\u00b2", "\u2155", "\u0969"]
 SANE = ["0", "1", "0.5", "2.0", "0.25", "3", "1.5", "-1.0"]
@@ -148,12 +153,36 @@ def _run(text: str, backend: str, dtype: torch.dtype):
         return e
 
 
+def _intermediates(text: str) -> float:
+    """The largest finite magnitude a float64 call on X computes inside its steps: every value the
+    torch backend's generated step (`core`) holds when it returns, read from its frame."""
+    largest = [0.0]
+
+    def watch(frame, event, arg):
+        code = frame.f_code
+        if event == "return" and code.co_name == "core" and code.co_filename.startswith("<flexdsl-generated"):
+            for v in frame.f_locals.values():
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+                    finite = v.detach()[torch.isfinite(v.detach())]
+                    if finite.numel():
+                        largest[0] = max(largest[0], float(finite.abs().max()))
+
+    m = flexdsl.loads(text, backend="torch", store_state_seqs=True).double()
+    sys.setprofile(watch)
+    try:
+        m(X.double())
+    finally:
+        sys.setprofile(None)
+    return largest[0]
+
+
 def _agree(a: torch.Tensor, b: torch.Tensor, text: str, ref) -> None:
     """A float32 result against `ref_dtype`'s: within the model's counted operations over the 3
     steps of X, relative to the largest magnitude the call computed (its outputs, states and
-    state sequences), amplified by the float64 condition of the call where that bound is not
-    met (extreme constants: cancellations)."""
-    scale = max(float(t.abs().max()) for t in [*ref[0], *ref[1]] if t.numel())
+    state sequences, and the values inside its steps: `v + dt/2*(k1 + k2)` rounds relative to k1
+    and k2 where they cancel), amplified by the float64 condition of the call where that bound is
+    not met (extreme constants: cancellations)."""
+    scale = max([float(t.abs().max()) for t in [*ref[0], *ref[1]] if t.numel()] + [_intermediates(text)])
 
     def cond() -> float:
         def run(x):
@@ -171,8 +200,9 @@ def _agree(a: torch.Tensor, b: torch.Tensor, text: str, ref) -> None:
 
 def _comparable(text: str, run64) -> bool:
     """Whether float32 must give the float64 result: no literal that float32 holds only
-    inexactly (a spike decided on a rounding), and a float64 run whose values and params stay
-    far inside float32's range (so that no product of two of them leaves it)."""
+    inexactly (a spike decided on a rounding), and a float64 run whose values, params and the
+    values inside its steps stay far inside float32's range (so that no product of two of them
+    leaves it: `v * 2**64` with `v = 2**70` is inf in float32)."""
     import re
     import struct
 
@@ -185,7 +215,7 @@ def _comparable(text: str, run64) -> bool:
     if largest * largest >= 3.4e38:  # two literals (an initial state times a factor) may overflow float32 inside a step
         return False
     values, seqs, big = run64
-    return big < 1e15 and all(bool((t.abs() < 1e15).all()) for t in [*values, *seqs])
+    return big < 1e15 and all(bool((t.abs() < 1e15).all()) for t in [*values, *seqs]) and _intermediates(text) < 1e15
 
 
 @settings(max_examples=int(500 * SCALE), **SETTINGS)

@@ -814,3 +814,98 @@ def test_initial_state_outside_nir_is_warned():
     text = USER_LIF.replace("state u = 0.0", "state u = 0.25")
     with pytest.warns(UserWarning, match=r"`u` starts at 0.25, but NIR records no initial state"):
         flexdsl.nir.export(nn.Sequential(nn.Linear(2, 2), flexdsl.loads(text)), torch.zeros(3, 1, 2), dt=1e-3)
+
+
+# ------------------------------------------------------------------ issue 36: malformed graphs at load
+def _set(node, **fields):
+    """A node with fields as a damaged file or another tool could hold them (NIR's constructors
+    check some of them: a file read back need not pass through them)."""
+    for k, v in fields.items():
+        object.__setattr__(node, k, v)
+    return node
+
+
+def _chain(*nodes, shape=None):
+    inp = nir.Input({"input": np.array(shape if shape is not None else [])})
+    names = [f"n{k}" for k in range(len(nodes))]
+    seq = ["in", *names, "out"]
+    return nir.NIRGraph(nodes={"in": inp, **dict(zip(names, nodes)), "out": nir.Output({"output": np.array([])})},
+                        edges=list(zip(seq[:-1], seq[1:])), type_check=False)
+
+
+def _lif(n):
+    return nir.LIF(tau=np.full(n, 2e-3), r=np.ones(n), v_leak=np.zeros(n), v_threshold=np.ones(n), v_reset=np.zeros(n))
+
+
+def _conv(**fields):
+    return _set(nir.Conv2d(None, np.ones((2, 1, 3, 3)), 1, 1, 1, 1, np.zeros(2)), **fields)
+
+
+def _pool(**fields):
+    return _set(nir.AvgPool2d(np.array([2, 2]), np.array([2, 2]), np.array([0, 0])), **fields)
+
+
+def _flat(**fields):
+    return _set(nir.Flatten({"input": np.array([2, 3])}, 0, -1), **fields)
+
+
+MALFORMED = {
+    "flatten dim out of range": (lambda: _chain(_flat(start_dim=99)), "outside the 2 dimensions"),
+    "flatten end out of range": (lambda: _chain(_flat(end_dim=-5)), "outside the 2 dimensions"),
+    "flatten dims reversed": (lambda: _chain(_flat(start_dim=1, end_dim=0)), "comes after"),
+    "flatten dim not an integer": (lambda: _chain(_flat(start_dim=0.5)), "not an integer"),
+    "flatten dim text": (lambda: _chain(_flat(start_dim="a")), "not an integer"),
+    "complex weights": (lambda: _chain(nir.Affine(np.ones((3, 2)) * (1 + 1j), np.zeros(3)), _lif(3)), "complex"),
+    "complex bias": (lambda: _chain(nir.Affine(np.ones((3, 2)), np.zeros(3) + 1j), _lif(3)), "complex"),
+    "complex conv": (lambda: _chain(_conv(weight=np.ones((2, 1, 3, 3)) * 1j)), "complex"),
+    "complex scale": (lambda: _chain(nir.Scale(np.array([1 + 2j, 1.0])), _lif(2)), "complex"),
+    "complex tau": (lambda: _chain(_set(_lif(3), tau=np.full(3, 2e-3) * (1 + 1j))), "complex"),
+    "NaN weight": (lambda: _chain(nir.Affine(np.full((3, 2), np.nan), np.zeros(3)), _lif(3)), "not finite"),
+    "inf scale": (lambda: _chain(nir.Scale(np.array([np.inf, 1.0])), _lif(2)), "not finite"),
+    "None in weights": (lambda: _chain(nir.Affine(np.array([[1.0, None]], dtype=object), np.zeros(1)), _lif(1)),
+                        "object"),
+    "text weights": (lambda: _chain(nir.Linear(np.array([["a", "b"]])), _lif(1)), "<U1"),
+    "conv stride 0": (lambda: _chain(_conv(stride=0)), "`stride` must be at least 1"),
+    "conv negative padding": (lambda: _chain(_conv(padding=-3)), "`padding` must be at least 0"),
+    "conv dilation 0": (lambda: _chain(_conv(dilation=0)), "`dilation` must be at least 1"),
+    "conv huge stride": (lambda: _chain(_conv(stride=2**40)), "out of range"),
+    "conv 2-d weights": (lambda: _chain(_conv(weight=np.ones((2, 3)))), "not those of a Conv2d"),
+    "pool kernel 0": (lambda: _chain(_pool(kernel_size=np.array([0, 0]))), "`kernel_size` must be at least 1"),
+    "pool kernel 1.5": (lambda: _chain(_pool(kernel_size=np.array([1.5, 2]))), "not an integer"),
+    "pool padding over half": (lambda: _chain(_pool(padding=np.array([5, 5]))), "more than half the kernel"),
+    "pool stride 0": (lambda: _chain(_pool(stride=np.array([0, 0]))), "`stride` must be at least 1"),
+    "input of negative size": (lambda: _chain(_lif(3), shape=[-3]), "negative size"),
+    "neuron of another size": (lambda: _chain(_lif(3), shape=[5]), "its params have the shape (3,)"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_graphs_are_located_errors_at_load(case):
+    """Node params that are not what a NIR node holds (an out-of-range Flatten dim, complex or
+    non-finite weights, strides, paddings and kernels torch refuses or that are not integers, an
+    Input of negative size, a neuron whose params give another shape than its input): each a
+    FlexDSLError naming the node at `flexdsl.nir.load`, never a first call that fails or a
+    conversion that drops an imaginary part or turns None into NaN."""
+    make, says = MALFORMED[case]
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.nir.load(make(), dt=1e-4)
+    assert says in str(e.value) and "NIR node `" in str(e.value), str(e.value)
+
+
+def test_a_neuron_of_another_size_is_refused_at_the_first_call_where_the_input_declares_none():
+    net = flexdsl.nir.load(_chain(_lif(3)), dt=1e-4)
+    assert net(torch.rand(4, 2, 3)).shape == (4, 2, 3)
+    with pytest.raises(flexdsl.FlexDSLError, match=r"NIR node `n0` \(LIF\) does not fit .* its params have the "
+                                                   r"shape \(3,\)"):
+        net(torch.rand(4, 2, 5))
+
+
+@pytest.mark.parametrize("start, end", [(-2, -1), (0, -1), (1, 2), (-3, -2), (0, 1)])
+def test_flatten_dims_count_a_samples_dimensions_from_either_end(start, end):
+    """A Flatten's dims are a sample's (no time or batch dimension), negative ones counted from the
+    end: the imported network flattens as torch.flatten does one sample, for every batch entry."""
+    g = _chain(nir.Flatten({"input": np.array([2, 3, 4])}, start, end), shape=[2, 3, 4])
+    x = torch.rand(5, 2, 2, 3, 4)
+    out = flexdsl.nir.load(g, dt=1e-4)(x)
+    want = torch.stack([torch.stack([torch.flatten(x[t, b], start, end) for b in range(2)]) for t in range(5)])
+    assert torch.equal(out, want)

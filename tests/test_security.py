@@ -164,6 +164,50 @@ def test_every_public_attribute_of_the_module_is_reserved():
                       "    update:\n        v = v + x*neuron_text\n")
 
 
+@pytest.mark.parametrize("name", ["backend", "state_seqs", "step_mode", "training", "forward", "to", "check_finite",
+                                  "store_state_seqs", "register_buffer", "T_destination"])
+def test_module_attribute_names_are_refused_at_load_whatever_the_list_holds(name, monkeypatch):
+    """The checker's list of taken names is documentation; the module itself refuses a param or a
+    state that a class attribute or an attribute it sets would shadow (a new torch or SpikingJelly
+    version adds names): with the list emptied, each is still a located error at the declaration
+    naming the clash, before anything is set (a learnable param, a float param, a state)."""
+    import flexdsl.frontend.check as check
+
+    monkeypatch.setattr(check, "MODULE_ATTRIBUTES", frozenset())
+    for decl in (f"param {name} = 0.5 learnable", f"param {name} = 0.5", f"state {name} = 0.5"):
+        text = f"neuron A{abs(hash(decl))}:\n    input x\n    {decl}\n    state w = 0.0\n    update:\n" \
+               f"        w = w + x*{name}\n"
+        with pytest.raises(flexdsl.FlexDSLError, match=f"`{name}` cannot name a (param|state): the loaded torch "
+                                                       f"module has an attribute `{name}`") as e:
+            flexdsl.loads(text, backend="torch")
+        assert (e.value.line, e.value.column) == (3, len(decl.split()[0]) + 6)
+
+
+def test_the_module_sets_no_attribute_the_name_check_does_not_know():
+    """`SET_IN_INIT` (what the module sets on itself besides torch's attributes, refused as names
+    before it sets them) is complete: a loaded module, a trained one and one after a call have no
+    other public instance attribute."""
+    from torch import nn
+
+    from flexdsl.runtime.module import SET_IN_INIT
+
+    torch_own = {a for a in vars(nn.Module()) if not a.startswith("_")}
+    for m in (flexdsl.load("lif"), flexdsl.load("plif", store_state_seqs=True, check_finite=True)):
+        m(torch.rand(3, 2, 4, requires_grad=True)).sum().backward()
+        m.reset()
+        assert {a for a in vars(m) if not a.startswith("_")} <= SET_IN_INIT | torch_own
+
+
+@pytest.mark.parametrize("decl", ["param v_seq = 0.5", "state v_seq = 0.0", "param v_seq = 0.5 learnable"])
+def test_a_name_that_is_a_state_sequence_is_refused(decl):
+    """`m.v_seq` is the sequence of state `v` over a call (SpikingJelly's `store_v_seq`): a param or
+    state of that name would hide it (or be hidden), so it is a located error at its declaration."""
+    text = f"neuron A:\n    input x\n    state v = 0.0\n    {decl}\n    update:\n        v = v + x*v_seq\n"
+    with pytest.raises(flexdsl.FlexDSLError, match="sequence of state `v`") as e:
+        flexdsl.loads(text, store_state_seqs=True)
+    assert (e.value.line, e.value.column) == (4, len(decl.split()[0]) + 6)
+
+
 # ------------------------------------------------------------------ the cache
 def _entry(tmp_path: Path) -> Path:
     files = list((tmp_path / "v1").glob("*.json"))

@@ -5,12 +5,14 @@ speed, never results; a refused change changes nothing; every user error is a lo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 import flexdsl
+from flexdsl import backends
 
 from tolerances import assert_close, scan_ops
 
@@ -1065,3 +1067,72 @@ def test_check_of_a_directory_goes_on_after_a_file_flexdsl_fails_on(tmp_path, ca
     out, err = capsys.readouterr()
     assert "b.neuron: ok" in out and "a.neuron: error: flexdsl failed on this file" in err
     assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------- issue 36: every constant one float64
+LINEAR = """neuron K:
+    input x
+    param tau = 2.0
+    param dt = 0.5
+    state v = 0.0
+    equations method {method}:
+        dv/dt = (x * ({c}) - v) / tau
+    output v
+"""
+# the factor R(h) of one step of dv/dt = (c*x - v)/tau with x held (h = dt/tau): v' = c*x + (v - c*x)*R(h)
+_R = {"euler": lambda h: 1 - h, "rk2": lambda h: 1 - h + h**2 / 2, "heun": lambda h: 1 - h + h**2 / 2,
+      "rk4": lambda h: 1 - h + h**2 / 2 - h**3 / 6 + h**4 / 24, "exact": lambda h: math.exp(-h),
+      "exponential_euler": lambda h: math.exp(-h)}
+_CPU = pytest.param("cpu", marks=pytest.mark.skipif(not backends.get("cpu").available(), reason="no C++ compiler"))
+
+
+@pytest.mark.parametrize("c, value, method", [
+    ("2**70", 2**70, "euler"), ("-(2**64)", -(2**64), "rk4"), ("4294967296 * 4294967296", 2**64, "exact"),
+    ("2**53 + 1", 2**53 + 1, "heun"), ("3**40", 3**40, "rk2"), ("1" + "0" * 30, 10**30, "exponential_euler"),
+    ("2**70 * 2**10", 2**80, "euler")])
+@pytest.mark.parametrize("backend", ["torch", "triton", _CPU])
+def test_integers_beyond_2_53_are_one_float64_on_every_backend(c, value, method, backend):
+    """Sympy folds `2**70`, `4294967296 * 4294967296` and a 31-digit literal to exact integers, which
+    torch's scalars and Triton's integer constants cannot take (an OverflowError or "Nonrepresentable
+    integer" at the first call): every such constant is the float64 nearest it, printed alike by
+    every backend, and the model runs as the recurrence written out by hand (R(h) of its method)
+    gives, in float32 and float64."""
+    text = LINEAR.format(method=method, c=c)
+    x = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.5], [3.0, 1.0, 0.0], [-2.0, 0.5, 1.0]], dtype=torch.float64)
+    cv, r = float(value), _R[method](0.25)  # (float(int) rounds to the nearest float64)
+    v, ref = torch.zeros(3, dtype=torch.float64), []
+    for t in range(x.shape[0]):
+        v = cv * x[t] + (v - cv * x[t]) * r
+        ref.append(v)
+    ref = torch.stack(ref)
+    c_ = flexdsl.compile(text)
+    code = [ln for ln in c_.artefact(backend).source.split("\n") if not ln.lstrip().startswith(("#", "//"))]
+    assert not any(str(abs(value)) in ln for ln in code)  # the float64, not the integer (comments quote the model)
+    assert any(repr(abs(cv)) in ln for ln in code)
+    ops = scan_ops(text, x.shape[0], backward=False)
+    for dtype in (torch.float32, torch.float64):
+        if backend == "triton" and dtype == torch.float64:
+            continue  # (the Triton kernels compute in float32)
+        m = flexdsl.loads(text, backend=backend)
+        xs = x.to(dtype).requires_grad_()
+        out = (m.double() if dtype == torch.float64 else m)(xs)
+        assert_close(out, ref, ops=ops, precision=dtype)
+        out.sum().backward()  # d sum(v) / dx[t]: c*(1 - R) * (1 + R + ... + R^(T-1-t)), here in float64
+        g = torch.tensor([cv * (1 - r) * sum(r**k for k in range(x.shape[0] - t)) for t in range(x.shape[0])],
+                         dtype=torch.float64)
+        assert_close(xs.grad, g[:, None].expand(-1, 3), ops=ops, precision=dtype)
+
+
+@pytest.mark.parametrize("method", ["euler", "rk2", "rk4", "heun", "exact", "exponential_euler"])
+@pytest.mark.parametrize("c", ["sqrt(-2)", "(-1)**0.5", "sqrt(1 - 2)", "sqrt(2**70 - 2**71)", "(-2)**(1/2)",
+                               "log(-1)", "sqrt(-1e-300)"])
+def test_a_negative_square_root_of_a_constant_is_a_located_error_under_every_method(method, c):
+    """Every integration method, every backend: the model is refused at load where the square root
+    (logarithm, fractional power) of a negative constant is written, never run into NaN."""
+    text = LINEAR.format(method=method, c=c)
+    start = text.split("\n")[6].index("(" + c) + 2  # (the column of the constant expression)
+    for backend in ("torch", "triton", "cpu"):
+        with pytest.raises(flexdsl.FlexDSLError, match="complex") as e:
+            flexdsl.loads(text, backend=backend)(torch.ones(3, 2))
+        assert e.value.line == 7 and start <= e.value.column < start + len(c), (e.value.column, start)
+        assert e.value.format().startswith("<string>:7:")

@@ -17,6 +17,7 @@ from sympy.printing.pycode import PythonCodePrinter
 
 from ..frontend.ast import Pos
 from ..frontend.catalog import ALL_FUNCTIONS, Function
+from ..ir.constants import exact_integer
 from . import naming
 
 
@@ -58,11 +59,12 @@ class BasePrinter(PythonCodePrinter):
 
     def _print_Rational(self, expr: sp.Rational) -> str:
         if expr.q == 1:
-            return str(expr.p)
+            return self._print_Integer(sp.Integer(expr.p))
         return repr(float(expr))
 
     def _print_Integer(self, expr: sp.Integer) -> str:
-        return str(int(expr))
+        # an integer no float64 holds exactly is that float64 (`ir/constants.py`: no target takes it as an integer)
+        return str(int(expr)) if exact_integer(expr) else repr(float(expr))
 
     def _print_Pi(self, expr) -> str:
         return repr(float(sp.pi))

@@ -149,12 +149,13 @@ def module_attributes() -> str:
 
 
 def limits() -> str:
-    from ..frontend.parse import MAX_DEPTH, MAX_SOURCE
+    from ..frontend.parse import MAX_DEPTH, MAX_LINE, MAX_SOURCE
     from ..ir.lower import MAX_EXPONENT
 
     return "\n".join([
         "| limit | value |", "| --- | --- |",
         f"| characters of model text | {MAX_SOURCE:,} |",
+        f"| characters of one line | {MAX_LINE:,} |",
         f"| nesting depth of an expression (calls, parentheses, powers, unary minus) | {MAX_DEPTH} |",
         f"| a constant exponent of a non-constant base (`x ** n`) | {MAX_EXPONENT} |",
     ])

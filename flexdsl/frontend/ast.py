@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from ..errors import source_lines
+
 
 @dataclass(frozen=True)
 class Pos:
@@ -408,7 +410,7 @@ def to_text(e: Expr) -> str:
 
 def constraint_text(text: str, e: Compare) -> str:
     """A `where` constraint's text as written in the model `text` (for messages and the docs)."""
-    line = text.split("\n")[e.pos.line - 1]
+    line = source_lines(text)[e.pos.line - 1]
     frag = line[e.pos.column - 1:]
     for stop in (' "', " learnable"):
         i = frag.find(stop)

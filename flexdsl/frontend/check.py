@@ -189,6 +189,11 @@ class _Checker:
                 self.user_surrogates[it.name] = it
         if not self.inputs:
             raise self.err(f"neuron `{n.name}` declares no input", n.pos, "add e.g. `input x`")
+        for name, (kind, pos) in declared.items():  # `m.v_seq` is the sequence of state `v` (SpikingJelly's name)
+            if kind != "an input" and name.endswith("_seq") and declared.get(name[:-4], ("",))[0] == "a state":
+                raise self.err(f"`{name}` cannot name {kind}: the loaded module's `{name}` is the sequence of state "
+                               f"`{name[:-4]}` over a call (store_state_seqs=True)", pos,
+                               f"choose another name (e.g. `{name[:-4]}_trace`)")
         self.declared = declared
         self.all_declared = set(declared)
 

@@ -15,14 +15,15 @@ from lark.exceptions import UnexpectedInput, VisitError
 from lark.indenter import Indenter
 
 from .._paths import GRAMMAR_DIR
-from ..errors import FlexDSLError
+from ..errors import FlexDSLError, line_col
+from ..errors import source_lines as source_lines  # (the parser's line count, used by the backends)
 from . import ast as A
 from .syntax import RESERVED, syntax_error
-from .syntax import source_lines as source_lines  # (the parser's line count, used by the backends)
 
 _RECURSION_HINT = "split long expressions into several `let` statements"
 
 MAX_SOURCE = 2_000_000  # characters of model text
+MAX_LINE = 10_000  # characters of one line
 MAX_DEPTH = 64  # nesting of an expression (calls, parentheses, powers, unary minus)
 # characters no model text may hold: C0 controls other than tab, newline and form feed, DEL,
 # C1 controls, and lone surrogates (which no file can encode)
@@ -309,11 +310,15 @@ def _check_text(source: str, filename: str) -> None:
                            f"{MAX_SOURCE:,})", filename, 1, 1, source)
     bad = _BAD_CHARS.search(source)
     if bad is not None:
-        i = bad.start()
-        line = source.count("\n", 0, i) + 1
-        col = i - (source.rfind("\n", 0, i) + 1) + 1
+        line, col = line_col(source, bad.start())
         raise FlexDSLError(f"invalid character U+{ord(bad.group()):04X} in the model text", filename, line, col,
                            source, "a .neuron file is UTF-8 text without control characters")
+    if len(source) > MAX_LINE:
+        for k, text in enumerate(source_lines(source)):
+            if len(text) > MAX_LINE:
+                raise FlexDSLError(f"this line is too long ({len(text):,} characters; the limit is {MAX_LINE:,})",
+                                   filename, k + 1, MAX_LINE + 1, source,
+                                   "split it: a statement may use `let` temporaries, a docstring several lines")
 
 
 def parse(source: str, filename: str = "<string>") -> A.Neuron:

@@ -9,7 +9,7 @@ import re
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from ..errors import FlexDSLError, did_you_mean
+from ..errors import FlexDSLError, did_you_mean, source_lines
 
 RESERVED = frozenset(
     "neuron input param state update equations method spike when surrogate on output where learnable let".split()
@@ -32,14 +32,6 @@ _SCALED_ODE = re.compile(r"^(?P<indent>\s*)(?P<coef>[^=#]*?\S)\s*\*\s*d(?P<state
                          r"\s*=\s*(?P<rhs>[^#]*?)(?P<held>\s+unless\s+refractory)?\s*(#.*)?$")
 _EXPONENT = re.compile(r"(?<![A-Za-z0-9_.])[0-9.]+[eE]$")  # text ending in `1e` (of `1e-3`)
 _SIMPLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9.]+([eE][+-]?[0-9]+)?")
-
-
-def source_lines(source: str) -> list[str]:
-    """The model text's lines as the parser counts them (and as errors, generated code and docs
-    quote them): split at `\n` only. (`str.splitlines` also splits at a form feed, `\x85`,
-    U+2028 and others, which the language allows inside text and comments: every later line
-    number would be off.)"""
-    return source.split("\n")
 
 
 def _line_of(source: str, line: int) -> str:

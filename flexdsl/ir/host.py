@@ -94,7 +94,7 @@ def _leaf(node: Any) -> tuple[Tree] | None:
         return (node.name,)
     if node is sp.true or node is sp.false:
         return (bool(node),)
-    if isinstance(node, sp.Integer):
+    if isinstance(node, sp.Integer) and abs(int(node)) <= 2**53:  # (beyond: a float64, as `constants.py` says)
         return (int(node),)
     if node.is_Number or isinstance(node, sp.NumberSymbol) or (isinstance(node, sp.Expr) and node.is_number
                                                               and not node.free_symbols and not node.is_Atom):

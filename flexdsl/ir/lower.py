@@ -5,7 +5,6 @@ common subexpressions shared (sympy.cse).
 
 from __future__ import annotations
 
-import math
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from ..errors import FlexDSLError
 from ..frontend import ast as A
 from ..frontend.catalog import DRAWS, FUNCTIONS
 from ..frontend.check import CheckedModel
+from . import constants
 from .functions import CONSTANTS, DRAW_CLASSES, TNOW, Detach, SpikeGE, SpikeGT, Where
 from .integrate import INTEGRATORS, Context, MatrixExp, NotApplicable, integrate_held
 from .noise import Stochastic, integrate_noisy, split
@@ -123,38 +123,9 @@ def lower(model: CheckedModel, detach_reset: bool = False) -> StepModel:
                            here[0].line, here[0].column, n.source,
                            "simplify the expression (e.g. a `where` inside `min`, `max` or `clip` whose branches "
                            "sympy cannot compare)") from None
-    _check_finite_constants(step)
+    constants.check(step)
+    constants.normalize(step)
     return step
-
-
-def _check_finite_constants(step: StepModel) -> None:
-    """Every constant of the generated step must be a finite float: sympy folds constants with
-    unbounded exponents (`x*1e300*1e300` is `1e600*x`), which a float64 cannot hold."""
-    n = step.checked.ast
-    for y, e in step.assignments:
-        pos = step.origins.get(y.name) or n.pos
-        if e.has(sp.I) or any(not c.is_real for c in e.atoms(sp.Number)):
-            raise FlexDSLError("this statement folds to a complex number (every backend computes in real numbers)",
-                               n.filename, pos.line, pos.column, n.source,
-                               "e.g. sqrt, log or a fractional power of a negative constant (or of a `where` or "
-                               "`clip` whose branches are)")
-        bad = e.has(*NONFINITE) or any(not _fits_float(c) for c in e.atoms(sp.Number))
-        if bad:
-            raise FlexDSLError("this statement's constants overflow a float (they fold to a value beyond "
-                               "1.8e308)", n.filename, pos.line, pos.column, n.source,
-                               "the largest float is about 1.8e308: rescale the constants (or their units)")
-        tiny = [c for c in e.atoms(sp.Number) if c.is_zero is False and float(c) == 0.0]
-        if tiny:
-            raise FlexDSLError(f"this statement's constants underflow a float: {sp.sstr(tiny[0])} would be 0",
-                               n.filename, pos.line, pos.column, n.source,
-                               "the smallest float is about 5e-324: rescale the constants (or their units)")
-
-
-def _fits_float(c: sp.Number) -> bool:
-    try:
-        return math.isfinite(float(c))
-    except (TypeError, OverflowError):
-        return False
 
 
 def _lower(model: CheckedModel, detach_reset: bool, here: list[A.Pos]) -> StepModel:

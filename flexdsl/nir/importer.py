@@ -91,17 +91,23 @@ def _flatten(graph, prefix: str = "") -> _Flat:
 
 
 def _np(a: Any, dtype: Any = np.float64) -> np.ndarray:
-    """A NIR field as a numpy array (other tools store torch tensors in their graphs too)."""
+    """A NIR field as a numpy array of real numbers (other tools store torch tensors in their
+    graphs too); TypeError for anything else: complex values (whose imaginary part a conversion
+    would drop), text, objects (`None` would become NaN)."""
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
-    return np.array(a, dtype=dtype)
+    raw = np.asarray(a)
+    if raw.dtype.kind not in "biuf":
+        what = "complex" if raw.dtype.kind == "c" else f"of dtype {raw.dtype}"
+        raise TypeError(f"its values are {what}, not real numbers")
+    return np.array(raw, dtype=dtype)
 
 
 def _array(node: Any, field: str, where: str, kind: str) -> np.ndarray:
     try:
         a = _np(getattr(node, field))
-    except (TypeError, ValueError):
-        raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` is not numeric", "<nir graph>") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise FlexDSLError(f"NIR node `{where}` ({kind}): `{field}` is not numeric ({e})", "<nir graph>") from None
     bad = ~np.isfinite(a) | ((a <= 0) if field in _POSITIVE else False)
     if bool(np.any(bad)):
         i = int(np.flatnonzero(bad)[0])
@@ -113,7 +119,10 @@ def _array(node: Any, field: str, where: str, kind: str) -> np.ndarray:
 
 
 def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, learnable: set[str],
-                   surrogate: str, backend: str, detach_reset: bool, chosen: str | None = None) -> NeuronModule:
+                   surrogate: str, backend: str, detach_reset: bool, chosen: str | None = None
+                   ) -> tuple[NeuronModule, tuple[int, ...]]:
+    """The neuron of a NIR node and the shape its params give it (a sample's values must have it,
+    up to dimensions of size 1 in the params)."""
     from ..api import loads
 
     p = PRIMITIVES[kind]
@@ -140,7 +149,7 @@ def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, lea
     text = neuron_text(kind, scalars, dt, method, surrogate=surrogate, learnable=learnable & set(p.params),
                        shapes={f: a.shape for f, a in channels.items()})
     return loads(text, backend=backend, detach_reset=detach_reset, surrogate=chosen,
-                 **{f: torch.from_numpy(a) for f, a in channels.items()})
+                 **{f: torch.from_numpy(a) for f, a in channels.items()}), tuple(shape)
 
 
 class _Scale(nn.Module):
@@ -154,11 +163,71 @@ class _Scale(nn.Module):
 
 def _layer_module(node: Any, where: str) -> tuple[nn.Module, str]:
     """A NIR layer as a torch module and how it is applied: "vector" (on the last dimension or
-    elementwise), "spatial" (on [N, C, ...]), "flatten"."""
+    elementwise), "spatial" (on [N, C, ...]), "flatten". Its fields are checked first, so that a
+    malformed node is an error here, not at the first call."""
     try:
+        _check_layer(node)
         return _make_layer(node, where)
-    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
+    except FlexDSLError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, OverflowError) as e:
         raise FlexDSLError(f"NIR node `{where}` ({type(node).__name__}) is malformed: {e}", "<nir graph>") from None
+
+
+# a layer's integer fields: (the least value, whether "same"/"valid" text is allowed)
+_INTS = {"stride": (1, False), "dilation": (1, False), "groups": (1, False), "padding": (0, True),
+         "kernel_size": (1, False), "start_dim": (None, False), "end_dim": (None, False)}
+
+
+def _check_layer(node: Any) -> None:
+    """A layer's fields as torch will take them: weights, biases and scales real and finite, integer
+    fields integers in range (ValueError or TypeError naming the field otherwise)."""
+    for field in ("weight", "bias", "scale"):
+        if hasattr(node, field):
+            try:
+                a = _np(getattr(node, field))
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"`{field}`: {e}") from None
+            if not bool(np.all(np.isfinite(a))):
+                raise ValueError(f"`{field}` has a value that is not finite (NaN or inf)")
+    for field, (least, text) in _INTS.items():
+        if not hasattr(node, field) or (text and isinstance(getattr(node, field), str)):
+            continue
+        vals = _integers(getattr(node, field), field)
+        if least is not None and any(v < least for v in vals):
+            raise ValueError(f"`{field}` must be at least {least}, not {min(vals)}")
+    if hasattr(node, "kernel_size") and hasattr(node, "padding"):  # (torch's pooling: a pad of at most half a kernel)
+        k, pad = _integers(node.kernel_size, "kernel_size"), _integers(node.padding, "padding")
+        if max(pad) > min(k) // 2:
+            raise ValueError(f"`padding` {max(pad)} is more than half the kernel ({min(k)})")
+    if hasattr(node, "start_dim"):
+        _check_flatten(node)
+
+
+def _integers(v: Any, field: str) -> list[int]:
+    a = np.asarray(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+    if a.dtype.kind not in "iuf" or a.size == 0 or (a.dtype.kind == "f" and not bool(np.all(np.isfinite(a)))):
+        raise TypeError(f"`{field}` is not an integer ({str(v)[:40]})")
+    if a.dtype.kind == "f" and not bool(np.all(a == np.round(a))):
+        raise ValueError(f"`{field}` is not an integer ({str(v)[:40]})")
+    if bool(np.any(np.abs(a) >= 2**31)):
+        raise ValueError(f"`{field}` is out of range ({str(v)[:40]})")
+    return [int(t) for t in a.reshape(-1)]
+
+
+def _check_flatten(node: Any) -> None:
+    """Flatten's dims count the dimensions of a sample (from 0, or from the end where negative):
+    within the rank of its declared input, and in order."""
+    (start,), (end,) = _integers(node.start_dim, "start_dim")[:1], _integers(node.end_dim, "end_dim")[:1]
+    shape = _declared_shape(node)
+    if shape is None:
+        return
+    rank = len(shape)
+    for field, d in (("start_dim", start), ("end_dim", end)):
+        if not -rank <= d < rank:
+            raise ValueError(f"`{field}` {d} is outside the {rank} dimensions of its input {shape}")
+    if start % rank > end % rank:
+        raise ValueError(f"`start_dim` {start} comes after `end_dim` {end}")
 
 
 def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
@@ -185,6 +254,9 @@ def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
     if isinstance(node, nir.Conv1d | nir.Conv2d):
         w = tensor(node.weight)
         two = isinstance(node, nir.Conv2d)
+        if w.dim() != (4 if two else 3):
+            raise ValueError(f"weights of shape {tuple(w.shape)} are not those of a {kind} "
+                             f"([out, in, {'kh, kw' if two else 'k'}])")
         cls = nn.Conv2d if two else nn.Conv1d
 
         def arg(v):
@@ -208,7 +280,7 @@ def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
                             divisor_override=1 if isinstance(node, nir.SumPool2d) else None)
         return pool, "spatial"
     if isinstance(node, nir.Flatten):
-        return nn.Flatten(int(node.start_dim), int(node.end_dim)), "flatten"
+        return nn.Flatten(_integers(node.start_dim, "start_dim")[0], _integers(node.end_dim, "end_dim")[0]), "flatten"
     raise FlexDSLError(f"NIR node `{where}` is a {kind}, which flexdsl cannot run", "<nir graph>",
                        hint="supported: " + ", ".join([*PRIMITIVES, "Affine", "Linear", "Scale", "Conv1d", "Conv2d",
                                                        "Flatten", "AvgPool2d", "SumPool2d"]))
@@ -264,6 +336,7 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
     modules: dict[str, nn.Module] = {}
     kinds: dict[str, str] = {}
     types: dict[str, str] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for name, node in flat.nodes.items():
         types[name] = "subgraph Input/Output" if isinstance(node, str) else type(node).__name__
         if node == "pass" or isinstance(node, nir.Input | nir.Output):
@@ -274,14 +347,18 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
             md = _flexdsl_metadata(node, name, kind)
             meth = method if method != "auto" else md.get("flexdsl_method", "euler")
             sur = md.get("flexdsl_surrogate") or DEFAULT_SURROGATE
-            modules[name] = _neuron_module(kind, node, name, dt, meth, learn, _surrogate(sur) or DEFAULT_SURROGATE,
-                                           backend, detach_reset, surrogate if PRIMITIVES[kind].spiking else None)
+            modules[name], shapes[name] = _neuron_module(kind, node, name, dt, meth, learn,
+                                                         _surrogate(sur) or DEFAULT_SURROGATE, backend, detach_reset,
+                                                         surrogate if PRIMITIVES[kind].spiking else None)
             kinds[name] = "neuron"
         else:
             modules[name], kinds[name] = _layer_module(node, name)
     edges = _fuse_recurrent(modules, kinds, types, flat.edges, backend)
-    net = NIRNetwork(modules, kinds, edges, flat.inputs[0], flat.outputs, dt, step_mode, types)
-    shape = _declared_shape(flat.nodes[flat.inputs[0]])
+    net = NIRNetwork(modules, kinds, edges, flat.inputs[0], flat.outputs, dt, step_mode, types, shapes)
+    try:
+        shape = _declared_shape(flat.nodes[flat.inputs[0]])
+    except ValueError as e:
+        raise FlexDSLError(f"NIR node `{flat.inputs[0]}` (Input) is malformed: {e}", "<nir graph>") from None
     if shape is not None:  # layers whose shapes do not fit are found now, not at the first call
         net.check(shape)
     return net
@@ -344,8 +421,8 @@ def _flexdsl_metadata(node: Any, where: str, kind: str) -> dict[str, str]:
 
 
 def _declared_shape(node: Any) -> tuple[int, ...] | None:
-    """The per-sample shape an Input node declares, where it declares one (small enough for a
-    trial run)."""
+    """The per-sample shape an Input (or Flatten) node declares, where it declares one (small
+    enough for a trial run); a negative size is a malformed node (ValueError)."""
     types = getattr(node, "input_type", None)
     if not isinstance(types, dict) or len(types) != 1:
         return None
@@ -354,6 +431,8 @@ def _declared_shape(node: Any) -> tuple[int, ...] | None:
         shape = tuple(int(v) for v in a.reshape(-1)) if a.dtype.kind in "iu" else None
     except (TypeError, ValueError, OverflowError):
         return None
+    if shape and any(n < 0 for n in shape):
+        raise ValueError(f"its input type {shape} has a negative size")
     if not shape or any(n < 1 for n in shape) or int(np.prod(shape)) > 1 << 20:
         return None
     return shape

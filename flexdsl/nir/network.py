@@ -50,13 +50,15 @@ class NIRNetwork(nn.Module):
 
     def __init__(self, modules: Mapping[str, nn.Module], kinds: Mapping[str, str], edges: Sequence[tuple[str, str]],
                  entry: str, exits: Sequence[str], dt: float, step_mode: str = "m",
-                 types: Mapping[str, str] | None = None) -> None:
+                 types: Mapping[str, str] | None = None, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
         super().__init__()
         self._node_kinds = dict(types or kinds)
         taken: set[str] = set()
         self.names = {n: _key(n, taken) for n in kinds}
         self.nodes = nn.ModuleDict({self.names[n]: m for n, m in modules.items()})
         self.kinds = {self.names[n]: k for n, k in kinds.items()}
+        # the per-sample shape each neuron node's params give it (NIR's params have the shape of the layer)
+        self._param_shapes = {self.names[n]: tuple(s) for n, s in (shapes or {}).items() if n in self.names}
         self.dt = dt
         self.step_mode = step_mode
         e = [(self.names[a], self.names[b]) for a, b in edges]
@@ -107,7 +109,7 @@ class NIRNetwork(nn.Module):
     def _run_node(self, key: str, x: torch.Tensor, lead: int) -> torch.Tensor:
         try:
             y = self._node_value(key, x, lead)
-        except (RuntimeError, FlexDSLError) as e:  # (a layer or neuron that does not fit its input)
+        except (RuntimeError, IndexError, ValueError, FlexDSLError) as e:  # (a layer or neuron that does not fit its input)
             inv = {v: k for k, v in self.names.items()}
             why = e.reason if isinstance(e, FlexDSLError) else str(e).splitlines()[0]
             raise FlexDSLError(f"NIR node `{inv[key]}` ({self._node_kinds.get(inv[key], self.kinds[key])}) does not "
@@ -123,12 +125,17 @@ class NIRNetwork(nn.Module):
             return x
         m = self.nodes[key]
         if kind in ("neuron", "recurrent"):
+            shape = self._param_shapes.get(key, ())
+            if shape and not _fits(shape, tuple(x.shape[lead:])):
+                raise FlexDSLError(f"its params have the shape {shape}", "<nir graph>")
             return m(x) if lead == 2 else m(x.unsqueeze(0))[0]
         if kind == "vector":
             return m(x)
         if kind == "flatten":
+            # (dims of a sample: from 0, or from the end where negative)
+            start = m.start_dim + lead if m.start_dim >= 0 else m.start_dim
             end = m.end_dim + lead if m.end_dim >= 0 else m.end_dim
-            return torch.flatten(x, m.start_dim + lead, end)
+            return torch.flatten(x, start, end)
         front = x.shape[:lead]
         y = m(x.reshape(-1, *x.shape[lead:]))
         return y.reshape(*front, *y.shape[1:])
@@ -181,6 +188,14 @@ class NIRNetwork(nn.Module):
     def extra_repr(self) -> str:
         return (f"dt={self.dt:g}, step_mode={self.step_mode!r}" + (", recurrent" if self.recurrent else "")
                 + (", stepwise" if self.stepwise else ""))
+
+
+def _fits(params: tuple[int, ...], sample: tuple[int, ...]) -> bool:
+    """Whether params of this shape broadcast to a sample's shape without changing it."""
+    try:
+        return tuple(torch.broadcast_shapes(params, sample)) == sample
+    except RuntimeError:
+        return False
 
 
 def _order(entry: str, edges: Sequence[tuple[str, str]]) -> tuple[list[str], set[tuple[str, str]]]:

@@ -60,6 +60,28 @@ def triton_available() -> bool:
     return backends.get("triton").available()
 
 
+# the attributes `NeuronModule.__init__` sets on an instance besides torch's own (which are set before the names
+# are checked); tests/test_errors.py checks that a loaded module has no other
+SET_IN_INIT = frozenset({"backend", "check_finite", "state_seqs", "store_state_seqs"})
+
+
+def _check_names(m: NeuronModule) -> None:
+    """Each param and state reads as itself: Python finds a class attribute (torch's, SpikingJelly's
+    or flexdsl's own) or an attribute the module sets before `__getattr__` would return the model's
+    value, so such a name is refused at load, whatever the checker's list of names (`catalog.
+    MODULE_ATTRIBUTES`, which the docs print) holds."""
+    import inspect
+
+    ck = m._compiled.checked
+    for decl, kind in [*((p, "a param") for p in ck.params), *((s, "a state") for s in ck.states)]:
+        missing = object()
+        if (decl.name in m.__dict__ or decl.name in SET_IN_INIT
+                or inspect.getattr_static(type(m), decl.name, missing) is not missing):
+            raise m._error(f"`{decl.name}` cannot name {kind}: the loaded torch module has an attribute "
+                           f"`{decl.name}`", decl.pos, f"choose another name (e.g. `{decl.name}_`): params and "
+                           "states are attributes of the module")
+
+
 class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
@@ -85,6 +107,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         d = self.__dict__
         d["_compiled"] = c
         d["_compiled_name"] = programs.register(c)
+        _check_names(self)
         self._derive_fields()
         d["_fixed"] = {}
         d["_values"] = {}  # tensors that torch tools put in a learnable param's place (runtime/slots.py)

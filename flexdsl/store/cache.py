@@ -229,6 +229,19 @@ def write(k: str, art: Artefact) -> None:
             pass
 
 
+def forget(k: str) -> None:
+    """Remove the entry of key `k` (from memory and from the folder): what it stands for is
+    damaged (a built library that does not load)."""
+    with _lock:
+        _memory.pop(k, None)
+    d = folder()
+    if d is not None:
+        try:
+            (d / f"{k}.json").unlink()
+        except OSError:
+            pass
+
+
 def get_or_make(k: str, make) -> Artefact:
     """The cached artefact of key `k`, else `make()`, stored."""
     art = read(k)
