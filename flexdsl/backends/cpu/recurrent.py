@@ -81,23 +81,22 @@ class CpuRecurrentProgram:
         self.port, self.source, self.dense = port, source, dense
         abi = prog.abi
         self.binary = abi.outputs[source] == "spike"  # the source is 0/1
-        self.n_in, self.n_st, self.n_out, self.n_p = prog.n_in, prog.n_st, prog.n_out, prog.n_p
+        self.n_in, self.n_st, self.n_out = prog.n_in, prog.n_st, prog.n_out
         self.K = len(abi.saved)
         self.keeps_port = port in prog.reread_idx  # the backward reads the port's current again
 
     def _kernel(self, kind: str, dtype: torch.dtype, N: int, noise: NoiseKey | None, prm: list, vals: list[float]
-                ) -> _Kernel:
-        n_in, n_st, n_p, n_out = self.n_in, self.n_st, self.n_p, self.n_out
+                ) -> tuple[_Kernel, dict[str, int]]:
+        """The kernel `kind` ("fwd", "bwd") for steps of N lanes, its params set; and its pointer slots."""
+        abi = self.k.abi
+        slots = abi.fwd_slots() if kind == "fwd" else abi.bwd_slots()
         threads = max(1, min(torch.get_num_threads(), N // LANES_PER_THREAD))
-        key = [int(noise.seed), int(noise.t0)] if noise is not None and self.k.abi.draws else []
-        ints = [1, N, threads, *[N] * n_in, *self.k._key(key)]  # (one step: its strides are never read)
-        n_ptrs = n_in + 3 * n_st + n_p + n_out + 1 if kind == "fwd" else \
-            2 * n_in + 1 + n_p + n_out + 3 * n_st + len(self.k.abi.learnable)
-        call = _Kernel(self.k, kind, dtype, n_ptrs, ints, vals)
-        first = n_in + n_st if kind == "fwd" else n_in + 1
+        key = [int(noise.seed), int(noise.t0)] if noise is not None and abi.draws else []
+        ints = [1, N, threads, *[N] * self.n_in, *self.k._key(key)]  # (one step: its strides are never read)
+        call = _Kernel(self.k, kind, dtype, slots["n"], ints, vals)
         for j, q in enumerate(prm):
-            call.fixed(first + j, q)
-        return call
+            call.fixed(slots["params"] + j, q)
+        return call, slots
 
     def _others(self, inputs: Sequence[Any], N: int, dtype: torch.dtype) -> list[torch.Tensor | None]:
         """The inputs other than the port ([T, B, H]) as [T, N] (None at the port)."""
@@ -109,7 +108,7 @@ class CpuRecurrentProgram:
                 s0_exact: bool | None = None):
         T, shape = ix.shape[0], ix.shape[1:]
         N, dtype = shape.numel(), ix.dtype
-        n_in, n_st, n_p, n_out = self.n_in, self.n_st, self.n_p, self.n_out
+        n_in, n_st, n_out = self.n_in, self.n_st, self.n_out
         prm, prm_vals, _keep = self.k._params(params, shape, N)
         others = self._others(inputs, N, dtype)
         st = [torch.empty((n_st, N), dtype=dtype) for _ in range(2)]  # (read one, write the other)
@@ -122,19 +121,20 @@ class CpuRecurrentProgram:
         S[0] = s0
         outs = [S[1:] if k == self.source else torch.empty((T, *shape), dtype=dtype) for k in range(n_out)]
         sav = torch.empty((T, self.K, N), dtype=dtype) if save and self.K else None
-        cur = torch.empty((T if save and self.keeps_port else 1, *shape), dtype=dtype)
-        call = self._kernel("fwd", dtype, N, noise, prm, [0.0] * n_st + prm_vals)
+        every = save and self.keeps_port  # (the port's current of every step, for the backward; else one buffer)
+        cur = torch.empty((T if every else 1, *shape), dtype=dtype)
+        call, at = self._kernel("fwd", dtype, N, noise, prm, [0.0] * n_st + prm_vals)
         for k in range(n_in):
-            call.rows(k, cur if k == self.port else others[k], N if k != self.port or cur.shape[0] > 1 else 0)
+            call.rows(at["inputs"] + k, cur if k == self.port else others[k], N if k != self.port or every else 0)
         for i in range(n_st):
-            call.alternate(n_in + i, st[0][i], st[1][i])  # (the states before the step)
-            call.alternate(n_in + n_st + n_p + n_out + i, st[1][i], st[0][i])  # (after it)
+            call.alternate(at["inits"] + i, st[0][i], st[1][i])  # (the states before the step)
+            call.alternate(at["fins"] + i, st[1][i], st[0][i])  # (after it)
         for k in range(n_out):
-            call.rows(n_in + n_st + n_p + k, outs[k], N)
-        call.rows(n_in + 3 * n_st + n_p + n_out, sav, self.K * N)
+            call.rows(at["outputs"] + k, outs[k], N)
+        call.rows(at["saved"], sav, self.K * N)
         t0 = noise.t0 if noise is not None else None
         for t in range(T):
-            c = cur[t] if cur.shape[0] > 1 else cur[0]
+            c = cur[t if every else 0]
             if self.dense:
                 torch.addmm(ix[t], S[t], w.t(), out=c)
             else:
@@ -166,7 +166,7 @@ class CpuRecurrentProgram:
         param values (each the size of the param value it was given), {})."""
         sav, cur, others, params, shape, dtype, noise = saved
         T, N = need["T"], shape.numel()
-        n_in, n_st, n_p, n_out = self.n_in, self.n_st, self.n_p, self.n_out
+        n_in, n_st, n_out = self.n_in, self.n_st, self.n_out
         abi = self.k.abi
         prm, prm_vals, _keep = self.k._params(params, shape, N)
         gI = (torch.empty if abi.grad_inputs[self.port] else torch.zeros)((T, *shape), dtype=dtype)
@@ -180,22 +180,22 @@ class CpuRecurrentProgram:
         learn = self.k.learn_idx
         gp = [torch.zeros((T, N), dtype=torch.float64) if need["params"][i] and abi.grad_params[j] else None
               for j, i in enumerate(learn)]
-        call = self._kernel("bwd", dtype, N, noise, prm, prm_vals)
+        call, at = self._kernel("bwd", dtype, N, noise, prm, prm_vals)
         for k in self.k.reread_idx:
-            call.rows(k, cur if k == self.port else others[k], N)
-        call.rows(n_in, sav, self.K * N)
+            call.rows(at["inputs"] + k, cur if k == self.port else others[k], N)
+        call.rows(at["saved"], sav, self.K * N)
         for k in range(n_out):
             if k != self.source:
-                call.rows(n_in + 1 + n_p + k, go[k], N)
+                call.rows(at["g_outputs"] + k, go[k], N)
         for i in range(n_st):
-            call.alternate(n_in + 1 + n_p + n_out + n_st + i, gst[0][i], gst[1][i])  # (the later step's)
-            call.alternate(2 * n_in + 1 + n_p + n_out + 2 * n_st + i, gst[1][i], gst[0][i])  # (this step's)
+            call.alternate(at["g_fins"] + i, gst[0][i], gst[1][i])  # (the later step's)
+            call.alternate(at["g_states"] + i, gst[1][i], gst[0][i])  # (this step's)
         for k in range(n_in):
-            call.rows(n_in + 1 + n_p + n_out + 2 * n_st + k, gI if k == self.port else g_in[k], N)
+            call.rows(at["g_inputs"] + k, gI if k == self.port else g_in[k], N)
         for j, g in enumerate(gp):
-            call.rows(2 * n_in + 1 + n_p + n_out + 3 * n_st + j, g, N)
+            call.rows(at["g_params"] + j, g, N)
         # the source's gradient at step t: its output's, plus the recurrence's from step t + 1 (g_src)
-        src, g_out, g_src = n_in + 1 + n_p + self.source, go[self.source], torch.empty(shape, dtype=dtype)
+        src, g_out, g_src = at["g_outputs"] + self.source, go[self.source], torch.empty(shape, dtype=dtype)
         t0 = noise.t0 if noise is not None else None
         for t in range(T - 1, -1, -1):
             if t == T - 1:
