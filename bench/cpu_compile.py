@@ -192,7 +192,7 @@ def main() -> None:
     ap.add_argument("--F", type=int, default=700)
     ap.add_argument("--H", type=int, default=256)
     ap.add_argument("--C", type=int, default=20)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="thread counts timed (none: only the cold compiles)")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--models", nargs="+", default=["rec", "ff"], choices=["rec", "ff"])
     ap.add_argument("--cold", default="flexdsl", choices=["flexdsl", "all", "none"],

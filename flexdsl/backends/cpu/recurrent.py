@@ -133,10 +133,11 @@ class CpuRecurrentProgram:
             call.rows(at["outputs"] + k, outs[k], N)
         call.rows(at["saved"], sav, self.K * N)
         t0 = noise.t0 if noise is not None else None
+        wt = w.t() if self.dense else w
         for t in range(T):
             c = cur[t if every else 0]
             if self.dense:
-                torch.addmm(ix[t], S[t], w.t(), out=c)
+                torch.addmm(ix[t], S[t], wt, out=c)
             else:
                 torch.addcmul(ix[t], S[t], w, out=c)
             call(t, t, t0)
