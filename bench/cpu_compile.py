@@ -145,6 +145,8 @@ if cfg["mode"] == "cold":  # one variant: its first step in this fresh process
     net, hand = build(model)
     if name.startswith("hand"):
         net = hand
+    elif name.startswith("relu"):  # Inductor's own cold compile of the network around the neuron
+        net = nn.Sequential(nn.Linear(F, H), nn.ReLU(), nn.Linear(H, C))
     t0 = time.perf_counter()
     step = make_step(net, torch.compile(net))
     step()
@@ -209,21 +211,25 @@ def main() -> None:
           "compiled / eager flexdsl | compiled flexdsl vs compiled hand |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
     for th in a.threads:
+        load = os.getloadavg()[0]
         res = child({**cfg, "mode": "time", "threads": th})
         for model in a.models:
             ms = res[model]["ms"]
             fe, fc, he, hc = (ms[v] for v in VARIANTS)
             print(f"| {names[model]} | {th} | {fe:.1f} | {fc:.1f} | {he:.1f} | {hc:.1f} | {fe / fc:.2f}x | "
                   f"{hc / fc:.2f}x |", flush=True)
-        print(f"  (threads {th}: min-max ms {json.dumps({m: res[m]['spread'] for m in a.models})}; first losses "
+        print(f"  (threads {th}: load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; min-max ms {json.dumps({m: res[m]['spread'] for m in a.models})}; first losses "
               f"{json.dumps({m: res[m]['first_loss'] for m in a.models})})", flush=True)
     if a.cold != "none":
-        print("cold compile, first training step in a fresh process with empty caches (2 threads):")
-        for model in a.models:
-            for v in ("flexdsl compiled", "hand compiled"):
-                if v.startswith("hand") and a.cold != "all":
-                    continue
-                print(f"| {names[model]} | {v} | {cold(cfg, model, v):.1f} s |", flush=True)
+        print(f"cold compile, first training step in a fresh process with empty caches (2 threads; load average "
+              f"{os.getloadavg()[0]:.1f}):")
+        print("| model | variant | cold compile + first step |\n| --- | --- | ---: |")
+        rows = [(m, v) for m in a.models for v in ("flexdsl compiled", "hand compiled") if a.cold == "all" or
+                v.startswith("flexdsl")] + [("ff", "relu compiled (the same network with a ReLU: Inductor's own)")]
+        for model, v in rows:
+            name = names[model] if not v.startswith("relu") else f"Linear({a.F},{a.H}) -> ReLU -> Linear({a.H},{a.C})"
+            print(f"| {name} | {v} | {cold(cfg, model, v):.1f} s |", flush=True)
+        print(f"(load average after: {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
