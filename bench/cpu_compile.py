@@ -16,7 +16,8 @@ A training step: reset, zero_grad, forward, cross-entropy of the time mean of th
 backward, SGD step (lr 1e-3). "compiled" is `torch.compile(net)` (default mode; loss, backward and
 optimizer outside). Each thread count runs in its own process (Inductor fixes a kernel's thread
 count when it compiles it), with every variant of a model timed in turn within each repetition (a
-busy machine slows them alike); the table gives medians. The cold compile is the first training
+busy machine slows them alike; the order rotates, so that no variant always follows the same one); the
+table gives medians. The cold compile is the first training
 step of a compiled network in a new process with empty flexdsl and Inductor caches (what a user
 waits for). The warm processes share the default Inductor cache, so the hand loop's compile there
 may be a cache hit. The first training step's loss is checked to agree across the four variants.
@@ -165,8 +166,10 @@ for model in cfg["models"]:
         for s in steps.values():
             s()
     times = {k: [] for k in steps}
-    for _ in range(cfg["repeat"]):
-        for k, s in steps.items():
+    names = list(steps)
+    for r in range(cfg["repeat"]):
+        for k in names[r % 4:] + names[:r % 4]:  # (each repetition starts with the next variant)
+            s = steps[k]
             t0 = time.perf_counter()
             s()
             times[k].append(time.perf_counter() - t0)
