@@ -138,8 +138,7 @@ def test_a_network_of_several_models_compiles_on_its_first_call(backend):
     net = torch.nn.Sequential(
         torch.nn.Linear(8, 8), flexdsl.loads(_fresh_text("lif"), backend=backend),
         torch.nn.Linear(8, 8), flexdsl.loads(_fresh_text("plif"), backend=backend),
-        flexdsl.recurrent(flexdsl.loads(_fresh_text("alif")), 8, 6,  # (no C++ scan: the torch one)
-                          backend="torch" if backend == "cpu" else backend))
+        flexdsl.recurrent(flexdsl.loads(_fresh_text("alif")), 8, 6, backend=backend))
     ref = copy.deepcopy(net)
     x = torch.rand(6, 3, 8)
     cm = torch.compile(net, fullgraph=True, backend="aot_eager")
@@ -451,12 +450,14 @@ def test_compiled_recurrent_training_runs_the_scan_once(backend, monkeypatch):
         assert torch.equal(got[2][k], want[2][k]), k
 
 
-def test_compiled_recurrent_layer_of_a_model_never_run():
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_compiled_recurrent_layer_of_a_model_never_run(backend):
     """The first call of a model text nothing has loaded is a compiled one: the scan is chosen,
-    generated and loaded (and its ops registered) at trace time, outside the graph."""
+    generated (and on the CPU kernels built) and loaded (and its ops registered) at trace time,
+    outside the graph."""
     torch._dynamo.reset()
     torch.manual_seed(2)
-    m = flexdsl.recurrent(flexdsl.loads(_fresh_text("lif"), backend="torch"), 12, 8, backend="torch")
+    m = flexdsl.recurrent(flexdsl.loads(_fresh_text("lif"), backend="torch"), 12, 8, backend=backend)
     ref = copy.deepcopy(m)
     out, gx, gp = _rec_fwd_bwd(torch.compile(m, fullgraph=True, backend="aot_eager"), _rec_x())
     out_r, gx_r, gp_r = _rec_fwd_bwd(ref, _rec_x())
