@@ -17,7 +17,9 @@ backward, SGD step (lr 1e-3). "compiled" is `torch.compile(net)` (default mode; 
 optimizer outside). Each thread count runs in its own process (Inductor fixes a kernel's thread
 count when it compiles it), with every variant of a model timed in turn within each repetition (a
 busy machine slows them alike; the order rotates, so that no variant always follows the same one); the
-table gives medians. The cold compile is the first training
+table gives medians, and each ratio as the ratio of the medians and (in parentheses) as the median of
+the ratios within a repetition (paired: what drifts between repetitions, another job's load, cancels).
+The cold compile is the first training
 step of a compiled network in a new process with empty flexdsl and Inductor caches (what a user
 waits for). The warm processes share the default Inductor cache, so the hand loop's compile there
 may be a cache hit. The first training step's loss is checked to agree across the four variants.
@@ -173,7 +175,10 @@ for model in cfg["models"]:
             t0 = time.perf_counter()
             s()
             times[k].append(time.perf_counter() - t0)
+    fe, fc, hc = times["flexdsl eager"], times["flexdsl compiled"], times["hand compiled"]
     res[model] = {"ms": {k: statistics.median(v) * 1e3 for k, v in times.items()},
+                  "paired": [statistics.median(a / b for a, b in zip(fe, fc)),
+                             statistics.median(a / b for a, b in zip(hc, fc))],
                   "spread": {k: [min(v) * 1e3, max(v) * 1e3] for k, v in times.items()}, "first_loss": losses}
 print(json.dumps(res))
 """
@@ -223,8 +228,9 @@ def main() -> None:
         for model in a.models:
             ms = res[model]["ms"]
             fe, fc, he, hc = (ms[v] for v in VARIANTS)
-            print(f"| {names[model]} | {th} | {fe:.1f} | {fc:.1f} | {he:.1f} | {hc:.1f} | {fe / fc:.2f}x | "
-                  f"{hc / fc:.2f}x |", flush=True)
+            pe, ph = res[model]["paired"]
+            print(f"| {names[model]} | {th} | {fe:.1f} | {fc:.1f} | {he:.1f} | {hc:.1f} | {fe / fc:.2f}x ({pe:.2f}x) | "
+                  f"{hc / fc:.2f}x ({ph:.2f}x) |", flush=True)
         print(f"  (threads {th}: load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; min-max ms {json.dumps({m: res[m]['spread'] for m in a.models})}; first losses "
               f"{json.dumps({m: res[m]['first_loss'] for m in a.models})})", flush=True)
     if a.cold != "none":
