@@ -12,7 +12,7 @@ Median of --reps timed runs after warm-ups, synchronized (the harness that measu
 issue 20, ../shared/bench/recurrent_gpu.py). bf16 = torch.autocast(bfloat16) for everyone.
 Peers: snnTorch RLeaky(all_to_all=True, reset_mechanism="zero") and SpikingJelly
 LinearRecurrentContainer(LIFNode) (LIF only), and a hand-written torch loop (LIF; LSNN for ALIF).
-flexdsl: `flexdsl.recurrent(model, 700, H)` (Triton on CUDA, the torch backend on the CPU).
+flexdsl: `flexdsl.recurrent(model, 700, H)` (Triton on CUDA, the CPU kernels on the CPU).
 Breakdown: the same layer with one-to-one recurrent weights (no recurrent product) and the input
 product alone (as the layer makes it: in float32 on CUDA the fused exact product of
 backends/triton/products.py, else Linear) give the shares of the recurrent product, the neuron

@@ -32,6 +32,14 @@ def test_cpu_training_benchmark_runs_and_checks_its_results(tmp_path):
     assert "one-time build of the CPU kernels" in out and out.count("x |") == 3, out
 
 
+def test_cpu_compile_benchmark_smoke_run(tmp_path):
+    """bench/cpu_compile.py at small sizes: the four variants of both networks train (their first losses
+    agree: the script checks it) and the table has a row per network."""
+    out = _run(["bench/cpu_compile.py", "--T", "3", "--B", "2", "--F", "6", "--H", "5", "--C", "3", "--threads", "1",
+                "--repeat", "1", "--cold", "none"], tmp_path)
+    assert out.count("| 1 |") == 2 and "compiled / eager flexdsl" in out, out
+
+
 def test_noise_benchmark_smoke_run(tmp_path):
     """bench/noise_gpu.py on the CPU (Triton's interpreter): its checks pass and it prints its table."""
     out = _run(["bench/noise_gpu.py", "--smoke"], tmp_path)

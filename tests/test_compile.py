@@ -153,8 +153,7 @@ def test_a_network_of_several_models_compiles_on_its_first_call(backend):
     net = torch.nn.Sequential(
         torch.nn.Linear(8, 8), flexdsl.loads(_fresh_text("lif"), backend=backend),
         torch.nn.Linear(8, 8), flexdsl.loads(_fresh_text("plif"), backend=backend),
-        flexdsl.recurrent(flexdsl.loads(_fresh_text("alif")), 8, 6,  # (no C++ scan: the torch one)
-                          backend="torch" if backend == "cpu" else backend))
+        flexdsl.recurrent(flexdsl.loads(_fresh_text("alif")), 8, 6, backend=backend))
     ref = copy.deepcopy(net)
     x = torch.rand(6, 3, 8)
     cm = torch.compile(net, fullgraph=True, backend="aot_eager")
@@ -378,7 +377,7 @@ def test_a_conversion_that_names_no_device_leaves_the_params_tensor_where_it_is(
 
 
 # ------------------------------------------------------------------ the recurrent layer: one graph node
-REC_BACKENDS = ["torch", "triton"]
+REC_BACKENDS = ["torch", "cpu", "triton"]
 
 
 def _rec_fwd_bwd(m, x):
@@ -411,7 +410,8 @@ def test_the_recurrent_layer_is_one_graph_node(backend):
     assert sizes[3] == sizes[40]
 
 
-@pytest.mark.parametrize("backend,compiler", [("torch", "aot_eager"), ("torch", "inductor"), ("triton", "aot_eager")])
+@pytest.mark.parametrize("backend,compiler", [("torch", "aot_eager"), ("torch", "inductor"), ("cpu", "aot_eager"),
+                                              ("cpu", "inductor"), ("triton", "aot_eager")])
 def test_compiled_recurrent_layer_equals_eager(backend, compiler):
     """Outputs (exactly), the input's and every weight's and the neuron's learnable param's
     gradients and the kept states equal eager, over two calls (the second continues from the
@@ -441,12 +441,45 @@ def test_compiled_recurrent_layer_equals_eager(backend, compiler):
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
 
 
-def test_compiled_recurrent_layer_of_a_model_never_run():
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_compiled_recurrent_training_runs_the_scan_once(backend, monkeypatch):
+    """Under torch.compile a training call runs the layer's forward scan once, keeping what the
+    backward reads, as eagerly (the custom forward op returns it; the backward op used to run the
+    whole forward again), and its gradients are eager's."""
+    from flexdsl.backends import recurrent as scans
+
+    seen = []
+    real = scans._forward
+
+    def spy(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, *rest):
+        seen.append(save)
+        return real(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, *rest)
+
+    monkeypatch.setattr(scans, "_forward", spy)
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    m = flexdsl.recurrent("plif", 12, 16, backend=backend)
+    ref = copy.deepcopy(m)
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    got = _rec_fwd_bwd(cm, _rec_x())
+    seen.clear()
+    m.reset()
+    got = _rec_fwd_bwd(cm, _rec_x())
+    assert seen == [True]
+    want = _rec_fwd_bwd(ref, _rec_x())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for k in want[2]:
+        assert torch.equal(got[2][k], want[2][k]), k
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_compiled_recurrent_layer_of_a_model_never_run(backend):
     """The first call of a model text nothing has loaded is a compiled one: the scan is chosen,
-    generated and loaded (and its ops registered) at trace time, outside the graph."""
+    generated (and on the CPU kernels built) and loaded (and its ops registered) at trace time,
+    outside the graph."""
     torch._dynamo.reset()
     torch.manual_seed(2)
-    m = flexdsl.recurrent(flexdsl.loads(_fresh_text("lif"), backend="torch"), 12, 8, backend="torch")
+    m = flexdsl.recurrent(flexdsl.loads(_fresh_text("lif"), backend="torch"), 12, 8, backend=backend)
     ref = copy.deepcopy(m)
     out, gx, gp = _rec_fwd_bwd(torch.compile(m, fullgraph=True, backend="aot_eager"), _rec_x())
     out_r, gx_r, gp_r = _rec_fwd_bwd(ref, _rec_x())

@@ -23,7 +23,7 @@ from flexdsl import cli
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = sorted((ROOT / "neurons").glob("*.neuron"))
 SCALE = float(os.environ.get("FLEXDSL_FUZZ_SCALE", "1"))
-SETTINGS = dict(deadline=None, derandomize=False, database=None,
+SETTINGS = dict(deadline=None, database=None,  # (repeatable draws, or new ones: tests/conftest.py)
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
 

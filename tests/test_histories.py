@@ -80,6 +80,9 @@ def _fresh(m, layer):
     except FlexDSLError as e:
         return e
     _same_dtypes(fresh, m)  # (what m holds in which dtype, after its moves)
+    target = fresh.neuron if layer else fresh
+    for n, v in vals.items():  # (again, in those dtypes: a bounded param's raw value found in float64 when it is one)
+        setattr(target, n, v)
     return fresh
 
 

@@ -351,25 +351,28 @@ def test_compiled_noisy_models_equal_eager():
 
 def test_recurrent_layers_of_noisy_models():
     """A recurrent layer draws what its neuron draws (elements b*H + h): with W_rec = 0 it is the
-    neuron module; the Triton scan equals the torch scan, gradients included."""
+    neuron module; the Triton scan and the CPU kernels' scan equal the torch scan, gradients included."""
     for text in (NLIF, OU):
-        r = flexdsl.recurrent(flexdsl.loads(text, backend="torch"), None, 6, bias=False)
-        with torch.no_grad():
-            r.W_rec.zero_()
         x = torch.rand(9, 3, 6)
-        assert torch.equal(r(x, seed=4), flexdsl.loads(text, backend="torch")(x, seed=4))
+        for backend in ("torch", *(["cpu"] if CPU else [])):  # (the scan and the module on the same backend)
+            r = flexdsl.recurrent(flexdsl.loads(text), None, 6, bias=False, backend=backend)
+            with torch.no_grad():
+                r.W_rec.zero_()
+            assert torch.equal(r(x, seed=4), flexdsl.loads(text, backend=backend)(x, seed=4)), backend
         res = {}
-        for backend in ("torch", "triton"):
+        scans = ("torch", "triton", *(["cpu"] if CPU else []))
+        for backend in scans:
             torch.manual_seed(1)
             r = flexdsl.recurrent(flexdsl.loads(text), 5, 6, backend=backend)
             xx = torch.rand(9, 3, 5)
             out = r(xx, seed=99)
             (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
             res[backend] = (out.detach(), r.W_rec.grad, r.neuron.sigma.grad)
-        for a, b in zip(res["triton"], res["torch"]):
-            _close(a, b, layer_ops(text, 9, 3, 5, 6), what=text.split(":")[0])
+        for backend in scans[1:]:
+            for a, b in zip(res[backend], res["torch"]):
+                _close(a, b, layer_ops(text, 9, 3, 5, 6), what=f"{text.split(':')[0]} {backend}")
     # under torch.compile: one graph node, the same draws
-    for backend in ("torch", "triton"):
+    for backend in ("torch", "triton", *(["cpu"] if CPU else [])):
         torch._dynamo.reset()
         torch.manual_seed(1)
         r = flexdsl.recurrent(flexdsl.loads(NLIF), 5, 6, backend=backend)

@@ -13,13 +13,17 @@ import torch
 from torch import nn
 
 import flexdsl
-from flexdsl import FlexDSLError
+from flexdsl import FlexDSLError, backends
+from flexdsl.backends.cpu import CALLS
 from flexdsl.runtime.module import triton_available
 
 from tolerances import assert_close, condition, layer_ops, tol
 
 TRITON = triton_available()
 needs_triton = pytest.mark.skipif(not TRITON, reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
+needs_cpp = pytest.mark.skipif(not backends.get("cpu").available(), reason="needs a C++ compiler (the CPU kernels)")
+# the scans: torch's loop, the CPU kernels' (C++ steps), the Triton kernels
+SCANS = ["torch", pytest.param("cpu", marks=needs_cpp), pytest.param("triton", marks=needs_triton)]
 
 # snnTorch's RLeaky(reset_mechanism="zero") in the language: the reset of a membrane that crossed
 # the threshold (strictly) at the last step zeroes the whole new value, the recurrent current
@@ -227,12 +231,12 @@ def lsnn_loop(x, W_in, W_rec, b, tau_m=20.0, tau_a=200.0, beta=1.8, v_th=1.0):
     return torch.stack(out), v, a
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_recurrent_alif_equals_hand_written_lsnn_loop(backend):
     torch.manual_seed(4)
     T, B, I, H = 40, 3, 6, 12
     m = flexdsl.recurrent("alif", I, H, backend=backend)
-    dtype = torch.float64 if backend == "torch" else torch.float32
+    dtype = torch.float64 if backend != "triton" else torch.float32
     m = m.to(dtype)
     with torch.no_grad():
         m.W_in.mul_(40.0)
@@ -317,6 +321,50 @@ def test_triton_scan_equals_torch_scan(model, opts, scale):
         assert_close(got[3][k], ref[3][k], ops=ops, what=k)
 
 
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("model, opts, scale", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_cpu_scan_equals_torch_scan(model, opts, scale, dtype):
+    """The CPU kernels' scan (the model's C++ step per step, torch's products) against the torch
+    scan (the generated torch step): outputs, every gradient and the kept states. The two differ
+    only in rounding: the recurrent gradient enters the step as addmm(g, gI, W) there and g + gI @ W
+    here (one rounding of the H-term sum more or less), and the C++ exp/sigmoid are within ~1 ulp
+    of torch's; over T = 10 steps of ~20 operations each, with the layer's products of H = 9 terms,
+    that is ~10 * (20 + 9) * u relative (u = 2^-53 in float64: ~3e-14; 2^-24 in float32: ~2e-5),
+    bounded with a margin of ~30 in float64, where spikes must be equal, and of ~2 in float32."""
+    torch.manual_seed(5)
+    T, B, I, H = 10, 3, 5, 9
+    opts = dict(opts)
+    in_f = opts.pop("in_features", I)
+    m = flexdsl.recurrent(model, in_f, H, backend="torch", **opts).to(dtype)
+    with torch.no_grad():
+        m.W_rec.mul_(4.0 if m.connectivity == "all" else 1.0)
+        if m.W_in is not None:
+            m.W_in.mul_(scale)
+        if m.neuron._parameters:
+            for p in m.neuron.parameters():
+                p.add_(0.1 * torch.rand_like(p))
+    x = (torch.rand(T, B, in_f if in_f is not None else H) * (scale if in_f is None else 1.0)).to(dtype)
+    w = torch.randn(T, B, H, dtype=dtype)
+    ref = _run(m, x, w)
+    m.backend = "cpu"
+    calls = dict(CALLS)
+    got = _run(m, x, w)
+    assert CALLS["fwd"] == calls["fwd"] + T and CALLS["bwd"] == calls["bwd"] + T  # (one kernel call per step)
+    assert any(int((o != 0).sum()) > 5 for o in ref[0])
+    tol = 1e-12 if dtype == torch.float64 else 4e-5
+    for a, b in zip(got[0], ref[0]):
+        if dtype == torch.float64:
+            assert torch.equal(a != 0, b != 0)  # (the same spikes)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert set(got[1]) == set(ref[1])
+    for k in ref[1]:
+        assert rel(got[1][k], ref[1][k]) < tol, k
+    assert rel(got[2], ref[2]) < tol
+    for k in ref[3]:
+        torch.testing.assert_close(got[3][k], ref[3][k], rtol=tol, atol=tol)
+
+
 @needs_triton
 def test_triton_scan_bfloat16_follows_float32():
     torch.manual_seed(6)
@@ -335,7 +383,7 @@ def test_triton_scan_bfloat16_follows_float32():
 
 
 # ----------------------------------------------------------------------------- states and modes
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_calls_continue_a_sequence_and_single_steps_equal_multi_step(backend):
     torch.manual_seed(7)
     T, B, I, H = 12, 2, 3, 8
@@ -429,7 +477,8 @@ def test_learnable_neuron_params_train_with_the_weights():
     assert m.neuron.w.grad is not None and m.neuron.w.grad != 0
 
 
-def test_other_inputs_of_a_model_are_passed_after_x():
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=needs_cpp)])
+def test_other_inputs_of_a_model_are_passed_after_x(backend):
     text = """
 neuron TwoPort:
     input x
@@ -444,12 +493,21 @@ neuron TwoPort:
     output spike
 """
     torch.manual_seed(12)
-    m = flexdsl.recurrent(text, 3, 4, port="drive", backend="torch").double()
+    m = flexdsl.recurrent(text, 3, 4, port="drive", backend=backend).double()
     x = torch.rand(6, 2, 3, dtype=torch.float64)
     other = torch.rand(6, 2, 4, dtype=torch.float64, requires_grad=True)
     out = m(x, other)
-    out.sum().backward()
-    assert other.grad is not None
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+    assert other.grad is not None and other.grad.abs().sum() > 0
+    if backend != "torch":  # the other input's gradient, as the torch scan gives it (float64: 6 steps of ~20
+        # operations, exp/sigmoid within an ulp of torch's, ~1e-14 relative; gradients of order 1)
+        ref_m = copy.deepcopy(m)
+        ref_m.backend = "torch"
+        ref_m.reset()
+        o2 = other.detach().clone().requires_grad_()
+        r = ref_m(x, o2)
+        (r * torch.linspace(-1, 1, r.numel(), dtype=r.dtype).reshape(r.shape)).sum().backward()
+        torch.testing.assert_close(other.grad, o2.grad, rtol=1e-12, atol=1e-12)
     # by hand: drive receives the recurrent current, x the other input
     v = torch.zeros(2, 4, dtype=torch.float64)
     s = torch.zeros(2, 4, dtype=torch.float64)
@@ -761,7 +819,7 @@ def test_a_layer_fed_back_from_another_output_has_no_nir_form():
         flexdsl.nir.export(nn.Sequential(m, nn.Linear(4, 2)), torch.rand(5, 2, 3), dt=1e-3)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_empty_sequences_batches_and_several_batch_dims(backend):
     torch.manual_seed(16)
     m = flexdsl.recurrent("lif", 3, 4, backend=backend)
@@ -928,13 +986,13 @@ def test_bad_graph_setting_is_a_clear_error(monkeypatch, value):
         env_choice("FLEXDSL_RECURRENT_GRAPHS")
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_a_retained_graph_backpropagates_twice(backend):
     """Two losses of one forward (`retain_graph=True`), a Jacobian: each backward through the layer
     gets its own gradients (the sum of two backwards equals one backward of the summed losses);
     a second backward without a retained graph is PyTorch's error, not silent zeros."""
     torch.manual_seed(0)
-    dtype = torch.float64 if backend == "torch" else torch.float32
+    dtype = torch.float64 if backend != "triton" else torch.float32
     m = flexdsl.recurrent("lif", 3, 4, backend=backend).to(dtype)
     x = (2 * torch.randn(6, 2, 3)).to(dtype).requires_grad_()
     weights = torch.arange(4.0, dtype=dtype)
@@ -964,7 +1022,7 @@ def test_a_retained_graph_backpropagates_twice(backend):
 
 
 # ----------------------------------------------------------------------------- what users change
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_outputs_and_feedback_never_share_memory(backend):
     """Editing the returned spikes does not change the layer's next step, setting `feedback` does
     not rewrite outputs already returned, and with gradients an in-place op on the output works
@@ -998,7 +1056,7 @@ def test_outputs_and_feedback_never_share_memory(backend):
     assert_close(grads[0], grads[1], ops=layer_ops("lif", 5, 2, 3, 4))
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_weights_replaced_by_another_shape_are_located_errors(backend):
     """A weight, bias or mask replaced after construction (`.data =`, a new Parameter, written in
     place) is checked at the call: a located error naming it and the shape the layer needs, before
@@ -1195,7 +1253,7 @@ def test_resident_tile_equals_the_tile_loop_bit_for_bit(monkeypatch, fixed):
 
 
 # ----------------------------------------------------------------------------- memory
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_calls_leave_no_tensors_in_reference_cycles(backend):
     """A call's buffers are freed when the last reference goes, not when Python's cycle collector
     happens to run: no tensor of a call (training or not) ends in a reference cycle. (Such a cycle
@@ -1228,7 +1286,7 @@ def test_calls_leave_no_tensors_in_reference_cycles(backend):
             gc.enable()
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", SCANS)
 def test_calls_without_gradients_keep_nothing_for_a_backward(monkeypatch, backend):
     """Under no_grad or inference_mode the scan runs its forward alone (an autograd Function would
     still see the weights needing gradients and save every step's state for nothing)."""

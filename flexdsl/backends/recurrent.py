@@ -32,10 +32,12 @@ from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import get, replay
 from .base import IR, NoiseKey, key_ints, key_tensor
+from .recurrent_ops import keeps, register_ops
 from .stash import stash, unstash
 
 # the backends with a recurrent scan (the module that makes its program)
-IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent"}
+IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent",
+                   "cpu": "flexdsl.backends.cpu.recurrent"}
 
 
 class RecurrentProgram(Protocol):
@@ -50,6 +52,11 @@ class RecurrentProgram(Protocol):
         the key of a noisy model's draws (the backward replays them); `s0_exact`: whether s0 is
         exact in bfloat16, where the caller knows (None: the program checks if it needs to)."""
         ...
+
+    # optional (the layer's custom op then keeps the forward's values for its backward, else it
+    # runs the forward again): `saved_shapes(T, shape)`, the shapes of the tensors `saved_tensors(saved)`
+    # lists, in the dtype of `ix`; `restore(tensors, inputs, params, like, noise)`, `saved` again (`like`:
+    # a [B, H] tensor of the call's dtype and device)
 
     def backward(self, saved: Any, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
                  g_fins: Sequence[torch.Tensor | None], need: dict[str, Any]) -> tuple:
@@ -77,8 +84,6 @@ def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> Recurr
                 p = mod.load_recurrent(ir, key, port, source, dense)
                 ck = ir.checked
                 name = "".join(ch for ch in f"{b.name}_{key[:16]}_{port}_{source}_{int(dense)}" if ch.isalnum() or ch == "_")
-                from .recurrent_ops import register_ops
-
                 p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), dense,
                                      sys.modules[__name__])
                 _PROGRAMS[k] = p
@@ -87,11 +92,14 @@ def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> Recurr
 
 def choose(backend: str, like: torch.Tensor) -> str:
     """The scan a layer's call runs on: `backend`, or for "auto" the Triton kernels for CUDA
-    tensors of a kernel dtype (when Triton imports), else the torch scan."""
+    tensors of a kernel dtype (when Triton imports), the CPU kernels for float32 and float64 CPU
+    tensors (where a C++ compiler is found), else the torch scan."""
     if backend != "auto":
         return backend
     if like.is_cuda and like.dtype in (torch.float32, torch.float16, torch.bfloat16) and get("triton").available():
         return "triton"
+    if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64) and get("cpu").available():
+        return "cpu"
     return "torch"
 
 
@@ -268,11 +276,29 @@ def _forward(prog: RecurrentProgram, x, w, s0, w_in, b, xb, inputs, states, para
                                         **({"noise": noise} if noise is not None else {}))
     if not save:
         return outs, fins, None
+    return outs, fins, _saved(prog, x, w, w_in, xb, linear, S, saved, dense, s0_exact)
+
+
+def _saved(prog: RecurrentProgram, x, w, w_in, xb, linear: bool, S: torch.Tensor, saved: Any, dense: bool,
+           s0_exact: bool | None) -> _Saved:
     # S (s0, then the spikes) exact in bfloat16: the spikes are, s0 unless given other values
-    # (s0_exact was decided above wherever this can hold: w and s0 share device and dtype)
+    # (s0_exact was decided wherever this can hold: w and s0 share device and dtype)
     s_exact = bool(prog.binary and dense and fast_products(w) and s0_exact)
-    return outs, fins, _Saved(ix.shape[0], saved, S, w, w_in, x if linear and w_in is not None else None, xb,
-                              s_exact, linear)
+    return _Saved(S.shape[0] - 1, saved, S, w, w_in, x if linear and w_in is not None else None, xb, s_exact, linear)
+
+
+def restore(prog: RecurrentProgram, x, w, s0, w_in, b, kept: Sequence[torch.Tensor], inputs, states, params,
+            dense: bool, noise: NoiseKey | None) -> _Saved:
+    """What `_forward(..., save=True)` gave, from what it kept (`kept`: S, then the program's
+    `saved_tensors`) and the call's own arguments: the backward of the layer's custom op, whose
+    forward returned them (`recurrent_ops`). The values `_forward` derived from the arguments
+    (x in bfloat16, whether s0 is exact in it) are derived again, the same way."""
+    xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
+    s0_exact = exact_in_bf16(s0, prog) if prog.binary and dense and fast_products(s0) else None
+    S = kept[0]
+    saved = prog.restore(list(kept[1:]), inputs, params, S[0], noise)
+    linear = xb is None and (w_in is not None or b is not None)
+    return _saved(prog, x, w, w_in, xb, linear, S, saved, dense, s0_exact)
 
 
 def _backward(prog: RecurrentProgram, sv: _Saved, inputs, states, params, dense: bool, grads, need) -> list:
@@ -441,9 +467,12 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         if noise is not None:  # (the key of the draws: one more tensor, kind 3)
             tensors.append(key_tensor(noise))
             kinds.append(3)
-        res = prog.ops[0](x, w, s0, w_in, b, tensors, vals, kinds)
-        n_out = len(res) - len(states)
-        return list(res[:n_out]), list(res[n_out:])
+        # (keep: the forward op returns what the backward reads, where the program says what that is)
+        keep = keeps(prog) and replay.tracks_grad((x, w, s0, w_in, b, *tensors))
+        res = prog.ops[0](x, w, s0, w_in, b, tensors, vals, kinds, keep)
+        n_kept = 1 + len(prog.saved_shapes(x.shape[0], (x.shape[1], w.shape[0]))) if keep else 0
+        n_out = len(res) - n_kept - len(states)
+        return list(res[:n_out]), list(res[n_out:n_out + len(states)])
     if isinstance(noise, torch.Tensor):
         noise = NoiseKey(*key_ints(noise))
 
@@ -518,5 +547,5 @@ def pack_args(inputs, states, params) -> tuple[list[torch.Tensor], list[float], 
 
 
 __all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "pack_args", "weight_grad", "split3",
-           "exact_in_bf16",
+           "exact_in_bf16", "restore",
            "fast_products"]

@@ -24,38 +24,53 @@ def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list
     return out[:n_in], out[n_in:n_in + n_st], out[n_in + n_st:], noise
 
 
-_FWD = "rec_fwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds) -> Tensor[]"
+_FWD = ("rec_fwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
+        "bool keep) -> Tensor[]")
 _BWD = ("rec_bwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
-        "Tensor?[] grads, bool[] need) -> Tensor[]")
+        "Tensor?[] grads, bool[] need, Tensor[] kept) -> Tensor[]")
 _LIBS: dict[str, Any] = {}
+
+
+def keeps(prog: Any) -> bool:
+    """Whether the layer's forward op can keep what its backward reads (the program says what it
+    saves: `saved_shapes`, `saved_tensors`, `restore`), so that the backward need not recompute it."""
+    return hasattr(prog, "saved_shapes")
 
 
 def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: bool, scans: Any) -> tuple:
     """The layer's custom ops `rec_fwd` and `rec_bwd` (once per program and process), with fake
     implementations and autograd, for torch.compile: one graph node per layer, never a trace of
-    the loop. The backward op runs the forward again, keeping what its backward reads, then the
-    backward (the layer's activations are not kept between the two: under torch.compile the
-    layer is recomputed, as with activation checkpointing)."""
+    the loop. With `keep` (a call that trains, on a program that `keeps`), the forward op also
+    returns what the backward reads: S (s0, then the source of every step) and the program's
+    saved tensors, as eagerly. Else (the Triton kernels) the backward op runs the forward again,
+    keeping what its backward reads, then the backward (as with activation checkpointing)."""
     ns = f"flexdsl_rec_{name}"
     if ns in _LIBS:
         return _LIBS[ns][1]
     lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
 
-    def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds):
+    def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, keep):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
         xb = scans._exact_bf16(x, prog) if w_in is not None and scans._fusable(x, w_in, b) else None
-        outs, fins, _ = scans._forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, False, noise)
-        return _fresh([*outs, *fins], [x, w, s0, w_in, b, *tensors])
+        outs, fins, sv = scans._forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, keep, noise)
+        kept = [sv.S, *prog.saved_tensors(sv.saved)] if sv is not None else []
+        return _fresh([*outs, *fins, *kept], [x, w, s0, w_in, b, *tensors])
 
-    def fwd_fake(x, w, s0, w_in, b, tensors, vals, kinds):
+    def fwd_fake(x, w, s0, w_in, b, tensors, vals, kinds, keep):
         ix = torch.nn.functional.linear(x, w_in, b) if w_in is not None else x if b is None else x + b
         T, B, H = ix.shape
-        return [ix.new_empty((T, B, H)) for _ in range(n_out)] + [ix.new_empty((B, H)) for _ in range(n_st)]
+        res = [ix.new_empty((T, B, H)) for _ in range(n_out)] + [ix.new_empty((B, H)) for _ in range(n_st)]
+        if keep:
+            res += [ix.new_empty((T + 1, B, H)), *(ix.new_empty(s) for s in prog.saved_shapes(T, (B, H)))]
+        return res
 
-    def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
+    def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need, kept):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
-        xb = scans._exact_bf16(x, prog) if w_in is not None and scans._fusable(x, w_in, b) else None
-        _, _, sv = scans._forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
+        if kept:
+            sv = scans.restore(prog, x, w, s0, w_in, b, kept, inputs, states, params, dense, noise)
+        else:
+            xb = scans._exact_bf16(x, prog) if w_in is not None and scans._fusable(x, w_in, b) else None
+            _, _, sv = scans._forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
         assert sv is not None
         g = scans._backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])
         g += [None] * (noise is not None)  # (the key: no gradient)
@@ -63,7 +78,7 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
         return [(gi if gi is not None else torch.zeros_like(a)).to(a.dtype).reshape(a.shape)
                 for gi, a, n in zip(g, args, need) if n]
 
-    def bwd_fake(x, w, s0, w_in, b, tensors, vals, kinds, grads, need):
+    def bwd_fake(x, w, s0, w_in, b, tensors, vals, kinds, grads, need, kept):
         return [a.new_empty(a.shape) for a, n in zip([x, w, s0, w_in, b, *tensors], need) if n]
 
     lib.define(_FWD)
@@ -71,20 +86,23 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
     fwd, bwd = implement(lib, ns, [("rec_fwd", fwd_impl, fwd_fake), ("rec_bwd", bwd_impl, bwd_fake)])
 
     def setup_context(ctx, inputs, output):
-        x, w, s0, w_in, b, tensors, vals, kinds = inputs
+        x, w, s0, w_in, b, tensors, vals, kinds, keep = inputs
         args = [x, w, s0, w_in, b, *tensors]
         ctx.need = [a is not None and a.requires_grad for a in args]
         ctx.vals, ctx.kinds, ctx.n = list(vals), list(kinds), len(tensors)
-        ctx.save_for_backward(*args)
+        ctx.n_kept = len(output) - n_out - n_st
+        ctx.save_for_backward(*args, *output[n_out + n_st:])
 
     def backward(ctx, grads):
         if not torch.compiler.is_compiling() and torch.is_grad_enabled():
             scans._first_order()
-        x, w, s0, w_in, b, *tensors = ctx.saved_tensors
-        res = iter(bwd(x, w, s0, w_in, b, tensors, ctx.vals, ctx.kinds, list(grads), ctx.need))
+        x, w, s0, w_in, b, *rest = ctx.saved_tensors
+        tensors, kept = rest[:ctx.n], rest[ctx.n:]
+        res = iter(bwd(x, w, s0, w_in, b, tensors, ctx.vals, ctx.kinds, list(grads[:n_out + n_st]), ctx.need,
+                       kept))
         g = [next(res) if n else None for n in ctx.need]
         # (an empty list of floats has the structure of an empty list of tensors: its "gradient" is [])
-        return (*g[:5], g[5:], None if ctx.vals else [], None if ctx.kinds else [])
+        return (*g[:5], g[5:], None if ctx.vals else [], None if ctx.kinds else [], None)
 
     torch.library.register_autograd(f"{ns}::rec_fwd", backward, setup_context=setup_context, lib=lib)
     _LIBS[ns] = (lib, (fwd, bwd))
@@ -107,4 +125,4 @@ def _fresh(results: list[torch.Tensor], args: list) -> list[torch.Tensor]:
     return out
 
 
-__all__ = ["register_ops"]
+__all__ = ["keeps", "register_ops"]

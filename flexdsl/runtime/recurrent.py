@@ -7,8 +7,8 @@ A layer of `hidden` neurons of any model whose input port receives, at every ste
 where `s` is one of the layer's own outputs (the source: the spike by default) and `W_rec`
 is all-to-all (`[hidden, hidden]`, optionally times a fixed 0/1 mask) or one-to-one (`[hidden]`,
 a weight per neuron). `W_in x` is one matrix product over all steps before the loop; the loop
-runs on a backend's recurrent scan (`backends/recurrent.py`: the Triton kernels on CUDA, the
-torch backend elsewhere), and its backward is backpropagation through time with the model's
+runs on a backend's recurrent scan (`backends/recurrent.py`: the Triton kernels on CUDA, the CPU
+kernels on float32 and float64 CPU tensors, the torch backend elsewhere), and its backward is backpropagation through time with the model's
 derived backward, `dW_rec` one matrix product over all steps.
 
 The neuron itself is a `NeuronModule` (`m.neuron`): its params and states are its own, read and
@@ -454,6 +454,10 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                 if ix.dtype not in _KERNEL_DTYPES:
                     raise self._input_error(f"the Triton kernels take float32, float16 or bfloat16, not {ix.dtype}",
                                             "use backend='torch' for float64")
+            if self.backend == "cpu" and (ix.device.type != "cpu" or ix.dtype not in (torch.float32, torch.float64)):
+                raise self._input_error(f"backend='cpu' runs float32 and float64 CPU tensors, but the input is "
+                                        f"{ix.dtype} on {ix.device}", "use backend='auto' (the scan that fits the "
+                                        "input) or backend='torch'")
             return self.backend
         return scans.choose("auto", ix)
 

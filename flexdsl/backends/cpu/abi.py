@@ -39,12 +39,34 @@ class CpuABI:
     lanes: int = 256  # lanes per block
     draws: int = 0  # random draws per step and element (a noisy model: n also holds its key, seed and t0)
 
+    def fwd_slots(self) -> dict[str, int]:
+        """Where each group of the forward's pointers starts in `p` (and "n", their number)."""
+        n_in, n_st = len(self.inputs), len(self.states)
+        return _starts([("inputs", n_in), ("inits", n_st), ("params", len(self.params)),
+                        ("outputs", len(self.outputs)), ("fins", n_st), ("seqs", n_st), ("saved", 1)])
+
+    def bwd_slots(self) -> dict[str, int]:
+        """Where each group of the backward's pointers starts in `p` (and "n", their number)."""
+        n_in, n_st = len(self.inputs), len(self.states)
+        return _starts([("inputs", n_in), ("saved", 1), ("params", len(self.params)), ("g_outputs", len(self.outputs)),
+                        ("g_seqs", n_st), ("g_fins", n_st), ("g_inputs", n_in), ("g_states", n_st),
+                        ("g_params", len(self.learnable))])
+
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CpuABI:
         return cls(**d)
+
+
+def _starts(groups: list[tuple[str, int]]) -> dict[str, int]:
+    out, at = {}, 0
+    for name, n in groups:
+        out[name] = at
+        at += n
+    out["n"] = at
+    return out
 
 
 __all__ = ["CpuABI"]

@@ -4,7 +4,10 @@ library per model, kept in the flexdsl disk cache.
 The compiler is `$CXX` if set, else the first of `g++`, `c++`, `clang++` on the PATH (Inductor's
 choice on Linux is `$CXX` or `g++`). The library is built once per model text, compiler and
 machine (`-march=native`), with OpenMP (without it where the compiler has none), no floating
-contraction (no fused multiply-add that the torch backend would not do) and `-fno-math-errno`.
+contraction (no fused multiply-add that the torch backend would not do), `-fno-math-errno` and
+`-fno-trapping-math` (floating-point exceptions are never read, so both sides of a `?:` may be
+computed: without it GCC vectorizes no lane loop that selects, as a spike rule does; the values
+are the same IEEE operations either way).
 It is written next to the cache's JSON entries (atomically: a temporary file renamed into
 place) and its SHA-256 is recorded in a cache entry of its own, written once the library has
 loaded, and checked before it is loaded again; a missing or damaged library is rebuilt. A library
@@ -39,7 +42,7 @@ from ...settings import env_int
 from ...store import cache
 
 BASE_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-math-errno",
-              "-w"]
+              "-fno-trapping-math", "-w"]
 OPENMP = ["-fopenmp"]
 COMPILE_TIMEOUT_S = 60  # the default of FLEXDSL_CPU_BUILD_TIMEOUT
 SYMBOLS = [f"flexdsl_{kind}_{suffix}" for kind in ("fwd", "bwd") for suffix in ("f32", "f64")]  # what a library exports

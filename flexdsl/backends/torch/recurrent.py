@@ -95,6 +95,12 @@ def _full(v: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
     return v if v.shape == shape else v.expand(shape)
 
 
+def _tensors(params: Sequence[Any], dev: torch.device) -> list[torch.Tensor]:
+    """The params as the generated step takes them (a number: a 0-d float64 tensor)."""
+    return [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=dev)
+            for p in params]
+
+
 class TorchRecurrentProgram:
     """The recurrent scan of one model, port and source on the torch backend."""
 
@@ -122,8 +128,7 @@ class TorchRecurrentProgram:
         T, shape = ix.shape[0], ix.shape[1:]
         dev, dtype = ix.device, ix.dtype
         stream = self._stream(noise, T, shape, dtype, dev)
-        prm = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=dev)
-               for p in params]
+        prm = _tensors(params, dev)
         hv = self.mod._invariants(*prm)
         st = [_full(s, shape, ix) for s in states]
         n_out, n_st, port = self.n_out, self.n_st, self.port
@@ -159,9 +164,23 @@ class TorchRecurrentProgram:
              for k, v in enumerate(outs)]
         saved = None
         if save:
-            saved = (prm, hv, [torch.stack(v) if T else None for v in kept],
-                     [torch.stack(v) if T else None for v in rer], shape, dtype, noise)
+            empty = ix.new_empty((0, *shape))
+            saved = (prm, hv, [torch.stack(v) if T else empty for v in kept],
+                     [torch.stack(v) if T else empty for v in rer], shape, dtype, noise)
         return o, st, S, saved
+
+    # what a training forward keeps, as tensors (the layer's custom op returns them: `recurrent_ops`)
+    def saved_shapes(self, T: int, shape: Sequence[int]) -> list[tuple[int, ...]]:
+        return [(T, *shape)] * (len(self.saved_states) + len(self.reread))
+
+    def saved_tensors(self, saved) -> list[torch.Tensor]:
+        return [*saved[2], *saved[3]]
+
+    def restore(self, tensors: Sequence[torch.Tensor], inputs: Sequence[Any], params: Sequence[Any],
+                like: torch.Tensor, noise: NoiseKey | None):
+        prm = _tensors(params, like.device)
+        K = len(self.saved_states)
+        return prm, self.mod._invariants(*prm), list(tensors[:K]), list(tensors[K:]), like.shape, like.dtype, noise
 
     def backward(self, saved, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
                  g_fins: Sequence[torch.Tensor | None], need: dict[str, Any]):
