@@ -1,9 +1,9 @@
 #!/bin/bash
 # On the device machine, from the repository root (a clean clone works):
 #   bash bench/gpu_session.sh STEP...
-#   STEP: check | check_save | harness | harness_old | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
+#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
 # flexdsl runs from this checkout. Wheels in .whl/ (e.g. spikingjelly, loguru, for a machine without them)
-# are installed into /tmp/site first; `harness_old` runs a baseline checkout carried as .old/.
+# are installed into /tmp/site first; `harness_old` and `recurrent_old` run a baseline checkout carried as .old/ (flexdsl/, grammar/, neurons/).
 # Every script a step runs is in bench/; logs go to $OUT (default /tmp), one per step.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -27,6 +27,9 @@ for step in "$@"; do
     full) timeout 560 python3 bench/bench_gpu.py full ;;
     harness) timeout 300 python3 bench/flexdsl_gpu.py ;;
     harness_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 300 python3 bench/flexdsl_gpu.py ;;
+    recurrent) timeout 280 python3 bench/recurrent_gpu.py --no-check --no-breakdown --reps 5 --peers hand ;;
+    recurrent_old) PYTHONPATH=/tmp/site:$PWD/.old FLEXDSL_CACHE_DIR=/tmp/flexdsl-cache-old timeout 280 python3 bench/recurrent_gpu.py --no-check --no-breakdown --reps 5 --peers hand ;;
+    recurrent_check) timeout 300 python3 bench/recurrent_gpu.py --check-only ;;
     extra) timeout 300 python3 bench/extra_gpu.py ;;
     noise) timeout 300 python3 bench/noise_gpu.py ;;
     noise_check) timeout 300 python3 bench/noise_cuda_check.py ;;

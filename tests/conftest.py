@@ -17,6 +17,19 @@ settings.register_profile("repeatable", derandomize=True, database=None, print_b
 settings.register_profile("explore", print_blob=True)
 settings.load_profile(os.environ.get("FLEXDSL_HYPOTHESIS_PROFILE", "repeatable"))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # (one process per core: each computes on one thread)
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`-n`, pyproject's addopts) the tests that read the library's site run in
+    one worker, which builds it once."""
+    for item in items:
+        if "library_site" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("library_site"))
+
 
 @pytest.fixture(scope="session")
 def library_site(tmp_path_factory):

@@ -82,6 +82,20 @@ def _check_names(m: NeuronModule) -> None:
                            "states are attributes of the module")
 
 
+def _check_options(c: Compiled, step_mode: str, backend: str) -> None:
+    """`step_mode` and `backend` as `NeuronModule` takes them (a backend that can run here)."""
+    if step_mode not in STEP_MODES:
+        raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", c.filename)
+    known = ["auto", *backends.names()]
+    if backend not in known:
+        raise FlexDSLError(f"backend must be one of {', '.join(known)}, not {backend!r}", c.filename,
+                           hint=did_you_mean(str(backend), known))
+    if backend != "auto" and not backends.get(backend).available():
+        why = getattr(backends.get(backend), "why_unavailable", lambda: None)()
+        raise FlexDSLError(f"backend={backend!r} cannot run here ({why or 'its libraries cannot be imported'})",
+                           c.filename, hint="install them, or use backend='auto' or 'torch'")
+
+
 class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _Base):  # type: ignore[valid-type,misc]
     """A neuron layer generated from a `.neuron` model.
 
@@ -119,16 +133,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
             d["_memories"] = d["_states"]
             d["_memories_rv"] = dict.fromkeys(self._state_names)
         d["state_seqs"] = {}
-        if step_mode not in STEP_MODES:
-            raise FlexDSLError(f"step_mode must be 's' or 'm', not {step_mode!r}", c.filename)
-        known = ["auto", *backends.names()]
-        if backend not in known:
-            raise FlexDSLError(f"backend must be one of {', '.join(known)}, not {backend!r}", c.filename,
-                               hint=did_you_mean(str(backend), known))
-        if backend != "auto" and not backends.get(backend).available():
-            why = getattr(backends.get(backend), "why_unavailable", lambda: None)()
-            raise FlexDSLError(f"backend={backend!r} cannot run here ({why or 'its libraries cannot be imported'})",
-                               c.filename, hint="install them, or use backend='auto' or 'torch'")
+        _check_options(c, step_mode, backend)
         self.step_mode = step_mode
         self.backend = backend
         self.store_state_seqs = store_state_seqs
