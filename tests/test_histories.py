@@ -72,17 +72,20 @@ def _fresh(m, layer):
     try:
         fresh = flexdsl.loads(MODEL, param_shapes={"k": (C,)}, backend="torch", **vals)
         if layer:
-            lay = flexdsl.recurrent(fresh, C, C, backend="torch")
-            with torch.no_grad():
-                for n in ("W_in", "W_rec", "bias"):
-                    getattr(lay, n).copy_(getattr(m, n))
-            fresh = lay
+            fresh = flexdsl.recurrent(fresh, C, C, backend="torch")
     except FlexDSLError as e:
         return e
     _same_dtypes(fresh, m)  # (what m holds in which dtype, after its moves)
     target = fresh.neuron if layer else fresh
-    for n, v in vals.items():  # (again, in those dtypes: a bounded param's raw value found in float64 when it is one)
-        setattr(target, n, v)
+    try:
+        for n, v in vals.items():  # (again, in those dtypes: a bounded param's raw value found in float64 when it is one)
+            setattr(target, n, v)
+    except FlexDSLError as e:
+        return e
+    if layer:
+        with torch.no_grad():  # (m's weights, in their dtype)
+            for n in ("W_in", "W_rec", "bias"):
+                getattr(fresh, n).copy_(getattr(m, n))
     return fresh
 
 
