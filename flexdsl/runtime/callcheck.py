@@ -1,6 +1,7 @@
 """The one place a call's params are checked, for every way a model runs: a neuron module's eager
-call, a recurrent layer's call (through its neuron), and a `torch.compile` trace (at trace time,
-on the values the graph starts from). A mixin of `NeuronModule`.
+call, a recurrent layer's call (through its neuron), and a `torch.compile`d call (through the op
+`flexdsl::checked_params`, which runs the same check when the compiled call runs). A mixin of
+`NeuronModule`.
 
 What is checked, once per change of the params and per precision a call computes in:
 - every param finite, every `where` constraint, a defined step (`slots._validate`'s float64 checks);
@@ -12,9 +13,10 @@ What counts as a change: an assignment through the API (`m.tau = ...`, `load_sta
 validate before they store), and any in-place change autograd sees (an optimizer step, `p.mul_()`
 under `torch.no_grad()`, a copy into a buffer): the tensors' version counters, data pointers,
 shapes and dtypes form a fingerprint compared at every call (a few integers: nothing is read
-from a device). A write through `.data` bypasses PyTorch's version counter; flexdsl reads a
-bounded param's raw value at every call (its value is computed on the host), so those are
-checked whatever changed them, and `check_finite=True` checks every value at every call.
+from a device). A write through `.data` bypasses PyTorch's version counter: the fingerprint holds
+the values of CPU tensors of at most 65,536 values too; on a GPU such a write is not seen (reading
+the device's memory at every call would wait for it), and `check_finite=True` checks every value
+at every call.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from typing import Any
 
 import torch
 
-from ..backends.base import transformed
 from .params import check_constant_results, check_constants
 
 
@@ -34,20 +35,25 @@ class CallChecks:
 
     def _fingerprint(self) -> tuple:
         """What identifies the params' tensors' contents: version counters, pointers, shapes and
-        dtypes, and for small CPU tensors their bytes (a write through `.data` bypasses the version
-        counter; reading a device's memory would wait for the device, so there it is not read)."""
+        dtypes, and for CPU tensors of at most `_HASHED` values their values (a write through
+        `.data` bypasses the version counter; reading a device's memory would wait for the device,
+        so there it is not read). A few microseconds a call."""
         out: list[Any] = []
         for t in (*self._parameters.values(), *self._buffers.values()):
             if t is None:
                 continue
-            if transformed(t) or not _has_storage(t):  # (a torch.func tensor: no memory to identify it by;
-                return (object(),)                    # never equal to the last one: checked at every call)
-            out += (t._version, t.data_ptr(), t.dtype, t.shape)
-            if t.device.type == "cpu" and t.numel() <= _HASHED:
-                try:
-                    out.append(hash(t.detach().numpy(force=True).tobytes()))
-                except RuntimeError:  # (a tensor inside a torch.func transform: no bytes to read)
-                    return (object(),)
+            try:
+                out += (t._version, t.data_ptr(), t.dtype, t.shape)
+                if _WRAPPED is not None and _WRAPPED(t):
+                    return (object(),)  # (a torch.func tensor: never equal to the last one, checked at every call)
+                if t.is_cpu:
+                    n = t.numel()
+                    if n <= 16:
+                        out.append(t.detach().tolist())
+                    elif n <= _HASHED:
+                        out.append(t.detach().numpy(force=True).tobytes())
+            except RuntimeError:  # (a tensor without memory of its own: inside a torch.func transform)
+                return (object(),)
         return tuple(out)
 
     def _call_params(self, program: Any, x0: torch.Tensor) -> list[Any]:
@@ -75,10 +81,6 @@ class CallChecks:
             self._init_cache.clear()
             self._validate_tensors()
             d["_checked_fp"] = fp
-        bounded = self._bounded_floats(params) if self._bounds else None
-        if bounded is not None and bounded != d.get("_checked_bounded"):  # (read on the host at every call)
-            self._dtypes_checked.clear()
-            d["_checked_bounded"] = bounded
         if (dt, dtype) not in self._dtypes_checked:
             check_constant_results(self._compiled, dtype)
             if dt != torch.float64:
@@ -103,17 +105,10 @@ class CallChecks:
                                   "gradients, and assign a finite value (m." + n + " = ...) to go on")
         self._validate({}, tensors)
 
-    def _bounded_floats(self, params: list[Any] | None) -> tuple:
-        """The bounded params' values as floats (what the call computes from their raw Parameters)."""
-        vals = dict(zip(self._param_decls, params)) if params is not None else self.param_values()
-        out: list[float] = []
-        for n in self._bounds:
-            v = vals[n]
-            out += v.detach().reshape(-1).tolist() if isinstance(v, torch.Tensor) else [float(v)]
-        return tuple(out)
 
 
 _HASHED = 1 << 16  # (CPU tensors of at most this many values are compared by their bytes)
+_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 _MODULES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _OP: list = []
 _LOCK = threading.Lock()
@@ -127,14 +122,6 @@ def register(module: Any) -> str:
         _MODULES[k] = module
     check_op()  # (defined here, outside any trace)
     return k
-
-
-def _has_storage(t: torch.Tensor) -> bool:
-    try:
-        t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return False
-    return True
 
 
 def _dtype(name: str) -> torch.dtype:

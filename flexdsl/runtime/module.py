@@ -251,7 +251,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         # a copy keeps the states' values, not the autograd graph of the call that made them
         state = self.__dict__.copy()
         for k in ("_param_decls", "_state_names", "_input_decls", "_init_cache", "_dtypes_checked",
-                  "_compiled_name", "_stochastic", "_check_key", "_checked_fp", "_checked_bounded"):
+                  "_compiled_name", "_stochastic", "_check_key", "_checked_fp"):
             state.pop(k, None)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
