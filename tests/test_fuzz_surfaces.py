@@ -159,15 +159,24 @@ def _reference(case: dict, m, x: torch.Tensor):
     return _call(ref, x.double(), case["seed"], noisy)
 
 
+def _module_and_input(case: dict):
+    """(the case's module after its in-place change, its input), or None where building it is
+    refused (with a located error: `_build`)."""
+    m = _build(case["model"], case["vals"], case["layer"], case["backend"], case["dtype"])
+    if isinstance(m, FlexDSLError):
+        return None
+    _change(m, case["layer"], case["change"], case["change_value"])
+    g = torch.Generator().manual_seed(case["seed"])
+    return m, (torch.rand(case["T"], 2, C, generator=g) * 3).to(case["dtype"])
+
+
 @settings(max_examples=int(2600 * SCALE), **SETTINGS)
 @given(cases())
 def test_fuzz_layers_noise_and_bounded_params(case):
-    m = _build(case["model"], case["vals"], case["layer"], case["backend"], case["dtype"])
-    if isinstance(m, FlexDSLError):
+    built = _module_and_input(case)
+    if built is None:
         return
-    _change(m, case["layer"], case["change"], case["change_value"])
-    g = torch.Generator().manual_seed(case["seed"])
-    x = (torch.rand(case["T"], 2, C, generator=g) * 3).to(case["dtype"])
+    m, x = built
     got = _call(m, x, case["seed"], case["model"] == "noisy")
     want = _reference(case, m, x)
     if isinstance(got, FlexDSLError) or isinstance(want, FlexDSLError):
@@ -183,22 +192,13 @@ def test_fuzz_layers_noise_and_bounded_params(case):
             assert bool(torch.isfinite(a)[inside].all()), (case, a, b)
 
 
-@st.composite
-def compiled_cases(draw):
-    c = draw(cases())
-    c["backend"] = "torch" if not CPU else draw(st.sampled_from(BACKENDS))
-    return c
-
-
 @settings(max_examples=int(30 * SCALE), **SETTINGS)
-@given(compiled_cases())
+@given(cases())
 def test_fuzz_compiled_calls_equal_eager_calls(case):
-    m = _build(case["model"], case["vals"], case["layer"], case["backend"], case["dtype"])
-    if isinstance(m, FlexDSLError):
+    built = _module_and_input(case)
+    if built is None:
         return
-    _change(m, case["layer"], case["change"], case["change_value"])
-    g = torch.Generator().manual_seed(case["seed"])
-    x = (torch.rand(case["T"], 2, C, generator=g) * 3).to(case["dtype"])
+    m, x = built
     noisy = case["model"] == "noisy"
     torch._dynamo.reset()
     f = torch.compile(m, fullgraph=True, backend="aot_eager")
