@@ -23,24 +23,29 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # (one process per core: each compute
     torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`-n`, pyproject's addopts) the tests that read the library's site run in
-    one worker, which builds it once."""
-    for item in items:
-        if "library_site" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("library_site"))
-
-
 @pytest.fixture(scope="session")
 def library_site(tmp_path_factory):
-    """`flexdsl doc neurons/` once per session (the docs tests and the browser tests read it):
-    (outdir, BuildResult, progress calls)."""
+    """`flexdsl doc neurons/` once per test run (the docs tests and the browser tests read it):
+    (outdir, BuildResult, progress calls). Under pytest-xdist the first worker that needs it builds
+    it and the others wait for it and read it (a lock in the run's shared temporary folder)."""
+    import pickle
     from pathlib import Path
+
+    from filelock import FileLock
 
     import flexdsl.docs as docs
 
-    out = tmp_path_factory.mktemp("site")
-    seen: list = []
-    res = docs.build([Path(__file__).resolve().parent.parent / "neurons"], out,
-                     progress=lambda k, n, label, s: seen.append((k, n, label)))
-    return out, res, seen
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    done = root / "library_site.pickle"
+    with FileLock(str(root / "library_site.lock")):
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        out = root / "library_site"
+        out.mkdir()
+        seen: list = []
+        res = docs.build([Path(__file__).resolve().parent.parent / "neurons"], out,
+                         progress=lambda k, n, label, s: seen.append((k, n, label)))
+        done.write_bytes(pickle.dumps((out, res, seen)))
+        return out, res, seen
