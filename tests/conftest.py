@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 # property tests draw the same examples on every machine and every run (a red run anywhere is red
-# everywhere, and reproducible); `pytest --hypothesis-profile=explore` draws new ones
+# everywhere, and reproducible); FLEXDSL_HYPOTHESIS_PROFILE=explore draws new ones
 settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", print_blob=True)
 settings.load_profile(os.environ.get("FLEXDSL_HYPOTHESIS_PROFILE", "repeatable"))
