@@ -579,9 +579,6 @@ def test_random_streams_are_the_same_on_every_path(kind, backend):
         def make():
             return flexdsl.loads(NLIF, backend=backend)
     else:
-        if backend == "cpu":
-            pytest.skip("(the layer's CPU scan: see the layer tests)")
-
         def make():
             return flexdsl.recurrent(flexdsl.loads(NLIF), None, 4, bias=False, backend=backend)
 
