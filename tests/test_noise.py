@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 import flexdsl  # noqa: E402
 from flexdsl import backends  # noqa: E402
+from flexdsl.backends import random as R  # noqa: E402
 from flexdsl.backends.cpu import CALLS  # noqa: E402
-from flexdsl.backends.torch import random as R  # noqa: E402
 from flexdsl.backends.triton import LAUNCHES  # noqa: E402
 
 CPU = backends.get("cpu").available()

@@ -25,7 +25,7 @@ import torch
 
 import flexdsl
 from flexdsl import backends
-from flexdsl.backends.torch import random as R
+from flexdsl.backends import random as R
 
 BACKEND = "cpu" if backends.get("cpu").available() else "torch"
 Z = 5.0  # checks at 5 standard errors

@@ -33,7 +33,7 @@ class NoiseKey:
     """What the random draws of a call depend on besides the step and the element: the generator's
     64-bit `seed` and `t0`, the step of the key that the call's first step is (its steps are t0,
     t0 + 1, ...). Draw k of step t of element i is the same on every backend (the counter-based
-    generator of `backends/torch/random.py`)."""
+    generator of `backends/random.py`)."""
 
     seed: int
     t0: int = 0
@@ -74,6 +74,9 @@ class Backend(Protocol):
     def version(self) -> str:
         """The versions of the tools its artefacts depend on (part of the cache key)."""
         ...
+
+    # optional: `refusal(x) -> (message, hint) | None`, why a layer's scan asked for by name cannot
+    # run on inputs like `x` here (a located error before anything is computed); none: it can
 
     def emit(self, ir: IR) -> Artefact: ...
 

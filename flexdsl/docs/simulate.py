@@ -228,7 +228,7 @@ def _before_reset(c: Compiled, run: Run) -> dict[str, float]:
 def _draw_values(step: StepModel, T: int, B: int, seed: int, start: int = 0) -> dict[str, torch.Tensor]:
     """The draws of a run with `seed` ([T, B] each, lane b the element b): what `m(x, seed=seed)`
     drew `start` steps after a reset."""
-    from ..backends.torch.random import draws
+    from ..backends.random import draws
     from ..ir.functions import Rand, Randn
 
     steps = torch.arange(start, start + T, dtype=torch.int64).unsqueeze(1)

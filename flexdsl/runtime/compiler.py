@@ -145,9 +145,7 @@ class Compiled(IR):
 
     @cached_property
     def torch_backward_source(self) -> str:
-        from ..backends.torch.emit import emit_core_backward
-
-        return emit_core_backward(self.step, self.backward)
+        return _backend("torch").backward_source(self.step, self.backward)  # type: ignore[attr-defined]
 
     @cached_property
     def torch_backward(self):

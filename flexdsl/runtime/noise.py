@@ -2,7 +2,7 @@
 and the step the call starts at) a call draws from. A mixin of `NeuronModule`.
 
 Draw k of step t of element i depends on (seed, t, i, k) only (the counter-based generator of
-`backends/torch/random.py`, the same on every backend). A module keeps a *stream*: a seed, drawn
+`backends/random.py`, the same on every backend). A module keeps a *stream*: a seed, drawn
 from torch's default generator at the first call after loading or `reset()` (so `torch.manual_seed`
 makes runs repeatable, and every episode after a reset gets new noise), and the steps taken since
 then, so that a sequence given in pieces (truncated BPTT, `step_mode="s"`) draws exactly what it
@@ -134,7 +134,7 @@ class NoiseSource:
 
     def _noisy_core(self, fn):
         """`m.core` of a noisy model: one step, its draws from a new seed per call."""
-        from ..backends.torch.random import NoiseStream
+        from ..backends.random import NoiseStream
 
         def core(*args):
             ts = [a for a in args if isinstance(a, torch.Tensor)]

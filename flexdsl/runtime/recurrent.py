@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import backends
 from ..backends import recurrent as scans
 from ..backends.base import transformed
 from ..errors import FlexDSLError, did_you_mean
@@ -37,8 +38,7 @@ from .options import make as make_options
 CONNECTIVITY = ("all", "one_to_one")
 _CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
                          "elementwise": "one_to_one"}
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_AUTOCASTABLE = _KERNEL_DTYPES  # (the same three: what autocast converts)
+_AUTOCASTABLE = (torch.float32, torch.float16, torch.bfloat16)  # (what autocast converts)
 
 
 class _NeuronView:
@@ -444,20 +444,10 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
 
     def _backend_for(self, ix: torch.Tensor) -> str:
         if self.backend != "auto":
-            if self.backend == "triton":
-                from ..backends.triton.launch import interpret
-
-                if not ix.is_cuda and not interpret():
-                    raise self._input_error(f"backend='triton' runs on CUDA tensors, but the input is on {ix.device}",
-                                            "use backend='auto' (the torch path on the CPU), move the layer and the "
-                                            "input to a GPU, or set TRITON_INTERPRET=1 before importing flexdsl")
-                if ix.dtype not in _KERNEL_DTYPES:
-                    raise self._input_error(f"the Triton kernels take float32, float16 or bfloat16, not {ix.dtype}",
-                                            "use backend='torch' for float64")
-            if self.backend == "cpu" and (ix.device.type != "cpu" or ix.dtype not in (torch.float32, torch.float64)):
-                raise self._input_error(f"backend='cpu' runs float32 and float64 CPU tensors, but the input is "
-                                        f"{ix.dtype} on {ix.device}", "use backend='auto' (the scan that fits the "
-                                        "input) or backend='torch'")
+            refusal = getattr(backends.get(self.backend), "refusal", None)
+            why = refusal(ix) if refusal is not None else None
+            if why is not None:
+                raise self._input_error(*why)
             return self.backend
         return scans.choose("auto", ix)
 

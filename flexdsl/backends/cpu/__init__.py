@@ -33,6 +33,13 @@ def _warn_once(msg: str) -> None:
 class CpuBackend:
     name = "cpu"
 
+    def refusal(self, x: torch.Tensor) -> tuple[str, str] | None:
+        """Why a layer's scan cannot run on inputs like `x` here ((message, hint)), or None."""
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+            return (f"backend='cpu' runs float32 and float64 CPU tensors, but the input is {x.dtype} on {x.device}",
+                    "use backend='auto' (the scan that fits the input) or backend='torch'")
+        return None
+
     def available(self) -> bool:
         return build.why_unavailable() is None
 

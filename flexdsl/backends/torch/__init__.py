@@ -16,7 +16,7 @@ import torch
 
 from ...store.generated import load_module
 from ..base import IR, Artefact, NoiseKey, RunResult, key_tensor
-from .random import NoiseStream
+from ..random import NoiseStream
 from .scan import ScanOps
 
 
@@ -187,6 +187,13 @@ class TorchBackend:
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
         return TorchProgram(load_module("torch", key, artefact.source), artefact.meta, key, artefact.source)
+
+    def backward_source(self, step: Any, backward: Any) -> str:
+        """`core_backward`, the derived VJP of one step as torch code (appended to `core`'s module:
+        `Compiled.torch_backward`)."""
+        from .emit import emit_core_backward
+
+        return emit_core_backward(step, backward)
 
 
 __all__ = ["TorchBackend", "TorchProgram"]

@@ -26,8 +26,8 @@ from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
 from ..printer import lhs_rhs_lines
+from ..random import NoiseStream
 from .emit import NOISE_ARG, TorchPrinter, header
-from .random import NoiseStream
 
 
 def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:

@@ -22,6 +22,18 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class TritonBackend:
     name = "triton"
 
+    def refusal(self, x: torch.Tensor) -> tuple[str, str] | None:
+        """Why a layer's scan cannot run on inputs like `x` here ((message, hint)), or None."""
+        from .kernel import interpret
+
+        if not x.is_cuda and not interpret():
+            return (f"backend='triton' runs on CUDA tensors, but the input is on {x.device}",
+                    "use backend='auto' (the torch path on the CPU), move the layer and the input to a GPU, or set "
+                    "TRITON_INTERPRET=1 before importing flexdsl")
+        if x.dtype not in DTYPES:
+            return f"the Triton kernels take float32, float16 or bfloat16, not {x.dtype}", "use backend='torch' for float64"
+        return None
+
     def __init__(self) -> None:
         self._available: bool | None = None
 

@@ -1,4 +1,4 @@
-"""The random numbers of noisy models, in torch: the one counter-based generator every backend
+"""The random numbers of noisy models (the reference, in torch): the one counter-based generator every backend
 implements (the Triton kernels with `tl.philox`, the C++ kernels in their prologue), so that the
 same seed gives the same noise on each.
 
