@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import backends
 from .errors import FlexDSLError, printable
 
 CMDLINE = "<command line>"
@@ -96,7 +97,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))
-    _show_compiled(c, args.what or "torch")
+    _show_compiled(c, args.what or backends.REFERENCE)
     return 0
 
 
@@ -124,12 +125,8 @@ def _show_nir(args: argparse.Namespace) -> int:
 
 
 def _show_compiled(c, what: str) -> None:
-    if what == "torch":
-        print(c.torch_source, end="")
-    elif what == "triton":
-        print(c.triton_source, end="")
-    elif what == "cpu":
-        print(c.artefact("cpu").source, end="")
+    if what in backends.names():  # (a backend's generated source: `--backend NAME` or `--NAME`)
+        print(c.source(what), end="")
     elif what == "equations":
         print(_format_equations(c, backward=False))
     elif what == "backward":
@@ -426,12 +423,13 @@ def _add_show(sub) -> None:
                               "  flexdsl show net.nir --torch --dt 1e-4")
     s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, or a .nir file")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--torch", dest="what", action="store_const", const="torch",
-                   help="the generated PyTorch single-step core (the default for a model)")
-    g.add_argument("--triton", dest="what", action="store_const", const="triton",
-                   help="the generated Triton kernels (inference/training forward, backward)")
-    g.add_argument("--cpu", dest="what", action="store_const", const="cpu",
-                   help="the generated C++ kernels of the CPU backend (forward, backward)")
+    g.add_argument("--backend", dest="what", metavar="NAME", choices=backends.names(),
+                   help="the code a backend generates (" + ", ".join(backends.names()) + "; default: "
+                   + backends.REFERENCE + ")")
+    for name in backends.names():  # (--NAME: the same as --backend NAME)
+        g.add_argument(f"--{name}", dest="what", action="store_const", const=name,
+                       help=getattr(backends.get(name), "title", f"the {name} backend's generated code")
+                       + (" (the default for a model)" if name == backends.REFERENCE else ""))
     g.add_argument("--equations", dest="what", action="store_const", const="equations",
                    help="the discretized step as sympy assignments, with the integration method")
     g.add_argument("--backward", dest="what", action="store_const", const="backward",

@@ -40,6 +40,7 @@ def _triton() -> Backend:
 
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {"triton": _triton, "cpu": _cpu, "torch": _torch}
+REFERENCE = "torch"  # the backend every other is tested against, and whose code `flexdsl show` prints by default
 _AUTO: list[str] = ["triton", "cpu", "torch"]  # preference order for backend="auto"
 _LOADED: dict[str, Backend] = {}
 _LOCK = threading.Lock()

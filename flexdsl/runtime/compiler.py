@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FlexDSLError
+from ..errors import FlexDSLError, did_you_mean
 from ..frontend.options import NONE, LoadOptions
 from ..frontend.parse import normalize
 from ..ir.host import check_values, derived_values
@@ -127,6 +127,16 @@ class Compiled(IR):
     def backward_equations(self) -> list[Any]:
         """The derived vector-Jacobian product of one step: SSA assignments, in order."""
         return self.backward.equations()
+
+    def source(self, backend: str) -> str:
+        """The code `backend` generates for this model (`flexdsl show --backend NAME`)."""
+        from .. import backends
+
+        if backend not in backends.names():
+            raise FlexDSLError(f"no backend named {backend!r}", self.filename,
+                               hint=did_you_mean(str(backend), backends.names()) or
+                               "backends: " + ", ".join(backends.names()))
+        return self.artefact(backend).source
 
     @property
     def torch_source(self) -> str:

@@ -32,6 +32,7 @@ def _warn_once(msg: str) -> None:
 
 class CpuBackend:
     name = "cpu"
+    title = "the generated C++ kernels of the CPU backend (forward, backward)"  # (what `flexdsl show --cpu` prints)
 
     def refusal(self, x: torch.Tensor) -> tuple[str, str] | None:
         """Why a layer's scan cannot run on inputs like `x` here ((message, hint)), or None."""

@@ -160,6 +160,7 @@ def _stack(seq: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
 
 class TorchBackend:
     name = "torch"
+    title = "the generated PyTorch single-step core"  # (what `flexdsl show --torch` prints)
 
     def available(self) -> bool:
         return True

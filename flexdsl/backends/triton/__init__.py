@@ -21,6 +21,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 class TritonBackend:
     name = "triton"
+    title = "the generated Triton kernels (inference/training forward, backward)"  # (what `flexdsl show --triton` prints)
 
     def refusal(self, x: torch.Tensor) -> tuple[str, str] | None:
         """Why a layer's scan cannot run on inputs like `x` here ((message, hint)), or None."""
