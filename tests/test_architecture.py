@@ -300,3 +300,29 @@ def _report() -> None:
 if __name__ == "__main__":
     _report()
     sys.exit(0)
+
+
+def test_no_module_outside_backends_imports_a_backends_package():
+    """A backend is the only owner of its knowledge: the runtime, the CLI and the docs ask the
+    registry (`backends.get(name)`), never import `flexdsl.backends.<name>` (issue 31)."""
+    packages = {p.name for p in (PKG / "backends").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    found = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                names = [a.name for a in node.names]
+                if "backends" in parts:
+                    after = parts[parts.index("backends") + 1:]
+                    if (after and after[0] in packages) or (not after and set(names) & packages):
+                        found.append(f"{rel}:{node.lineno}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    p = a.name.split(".")
+                    if "backends" in p and p[p.index("backends") + 1:][:1] and p[p.index("backends") + 1] in packages:
+                        found.append(f"{rel}:{node.lineno}")
+    assert packages >= {"torch", "triton", "cpu"}
+    assert not found, found
