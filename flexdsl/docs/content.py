@@ -447,12 +447,30 @@ def _derived_backward(c: Compiled) -> tuple[list[Statement], list[Math], list[St
 
 
 def _sources(c: Compiled) -> dict[str, str]:
-    srcs = {"torch": c.torch_source}
-    try:
-        srcs["triton"] = c.triton_source
-    except Exception as e:  # noqa: BLE001 - the page says why instead of failing
-        srcs["triton"] = f"# the Triton kernels could not be generated here: {e}\n"
+    """The generated code a model page shows: the reference backend's, then every backend's that
+    has a `docs_title` (the registry's)."""
+    from .. import backends
+
+    srcs = {backends.REFERENCE: c.source(backends.REFERENCE)}
+    for name in source_titles():
+        if name not in srcs:
+            try:
+                srcs[name] = c.source(name)
+            except Exception as e:  # noqa: BLE001 - the page says why instead of failing
+                srcs[name] = f"# {source_titles()[name]}: could not be generated here: {e}\n"
     return srcs
+
+
+def source_titles() -> dict[str, str]:
+    """Each backend whose code the pages show, with its title."""
+    from .. import backends
+
+    out = {}
+    for name in backends.names():
+        title = getattr(backends.get(name), "docs_title", None)
+        if title:
+            out[name] = title
+    return out
 
 
 def _plain_number(e: A.Expr) -> bool:

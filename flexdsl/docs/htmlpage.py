@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .content import ModelDoc, derived_note
+from .content import ModelDoc, derived_note, source_titles
 
 if TYPE_CHECKING:
     import jinja2
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from .figures import Figures
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-SOURCE_TITLES = {"torch": "PyTorch core (backend=\"torch\")", "triton": "Triton kernels (backend=\"triton\")"}
 
 
 @lru_cache(maxsize=1)
@@ -100,7 +99,7 @@ def _context(d: ModelDoc, fig: Figures | None, **extra: object) -> dict[str, obj
     rows = [*d.inputs, *d.params, *d.states]
     return {"d": d, "fig": fig, "version": __version__, "file_label": file_label(d), "usage": usage(d, fig),
             "derived_note": derived_note(d),
-            "source_titles": SOURCE_TITLES, "has_guessed_units": any(r.unit and not r.unit_declared for r in rows),
+            "source_titles": source_titles(), "has_guessed_units": any(r.unit and not r.unit_declared for r in rows),
             **extra}
 
 

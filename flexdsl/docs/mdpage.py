@@ -9,9 +9,9 @@ import html
 import re
 from collections.abc import Callable, Sequence
 
-from .content import Math, ModelDoc, Statement, derived_note, tex_op
+from .content import Math, ModelDoc, Statement, derived_note, source_titles, tex_op
 from .figures import Figures
-from .htmlpage import SOURCE_TITLES, Failure, IndexEntry, code_spans, file_label, number, usage
+from .htmlpage import Failure, IndexEntry, code_spans, file_label, number, usage
 
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-!|~$])")
 
@@ -182,7 +182,7 @@ def _code(d: ModelDoc, add: Callable[[str], None]) -> None:
     if d.sources:
         add("## Generated code\n")
         for name, src in d.sources.items():
-            add(f"<details><summary>{html.escape(SOURCE_TITLES.get(name, name))}</summary>\n\n"
+            add(f"<details><summary>{html.escape(source_titles().get(name, name))}</summary>\n\n"
                 + fence(src, "python") + "\n\n</details>\n")
     add(f"<details><summary>The model file {html.escape(file_label(d))}</summary>\n\n" + fence(d.source, "text")
         + "\n\n</details>\n")

@@ -161,6 +161,7 @@ def _stack(seq: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
 class TorchBackend:
     name = "torch"
     title = "the generated PyTorch single-step core"  # (what `flexdsl show --torch` prints)
+    docs_title = 'PyTorch core (backend="torch")'  # (a model page shows this backend's code)
 
     def available(self) -> bool:
         return True

@@ -22,6 +22,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class TritonBackend:
     name = "triton"
     title = "the generated Triton kernels (inference/training forward, backward)"  # (what `flexdsl show --triton` prints)
+    docs_title = 'Triton kernels (backend="triton")'  # (a model page shows this backend's code)
 
     def refusal(self, x: torch.Tensor) -> tuple[str, str] | None:
         """Why a layer's scan cannot run on inputs like `x` here ((message, hint)), or None."""
