@@ -133,11 +133,18 @@ def register_ops(lib: Any, ns: str, ops: Sequence[tuple[str, Any, Any]]) -> tupl
 
 def transformed(t: Any) -> bool:
     """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
-    its own, so a backend that runs kernels on data pointers does not accept it."""
-    import torch
+    its own, so a backend that runs kernels on data pointers does not accept it. (On every call's
+    path: torch's test is looked up once.)"""
+    if not _WRAPPED:
+        import torch
 
-    is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
-    return is_wrapped is not None and isinstance(t, torch.Tensor) and bool(is_wrapped(t))
+        _WRAPPED.append((torch.Tensor, getattr(getattr(torch._C, "_functorch", None),
+                                               "is_functorch_wrapped_tensor", None)))
+    tensor, is_wrapped = _WRAPPED[0]
+    return is_wrapped is not None and isinstance(t, tensor) and bool(is_wrapped(t))
+
+
+_WRAPPED: list = []  # [(torch.Tensor, torch's is_functorch_wrapped_tensor or None)]
 
 
 __all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed"]

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..backends.base import transformed
 from .params import check_constant_results, check_constants
 
 
@@ -44,7 +45,7 @@ class CallChecks:
                 continue
             try:
                 out += (t._version, t.data_ptr(), t.dtype, t.shape)
-                if _WRAPPED is not None and _WRAPPED(t):
+                if transformed(t):
                     return (object(),)  # (a torch.func tensor: never equal to the last one, checked at every call)
                 if t.is_cpu:
                     n = t.numel()
@@ -108,7 +109,6 @@ class CallChecks:
 
 
 _HASHED = 1 << 16  # (CPU tensors of at most this many values are compared by their bytes)
-_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 _MODULES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _OP: list = []
 _LOCK = threading.Lock()
