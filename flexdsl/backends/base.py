@@ -39,6 +39,34 @@ class NoiseKey:
     t0: int = 0
 
 
+@dataclass(frozen=True)
+class ScanSpec:
+    """What a backend's layer scan is made from (`Backend.load_scan`): the layer's scan stage
+    product (`ir/layer.py` `LayerIR.scan`): the neuron's compiled model, the input (`port`, an
+    index into the model's inputs) that receives the fed-back current, the output fed back
+    (`source`, an index into its outputs, delivered one step late) and the feedback's
+    connectivity (`dense`: `[H, H]` weights, else one weight per neuron `[H]`)."""
+
+    ir: IR
+    port: int
+    source: int
+    dense: bool
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend declares it can do; the runtime, CLI and docs read this, never a backend's
+    name. `dtypes` by torch name ("float32"...), `devices` by torch device type ("cpu", "cuda")."""
+
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    computes_in: str | None = None  # the precision a call computes in when not the inputs' (None: theirs)
+    training: bool = True
+    noise: bool = True
+    scans: bool = False  # layer scans (`load_scan`)
+    compile: bool = True  # runs under torch.compile (its time loop one custom-op pair)
+
+
 @dataclass
 class RunResult:
     outputs: list[torch.Tensor]  # [T, *shape] each, in `output` order
