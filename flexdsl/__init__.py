@@ -2,6 +2,7 @@
 
     m = flexdsl.load("lif")            # a trainable torch.nn.Module
     r = flexdsl.recurrent("alif", in_features=700, hidden=512)   # a recurrent layer, compiled time loop
+    f = flexdsl.feedforward("lif", 700, 256)   # Linear -> LIF as one module; flexdsl.load("x.layer") for a layer file
     c = flexdsl.compile("lif")         # generated sources and sympy equations
     flexdsl.nir.export(net, x, dt=1e-4), flexdsl.nir.load("net.nir")   # NIR interchange (flexdsl[nir])
 
@@ -18,18 +19,20 @@ from .library import library
 
 if TYPE_CHECKING:
     from . import nir
-    from .api import compile, load, loads, recurrent
+    from .api import compile, feedforward, load, loads, recurrent
     from .runtime.compiler import Compiled
     from .runtime.finite import NonFiniteError
     from .runtime.module import NeuronModule
+    from .runtime.layer import FeedForwardModule
     from .runtime.recurrent import RecurrentModule
 
 from ._version import __version__
 
-__all__ = ["load", "loads", "recurrent", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
+__all__ = ["load", "loads", "recurrent", "feedforward", "FeedForwardModule", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
            "RecurrentModule", "Compiled", "nir", "__version__"]
 
-_LAZY = {"load": "api", "loads": "api", "recurrent": "api", "compile": "api", "Compiled": "runtime.compiler",
+_LAZY = {"load": "api", "loads": "api", "recurrent": "api", "feedforward": "api", "compile": "api",
+         "FeedForwardModule": "runtime.layer", "Compiled": "runtime.compiler",
          "NeuronModule": "runtime.module", "RecurrentModule": "runtime.recurrent", "NonFiniteError": "runtime.finite"}
 
 

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import FlexDSLError
-from .library import library, not_a_model
+from .library import is_layer_text, library, not_a_model, resolve
 from .runtime.compiler import Compiled, compile_model
 from .runtime.options import make as make_options
 
 if TYPE_CHECKING:
     from .runtime.module import NeuronModule
+    from .runtime.layer import FeedForwardModule
     from .runtime.recurrent import RecurrentModule
 
 
@@ -66,12 +67,35 @@ def load(
     `learnable=` the params to train (a name, a list, or True/False for all/none), instead of the
     file's `learnable` flags. A learnable param with a `where` bound trains as the Parameter
     `raw_<name>` through a parametrization that keeps it inside (`tau > 1`: `1 + softplus(raw_tau)`).
-    `store_v_seq=True` (SpikingJelly's name) is `store_state_seqs=True`."""
+    `store_v_seq=True` (SpikingJelly's name) is `store_state_seqs=True`.
+
+    A layer (a `.layer` file or text, or a library layer such as `"rlif.layer"`) loads as its module
+    (`FeedForwardModule` or `RecurrentModule`); `hidden=`, `in_features=` (an int, or sizes by
+    input name) and `masks=` give what the file leaves out, the other keywords shape its neuron."""
     from .runtime.module import NeuronModule
+
+    layer = _layer_text(model)
+    if layer is not None:
+        from .runtime.layer import load_layer
+
+        if store_state_seqs or store_v_seq or check_finite or surrogate_function is not None:
+            raise FlexDSLError("store_state_seqs, check_finite and surrogate_function are options of a neuron "
+                               "module, not of a layer", layer[1], hint="load the neuron with flexdsl.load for them")
+        return load_layer(*layer, step_mode=step_mode, backend=backend, detach_reset=detach_reset,
+                          param_shapes=param_shapes, surrogate=surrogate, learnable=learnable, **params)
 
     c = compile_with(model, detach_reset, surrogate, learnable, surrogate_function)
     return NeuronModule(c, params, step_mode, backend, store_state_seqs or bool(store_v_seq), param_shapes,
                         check_finite)
+
+
+def _layer_text(model: Any) -> tuple[str, str] | None:
+    """(text, filename) where `model` is a layer (its text, a `.layer` path, a library layer)."""
+    if isinstance(model, str) and is_layer_text(model):
+        return model, "<string>"
+    if isinstance(model, str | Path) and str(model).endswith(".layer"):
+        return resolve(model)
+    return None
 
 
 def loads(text: str, **kwargs: Any) -> NeuronModule:
@@ -116,4 +140,20 @@ def recurrent(
                 param_shapes=param_shapes, surrogate=surrogate, learnable=learnable, **params)
 
 
-__all__ = ["compile", "load", "loads", "recurrent", "library"]
+def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int, *, connectivity: str = "dense",
+                mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
+                backend: str = "auto", detach_reset: bool = False, param_shapes: Mapping[str, Sequence[int]] | None = None,
+                surrogate: Any = None, learnable: Any = None, **params: Any) -> FeedForwardModule:
+    """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module: at every step the
+    model's input `port` (default: its first input) receives `W x[t] + bias`. `connectivity="dense"`
+    (W [hidden, in_features]), `"mask"` (times the 0/1 `mask`) or `"one_to_one"` (W [hidden], with
+    in_features == hidden). The products run before the neuron's time loop (one over all steps), the
+    neuron on its own kernels; keyword arguments shape the neuron as in `load`."""
+    from .runtime.layer import feedforward as make
+
+    return make(model, in_features, hidden, connectivity=connectivity, mask=mask, port=port, bias=bias,
+                step_mode=step_mode, backend=backend, detach_reset=detach_reset, param_shapes=param_shapes,
+                surrogate=surrogate, learnable=learnable, **params)
+
+
+__all__ = ["compile", "feedforward", "load", "loads", "recurrent", "library"]

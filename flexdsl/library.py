@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ._paths import NEURONS_DIR
@@ -16,6 +17,14 @@ def library() -> list[str]:
 
 def library_path(stem: str) -> Path:
     return NEURONS_DIR / f"{stem}.neuron"
+
+
+_LAYER_TEXT = re.compile(r"\A\ufeff?(?:[ \t]*(?:#[^\n\r]*)?(?:\r\n|\r|\n))*[ \t]*layer[ \t]")
+
+
+def is_layer_text(text: str) -> bool:
+    """Whether model text is a layer (`layer NAME:` first, after comments and blank lines)."""
+    return bool(_LAYER_TEXT.match(text))
 
 
 def looks_like_source(arg: str) -> bool:
@@ -96,6 +105,10 @@ def resolve(model: str | Path) -> tuple[str, str]:
             raise FlexDSLError(f"cannot read `{model}`: {e}", str(model)) from None
     stem = str(model)
     p = Path(stem)
+    if stem.endswith(".layer") and len(p.parts) <= 2 and p.parts[0] in (p.name, "neurons") \
+            and _is_file(NEURONS_DIR / p.name):  # (a layer of the library)
+        lp = NEURONS_DIR / p.name
+        return lp.read_text(encoding="utf-8"), str(lp)
     name = None if _is_dir(p) else library_name(stem)
     if name is not None and _is_file(library_path(name)):
         lp = library_path(name)

@@ -239,6 +239,78 @@ class Neuron:
         return [it for it in self.items if isinstance(it, kind)]
 
 
+# ---------------------------------------------------------------- layers
+@dataclass
+class LayerNeuron:
+    """`neuron lif` (a library model) or `neuron "path/to/model.neuron"` (relative to the layer file)."""
+
+    ref: str
+    is_path: bool
+    pos: Pos
+
+
+@dataclass
+class LayerSize:
+    value: int
+    pos: Pos
+
+
+@dataclass
+class LayerInput:
+    name: str
+    size: int | None
+    pos: Pos
+    doc: str = ""
+    size_pos: Pos | None = None
+
+
+@dataclass
+class SynapseEvent:
+    """`on pre:` / `on post:` statements of a synapse (plasticity)."""
+
+    kind: str
+    statements: list[Assign]
+    pos: Pos
+
+
+@dataclass
+class Synapses:
+    """`synapses W from PRE to PORT`: the weights `W` carry PRE (a layer input, or an output of the
+    neuron: one step late) into the neuron's input PORT."""
+
+    name: str
+    pre: str
+    port: str
+    pos: Pos
+    pre_pos: Pos
+    port_pos: Pos
+    doc: str = ""
+    connect: str | None = None
+    connect_pos: Pos | None = None
+    bias: str | None = None
+    bias_pos: Pos | None = None
+    delay: Expr | None = None
+    delay_pos: Pos | None = None
+    states: list[State] = field(default_factory=list)
+    events: list[SynapseEvent] = field(default_factory=list)
+
+
+LayerItem = LayerNeuron | LayerSize | LayerInput | Synapses
+
+
+@dataclass
+class Layer:
+    name: str
+    items: list[LayerItem]
+    pos: Pos
+    filename: str
+    source: str
+    doc: str = ""
+
+    def of(self, kind: type) -> list:
+        return [it for it in self.items if isinstance(it, kind)]
+
+
 # ---------------------------------------------------------------- traversal
 def children(e: Expr) -> tuple[Expr, ...]:
     """The sub-expressions of a node, in source order."""

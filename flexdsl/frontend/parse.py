@@ -82,7 +82,7 @@ def _parser() -> Lark:
     a file, so nothing is unpickled)."""
     return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), parser="lalr", postlex=NeuronIndenter(),
                      propagate_positions=True, maybe_placeholders=True,
-                     start=["start", "surrogate_use", "surrogate_decl"])
+                     start=["start", "layer_start", "surrogate_use", "surrogate_decl"])
 
 
 # The indenter keeps per-parse state, so one parse runs at a time (parsing is fast).
@@ -290,6 +290,69 @@ class _ToAST(Transformer_NonRecursive):
     def start(self, neuron: A.Neuron) -> A.Neuron:
         return neuron
 
+    # ---- layers
+    def layer_neuron(self, ref: Token) -> A.LayerNeuron:
+        is_path = ref.type == "STRING"
+        return A.LayerNeuron(_unquote(ref) if is_path else str(ref), is_path, _pos(ref))
+
+    def layer_size(self, kw: Token, num: Token) -> A.LayerSize:
+        return A.LayerSize(self._count(num, "a layer's size"), _pos(num))
+
+    def layer_input(self, name: Token, _kw, num, doc) -> A.LayerInput:
+        size = self._count(num, f"the size of input `{name}`") if num is not None else None
+        return A.LayerInput(str(name), size, _pos(name), doc or "", _pos(num) if num is not None else None)
+
+    def _count(self, num: Token, what: str) -> int:
+        value = float(num)
+        if value != int(value) or value < 1 or value > 2**31:
+            raise FlexDSLError(f"{what} must be a positive whole number, not `{num}`", self.filename, num.line,
+                               num.column, self.source, "e.g. `size 256`")
+        return int(value)
+
+    def synapses_line(self, kw: Token, name: Token, _from, pre: Token, _to, port: Token, doc) -> A.Synapses:
+        return A.Synapses(str(name), str(pre), str(port), _pos(kw), _pos(pre), _pos(port), doc or "")
+
+    def synapses_block(self, kw: Token, name: Token, _from, pre: Token, _to, port: Token, doc, *items) -> A.Synapses:
+        syn = self.synapses_line(kw, name, _from, pre, _to, port, doc)
+        for it in items:
+            if isinstance(it, A.State):
+                syn.states.append(it)
+            elif isinstance(it, A.SynapseEvent):
+                syn.events.append(it)
+            else:
+                field, value, pos = it
+                if getattr(syn, field) is not None:
+                    raise FlexDSLError(f"this synapse has a second `{field}` line", self.filename, pos.line,
+                                       pos.column, self.source, f"keep one `{field}` line per synapses block")
+                setattr(syn, field, value)
+                setattr(syn, field + "_pos", pos)
+        return syn
+
+    def connect_decl(self, kw: Token, kind: Token) -> tuple:
+        return ("connect", str(kind), _pos(kind))
+
+    def bias_decl(self, kw: Token, name: Token) -> tuple:
+        return ("bias", str(name), _pos(name))
+
+    def delay_decl(self, kw: Token, value) -> tuple:
+        return ("delay", value, _pos(kw))
+
+    def synapse_event(self, kind: Token, *stmts) -> A.SynapseEvent:
+        return A.SynapseEvent(str(kind), list(stmts), _pos(kind))
+
+    def layer(self, name: Token, *items) -> A.Layer:
+        doc = ""
+        flat: list = []
+        for it in items:
+            if isinstance(it, tuple) and it and it[0] == "__doc__":
+                doc = it[1]
+            else:
+                flat.append(it)
+        return A.Layer(str(name), flat, _pos(name), self.filename, self.source, doc)
+
+    def layer_start(self, layer: A.Layer) -> A.Layer:
+        return layer
+
 
 def _pos_of_expr(e) -> A.Pos:
     return e.pos
@@ -323,12 +386,24 @@ def _check_text(source: str, filename: str) -> None:
 
 def parse(source: str, filename: str = "<string>") -> A.Neuron:
     """Parse `.neuron` text into a typed AST. Raises FlexDSLError on syntax errors."""
+    neuron = _parse(source, filename, "start")
+    _check_identifiers(neuron)
+    _check_depth(neuron)
+    return neuron
+
+
+def parse_layer(source: str, filename: str = "<string>") -> A.Layer:
+    """Parse `.layer` text into a typed AST (`A.Layer`). Raises FlexDSLError on syntax errors."""
+    return _parse(source, filename, "layer_start")
+
+
+def _parse(source: str, filename: str, start: str):
     source = normalize(source)
     _check_text(source, filename)
     text = source if source.endswith("\n") else source + "\n"
     try:
         with _PARSE_LOCK:
-            tree = _parser().parse(text, start="start")
+            tree = _parser().parse(text, start=start)
     except _IndentError as e:
         tok = e.token
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
@@ -336,14 +411,11 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
     except UnexpectedInput as e:
         raise syntax_error(e, filename, source) from None
     try:
-        neuron = _ToAST(filename, source).transform(tree)
+        return _ToAST(filename, source).transform(tree)
     except VisitError as e:
         if isinstance(e.orig_exc, FlexDSLError):
             raise e.orig_exc from None
         raise e.orig_exc from None  # pragma: no cover - a transformer bug, not a user error
-    _check_identifiers(neuron)
-    _check_depth(neuron)
-    return neuron
 
 
 _DEFINITION = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(\s*[A-Za-z_][A-Za-z0-9_]*\s*[,)]")

@@ -30,9 +30,12 @@ from ..backends import recurrent as scans
 from ..backends.base import transformed
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
+from ..frontend.layer import CheckedLayer
+from ..ir.layer import LayerPlan
 from . import programs
 from .compiler import compile_model
 from .module import STEP_MODES, NeuronModule, _Base
+from .layer import plan, recurrent_text
 from .options import make as make_options
 
 CONNECTIVITY = ("all", "one_to_one")
@@ -106,7 +109,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
 
     def __init__(self, neuron: NeuronModule, in_features: int | None, hidden: int, connectivity: str = "all",
                  mask: Any = None, source: str | None = None, port: str | None = None, bias: bool = True,
-                 step_mode: str = "m", backend: str = "auto") -> None:
+                 step_mode: str = "m", backend: str = "auto", layer_text: str | None = None,
+                 layer_plan: tuple[CheckedLayer, LayerPlan] | None = None) -> None:
         super().__init__()
         view = _NeuronView(neuron)
         view.refuse_unsupported()
@@ -154,6 +158,13 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         if mask is not None:
             mask = _mask(view, mask, shape, conn, hidden, where)
         d = self.__dict__
+        # the layer this is (`m.layer_text`), through the layer level: checked, planned; the scan is
+        # made from the plan's `scan` (port, source, connectivity)
+        taken = [*inputs, *(p.name for p in ck.params), *(st.name for st in ck.states)]
+        connect = "dense" if conn == "all" else "one_to_one"
+        d["layer_text"] = layer_text or recurrent_text(ck.name if ck.name.isidentifier() else "model", taken,
+                                                       in_features, hidden, connect, source, port, bias)
+        d["_layer"], d["_plan"] = layer_plan or plan(d["layer_text"], "<flexdsl.recurrent>", neuron)
         d["_view"] = view
         d["_states"] = {"feedback": None}
         if _Base is not nn.Module:  # SpikingJelly's MemoryModule: `feedback` is a memory
@@ -188,6 +199,12 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
             if self.bias is not None:
                 b = 1 / math.sqrt(self.in_features if self.in_features is not None else self.hidden)
                 self.bias.uniform_(-b, b)
+
+    @property
+    def plan(self) -> LayerPlan:
+        """The layer's plan (`ir/layer.py`): its synapses, what runs before, in and after the time
+        loop, and the derived equations (`print(*m.plan.equations, sep="\\n")`)."""
+        return self.__dict__["_plan"]
 
     @property
     def step_mode(self) -> str:
@@ -307,8 +324,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         s0 = self._initial_feedback(step_shape, flat, dtype, dev)
         like = torch.empty((), dtype=dtype, device=dev)
         outputs = [n for n, _ in ck.outputs]
-        dense = self.connectivity == "all"
-        port, source = names.index(self.port), outputs.index(self.source)
+        scan = self._plan.scan  # (the layer's loop, as its plan has it)
+        dense, port, source = scan.dense, scan.port, scan.source
         # (under torch.compile the scan is chosen and loaded at trace time, before anything reads
         # the model's lazily computed fields; eagerly, the choice is checked first)
         backend = self.backend if torch.compiler.is_compiling() else self._backend_for(like)
@@ -511,4 +528,34 @@ def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden:
     return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
 
 
-__all__ = ["RecurrentModule", "recurrent", "CONNECTIVITY"]
+def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
+               backend: str) -> RecurrentModule:
+    """The `RecurrentModule` of a recurrent layer file: its synapses `W_in` (dense, from the layer's
+    one input, optionally `bias bias`) and `W_rec` (from an output of the neuron) into one port."""
+    rec = layer.recurrent
+    assert rec is not None
+    ff = [s for s in layer.synapses if not s.recurrent]
+    form = ("a recurrent layer file runs in this form: `synapses W_in from <input> to <port>` (dense, optionally "
+            "`bias bias`) and `synapses W_rec from <output> to <port>` (dense, one_to_one or mask)")
+    if rec.name != "W_rec":
+        raise layer.error(f"the recurrent synapses are named `{rec.name}`; this version names them `W_rec`", rec.pos,
+                          form)
+    if len(ff) != 1 or ff[0].name != "W_in" or ff[0].port != rec.port or ff[0].connect != "dense" \
+            or ff[0].bias not in (None, "bias"):
+        bad = next((s for s in ff if s.name != "W_in" or s.port != rec.port or s.connect != "dense"
+                    or s.bias not in (None, "bias")), ff[1] if len(ff) > 1 else None)
+        raise layer.error("this recurrent layer's feed-forward synapses are not one dense `W_in` into the port of "
+                          "`W_rec`", bad.pos if bad is not None else layer.ast.pos, form)
+    extra = [k for k in masks if k != "W_rec" or rec.connect != "mask"]
+    if extra:
+        raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this layer",
+                          layer.ast.pos, "masks={'W_rec': m} for `connect mask` recurrent synapses")
+    if rec.connect == "mask" and "W_rec" not in masks:
+        raise layer.error("synapses `W_rec` are `connect mask`, but no mask was given at load", rec.connect_pos,
+                          f"pass masks={{'W_rec': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
+    conn = "one_to_one" if rec.connect == "one_to_one" else "all"
+    return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get("W_rec"), rec.pre, rec.port,
+                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
+
+
+__all__ = ["RecurrentModule", "recurrent", "from_layer", "CONNECTIVITY"]

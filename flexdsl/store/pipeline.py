@@ -18,6 +18,7 @@ options too, since they change the compiled model.
 
 from __future__ import annotations
 
+import json
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,9 @@ from ..errors import FlexDSLError
 from ..frontend.check import CheckedModel, check
 from ..frontend.options import NONE, LoadOptions, apply, relocate
 from ..frontend.parse import parse
+from ..frontend.layer import CheckedLayer
 from ..ir.host import HostProgram
+from ..ir.layer import LayerPlan, plan_layer
 from . import cache
 
 if TYPE_CHECKING:
@@ -125,4 +128,20 @@ class IR:
         return f"<flexdsl IR {self.name} from {self.filename!r}>"
 
 
-__all__ = ["IR", "unit_definition"]
+def layer_plan(layer: CheckedLayer, neuron: IR) -> LayerPlan:
+    """A layer's plan (`ir/layer.py`), from the disk cache when a process has seen the layer
+    (keyed by the layer's structure and its neuron's compiled model)."""
+    shape = {"name": layer.name, "size": layer.size, "inputs": [[n, k] for n, k, _ in layer.inputs],
+             "direct": list(layer.direct),
+             "synapses": [[s.name, s.pre, s.port_index, s.recurrent, s.pre_index, s.pre_size, s.connect, s.bias]
+                          for s in layer.synapses]}
+
+    def make() -> cache.Artefact:
+        sympy_ready()
+        return cache.Artefact("layer", "", plan_layer(layer).to_dict())
+
+    k = neuron.cache_key("layer", json.dumps(shape, sort_keys=True))
+    return LayerPlan.from_dict(cache.get_or_make(k, make).meta)
+
+
+__all__ = ["IR", "layer_plan", "unit_definition"]

@@ -1,0 +1,229 @@
+"""Checking a layer: `A.Layer` (a `.layer` file, or the layer `flexdsl.recurrent` and
+`flexdsl.feedforward` describe) against its neuron's `CheckedModel` -> `CheckedLayer`.
+
+A layer is a population of `size` neurons of one model plus its synaptic inputs. Each
+`synapses W from PRE to PORT` carries PRE (a layer input, or one of the neuron's outputs, which
+arrives one step late: recurrent) into the neuron's input PORT through the weights `W`
+(connectivity `dense` `[size, size_of(PRE)]`, `one_to_one` `[size]`, or `mask`: dense times a fixed
+0/1 mask given at load), optionally plus a bias. A neuron input no synapse feeds is a direct input
+of the layer (`[T, *batch, size]`). Every rule is a located `FlexDSLError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import FlexDSLError, did_you_mean
+from . import ast as A
+from .model import CheckedModel
+
+CONNECT = {"dense": "dense", "all": "dense", "all_to_all": "dense", "one_to_one": "one_to_one",
+           "mask": "mask"}
+_RESERVED = ("neuron", "feedback", "mask", "size", "hidden", "in_features")
+
+
+@dataclass(frozen=True)
+class CheckedSynapse:
+    name: str  # the weight's name (a parameter of the layer's module)
+    pre: str
+    port: str
+    port_index: int  # among the neuron's inputs
+    recurrent: bool  # PRE is an output of the neuron, delivered one step late
+    pre_index: int  # among the layer's inputs, or (recurrent) the neuron's outputs
+    pre_size: int
+    connect: str  # "dense", "one_to_one" or "mask"
+    bias: str | None  # the bias' name, if any
+    pos: A.Pos
+    connect_pos: A.Pos
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.pre_size,) if self.connect == "one_to_one" else (-1, self.pre_size)
+
+
+@dataclass(frozen=True)
+class CheckedLayer:
+    ast: A.Layer
+    neuron: CheckedModel
+    size: int
+    inputs: tuple[tuple[str, int, A.Pos], ...]  # (name, size, where declared)
+    synapses: tuple[CheckedSynapse, ...]
+    direct: tuple[str, ...]  # the neuron's inputs no synapse feeds: the layer takes them as they are
+
+    @property
+    def name(self) -> str:
+        return self.ast.name
+
+    @property
+    def recurrent(self) -> CheckedSynapse | None:
+        return next((s for s in self.synapses if s.recurrent), None)
+
+    def error(self, msg: str, pos: A.Pos | None, hint: str | None = None) -> FlexDSLError:
+        p = pos or self.ast.pos
+        return FlexDSLError(msg, self.ast.filename, p.line, p.column, self.ast.source, hint)
+
+    def weight_shape(self, syn: CheckedSynapse) -> tuple[int, ...]:
+        return (self.size,) if syn.connect == "one_to_one" else (self.size, syn.pre_size)
+
+
+def neuron_ref(layer: A.Layer) -> A.LayerNeuron:
+    """The layer's one `neuron` line."""
+    refs = layer.of(A.LayerNeuron)
+    if not refs:
+        raise _err(layer, f"layer `{layer.name}` names no neuron model", layer.pos,
+                   "add a line `neuron lif` (a library model) or `neuron \"my.neuron\"` (a file)")
+    if len(refs) > 1:
+        raise _err(layer, "a layer has one neuron model; this is a second `neuron` line", refs[1].pos,
+                   "one population per layer: make a layer per model")
+    return refs[0]
+
+
+def check_layer(layer: A.Layer, neuron: CheckedModel, size: int | None = None,
+                input_sizes: Mapping[str, int] | None = None) -> CheckedLayer:
+    """The layer checked against its neuron (`size`, `input_sizes`: given at load, where the file
+    leaves them out; a value the file also gives must agree)."""
+    neuron_ref(layer)
+    n = _size(layer, size)
+    inputs = _inputs(layer, input_sizes or {})
+    outs = [o for o, _ in neuron.outputs]
+    ports = [i.name for i in neuron.inputs]
+    syns = layer.of(A.Synapses)
+    if not syns:
+        raise _err(layer, f"layer `{layer.name}` has no synapses", layer.pos,
+                   "add one: `synapses W from <input> to " + (ports[0] if ports else "<neuron input>") + "`")
+    _unique_names(layer, neuron, syns, [i[0] for i in inputs])
+    checked = [_synapse(layer, neuron, s, inputs, outs, ports, n) for s in syns]
+    rec = [s for s in checked if s.recurrent]
+    if len(rec) > 1:
+        raise _err(layer, "a layer has at most one recurrent synapse (from an output of its own neuron)",
+                   rec[1].pos, f"`{rec[0].name}` is one already; sum the feedback into one weight")
+    used = {s.pre for s in checked}
+    for name, _, pos in inputs:
+        if name not in used:
+            raise _err(layer, f"input `{name}` feeds no synapse", pos,
+                       f"add `synapses W from {name} to {ports[0] if ports else '<port>'}`, or remove it")
+    fed = {s.port for s in checked}
+    direct = tuple(p for p in ports if p not in fed)
+    return CheckedLayer(layer, neuron, n, tuple(inputs), tuple(checked), direct)
+
+
+def _err(layer: A.Layer, msg: str, pos: A.Pos | None, hint: str | None = None) -> FlexDSLError:
+    p = pos or layer.pos
+    return FlexDSLError(msg, layer.filename, p.line, p.column, layer.source, hint)
+
+
+def _size(layer: A.Layer, given: int | None) -> int:
+    sizes = layer.of(A.LayerSize)
+    if len(sizes) > 1:
+        raise _err(layer, "the layer's size is given twice", sizes[1].pos, "keep one `size N` line")
+    written = sizes[0].value if sizes else None
+    if given is not None and written is not None and given != written:
+        raise _err(layer, f"the layer's size is {written} here, but {given} was given at load", sizes[0].pos,
+                   "give one of them")
+    n = given if given is not None else written
+    if n is None:
+        raise _err(layer, f"layer `{layer.name}` has no size (its number of neurons)", layer.pos,
+                   "write `size 256` in the layer, or give it at load: flexdsl.load(path, hidden=256)")
+    return n
+
+
+def _inputs(layer: A.Layer, given: Mapping[str, int]) -> list[tuple[str, int, A.Pos]]:
+    decls = layer.of(A.LayerInput)
+    names = [d.name for d in decls]
+    for k in given:
+        if k not in names:
+            raise _err(layer, f"a size was given at load for `{k}`, which is not an input of layer `{layer.name}`",
+                       layer.pos, did_you_mean(k, names) or f"its inputs: {', '.join(names) or 'none'}")
+    out: list[tuple[str, int, A.Pos]] = []
+    for d in decls:
+        if d.name in [o[0] for o in out]:
+            raise _err(layer, f"input `{d.name}` is declared twice", d.pos)
+        g = given.get(d.name)
+        if g is not None and d.size is not None and g != d.size:
+            raise _err(layer, f"input `{d.name}` has size {d.size} here, but {g} was given at load", d.size_pos,
+                       "give one of them")
+        size = g if g is not None else d.size
+        if size is None:
+            raise _err(layer, f"input `{d.name}` has no size", d.pos,
+                       f"write `input {d.name} size N`, or give it at load: in_features=N")
+        out.append((d.name, size, d.pos))
+    return out
+
+
+def _unique_names(layer: A.Layer, neuron: CheckedModel, syns: list[A.Synapses], inputs: list[str]) -> None:
+    taken: dict[str, str] = {n: "a layer input" for n in inputs}
+    taken.update({p.name: "a param of the neuron" for p in neuron.params})
+    taken.update({s.name: "a state of the neuron" for s in neuron.states})
+    taken.update({n: "a name the layer's module uses" for n in _RESERVED})
+    for s in syns:
+        for name, pos in ((s.name, s.pos), (s.bias, s.bias_pos)):
+            if name is None:
+                continue
+            if name in taken:
+                raise _err(layer, f"`{name}` is {taken[name]} already; a weight or bias needs its own name", pos,
+                           "rename it, e.g. W_" + name)
+            taken[name] = "a weight or bias of this layer"
+
+
+def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[tuple[str, int, A.Pos]],
+             outs: list[str], ports: list[str], n: int) -> CheckedSynapse:
+    if s.port not in ports:
+        raise _err(layer, f"`{neuron.name}` has no input `{s.port}` for synapses `{s.name}`", s.port_pos,
+                   did_you_mean(s.port, ports) or f"its inputs: {', '.join(ports) or 'none'}")
+    in_names = [i[0] for i in inputs]
+    if s.pre in in_names:
+        recurrent, index, pre_size = False, in_names.index(s.pre), inputs[in_names.index(s.pre)][1]
+    elif s.pre in outs:
+        recurrent, index, pre_size = True, outs.index(s.pre), n
+    else:
+        states = [st.name for st in neuron.states] + list(neuron.locals)
+        if s.pre in states:
+            raise _err(layer, f"`{s.pre}` is not an output of `{neuron.name}`; a recurrent synapse carries an output",
+                       s.pre_pos, f"add it to the neuron's `output` line, or carry one of: {', '.join(outs)}")
+        raise _err(layer, f"synapses `{s.name}` come from `{s.pre}`, which is neither an input of the layer nor an "
+                          f"output of `{neuron.name}`", s.pre_pos,
+                   did_you_mean(s.pre, [*in_names, *outs]) or
+                   f"declare it: `input {s.pre} size N`; the neuron's outputs: {', '.join(outs)}")
+    connect = "dense"
+    if s.connect is not None:
+        connect = CONNECT.get(s.connect, "")
+        if not connect:
+            raise _err(layer, f"unknown connectivity `{s.connect}`", s.connect_pos,
+                       did_you_mean(s.connect, CONNECT) or "dense, one_to_one or mask")
+    if connect == "one_to_one" and pre_size != n:
+        raise _err(layer, f"one_to_one synapses `{s.name}` connect `{s.pre}` ({pre_size} values) to {n} neurons",
+                   s.connect_pos or s.pos, "one_to_one needs as many presynaptic values as neurons; use dense")
+    _not_yet(layer, neuron, s)
+    return CheckedSynapse(s.name, s.pre, s.port, ports.index(s.port), recurrent, index, pre_size, connect, s.bias,
+                          s.pos, s.connect_pos or s.pos)
+
+
+def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
+    """Delays, synaptic state and plasticity events: their names checked, then a located refusal
+    (the layer level has room for them; its kernels do not run them yet)."""
+    known = {s.name, *(st.name for st in s.states), *(p.name for p in neuron.params),
+             *(st.name for st in neuron.states)}
+    for ev in s.events:
+        if ev.kind not in ("pre", "post"):
+            raise _err(layer, f"unknown synaptic event `on {ev.kind}`", ev.pos,
+                       did_you_mean(ev.kind, ["pre", "post"]) or "`on pre:` or `on post:`")
+        for st in ev.statements:
+            if not st.is_let and st.target not in {s.name, *(x.name for x in s.states)}:
+                raise _err(layer, f"`on {ev.kind}` of synapses `{s.name}` updates `{st.target}`, which is not a state "
+                                  "of these synapses", st.pos,
+                           did_you_mean(st.target, [s.name, *(x.name for x in s.states)]) or
+                           f"declare it in the synapses block: `state {st.target} = 0`, or update the weight `{s.name}`")
+            for node in A.nodes(st.value):
+                if isinstance(node, A.Name) and node.id not in known:
+                    raise _err(layer, f"unknown name `{node.id}` in `on {ev.kind}` of synapses `{s.name}`", node.pos,
+                               did_you_mean(node.id, known))
+    first = s.delay_pos if s.delay is not None else (s.states[0].pos if s.states else
+                                                     (s.events[0].pos if s.events else None))
+    if first is not None:
+        raise _err(layer, "synaptic delays, synaptic state and plasticity events are not compiled yet: this version "
+                          "runs weights (dense, one_to_one, mask) and biases", first,
+                   "remove this line; the layer runs without it")
+
+
+__all__ = ["CONNECT", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]

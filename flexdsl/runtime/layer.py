@@ -1,0 +1,295 @@
+"""Layers at run time: a `.layer` file, `flexdsl.feedforward` and `flexdsl.recurrent`, each built
+from the layer level (`frontend/layer.py` checks, `ir/layer.py` plans, `store.pipeline.layer_plan`
+caches).
+
+    m = flexdsl.load("ff_lif.layer", hidden=256, in_features=700)   # a layer file (or a library layer)
+    m = flexdsl.feedforward("lif", 700, 256)                         # Linear -> LIF, one module
+
+A layer without a recurrent synapse is a `FeedForwardModule`: its synapses' products before the
+neuron's time loop (one product over all steps each), then the neuron module's own call (its
+kernels, its backward); the weights' gradients are products over all steps. A layer with one is a
+`RecurrentModule` (`runtime/recurrent.py`), whose loop is a backend's layer scan made from the
+plan's `scan`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import FlexDSLError
+from ..frontend import ast as A
+from ..frontend.layer import CheckedLayer, CheckedSynapse, check_layer, neuron_ref
+from ..frontend.parse import normalize, parse_layer
+from ..ir.layer import LayerPlan
+from ..library import resolve
+from ..store.pipeline import layer_plan
+from .compiler import compile_model
+from .module import STEP_MODES, NeuronModule
+from .options import make as make_options
+
+
+def plan(text: str, filename: str, neuron: NeuronModule, hidden: int | None = None,
+         in_features: Mapping[str, int] | None = None) -> tuple[CheckedLayer, LayerPlan]:
+    """A layer's text checked against its (loaded) neuron, and its plan."""
+    layer = parse_layer(text, filename)
+    checked = check_layer(layer, neuron.compiled.checked, hidden, in_features)
+    return checked, layer_plan(checked, neuron.compiled)
+
+
+def recurrent_text(model: str, inputs: Sequence[str], in_features: int | None, hidden: int, connect: str,
+                   source: str, port: str, bias: bool) -> str:
+    """The layer `flexdsl.recurrent(...)` describes, as a `.layer` file writes it (`m.layer_text`)."""
+    x = _free_name("x_in", inputs)
+    lines = [f"layer recurrent_{model}:", f"    neuron {model}", f"    size {hidden}"]
+    if in_features is not None:
+        lines += [f"    input {x} size {in_features}", f"    synapses W_in from {x} to {port}" + (":" if bias else "")]
+        lines += ["        bias bias"] if bias else []
+    lines += [f"    synapses W_rec from {source} to {port}" + (":" if connect != "dense" else "")]
+    lines += [f"        connect {connect}"] if connect != "dense" else []
+    return "\n".join(lines) + "\n"
+
+
+def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden: int, connect: str, port: str,
+                     bias: bool) -> str:
+    """The layer `flexdsl.feedforward(...)` describes, as a `.layer` file writes it."""
+    x = _free_name("x_in", inputs)
+    lines = [f"layer feedforward_{model}:", f"    neuron {model}", f"    size {hidden}",
+             f"    input {x} size {in_features}", f"    synapses W from {x} to {port}:"]
+    lines += [f"        connect {connect}"] + (["        bias bias"] if bias else [])
+    return "\n".join(lines) + "\n"
+
+
+def _free_name(name: str, taken: Sequence[str]) -> str:
+    while name in taken:
+        name = name + "_"
+    return name
+
+
+class FeedForwardModule(nn.Module):
+    """A feed-forward layer: synapses from the layer's inputs into `size` neurons of one model.
+
+    `m(x, ...)`: one tensor per layer input (`[T, *batch, size_of_input]`, step_mode "m"; without T
+    in "s"), then the neuron's inputs no synapse feeds (`[T, *batch, size]`); returns the neuron's
+    output(s), `[T, *batch, size]`. Parameters: one weight per synapse (by its name: `[size, n_pre]`
+    dense, `[size]` one_to_one), one per bias, and the neuron's own (`m.neuron`); `m.reset()` clears
+    the neuron's states."""
+
+    def __init__(self, neuron: NeuronModule, layer: CheckedLayer, plan: LayerPlan, masks: Mapping[str, Any],
+                 step_mode: str = "m") -> None:
+        super().__init__()
+        self.neuron = neuron
+        self.__dict__["_layer"] = layer
+        self.__dict__["_plan"] = plan
+        self.size = layer.size
+        for s in layer.synapses:
+            self.register_parameter(s.name, nn.Parameter(torch.empty(layer.weight_shape(s))))
+            if s.bias is not None:
+                self.register_parameter(s.bias, nn.Parameter(torch.empty(layer.size)))
+            if s.connect == "mask":
+                self.register_buffer(s.name + "_mask", _mask(layer, s, masks.get(s.name)))
+        extra = [k for k in masks if k not in {s.name for s in layer.synapses if s.connect == "mask"}]
+        if extra:
+            raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this "
+                              "layer", layer.ast.pos, "masks={name: 0/1 tensor} for each synapse with `connect mask`")
+        self.step_mode = step_mode
+        self.reset_parameters()
+
+    @property
+    def plan(self) -> LayerPlan:
+        """The layer's plan: its synapses, what runs before, in and after the time loop, and the
+        derived equations (`print(*m.plan.equations, sep="\\n")`)."""
+        return self.__dict__["_plan"]
+
+    @property
+    def step_mode(self) -> str:
+        return self.__dict__.get("_step_mode", "m")
+
+    @step_mode.setter
+    def step_mode(self, value: str) -> None:
+        if value not in STEP_MODES:
+            raise self.__dict__["_layer"].error(f"step_mode must be 's' or 'm', not {value!r}", None)
+        self.__dict__["_step_mode"] = value
+        self.neuron.step_mode = value
+
+    def reset_parameters(self) -> None:
+        """`nn.Linear`'s initialisation per synapse (one_to_one: uniform in ±1); masked entries 0."""
+        with torch.no_grad():
+            for s in self._layer.synapses:
+                w = getattr(self, s.name)
+                if s.connect == "one_to_one":
+                    w.uniform_(-1.0, 1.0)
+                else:
+                    nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+                if s.connect == "mask":
+                    w.mul_(getattr(self, s.name + "_mask").to(w.dtype))
+                if s.bias is not None:
+                    b = 1 / math.sqrt(s.pre_size)
+                    getattr(self, s.bias).uniform_(-b, b)
+
+    def reset(self) -> None:
+        self.neuron.reset()
+
+    def detach(self) -> None:
+        self.neuron.detach()
+
+    def forward(self, *xs: Any, seed: Any = None, generator: Any = None):
+        layer = self._layer
+        n_in = len(layer.inputs)
+        if len(xs) != n_in + len(layer.direct):
+            names = [n for n, _, _ in layer.inputs] + list(layer.direct)
+            raise TypeError(f"layer `{layer.name}` takes {len(names)} input{'s' if len(names) != 1 else ''} "
+                            f"({', '.join(names)}); got {len(xs)}")
+        xs_in = [self._check_input(x, name, size, pos) for x, (name, size, pos) in zip(xs, layer.inputs)]
+        ports: dict[int, torch.Tensor] = {}
+        for s in layer.synapses:
+            cur = self._current(s, xs_in[s.pre_index])
+            ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
+        direct = iter(xs[n_in:])
+        args = [ports[k] if k in ports else next(direct) for k in range(len(layer.neuron.inputs))]
+        return self.neuron(*args, seed=seed, generator=generator)
+
+    def _current(self, s: CheckedSynapse, x: torch.Tensor) -> torch.Tensor:
+        w = getattr(self, s.name)
+        b = getattr(self, s.bias) if s.bias is not None else None
+        if s.connect == "one_to_one":
+            return x * w if b is None else torch.addcmul(b, x, w)
+        if s.connect == "mask":
+            w = w * getattr(self, s.name + "_mask").to(w.dtype)
+        return nn.functional.linear(x, w, b)
+
+    def _check_input(self, x: Any, name: str, size: int, pos: A.Pos) -> torch.Tensor:
+        layer = self._layer
+        single = self.step_mode == "s"
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            what = type(x).__name__ if not isinstance(x, torch.Tensor) else f"a {x.dtype} tensor"
+            raise layer.error(f"input `{name}` must be a floating-point torch.Tensor, not {what}", pos,
+                              "e.g. torch.as_tensor(values, dtype=torch.float32)")
+        if x.dim() < (1 if single else 2) or x.shape[-1] != size:
+            want = "[*batch, " if single else "[T, *batch, "
+            raise layer.error(f"input `{name}` has shape {tuple(x.shape)}; the layer takes {want}{size}]", pos,
+                              "use step_mode='s' for one step at a time" if not single else None)
+        for s in layer.synapses:
+            if s.pre == name:
+                w = getattr(self, s.name)
+                if w.device != x.device or (w.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type)):
+                    raise layer.error(f"input `{name}` is {x.dtype} on {x.device}, but the weights `{s.name}` are "
+                                      f"{w.dtype} on {w.device}", s.pos, f"move one of them: m.to({x.dtype}) or "
+                                      f"x.to({w.dtype}), m.to(x.device)")
+        return x
+
+    def extra_repr(self) -> str:
+        p = self.plan
+        syn = ", ".join(f"{s.name}: {s.pre}->{self._layer.neuron.inputs[s.port].name} {s.connect}" for s in p.synapses)
+        return f"{p.name}, size={p.size}, synapses=[{syn}], step_mode={self.step_mode!r}"
+
+
+def _mask(layer: CheckedLayer, s: CheckedSynapse, mask: Any) -> torch.Tensor:
+    shape = layer.weight_shape(s)
+    if mask is None:
+        raise layer.error(f"synapses `{s.name}` are `connect mask`, but no mask was given at load", s.connect_pos,
+                          f"pass masks={{'{s.name}': m}}, m a 0/1 tensor of shape {shape}")
+    try:
+        m = torch.as_tensor(mask)
+    except (TypeError, ValueError, RuntimeError):
+        raise layer.error(f"the mask of `{s.name}` must be a tensor of 0/1 values, not {type(mask).__name__}",
+                          s.connect_pos) from None
+    if tuple(m.shape) != shape:
+        raise layer.error(f"the mask of `{s.name}` has shape {tuple(m.shape)}; these synapses need {shape}",
+                          s.connect_pos, "mask[i, j] = 1 keeps the weight from presynaptic j to neuron i")
+    if m.dtype != torch.bool and (m.is_complex() or not bool(((m == 0) | (m == 1)).all())):
+        raise layer.error(f"the mask of `{s.name}` must hold 0/1 (or bool) values", s.connect_pos)
+    return m.to(torch.bool)
+
+
+def _neuron(layer: A.Layer, detach_reset: bool, options: dict[str, Any], backend: str,
+            params: dict[str, Any]) -> NeuronModule:
+    """The layer's neuron, loaded (a `neuron "file"` relative to the layer file's folder)."""
+    ref = neuron_ref(layer)
+    target: str | Path = ref.ref
+    if ref.is_path and not Path(ref.ref).is_absolute() and not layer.filename.startswith("<"):
+        target = Path(layer.filename).parent / ref.ref
+    try:
+        resolve(target)
+    except FlexDSLError as e:
+        raise FlexDSLError(e.reason, layer.filename, ref.pos.line, ref.pos.column, layer.source, e.hint) from None
+    opts = make_options(options.get("surrogate"), options.get("learnable"),
+                        lambda: compile_model(target, detach_reset))
+    return NeuronModule(compile_model(target, detach_reset, opts), params, "m", backend, False,
+                        options.get("param_shapes"), False)
+
+
+def load_layer(text: str, filename: str, *, hidden: int | None = None, in_features: Any = None,
+               masks: Mapping[str, Any] | None = None, step_mode: str = "m", backend: str = "auto",
+               detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None, learnable: Any = None,
+               **params: Any) -> nn.Module:
+    """A layer file's module (see the module docstring); `in_features`: an int (a layer with one
+    input) or a dict of sizes by input name; `masks`: the 0/1 masks of `connect mask` synapses."""
+    text = normalize(text)
+    layer = parse_layer(text, filename)
+    opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
+    neuron = _neuron(layer, detach_reset, opts, backend, params)
+    sizes = _input_sizes(layer, in_features)
+    checked = check_layer(layer, neuron.compiled.checked, hidden, sizes)
+    lp = layer_plan(checked, neuron.compiled)
+    if lp.scan is None:
+        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode)
+    from .recurrent import from_layer
+
+    return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend)
+
+
+def _input_sizes(layer: A.Layer, in_features: Any) -> dict[str, int] | None:
+    if in_features is None or isinstance(in_features, Mapping):
+        return dict(in_features) if in_features is not None else None
+    decls = layer.of(A.LayerInput)
+    if len(decls) != 1 or isinstance(in_features, bool) or not isinstance(in_features, int):
+        raise FlexDSLError(f"in_features={in_features!r}: give an int for a layer with one input, else a dict of "
+                           "sizes by input name", layer.filename, layer.pos.line, layer.pos.column, layer.source,
+                           "e.g. in_features={'" + (decls[0].name if decls else "x") + "': 700}")
+    return {decls[0].name: in_features}
+
+
+def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int, *, connectivity: str = "dense",
+                mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
+                backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
+                learnable: Any = None, **params: Any) -> FeedForwardModule:
+    """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
+    `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
+    connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
+    if isinstance(model, NeuronModule):
+        if params or param_shapes or detach_reset or surrogate is not None or learnable is not None:
+            raise model._error("params, param_shapes, detach_reset, surrogate and learnable are set when the "
+                               "neuron is loaded; here the neuron is given loaded", None,
+                               "pass the model's name or path instead, or load it with these options")
+        neuron = model
+    else:
+        opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
+        neuron = NeuronModule(compile_model(model, detach_reset, opts), params, "m", backend, False, param_shapes,
+                              False)
+    ck = neuron.compiled.checked
+    for what, v in (("in_features", in_features), ("hidden", hidden)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise neuron._error(f"{what} must be a positive int, not {v!r}", ck.ast.pos)
+    names = [i.name for i in ck.inputs]
+    port = port if port is not None else (names[0] if names else "x")
+    connect = {"all": "dense"}.get(connectivity, connectivity) if isinstance(connectivity, str) else repr(connectivity)
+    text = feedforward_text(_model_ref(neuron), [*names, *(p.name for p in ck.params), *(s.name for s in ck.states)],
+                            in_features, hidden, connect, port, bias)
+    checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
+    masks = {"W": mask} if mask is not None else {}
+    return FeedForwardModule(neuron, checked, lp, masks, step_mode)
+
+
+def _model_ref(neuron: NeuronModule) -> str:
+    """How a generated layer text names its neuron (only shown: the module is given)."""
+    c = neuron.compiled
+    return c.name if c.name.isidentifier() else "model"
+
+
+__all__ = ["FeedForwardModule", "feedforward", "feedforward_text", "load_layer", "plan", "recurrent_text"]
