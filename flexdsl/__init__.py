@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from .api import compile, feedforward, load, loads, recurrent
     from .runtime.compiler import Compiled
     from .runtime.finite import NonFiniteError
-    from .runtime.module import NeuronModule
     from .runtime.layer import FeedForwardModule
+    from .runtime.module import NeuronModule
     from .runtime.recurrent import RecurrentModule
 
 from ._version import __version__

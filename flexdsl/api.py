@@ -12,8 +12,8 @@ from .runtime.compiler import Compiled, compile_model
 from .runtime.options import make as make_options
 
 if TYPE_CHECKING:
-    from .runtime.module import NeuronModule
     from .runtime.layer import FeedForwardModule
+    from .runtime.module import NeuronModule
     from .runtime.recurrent import RecurrentModule
 
 

@@ -34,8 +34,8 @@ from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
 from .compiler import compile_model
-from .module import STEP_MODES, NeuronModule, _Base
 from .layer import plan, recurrent_text
+from .module import STEP_MODES, NeuronModule, _Base
 from .options import make as make_options
 
 CONNECTIVITY = ("all", "one_to_one")

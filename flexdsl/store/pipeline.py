@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 from .._sympy import load as sympy_ready
 from ..errors import FlexDSLError
 from ..frontend.check import CheckedModel, check
+from ..frontend.layer import CheckedLayer
 from ..frontend.options import NONE, LoadOptions, apply, relocate
 from ..frontend.parse import parse
-from ..frontend.layer import CheckedLayer
 from ..ir.host import HostProgram
 from ..ir.layer import LayerPlan, plan_layer
 from . import cache
