@@ -15,7 +15,7 @@ plan's `scan`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,45 +30,10 @@ from ..ir.layer import LayerPlan
 from ..library import resolve
 from ..store.pipeline import layer_plan
 from .compiler import compile_model
+from .layertext import feedforward_text, plan
 from .module import STEP_MODES, NeuronModule
 from .options import make as make_options
-
-
-def plan(text: str, filename: str, neuron: NeuronModule, hidden: int | None = None,
-         in_features: Mapping[str, int] | None = None) -> tuple[CheckedLayer, LayerPlan]:
-    """A layer's text checked against its (loaded) neuron, and its plan."""
-    layer = parse_layer(text, filename)
-    checked = check_layer(layer, neuron.compiled.checked, hidden, in_features)
-    return checked, layer_plan(checked, neuron.compiled)
-
-
-def recurrent_text(model: str, inputs: Sequence[str], in_features: int | None, hidden: int, connect: str,
-                   source: str, port: str, bias: bool) -> str:
-    """The layer `flexdsl.recurrent(...)` describes, as a `.layer` file writes it (`m.layer_text`)."""
-    x = _free_name("x_in", inputs)
-    lines = [f"layer recurrent_{model}:", f"    neuron {model}", f"    size {hidden}"]
-    if in_features is not None:
-        lines += [f"    input {x} size {in_features}", f"    synapses W_in from {x} to {port}" + (":" if bias else "")]
-        lines += ["        bias bias"] if bias else []
-    lines += [f"    synapses W_rec from {source} to {port}" + (":" if connect != "dense" else "")]
-    lines += [f"        connect {connect}"] if connect != "dense" else []
-    return "\n".join(lines) + "\n"
-
-
-def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden: int, connect: str, port: str,
-                     bias: bool) -> str:
-    """The layer `flexdsl.feedforward(...)` describes, as a `.layer` file writes it."""
-    x = _free_name("x_in", inputs)
-    lines = [f"layer feedforward_{model}:", f"    neuron {model}", f"    size {hidden}",
-             f"    input {x} size {in_features}", f"    synapses W from {x} to {port}:"]
-    lines += [f"        connect {connect}"] + (["        bias bias"] if bias else [])
-    return "\n".join(lines) + "\n"
-
-
-def _free_name(name: str, taken: Sequence[str]) -> str:
-    while name in taken:
-        name = name + "_"
-    return name
+from .recurrent import RecurrentModule
 
 
 class FeedForwardModule(nn.Module):
@@ -239,8 +204,6 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
         return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode)
-    from .recurrent import from_layer
-
     return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend)
 
 
@@ -292,4 +255,34 @@ def _model_ref(neuron: NeuronModule) -> str:
     return c.name if c.name.isidentifier() else "model"
 
 
-__all__ = ["FeedForwardModule", "feedforward", "feedforward_text", "load_layer", "plan", "recurrent_text"]
+def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
+               backend: str) -> RecurrentModule:
+    """The `RecurrentModule` of a recurrent layer file: its synapses `W_in` (dense, from the layer's
+    one input, optionally `bias bias`) and `W_rec` (from an output of the neuron) into one port."""
+    rec = layer.recurrent
+    assert rec is not None
+    ff = [s for s in layer.synapses if not s.recurrent]
+    form = ("a recurrent layer file runs in this form: `synapses W_in from <input> to <port>` (dense, optionally "
+            "`bias bias`) and `synapses W_rec from <output> to <port>` (dense, one_to_one or mask)")
+    if rec.name != "W_rec":
+        raise layer.error(f"the recurrent synapses are named `{rec.name}`; this version names them `W_rec`", rec.pos,
+                          form)
+    if len(ff) != 1 or ff[0].name != "W_in" or ff[0].port != rec.port or ff[0].connect != "dense" \
+            or ff[0].bias not in (None, "bias"):
+        bad = next((s for s in ff if s.name != "W_in" or s.port != rec.port or s.connect != "dense"
+                    or s.bias not in (None, "bias")), ff[1] if len(ff) > 1 else None)
+        raise layer.error("this recurrent layer's feed-forward synapses are not one dense `W_in` into the port of "
+                          "`W_rec`", bad.pos if bad is not None else layer.ast.pos, form)
+    extra = [k for k in masks if k != "W_rec" or rec.connect != "mask"]
+    if extra:
+        raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this layer",
+                          layer.ast.pos, "masks={'W_rec': m} for `connect mask` recurrent synapses")
+    if rec.connect == "mask" and "W_rec" not in masks:
+        raise layer.error("synapses `W_rec` are `connect mask`, but no mask was given at load", rec.connect_pos,
+                          f"pass masks={{'W_rec': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
+    conn = "one_to_one" if rec.connect == "one_to_one" else "all"
+    return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get("W_rec"), rec.pre, rec.port,
+                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
+
+
+__all__ = ["FeedForwardModule", "feedforward", "from_layer", "load_layer"]

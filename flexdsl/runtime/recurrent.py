@@ -34,7 +34,7 @@ from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
 from .compiler import compile_model
-from .layer import plan, recurrent_text
+from .layertext import plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
 from .options import make as make_options
 
@@ -528,34 +528,4 @@ def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden:
     return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
 
 
-def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
-               backend: str) -> RecurrentModule:
-    """The `RecurrentModule` of a recurrent layer file: its synapses `W_in` (dense, from the layer's
-    one input, optionally `bias bias`) and `W_rec` (from an output of the neuron) into one port."""
-    rec = layer.recurrent
-    assert rec is not None
-    ff = [s for s in layer.synapses if not s.recurrent]
-    form = ("a recurrent layer file runs in this form: `synapses W_in from <input> to <port>` (dense, optionally "
-            "`bias bias`) and `synapses W_rec from <output> to <port>` (dense, one_to_one or mask)")
-    if rec.name != "W_rec":
-        raise layer.error(f"the recurrent synapses are named `{rec.name}`; this version names them `W_rec`", rec.pos,
-                          form)
-    if len(ff) != 1 or ff[0].name != "W_in" or ff[0].port != rec.port or ff[0].connect != "dense" \
-            or ff[0].bias not in (None, "bias"):
-        bad = next((s for s in ff if s.name != "W_in" or s.port != rec.port or s.connect != "dense"
-                    or s.bias not in (None, "bias")), ff[1] if len(ff) > 1 else None)
-        raise layer.error("this recurrent layer's feed-forward synapses are not one dense `W_in` into the port of "
-                          "`W_rec`", bad.pos if bad is not None else layer.ast.pos, form)
-    extra = [k for k in masks if k != "W_rec" or rec.connect != "mask"]
-    if extra:
-        raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this layer",
-                          layer.ast.pos, "masks={'W_rec': m} for `connect mask` recurrent synapses")
-    if rec.connect == "mask" and "W_rec" not in masks:
-        raise layer.error("synapses `W_rec` are `connect mask`, but no mask was given at load", rec.connect_pos,
-                          f"pass masks={{'W_rec': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
-    conn = "one_to_one" if rec.connect == "one_to_one" else "all"
-    return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get("W_rec"), rec.pre, rec.port,
-                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
-
-
-__all__ = ["RecurrentModule", "recurrent", "from_layer", "CONNECTIVITY"]
+__all__ = ["RecurrentModule", "recurrent", "CONNECTIVITY"]
