@@ -68,6 +68,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     failed = 0
     opts = _options(args)
     for f in _neuron_files(args.files):
+        if str(f).endswith(".layer"):
+            failed += _check_layer(f)
+            continue
         try:
             c = compile_model(f, options=opts)
             method = f", method {c.method}" if c.method else ""  # lowering: its errors count too
@@ -88,16 +91,49 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_layer(f: str) -> int:
+    from .runtime.layer import describe
+
+    try:
+        layer, plan = describe(f)
+    except FlexDSLError as e:
+        print(e, file=sys.stderr)
+        return 1
+    kind = "recurrent" if plan.scan is not None else "feed-forward"
+    print(f"{f}: ok — layer {layer.name} ({kind}; neuron {layer.neuron.name}, {len(layer.inputs)} input(s), "
+          f"{len(layer.synapses)} synapse group(s))")
+    return 0
+
+
 # ----------------------------------------------------------------------------- show
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
     if str(args.file).endswith(".nir"):
         return _show_nir(args)
+    if str(args.file).endswith(".layer"):
+        return _show_layer(args)
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))
     _show_compiled(c, args.what or backends.REFERENCE)
+    return 0
+
+
+def _show_layer(args: argparse.Namespace) -> int:
+    """A layer: its text and plan (default), or its neuron's code and equations (`--what`)."""
+    from .runtime.layer import describe
+
+    layer, plan = describe(args.file)
+    if args.what is None:
+        print(layer.ast.source, end="" if layer.ast.source.endswith("\n") else "\n")
+        print(f"# the plan of layer {plan.name}: per step, and the derived gradients")
+        print("\n".join(plan.equations))
+        return 0
+    from .runtime.compiler import compile_text
+
+    ck = layer.neuron
+    _show_compiled(compile_text(ck.ast.source, ck.ast.filename, args.detach_reset), args.what)
     return 0
 
 
@@ -419,9 +455,10 @@ def _add_show(sub) -> None:
                               "  flexdsl show adex --equations     # the discretized step (sympy)\n"
                               "  flexdsl show adex --backward      # the derived vector-Jacobian product\n"
                               "  flexdsl show lif --surrogate 'atan(alpha=2.0)' --learnable tau   # shaped at load\n"
+                              "  flexdsl show rlif.layer           # a layer: its text and plan (derived gradients)\n"
                               "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
                               "  flexdsl show net.nir --torch --dt 1e-4")
-    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, or a .nir file")
+    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, a .layer file or a .nir file")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--backend", dest="what", metavar="NAME", choices=backends.names(),
                    help="the code a backend generates (" + ", ".join(backends.names()) + "; default: "

@@ -207,6 +207,21 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend)
 
 
+def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
+    """A layer file checked and planned without building its module (`flexdsl check`, `flexdsl
+    show`): sizes it leaves to the load are taken as 1 here (the checks that need them pass)."""
+    text, filename = resolve(model)
+    layer = parse_layer(normalize(text), filename)
+    neuron = _neuron(layer, False, {}, "torch", {})
+    size = None if layer.of(A.LayerSize) else 1
+    sizes = {d.name: 1 for d in layer.of(A.LayerInput) if d.size is None}
+    if size is None:  # (a one_to_one input of unwritten size takes the layer's)
+        n = layer.of(A.LayerSize)[0].value
+        sizes = dict.fromkeys(sizes, n)
+    checked = check_layer(layer, neuron.compiled.checked, size, sizes)
+    return checked, layer_plan(checked, neuron.compiled)
+
+
 def _input_sizes(layer: A.Layer, in_features: Any) -> dict[str, int] | None:
     if in_features is None or isinstance(in_features, Mapping):
         return dict(in_features) if in_features is not None else None
@@ -285,4 +300,4 @@ def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: 
                            ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
 
 
-__all__ = ["FeedForwardModule", "feedforward", "from_layer", "load_layer"]
+__all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer"]
