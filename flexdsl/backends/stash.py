@@ -19,30 +19,50 @@ def stash(obj: Any) -> tuple[Any, list[torch.Tensor]]:
     """`obj` (tensors in nested tuples and lists) with each tensor replaced by its `_Slot`, and the
     tensors in slot order."""
     ts: list[torch.Tensor] = []
-    return _walk(obj, ts), ts
-
-
-def _walk(o: Any, ts: list[torch.Tensor]) -> Any:
-    # (a module-level function: a nested one calling itself would be a reference cycle holding the
-    # tensors until Python's cycle collector runs, long after autograd freed them)
-    if isinstance(o, torch.Tensor):
-        ts.append(o)
-        return _Slot(len(ts) - 1)
-    if isinstance(o, (tuple, list)):
-        return _rebuild(o, [_walk(v, ts) for v in o])
-    return o
-
-
-def _rebuild(o: tuple | list, items: list) -> Any:
-    return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)  # (a named tuple: by position)
+    return _map(obj, ts, True), ts
 
 
 def unstash(held: Any, ts: Sequence[torch.Tensor]) -> Any:
-    if isinstance(held, _Slot):
-        return ts[held]
-    if isinstance(held, (tuple, list)):
-        return _rebuild(held, [unstash(v, ts) for v in held])
-    return held
+    return _map(held, ts, False)
+
+
+def _map(obj: Any, ts: Any, put: bool) -> Any:
+    """`obj` with every tensor replaced by its slot in `ts` (appended there: `put`), or every slot by
+    its tensor (not `put`), in nested tuples and lists, walked without recursion and without a
+    Python call per node (a program's saved state, at every training call; nothing here refers to
+    itself, so no reference cycle keeps the tensors alive)."""
+    kind = torch.Tensor if put else _Slot
+    if isinstance(obj, kind):
+        obj = [obj]
+        return _map(obj, ts, put)[0]
+    if not isinstance(obj, (tuple, list)):
+        return obj
+    # post-order: (container, its items so far) frames
+    root: list[Any] = []
+    stack: list[tuple[Any, list[Any], int]] = [(obj, root, 0)]
+    out: list[Any] = []
+    while stack:
+        o, items, i = stack.pop()
+        if i == len(o):
+            built = type(o)(*items) if hasattr(o, "_fields") else type(o)(items)  # (a named tuple: by position)
+            if stack:
+                stack[-1][1].append(built)
+            else:
+                out.append(built)
+            continue
+        stack.append((o, items, i + 1))
+        v = o[i]
+        if isinstance(v, kind):
+            if put:
+                items.append(_Slot(len(ts)))
+                ts.append(v)
+            else:
+                items.append(ts[v])
+        elif isinstance(v, (tuple, list)):
+            stack.append((v, [], 0))
+        else:
+            items.append(v)
+    return out[0]
 
 
 __all__ = ["stash", "unstash"]

@@ -316,7 +316,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         x3 = xs.reshape(T, flat, xs.shape[-1])
         if not x3.is_contiguous():
             x3 = x3.contiguous()
-        w = self.W_rec if self.mask is None else self.W_rec * self.mask.to(self.W_rec.dtype)
+        wts = self._weights()
+        w_rec, mask = wts["W_rec"], wts["mask"]
+        w = w_rec if mask is None else w_rec * mask.to(w_rec.dtype)
         if w.dtype != dtype:
             w = w.to(dtype)
         inputs = self._other_inputs(others, names, single, (T, flat, H), step_shape, dtype, dev)
@@ -333,7 +335,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
         noise = view.m._noise_key(T, seed, generator, False)
-        outs, fins = scans.scan(prog, x3, self.W_in, self.bias, w, s0, inputs, states, params, dense, noise,
+        outs, fins = scans.scan(prog, x3, wts["W_in"], wts["bias"], w, s0, inputs, states, params, dense, noise,
                                 s0_zero=s0_zero)
         view.m._noise_advance(noise, T)
         if T:
@@ -372,7 +374,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         H, conn = self.hidden, self.connectivity
         want = {"W_in": (H, self.in_features), "W_rec": (H, H) if conn == "all" else (H,), "bias": (H,),
                 "mask": (H, H) if conn == "all" else (H,)}
-        named = [(n, getattr(self, n)) for n in ("W_in", "W_rec", "bias", "mask")]
+        named = list(self._weights().items())
         for name, p in named:
             if p is None:
                 if name == "W_rec" or (name == "W_in" and self.in_features is not None):
@@ -385,7 +387,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                 raise self._input_error(f"`{name}` is {got}, but this layer (in_features={self.in_features}, hidden={H}, "
                                         f"connectivity={conn!r}) needs {want[name]}",
                                         "assign a tensor of that shape (or build a new layer for another size)")
-        if self.mask is not None:
+        if named[3][1] is not None:
             self._check_mask_values()
         weights = [p for n, p in named if p is not None and n != "mask"]
         for p in weights:
@@ -393,7 +395,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                 raise self._input_error(f"the input is on {dev} but the layer's weights are on {p.device}",
                                         "move the layer: m.to(device)")
         autocast = torch.is_autocast_enabled(dev.type) if dev.type in ("cuda", "cpu") else False
-        if autocast and self.W_in is not None:  # (the input product runs in autocast's dtype, W_rec cast to it)
+        if autocast and named[0][1] is not None:  # (the input product runs in autocast's dtype, W_rec cast to it)
             for p in (xs, *weights):
                 if p.dtype not in _AUTOCASTABLE:
                     what = "the input is" if p is xs else "the layer's weights are"
@@ -407,6 +409,12 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                                         f"convert one of them: m.to({xs.dtype}) or x.to({p.dtype})"
                                         + (" (or run under torch.autocast)" if self.W_in is not None else ""))
         return xs.dtype
+
+    def _weights(self) -> dict[str, Any]:
+        """W_in, W_rec, bias and mask, read from the module's dicts (no `__getattr__` per name: the
+        layer's call stays as light as a neuron's)."""
+        P, B, D = self._parameters, self._buffers, self.__dict__
+        return {n: P[n] if n in P else B[n] if n in B else D.get(n) for n in ("W_in", "W_rec", "bias", "mask")}
 
     def _check_mask_values(self) -> None:
         """The mask holds 0/1 values (checked when it changed: a new tensor, or written in place)."""

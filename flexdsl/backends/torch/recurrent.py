@@ -95,6 +95,13 @@ def _full(v: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
     return v if v.shape == shape else v.expand(shape)
 
 
+def _not_full(res: Sequence[Any], shape: torch.Size, dtype: torch.dtype) -> list[int]:
+    """The indices of a step's results that `_full` must make `[*shape]` tensors of `dtype` (the same
+    at every step of a call: a result's shape follows from the model and the call's arguments)."""
+    return [k for k, r in enumerate(res) if not (isinstance(r, torch.Tensor) and r.shape == shape
+                                                and r.dtype == dtype)]
+
+
 def _tensors(params: Sequence[Any], dev: torch.device) -> list[torch.Tensor]:
     """The params as the generated step takes them (a number: a 0-d float64 tensor)."""
     return [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=dev)
@@ -139,12 +146,18 @@ class TorchRecurrentProgram:
         fwd = self.mod._fwd_step
         s = s0
         xs: list[Any] = [None] * self.n_in
+        fix: list[int] | None = None  # the results that are not [*shape] tensors of the dtype (found at step 0)
         for t in range(T):
             cur = torch.addmm(ix[t], s, wt) if self.dense else torch.addcmul(ix[t], s, w)
             for k in range(self.n_in):
                 xs[k] = cur if k == port else inputs[k][t]
             res = fwd(*xs, *st, *prm, *hv, *([stream.at(t)] if stream is not None else []))
-            res = [_full(r, shape, ix) for r in res]
+            if fix is None:
+                fix = _not_full(res, shape, dtype)
+            if fix:
+                res = list(res)
+                for k in fix:
+                    res[k] = _full(res[k], shape, ix)
             for k in range(n_out):
                 outs[k].append(res[k])
             if save:
@@ -200,17 +213,27 @@ class TorchRecurrentProgram:
         n_in, n_st = self.n_in, self.n_st
         bwd = self.mod._bwd_step
         g_rec = None
+        # per step: the values the step's backward rereads, then the saved ones; the outputs' grads
+        # (unbound once: no Python call per step to gather them)
+        steps = list(zip(*(r.unbind(0) for r in rer), *(k.unbind(0) for k in kept))) or [()] * T
+        gos = list(zip(*((zero,) * T if g is None else g.unbind(0) for g in g_outs))) or [()] * T
+        fix: list[int] | None = None
         for t in range(T - 1, -1, -1):
-            go = [zero if g is None else g[t] for g in g_outs]
+            go = list(gos[t])
             if g_rec is not None:
                 go[self.source] = go[self.source] + g_rec
-            res = bwd(*(r[t] for r in rer), *(k[t] for k in kept), *prm, *hv, *go, *g_next,
-                      *([stream.at(t)] if stream is not None else []))
-            gi = _full(res[self.port], shape, like)
+            res = bwd(*steps[t], *prm, *hv, *go, *g_next, *([stream.at(t)] if stream is not None else []))
+            if fix is None:
+                fix = _not_full(res[:n_in], shape, dtype)
+            if fix:
+                res = list(res)
+                for k in fix:
+                    res[k] = _full(res[k], shape, like)
+            gi = res[self.port]
             gI[t] = gi
             for k, g in enumerate(g_in):
                 if g is not None:
-                    g[t] = _full(res[k], shape, like)
+                    g[t] = res[k]
             g_next = list(res[n_in:n_in + n_st])
             for k, g in enumerate(res[n_in + n_st:]):
                 if need["params"][self.learn_idx[k]] and isinstance(g, torch.Tensor):
