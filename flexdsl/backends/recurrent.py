@@ -2,7 +2,7 @@
 receives `ix[t] + W s[t-1]` (`ix = W_in x + b`, computed before the loop in one product), `s`
 being one of the model's outputs (the source, the spike by default).
 
-    prog = program(ir, "triton", port=0, source=0, dense=True)
+    prog = program(ScanSpec(ir, port=0, source=0, dense=True), backend)   # a backend's name
     outs, fins = scan(prog, ix, w, s0, inputs, states, params)      # autograd: BPTT
 
 A backend's recurrent program runs the loop (forward, and the backward through the
@@ -11,15 +11,14 @@ every step); what follows from `gI` is the same for every backend and is done he
 loop: `dW = gI^T S_prev` is one matrix product over all steps (`[H, T*B] @ [T*B, H]`; no
 per-step outer product is ever formed), `d ix = gI`, `d s0 = gI[0] W`.
 
-Programs are made from the compiled model's IR by the backend's `recurrent` module
-(`backends/<name>/recurrent.py`: `load_recurrent(ir, key, port, source, dense)`), cached on
-disk like every artefact and loaded once per process.
+Programs are made from the compiled model's IR by the backend's `load_scan(spec, key)` (a
+backend whose capabilities say `scans`; the built-in ones delegate to `backends/<name>/recurrent.py`),
+cached on disk like every artefact and loaded once per process.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import threading
 from collections.abc import Sequence
@@ -30,15 +29,11 @@ import torch
 
 from ..errors import FlexDSLError
 from ..settings import env_choice
-from . import get, replay
-from .base import IR, NoiseKey, key_ints, key_tensor
+from . import REFERENCE, capabilities, get, replay
+from . import choose as choose_backend
+from .base import IR, Need, NoiseKey, ScanSpec, key_ints, key_tensor
 from .recurrent_ops import keeps, register_ops
 from .stash import stash, unstash
-
-# the backends with a recurrent scan (the module that makes its program)
-IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent",
-                   "cpu": "flexdsl.backends.cpu.recurrent"}
-
 
 class RecurrentProgram(Protocol):
     binary: bool  # the source is a spike (0/1)
@@ -70,37 +65,44 @@ _PROGRAMS: dict[tuple, RecurrentProgram] = {}
 _LOCK = threading.Lock()
 
 
-def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> RecurrentProgram:
-    """The recurrent program of a compiled model on a backend (once per process)."""
+def scan_key(ir: IR, b: Any) -> str:
+    """The cache key of backend `b`'s layer scan of a model."""
+    return ir.cache_key(f"{b.name}-recurrent", b.version())
+
+
+def program(spec: ScanSpec, backend: str) -> RecurrentProgram:
+    """The layer scan of `spec` on the backend named `backend` (once per process): its
+    `load_scan`, with the layer's custom ops registered."""
     b = get(backend)
-    key = ir.cache_key(f"{b.name}-recurrent", b.version())
-    k = (b.name, key, port, source, dense)
+    if not capabilities(b).scans:
+        raise FlexDSLError(f"backend `{b.name}` does not run layer scans", "<flexdsl.recurrent>")
+    ir = spec.ir
+    key = scan_key(ir, b)
+    k = (b.name, key, spec.port, spec.source, spec.dense)
     p = _PROGRAMS.get(k)
     if p is None:
         with _LOCK:
             p = _PROGRAMS.get(k)
             if p is None:
-                mod = importlib.import_module(IMPLEMENTATIONS[b.name])
-                p = mod.load_recurrent(ir, key, port, source, dense)
+                p = b.load_scan(spec, key)  # type: ignore[attr-defined]
                 ck = ir.checked
-                name = "".join(ch for ch in f"{b.name}_{key[:16]}_{port}_{source}_{int(dense)}" if ch.isalnum() or ch == "_")
-                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), dense,
+                name = "".join(ch for ch in f"{b.name}_{key[:16]}_{spec.port}_{spec.source}_{int(spec.dense)}"
+                               if ch.isalnum() or ch == "_")
+                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), spec.dense,
                                      sys.modules[__name__])
                 _PROGRAMS[k] = p
     return p
 
 
-def choose(backend: str, like: torch.Tensor) -> str:
-    """The scan a layer's call runs on: `backend`, or for "auto" the Triton kernels for CUDA
-    tensors of a kernel dtype (when Triton imports), the CPU kernels for float32 and float64 CPU
-    tensors (where a C++ compiler is found), else the torch scan."""
+def choose(backend: str, like: torch.Tensor, need: Need | None = None) -> str:
+    """The scan a layer's call runs on: `backend`, or for "auto" the first preferred backend
+    whose capabilities say layer scans on tensors like `like` (`need`: and the rest of the
+    call's needs), that is available and accepts them (the Triton kernels for CUDA tensors of a
+    kernel dtype, the CPU kernels for float32 and float64 CPU tensors), else the reference scan."""
     if backend != "auto":
         return backend
-    if like.is_cuda and like.dtype in (torch.float32, torch.float16, torch.bfloat16) and get("triton").available():
-        return "triton"
-    if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64) and get("cpu").available():
-        return "cpu"
-    return "torch"
+    b = choose_backend("auto", [like], need if need is not None else Need.of(like, scans=True))
+    return b.name if capabilities(b).scans else REFERENCE
 
 
 def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -546,6 +548,6 @@ def pack_args(inputs, states, params) -> tuple[list[torch.Tensor], list[float], 
     return tensors, vals, kinds
 
 
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "pack_args", "weight_grad", "split3",
+__all__ = ["RecurrentProgram", "program", "scan_key", "choose", "scan", "pack_args", "weight_grad", "split3",
            "exact_in_bf16", "restore",
            "fast_products"]

@@ -146,7 +146,9 @@ def simulate(c: Compiled, amplitudes: torch.Tensor, T: int, onset: int,
     (`detail`: see `run_module`)."""
     from ..runtime.module import NeuronModule
 
-    m = NeuronModule(c, dict(params or {}), "m", "torch", store_state_seqs=True)
+    from .. import backends
+
+    m = NeuronModule(c, dict(params or {}), "m", backends.REFERENCE, store_state_seqs=True)
     x = torch.zeros(T, amplitudes.numel(), dtype=DTYPE)
     x[onset:] = amplitudes.to(DTYPE)
     return run_module(m, x, params, amplitudes=amplitudes, onset=onset, detail=detail)

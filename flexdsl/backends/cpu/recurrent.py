@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from ...store import cache
-from .. import get
-from ..base import IR, NoiseKey
+from .. import REFERENCE, get
+from ..base import NoiseKey, ScanSpec
+from ..recurrent import scan_key
 from .launch import CALLS, DTYPES, CpuProgram
 
 # lanes per OpenMP thread of a step's kernel call (fewer lanes: one thread, no parallel region per step)
@@ -224,17 +225,16 @@ class CpuRecurrentProgram:
         return gI, g_in, g_st, g_pr, {}
 
 
-def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> Any:
-    """The scan on the CPU kernels of the model (built now if the cache has none), or the torch
-    scan where they could not be built (the CPU backend warned why)."""
-    b = get("cpu")
+def load_recurrent(b: Any, spec: ScanSpec, key: str) -> Any:
+    """The scan on the CPU kernels of the model of backend `b` (built now if the cache has none),
+    or the reference backend's scan where they could not be built (the CPU backend warned why)."""
+    ir = spec.ir
     k = ir.cache_key(b.name, b.version())
     prog = b.load(cache.get_or_make(k, lambda: b.emit(ir)), k)
     if prog.lib is None:
-        from ..torch.recurrent import load_recurrent as torch_scan
-
-        return torch_scan(ir, ir.cache_key("torch-recurrent", ""), port, source, dense)
-    return CpuRecurrentProgram(prog, port, source, dense)
+        ref = get(REFERENCE)
+        return ref.load_scan(spec, scan_key(ir, ref))
+    return CpuRecurrentProgram(prog, spec.port, spec.source, spec.dense)
 
 
 __all__ = ["CpuRecurrentProgram", "load_recurrent", "LANES_PER_THREAD"]
