@@ -705,7 +705,10 @@ def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     plain = run_on(m, analog, g, None)  # (the float32 product, nothing forced)
     plain_s0 = run_on(m, spikes, g, torch.full((4, 10), 0.3))
 
-    monkeypatch.setattr(scans, "_triton_products", spy)
+    from flexdsl.backends import exact
+
+    monkeypatch.setattr(scans, "fused_products", spy)
+    monkeypatch.setattr(exact, "fused_products", spy)
     monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
     got = run(torch.float32, "triton")
     assert used, "the fused kernels were not used"

@@ -32,8 +32,12 @@ from ..settings import env_choice
 from . import REFERENCE, capabilities, get, replay
 from . import choose as choose_backend
 from .base import IR, Need, NoiseKey, ScanSpec, key_ints, key_tensor
+from .exact import exact_bf16, exact_in_bf16, fused_products, small_ints
 from .recurrent_ops import keeps, register_ops
 from .stash import stash, unstash
+
+_exact_bf16 = exact_bf16  # (the name `recurrent_ops` reads)
+
 
 class RecurrentProgram(Protocol):
     binary: bool  # the source is a spike (0/1)
@@ -72,7 +76,8 @@ def scan_key(ir: IR, b: Any) -> str:
 
 def program(spec: ScanSpec, backend: str) -> RecurrentProgram:
     """The layer scan of `spec` on the backend named `backend` (once per process): its
-    `load_scan`, with the layer's custom ops registered."""
+    `load_scan` (the reference backend's where that gives None: it cannot here, e.g. its kernels
+    could not be built), with the layer's custom ops registered."""
     b = get(backend)
     if not capabilities(b).scans:
         raise FlexDSLError(f"backend `{b.name}` does not run layer scans", "<flexdsl.recurrent>")
@@ -85,6 +90,9 @@ def program(spec: ScanSpec, backend: str) -> RecurrentProgram:
             p = _PROGRAMS.get(k)
             if p is None:
                 p = b.load_scan(spec, key)  # type: ignore[attr-defined]
+                if p is None:
+                    ref = get(REFERENCE)
+                    p = ref.load_scan(spec, scan_key(ir, ref))  # type: ignore[attr-defined]
                 ck = ir.checked
                 name = "".join(ch for ch in f"{b.name}_{key[:16]}_{spec.port}_{spec.source}_{int(spec.dense)}"
                                if ch.isalnum() or ch == "_")
@@ -163,54 +171,11 @@ def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool, parts: torch.Tens
     return g.t().mm(s.to(g.dtype))
 
 
-def _triton_products(t: torch.Tensor, prog: Any):
-    """`backends/triton/products.py` (one-pass conversion, fused exact products) where the layer
-    runs on the Triton kernels and `t` is a CUDA tensor, else None: the torch way (a layer asked
-    to run on the torch backend launches no Triton kernel)."""
-    if t.is_cuda and getattr(prog, "fused_products", False) and get("triton").available():
-        from .triton import products
-
-        return products
-    return None
-
-
-def _exact_bf16(x: torch.Tensor, prog: Any, ints: bool = False) -> torch.Tensor | None:
-    """x in bfloat16 where that is exact (spikes, small integers) and finite, else None (an infinity
-    times a zero part of a weight would give NaN where float32 gives the infinity)."""
-    kern = _triton_products(x, prog)
-    if kern is not None:
-        return kern.to_bf16_exact(x, ints)
-    return x.to(torch.bfloat16) if _exact_torch(x, ints) else None
-
-
-def exact_in_bf16(t: torch.Tensor, prog: Any) -> bool:
-    """Every value of the fed-back `t` (s0) finite and exact in bfloat16, and a small integer
-    where the program's recurrent products run in int8 (`small_ints`)."""
-    ints = small_ints(prog, t)
-    if t.dtype == torch.float32 and _triton_products(t, prog) is not None:
-        return _exact_bf16(t, prog, ints) is not None  # (one kernel)
-    return _exact_torch(t, ints)
-
-
-def small_ints(prog: Any, t: torch.Tensor) -> bool:
-    """Whether the program's recurrent products of a fed-back `t` run in int8 (fixed point,
-    `backends/triton/recurrent.py`): then "exact" means integers from -127 to 127 (spikes)."""
-    ints = getattr(prog, "exact_ints", None)
-    return bool(ints is not None and ints(t.dtype))
-
-
-def _exact_torch(t: torch.Tensor, ints: bool) -> bool:
-    ok = (t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)
-    if ints:
-        ok &= (t == t.round()) & (t.abs() <= 127)
-    return bool(ok.all())
-
-
 def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: Any) -> torch.Tensor | None:
     """xb W_in^T + b in float32 from exact bfloat16 products (xb [M, F] exact in bfloat16, W_in in
     its three parts): one fused Triton kernel on CUDA, else three torch products (None where torch
     has none either)."""
-    kern = _triton_products(xb, prog)
+    kern = fused_products(xb, prog)
     if kern is not None:
         return kern.split3_mm(xb, w_in, b.contiguous() if b is not None else None)
     return _bf16_products([(xb, p.t()) for p in reversed(split3(w_in))], init=b)
@@ -239,7 +204,7 @@ def _linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: A
     track (inference) and a large input, the same product in one Triton kernel on rows padded to 64
     elements (`products.mm_bf16`: cuBLAS takes slower kernels for a 700-wide bfloat16 row); the
     input's conversion is the one autocast makes."""
-    kern = _triton_products(x, prog) if x.numel() >= _MM_BF16_MIN else None
+    kern = fused_products(x, prog) if x.numel() >= _MM_BF16_MIN else None
     if (kern is not None and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
             and env_choice("FLEXDSL_RECURRENT_PRODUCTS") != "fp32" and x.dtype in (torch.float32, torch.bfloat16)
             and not replay.tracks_grad((x, w_in, b))):
@@ -295,7 +260,7 @@ def restore(prog: RecurrentProgram, x, w, s0, w_in, b, kept: Sequence[torch.Tens
     `saved_tensors`) and the call's own arguments: the backward of the layer's custom op, whose
     forward returned them (`recurrent_ops`). The values `_forward` derived from the arguments
     (x in bfloat16, whether s0 is exact in it) are derived again, the same way."""
-    xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
+    xb = exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
     s0_exact = exact_in_bf16(s0, prog) if prog.binary and dense and fast_products(s0) else None
     S = kept[0]
     saved = prog.restore(list(kept[1:]), inputs, params, S[0], noise)
@@ -415,7 +380,7 @@ class _Guess:
         the program not checking first), else None."""
         want_x = w_in is not None and _fusable(x, w_in, b)
         want_s0 = not s0_zero and bool(prog.binary and dense and fast_products(s0))
-        if _triton_products(x, prog) is None or not (want_x or want_s0) or getattr(prog, "check_first", False):
+        if fused_products(x, prog) is None or not (want_x or want_s0) or getattr(prog, "check_first", False):
             return None
         return want_x, want_s0
 
@@ -423,7 +388,7 @@ class _Guess:
     def convert(prog: RecurrentProgram, x: torch.Tensor, s0: torch.Tensor, want: tuple[bool, bool]
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the verdicts [2] int32 on the device, x in bfloat16 or None): launched, not waited for."""
-        kern = _triton_products(x, prog)
+        kern = fused_products(x, prog)
         flags = torch.zeros(2, dtype=torch.int32, device=x.device)
         xb = kern.to_bf16(x, flags[0:1]) if want[0] else None
         if want[1]:
@@ -483,7 +448,7 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         wi, bb = w_in, b
         if wi is not None:
             if xb is None and not checked and _fusable(xx, wi, bb):
-                xb = _exact_bf16(xx, prog)
+                xb = exact_bf16(xx, prog)
             if xb is None:
                 xx, wi, bb = _linear(xx, wi, bb, prog), None, None
         elif bb is not None:

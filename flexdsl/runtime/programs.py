@@ -18,9 +18,9 @@ call).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch

@@ -44,8 +44,8 @@ class CpuBackend:
         return None
 
     def load_scan(self, spec: ScanSpec, key: str) -> Any:
-        """The layer scan on the model's C++ kernels (the reference backend's scan where they
-        could not be built)."""
+        """The layer scan on the model's C++ kernels (None where they could not be built: the
+        layer runs the reference backend's scan)."""
         from .recurrent import load_recurrent
 
         return load_recurrent(self, spec, key)

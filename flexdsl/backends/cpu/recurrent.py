@@ -7,7 +7,7 @@ one product and one kernel call: no autograd graph, no tensor per operation of t
 
 The contract is the torch scan's (`backends/torch/recurrent.py`, `backends.recurrent.RecurrentProgram`);
 the step's arithmetic is the kernels' (`backends/cpu/launch.py`: the same as a neuron module's
-on the CPU kernels). Where the kernels could not be built, the layer runs the torch scan.
+on the CPU kernels). Where the kernels could not be built, the layer runs the reference backend's scan.
 
 The kernel's arguments (`abi.CpuABI`) for step t: the port's current [N] (N = batch x hidden),
 the other inputs at t, the states (two [n_st, N] buffers, read from one and written to the
@@ -24,9 +24,7 @@ from typing import Any
 import torch
 
 from ...store import cache
-from .. import REFERENCE, get
 from ..base import NoiseKey, ScanSpec
-from ..recurrent import scan_key
 from .launch import CALLS, DTYPES, CpuProgram
 
 # lanes per OpenMP thread of a step's kernel call (fewer lanes: one thread, no parallel region per step)
@@ -225,15 +223,15 @@ class CpuRecurrentProgram:
         return gI, g_in, g_st, g_pr, {}
 
 
-def load_recurrent(b: Any, spec: ScanSpec, key: str) -> Any:
+def load_recurrent(b: Any, spec: ScanSpec, key: str) -> CpuRecurrentProgram | None:
     """The scan on the CPU kernels of the model of backend `b` (built now if the cache has none),
-    or the reference backend's scan where they could not be built (the CPU backend warned why)."""
+    or None where they could not be built (the CPU backend warned why; the layer then runs the
+    reference backend's scan: `backends.recurrent.program`)."""
     ir = spec.ir
     k = ir.cache_key(b.name, b.version())
     prog = b.load(cache.get_or_make(k, lambda: b.emit(ir)), k)
     if prog.lib is None:
-        ref = get(REFERENCE)
-        return ref.load_scan(spec, scan_key(ir, ref))
+        return None
     return CpuRecurrentProgram(prog, spec.port, spec.source, spec.dense)
 
 
