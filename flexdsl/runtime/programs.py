@@ -72,9 +72,9 @@ def program_for(c: Compiled, name: str, backend: str, x0: torch.Tensor) -> Progr
     return _choose(c, backend, x0.device.type, x0.dtype)
 
 
-def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> Program:
+def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype, compiling: bool = False) -> Program:
     like = torch.empty(0, dtype=dtype, device=device_type)  # what the backends' `accepts` look at
-    need = Need.of(like, noise=c.checked.stochastic)
+    need = Need.of(like, noise=c.checked.stochastic, compile=compiling)
     if backend != "auto":
         refuse(c, backend, need)
     program = c.program(backends.choose(backend, [like], need))
@@ -118,7 +118,7 @@ def _resolve(name: str, backend: str, device_type: str, dtype: torch.dtype) -> s
     load the program of the Compiled registered as `name`, prepare it for the trace, and return
     its name in `_RESOLVED`."""
     c = _REGISTRY[name]
-    program = _choose(c, backend, device_type, dtype)
+    program = _choose(c, backend, device_type, dtype, compiling=True)
     prepare = getattr(program, "prepare_trace", None)
     if prepare is not None:
         prepare(c)
@@ -144,7 +144,10 @@ def _resolve_recurrent(name: str, backend: str, device_type: str, dtype: torch.d
     """`_resolve` for a recurrent layer's scan (with its custom ops: `backends.recurrent_ops.register_ops`)."""
     c = _REGISTRY[name]
     like = torch.empty(0, dtype=dtype, device=device_type)
-    program = scans.program(ScanSpec(c, port, source, dense), scans.choose(backend, like))
+    need = Need.of(like, scans=True, noise=c.checked.stochastic, compile=True)
+    if backend != "auto":
+        refuse(c, backend, need)
+    program = scans.program(ScanSpec(c, port, source, dense), scans.choose(backend, like, need))
     c.derived_names  # noqa: B018 - computed here, read by the trace
     k = f"rec{id(program)}"
     with _LOCK:
