@@ -142,7 +142,7 @@ def _show_nir(args: argparse.Namespace) -> int:
     from . import nir
 
     opts = _options(args)
-    net = nir.load(args.file, dt=args.dt, backend="torch", detach_reset=args.detach_reset, surrogate=opts.surrogate,
+    net = nir.load(args.file, dt=args.dt, backend=backends.REFERENCE, detach_reset=args.detach_reset, surrogate=opts.surrogate,
                    learnable=() if opts.learnable is None else opts.learnable)
     kinds = net.node_kinds
     texts = net.neuron_texts
@@ -317,10 +317,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     T = args.T
     x = _parse_input(args.input, T).reshape(T, 1)
     opts = _options(args)
-    m = load(args.file, backend="torch", store_state_seqs=True, check_finite=args.check_finite,
+    m = load(args.file, backend=backends.REFERENCE, store_state_seqs=True, check_finite=args.check_finite,
              surrogate=opts.surrogate, learnable=opts.learnable, **overrides).to(torch.float64)
     c = m.compiled
-    work = sum(1 for line in c.torch_source.splitlines() if " = " in line and not line.lstrip().startswith("#"))
+    work = sum(1 for line in c.source(backends.REFERENCE).splitlines() if " = " in line and not line.lstrip().startswith("#"))
     if T * max(work, 1) > WORK_BUDGET:
         raise FlexDSLError(f"--T {T} is more steps of {c.name} than `flexdsl run` simulates (at most "
                            f"{WORK_BUDGET // max(work, 1):,}: its step has {work} statements)", CMDLINE,
@@ -444,20 +444,25 @@ def _add_check(sub) -> None:
     c.set_defaults(fn=_cmd_check)
 
 
+def _title(name: str) -> str:
+    """What `flexdsl show --NAME` prints (the backend's `title`)."""
+    return getattr(backends.get(name), "title", f"the {name} backend's generated code")
+
+
 def _add_show(sub) -> None:
     s = sub.add_parser("show", help="print the generated code or the derived equations (of a .neuron, or of "
                        "each neuron of a .nir graph)", formatter_class=_Formatter,
                        description="Print what flexdsl generates for a model (default: the PyTorch core), or for\n"
                                    "each neuron node of a NIR graph (default: its generated .neuron text).",
                        epilog="examples:\n  flexdsl show lif                  # the generated PyTorch core\n"
-                              "  flexdsl show lif --triton         # the Triton kernels\n"
-                              "  flexdsl show lif --cpu            # the C++ kernels of the CPU backend\n"
-                              "  flexdsl show adex --equations     # the discretized step (sympy)\n"
+                              + "".join(f"  {'flexdsl show lif --' + n:<34}# {_title(n)}\n" for n in backends.names()
+                                        if n != backends.REFERENCE)
+                              + "  flexdsl show adex --equations     # the discretized step (sympy)\n"
                               "  flexdsl show adex --backward      # the derived vector-Jacobian product\n"
                               "  flexdsl show lif --surrogate 'atan(alpha=2.0)' --learnable tau   # shaped at load\n"
                               "  flexdsl show rlif.layer           # a layer: its text and plan (derived gradients)\n"
                               "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
-                              "  flexdsl show net.nir --torch --dt 1e-4")
+                              f"  flexdsl show net.nir --{backends.REFERENCE} --dt 1e-4")
     s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, a .layer file or a .nir file")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--backend", dest="what", metavar="NAME", choices=backends.names(),
@@ -465,7 +470,7 @@ def _add_show(sub) -> None:
                    + backends.REFERENCE + ")")
     for name in backends.names():  # (--NAME: the same as --backend NAME)
         g.add_argument(f"--{name}", dest="what", action="store_const", const=name,
-                       help=getattr(backends.get(name), "title", f"the {name} backend's generated code")
+                       help=_title(name)
                        + (" (the default for a model)" if name == backends.REFERENCE else ""))
     g.add_argument("--equations", dest="what", action="store_const", const="equations",
                    help="the discretized step as sympy assignments, with the integration method")

@@ -49,3 +49,16 @@ def library_site(tmp_path_factory):
                          progress=lambda k, n, label, s: seen.append((k, n, label)))
         done.write_bytes(pickle.dumps((out, res, seen)))
         return out, res, seen
+
+
+@pytest.fixture
+def numpy_backend():
+    """The NumPy backend of `tests/numpy_backend/`, registered for one test (a new backend is one
+    folder and this one line), and removed after it."""
+    from numpy_backend import NumpyBackend
+
+    from flexdsl import backends
+
+    backends.register("numpy", NumpyBackend())
+    yield "numpy"
+    backends.unregister("numpy")

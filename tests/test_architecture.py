@@ -9,6 +9,7 @@ function over 80 lines, no module over 600 lines.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -326,3 +327,87 @@ def test_no_module_outside_backends_imports_a_backends_package():
                         found.append(f"{rel}:{node.lineno}")
     assert packages >= {"torch", "triton", "cpu"}
     assert not found, found
+
+
+def _builtin_backend_names() -> list[str]:
+    """The keys of the built-in registry (`_FACTORIES` in flexdsl/backends/__init__.py, read as
+    source: a test's registered backend is not one)."""
+    tree = ast.parse((PKG / "backends" / "__init__.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "_FACTORIES":
+            return [k.value for k in node.value.keys]  # type: ignore[union-attr]
+    raise AssertionError("no _FACTORIES in flexdsl/backends/__init__.py")
+
+
+_DEVICE_WORDS = ("device", "device_type")
+
+
+def _device_or_module(node: ast.Constant, parents: dict[int, ast.AST]) -> bool:
+    """Whether a string is a torch device type or a module name here, not a backend's name: compared
+    with a `.type` (`x.device.type == "cpu"`, also inside a tuple), a `device=` keyword, the value
+    of a variable named `device...` (an `if`-expression's branch too), or the name in
+    `sys.modules.get(...)` / `import_module(...)`."""
+    up = parents.get(id(node))
+    while isinstance(up, (ast.Tuple, ast.List, ast.Set, ast.IfExp)):
+        up = parents.get(id(up))
+    if isinstance(up, ast.Compare):
+        return any(isinstance(s, ast.Attribute) and s.attr == "type" for s in [up.left, *up.comparators])
+    if isinstance(up, ast.keyword):
+        return up.arg in _DEVICE_WORDS
+    if isinstance(up, ast.Assign):
+        return all(isinstance(t, ast.Name) and t.id.startswith("device") for t in up.targets)
+    if isinstance(up, ast.Call):
+        f = up.func
+        return (isinstance(f, ast.Attribute) and f.attr in ("get", "device") and ast.unparse(f.value) in
+                ("sys.modules", "torch")) or ast.unparse(f).endswith("import_module")
+    return False
+
+
+def backend_names_outside_backends() -> list[str]:
+    """Where code outside flexdsl/backends/ names a built-in backend (issue 31: each backend the
+    only owner of its knowledge; the rest asks the registry, `backends.REFERENCE`, capabilities).
+
+    The rule, computed with `ast` (comments and docstrings are prose, not code):
+    - an identifier (a name, attribute, function, class, argument or keyword) with a backend's name
+      as one of its `_`-separated words (`triton_available`, `torch_source`), except `torch` itself
+      (the library the backend is named after) and attributes torch's tensors have (`x.cpu()`,
+      `is_cpu`: torch's API, not a backend);
+    - a string equal to a backend's name, except a torch device type ("cpu" compared with
+      `x.device.type`, a `device=` keyword, a `device...` variable) or a module name
+      (`sys.modules.get("torch")`), see `_device_or_module`;
+    - a string naming a backend inside a text: quoted (`'triton'`, "`cpu`"), as a flag (`--triton`)
+      or as an option value (`backend=triton`).
+    """
+    import torch
+
+    names = _builtin_backend_names()
+    quoted = [re.compile(rf"(['\"`]{n}['\"`]|--{n}\b|backend\s*=\s*['\"]?{n}\b)") for n in names]
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] in ("backends", "_generated"):
+            continue
+        tree = ast.parse(path.read_text())
+        parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for n in ast.walk(tree):
+            ident = {ast.Name: "id", ast.Attribute: "attr", ast.FunctionDef: "name", ast.ClassDef: "name",
+                     ast.arg: "arg", ast.keyword: "arg"}.get(type(n))
+            s = getattr(n, ident, None) if ident else None
+            if isinstance(s, str) and s != "torch" and set(s.lower().split("_")) & set(names):
+                if not (isinstance(n, ast.Attribute) and hasattr(torch.Tensor, s)):
+                    found.append(f"{rel}:{n.lineno}: identifier {s}")
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+                if n.value in names and not _device_or_module(n, parents):
+                    found.append(f"{rel}:{n.lineno}: string {n.value!r}")
+                elif any(q.search(n.value) for q in quoted):
+                    found.append(f"{rel}:{n.lineno}: text {n.value[:60]!r}")
+    return found
+
+
+def test_no_backend_name_outside_backends():
+    assert set(_builtin_backend_names()) >= {"torch", "triton", "cpu"}
+    found = backend_names_outside_backends()
+    assert not found, "\n".join(found)

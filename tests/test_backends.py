@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import sympy as sp
 import torch
 
 import flexdsl
 from flexdsl import backends
-from flexdsl.backends.base import RunResult
-from flexdsl.backends.printer import BasePrinter, lhs_rhs_lines
+from flexdsl.backends.printer import BasePrinter
 from flexdsl.backends.torch.emit import TorchPrinter
 from flexdsl.backends.triton.emit import HostPrinter, TritonPrinter
 from flexdsl.frontend.catalog import ALL_FUNCTIONS, METHODS, SURROGATES
 from flexdsl.ir.functions import SYMPY
 from flexdsl.ir.integrate import INTEGRATORS
 from flexdsl.ir.surrogates import BUILTIN_SURROGATES
-from flexdsl.store.cache import Artefact
-from flexdsl.store.generated import load_module
 
 PRINTERS = [TorchPrinter, TritonPrinter, HostPrinter]
 
@@ -70,110 +66,11 @@ def test_host_printer_matches_numeric_forms():
         assert got == pytest.approx(expected), name
 
 
-# ------------------------------------------------------------------ a new backend: NumPy, printer-driven
-# Everything a new code-printing backend needs, in this test module only: a printer (a BasePrinter
-# with its own SPELL table), an emitter printing the step from the IR, a program running the
-# time loop, and one registry entry. No file of flexdsl changes.
-_NP_PROLOGUE = """import numpy as np
-
-
-def _sigmoid(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
-def _exprel(z):
-    z = np.asarray(z, dtype=np.float64)
-    zb = np.where(z == 0, 1.0, z)
-    return np.where(z == 0, 1.0, np.expm1(zb) / zb)
-
-
-def _exprel_d(z):
-    z = np.asarray(z, dtype=np.float64)
-    small = np.abs(z) < 1.0
-    zs = np.where(small, z, 0.0)
-    series = np.zeros_like(z)
-    for k in range(19, -1, -1):
-        series = series * zs + (k + 1) / math.factorial(k + 2)
-    zb = np.where(small, 1.0, z)
-    return np.where(small, series, ((zb - 1.0) * np.exp(zb) + 1.0) / (zb * zb))
-"""
-
-
-class NumpyPrinter(BasePrinter):
-    TARGET = "numpy"
-    SPELL = {
-        "exp": "np.exp({0})", "log": "np.log({0})", "sqrt": "np.sqrt({0})", "abs": "np.abs({0})",
-        "sin": "np.sin({0})", "cos": "np.cos({0})", "tanh": "np.tanh({0})", "sigmoid": "_sigmoid({0})",
-        "relu": "np.maximum({0}, 0.0)", "min": "np.minimum({0}, {1})", "max": "np.maximum({0}, {1})",
-        "clip": "np.clip({0}, {1}, {2})", "where": "np.where({0}, {1}, {2})",
-        "heaviside": "np.where({0} >= 0, 1.0, 0.0)", "spike_ge": "np.where({0} >= 0, 1.0, 0.0)",
-        "spike_gt": "np.where({0} > 0, 1.0, 0.0)", "detach": "{0}", "sign": "np.sign({0})",
-        "exprel": "_exprel({0})", "exprel_d": "_exprel_d({0})",
-    }
-
-
-def emit_numpy(ir) -> str:
-    """`step(*inputs, *states, *params) -> (*outputs, *next states)`, printed from the IR's step."""
-    step, pr = ir.step, NumpyPrinter()
-    args = [pr._print(s) for s in [*step.inputs, *step.states]] + [pr._print(p.symbol) for p in step.params]
-    lines = ["import math", _NP_PROLOGUE, "", f"def step({', '.join(args)}):"]
-    lines += lhs_rhs_lines(pr, step.assignments)
-    rets = [pr._print(v) for _, v in step.outputs] + [pr._print(v) for v in step.next_states]
-    lines.append(f"    return ({', '.join(rets)},)")
-    return "\n".join(lines) + "\n"
-
-
-class NumpyProgram:
-    def __init__(self, fn, n_outputs: int) -> None:
-        self.fn, self.n_outputs = fn, n_outputs
-
-    def run(self, inputs, states, params, *, store_seqs):
-        xs = [x.detach().double().numpy() for x in inputs]
-        T, shape = xs[0].shape[0], np.broadcast_shapes(*(x.shape[1:] for x in xs))
-        st = [np.broadcast_to(s.detach().double().numpy() if isinstance(s, torch.Tensor) else float(s), shape)
-              for s in states]
-        pr = [p.detach().double().numpy() if isinstance(p, torch.Tensor) else float(p) for p in params]
-        outs: list[list] = [[] for _ in range(self.n_outputs)]
-        seqs: list[list] = [[] for _ in st]
-        for t in range(T):
-            res = [np.broadcast_to(np.asarray(r, dtype=np.float64), shape) for r in self.fn(*(x[t] for x in xs), *st, *pr)]
-            for i in range(self.n_outputs):
-                outs[i].append(res[i])
-            st = res[self.n_outputs:]
-            for i, s in enumerate(st):
-                seqs[i].append(s)
-        dtype = inputs[0].dtype
-        stack = lambda a: torch.as_tensor(np.stack(a) if a else np.zeros((0, *shape))).to(dtype)  # noqa: E731
-        return RunResult([stack(o) for o in outs], [torch.as_tensor(np.array(s)).to(dtype) for s in st],
-                         [stack(q) for q in seqs] if store_seqs else None)
-
-
-class NumpyBackend:
-    name = "numpy"
-
-    def available(self):
-        return True
-
-    def accepts(self, inputs):
-        return False  # only when asked for by name
-
-    def version(self):
-        return np.__version__
-
-    def emit(self, ir):
-        return Artefact("numpy", emit_numpy(ir), {"outputs": [n for n, _ in ir.step.outputs]})
-
-    def load(self, artefact, key):
-        module = load_module("numpytest", key, artefact.source)
-        return NumpyProgram(module.step, len(artefact.meta["outputs"]))
-
-
-@pytest.fixture
-def numpy_backend():
-    backends.register("numpy", NumpyBackend())
-    yield
-    backends._FACTORIES.pop("numpy", None)
-    backends._LOADED.pop("numpy", None)
+# ------------------------------------------------------------------ a new backend: NumPy (tests/numpy_backend/)
+# Everything a new code-printing backend needs, in one folder: a printer (a BasePrinter with its own
+# SPELL table), an emitter printing the step and its derived backward from the IR, a program running
+# the time loop (forward, backward, noise), a layer scan, and one registry entry (the `numpy_backend`
+# fixture of tests/conftest.py). No file of flexdsl changes.
 
 
 def _drive(name: str) -> list[torch.Tensor]:
@@ -201,6 +98,80 @@ def test_a_printer_driven_numpy_backend_matches_every_library_model(name, numpy_
     assert "torch" not in m_np.compiled.artefact("numpy").source
 
 
+@pytest.mark.parametrize("name", ["lif", "alif", "adex", "izhikevich", "hodgkin_huxley", "plif", "lif_refractory", "snn_synaptic"])
+def test_the_numpy_backend_trains_through_the_derived_backward(name, numpy_backend):
+    """Its gradient (the model's derived backward, run in NumPy) is the torch backend's, for the
+    inputs, initial states and learnable params."""
+    ck = flexdsl.compile(name).checked
+    learn = [p.name for p in ck.params][:2]
+    grads = []
+    for backend in ("torch", "numpy"):
+        m = flexdsl.load(name, backend=backend, learnable=learn).double()
+        xs = [x[:20].clone().requires_grad_() for x in _drive(name)]
+        out = m(*xs)
+        out = out if isinstance(out, tuple) else (out,)
+        g = torch.Generator().manual_seed(2)
+        loss = sum((o * torch.randn(o.shape, dtype=o.dtype, generator=g)).sum() for o in out)
+        loss = loss + sum(getattr(m, s).sum() for s in m.state_names)
+        loss.backward()
+        grads.append([x.grad for x in xs] + [p.grad for p in m.parameters()])
+    assert len(grads[0]) == len(grads[1]) > len(_drive(name))
+    for a, b in zip(*grads):  # (None: a param the outputs do not depend on; zeros)
+        assert a is not None or b is not None
+        torch.testing.assert_close(b if b is not None else torch.zeros_like(a), a if a is not None else
+                                   torch.zeros_like(b), rtol=1e-8, atol=1e-10)
+
+
+def test_the_numpy_backend_draws_the_noise_of_every_backend(numpy_backend):
+    """A noisy model's draws come from flexdsl's Philox generator: the same seed, the same noise."""
+    text = """neuron NoisyLIF:
+    input x
+    param tau = 10.0
+    param sigma = 0.5
+    state v = 0.0
+    update:
+        v = v + (x - v) / tau + sigma * randn()
+    spike when v > 1.0
+    output spike, v
+"""
+    x = torch.rand(30, 5, dtype=torch.float64) * 0.3
+    a = flexdsl.loads(text, backend="torch")(x, seed=7)
+    b = flexdsl.loads(text, backend="numpy")(x, seed=7)
+    for u, v in zip(a, b):
+        torch.testing.assert_close(v, u, rtol=1e-12, atol=1e-12)
+    assert a[1].std() > 0.1
+
+
+def test_what_a_backend_has_not_declared_is_a_located_error_naming_those_that_can(numpy_backend):
+    from flexdsl.backends.base import Capabilities
+
+    class Plain:  # forward only: no scans, no noise, no training, float64 only
+        name = "plain"
+        capabilities = Capabilities(devices=("cpu",), dtypes=("float64",), training=False, noise=False)
+
+        def __getattr__(self, name):
+            return getattr(backends.get("numpy"), name)
+
+    backends.register("plain", Plain())
+    try:
+        with pytest.raises(flexdsl.FlexDSLError, match=r"backend `plain` does not run layer scans; .*`numpy`"):
+            flexdsl.recurrent("lif", 3, 4, backend="plain")
+        m = flexdsl.load("lif", backend="plain")
+        with pytest.raises(flexdsl.FlexDSLError, match=r"backend `plain` does not run float32 tensors \(it runs "
+                                                       r"float64 tensors\); .*`torch`"):
+            m(torch.rand(4, 3))
+        m(torch.rand(4, 3, dtype=torch.float64))  # (declared: runs)
+        with pytest.raises(flexdsl.FlexDSLError, match="backend `plain` has no backward"):
+            m(torch.rand(4, 3, dtype=torch.float64, requires_grad=True))
+        noisy = "neuron N:\n    input x\n    state v = 0.0\n    update:\n        v = v + x + randn()\n    output v\n"
+        with pytest.raises(flexdsl.FlexDSLError, match="does not draw random numbers.*`numpy`"):
+            flexdsl.loads(noisy, backend="plain")
+        assert "plain" not in backends.able(backends.Need(scans=True)) and "numpy" in backends.able(
+            backends.Need(scans=True))
+    finally:
+        backends.unregister("plain")
+
+
 def test_the_numpy_backend_sees_spikes_and_resets():
     """The comparison above is not vacuous: most library models fire on those inputs."""
     firing = 0
@@ -215,7 +186,7 @@ def test_the_numpy_backend_sees_spikes_and_resets():
 
 
 def test_unknown_backend_lists_the_registry():
-    with pytest.raises(flexdsl.FlexDSLError, match="auto, triton, cpu, torch"):
+    with pytest.raises(flexdsl.FlexDSLError, match="auto, " + ", ".join(backends.names())):
         flexdsl.load("lif", backend="cuda-c")
 
 
@@ -224,7 +195,6 @@ def test_a_code_printing_backend_keeps_its_spellings_in_its_own_module():
     a spelling it lacks is a clear error when the class is defined, naming the function."""
     import sympy as sp
 
-    from flexdsl.backends.printer import BasePrinter
     from flexdsl.frontend.catalog import ALL_FUNCTIONS
     from flexdsl.ir.functions import SYMPY
 

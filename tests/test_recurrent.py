@@ -15,15 +15,16 @@ from torch import nn
 import flexdsl
 from flexdsl import FlexDSLError, backends
 from flexdsl.backends.cpu import CALLS
-from flexdsl.runtime.module import triton_available
 
 from tolerances import assert_close, condition, layer_ops, tol
 
-TRITON = triton_available()
+TRITON = backends.get("triton").available()
 needs_triton = pytest.mark.skipif(not TRITON, reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
 needs_cpp = pytest.mark.skipif(not backends.get("cpu").available(), reason="needs a C++ compiler (the CPU kernels)")
-# the scans: torch's loop, the CPU kernels' (C++ steps), the Triton kernels
-SCANS = ["torch", pytest.param("cpu", marks=needs_cpp), pytest.param("triton", marks=needs_triton)]
+# the scans: torch's loop, the CPU kernels' (C++ steps), the Triton kernels, and the NumPy backend of
+# tests/numpy_backend (registered for every test here: a backend that is one folder and one registry line)
+SCANS = ["torch", pytest.param("cpu", marks=needs_cpp), pytest.param("triton", marks=needs_triton), "numpy"]
+pytestmark = pytest.mark.usefixtures("numpy_backend")
 
 # snnTorch's RLeaky(reset_mechanism="zero") in the language: the reset of a membrane that crossed
 # the threshold (strictly) at the last step zeroes the whole new value, the recurrent current
@@ -365,6 +366,36 @@ def test_cpu_scan_equals_torch_scan(model, opts, scale, dtype):
         torch.testing.assert_close(got[3][k], ref[3][k], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("model, opts, scale", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_numpy_scan_equals_torch_scan(model, opts, scale):
+    """The NumPy backend's scan (tests/numpy_backend: its own printed step and derived backward, the
+    loop in NumPy) against the torch scan in float64: the same spikes, outputs, gradients and kept
+    states up to float64 roundings."""
+    torch.manual_seed(5)
+    T, B, I, H = 10, 3, 5, 9
+    opts = dict(opts)
+    in_f = opts.pop("in_features", I)
+    m = flexdsl.recurrent(model, in_f, H, backend="torch", **opts).double()
+    with torch.no_grad():
+        m.W_rec.mul_(4.0 if m.connectivity == "all" else 1.0)
+        if m.W_in is not None:
+            m.W_in.mul_(scale)
+    x = (torch.rand(T, B, in_f if in_f is not None else H) * (scale if in_f is None else 1.0)).double()
+    w = torch.randn(T, B, H, dtype=torch.float64)
+    ref = _run(m, x, w)
+    m.backend = "numpy"
+    got = _run(m, x, w)
+    assert any(int((o != 0).sum()) > 5 for o in ref[0])
+    for a, b in zip(got[0], ref[0]):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    assert set(got[1]) == set(ref[1])
+    for k in ref[1]:
+        assert rel(got[1][k], ref[1][k]) < 1e-11, k
+    assert rel(got[2], ref[2]) < 1e-11
+    for k in ref[3]:
+        torch.testing.assert_close(got[3][k], ref[3][k], rtol=1e-11, atol=1e-11)
+
+
 @needs_triton
 def test_triton_scan_bfloat16_follows_float32():
     torch.manual_seed(6)
@@ -477,7 +508,7 @@ def test_learnable_neuron_params_train_with_the_weights():
     assert m.neuron.w.grad is not None and m.neuron.w.grad != 0
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=needs_cpp)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=needs_cpp), "numpy"])
 def test_other_inputs_of_a_model_are_passed_after_x(backend):
     text = """
 neuron TwoPort:
@@ -705,7 +736,10 @@ def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     plain = run_on(m, analog, g, None)  # (the float32 product, nothing forced)
     plain_s0 = run_on(m, spikes, g, torch.full((4, 10), 0.3))
 
-    monkeypatch.setattr(scans, "_triton_products", spy)
+    from flexdsl.backends import exact
+
+    monkeypatch.setattr(scans, "fused_products", spy)
+    monkeypatch.setattr(exact, "fused_products", spy)
     monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
     got = run(torch.float32, "triton")
     assert used, "the fused kernels were not used"

@@ -6,19 +6,23 @@ code printers.
     backends.register("numpy", NumpyBackend())     # a new backend: one module + this line
     backends.get("torch")                          # the backend object
     backends.choose("auto", inputs)                # what `backend="auto"` picks for these inputs
+    backends.able(Need(scans=True))                # the names of the backends that can do this
 
 Built-in backends are imported on first use, so `flexdsl check` never imports triton.
 `backend="auto"` tries the backends registered with `auto=True`, most preferred first, and
-takes the first that is available and accepts the inputs.
+takes the first whose declared `capabilities` fit the call (device type, dtype, layer scan,
+noise) and that is available and accepts the inputs. What a backend has not declared, asked of
+it by name, is refused (`refusal`: the message names the backends that can).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import Backend
+from .base import UNDECLARED, Backend, Capabilities, Need
 
 
 def _torch() -> Backend:
@@ -59,6 +63,15 @@ def register(name: str, backend: Backend | Callable[[], Backend], *, auto: bool 
             _AUTO.insert(0, name)
 
 
+def unregister(name: str) -> None:
+    """Remove a backend added by `register` (a test's, when the test is done)."""
+    with _LOCK:
+        _FACTORIES.pop(name, None)
+        _LOADED.pop(name, None)
+        if name in _AUTO:
+            _AUTO.remove(name)
+
+
 def names() -> list[str]:
     """The registered backend names (`"auto"` is not one of them)."""
     return list(_FACTORIES)
@@ -80,16 +93,50 @@ def get(name: str) -> Backend:
     return b
 
 
-def choose(name: str, inputs: Sequence[Any]) -> Backend:
+def capabilities(b: Backend) -> Capabilities:
+    """What `b` declares (a backend without a declaration: any device and dtype, no layer scans;
+    layer scans only with a `load_scan`)."""
+    caps = getattr(b, "capabilities", UNDECLARED)
+    if caps.scans and not hasattr(b, "load_scan"):
+        caps = dataclasses.replace(caps, scans=False)
+    return caps
+
+
+def able(need: Need) -> list[str]:
+    """The registered backends that declare `need` and are available here, in registry order."""
+    out = []
+    for n in names():
+        b = get(n)
+        if capabilities(b).lacks(need) is None and b.available():
+            out.append(n)
+    return out
+
+
+def refusal(name: str, need: Need) -> str | None:
+    """Why backend `name` cannot do `need` (what it has not declared), naming the backends that
+    can; None: it declares it."""
+    why = capabilities(get(name)).lacks(need)
+    if why is None:
+        return None
+    can = [n for n in able(need) if n != name]
+    others = ", ".join(f"`{n}`" for n in can)
+    return f"backend `{name}` {why}; " + (f"{others} {'does' if len(can) == 1 else 'do'}" if can
+                                          else "no registered backend does")
+
+
+def choose(name: str, inputs: Sequence[Any], need: Need | None = None) -> Backend:
     """The backend that runs these inputs: `name`, or for "auto" the first preferred backend
-    that is available and accepts them (torch accepts everything)."""
+    whose capabilities fit `need` (default: the inputs' device type and dtype) and that is
+    available and accepts them; the reference backend where none does."""
     if name != "auto":
         return get(name)
+    need = need if need is not None else Need.of(inputs[0])
     for n in _AUTO:
         b = get(n)
-        if b.accepts(inputs) and b.available():
+        if capabilities(b).lacks(need) is None and b.accepts(inputs) and b.available():
             return b
-    return get("torch")
+    return get(REFERENCE)
 
 
-__all__ = ["register", "names", "auto_names", "get", "choose", "Backend"]
+__all__ = ["register", "unregister", "names", "auto_names", "get", "choose", "capabilities", "able", "refusal",
+           "Backend", "Capabilities", "Need", "REFERENCE"]

@@ -53,10 +53,14 @@ class ScanSpec:
     dense: bool
 
 
+ANY = "*"  # (in `Capabilities.devices` / `dtypes`: every device type / every floating dtype)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend declares it can do; the runtime, CLI and docs read this, never a backend's
-    name. `dtypes` by torch name ("float32"...), `devices` by torch device type ("cpu", "cuda")."""
+    name. `dtypes` by torch name ("float32"...), `devices` by torch device type ("cpu", "cuda");
+    `ANY` in either: all of them."""
 
     devices: tuple[str, ...]
     dtypes: tuple[str, ...]
@@ -65,6 +69,52 @@ class Capabilities:
     noise: bool = True
     scans: bool = False  # layer scans (`load_scan`)
     compile: bool = True  # runs under torch.compile (its time loop one custom-op pair)
+
+    def lacks(self, need: Need) -> str | None:
+        """What of `need` this backend has not declared, as the words after "backend `x`" (the
+        first such thing), or None: it can."""
+        if need.scans and not self.scans:
+            return "does not run layer scans"
+        if need.device is not None and ANY not in self.devices and need.device not in self.devices:
+            return f"does not run on {need.device} tensors (it runs {_words(self.devices, str.upper)} tensors)"
+        if need.dtype is not None and ANY not in self.dtypes and need.dtype not in self.dtypes:
+            return f"does not run {need.dtype} tensors (it runs {_words(self.dtypes)} tensors)"
+        if need.noise and not self.noise:
+            return "does not draw random numbers (the model's noise)"
+        if need.training and not self.training:
+            return "has no backward (gradients)"
+        if need.compile and not self.compile:
+            return "does not run under torch.compile"
+        return None
+
+
+def _words(items: Sequence[str], form=str) -> str:
+    """"a", "a or b", "a, b or c"."""
+    w = [form(i) for i in items]
+    return w[0] if len(w) == 1 else ", ".join(w[:-1]) + " or " + w[-1]
+
+
+# a backend that declares nothing: any device and dtype, no layer scans
+UNDECLARED = Capabilities(devices=(ANY,), dtypes=(ANY,))
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a call asks of a backend (`Capabilities.lacks`, `backends.able`): its tensors'
+    device type and dtype (None: any), and whether it is a layer scan, draws random numbers,
+    needs gradients, runs under torch.compile."""
+
+    device: str | None = None
+    dtype: str | None = None
+    scans: bool = False
+    noise: bool = False
+    training: bool = False
+    compile: bool = False
+
+    @staticmethod
+    def of(x: torch.Tensor, **flags: bool) -> Need:
+        """The need of a call on tensors like `x` (its device type and dtype), with `flags`."""
+        return Need(x.device.type, str(x.dtype).removeprefix("torch."), **flags)
 
 
 @dataclass
@@ -90,6 +140,7 @@ class Program(Protocol):
 
 class Backend(Protocol):
     name: str
+    capabilities: Capabilities  # what it declares (absent: `UNDECLARED`)
 
     def available(self) -> bool:
         """Whether it can run in this process (its libraries import)."""
@@ -104,7 +155,10 @@ class Backend(Protocol):
         ...
 
     # optional: `refusal(x) -> (message, hint) | None`, why a layer's scan asked for by name cannot
-    # run on inputs like `x` here (a located error before anything is computed); none: it can
+    # run on inputs like `x` here beyond what its capabilities say (a located error before anything
+    # is computed); none: it can.
+    # optional (with `capabilities.scans`): `load_scan(spec: ScanSpec, key: str) -> RecurrentProgram`,
+    # the layer scan of `spec` (`backends/recurrent.py` `RecurrentProgram`), `key` its cache key
 
     def emit(self, ir: IR) -> Artefact: ...
 
@@ -175,4 +229,4 @@ def transformed(t: Any) -> bool:
 _WRAPPED: list = []  # [(torch.Tensor, torch's is_functorch_wrapped_tensor or None)]
 
 
-__all__ = ["Artefact", "Backend", "IR", "NoiseKey", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed"]
+__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed"]

@@ -2,7 +2,7 @@
 receives `ix[t] + W s[t-1]` (`ix = W_in x + b`, computed before the loop in one product), `s`
 being one of the model's outputs (the source, the spike by default).
 
-    prog = program(ir, "triton", port=0, source=0, dense=True)
+    prog = program(ScanSpec(ir, port=0, source=0, dense=True), backend)   # a backend's name
     outs, fins = scan(prog, ix, w, s0, inputs, states, params)      # autograd: BPTT
 
 A backend's recurrent program runs the loop (forward, and the backward through the
@@ -11,15 +11,14 @@ every step); what follows from `gI` is the same for every backend and is done he
 loop: `dW = gI^T S_prev` is one matrix product over all steps (`[H, T*B] @ [T*B, H]`; no
 per-step outer product is ever formed), `d ix = gI`, `d s0 = gI[0] W`.
 
-Programs are made from the compiled model's IR by the backend's `recurrent` module
-(`backends/<name>/recurrent.py`: `load_recurrent(ir, key, port, source, dense)`), cached on
-disk like every artefact and loaded once per process.
+Programs are made from the compiled model's IR by the backend's `load_scan(spec, key)` (a
+backend whose capabilities say `scans`; the built-in ones delegate to `backends/<name>/recurrent.py`),
+cached on disk like every artefact and loaded once per process.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import threading
 from collections.abc import Sequence
@@ -30,14 +29,14 @@ import torch
 
 from ..errors import FlexDSLError
 from ..settings import env_choice
-from . import get, replay
-from .base import IR, NoiseKey, key_ints, key_tensor
+from . import REFERENCE, capabilities, get, replay
+from . import choose as choose_backend
+from .base import IR, Need, NoiseKey, ScanSpec, key_ints, key_tensor
+from .exact import exact_bf16, exact_in_bf16, fused_products, small_ints
 from .recurrent_ops import keeps, register_ops
 from .stash import stash, unstash
 
-# the backends with a recurrent scan (the module that makes its program)
-IMPLEMENTATIONS = {"torch": "flexdsl.backends.torch.recurrent", "triton": "flexdsl.backends.triton.recurrent",
-                   "cpu": "flexdsl.backends.cpu.recurrent"}
+_exact_bf16 = exact_bf16  # (the name `recurrent_ops` reads)
 
 
 class RecurrentProgram(Protocol):
@@ -70,37 +69,48 @@ _PROGRAMS: dict[tuple, RecurrentProgram] = {}
 _LOCK = threading.Lock()
 
 
-def program(ir: IR, backend: str, port: int, source: int, dense: bool) -> RecurrentProgram:
-    """The recurrent program of a compiled model on a backend (once per process)."""
+def scan_key(ir: IR, b: Any) -> str:
+    """The cache key of backend `b`'s layer scan of a model."""
+    return ir.cache_key(f"{b.name}-recurrent", b.version())
+
+
+def program(spec: ScanSpec, backend: str) -> RecurrentProgram:
+    """The layer scan of `spec` on the backend named `backend` (once per process): its
+    `load_scan` (the reference backend's where that gives None: it cannot here, e.g. its kernels
+    could not be built), with the layer's custom ops registered."""
     b = get(backend)
-    key = ir.cache_key(f"{b.name}-recurrent", b.version())
-    k = (b.name, key, port, source, dense)
+    if not capabilities(b).scans:
+        raise FlexDSLError(f"backend `{b.name}` does not run layer scans", "<flexdsl.recurrent>")
+    ir = spec.ir
+    key = scan_key(ir, b)
+    k = (b.name, key, spec.port, spec.source, spec.dense)
     p = _PROGRAMS.get(k)
     if p is None:
         with _LOCK:
             p = _PROGRAMS.get(k)
             if p is None:
-                mod = importlib.import_module(IMPLEMENTATIONS[b.name])
-                p = mod.load_recurrent(ir, key, port, source, dense)
+                p = b.load_scan(spec, key)  # type: ignore[attr-defined]
+                if p is None:
+                    ref = get(REFERENCE)
+                    p = ref.load_scan(spec, scan_key(ir, ref))  # type: ignore[attr-defined]
                 ck = ir.checked
-                name = "".join(ch for ch in f"{b.name}_{key[:16]}_{port}_{source}_{int(dense)}" if ch.isalnum() or ch == "_")
-                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), dense,
+                name = "".join(ch for ch in f"{b.name}_{key[:16]}_{spec.port}_{spec.source}_{int(spec.dense)}"
+                               if ch.isalnum() or ch == "_")
+                p.ops = register_ops(p, name, len(ck.inputs), len(ck.states), len(ck.outputs), spec.dense,
                                      sys.modules[__name__])
                 _PROGRAMS[k] = p
     return p
 
 
-def choose(backend: str, like: torch.Tensor) -> str:
-    """The scan a layer's call runs on: `backend`, or for "auto" the Triton kernels for CUDA
-    tensors of a kernel dtype (when Triton imports), the CPU kernels for float32 and float64 CPU
-    tensors (where a C++ compiler is found), else the torch scan."""
+def choose(backend: str, like: torch.Tensor, need: Need | None = None) -> str:
+    """The scan a layer's call runs on: `backend`, or for "auto" the first preferred backend
+    whose capabilities say layer scans on tensors like `like` (`need`: and the rest of the
+    call's needs), that is available and accepts them (the Triton kernels for CUDA tensors of a
+    kernel dtype, the CPU kernels for float32 and float64 CPU tensors), else the reference scan."""
     if backend != "auto":
         return backend
-    if like.is_cuda and like.dtype in (torch.float32, torch.float16, torch.bfloat16) and get("triton").available():
-        return "triton"
-    if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64) and get("cpu").available():
-        return "cpu"
-    return "torch"
+    b = choose_backend("auto", [like], need if need is not None else Need.of(like, scans=True))
+    return b.name if capabilities(b).scans else REFERENCE
 
 
 def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -161,54 +171,11 @@ def weight_grad(g: torch.Tensor, s: torch.Tensor, exact: bool, parts: torch.Tens
     return g.t().mm(s.to(g.dtype))
 
 
-def _triton_products(t: torch.Tensor, prog: Any):
-    """`backends/triton/products.py` (one-pass conversion, fused exact products) where the layer
-    runs on the Triton kernels and `t` is a CUDA tensor, else None: the torch way (a layer asked
-    to run on the torch backend launches no Triton kernel)."""
-    if t.is_cuda and getattr(prog, "fused_products", False) and get("triton").available():
-        from .triton import products
-
-        return products
-    return None
-
-
-def _exact_bf16(x: torch.Tensor, prog: Any, ints: bool = False) -> torch.Tensor | None:
-    """x in bfloat16 where that is exact (spikes, small integers) and finite, else None (an infinity
-    times a zero part of a weight would give NaN where float32 gives the infinity)."""
-    kern = _triton_products(x, prog)
-    if kern is not None:
-        return kern.to_bf16_exact(x, ints)
-    return x.to(torch.bfloat16) if _exact_torch(x, ints) else None
-
-
-def exact_in_bf16(t: torch.Tensor, prog: Any) -> bool:
-    """Every value of the fed-back `t` (s0) finite and exact in bfloat16, and a small integer
-    where the program's recurrent products run in int8 (`small_ints`)."""
-    ints = small_ints(prog, t)
-    if t.dtype == torch.float32 and _triton_products(t, prog) is not None:
-        return _exact_bf16(t, prog, ints) is not None  # (one kernel)
-    return _exact_torch(t, ints)
-
-
-def small_ints(prog: Any, t: torch.Tensor) -> bool:
-    """Whether the program's recurrent products of a fed-back `t` run in int8 (fixed point,
-    `backends/triton/recurrent.py`): then "exact" means integers from -127 to 127 (spikes)."""
-    ints = getattr(prog, "exact_ints", None)
-    return bool(ints is not None and ints(t.dtype))
-
-
-def _exact_torch(t: torch.Tensor, ints: bool) -> bool:
-    ok = (t.to(torch.bfloat16).to(t.dtype) == t) & torch.isfinite(t)
-    if ints:
-        ok &= (t == t.round()) & (t.abs() <= 127)
-    return bool(ok.all())
-
-
 def _input_product(xb: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: Any) -> torch.Tensor | None:
     """xb W_in^T + b in float32 from exact bfloat16 products (xb [M, F] exact in bfloat16, W_in in
     its three parts): one fused Triton kernel on CUDA, else three torch products (None where torch
     has none either)."""
-    kern = _triton_products(xb, prog)
+    kern = fused_products(xb, prog)
     if kern is not None:
         return kern.split3_mm(xb, w_in, b.contiguous() if b is not None else None)
     return _bf16_products([(xb, p.t()) for p in reversed(split3(w_in))], init=b)
@@ -237,7 +204,7 @@ def _linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: A
     track (inference) and a large input, the same product in one Triton kernel on rows padded to 64
     elements (`products.mm_bf16`: cuBLAS takes slower kernels for a 700-wide bfloat16 row); the
     input's conversion is the one autocast makes."""
-    kern = _triton_products(x, prog) if x.numel() >= _MM_BF16_MIN else None
+    kern = fused_products(x, prog) if x.numel() >= _MM_BF16_MIN else None
     if (kern is not None and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
             and env_choice("FLEXDSL_RECURRENT_PRODUCTS") != "fp32" and x.dtype in (torch.float32, torch.bfloat16)
             and not replay.tracks_grad((x, w_in, b))):
@@ -293,7 +260,7 @@ def restore(prog: RecurrentProgram, x, w, s0, w_in, b, kept: Sequence[torch.Tens
     `saved_tensors`) and the call's own arguments: the backward of the layer's custom op, whose
     forward returned them (`recurrent_ops`). The values `_forward` derived from the arguments
     (x in bfloat16, whether s0 is exact in it) are derived again, the same way."""
-    xb = _exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
+    xb = exact_bf16(x, prog) if w_in is not None and _fusable(x, w_in, b) else None
     s0_exact = exact_in_bf16(s0, prog) if prog.binary and dense and fast_products(s0) else None
     S = kept[0]
     saved = prog.restore(list(kept[1:]), inputs, params, S[0], noise)
@@ -413,7 +380,7 @@ class _Guess:
         the program not checking first), else None."""
         want_x = w_in is not None and _fusable(x, w_in, b)
         want_s0 = not s0_zero and bool(prog.binary and dense and fast_products(s0))
-        if _triton_products(x, prog) is None or not (want_x or want_s0) or getattr(prog, "check_first", False):
+        if fused_products(x, prog) is None or not (want_x or want_s0) or getattr(prog, "check_first", False):
             return None
         return want_x, want_s0
 
@@ -421,7 +388,7 @@ class _Guess:
     def convert(prog: RecurrentProgram, x: torch.Tensor, s0: torch.Tensor, want: tuple[bool, bool]
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the verdicts [2] int32 on the device, x in bfloat16 or None): launched, not waited for."""
-        kern = _triton_products(x, prog)
+        kern = fused_products(x, prog)
         flags = torch.zeros(2, dtype=torch.int32, device=x.device)
         xb = kern.to_bf16(x, flags[0:1]) if want[0] else None
         if want[1]:
@@ -481,7 +448,7 @@ def scan(prog: RecurrentProgram, x: torch.Tensor, w_in: torch.Tensor | None, b: 
         wi, bb = w_in, b
         if wi is not None:
             if xb is None and not checked and _fusable(xx, wi, bb):
-                xb = _exact_bf16(xx, prog)
+                xb = exact_bf16(xx, prog)
             if xb is None:
                 xx, wi, bb = _linear(xx, wi, bb, prog), None, None
         elif bb is not None:
@@ -546,6 +513,6 @@ def pack_args(inputs, states, params) -> tuple[list[torch.Tensor], list[float], 
     return tensors, vals, kinds
 
 
-__all__ = ["IMPLEMENTATIONS", "RecurrentProgram", "program", "choose", "scan", "pack_args", "weight_grad", "split3",
+__all__ = ["RecurrentProgram", "program", "scan_key", "choose", "scan", "pack_args", "weight_grad", "split3",
            "exact_in_bf16", "restore",
            "fast_products"]

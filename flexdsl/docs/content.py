@@ -157,7 +157,7 @@ class ModelDoc:
     backward_given: list[Math]
     backward_results: list[Statement]
     source: str
-    sources: dict[str, str] = field(default_factory=dict)  # "torch" / "triton" -> generated code
+    sources: dict[str, str] = field(default_factory=dict)  # backend name -> its generated code (`_sources`)
     notes: list[str] = field(default_factory=list)  # what was chosen at load; the bounds' parametrizations
     options: Any = None  # the load-time options (frontend/options.py LoadOptions)
     stochastic: bool = False  # the step draws random numbers (white noise, randn(), rand())

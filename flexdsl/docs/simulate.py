@@ -144,9 +144,10 @@ def simulate(c: Compiled, amplitudes: torch.Tensor, T: int, onset: int,
              params: Mapping[str, float] | None = None, detail: bool = True) -> Run:
     """Step inputs (0 before `onset`, then each amplitude) on the first input, the others 0
     (`detail`: see `run_module`)."""
+    from .. import backends
     from ..runtime.module import NeuronModule
 
-    m = NeuronModule(c, dict(params or {}), "m", "torch", store_state_seqs=True)
+    m = NeuronModule(c, dict(params or {}), "m", backends.REFERENCE, store_state_seqs=True)
     x = torch.zeros(T, amplitudes.numel(), dtype=DTYPE)
     x[onset:] = amplitudes.to(DTYPE)
     return run_module(m, x, params, amplitudes=amplitudes, onset=onset, detail=detail)

@@ -29,14 +29,14 @@ def numeric(fmath: Callable[..., Any], ftorch: str) -> Callable[..., Any]:
             t = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.float64) for a in args]
             if ftorch == "where":  # the condition is a truth value, whatever made it
                 t[0] = t[0].to(torch.bool)
-            return _TORCH_FORMS[ftorch](torch)(*t)
+            return _TENSOR_FORMS[ftorch](torch)(*t)
         return fmath(*args)
 
     f.__name__ = ftorch
     return f
 
 
-_TORCH_FORMS: dict[str, Callable[[Any], Callable[..., Any]]] = {
+_TENSOR_FORMS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "exp": lambda t: t.exp, "log": lambda t: t.log, "sqrt": lambda t: t.sqrt, "abs": lambda t: t.abs,
     "sin": lambda t: t.sin, "cos": lambda t: t.cos, "tanh": lambda t: t.tanh, "sigmoid": lambda t: t.sigmoid,
     "relu": lambda t: t.relu, "minimum": lambda t: t.minimum, "maximum": lambda t: t.maximum,

@@ -139,29 +139,42 @@ class Compiled(IR):
         return self.artefact(backend).source
 
     @property
-    def torch_source(self) -> str:
-        """The generated PyTorch source of `core`."""
-        return self.artefact("torch").source
+    def reference_module(self) -> ModuleType:
+        """The reference backend's generated module (`core`, `surrogate`: one step as torch code)."""
+        from .. import backends
 
-    @property
-    def triton_source(self) -> str:
-        """The generated Triton kernels."""
-        return self.artefact("triton").source
-
-    @property
-    def torch_module(self) -> ModuleType:
-        """The generated torch module (`core`, `surrogate`)."""
-        return self.program("torch").module  # type: ignore[attr-defined]
+        return self.program(backends.REFERENCE).module  # type: ignore[attr-defined]
 
     @cached_property
-    def torch_backward_source(self) -> str:
-        return _backend("torch").backward_source(self.step, self.backward)  # type: ignore[attr-defined]
+    def backward_source(self) -> str:
+        """`core_backward`, the derived VJP of one step, as the reference backend prints it."""
+        from .. import backends
+
+        return _backend(backends.REFERENCE).backward_source(self.step, self.backward)  # type: ignore[attr-defined]
 
     @cached_property
-    def torch_backward(self):
+    def core_backward(self):
         """`core_backward(*inputs, *states, *grads, *params)`: the derived VJP as torch code."""
-        source = self.torch_source + self.torch_backward_source
-        return load_module("torchbackward", self.key(_backend("torch")), source).core_backward
+        from .. import backends
+
+        ref = _backend(backends.REFERENCE)
+        return load_module(f"{ref.name}backward", self.key(ref), self.source(ref.name) + self.backward_source).core_backward
+
+    def __getattr__(self, name: str) -> Any:
+        """`<backend>_source` for any registered backend (`source(name)`), and the reference
+        backend's `<name>_module`, `<name>_backward_source`, `<name>_backward` (the names these
+        had before the registry said which backend is the reference)."""
+        if name.startswith("__") or "_" not in name:
+            raise AttributeError(name)
+        from .. import backends
+
+        for b in backends.names():
+            rest = name[len(b) + 1:] if name.startswith(b + "_") else None
+            if rest == "source":
+                return self.source(b)
+            if b == backends.REFERENCE and rest in _REFERENCE_ALIASES:
+                return getattr(self, _REFERENCE_ALIASES[rest])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return f"<flexdsl.Compiled {self.name} from {self.filename!r}>"
@@ -180,6 +193,9 @@ class Compiled(IR):
 
     def _repr_html_(self) -> str | None:
         return display.show("html", self)
+
+
+_REFERENCE_ALIASES = {"module": "reference_module", "backward_source": "backward_source", "backward": "core_backward"}
 
 
 def _backend(b: Backend | str) -> Backend:

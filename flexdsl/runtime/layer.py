@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import backends
 from ..errors import FlexDSLError
 from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer, CheckedSynapse, check_layer, neuron_ref
@@ -212,7 +213,7 @@ def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     show`): sizes it leaves to the load are taken as 1 here (the checks that need them pass)."""
     text, filename = resolve(model)
     layer = parse_layer(normalize(text), filename)
-    neuron = _neuron(layer, False, {}, "torch", {})
+    neuron = _neuron(layer, False, {}, backends.REFERENCE, {})
     size = None if layer.of(A.LayerSize) else 1
     sizes = {d.name: 1 for d in layer.of(A.LayerInput) if d.size is None}
     if size is None:  # (a one_to_one input of unwritten size takes the layer's)

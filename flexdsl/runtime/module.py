@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .. import backends
+from ..backends.base import Need
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.evaluate import evaluate
@@ -55,11 +56,6 @@ def _base_class() -> type[nn.Module]:
 _Base = _base_class()
 
 
-def triton_available() -> bool:
-    """Whether the Triton backend can run here (a GPU, or TRITON_INTERPRET=1 on the CPU)."""
-    return backends.get("triton").available()
-
-
 # the attributes `NeuronModule.__init__` sets on an instance besides torch's own (which are set before the names
 # are checked); tests/test_errors.py checks that a loaded module has no other
 SET_IN_INIT = frozenset({"backend", "check_finite", "state_seqs", "store_state_seqs"})
@@ -93,7 +89,12 @@ def _check_options(c: Compiled, step_mode: str, backend: str) -> None:
     if backend != "auto" and not backends.get(backend).available():
         why = getattr(backends.get(backend), "why_unavailable", lambda: None)()
         raise FlexDSLError(f"backend={backend!r} cannot run here ({why or 'its libraries cannot be imported'})",
-                           c.filename, hint="install them, or use backend='auto' or 'torch'")
+                           c.filename, hint=f"install them, or use backend='auto' or '{backends.REFERENCE}'")
+    if backend != "auto" and c.checked.stochastic:
+        why = backends.refusal(backend, Need(noise=True))
+        if why is not None:
+            raise FlexDSLError(why, c.filename, c.checked.noise_pos.line, c.checked.noise_pos.column, c.text,
+                               hint="use backend='auto', or one of those named")
 
 
 class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _Base):  # type: ignore[valid-type,misc]
@@ -359,12 +360,12 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         if self.backend != "auto":
             c.program(self.backend)
             return
-        c.program("torch")
+        c.program(backends.REFERENCE)
         cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
         if cuda:
             for name in backends.auto_names():
                 b = backends.get(name)
-                if name != "torch" and b.available():
+                if name != backends.REFERENCE and b.available():
                     c.program(b)
 
     # ------------------------------------------------------------------ compute
@@ -406,7 +407,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
     def core(self):
         """The generated single-step function with the module's params (read at each call):
         core(*inputs, *states) -> (*outputs, *new_states)."""
-        fn = self._compiled.torch_module.core
+        fn = self._compiled.reference_module.core
         if self._compiled.checked.stochastic:
             return self._noisy_core(fn)
 
@@ -421,6 +422,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         x0 = xs[0]
         noise = self._noise_key(x0.shape[0], seed, generator, given is not None)
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
+        if self.backend != "auto":  # (gradients from a backend without a backward: a clear error)
+            programs.refuse_training(self._compiled, self.backend, lambda: (*xs, *self.parameters()))
         params = self._call_params(program, x0)  # (checked: runtime/callcheck.py)
         if self._parameters or self._buffers:
             params = self._check_param_shapes(params, x0, shape)

@@ -20,13 +20,15 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import backends
 from ..backends import recurrent as scans
-from ..backends.base import transformed
+from ..backends.base import Need, ScanSpec, transformed
+from ..errors import FlexDSLError
 
 if TYPE_CHECKING:
     from ..backends.base import Program
@@ -70,13 +72,34 @@ def program_for(c: Compiled, name: str, backend: str, x0: torch.Tensor) -> Progr
     return _choose(c, backend, x0.device.type, x0.dtype)
 
 
-def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype) -> Program:
+def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype, compiling: bool = False) -> Program:
     like = torch.empty(0, dtype=dtype, device=device_type)  # what the backends' `accepts` look at
-    program = c.program(backends.choose(backend, [like]))
+    need = Need.of(like, noise=c.checked.stochastic, compile=compiling)
+    if backend != "auto":
+        refuse(c, backend, need)
+    program = c.program(backends.choose(backend, [like], need))
     c.derived_names  # noqa: B018 - computed once here, read by every call
     with _LOCK:
         _CHOSEN.setdefault(c, {})[(backend, device_type, dtype)] = program
     return program
+
+
+def refuse(c: Compiled, backend: str, need: Need) -> None:
+    """A located error where the backend named `backend` has not declared `need` (the message
+    names the backends that have)."""
+    why = backends.refusal(backend, need)
+    if why is not None:
+        raise FlexDSLError(why, c.filename, hint="use backend='auto' (the backend that fits the call), or one of "
+                           "those named")
+
+
+def refuse_training(c: Compiled, backend: str, tensors: Callable[[], Sequence[Any]]) -> None:
+    """A located error where a call needs gradients (of any of `tensors()`) from a backend that
+    declares no backward."""
+    if backend == "auto" or backends.capabilities(backends.get(backend)).training or not torch.is_grad_enabled():
+        return
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors()):
+        refuse(c, backend, Need(training=True))
 
 
 def _assume_constant_result(fn):
@@ -95,7 +118,7 @@ def _resolve(name: str, backend: str, device_type: str, dtype: torch.dtype) -> s
     load the program of the Compiled registered as `name`, prepare it for the trace, and return
     its name in `_RESOLVED`."""
     c = _REGISTRY[name]
-    program = _choose(c, backend, device_type, dtype)
+    program = _choose(c, backend, device_type, dtype, compiling=True)
     prepare = getattr(program, "prepare_trace", None)
     if prepare is not None:
         prepare(c)
@@ -108,11 +131,11 @@ def _resolve(name: str, backend: str, device_type: str, dtype: torch.dtype) -> s
 def recurrent_for(c: Compiled, name: str, backend: str, like: torch.Tensor, port: int, source: int,
                   dense: bool) -> Any:
     """The recurrent scan of `c` (registered as `name`) for a layer's call on tensors like `like`
-    (`backend`: a backend's name, or "auto": the Triton kernels for CUDA tensors of a kernel
-    dtype, else the torch scan), loaded at trace time under torch.compile like `program_for`."""
+    (`backend`: a backend's name, or "auto": `backends.recurrent.choose`), loaded at trace time
+    under torch.compile like `program_for`."""
     if torch.compiler.is_compiling():
         return getattr(_RESOLVED, _resolve_recurrent(name, backend, like.device.type, like.dtype, port, source, dense))
-    return scans.program(c, scans.choose(backend, like), port, source, dense)
+    return scans.program(ScanSpec(c, port, source, dense), scans.choose(backend, like))
 
 
 @_assume_constant_result
@@ -121,7 +144,10 @@ def _resolve_recurrent(name: str, backend: str, device_type: str, dtype: torch.d
     """`_resolve` for a recurrent layer's scan (with its custom ops: `backends.recurrent_ops.register_ops`)."""
     c = _REGISTRY[name]
     like = torch.empty(0, dtype=dtype, device=device_type)
-    program = scans.program(c, scans.choose(backend, like), port, source, dense)
+    need = Need.of(like, scans=True, noise=c.checked.stochastic, compile=True)
+    if backend != "auto":
+        refuse(c, backend, need)
+    program = scans.program(ScanSpec(c, port, source, dense), scans.choose(backend, like, need))
     c.derived_names  # noqa: B018 - computed here, read by the trace
     k = f"rec{id(program)}"
     with _LOCK:
@@ -129,4 +155,4 @@ def _resolve_recurrent(name: str, backend: str, device_type: str, dtype: torch.d
     return k
 
 
-__all__ = ["program_for", "recurrent_for", "register"]
+__all__ = ["program_for", "recurrent_for", "register", "refuse", "refuse_training"]

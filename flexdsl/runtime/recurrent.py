@@ -7,8 +7,10 @@ A layer of `hidden` neurons of any model whose input port receives, at every ste
 where `s` is one of the layer's own outputs (the source: the spike by default) and `W_rec`
 is all-to-all (`[hidden, hidden]`, optionally times a fixed 0/1 mask) or one-to-one (`[hidden]`,
 a weight per neuron). `W_in x` is one matrix product over all steps before the loop; the loop
-runs on a backend's recurrent scan (`backends/recurrent.py`: the Triton kernels on CUDA, the CPU
-kernels on float32 and float64 CPU tensors, the torch backend elsewhere), and its backward is backpropagation through time with the model's
+runs on a backend's recurrent scan (`backends/recurrent.py`: the first preferred backend whose
+capabilities say layer scans on the input's device and dtype: the Triton kernels on CUDA, the CPU
+kernels on float32 and float64 CPU tensors, the torch backend elsewhere), and its backward is
+backpropagation through time with the model's
 derived backward, `dW_rec` one matrix product over all steps.
 
 The neuron itself is a `NeuronModule` (`m.neuron`): its params and states are its own, read and
@@ -27,7 +29,7 @@ from torch import nn
 
 from .. import backends
 from ..backends import recurrent as scans
-from ..backends.base import transformed
+from ..backends.base import Need, transformed
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
@@ -127,7 +129,11 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                              "'all': W_rec [hidden, hidden]; 'one_to_one': a weight per neuron, W_rec [hidden]")
         if step_mode not in STEP_MODES:
             raise view.error(f"step_mode must be 's' or 'm', not {step_mode!r}", where)
-        known = ["auto", *scans.IMPLEMENTATIONS]
+        if backend != "auto" and backend in backends.names():  # (a backend without layer scans: who has them)
+            why = backends.refusal(backend, Need(scans=True))
+            if why is not None:
+                raise view.error(why, where, "use backend='auto' (the scan that fits the input), or one of those named")
+        known = ["auto", *backends.able(Need(scans=True))]
         if backend not in known:
             raise view.error(f"backend must be one of {', '.join(known)}, not {backend!r}", where,
                              did_you_mean(str(backend), known))
@@ -468,13 +474,24 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         return fb.reshape(flat, self.hidden).to(dtype)
 
     def _backend_for(self, ix: torch.Tensor) -> str:
+        """The scan of a call on tensors like `ix`: the one asked for (a located error where it has
+        not declared what the call needs), or for "auto" the first that fits."""
+        need = Need.of(ix, scans=True, noise=self._view.compiled.checked.stochastic)
         if self.backend != "auto":
-            refusal = getattr(backends.get(self.backend), "refusal", None)
-            why = refusal(ix) if refusal is not None else None
+            b = backends.get(self.backend)
+            why = backends.refusal(self.backend, need)
+            own = getattr(b, "refusal", None)
+            detail = own(ix) if own is not None else None
             if why is not None:
-                raise self._input_error(*why)
+                raise self._input_error(why, detail[1] if detail is not None else
+                                        "use backend='auto' (the scan that fits the input), or one of those named")
+            if detail is not None:
+                raise self._input_error(*detail)
+            if not backends.capabilities(b).training and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+                raise self._input_error(backends.refusal(self.backend, Need(training=True)) or "",
+                                        "use backend='auto', or one of those named")
             return self.backend
-        return scans.choose("auto", ix)
+        return scans.choose("auto", ix, need)
 
     def extra_repr(self) -> str:
         c = self._view.compiled

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact, transformed
+from ..base import IR, Artefact, Capabilities, ScanSpec, transformed
 from . import build
 from .abi import CpuABI
 from .launch import CALLS, DTYPES, CpuProgram
@@ -33,6 +34,7 @@ def _warn_once(msg: str) -> None:
 class CpuBackend:
     name = "cpu"
     title = "the generated C++ kernels of the CPU backend (forward, backward)"  # (what `flexdsl show --cpu` prints)
+    capabilities = Capabilities(devices=("cpu",), dtypes=("float32", "float64"), scans=True)
 
     def refusal(self, x: torch.Tensor) -> tuple[str, str] | None:
         """Why a layer's scan cannot run on inputs like `x` here ((message, hint)), or None."""
@@ -40,6 +42,13 @@ class CpuBackend:
             return (f"backend='cpu' runs float32 and float64 CPU tensors, but the input is {x.dtype} on {x.device}",
                     "use backend='auto' (the scan that fits the input) or backend='torch'")
         return None
+
+    def load_scan(self, spec: ScanSpec, key: str) -> Any:
+        """The layer scan on the model's C++ kernels (None where they could not be built: the
+        layer runs the reference backend's scan)."""
+        from .recurrent import load_recurrent
+
+        return load_recurrent(self, spec, key)
 
     def available(self) -> bool:
         return build.why_unavailable() is None

@@ -7,7 +7,7 @@ one product and one kernel call: no autograd graph, no tensor per operation of t
 
 The contract is the torch scan's (`backends/torch/recurrent.py`, `backends.recurrent.RecurrentProgram`);
 the step's arithmetic is the kernels' (`backends/cpu/launch.py`: the same as a neuron module's
-on the CPU kernels). Where the kernels could not be built, the layer runs the torch scan.
+on the CPU kernels). Where the kernels could not be built, the layer runs the reference backend's scan.
 
 The kernel's arguments (`abi.CpuABI`) for step t: the port's current [N] (N = batch x hidden),
 the other inputs at t, the states (two [n_st, N] buffers, read from one and written to the
@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from ...store import cache
-from .. import get
-from ..base import IR, NoiseKey
+from ..base import NoiseKey, ScanSpec
 from .launch import CALLS, DTYPES, CpuProgram
 
 # lanes per OpenMP thread of a step's kernel call (fewer lanes: one thread, no parallel region per step)
@@ -224,17 +223,16 @@ class CpuRecurrentProgram:
         return gI, g_in, g_st, g_pr, {}
 
 
-def load_recurrent(ir: IR, key: str, port: int, source: int, dense: bool) -> Any:
-    """The scan on the CPU kernels of the model (built now if the cache has none), or the torch
-    scan where they could not be built (the CPU backend warned why)."""
-    b = get("cpu")
+def load_recurrent(b: Any, spec: ScanSpec, key: str) -> CpuRecurrentProgram | None:
+    """The scan on the CPU kernels of the model of backend `b` (built now if the cache has none),
+    or None where they could not be built (the CPU backend warned why; the layer then runs the
+    reference backend's scan: `backends.recurrent.program`)."""
+    ir = spec.ir
     k = ir.cache_key(b.name, b.version())
     prog = b.load(cache.get_or_make(k, lambda: b.emit(ir)), k)
     if prog.lib is None:
-        from ..torch.recurrent import load_recurrent as torch_scan
-
-        return torch_scan(ir, ir.cache_key("torch-recurrent", ""), port, source, dense)
-    return CpuRecurrentProgram(prog, port, source, dense)
+        return None
+    return CpuRecurrentProgram(prog, spec.port, spec.source, spec.dense)
 
 
 __all__ = ["CpuRecurrentProgram", "load_recurrent", "LANES_PER_THREAD"]

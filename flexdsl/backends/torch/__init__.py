@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact, NoiseKey, RunResult, key_tensor
+from ..base import ANY, IR, Artefact, Capabilities, NoiseKey, RunResult, ScanSpec, key_tensor
 from ..random import NoiseStream
 from .scan import ScanOps
 
@@ -162,6 +162,7 @@ class TorchBackend:
     name = "torch"
     title = "the generated PyTorch single-step core"  # (what `flexdsl show --torch` prints)
     docs_title = 'PyTorch core (backend="torch")'  # (a model page shows this backend's code)
+    capabilities = Capabilities(devices=(ANY,), dtypes=(ANY,), scans=True)  # (everywhere, every float dtype)
 
     def available(self) -> bool:
         return True
@@ -189,6 +190,12 @@ class TorchBackend:
 
     def load(self, artefact: Artefact, key: str) -> TorchProgram:
         return TorchProgram(load_module("torch", key, artefact.source), artefact.meta, key, artefact.source)
+
+    def load_scan(self, spec: ScanSpec, key: str) -> Any:
+        """The layer scan: the step and its derived backward printed from the schedule."""
+        from .recurrent import load_recurrent
+
+        return load_recurrent(spec.ir, key, spec.port, spec.source, spec.dense)
 
     def backward_source(self, step: Any, backward: Any) -> str:
         """`core_backward`, the derived VJP of one step as torch code (appended to `core`'s module:

@@ -8,11 +8,12 @@ describes their arguments once for the emitter and the launcher, `launch.py` run
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ...store.generated import load_module
-from ..base import IR, Artefact, transformed
+from ..base import IR, Artefact, Capabilities, ScanSpec, transformed
 from .abi import KernelABI
 from .launch import LAUNCHES, TritonProgram
 
@@ -38,6 +39,22 @@ class TritonBackend:
 
     def __init__(self) -> None:
         self._available: bool | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """CUDA tensors (and CPU ones through Triton's interpreter, TRITON_INTERPRET=1) of the
+        kernel dtypes, computed in float32."""
+        from .kernel import interpret
+
+        return Capabilities(devices=("cuda", "cpu") if interpret() else ("cuda",),
+                            dtypes=tuple(str(d).removeprefix("torch.") for d in DTYPES), computes_in="float32",
+                            scans=True)
+
+    def load_scan(self, spec: ScanSpec, key: str) -> Any:
+        """The layer scan: a persistent kernel per direction (`templates/recurrent.py.j2`)."""
+        from .recurrent import load_recurrent
+
+        return load_recurrent(spec.ir, key, spec.port, spec.source, spec.dense)
 
     def available(self) -> bool:
         if self._available is None:

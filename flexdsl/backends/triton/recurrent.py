@@ -42,8 +42,9 @@ from ...settings import env_choice, env_int, env_tile
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
+from ..exact import exact_in_bf16
 from ..naming import ident
-from ..recurrent import exact_in_bf16
+from . import products
 from .emit import TritonPrinter, _env, _fire_on_stored_values, _lanes, _Printed, emit
 from .kernel import Launcher
 from .launch import LAUNCHES, interpret
@@ -180,7 +181,7 @@ class TritonRecurrentProgram:
         self.interpret = interpret()
         self.binary = self.outputs[source] == "spike"  # the source is 0/1: exact in any float dtype
         self.fwd_kernel, self.bwd_kernel = Launcher(module._rec_fwd_kernel), Launcher(module._rec_bwd_kernel)
-        self.fused_products = True  # (the layer's input product and checks in Triton too: products.py)
+        self.fused_products = products  # (the layer's input product and checks in Triton too)
         self._host_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
