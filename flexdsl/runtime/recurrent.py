@@ -137,29 +137,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         if backend not in known:
             raise view.error(f"backend must be one of {', '.join(known)}, not {backend!r}", where,
                              did_you_mean(str(backend), known))
-        # the port: the input that receives the recurrent current
+        port, source = _port_and_source(view, port, source)
         inputs = [i.name for i in ck.inputs]
-        if not inputs:
-            raise view.error(f"`{ck.name}` has no input, so nothing can receive the recurrent current", where,
-                             "declare one: `input x`")
-        if port is None:
-            port = inputs[0]
-        if not isinstance(port, str) or port not in inputs:
-            raise view.error(f"`{ck.name}` has no input `{port}` to receive the recurrent current", ck.inputs[0].pos,
-                             did_you_mean(str(port), inputs) or f"its inputs: {', '.join(inputs)}")
-        # the source: the output fed back
-        outputs = [n for n, _ in ck.outputs]
-        if source is None:
-            source = "spike" if "spike" in outputs else outputs[0]
-        if not isinstance(source, str) or source not in outputs:
-            out_pos = ck.outputs[0][1]
-            states = [s.name for s in ck.states]
-            if source in states or source in ck.locals:
-                raise view.error(f"the recurrent source must be an output of `{ck.name}`; `{source}` is not one",
-                                 out_pos, f"add it to the `output` line (output {', '.join([*outputs, source])}), "
-                                          f"or feed back one of: {', '.join(outputs)}")
-            raise view.error(f"`{ck.name}` has no output `{source}` to feed back", out_pos,
-                             did_you_mean(str(source), outputs) or f"its outputs: {', '.join(outputs)}")
         shape = (hidden, hidden) if conn == "all" else (hidden,)
         if mask is not None:
             mask = _mask(view, mask, shape, conn, hidden, where)
@@ -498,6 +477,36 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         return (f"{c.name}, in_features={self.in_features}, hidden={self.hidden}, connectivity={self.connectivity!r}, "
                 f"source={self.source!r}, port={self.port!r}, bias={self.bias is not None}, "
                 f"mask={self.mask is not None}, step_mode={self.step_mode!r}, backend={self.backend!r}")
+
+
+def _port_and_source(view: _NeuronView, port: str | None, source: str | None) -> tuple[str, str]:
+    """The input that receives the recurrent current and the output fed back (defaults: the first
+    input; the spike, else the first output), or located errors."""
+    ck = view.compiled.checked
+    where = ck.ast.pos
+    inputs = [i.name for i in ck.inputs]
+    if not inputs:
+        raise view.error(f"`{ck.name}` has no input, so nothing can receive the recurrent current", where,
+                         "declare one: `input x`")
+    if port is None:
+        port = inputs[0]
+    if not isinstance(port, str) or port not in inputs:
+        raise view.error(f"`{ck.name}` has no input `{port}` to receive the recurrent current", ck.inputs[0].pos,
+                         did_you_mean(str(port), inputs) or f"its inputs: {', '.join(inputs)}")
+    # the source: the output fed back
+    outputs = [n for n, _ in ck.outputs]
+    if source is None:
+        source = "spike" if "spike" in outputs else outputs[0]
+    if not isinstance(source, str) or source not in outputs:
+        out_pos = ck.outputs[0][1]
+        states = [s.name for s in ck.states]
+        if source in states or source in ck.locals:
+            raise view.error(f"the recurrent source must be an output of `{ck.name}`; `{source}` is not one",
+                             out_pos, f"add it to the `output` line (output {', '.join([*outputs, source])}), "
+                                      f"or feed back one of: {', '.join(outputs)}")
+        raise view.error(f"`{ck.name}` has no output `{source}` to feed back", out_pos,
+                         did_you_mean(str(source), outputs) or f"its outputs: {', '.join(outputs)}")
+    return port, source
 
 
 def _positive_int(view: _NeuronView, name: str, v: Any, where: A.Pos) -> int:
