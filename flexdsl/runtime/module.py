@@ -422,7 +422,7 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         x0 = xs[0]
         noise = self._noise_key(x0.shape[0], seed, generator, given is not None)
         program = programs.program_for(self._compiled, self._compiled_name, self.backend, x0)
-        if self.backend != "auto":  # (gradients from a backend without a backward: a clear error)
+        if id(program) in programs.UNTRAINED:  # (gradients from a backend without a backward: a clear error)
             programs.refuse_training(self._compiled, self.backend, lambda: (*xs, *self.parameters()))
         params = self._call_params(program, x0)  # (checked: runtime/callcheck.py)
         if self._parameters or self._buffers:

@@ -46,6 +46,9 @@ _REGISTRY: weakref.WeakValueDictionary[str, Compiled] = weakref.WeakValueDiction
 # per Compiled: (backend, device type, dtype) -> program (the eager path)
 _CHOSEN: weakref.WeakKeyDictionary[Compiled, dict[tuple, Program]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+# the programs whose backend declares no backward (by id: programs live as long as their Compiled):
+# a call with gradients on one is refused (`refuse_training`), decided once with the program
+UNTRAINED: set[int] = set()
 
 
 def register(c: Compiled) -> str:
@@ -63,7 +66,11 @@ def program_for(c: Compiled, name: str, backend: str, x0: torch.Tensor) -> Progr
     if torch.compiler.is_compiling():
         return getattr(_RESOLVED, _resolve(name, backend, x0.device.type, x0.dtype))
     if transformed(x0):  # under a torch.func transform: chosen for these inputs, not remembered
-        return c.program(backends.choose(backend, [x0]))
+        b = backends.choose(backend, [x0])
+        program = c.program(b)
+        if not backends.capabilities(b).training:
+            UNTRAINED.add(id(program))
+        return program
     chosen = _CHOSEN.get(c)
     if chosen is not None:
         p = chosen.get((backend, x0.device.type, x0.dtype))
@@ -77,10 +84,13 @@ def _choose(c: Compiled, backend: str, device_type: str, dtype: torch.dtype, com
     need = Need.of(like, noise=c.checked.stochastic, compile=compiling)
     if backend != "auto":
         refuse(c, backend, need)
-    program = c.program(backends.choose(backend, [like], need))
+    b = backends.choose(backend, [like], need)
+    program = c.program(b)
     c.derived_names  # noqa: B018 - computed once here, read by every call
     with _LOCK:
         _CHOSEN.setdefault(c, {})[(backend, device_type, dtype)] = program
+        if not backends.capabilities(b).training:
+            UNTRAINED.add(id(program))
     return program
 
 

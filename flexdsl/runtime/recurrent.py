@@ -251,6 +251,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        state.pop("_decided", None)  # (a loaded program: decided again after unpickling)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         if "_memories" in state:
             state["_memories"] = state["_states"]
@@ -315,8 +316,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         dense, port, source = scan.dense, scan.port, scan.source
         # (under torch.compile the scan is chosen and loaded at trace time, before anything reads
         # the model's lazily computed fields; eagerly, the choice is checked first)
-        backend = self.backend if torch.compiler.is_compiling() else self._backend_for(like)
-        prog = programs.recurrent_for(view.compiled, view.m._compiled_name, backend, like, port, source, dense)
+        prog = self._scan_for(like, port, source, dense)
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
         noise = view.m._noise_key(T, seed, generator, False)
@@ -452,6 +452,32 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                                    "another size")
         return fb.reshape(flat, self.hidden).to(dtype)
 
+    def _scan_for(self, like: torch.Tensor, port: int, source: int, dense: bool) -> Any:
+        """The call's scan, decided once per call signature (the neuron's compiled model, backend,
+        device, dtype, port, source, connectivity) and kept by the module; under torch.compile
+        resolved at trace time (`programs.recurrent_for`)."""
+        view = self._view
+        c = view.compiled
+        if torch.compiler.is_compiling():
+            return programs.recurrent_for(c, view.m._compiled_name, self.backend, like, port, source, dense)
+        key = (self.backend, like.device, like.dtype, port, source, dense)
+        hit = self.__dict__.get("_decided")
+        if hit is not None and hit[0] is c and hit[1] == key:
+            self._refuse_training()
+            return hit[2]
+        prog = programs.recurrent_for(c, view.m._compiled_name, self._backend_for(like), like, port, source, dense)
+        self.__dict__["_decided"] = (c, key, prog)
+        return prog
+
+    def _refuse_training(self) -> None:
+        """A located error where the call needs gradients from a scan that declares no backward."""
+        if self.backend == "auto" or not torch.is_grad_enabled():
+            return
+        if not backends.capabilities(backends.get(self.backend)).training and \
+                any(p.requires_grad for p in self.parameters()):
+            raise self._input_error(backends.refusal(self.backend, Need(training=True)) or "",
+                                    "use backend='auto', or one of those named")
+
     def _backend_for(self, ix: torch.Tensor) -> str:
         """The scan of a call on tensors like `ix`: the one asked for (a located error where it has
         not declared what the call needs), or for "auto" the first that fits."""
@@ -466,9 +492,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                                         "use backend='auto' (the scan that fits the input), or one of those named")
             if detail is not None:
                 raise self._input_error(*detail)
-            if not backends.capabilities(b).training and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-                raise self._input_error(backends.refusal(self.backend, Need(training=True)) or "",
-                                        "use backend='auto', or one of those named")
+            self._refuse_training()
             return self.backend
         return scans.choose("auto", ix, need)
 
