@@ -226,7 +226,19 @@ def transformed(t: Any) -> bool:
     return is_wrapped is not None and isinstance(t, tensor) and bool(is_wrapped(t))
 
 
+def any_transformed(ts: Sequence[Any]) -> bool:
+    """Whether any of `ts` is a tensor of a torch.func transform (`transformed`), in one call."""
+    if not _WRAPPED:
+        transformed(None)
+    tensor, is_wrapped = _WRAPPED[0]
+    if is_wrapped is not None:
+        for t in ts:  # (a loop, not a generator: no Python call per tensor)
+            if isinstance(t, tensor) and is_wrapped(t):
+                return True
+    return False
+
+
 _WRAPPED: list = []  # [(torch.Tensor, torch's is_functorch_wrapped_tensor or None)]
 
 
-__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed"]
+__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed", "any_transformed"]

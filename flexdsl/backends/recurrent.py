@@ -275,7 +275,10 @@ def _backward(prog: RecurrentProgram, sv: _Saved, inputs, states, params, dense:
     w, S, w_in = sv.w, sv.S, sv.w_in
     n_st = len(states)
     g_outs, g_fins = grads[:len(grads) - n_st], grads[len(grads) - n_st:]
-    if all(g is None for g in grads):
+    for g in grads:  # (a loop, not a generator: no Python call per gradient)
+        if g is not None:
+            break
+    else:
         return [None] * (5 + len(need_t))
     kinds = _tensor_kinds(inputs, states, params)
     req: dict[str, Any] = {"T": sv.T, "inputs": [False] * len(inputs), "states": [False] * len(states),

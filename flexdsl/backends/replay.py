@@ -47,7 +47,11 @@ MODE = "thread_local"
 def tracks_grad(tensors: Iterable[torch.Tensor | None]) -> bool:
     """Whether autograd records a call on these tensors (grad mode on and one of them requires a
     gradient): a Function's `needs_input_grad` says so even under no_grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if torch.is_grad_enabled():
+        for t in tensors:  # (a loop, not a generator: no Python call per tensor, on every layer call)
+            if t is not None and t.requires_grad:
+                return True
+    return False
 
 
 def eligible(prog: Any, x: torch.Tensor, tensors: Iterable[torch.Tensor], noise: Any, hidden: int) -> bool:

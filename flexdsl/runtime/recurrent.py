@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import backends
 from ..backends import recurrent as scans
-from ..backends.base import Need, transformed
+from ..backends.base import Need, any_transformed
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
@@ -55,7 +55,7 @@ class _NeuronView:
 
     @property
     def compiled(self):
-        return self.m.compiled
+        return self.m.__dict__["_compiled"]  # (NeuronModule.compiled, without its property call)
 
     def error(self, msg: str, pos: A.Pos | None = None, hint: str | None = None) -> FlexDSLError:
         return self.m._error(msg, pos, hint)
@@ -289,7 +289,7 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                             + "".join(f", `{n}`" for n in rest) + f"; got {1 + len(others)}")
         single = self.step_mode == "s"
         xs = self._check_input(x, single)
-        if not torch.compiler.is_compiling() and any(transformed(t) for t in (xs, *others, *self.parameters())):
+        if not torch.compiler.is_compiling() and any_transformed((xs, *others, *self.parameters())):
             raise self._input_error("torch.func transforms (grad, vmap, jacrev, functional_call under grad) are not "
                                     "available on recurrent layers: their time loop is one autograd Function",
                                     "differentiate with loss.backward() / torch.autograd.grad; torch.func works on a "
@@ -463,10 +463,12 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         key = (self.backend, like.device, like.dtype, port, source, dense)
         hit = self.__dict__.get("_decided")
         if hit is not None and hit[0] is c and hit[1] == key:
-            self._refuse_training()
+            if not hit[3]:  # (the scan's backend declares no backward)
+                self._refuse_training()
             return hit[2]
-        prog = programs.recurrent_for(c, view.m._compiled_name, self._backend_for(like), like, port, source, dense)
-        self.__dict__["_decided"] = (c, key, prog)
+        backend = self._backend_for(like)
+        prog = programs.recurrent_for(c, view.m._compiled_name, backend, like, port, source, dense)
+        self.__dict__["_decided"] = (c, key, prog, backends.capabilities(backends.get(backend)).training)
         return prog
 
     def _refuse_training(self) -> None:

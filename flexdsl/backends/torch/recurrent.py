@@ -215,8 +215,8 @@ class TorchRecurrentProgram:
         g_rec = None
         # per step: the values the step's backward rereads, then the saved ones; the outputs' grads
         # (unbound once: no Python call per step to gather them)
-        steps = list(zip(*(r.unbind(0) for r in rer), *(k.unbind(0) for k in kept))) or [()] * T
-        gos = list(zip(*((zero,) * T if g is None else g.unbind(0) for g in g_outs))) or [()] * T
+        steps = list(zip(*[r.unbind(0) for r in [*rer, *kept]])) or [()] * T
+        gos = list(zip(*[(zero,) * T if g is None else g.unbind(0) for g in g_outs])) or [()] * T
         fix: list[int] | None = None
         for t in range(T - 1, -1, -1):
             go = list(gos[t])
