@@ -31,7 +31,13 @@ def _sj_reference(W: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor):
     return lif(torch.nn.functional.linear(x, W, b))
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+# every backend with a training program: the built-in ones and the NumPy backend of tests/numpy_backend
+# (a backend that is one folder and one registry line)
+pytestmark = pytest.mark.usefixtures("numpy_backend")
+BACKENDS = ["torch", "cpu", "numpy"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_feedforward_layer_file_equals_linear_then_spikingjelly_lif(backend):
     torch.manual_seed(0)
     m = flexdsl.loads(FF, hidden=9, backend=backend).double()
@@ -59,7 +65,8 @@ def test_feedforward_api_is_the_same_layer_as_its_file():
     assert "W" in dict(f.named_parameters()) and "bias" in dict(f.named_parameters())
 
 
-def test_one_to_one_and_masked_synapses_compute_what_they_say():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_to_one_and_masked_synapses_compute_what_they_say(backend):
     torch.manual_seed(2)
     text = """layer L:
     neuron lif
@@ -72,7 +79,7 @@ def test_one_to_one_and_masked_synapses_compute_what_they_say():
         connect mask
 """
     mask = torch.rand(6, 4) > 0.5
-    m = flexdsl.loads(text, masks={"Wc": mask}, backend="torch").double()
+    m = flexdsl.loads(text, masks={"Wc": mask}, backend=backend).double()
     assert tuple(m.Wa.shape) == (6,) and tuple(m.Wc.shape) == (6, 4)
     assert bool((m.Wc[~mask] == 0).all())  # masked entries start at 0
     with torch.no_grad():
@@ -95,10 +102,11 @@ def test_a_recurrent_layer_file_is_flexdsl_recurrent():
     assert "W_rec" in r.layer_text and "bias bias" in r.layer_text
 
 
-def test_recurrent_layer_against_a_hand_loop_float64():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recurrent_layer_against_a_hand_loop_float64(backend):
     """x[t] = W_in u[t] + b + W_rec s[t-1] into LIF (tau=2, hard reset), by hand."""
     torch.manual_seed(4)
-    m = flexdsl.load("rlif.layer", hidden=5, in_features=3, backend="torch").double()
+    m = flexdsl.load("rlif.layer", hidden=5, in_features=3, backend=backend).double()
     u = torch.rand(8, 2, 3, dtype=torch.float64) * 2
     y = m(u)
     v = torch.zeros(2, 5, dtype=torch.float64)
@@ -125,9 +133,10 @@ def test_the_plan_derives_the_gradients_and_says_where_they_run():
         derive_current("w*pre**2")
 
 
-def test_layer_state_is_kept_and_chunked_calls_equal_one_call():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_state_is_kept_and_chunked_calls_equal_one_call(backend):
     torch.manual_seed(5)
-    m = flexdsl.loads(FF, hidden=9, backend="torch")
+    m = flexdsl.loads(FF, hidden=9, backend=backend)
     x = torch.rand(8, 2, 12)
     whole = m(x)
     m.reset()
