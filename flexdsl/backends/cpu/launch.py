@@ -1,5 +1,5 @@
 """The CPU backend's launcher: a `CpuProgram` runs the built kernels of one model on tensors'
-data pointers, through one `torch.library.custom_op` pair per model (`cpu_fwd`, `cpu_bwd`) with
+data pointers, through one custom-op pair per model (`cpu_fwd`, `cpu_bwd`; built by `backends/ops.py`) with
 fake implementations and an autograd formula, so that `torch.compile(fullgraph=True)` sees one
 node per call and autograd the derived backward.
 

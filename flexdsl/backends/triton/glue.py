@@ -1,4 +1,4 @@
-"""The Triton program's autograd and custom-op glue: one `torch.library.custom_op` pair per model
+"""The Triton program's autograd and custom-op glue: one custom-op pair per model (built by `backends/ops.py`)
 (so that `torch.compile(fullgraph=True)` and CUDA graphs see opaque ops with fake
 implementations), their autograd formula, and the eager path (`Eager`: the same kernels without
 the dispatcher's per-call cost). What a call is, besides its tensors, travels as one `Call`
