@@ -411,3 +411,42 @@ def test_no_backend_name_outside_backends():
     assert set(_builtin_backend_names()) >= {"torch", "triton", "cpu"}
     found = backend_names_outside_backends()
     assert not found, "\n".join(found)
+
+
+# what defines a torch.library op (or launches a kernel from one): names, as a call or an attribute
+LIBRARY_NAMES = {"custom_op", "triton_op", "register_fake", "register_autograd", "register_kernel", "impl_abstract",
+                 "Library", "wrap_triton", "infer_schema"}
+
+
+def library_uses(tree: ast.AST) -> list[int]:
+    """The lines of `torch.library` calls in a module: `torch.library.*`, an import from it, a name
+    of `LIBRARY_NAMES`, or `.define(`/`.impl(` on a library (a receiver named `lib...`)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "library" and isinstance(node.value, ast.Name) \
+                and node.value.id == "torch":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith(("torch.library", "torch._library"))
+                or (node.module == "torch" and any(a.name in ("library", "_library") for a in node.names))):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Import) and any(a.name.startswith(("torch.library", "torch._library"))
+                                                  for a in node.names):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Attribute) and node.attr in LIBRARY_NAMES) or \
+                (isinstance(node, ast.Name) and node.id in LIBRARY_NAMES):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("define", "impl") and "lib" in ast.unparse(node.func.value).lower():
+            lines.append(node.lineno)
+    return lines
+
+
+def test_torch_library_ops_are_defined_in_one_module():
+    """Every torch.library op (custom_op, Library fragments, triton_op, fakes, autograd, wrap_triton)
+    is built by `backends/ops.py`; the other modules describe their ops and call it (issue 31)."""
+    home = PKG / "backends" / "ops.py"
+    found = {str(p.relative_to(PKG)): lines for p in sorted(PKG.rglob("*.py")) if p != home
+             for lines in [library_uses(ast.parse(p.read_text(encoding="utf-8")))] if lines}
+    assert not found, f"torch.library outside backends/ops.py (module: lines): {found}"
+    assert library_uses(ast.parse(home.read_text(encoding="utf-8")))  # (the scan sees them where they are)

@@ -180,39 +180,6 @@ def key_ints(key: torch.Tensor | None) -> list[int]:
     return [int(v) for v in key.tolist()] if key is not None else []
 
 
-def op_schema(fn: Any, noisy: bool) -> str:
-    """The schema of a program's custom op whose last parameter is `key: torch.Tensor | None = None`:
-    without it for a model without noise (the op of such a model is what it was before noise
-    existed), with a required key for a noisy one (so that a traced call always passes it, and the
-    autograd formula's inputs are always the same)."""
-    import torch
-
-    schema = torch.library.infer_schema(fn, mutates_args=())
-    assert ", Tensor? key=None)" in schema, schema
-    return schema.replace(", Tensor? key=None)", ", Tensor key)" if noisy else ")")
-
-
-def custom_op(name: str, noisy: bool, **kwargs: Any):
-    """`torch.library.custom_op` for a program's op (see `op_schema`)."""
-    import torch
-
-    def deco(fn):
-        return torch.library.custom_op(name, mutates_args=(), schema=op_schema(fn, noisy), **kwargs)(fn)
-
-    return deco
-
-
-def register_ops(lib: Any, ns: str, ops: Sequence[tuple[str, Any, Any]]) -> tuple[Any, ...]:
-    """Implement the ops `lib` has defined in namespace `ns` (each `(name, implementation, fake)`:
-    one Python implementation for every device, and the fake one for tracing); their overloads."""
-    import torch
-
-    for name, impl, fake in ops:
-        lib.impl(name, impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{ns}::{name}", fake, lib=lib)
-    return tuple(getattr(getattr(torch.ops, ns), name).default for name, _, _ in ops)
-
-
 def transformed(t: Any) -> bool:
     """Whether `t` is a tensor of a torch.func transform (grad, vmap, jvp...): it has no memory of
     its own, so a backend that runs kernels on data pointers does not accept it. (On every call's
@@ -241,4 +208,4 @@ def any_transformed(ts: Sequence[Any]) -> bool:
 _WRAPPED: list = []  # [(torch.Tensor, torch's is_functorch_wrapped_tensor or None)]
 
 
-__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RunResult", "custom_op", "key_ints", "key_tensor", "op_schema", "register_ops", "transformed", "any_transformed"]
+__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RunResult", "key_ints", "key_tensor", "transformed", "any_transformed"]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .base import NoiseKey, key_ints
-from .base import register_ops as implement
+from .ops import Op, define
 
 
 def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list, list, NoiseKey | None]:
@@ -24,11 +24,10 @@ def _unpack_args(tensors, vals, kinds, n_in: int, n_st: int) -> tuple[list, list
     return out[:n_in], out[n_in:n_in + n_st], out[n_in + n_st:], noise
 
 
-_FWD = ("rec_fwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
+_FWD = ("(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
         "bool keep) -> Tensor[]")
-_BWD = ("rec_bwd(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
+_BWD = ("(Tensor x, Tensor w, Tensor s0, Tensor? w_in, Tensor? b, Tensor[] tensors, float[] vals, int[] kinds, "
         "Tensor?[] grads, bool[] need, Tensor[] kept) -> Tensor[]")
-_LIBS: dict[str, Any] = {}
 
 
 def keeps(prog: Any) -> bool:
@@ -45,9 +44,6 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
     saved tensors, as eagerly. Else (the Triton kernels) the backward op runs the forward again,
     keeping what its backward reads, then the backward (as with activation checkpointing)."""
     ns = f"flexdsl_rec_{name}"
-    if ns in _LIBS:
-        return _LIBS[ns][1]
-    lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
 
     def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, keep):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
@@ -81,9 +77,12 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
     def bwd_fake(x, w, s0, w_in, b, tensors, vals, kinds, grads, need, kept):
         return [a.new_empty(a.shape) for a, n in zip([x, w, s0, w_in, b, *tensors], need) if n]
 
-    lib.define(_FWD)
-    lib.define(_BWD)
-    fwd, bwd = implement(lib, ns, [("rec_fwd", fwd_impl, fwd_fake), ("rec_bwd", bwd_impl, bwd_fake)])
+    return define(ns, [Op("rec_fwd", fwd_impl, _FWD, fwd_fake), Op("rec_bwd", bwd_impl, _BWD, bwd_fake)],
+                  via="library", autograd=lambda handles: _autograd(scans, handles[1], n_out, n_st), once=True)
+
+
+def _autograd(scans: Any, bwd: Any, n_out: int, n_st: int) -> tuple[Any, Any]:
+    """The forward op's autograd formula (setup_context, backward), with `bwd` the backward op."""
 
     def setup_context(ctx, inputs, output):
         x, w, s0, w_in, b, tensors, vals, kinds, keep = inputs
@@ -104,9 +103,7 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
         # (an empty list of floats has the structure of an empty list of tensors: its "gradient" is [])
         return (*g[:5], g[5:], None if ctx.vals else [], None if ctx.kinds else [], None)
 
-    torch.library.register_autograd(f"{ns}::rec_fwd", backward, setup_context=setup_context, lib=lib)
-    _LIBS[ns] = (lib, (fwd, bwd))
-    return fwd, bwd
+    return setup_context, backward
 
 
 def _fresh(results: list[torch.Tensor], args: list) -> list[torch.Tensor]:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..backends.base import transformed
+from ..backends.ops import Op, define
 from .params import check_constant_results, check_constants
 
 
@@ -112,7 +113,6 @@ _HASHED = 1 << 16  # (CPU tensors of at most this many values are compared by th
 _MODULES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _OP: list = []
 _LOCK = threading.Lock()
-_OP_LOCK = threading.Lock()
 
 
 def register(module: Any) -> str:
@@ -138,14 +138,12 @@ def check_op():
     when the call runs (defined on first use: no torch.library work when flexdsl is imported)."""
     if _OP:  # (the path a trace takes: the op is defined before any trace, at registration)
         return _OP[0]
-    with _OP_LOCK:  # (two threads defining it at once: one Library destroyed under the other)
-        if _OP:
-            return _OP[0]
-        op = torch.library.custom_op("flexdsl::checked_params", mutates_args=(),
-                                     schema="(Tensor fixed, str key, str dt, str dtype) -> Tensor")(_checked_params)
-        op.register_fake(lambda fixed, key, dt, dtype: torch.empty_like(fixed))
-        _OP.append(op)
-        return op
+    # (`define` holds a lock: two threads defining it at once would destroy one Library under the other)
+    schema = "(Tensor fixed, str key, str dt, str dtype) -> Tensor"
+    (op,) = define("flexdsl", [Op("checked_params", _checked_params, schema,
+                                  fake=lambda fixed, key, dt, dtype: torch.empty_like(fixed))], once=True)
+    _OP[:] = [op]
+    return op
 
 
 __all__ = ["CallChecks", "check_op", "register"]

@@ -22,12 +22,12 @@ would draw another stream, and on every call).
 from __future__ import annotations
 
 import numbers
-import threading
 from typing import Any
 
 import torch
 
 from ..backends.base import NoiseKey
+from ..backends.ops import Op, define
 
 SEED_LIMIT = 2**62  # seeds are integers in [0, 2**62) (the kernels take them as two 31-bit halves)
 STEP_LIMIT = 2**31  # steps of a stream (the kernels count them in 32 bits)
@@ -49,7 +49,6 @@ def _fresh_seed_impl(like: torch.Tensor) -> torch.Tensor:
 
 
 _OPS: list = []
-_OPS_LOCK = threading.Lock()
 
 
 def seed_ops() -> tuple:
@@ -58,16 +57,13 @@ def seed_ops() -> tuple:
     flexdsl is imported)."""
     if _OPS:  # (the path a trace takes)
         return tuple(_OPS)
-    with _OPS_LOCK:  # (two threads defining them at once: one Library destroyed under the other)
-        if _OPS:
-            return tuple(_OPS)
-        stream = torch.library.custom_op("flexdsl::noise_stream_seed", mutates_args=("state",),
-                                         schema="(Tensor(a!) state) -> ()")(_stream_seed_impl)
-        fresh = torch.library.custom_op("flexdsl::noise_fresh_seed", mutates_args=(),
-                                        schema="(Tensor like) -> Tensor")(_fresh_seed_impl)
-        fresh.register_fake(lambda like: torch.empty((), dtype=torch.int64))
-        _OPS[:] = [stream, fresh]
-        return tuple(_OPS)
+    # (`define` holds a lock: two threads defining them at once would destroy one Library under the other)
+    ops = define("flexdsl", [Op("noise_stream_seed", _stream_seed_impl, "(Tensor(a!) state) -> ()",
+                                mutates_args=("state",)),
+                             Op("noise_fresh_seed", _fresh_seed_impl, "(Tensor like) -> Tensor",
+                                fake=lambda like: torch.empty((), dtype=torch.int64))], once=True)
+    _OPS[:] = ops
+    return tuple(_OPS)
 
 
 class NoiseSource:

@@ -1,5 +1,5 @@
 """The CPU backend's launcher: a `CpuProgram` runs the built kernels of one model on tensors'
-data pointers, through one `torch.library.custom_op` pair per model (`cpu_fwd`, `cpu_bwd`) with
+data pointers, through one custom-op pair per model (`cpu_fwd`, `cpu_bwd`; built by `backends/ops.py`) with
 fake implementations and an autograd formula, so that `torch.compile(fullgraph=True)` sees one
 node per call and autograd the derived backward.
 
@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ...errors import FlexDSLError
-from ..base import RunResult, custom_op, key_ints, key_tensor
+from ..base import RunResult, key_ints, key_tensor
+from ..ops import Op, define
 from .abi import CpuABI
 
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -206,15 +207,13 @@ class CpuProgram:
 
         noisy = bool(self.abi.draws)
 
-        @custom_op(f"{ns}::cpu_fwd", noisy, device_types="cpu")
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 state_vals: list[float], param_vals: list[float], is_tensor: list[bool], store_seqs: bool,
                 save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             st, pr = _unpack(states, state_vals, is_tensor[:n_st]), _unpack(params, param_vals, is_tensor[n_st:])
             return prog.forward(inputs, st, pr, store_seqs, save, key_ints(key))
 
-        @fwd.register_fake
-        def _(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key=None):
+        def fwd_fake(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, key=None):
             x0 = inputs[0]
             T, shape = x0.shape[0], _step_shape(inputs)
             res = [x0.new_empty((T, *shape)) for _ in range(n_out)] + [x0.new_empty(shape) for _ in range(n_st)]
@@ -224,7 +223,6 @@ class CpuProgram:
                 res.append(x0.new_empty((n_saved, T, *shape)))
             return res
 
-        @custom_op(f"{ns}::cpu_bwd", noisy, device_types="cpu")
         def bwd(reread: list[torch.Tensor], saved: torch.Tensor | None, params: list[torch.Tensor],
                 param_vals: list[float], is_param_t: list[bool], g_outs: list[torch.Tensor | None],
                 g_seqs: list[torch.Tensor | None], g_fins: list[torch.Tensor | None], need: list[bool], T: int,
@@ -232,27 +230,31 @@ class CpuProgram:
             return prog.backward(reread, saved, _unpack(params, param_vals, is_param_t), g_outs, g_seqs, g_fins,
                                  need, T, shape, dtype, key_ints(key))
 
-        @bwd.register_fake
-        def _(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype, key=None):
+        def bwd_fake(reread, saved, params, param_vals, is_param_t, g_outs, g_seqs, g_fins, need, T, shape, dtype,
+                     key=None):
             like = next(t for t in [*reread, saved, *g_outs, *g_seqs, *g_fins, *params] if t is not None)
             res = [like.new_empty((T, *shape), dtype=dtype) for n in need[:n_in] if n]
             res += [like.new_empty(tuple(shape), dtype=dtype) for n in need[n_in:n_in + n_st] if n]
             res += [like.new_empty(tuple(shape), dtype=torch.float64) for n in need[n_in + n_st:] if n]
             return res
 
-        def setup_context(ctx, inputs, output):
-            _setup_context(prog, ctx, inputs, output, n_saved)
+        def autograd(handles: tuple) -> tuple:
+            def setup_context(ctx, inputs, output):
+                _setup_context(prog, ctx, inputs, output, n_saved)
 
-        def backward(ctx, grads):
-            if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # (create_graph=True)
-                raise FlexDSLError("second-order gradients (create_graph=True) cannot go through the CPU kernels of "
-                                   f"{prog.name}: their backward is a kernel, and its results are not differentiable",
-                                   prog.name, hint="use backend='torch' for this model (its backward is "
-                                                   "differentiable)")
-            return _backward(prog, ctx, grads, bwd)
+            def backward(ctx, grads):
+                if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # (create_graph=True)
+                    raise FlexDSLError("second-order gradients (create_graph=True) cannot go through the CPU kernels "
+                                       f"of {prog.name}: their backward is a kernel, and its results are not "
+                                       "differentiable", prog.name,
+                                       hint="use backend='torch' for this model (its backward is differentiable)")
+                return _backward(prog, ctx, grads, handles[1])
 
-        fwd.register_autograd(backward, setup_context=setup_context)
-        self.op_fwd, self.op_bwd = fwd, bwd
+            return setup_context, backward
+
+        self.op_fwd, self.op_bwd = define(ns, [Op("cpu_fwd", fwd, fake=fwd_fake, noisy=noisy),
+                                               Op("cpu_bwd", bwd, fake=bwd_fake, noisy=noisy)],
+                                          device_types="cpu", autograd=autograd)
 
     # ------------------------------------------------------------------ the Program interface
     def run(self, inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any], *,

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ..base import NoiseKey, custom_op, key_ints
+from ..base import NoiseKey, key_ints
+from ..ops import Op, define
 
 
 def _full(v: Any, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
@@ -60,13 +61,11 @@ class ScanOps:
 
         noisy = stream is not None
 
-        @custom_op(f"{ns}::torch_fwd", noisy)
         def fwd(inputs: list[torch.Tensor], states: list[torch.Tensor], params: list[torch.Tensor],
                 store_seqs: bool, save: bool, key: torch.Tensor | None = None) -> list[torch.Tensor]:
             return ops.forward(inputs, states, params, store_seqs, save, key)
 
-        @fwd.register_fake
-        def _(inputs, states, params, store_seqs, save, key=None):
+        def fwd_fake(inputs, states, params, store_seqs, save, key=None):
             x0 = inputs[0]
             T = x0.shape[0]
             shape = _step_shape(inputs)
@@ -74,15 +73,13 @@ class ScanOps:
                 + (n_st * [(T, *shape)] if save else [])
             return [x0.new_empty(s) for s in n]
 
-        @custom_op(f"{ns}::torch_bwd", noisy)
         def bwd(inputs: list[torch.Tensor], prevs: list[torch.Tensor], params: list[torch.Tensor],
                 g_outs: list[torch.Tensor | None], g_seqs: list[torch.Tensor | None],
                 g_fins: list[torch.Tensor | None], need: list[bool],
                 key: torch.Tensor | None = None) -> list[torch.Tensor]:
             return ops.backward(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key)
 
-        @bwd.register_fake
-        def _(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key=None):
+        def bwd_fake(inputs, prevs, params, g_outs, g_seqs, g_fins, need, key=None):
             x0 = inputs[0]
             T, shape = x0.shape[0], _step_shape(inputs)
             out = [x0.new_empty((T, *shape)) for n in need[:n_in] if n]
@@ -90,43 +87,9 @@ class ScanOps:
             out += [x0.new_empty(tuple(shape), dtype=torch.float64) for n in need[n_in + n_st:] if n]
             return out
 
-        def setup_context(ctx, inputs, output):
-            xs, states, params, store_seqs, save, *key = inputs
-            ctx.key = key[0] if key else None
-            ctx.store_seqs = store_seqs
-            ctx.shapes = ([tuple(x.shape) for x in xs], [tuple(s.shape) for s in states],
-                          [tuple(p.shape) for p in params])
-            ctx.param_dtypes = [p.dtype for p in params]
-            ctx.need = [*(x.requires_grad for x in xs), *(s.requires_grad for s in states),
-                        *(p.requires_grad and lrn for p, lrn in zip(params, ops.learnable))]
-            prevs = output[len(output) - n_st:] if save else []
-            ctx.save_for_backward(*xs, *prevs, *params)
-            ctx.n = (len(xs), len(prevs))
-            ctx.set_materialize_grads(False)
-
-        def backward(ctx, grads):
-            n_x, n_prev = ctx.n
-            saved = ctx.saved_tensors
-            xs, prevs, params = list(saved[:n_x]), list(saved[n_x:n_x + n_prev]), list(saved[n_x + n_prev:])
-            g_outs = list(grads[:n_out])
-            g_fins = list(grads[n_out:n_out + n_st])
-            g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
-            x_shapes, s_shapes, p_shapes = ctx.shapes
-            extra = [None] if ctx.key is not None else []
-            none = ([None] * len(xs), [None] * len(s_shapes), [None] * len(params), None, None, *extra)
-            if not any(ctx.need) or not prevs or all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
-                return none
-            res = iter(bwd(xs, prevs, params, g_outs, g_seqs, g_fins, ctx.need,
-                           *([ctx.key] if ctx.key is not None else [])))
-            need = ctx.need
-            gx = [_sum_to(next(res), (sh[0], *sh[1:])) if need[i] else None for i, sh in enumerate(x_shapes)]
-            gs = [_sum_to(next(res), sh) if need[n_x + i] else None for i, sh in enumerate(s_shapes)]
-            gp = [_sum_to(next(res), sh).to(dt) if need[n_x + len(s_shapes) + i] else None
-                  for i, (sh, dt) in enumerate(zip(p_shapes, ctx.param_dtypes))]
-            return gx, gs, gp, None, None, *extra
-
-        fwd.register_autograd(backward, setup_context=setup_context)
-        self.fwd, self.bwd = fwd, bwd
+        self.fwd, self.bwd = define(ns, [Op("torch_fwd", fwd, fake=fwd_fake, noisy=noisy),
+                                         Op("torch_bwd", bwd, fake=bwd_fake, noisy=noisy)],
+                                    autograd=lambda handles: _autograd(ops, handles[1]))
 
     # ------------------------------------------------------------------ implementations
     def forward(self, inputs, states, params, store_seqs: bool, save: bool, key=None) -> list[torch.Tensor]:
@@ -177,6 +140,48 @@ class ScanOps:
         out += [g for g, n in zip(g_state, need_s) if n]
         out += [g for g in gp if g is not None]
         return _unaliased(out, [*inputs, *prevs, *params, *(g for g in [*g_outs, *g_seqs, *g_fins] if g is not None)])
+
+
+def _autograd(ops: ScanOps, bwd: Any) -> tuple[Callable, Callable]:
+    """The forward op's autograd formula (setup_context, backward), with `bwd` the backward op."""
+    n_st, n_out = ops.n_st, ops.n_out
+
+    def setup_context(ctx, inputs, output):
+        xs, states, params, store_seqs, save, *key = inputs
+        ctx.key = key[0] if key else None
+        ctx.store_seqs = store_seqs
+        ctx.shapes = ([tuple(x.shape) for x in xs], [tuple(s.shape) for s in states],
+                      [tuple(p.shape) for p in params])
+        ctx.param_dtypes = [p.dtype for p in params]
+        ctx.need = [*(x.requires_grad for x in xs), *(s.requires_grad for s in states),
+                    *(p.requires_grad and lrn for p, lrn in zip(params, ops.learnable))]
+        prevs = output[len(output) - n_st:] if save else []
+        ctx.save_for_backward(*xs, *prevs, *params)
+        ctx.n = (len(xs), len(prevs))
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, grads):
+        n_x, n_prev = ctx.n
+        saved = ctx.saved_tensors
+        xs, prevs, params = list(saved[:n_x]), list(saved[n_x:n_x + n_prev]), list(saved[n_x + n_prev:])
+        g_outs = list(grads[:n_out])
+        g_fins = list(grads[n_out:n_out + n_st])
+        g_seqs = list(grads[n_out + n_st:n_out + 2 * n_st]) if ctx.store_seqs else [None] * n_st
+        x_shapes, s_shapes, p_shapes = ctx.shapes
+        extra = [None] if ctx.key is not None else []
+        none = ([None] * len(xs), [None] * len(s_shapes), [None] * len(params), None, None, *extra)
+        if not any(ctx.need) or not prevs or all(g is None for g in [*g_outs, *g_fins, *g_seqs]):
+            return none
+        res = iter(bwd(xs, prevs, params, g_outs, g_seqs, g_fins, ctx.need,
+                       *([ctx.key] if ctx.key is not None else [])))
+        need = ctx.need
+        gx = [_sum_to(next(res), (sh[0], *sh[1:])) if need[i] else None for i, sh in enumerate(x_shapes)]
+        gs = [_sum_to(next(res), sh) if need[n_x + i] else None for i, sh in enumerate(s_shapes)]
+        gp = [_sum_to(next(res), sh).to(dt) if need[n_x + len(s_shapes) + i] else None
+              for i, (sh, dt) in enumerate(zip(p_shapes, ctx.param_dtypes))]
+        return gx, gs, gp, None, None, *extra
+
+    return setup_context, backward
 
 
 def _noise_key(key: Sequence[torch.Tensor]) -> NoiseKey | None:

@@ -1,4 +1,4 @@
-"""The Triton program's autograd and custom-op glue: one `torch.library.custom_op` pair per model
+"""The Triton program's autograd and custom-op glue: one custom-op pair per model (built by `backends/ops.py`)
 (so that `torch.compile(fullgraph=True)` and CUDA graphs see opaque ops with fake
 implementations), their autograd formula, and the eager path (`Eager`: the same kernels without
 the dispatcher's per-call cost). What a call is, besides its tensors, travels as one `Call`
@@ -15,7 +15,7 @@ import torch
 
 from ...errors import FlexDSLError
 from ..base import NoiseKey, key_ints
-from ..base import register_ops as implement
+from ..ops import Op, define
 from .args import alloc, step_order, unpack
 from .kernel import prod
 
@@ -92,11 +92,10 @@ def unpack_bwd(tm: TritonProgram, tensors: list, sizes: list[int], vals: list[fl
     return call, reread, saved, params, states, grads, need
 
 
-# torch.library ops cannot be unregistered: one pair per model key and process, calling the newest
-# program of that key (programs of one key are the same kernels), so that an evicted program is freed
-_OPS: dict[str, tuple[Any, Any]] = {}
+# torch.library ops cannot be unregistered: one pair per model key and process (`ops.define`'s `once`),
+# calling the newest program of that key (programs of one key are the same kernels), so that an
+# evicted program is freed
 _OWNER: dict[str, TritonProgram] = {}
-_LIBS: list = []  # (the libraries that define them: an op lives as long as its library)
 
 
 class _Owner:
@@ -124,24 +123,20 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
     """The model's custom ops `fwd` and `bwd`, with fake implementations and autograd (once per
     model key and process; they run the newest program of the key).
 
-    They are defined with `torch.library.Library` (a schema, one Python kernel for every device,
-    `register_fake`, `register_autograd`) rather than the `custom_op` decorator, whose wrapper
+    They are defined through a `torch.library.Library` (`ops.define(via="library")`: a schema, one
+    Python kernel for every device, a fake, the autograd formula) rather than `custom_op`, whose wrapper
     checks aliasing and disables Dynamo on every call: a compiled graph calls these ops once per
     layer and step, and the wrapper would cost more than the launch itself (tens of µs a call)."""
     ns = _namespace(program)
     _OWNER[ns] = program
-    if ns in _OPS:
-        return _OPS[ns]
     tm: Any = _Owner(ns)
     n_out, n_st = len(program.outputs), len(program.states)
-    lib = torch.library.Library(ns, "FRAGMENT")  # noqa: TOR901 - kept alive in _LIBS
-    _LIBS.append(lib)
     # flexible layout: Inductor passes the ops their inputs in the layout it chose (channels_last next to
     # convolutions); the kernels run on any layout whose steps are dense in memory, and give outputs in it
     # a noisy model's ops take the key of its draws (an int64 tensor: seed, first step) last
     key = ", Tensor key)" if program.abi.draws else ")"
-    lib.define(_FWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
-    lib.define(_BWD_SCHEMA.replace(") ->", key + " ->"), tags=(torch.Tag.flexible_layout,))
+    fwd_schema = _FWD_SCHEMA[len("fwd"):].replace(") ->", key + " ->")
+    bwd_schema = _BWD_SCHEMA[len("bwd"):].replace(") ->", key + " ->")
 
     def fwd_kernel(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, recompute, *key):
         return _OWNER[ns].fwd_impl(inputs, states, params, state_vals, param_vals, is_tensor, store_seqs, save,
@@ -177,11 +172,9 @@ def register_ops(program: TritonProgram) -> tuple[Any, Any]:
         res += [alloc((), call.shape, call.order, torch.float32, dev) for n in need[n_in:] if n]
         return res
 
-    fwd, bwd = implement(lib, ns, [("fwd", fwd_kernel, fwd_fake), ("bwd", bwd_kernel, bwd_fake)])
-
-    setup_context, backward = autograd_fns(tm, bwd)
-    torch.library.register_autograd(f"{ns}::fwd", backward, setup_context=setup_context, lib=lib)
-    _OPS[ns] = (fwd, bwd)
+    fwd, bwd = define(ns, [Op("fwd", fwd_kernel, fwd_schema, fwd_fake), Op("bwd", bwd_kernel, bwd_schema, bwd_fake)],
+                      via="library", tags=(torch.Tag.flexible_layout,),
+                      autograd=lambda handles: autograd_fns(tm, handles[1]), once=True)
     return fwd, bwd
 
 

@@ -16,11 +16,11 @@ from typing import Any, Optional
 import torch
 
 from ...settings import env_choice
+from ..ops import Op, define
 from .args import unpack
 from .glue import _BWD_SCHEMA, _FWD_SCHEMA, _OWNER, _namespace, _Owner, autograd_fns, unpack_bwd
 from .kernel import wrapping
 
-_OPS: dict[str, tuple[Any, Any]] = {}
 # FLEXDSL_TRITON_INDUCTOR=0: compiled graphs call the custom ops of glue.py instead (read at trace time;
 # bench/compile_ops_gpu.py measures both)
 ENABLED = [env_choice("FLEXDSL_TRITON_INDUCTOR") != "0"]
@@ -31,8 +31,6 @@ def register_triton_ops(program: Any) -> "tuple[Any, Any]":
     newest program of the key), with the autograd formula of the custom ops."""
     ns = _namespace(program) + "_i"
     _OWNER[ns] = program
-    if ns in _OPS:
-        return _OPS[ns]
     tm: Any = _Owner(ns)
 
     # (annotated: torch 2.11's triton_op infers the schema from them, whatever its `schema` argument)
@@ -51,13 +49,10 @@ def register_triton_ops(program: Any) -> "tuple[Any, Any]":
         with wrapping():
             return p.bwd(*unpack_bwd(p, tensors, sizes, vals, flags, dtype))
 
-    op_fwd = torch.library.triton_op(f"{ns}::fwd", fwd_body, mutates_args=(), schema=_FWD_SCHEMA[len("fwd"):])
-    torch.library.triton_op(f"{ns}::bwd", bwd_body, mutates_args=(), schema=_BWD_SCHEMA[len("bwd"):])
-    ops = getattr(torch.ops, ns)
-    fwd, bwd = ops.fwd.default, ops.bwd.default  # (the OpOverloads: what a compiled graph calls)
-    setup_context, backward = autograd_fns(tm, bwd)
-    op_fwd.register_autograd(backward, setup_context=setup_context)
-    _OPS[ns] = (fwd, bwd)
+    # (the OpOverloads: what a compiled graph calls)
+    fwd, bwd = define(ns, [Op("fwd", fwd_body, _FWD_SCHEMA[len("fwd"):]),
+                           Op("bwd", bwd_body, _BWD_SCHEMA[len("bwd"):])], via="triton_op",
+                      autograd=lambda handles: autograd_fns(tm, handles[1]), once=True)
     return fwd, bwd
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ...settings import env_choice
+from ..ops import wrap_kernel
 
 LAUNCHES: Counter = Counter()
 
@@ -107,7 +108,7 @@ class Compiled:
         """Launch with every argument in signature order (constexprs too); `key` must determine
         Triton's specialization of the launch (with the launch options `opts`)."""
         if _WRAPPING:
-            torch.library.wrap_triton(self.fn)[grid](*full, **opts)
+            wrap_kernel(self.fn)[grid](*full, **opts)
             return
         if interpret() or not self.fast:
             self.fn[grid](*full, **opts)

@@ -1,7 +1,7 @@
 """The Triton backend's program: a `TritonProgram` runs the generated kernels of one model, with
 arguments built from the kernel ABI (`args.py`), launch plans recorded per call signature
-(`kernel.py`), and the custom ops and autograd of `glue.py` (one `torch.library.custom_op`
-family per model, so `torch.compile(fullgraph=True)` and CUDA graphs see opaque ops with fake
+(`kernel.py`), and the custom ops and autograd of `glue.py` (one custom-op pair, built by `backends/ops.py`,
+per model, so `torch.compile(fullgraph=True)` and CUDA graphs see opaque ops with fake
 implementations; the backward is the derived one). Kernels: `fwd` (inference, state sequences,
 training saves or checkpoints), `bwd` (the saving plan's backward) and `bwd_rc` (the recompute
 plan's backward).
