@@ -123,6 +123,7 @@ def milestones(H, T, B, dtype="fp32", train=False, calls=30):
     import time
     from collections import defaultdict
 
+    from flexdsl.backends import layercall
     from flexdsl.backends import recurrent as scans
     from flexdsl.backends.triton import kernel, products
     from flexdsl.backends.triton import recurrent as trec
@@ -144,7 +145,7 @@ def milestones(H, T, B, dtype="fp32", train=False, calls=30):
 
     undo = [wrap(products, "to_bf16", "to_bf16"), wrap(products, "split3", "split3"),
             wrap(products, "split3_mm", "split3_mm"), wrap(scans._Guess, "launch", "guess"),
-            wrap(scans._Guess, "confirmed", "confirmed"), wrap(scans, "_forward", "_forward"),
+            wrap(scans._Guess, "confirmed", "confirmed"), wrap(layercall, "forward", "_forward"),
             wrap(trec.TritonRecurrentProgram, "forward", "prog.forward"), wrap(kernel.Launcher, "__call__", "launch"),
             wrap(rrec.RecurrentModule, "forward", "module"),
             wrap(scans, "scan", "scan")]
@@ -219,7 +220,9 @@ def input_product_pieces(H, T, B):
     """The pieces of the fused float32 input product, each alone (do_bench, ms)."""
     from triton.testing import do_bench
 
-    from flexdsl.backends.recurrent import _bf16_products, _exact_bf16, split3
+    from flexdsl.backends.exact import exact_bf16 as _exact_bf16
+    from flexdsl.backends.layercall import bf16_products as _bf16_products
+    from flexdsl.backends.layercall import split3
 
     x = (torch.rand(T, B, IN, device="cuda") < 0.05).float() * 8
     w_in = torch.randn(H, IN, device="cuda") / IN ** 0.5
@@ -245,7 +248,7 @@ def product_kernel(H, T, B):
     launch settings (ms)."""
     from triton.testing import do_bench
 
-    from flexdsl.backends.recurrent import split3
+    from flexdsl.backends.layercall import split3
     from flexdsl.backends.triton import products
 
     torch.manual_seed(0)

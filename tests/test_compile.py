@@ -446,16 +446,16 @@ def test_compiled_recurrent_training_runs_the_scan_once(backend, monkeypatch):
     """Under torch.compile a training call runs the layer's forward scan once, keeping what the
     backward reads, as eagerly (the custom forward op returns it; the backward op used to run the
     whole forward again), and its gradients are eager's."""
-    from flexdsl.backends import recurrent as scans
+    from flexdsl.backends import layercall
 
     seen = []
-    real = scans._forward
+    real = layercall.forward
 
     def spy(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, *rest):
         seen.append(save)
         return real(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, save, *rest)
 
-    monkeypatch.setattr(scans, "_forward", spy)
+    monkeypatch.setattr(layercall, "forward", spy)
     torch._dynamo.reset()
     torch.manual_seed(3)
     m = flexdsl.recurrent("plif", 12, 16, backend=backend)

@@ -1,7 +1,6 @@
 """The recurrent layer as one graph node under torch.compile: its custom ops `rec_fwd` and
 `rec_bwd` (`register_ops`, once per program and process), their fake implementations and
-autograd. The layer's forward and backward are those of `scans` (the module
-`backends/recurrent.py`, which passes itself in), looked up there at call time."""
+autograd. The layer's forward and backward are `layercall`'s, looked up there at call time."""
 
 from __future__ import annotations
 
@@ -9,7 +8,9 @@ from typing import Any
 
 import torch
 
+from . import layercall
 from .base import NoiseKey, key_ints
+from .exact import exact_bf16
 from .ops import Op, define
 
 
@@ -36,7 +37,7 @@ def keeps(prog: Any) -> bool:
     return hasattr(prog, "saved_shapes")
 
 
-def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: bool, scans: Any) -> tuple:
+def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: bool) -> tuple:
     """The layer's custom ops `rec_fwd` and `rec_bwd` (once per program and process), with fake
     implementations and autograd, for torch.compile: one graph node per layer, never a trace of
     the loop. With `keep` (a call that trains, on a program that `keeps`), the forward op also
@@ -47,8 +48,8 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
 
     def fwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, keep):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
-        xb = scans._exact_bf16(x, prog) if w_in is not None and scans._fusable(x, w_in, b) else None
-        outs, fins, sv = scans._forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, keep, noise)
+        xb = exact_bf16(x, prog) if w_in is not None and layercall.fusable(x, w_in, b) else None
+        outs, fins, sv = layercall.forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, keep, noise)
         kept = [sv.S, *prog.saved_tensors(sv.saved)] if sv is not None else []
         return _fresh([*outs, *fins, *kept], [x, w, s0, w_in, b, *tensors])
 
@@ -63,12 +64,12 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
     def bwd_impl(x, w, s0, w_in, b, tensors, vals, kinds, grads, need, kept):
         inputs, states, params, noise = _unpack_args(tensors, vals, kinds, n_in, n_st)
         if kept:
-            sv = scans.restore(prog, x, w, s0, w_in, b, kept, inputs, states, params, dense, noise)
+            sv = layercall.restore(prog, x, w, s0, w_in, b, kept, inputs, states, params, dense, noise)
         else:
-            xb = scans._exact_bf16(x, prog) if w_in is not None and scans._fusable(x, w_in, b) else None
-            _, _, sv = scans._forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
+            xb = exact_bf16(x, prog) if w_in is not None and layercall.fusable(x, w_in, b) else None
+            _, _, sv = layercall.forward(prog, x, w, s0, w_in, b, xb, inputs, states, params, dense, True, noise)
         assert sv is not None
-        g = scans._backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])
+        g = layercall.backward(prog, sv, inputs, states, params, dense, grads, need[:len(need) - (noise is not None)])
         g += [None] * (noise is not None)  # (the key: no gradient)
         args = [x, w, s0, w_in, b, *tensors]
         return [(gi if gi is not None else torch.zeros_like(a)).to(a.dtype).reshape(a.shape)
@@ -78,10 +79,10 @@ def register_ops(prog: Any, name: str, n_in: int, n_st: int, n_out: int, dense: 
         return [a.new_empty(a.shape) for a, n in zip([x, w, s0, w_in, b, *tensors], need) if n]
 
     return define(ns, [Op("rec_fwd", fwd_impl, _FWD, fwd_fake), Op("rec_bwd", bwd_impl, _BWD, bwd_fake)],
-                  via="library", autograd=lambda handles: _autograd(scans, handles[1], n_out, n_st), once=True)
+                  via="library", autograd=lambda handles: _autograd(handles[1], n_out, n_st), once=True)
 
 
-def _autograd(scans: Any, bwd: Any, n_out: int, n_st: int) -> tuple[Any, Any]:
+def _autograd(bwd: Any, n_out: int, n_st: int) -> tuple[Any, Any]:
     """The forward op's autograd formula (setup_context, backward), with `bwd` the backward op."""
 
     def setup_context(ctx, inputs, output):
@@ -94,7 +95,7 @@ def _autograd(scans: Any, bwd: Any, n_out: int, n_st: int) -> tuple[Any, Any]:
 
     def backward(ctx, grads):
         if not torch.compiler.is_compiling() and torch.is_grad_enabled():
-            scans._first_order()
+            layercall.first_order()
         x, w, s0, w_in, b, *rest = ctx.saved_tensors
         tensors, kept = rest[:ctx.n], rest[ctx.n:]
         res = iter(bwd(x, w, s0, w_in, b, tensors, ctx.vals, ctx.kinds, list(grads[:n_out + n_st]), ctx.need,
