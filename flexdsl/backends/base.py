@@ -138,6 +138,32 @@ class Program(Protocol):
         ...
 
 
+class RecurrentProgram(Protocol):
+    binary: bool  # the source is a spike (0/1)
+    ops: tuple  # its custom ops (`register_ops`), set when loaded: the layer under torch.compile
+
+    def forward(self, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor, inputs: Sequence[Any],
+                states: Sequence[Any], params: Sequence[Any], save: bool, noise: NoiseKey | None = None,
+                s0_exact: bool | None = None) -> tuple[list, list, torch.Tensor, Any]:
+        """(outputs [T, B, H] each, final states [B, H], S [T + 1, B, H]: s0 then the source
+        of every step (the source output is S[1:]), what the backward needs (or None)); `noise`:
+        the key of a noisy model's draws (the backward replays them); `s0_exact`: whether s0 is
+        exact in bfloat16, where the caller knows (None: the program checks if it needs to)."""
+        ...
+
+    # optional (the layer's custom op then keeps the forward's values for its backward, else it
+    # runs the forward again): `saved_shapes(T, shape)`, the shapes of the tensors `saved_tensors(saved)`
+    # lists, in the dtype of `ix`; `layercall.restore(tensors, inputs, params, like, noise)`, `saved` again (`like`:
+    # a [B, H] tensor of the call's dtype and device)
+
+    def backward(self, saved: Any, w: torch.Tensor, g_outs: Sequence[torch.Tensor | None],
+                 g_fins: Sequence[torch.Tensor | None], need: dict[str, Any]) -> tuple:
+        """(gI [T, B, H], grads of the other inputs, of the initial states, of the params, extras:
+        "parts" (gI as three bfloat16 parts [3, T, B, H]) and "sb" (S in bfloat16) where the
+        program has them and `need["parts"]` asks)."""
+        ...
+
+
 class Backend(Protocol):
     name: str
     capabilities: Capabilities  # what it declares (absent: `UNDECLARED`)
@@ -208,4 +234,4 @@ def any_transformed(ts: Sequence[Any]) -> bool:
 _WRAPPED: list = []  # [(torch.Tensor, torch's is_functorch_wrapped_tensor or None)]
 
 
-__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RunResult", "key_ints", "key_tensor", "transformed", "any_transformed"]
+__all__ = ["ANY", "Artefact", "Backend", "Capabilities", "IR", "Need", "NoiseKey", "ScanSpec", "UNDECLARED", "Program", "RecurrentProgram", "RunResult", "key_ints", "key_tensor", "transformed", "any_transformed"]

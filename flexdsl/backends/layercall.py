@@ -9,18 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import FlexDSLError
 from ..settings import env_choice
 from . import replay
-from .base import NoiseKey
+from .base import NoiseKey, RecurrentProgram
 from .exact import exact_bf16, exact_in_bf16, fused_products
-
-if TYPE_CHECKING:
-    from .recurrent import RecurrentProgram
 
 
 def split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
