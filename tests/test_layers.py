@@ -159,6 +159,7 @@ BAD = [
     ("    synapses W from spikes to x:\n        on pre:\n            trace += 1\n", "not a state", 6),
     ("    synapses W from spikes to x:\n        on spike:\n            W += 1\n", "unknown synaptic event", 5),
     ("    synapses tau from spikes to x\n", "a param of the neuron", 4),
+    ("    synapses W from big to x\n    input big size 2000000000\n", "weights (the limit", 4),
     ("    synapses W from spikes to x\n    synapses W2 from spike to x\n    synapses W3 from spike to x\n",
      "at most one recurrent", 6),
 ]

@@ -20,6 +20,7 @@ from .model import CheckedModel
 
 CONNECT = {"dense": "dense", "all": "dense", "all_to_all": "dense", "one_to_one": "one_to_one",
            "mask": "mask"}
+MAX_WEIGHTS = 2**32  # weights of one dense synapse group (16 GiB in float32)
 _RESERVED = ("neuron", "feedback", "mask", "size", "hidden", "in_features")
 
 
@@ -194,6 +195,10 @@ def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[t
     if connect == "one_to_one" and pre_size != n:
         raise _err(layer, f"one_to_one synapses `{s.name}` connect `{s.pre}` ({pre_size} values) to {n} neurons",
                    s.connect_pos or s.pos, "one_to_one needs as many presynaptic values as neurons; use dense")
+    if connect != "one_to_one" and n * pre_size > MAX_WEIGHTS:
+        raise _err(layer, f"synapses `{s.name}` would hold {n:,} x {pre_size:,} = {n * pre_size:,} weights (the limit "
+                          f"is {MAX_WEIGHTS:,}: {MAX_WEIGHTS * 4 // 2**30} GiB in float32)", s.pos,
+                   "a smaller layer, or one_to_one synapses")
     _not_yet(layer, neuron, s)
     return CheckedSynapse(s.name, s.pre, s.port, ports.index(s.port), recurrent, index, pre_size, connect, s.bias,
                           s.pos, s.connect_pos or s.pos)
@@ -226,4 +231,4 @@ def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
                    "remove this line; the layer runs without it")
 
 
-__all__ = ["CONNECT", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]
+__all__ = ["CONNECT", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]
