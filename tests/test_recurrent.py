@@ -600,7 +600,6 @@ def test_spike_inputs_take_exact_bfloat16_products(monkeypatch):
     """On CUDA in float32, an input exact in bfloat16 (spikes) is multiplied by W_in's three
     bfloat16 parts (exact products, float32 sums), and the weight gradients of spikes likewise:
     here on the CPU with the products done in float64, the results equal the float32 path's."""
-    from flexdsl.backends import recurrent as scans
 
     torch.manual_seed(13)
     m = flexdsl.recurrent("lif", 6, 8, backend="torch")
@@ -625,8 +624,10 @@ def test_spike_inputs_take_exact_bfloat16_products(monkeypatch):
         out = sum(a.double() @ b.double() for a, b in pairs)
         return (out if init is None else out + init.double()).float()
 
-    monkeypatch.setattr(scans, "_bf16_products", products)
-    monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
+    from flexdsl.backends import layercall
+
+    monkeypatch.setattr(layercall, "bf16_products", products)
+    monkeypatch.setattr(layercall, "fast_products", lambda t: t.dtype == torch.float32)
     got = run(spikes)
     assert calls[:1] == [3] and len(calls) == 3  # the input product, dW_in, dW_rec
     assert ref[0].sum() > 10 and torch.equal(got[0], ref[0])
@@ -736,11 +737,12 @@ def test_layer_on_the_fused_input_product_equals_the_float64_scan(monkeypatch):
     plain = run_on(m, analog, g, None)  # (the float32 product, nothing forced)
     plain_s0 = run_on(m, spikes, g, torch.full((4, 10), 0.3))
 
-    from flexdsl.backends import exact
+    from flexdsl.backends import exact, layercall
 
     monkeypatch.setattr(scans, "fused_products", spy)
+    monkeypatch.setattr(layercall, "fused_products", spy)
     monkeypatch.setattr(exact, "fused_products", spy)
-    monkeypatch.setattr(scans, "fast_products", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(layercall, "fast_products", lambda t: t.dtype == torch.float32)
     got = run(torch.float32, "triton")
     assert used, "the fused kernels were not used"
     assert ref[0].sum() > 10 and torch.equal(got[0], ref[0])
