@@ -227,3 +227,24 @@ def test_a_feedforward_layer_compiles_as_one_graph_with_the_eager_values():
     y.sum().backward()
     # the same products and the neuron's derived backward: 5 steps, a sum over 15 rows of 12 terms
     assert_close(f.W.grad, g_ref, ops=5 * 8 + 15 + 12)
+
+
+def test_a_second_process_builds_a_layer_without_sympy(tmp_path):
+    """The layer's plan is data in the disk cache: a process that has seen the layer builds it (and
+    runs it) without importing sympy, with the first process's results."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, json, torch, flexdsl; torch.manual_seed(0); "
+            "m = flexdsl.load('rlif.layer', hidden=5, in_features=3, backend='torch'); "
+            "y = m(torch.rand(4, 2, 3)); print(json.dumps(['sympy' in sys.modules, y.tolist(), m.plan.equations]))")
+    env = {**os.environ, "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
+    root = Path(__file__).resolve().parent.parent
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    (used1, y1, eq1), (used2, y2, eq2) = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert used1 is True and used2 is False and y1 == y2 and eq1 == eq2

@@ -95,3 +95,13 @@ def test_wheel_ships_the_language_reference_and_the_doc_templates(installed_site
     r = subprocess.run([sys.executable, "-c", code, str(installed_site)], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("ok")
+
+
+def test_the_installed_wheel_ships_and_loads_the_library_layers(installed_site: Path, tmp_path: Path) -> None:
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import flexdsl, torch; "
+            "assert flexdsl.__file__.startswith(sys.argv[1]); "
+            "m = flexdsl.load('rlif.layer', hidden=4, in_features=3); f = flexdsl.load('ff_lif.layer', hidden=4, "
+            "in_features=3); print(type(m).__name__, type(f).__name__, tuple(m(torch.rand(2, 1, 3)).shape))")
+    r = subprocess.run([sys.executable, "-c", code, str(installed_site)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["RecurrentModule", "FeedForwardModule", "(2,", "1,", "4)"]

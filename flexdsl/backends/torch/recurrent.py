@@ -25,13 +25,14 @@ from ...frontend.parse import source_lines
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR, NoiseKey
-from ..printer import lhs_rhs_lines
 from ..random import NoiseStream
-from .emit import NOISE_ARG, TorchPrinter, header
 
 
 def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     """The generated module: `_invariants(*params)`, `_fwd_step(...)` and `_bwd_step(...)`."""
+    from ..printer import lhs_rhs_lines  # (the printers import sympy: only when the scan is emitted, not
+    from .emit import NOISE_ARG, TorchPrinter, header  # when a process loads it from the disk cache)
+
     step, bw, sch = ir.step, ir.backward, ir.schedule
     pr = TorchPrinter()  # (`like`: a tensor argument whose dtype a `where` of two numbers takes)
     S = pr._print
