@@ -248,3 +248,17 @@ def test_a_second_process_builds_a_layer_without_sympy(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     (used1, y1, eq1), (used2, y2, eq2) = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert used1 is True and used2 is False and y1 == y2 and eq1 == eq2
+
+
+@pytest.mark.parametrize("doc,start", [("docs/language.md", "# rlif.layer (in the library"),
+                                       ("README.md", "layer RLIF:")])
+def test_the_layers_the_docs_show_load(doc, start, tmp_path):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / doc).read_text()
+    i = text.index(start)
+    p = tmp_path / "shown.layer"
+    p.write_text(text[i:text.index("```", i)])
+    m = flexdsl.load(p, hidden=8, in_features=700) if "size 256" not in text[i:text.index("```", i)] else flexdsl.load(p)
+    assert isinstance(m, flexdsl.RecurrentModule)
+    assert m(torch.rand(2, 1, 700)).shape[-1] == m.hidden
