@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import flexdsl
+from flexdsl.frontend import ast as A
 from flexdsl.frontend.parse import parse_layer
 from tests.tolerances import assert_close
 
@@ -258,7 +259,9 @@ def test_the_layers_the_docs_show_load(doc, start, tmp_path):
     text = (Path(__file__).resolve().parent.parent / doc).read_text()
     i = text.index(start)
     p = tmp_path / "shown.layer"
-    p.write_text(text[i:text.index("```", i)])
-    m = flexdsl.load(p, hidden=8, in_features=700) if "size 256" not in text[i:text.index("```", i)] else flexdsl.load(p)
+    shown = text[i:text.index("```", i)]
+    p.write_text(shown)
+    sized = any(isinstance(it, A.LayerSize) for it in parse_layer(shown).items)  # (else the sizes come at load)
+    m = flexdsl.load(p) if sized else flexdsl.load(p, hidden=8, in_features=700)
     assert isinstance(m, flexdsl.RecurrentModule)
     assert m(torch.rand(2, 1, 700)).shape[-1] == m.hidden
