@@ -265,3 +265,23 @@ def test_the_layers_the_docs_show_load(doc, start, tmp_path):
     m = flexdsl.load(p) if sized else flexdsl.load(p, hidden=8, in_features=700)
     assert isinstance(m, flexdsl.RecurrentModule)
     assert m(torch.rand(2, 1, 700)).shape[-1] == m.hidden
+
+
+def test_a_feedforward_layer_exports_to_nir_as_affine_then_neuron_and_loads_back():
+    torch.manual_seed(7)
+    ff = flexdsl.feedforward("lif", 4, 3)
+    net = torch.nn.Sequential(ff, torch.nn.Linear(3, 2))
+    g = flexdsl.nir.export(net, torch.rand(5, 1, 4), dt=1e-3)
+    kinds = {k: type(v).__name__ for k, v in g.nodes.items()}
+    assert kinds["0.W"] == "Affine" and kinds["0.neuron"] == "LIF"
+    assert ff.W.grad is None and isinstance(net[0], flexdsl.FeedForwardModule)  # (the network is unchanged)
+    back = flexdsl.nir.load(g)
+    x = torch.rand(6, 2, 4) * 2
+    want = net(x)
+    got = back(x)
+    # spikes equal (NIR's threshold is the float32 below flexdsl's `>=`), then one Linear of 3 terms
+    assert_close(got, want, ops=3 + 8)
+    text = "layer L:\n    neuron lif\n    size 3\n    input a size 3\n    synapses W from a to x:\n        connect one_to_one\n"
+    with pytest.raises(flexdsl.FlexDSLError, match="no nn.Linear form") as e:
+        flexdsl.nir.export(flexdsl.loads(text), torch.rand(5, 1, 3), dt=1e-3)
+    assert e.value.line == 5

@@ -4,6 +4,7 @@ from its equations (`fit.match`)."""
 
 from __future__ import annotations
 
+import copy
 import operator
 import warnings
 from collections import OrderedDict, defaultdict
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import FlexDSLError, did_you_mean
+from ..runtime.layer import FeedForwardModule
 from ..runtime.module import NeuronModule
 from ..runtime.recurrent import RecurrentModule
 from .fit import Exported, _show, match
@@ -72,6 +74,7 @@ def export(net: nn.Module, sample_input: torch.Tensor, dt: float | None = None, 
         raise _net_error(f"sample_input must be a tensor, not {type(sample_input).__name__}")
     if isinstance(net, NIRNetwork):
         return _export_network(nir, net, sample_input, dt, method, path)
+    net = _expand_layers(net)
     root = net
     if isinstance(net, (NeuronModule, RecurrentModule, *_LAYERS)):
         name = (net.compiled.name.lower() if isinstance(net, NeuronModule) else
@@ -321,6 +324,22 @@ def _node(nir, mod: nn.Module, name: str, per_in: tuple[int, ...], per_out: tupl
           dt: float, method: str):
     make = next(f for t, f in _NODE_MAKERS.items() if isinstance(mod, t))
     return make(nir, mod, name, per_in, per_out, lead, dt, method)
+
+
+def _expand_layers(net: nn.Module) -> nn.Module:
+    """The network with every feed-forward layer (`FeedForwardModule`) as the `nn.Linear` of its
+    synapses followed by its neuron (a copy; the network itself unchanged), which NIR writes as an
+    `Affine` (or `Linear`) node into the neuron's node."""
+    if not any(isinstance(m, FeedForwardModule) for m in net.modules()):
+        return net
+    net = copy.deepcopy(net)
+    if isinstance(net, FeedForwardModule):
+        return net.as_sequential()
+    for m in list(net.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(child, FeedForwardModule):
+                setattr(m, name, child.as_sequential())
+    return net
 
 
 def _in_layer(e: FlexDSLError, name: str, mod: NeuronModule) -> FlexDSLError:

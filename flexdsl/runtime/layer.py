@@ -15,6 +15,7 @@ plan's `scan`.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,28 @@ class FeedForwardModule(nn.Module):
                                       f"{w.dtype} on {w.device}", s.pos, f"move one of them: m.to({x.dtype}) or "
                                       f"x.to({w.dtype}), m.to(x.device)")
         return x
+
+    def as_sequential(self) -> nn.Sequential:
+        """The layer as `nn.Linear` (its synapses' weights, masked, and bias) followed by its neuron,
+        the form NIR export writes; a layer of another form (several synapse groups, one_to_one, a
+        neuron with further inputs) is a located error."""
+        layer = self._layer
+        syn = layer.synapses
+        if len(syn) != 1 or syn[0].connect == "one_to_one" or layer.direct:
+            raise layer.error(f"layer `{layer.name}` has no nn.Linear form (one dense or masked synapse group into a "
+                              "neuron of one input): NIR cannot express it", (syn[0] if syn else layer.ast).pos,
+                              "export a network of nn.Linear and flexdsl neurons instead")
+        s = syn[0]
+        w = getattr(self, s.name).detach()
+        if s.connect == "mask":
+            w = w * getattr(self, s.name + "_mask").to(w.dtype)
+        b = getattr(self, s.bias) if s.bias is not None else None
+        lin = nn.Linear(s.pre_size, layer.size, bias=b is not None, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            if b is not None:
+                lin.bias.copy_(b.detach())
+        return nn.Sequential(OrderedDict([(s.name, lin), ("neuron", self.neuron)]))
 
     def extra_repr(self) -> str:
         p = self.plan
