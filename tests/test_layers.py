@@ -285,3 +285,22 @@ def test_a_feedforward_layer_exports_to_nir_as_affine_then_neuron_and_loads_back
     with pytest.raises(flexdsl.FlexDSLError, match="no nn.Linear form") as e:
         flexdsl.nir.export(flexdsl.loads(text), torch.rand(5, 1, 3), dt=1e-3)
     assert e.value.line == 5
+
+
+def test_a_recurrent_layer_file_keeps_its_names_and_answers_to_the_usual_ones():
+    torch.manual_seed(8)
+    text = ("layer R:\n    neuron lif\n    size 6\n    input u size 4\n    synapses A from u to x:\n        bias c\n"
+            "    synapses B from spike to x\n")
+    m = flexdsl.loads(text)
+    assert sorted(dict(m.named_parameters())) == ["A", "B", "c"]
+    assert m.W_in is m.A and m.W_rec is m.B and m.bias is m.c
+    r = flexdsl.recurrent("lif", 4, 6)
+    rename = {"A": "W_in", "B": "W_rec", "c": "bias"}
+    r.load_state_dict({rename.get(k, k): v for k, v in m.state_dict().items()})
+    x = torch.rand(5, 2, 4)
+    assert torch.equal(m(x), r(x))
+    with pytest.raises(flexdsl.FlexDSLError, match="cannot be None"):
+        m.W_rec = None
+    with pytest.raises(flexdsl.FlexDSLError, match="names the layer's W_in") as e:
+        flexdsl.loads(text.replace("synapses A ", "synapses W_rec "))
+    assert e.value.line == 5

@@ -296,31 +296,34 @@ def _model_ref(neuron: NeuronModule) -> str:
 
 def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
                backend: str) -> RecurrentModule:
-    """The `RecurrentModule` of a recurrent layer file: its synapses `W_in` (dense, from the layer's
-    one input, optionally `bias bias`) and `W_rec` (from an output of the neuron) into one port."""
+    """The `RecurrentModule` of a recurrent layer file: one dense synapse group from the layer's
+    input and one from an output of the neuron into the same port (any names: the module also
+    answers to `W_in`, `W_rec` and `bias`, the names `flexdsl.recurrent` gives them)."""
     rec = layer.recurrent
     assert rec is not None
     ff = [s for s in layer.synapses if not s.recurrent]
-    form = ("a recurrent layer file runs in this form: `synapses W_in from <input> to <port>` (dense, optionally "
-            "`bias bias`) and `synapses W_rec from <output> to <port>` (dense, one_to_one or mask)")
-    if rec.name != "W_rec":
-        raise layer.error(f"the recurrent synapses are named `{rec.name}`; this version names them `W_rec`", rec.pos,
-                          form)
-    if len(ff) != 1 or ff[0].name != "W_in" or ff[0].port != rec.port or ff[0].connect != "dense" \
-            or ff[0].bias not in (None, "bias"):
-        bad = next((s for s in ff if s.name != "W_in" or s.port != rec.port or s.connect != "dense"
-                    or s.bias not in (None, "bias")), ff[1] if len(ff) > 1 else None)
-        raise layer.error("this recurrent layer's feed-forward synapses are not one dense `W_in` into the port of "
-                          "`W_rec`", bad.pos if bad is not None else layer.ast.pos, form)
-    extra = [k for k in masks if k != "W_rec" or rec.connect != "mask"]
+    form = ("a recurrent layer runs in this form: `synapses A from <input> to <port>` (dense, optionally a bias) and "
+            "`synapses B from <output> to <port>` (dense, one_to_one or mask)")
+    if len(ff) != 1 or ff[0].port != rec.port or ff[0].connect != "dense":
+        bad = next((s for s in ff if s.port != rec.port or s.connect != "dense"), ff[1] if len(ff) > 1 else None)
+        raise layer.error("this recurrent layer's feed-forward synapses are not one dense group into the port of "
+                          f"`{rec.name}`", bad.pos if bad is not None else layer.ast.pos, form)
+    roles = {"W_in": ff[0].name, "W_rec": rec.name, "bias": ff[0].bias}
+    for role, name in roles.items():
+        if name in roles and name != role:
+            pos = rec.pos if name == rec.name else ff[0].pos
+            raise layer.error(f"`{name}` names the layer's {role} here, but `{name}` is what the module calls another "
+                              "of its weights", pos, "rename it (W_in: the input's weights, W_rec: the recurrent ones, "
+                              "bias: the input's bias)")
+    extra = [k for k in masks if k != rec.name or rec.connect != "mask"]
     if extra:
         raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this layer",
-                          layer.ast.pos, "masks={'W_rec': m} for `connect mask` recurrent synapses")
-    if rec.connect == "mask" and "W_rec" not in masks:
-        raise layer.error("synapses `W_rec` are `connect mask`, but no mask was given at load", rec.connect_pos,
-                          f"pass masks={{'W_rec': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
+                          layer.ast.pos, f"masks={{'{rec.name}': m}} for `connect mask` recurrent synapses")
+    if rec.connect == "mask" and rec.name not in masks:
+        raise layer.error(f"synapses `{rec.name}` are `connect mask`, but no mask was given at load", rec.connect_pos,
+                          f"pass masks={{'{rec.name}': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
     conn = "one_to_one" if rec.connect == "one_to_one" else "all"
-    return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get("W_rec"), rec.pre, rec.port,
+    return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get(rec.name), rec.pre, rec.port,
                            ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
 
 

@@ -163,10 +163,12 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         self.source = source
         self.step_mode = step_mode
         self.backend = backend
-        self.register_parameter("W_in", nn.Parameter(torch.empty(hidden, in_features))
+        names = _names(d["_plan"])
+        d["_alias"] = {k: v for k, v in names.items() if k != v}  # W_in, W_rec, bias -> the layer file's names
+        self.register_parameter(names["W_in"], nn.Parameter(torch.empty(hidden, in_features))
                                 if in_features is not None else None)
-        self.W_rec = nn.Parameter(torch.empty(shape))
-        self.register_parameter("bias", nn.Parameter(torch.empty(hidden)) if bias else None)
+        self.register_parameter(names["W_rec"], nn.Parameter(torch.empty(shape)))
+        self.register_parameter(names["bias"], nn.Parameter(torch.empty(hidden)) if bias else None)
         self.register_buffer("mask", mask)
         self.reset_parameters()
 
@@ -211,6 +213,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         st = self.__dict__.get("_states")
         if st is not None and name in st:
             return st[name]
+        alias = self.__dict__.get("_alias")
+        if alias and name in alias:  # (W_in, W_rec, bias of a layer file that names them otherwise)
+            name = alias[name]
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -222,12 +227,16 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                                        self._source_pos(), "e.g. m.feedback = torch.zeros(batch, hidden)")
             st[name] = value
             return
+        alias = self.__dict__.get("_alias") or {}
+        if alias:  # (the layer file's names and W_in, W_rec, bias are one parameter each)
+            name = alias.get(name, name)
+        canon = next((k for k, v in alias.items() if v == name), name)
         if name == "mask" and "mask" in self.__dict__.get("_buffers", {}):
             value = self._new_mask(value)
-        elif value is None and (name == "W_rec" or (name == "W_in" and self.__dict__.get("in_features") is not None)):
-            raise self._view.error(f"`{name}` cannot be None: this layer (in_features={self.in_features}, "
+        elif value is None and (canon == "W_rec" or (canon == "W_in" and self.__dict__.get("in_features") is not None)):
+            raise self._view.error(f"`{canon}` cannot be None: this layer (in_features={self.in_features}, "
                                    f"hidden={self.hidden}) multiplies by it at every step", self._source_pos(),
-                                   f"assign a tensor of its shape, e.g. m.{name}.data.zero_() for no weights")
+                                   f"assign a tensor of its shape, e.g. m.{canon}.data.zero_() for no weights")
         super().__setattr__(name, value)
 
     def _new_mask(self, value: Any) -> torch.Tensor | None:
@@ -399,7 +408,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         """W_in, W_rec, bias and mask, read from the module's dicts (no `__getattr__` per name: the
         layer's call stays as light as a neuron's)."""
         P, B, D = self._parameters, self._buffers, self.__dict__
-        return {n: P[n] if n in P else B[n] if n in B else D.get(n) for n in ("W_in", "W_rec", "bias", "mask")}
+        a = D.get("_alias") or {}
+        return {n: P[m] if m in P else B[m] if m in B else D.get(m)
+                for n, m in ((n, a.get(n, n)) for n in ("W_in", "W_rec", "bias", "mask"))}
 
     def _check_mask_values(self) -> None:
         """The mask holds 0/1 values (checked when it changed: a new tensor, or written in place)."""
@@ -503,6 +514,16 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         return (f"{c.name}, in_features={self.in_features}, hidden={self.hidden}, connectivity={self.connectivity!r}, "
                 f"source={self.source!r}, port={self.port!r}, bias={self.bias is not None}, "
                 f"mask={self.mask is not None}, step_mode={self.step_mode!r}, backend={self.backend!r}")
+
+
+def _names(plan: LayerPlan) -> dict[str, str]:
+    """The names of W_in, W_rec and bias in the layer (a layer file names its synapses)."""
+    names = {"W_in": "W_in", "W_rec": "W_rec", "bias": "bias"}
+    for s in plan.synapses:
+        names["W_rec" if s.recurrent else "W_in"] = s.name
+        if s.bias is not None:
+            names["bias"] = s.bias
+    return names
 
 
 def _port_and_source(view: _NeuronView, port: str | None, source: str | None) -> tuple[str, str]:
