@@ -133,7 +133,7 @@ def recurrent(
     arguments other than the options override the model's params; `surrogate=` and `learnable=`
     shape the neuron as in `load`. The time loop is compiled: the Triton kernels on CUDA, the torch
     backend elsewhere."""
-    from .runtime.recurrent import recurrent as make
+    from .runtime.layer import recurrent as make
 
     return make(model, in_features, hidden, connectivity=connectivity, mask=mask, source=source, port=port,
                 bias=bias, step_mode=step_mode, backend=backend, detach_reset=detach_reset,

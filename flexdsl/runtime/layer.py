@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -264,16 +264,7 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
     `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
     connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
-    if isinstance(model, NeuronModule):
-        if params or param_shapes or detach_reset or surrogate is not None or learnable is not None:
-            raise model._error("params, param_shapes, detach_reset, surrogate and learnable are set when the "
-                               "neuron is loaded; here the neuron is given loaded", None,
-                               "pass the model's name or path instead, or load it with these options")
-        neuron = model
-    else:
-        opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
-        neuron = NeuronModule(compile_model(model, detach_reset, opts), params, "m", backend, False, param_shapes,
-                              False)
+    neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
     ck = neuron.compiled.checked
     for what, v in (("in_features", in_features), ("hidden", hidden)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -286,6 +277,35 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
     masks = {"W": mask} if mask is not None else {}
     return FeedForwardModule(neuron, checked, lp, masks, step_mode)
+
+
+def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
+              connectivity: str = "all", mask: Any = None, source: str | None = None, port: str | None = None,
+              bias: bool = True, step_mode: str = "m", backend: str = "auto", detach_reset: bool = False,
+              param_shapes: Mapping[str, Sequence[int]] | None = None, surrogate: Any = None, learnable: Any = None,
+              **params: Any) -> RecurrentModule:
+    """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
+    neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
+    return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
+
+
+def _loaded_neuron(model: str | Path | NeuronModule, backend: str, detach_reset: bool, param_shapes: Any,
+                   surrogate: Any, learnable: Any, params: dict[str, Any]) -> NeuronModule:
+    """A layer's neuron: the module given, or the model loaded with the layer's options (a layer
+    runs no per-neuron option: store_state_seqs and check_finite are refused, located)."""
+    if isinstance(model, NeuronModule):
+        if params or param_shapes or detach_reset or surrogate is not None or learnable is not None:
+            raise model._error("params, param_shapes, detach_reset, surrogate and learnable are set when the "
+                               "neuron is loaded; here the neuron is given loaded", None,
+                               "pass the model's name or path instead, or load it with these options")
+        return model
+    for name in ("store_state_seqs", "check_finite"):
+        if name in params:
+            c = compile_model(model, detach_reset)
+            raise FlexDSLError(f"`{name}` is not available on layers", c.filename,
+                               hint="load the neuron with flexdsl.load for it")
+    opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
+    return NeuronModule(compile_model(model, detach_reset, opts), params, "m", backend, False, param_shapes, False)
 
 
 def _model_ref(neuron: NeuronModule) -> str:
@@ -327,4 +347,4 @@ def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: 
                            ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
 
 
-__all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer"]
+__all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer", "recurrent"]

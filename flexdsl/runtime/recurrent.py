@@ -20,8 +20,7 @@ written here through `_NeuronView`, the one place this module touches its intern
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,10 +34,8 @@ from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
-from .compiler import compile_model
 from .layertext import plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
-from .options import make as make_options
 
 CONNECTIVITY = ("all", "one_to_one")
 _CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
@@ -408,9 +405,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
         """W_in, W_rec, bias and mask, read from the module's dicts (no `__getattr__` per name: the
         layer's call stays as light as a neuron's)."""
         P, B, D = self._parameters, self._buffers, self.__dict__
-        a = D.get("_alias") or {}
+        a = D.get("_alias") or _NO_ALIAS
         return {n: P[m] if m in P else B[m] if m in B else D.get(m)
-                for n, m in ((n, a.get(n, n)) for n in ("W_in", "W_rec", "bias", "mask"))}
+                for n, m in [(n, a.get(n, n)) for n in ("W_in", "W_rec", "bias", "mask")]}
 
     def _check_mask_values(self) -> None:
         """The mask holds 0/1 values (checked when it changed: a new tensor, or written in place)."""
@@ -516,6 +513,9 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                 f"mask={self.mask is not None}, step_mode={self.step_mode!r}, backend={self.backend!r}")
 
 
+_NO_ALIAS: dict[str, str] = {}
+
+
 def _names(plan: LayerPlan) -> dict[str, str]:
     """The names of W_in, W_rec and bias in the layer (a layer file names its synapses)."""
     names = {"W_in": "W_in", "W_rec": "W_rec", "bias": "bias"}
@@ -585,28 +585,4 @@ def _mask(view: _NeuronView, mask: Any, shape: tuple[int, ...], conn: str, hidde
     return m.to(torch.bool)  # (kept as bool: no write into it, `.data` included, can make it rescale W_rec)
 
 
-def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
-              connectivity: str = "all", mask: Any = None, source: str | None = None, port: str | None = None,
-              bias: bool = True, step_mode: str = "m", backend: str = "auto", detach_reset: bool = False,
-              param_shapes: Mapping[str, Sequence[int]] | None = None, surrogate: Any = None, learnable: Any = None,
-              **params: Any) -> RecurrentModule:
-    """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
-    if isinstance(model, NeuronModule):
-        if params or param_shapes or detach_reset or surrogate is not None or learnable is not None:
-            raise model._error("params, param_shapes, detach_reset, surrogate and learnable are set when the "
-                               "neuron is loaded; here the neuron is given loaded", None,
-                               "pass the model's name or path instead, or load it with these options")
-        neuron = model
-    else:
-        for name in ("store_state_seqs", "check_finite"):
-            if name in params:
-                c = compile_model(model, detach_reset)
-                raise FlexDSLError(f"`{name}` is not available on recurrent layers", c.filename,
-                                   hint="load the neuron with flexdsl.load for it")
-        opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
-        neuron = NeuronModule(compile_model(model, detach_reset, opts), params, "m",
-                              backend if backend != "auto" else "auto", False, param_shapes, False)
-    return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
-
-
-__all__ = ["RecurrentModule", "recurrent", "CONNECTIVITY"]
+__all__ = ["RecurrentModule", "CONNECTIVITY"]
