@@ -155,7 +155,7 @@ BAD = [
     ("    synapses W from v to x\n", "not an output", 4),
     ("    synapses W from spikes to x:\n        connect one_to_one\n", "one_to_one", 5),
     ("    synapses W from spikes to x:\n        connect sparse\n", "unknown connectivity", 5),
-    ("    synapses W from spikes to x:\n        delay 3\n", "delays", 5),
+    ("    synapses W from spikes to x:\n        state tr = 0\n", "synaptic state", 5),
     ("    synapses W from nope to x:\n        delay 3\n", "neither an input", 4),
     ("    synapses W from spikes to x:\n        on pre:\n            trace += 1\n", "not a state", 6),
     ("    synapses W from spikes to x:\n        on spike:\n            W += 1\n", "unknown synaptic event", 5),

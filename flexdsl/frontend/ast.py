@@ -289,8 +289,9 @@ class Synapses:
     connect_pos: Pos | None = None
     bias: str | None = None
     bias_pos: Pos | None = None
-    delay: Expr | None = None
+    delay: Expr | None = None  # `delay EXPR`: every connection; with `delay_kind`, the maximum
     delay_pos: Pos | None = None
+    delay_kind: str | None = None  # "axonal", "synaptic", "dendritic": delays given at load, up to `delay`
     states: list[State] = field(default_factory=list)
     events: list[SynapseEvent] = field(default_factory=list)
 

@@ -20,6 +20,7 @@ from .model import CheckedModel
 
 CONNECT = {"dense": "dense", "all": "dense", "all_to_all": "dense", "one_to_one": "one_to_one",
            "mask": "mask"}
+MAX_DELAY = 100_000  # steps a delay may reach (the layer keeps that many steps of its input)
 MAX_WEIGHTS = 2**32  # weights of one dense synapse group (16 GiB in float32)
 _RESERVED = ("neuron", "feedback", "mask", "size", "hidden", "in_features")
 
@@ -37,6 +38,9 @@ class CheckedSynapse:
     bias: str | None  # the bias' name, if any
     pos: A.Pos
     connect_pos: A.Pos
+    delay_kind: str | None = None  # None, "uniform" (every connection `delay` steps), "axonal", "synaptic", "dendritic"
+    delay: int = 0  # the delay in steps (uniform), or the largest one (the others: given at load)
+    delay_pos: A.Pos | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -200,8 +204,31 @@ def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[t
                           f"is {MAX_WEIGHTS:,}: {MAX_WEIGHTS * 4 // 2**30} GiB in float32)", s.pos,
                    "a smaller layer, or one_to_one synapses")
     _not_yet(layer, neuron, s)
+    kind, steps = _delay(layer, s, recurrent)
     return CheckedSynapse(s.name, s.pre, s.port, ports.index(s.port), recurrent, index, pre_size, connect, s.bias,
-                          s.pos, s.connect_pos or s.pos)
+                          s.pos, s.connect_pos or s.pos, kind, steps, s.delay_pos)
+
+
+def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, int]:
+    """(kind, steps) of a synapse's `delay` line: a whole number of steps, at most `MAX_DELAY`."""
+    if s.delay is None:
+        return None, 0
+    if recurrent:
+        raise _err(layer, "delays on recurrent synapses are not compiled yet: this version delays the synapses "
+                          "from a layer's inputs", s.delay_pos, "remove this line, or delay the input's synapses")
+    e, pos = s.delay, s.delay_pos
+    what = f"the maximum delay of `{s.name}`" if s.delay_kind else f"the delay of `{s.name}`"
+    if isinstance(e, A.Quantity):
+        raise _err(layer, f"{what} is a time (`{e.text} {e.unit}`); this version takes a number of steps",
+                   e.pos, "divide by the step: e.g. `delay 20` for 2 ms at dt = 0.1 ms")
+    if isinstance(e, A.Neg) and isinstance(e.operand, A.Num):
+        raise _err(layer, f"{what} is negative (-{e.operand.text}); a delay is 0 or more steps", e.pos)
+    if not isinstance(e, A.Num):
+        raise _err(layer, f"{what} must be a number of steps", getattr(e, "pos", pos),
+                   "e.g. `delay 3`, or `delay axonal max 20` with the delays given at load")
+    if e.value != int(e.value) or e.value > MAX_DELAY:
+        raise _err(layer, f"{what} must be a whole number of steps from 0 to {MAX_DELAY:,}, not {e.text}", e.pos)
+    return (s.delay_kind or "uniform"), int(e.value)
 
 
 def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
@@ -223,12 +250,11 @@ def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
                 if isinstance(node, A.Name) and node.id not in known:
                     raise _err(layer, f"unknown name `{node.id}` in `on {ev.kind}` of synapses `{s.name}`", node.pos,
                                did_you_mean(node.id, known))
-    first = s.delay_pos if s.delay is not None else (s.states[0].pos if s.states else
-                                                     (s.events[0].pos if s.events else None))
+    first = s.states[0].pos if s.states else (s.events[0].pos if s.events else None)
     if first is not None:
-        raise _err(layer, "synaptic delays, synaptic state and plasticity events are not compiled yet: this version "
-                          "runs weights (dense, one_to_one, mask) and biases", first,
+        raise _err(layer, "synaptic state and plasticity events are not compiled yet: this version runs weights "
+                          "(dense, one_to_one, mask), biases and fixed delays", first,
                    "remove this line; the layer runs without it")
 
 
-__all__ = ["CONNECT", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]
+__all__ = ["CONNECT", "MAX_DELAY", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]

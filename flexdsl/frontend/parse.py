@@ -324,6 +324,8 @@ class _ToAST(Transformer_NonRecursive):
                 if getattr(syn, field) is not None:
                     raise FlexDSLError(f"this synapse has a second `{field}` line", self.filename, pos.line,
                                        pos.column, self.source, f"keep one `{field}` line per synapses block")
+                if field == "delay" and isinstance(value, tuple):
+                    syn.delay_kind, value = value
                 setattr(syn, field, value)
                 setattr(syn, field + "_pos", pos)
         return syn
@@ -336,6 +338,9 @@ class _ToAST(Transformer_NonRecursive):
 
     def delay_decl(self, kw: Token, value) -> tuple:
         return ("delay", value, _pos(kw))
+
+    def delay_kind_decl(self, kw: Token, kind: Token, _max, value) -> tuple:
+        return ("delay", (str(kind), value), _pos(kw))
 
     def synapse_event(self, kind: Token, *stmts) -> A.SynapseEvent:
         return A.SynapseEvent(str(kind), list(stmts), _pos(kind))

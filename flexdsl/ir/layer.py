@@ -41,6 +41,8 @@ class SynapsePlan:
     current: str  # the per-connection current, as derived (`w*pre`)
     grad_weight: str  # "product" (g^T pre over T*batch) or "reduce" (sum of g*pre)
     grad_pre: str  # "product" (g W) or "scale" (g*w)
+    delay_kind: str | None = None  # "uniform", "axonal", "synaptic", "dendritic" (fixed delays: the layer's history)
+    delay: int = 0  # steps (uniform), or the largest (the others)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def _synapse_plan(layer: CheckedLayer, s: CheckedSynapse, fused: bool) -> Synaps
     if s.connect == "one_to_one":  # (the sum over presynaptic neurons is one term: elementwise)
         gw, gp = "reduce", "scale"
     return SynapsePlan(s.name, s.pre, s.port_index, s.recurrent, s.pre_index, s.connect, s.bias, not s.recurrent,
-                       fused, current, gw, gp)
+                       fused, current, gw, gp, s.delay_kind, s.delay)
 
 
 def plan_layer(layer: CheckedLayer) -> LayerPlan:
@@ -107,15 +109,32 @@ def plan_layer(layer: CheckedLayer) -> LayerPlan:
     return LayerPlan(layer.name, layer.size, syns, scan, layer.direct, tuple(_equations(layer, syns)))
 
 
+def _delayed_time(s: SynapsePlan) -> str:
+    """The step a synapse reads its presynaptic value at (the postsynaptic index is `i`)."""
+    if s.recurrent:
+        return "t-1"
+    if s.delay_kind == "uniform" and s.delay:
+        return f"t-{s.delay}"
+    if s.delay_kind == "axonal":
+        return f"t-{s.name}_delay[j]"
+    return "t"
+
+
 def _equations(layer: CheckedLayer, syns: tuple[SynapsePlan, ...]) -> list[str]:
     out = []
     for s in syns:
-        t = "t-1" if s.recurrent else "t"
+        t = _delayed_time(s)
         w = f"({s.name} * mask)" if s.connect == "mask" else s.name
-        term = (f"{w}[i] * {s.pre}[{t}, i]" if s.connect == "one_to_one" else f"sum_j {w}[i, j] * {s.pre}[{t}, j]")
+        j = "i" if s.connect == "one_to_one" else "j"
+        tj = t.replace("[j]", f"[{j}]") if s.delay_kind != "synaptic" else f"t-{s.name}_delay[i, j]"
+        term = (f"{w}[i] * {s.pre}[{tj}, i]" if s.connect == "one_to_one" else f"sum_j {w}[i, j] * {s.pre}[{tj}, j]")
         port = layer.neuron.inputs[s.port].name
-        out.append(f"{port}[t, i] += {term}" + (f" + {s.bias}[i]" if s.bias else "")
+        lhs = f"{port}[t, i]" if s.delay_kind != "dendritic" else f"{port}[t + {s.name}_delay[i], i]"
+        out.append(f"{lhs} += {term}" + (f" + {s.bias}[i]" if s.bias else "")
                    + ("   (in the loop)" if s.recurrent else "   (before the loop, all steps at once)"))
+        if s.delay_kind not in (None, "uniform"):
+            out.append(f"  {s.name}_delay: integers from 0 to {s.delay} (given at load: delays=); the layer keeps "
+                       f"the last {s.delay} steps between calls")
     for s in syns:
         port = layer.neuron.inputs[s.port].name
         t = "t-1" if s.recurrent else "t"

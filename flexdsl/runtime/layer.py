@@ -31,6 +31,7 @@ from ..frontend.parse import normalize, parse_layer
 from ..ir.layer import LayerPlan
 from ..library import resolve
 from ..store.pipeline import layer_plan
+from . import delays as dl
 from .compiler import compile_model
 from .layertext import feedforward_text, plan
 from .module import STEP_MODES, NeuronModule
@@ -48,11 +49,13 @@ class FeedForwardModule(nn.Module):
     the neuron's states."""
 
     def __init__(self, neuron: NeuronModule, layer: CheckedLayer, plan: LayerPlan, masks: Mapping[str, Any],
-                 step_mode: str = "m") -> None:
+                 step_mode: str = "m", delays: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.neuron = neuron
         self.__dict__["_layer"] = layer
         self.__dict__["_plan"] = plan
+        self.__dict__["_kept"] = {}  # the delayed synapses' last steps (their state), by synapse
+        delays = dict(delays or {})
         self.size = layer.size
         for s in layer.synapses:
             self.register_parameter(s.name, nn.Parameter(torch.empty(layer.weight_shape(s))))
@@ -60,6 +63,11 @@ class FeedForwardModule(nn.Module):
                 self.register_parameter(s.bias, nn.Parameter(torch.empty(layer.size)))
             if s.connect == "mask":
                 self.register_buffer(s.name + "_mask", _mask(layer, s, masks.get(s.name)))
+            if s.delay_kind not in (None, "uniform"):
+                self.register_buffer(s.name + "_delay", dl.initial_delays(layer, s, delays.pop(s.name, None)))
+        if delays:
+            raise layer.error(f"delays were given for `{next(iter(delays))}`, which has no `delay axonal|synaptic|"
+                              "dendritic` line in this layer", layer.ast.pos, "delays={name: tensor of steps}")
         extra = [k for k in masks if k not in {s.name for s in layer.synapses if s.connect == "mask"}]
         if extra:
             raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this "
@@ -100,10 +108,20 @@ class FeedForwardModule(nn.Module):
                     getattr(self, s.bias).uniform_(-b, b)
 
     def reset(self) -> None:
+        """The neuron's initial states, and zeros for the delayed synapses' history."""
+        self._kept.clear()
         self.neuron.reset()
 
     def detach(self) -> None:
+        """Cut the kept states (the neuron's, the delayed inputs') from the graph of earlier calls."""
+        for k, v in self._kept.items():
+            self._kept[k] = v.detach()
         self.neuron.detach()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_kept"] = {k: v.detach() for k, v in self._kept.items()}
+        return state
 
     def forward(self, *xs: Any, seed: Any = None, generator: Any = None):
         layer = self._layer
@@ -124,11 +142,20 @@ class FeedForwardModule(nn.Module):
     def _current(self, s: CheckedSynapse, x: torch.Tensor) -> torch.Tensor:
         w = getattr(self, s.name)
         b = getattr(self, s.bias) if s.bias is not None else None
-        if s.connect == "one_to_one":
-            return x * w if b is None else torch.addcmul(b, x, w)
         if s.connect == "mask":
             w = w * getattr(self, s.name + "_mask").to(w.dtype)
-        return nn.functional.linear(x, w, b)
+        if s.delay_kind is None:
+            return _product(x, w, b, s.connect == "one_to_one")
+        single = self.step_mode == "s"
+        d = None
+        if s.delay_kind != "uniform":
+            d = getattr(self, s.name + "_delay")
+            dl.check(self._layer, s, d)
+        one = s.connect == "one_to_one"
+        cur, keep = dl.delayed_current(self._layer, s, x.unsqueeze(0) if single else x,
+                                       lambda xx, ww, bb: _product(xx, ww, bb, one), w, b, d, self._kept.get(s.name))
+        self._kept[s.name] = keep
+        return cur[0] if single else cur
 
     def _check_input(self, x: Any, name: str, size: int, pos: A.Pos) -> torch.Tensor:
         layer = self._layer
@@ -178,6 +205,13 @@ class FeedForwardModule(nn.Module):
         return f"{p.name}, size={p.size}, synapses=[{syn}], step_mode={self.step_mode!r}"
 
 
+def _product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, one_to_one: bool) -> torch.Tensor:
+    """A synapse group's current of presynaptic values `x` (dense: `x W^T + b`; one to one: `x * w + b`)."""
+    if one_to_one:
+        return x * w if b is None else torch.addcmul(b, x, w)
+    return nn.functional.linear(x, w, b)
+
+
 def _mask(layer: CheckedLayer, s: CheckedSynapse, mask: Any) -> torch.Tensor:
     shape = layer.weight_shape(s)
     if mask is None:
@@ -214,11 +248,12 @@ def _neuron(layer: A.Layer, detach_reset: bool, options: dict[str, Any], backend
 
 
 def load_layer(text: str, filename: str, *, hidden: int | None = None, in_features: Any = None,
-               masks: Mapping[str, Any] | None = None, step_mode: str = "m", backend: str = "auto",
-               detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None, learnable: Any = None,
-               **params: Any) -> nn.Module:
+               masks: Mapping[str, Any] | None = None, delays: Mapping[str, Any] | None = None, step_mode: str = "m",
+               backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
+               learnable: Any = None, **params: Any) -> nn.Module:
     """A layer file's module (see the module docstring); `in_features`: an int (a layer with one
-    input) or a dict of sizes by input name; `masks`: the 0/1 masks of `connect mask` synapses."""
+    input) or a dict of sizes by input name; `masks`: the 0/1 masks of `connect mask` synapses;
+    `delays`: the steps of `delay axonal|synaptic|dendritic` synapses (integer tensors, by synapse)."""
     text = normalize(text)
     layer = parse_layer(text, filename)
     opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
@@ -227,7 +262,13 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     checked = check_layer(layer, neuron.compiled.checked, hidden, sizes)
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
-        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode)
+        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays)
+    delayed = next((s for s in checked.synapses if s.delay_kind is not None), None)
+    if delayed is not None:
+        raise checked.error("delays in a recurrent layer are not compiled yet: this version delays the synapses of "
+                            "feed-forward layers", delayed.delay_pos, "remove this line, or make the layer feed-forward")
+    if delays:
+        raise checked.error("delays were given, but this layer has no delayed synapses", checked.ast.pos)
     return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend)
 
 

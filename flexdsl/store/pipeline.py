@@ -133,8 +133,8 @@ def layer_plan(layer: CheckedLayer, neuron: IR) -> LayerPlan:
     (keyed by the layer's structure and its neuron's compiled model)."""
     shape = {"name": layer.name, "size": layer.size, "inputs": [[n, k] for n, k, _ in layer.inputs],
              "direct": list(layer.direct),
-             "synapses": [[s.name, s.pre, s.port_index, s.recurrent, s.pre_index, s.pre_size, s.connect, s.bias]
-                          for s in layer.synapses]}
+             "synapses": [[s.name, s.pre, s.port_index, s.recurrent, s.pre_index, s.pre_size, s.connect, s.bias,
+                           s.delay_kind, s.delay] for s in layer.synapses]}
 
     def make() -> cache.Artefact:
         sympy_ready()

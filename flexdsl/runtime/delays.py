@@ -1,0 +1,110 @@
+"""Fixed synaptic delays of a feed-forward layer (`delay` lines of a `.layer` file).
+
+A synapse group with delays reads its presynaptic values `d` steps back: every connection the same
+number (`delay 3`), one per presynaptic neuron (`delay axonal max D`: `W_delay [n_pre]`), one per
+connection (`synaptic`: `[n_post, n_pre]`) or one per postsynaptic neuron (`dendritic`: `[n_post]`,
+the current delayed). The layer keeps the last `D` steps (of the input; of the current for
+dendritic delays) as a state: carried across calls, zeros after `reset()`, so chunked and
+single-step calls equal one call. Everything runs before the neuron's time loop, as index
+operations on `[D + T, *batch, n]` and products over all steps (synaptic: one product per distinct
+delay), so autograd gives the weights' and inputs' gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..frontend.layer import CheckedLayer, CheckedSynapse
+
+
+def delay_shape(layer: CheckedLayer, s: CheckedSynapse) -> tuple[int, ...]:
+    if s.delay_kind == "synaptic" and s.connect == "one_to_one":
+        return (layer.size,)
+    return {"axonal": (s.pre_size,), "synaptic": (layer.size, s.pre_size), "dendritic": (layer.size,)}[s.delay_kind]
+
+
+def initial_delays(layer: CheckedLayer, s: CheckedSynapse, given: Any) -> torch.Tensor:
+    """The `<name>_delay` buffer of a per-neuron or per-connection delay: the values given at load
+    (checked), else zeros."""
+    shape = delay_shape(layer, s)
+    if given is None:
+        return torch.zeros(shape, dtype=torch.long)
+    try:
+        d = torch.as_tensor(given)
+    except (TypeError, ValueError, RuntimeError):
+        raise layer.error(f"the delays of `{s.name}` must be a tensor of whole numbers of steps, not "
+                          f"{type(given).__name__}", s.delay_pos) from None
+    if tuple(d.shape) != shape:
+        raise layer.error(f"the delays of `{s.name}` have shape {tuple(d.shape)}; {s.delay_kind} delays of these "
+                          f"synapses need {shape}", s.delay_pos)
+    check(layer, s, d)
+    return d.to(torch.long)
+
+
+def check(layer: CheckedLayer, s: CheckedSynapse, d: torch.Tensor) -> None:
+    """Whole numbers of steps from 0 to the synapse's maximum (a NaN, a negative or a larger delay:
+    a located error)."""
+    if d.is_complex() or d.dtype == torch.bool:
+        raise layer.error(f"the delays of `{s.name}` must be whole numbers of steps, not {d.dtype}", s.delay_pos)
+    if d.is_floating_point():
+        bad = ~torch.isfinite(d) | (d != d.round())
+        if bool(bad.any()):
+            v = float(d[bad].flatten()[0])
+            raise layer.error(f"a delay of `{s.name}` is {v}, not a whole number of steps", s.delay_pos)
+    if d.numel() and (int(d.min()) < 0 or int(d.max()) > s.delay):
+        v = int(d.min()) if int(d.min()) < 0 else int(d.max())
+        raise layer.error(f"a delay of `{s.name}` is {v} steps, outside 0 to {s.delay} (its maximum)", s.delay_pos,
+                          f"raise the maximum: `delay {s.delay_kind} max {max(v, 0)}`" if v > s.delay else None)
+
+
+def history(layer: CheckedLayer, s: CheckedSynapse, kept: torch.Tensor | None, x: torch.Tensor
+            ) -> torch.Tensor:
+    """The last `D` kept steps followed by `x` (`[D + T, *batch, n]`; zeros before the first call)."""
+    D = s.delay
+    if kept is None:
+        kept = x.new_zeros((D, *x.shape[1:]))
+    elif kept.shape[1:] != x.shape[1:] or kept.device != x.device:
+        raise layer.error(f"the {D} steps `{s.name}` kept from the last call have shape {tuple(kept.shape[1:])} on "
+                          f"{kept.device}, but this call's are {tuple(x.shape[1:])} on {x.device}", s.delay_pos,
+                          "call m.reset() before a batch of another size")
+    elif kept.dtype != x.dtype:
+        kept = kept.to(x.dtype)
+    return torch.cat([kept, x]) if D else x
+
+
+def read(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tensor:
+    """`out[t, ..., k] = hist[D + t - d[k], ..., k]` (d: one delay per last-dim element)."""
+    idx = torch.arange(T, device=hist.device).unsqueeze(1) + (D - d.to(hist.device)).unsqueeze(0)  # [T, n]
+    idx = idx.view(T, *([1] * (hist.dim() - 2)), hist.shape[-1]).expand(T, *hist.shape[1:])
+    return hist.gather(0, idx)
+
+
+def delayed_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
+                    b: torch.Tensor | None, d: torch.Tensor | None, kept: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the synapse group's current `[T, *batch, n_post]`, the steps to keep for the next call);
+    `product(x, w, b)` is the group's current of undelayed values."""
+    T, D = x.shape[0], s.delay
+    if s.delay_kind == "dendritic":
+        cur = product(x, w, b)
+        hist = history(layer, s, kept, cur)
+        return read(hist, D, T, d), hist[hist.shape[0] - D:]
+    hist = history(layer, s, kept, x)
+    if s.delay_kind == "uniform":
+        out = product(hist[:T], w, b)
+    elif s.delay_kind == "axonal" or s.connect == "one_to_one":  # (one to one: a connection per neuron)
+        out = product(read(hist, D, T, d), w, b)
+    else:  # synaptic: one product per distinct delay
+        dd = d.to(w.device)
+        out = None
+        for k in torch.unique(dd).tolist():
+            part = product(hist[D - k:D - k + T], w * (dd == k).to(w.dtype), None)
+            out = part if out is None else out + part
+        out = out + b if b is not None else out
+    return out, hist[hist.shape[0] - D:]
+
+
+__all__ = ["check", "delay_shape", "delayed_current", "history", "initial_delays", "read"]
