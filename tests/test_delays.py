@@ -136,3 +136,44 @@ def test_delays_on_recurrent_synapses_are_refused_where_written():
     with pytest.raises(flexdsl.FlexDSLError, match="recurrent synapses") as e:
         flexdsl.loads(text)
     assert e.value.line == 7
+
+
+def test_axonal_delays_export_as_nir_delay_nodes_and_load_back():
+    torch.manual_seed(4)
+    text = ("layer L:\n    neuron lif\n    size 3\n    input s size 4\n    synapses W from s to x:\n"
+            "        delay axonal max 5\n        bias b\n")
+    ff = flexdsl.loads(text, delays={"W": torch.tensor([0, 2, 5, 1])})
+    net = torch.nn.Sequential(ff, torch.nn.Linear(3, 2))
+    g = flexdsl.nir.export(net, torch.rand(6, 1, 4), dt=1e-3)
+    assert type(g.nodes["0.W_delay"]).__name__ == "Delay"
+    assert g.nodes["0.W_delay"].delay.tolist() == pytest.approx([0.0, 0.002, 0.005, 0.001])
+    back = flexdsl.nir.load(g)
+    x = torch.rand(8, 2, 4) * 3
+    want = net(x)
+    # spikes equal (NIR's threshold is the float32 below flexdsl's `>=`), then a Linear of 3 terms
+    assert_close(back(x), want, ops=3 + 4 + 8)
+    back.reset()
+    steps = flexdsl.nir.load(g, step_mode="s")
+    assert_close(torch.stack([steps(x[t]) for t in range(8)]), want, ops=3 + 4 + 8)
+    with pytest.raises(flexdsl.FlexDSLError, match="NIR cannot express") as e:
+        flexdsl.nir.export(flexdsl.loads(text.replace("axonal", "synaptic"), delays={"W": torch.zeros(3, 4)}),
+                           torch.rand(6, 1, 4), dt=1e-3)
+    assert e.value.line == 6
+
+
+def test_a_nir_delay_node_runs_as_whole_steps_of_dt():
+    import nir
+    import numpy as np
+
+    d = np.array([0.0, 0.003, 0.001])
+    g = nir.NIRGraph(nodes={"input": nir.Input(input_type=np.array([3])), "d": nir.Delay(delay=d),
+                            "output": nir.Output(output_type=np.array([3]))},
+                     edges=[("input", "d"), ("d", "output")])
+    net = flexdsl.nir.load(g, dt=1e-3)
+    x = torch.rand(6, 2, 3)
+    want = torch.zeros_like(x)
+    for j, k in enumerate([0, 3, 1]):  # x[t - k] of each channel, zeros before the first step
+        want[k:, :, j] = x[:6 - k, :, j]
+    assert torch.equal(net(x), want)
+    with pytest.raises(flexdsl.FlexDSLError, match="not a whole number of steps"):
+        flexdsl.nir.load(g, dt=2e-3)

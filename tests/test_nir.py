@@ -770,8 +770,8 @@ def test_load_errors(tmp_path):
         flexdsl.nir.load(_lif_graph(), dt=1e-3, learnable=["tua"])
     with pytest.raises(flexdsl.FlexDSLError, match=r"<load option>:1:13: error: unexpected character `\.`"):
         flexdsl.nir.load(_lif_graph(), dt=1e-3, surrogate="os.system('x')")  # (checked as flexdsl.load checks it)
-    delay = nir.NIRGraph.from_list(nir.Delay(delay=np.array([1.0, 2.0])))
-    with pytest.raises(flexdsl.FlexDSLError, match="is a Delay, which flexdsl cannot run"):
+    delay = nir.NIRGraph.from_list(nir.Delay(delay=np.array([1e-3, 2.5e-3])))
+    with pytest.raises(flexdsl.FlexDSLError, match="2.5 steps of dt=0.001, not a whole number of steps"):
         flexdsl.nir.load(delay, dt=1e-3)
     affine = nir.Affine(weight=np.ones((3, 2)), bias=np.zeros(4))
     with pytest.raises(flexdsl.FlexDSLError, match=r"NIR node `affine` \(Affine\) is malformed"):

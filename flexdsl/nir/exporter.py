@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import FlexDSLError, did_you_mean
+from ..runtime.delays import Delay
 from ..runtime.layer import FeedForwardModule
 from ..runtime.module import NeuronModule
 from ..runtime.recurrent import RecurrentModule
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 # ============================================================================ export
 _SKIP = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Flatten, nn.AvgPool2d)
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Flatten, nn.AvgPool2d, Delay)
 _EXPORTABLE = ("flexdsl neurons and recurrent layers, torch.nn.Linear, Conv1d, Conv2d, Flatten, AvgPool2d, "
                "Identity and Dropout, and `+` of two branches")
 
@@ -470,5 +471,13 @@ def _pool_node(nir, mod: nn.AvgPool2d, name, per, per_out, lead, dt, method):
     return nir.AvgPool2d(kernel_size=pair(mod.kernel_size), stride=pair(mod.stride), padding=pair(mod.padding))
 
 
+def _delay_node(nir, mod: Delay, name, per, per_out, lead, dt, method):
+    """An axonal delay (`runtime/delays.Delay`) as NIR's element-wise `Delay`, in NIR's time: steps * dt."""
+    d = mod.delay.detach().cpu().numpy().astype(np.float64)
+    if d.size == 1 and per and int(np.prod(per)) != 1:
+        d = np.full(int(np.prod(per)), float(d.reshape(-1)[0]))
+    return nir.Delay(delay=(d * dt).reshape(per) if d.size == int(np.prod(per)) else d * dt)
+
+
 _NODE_MAKERS = {NeuronModule: _neuron_node, nn.Linear: _linear_node, nn.Conv1d: _conv_node, nn.Conv2d: _conv_node,
-                nn.Flatten: _flatten_node, nn.AvgPool2d: _pool_node}
+                nn.Flatten: _flatten_node, nn.AvgPool2d: _pool_node, Delay: _delay_node}

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from ..errors import FlexDSLError, did_you_mean
+from ..frontend.layer import MAX_DELAY
+from ..runtime.delays import Delay
 from ..runtime.module import NeuronModule
 from ..runtime.options import OptionError, learnable_names, surrogate_text
 from .network import NIRNetwork
@@ -161,12 +163,15 @@ class _Scale(nn.Module):
         return x * self.scale
 
 
-def _layer_module(node: Any, where: str) -> tuple[nn.Module, str]:
+def _layer_module(node: Any, where: str, dt: float) -> tuple[nn.Module, str]:
     """A NIR layer as a torch module and how it is applied: "vector" (on the last dimension or
-    elementwise), "spatial" (on [N, C, ...]), "flatten". Its fields are checked first, so that a
-    malformed node is an error here, not at the first call."""
+    elementwise), "spatial" (on [N, C, ...]), "flatten", "delay" (on [T, batch, n]: NIR's `Delay`,
+    in steps of `dt`). Its fields are checked first, so that a malformed node is an error here, not
+    at the first call."""
     try:
         _check_layer(node)
+        if type(node).__name__ == "Delay":
+            return _delay_module(node, where, dt), "delay"
         return _make_layer(node, where)
     except FlexDSLError:
         raise
@@ -230,6 +235,23 @@ def _check_flatten(node: Any) -> None:
         raise ValueError(f"`start_dim` {start} comes after `end_dim` {end}")
 
 
+def _delay_module(node: Any, where: str, dt: float) -> Delay:
+    """NIR's element-wise `Delay` (delays in the graph's time) as whole numbers of steps of `dt`."""
+    d = _np(node.delay).reshape(-1)
+    if not bool(np.all(np.isfinite(d))) or bool(np.any(d < 0)):
+        raise FlexDSLError(f"NIR node `{where}` (Delay) has a delay that is negative or not finite", "<nir graph>")
+    steps = d / dt
+    whole = np.round(steps)
+    if bool(np.any(np.abs(steps - whole) > 1e-6 * np.maximum(whole, 1.0))):
+        k = int(np.argmax(np.abs(steps - whole)))
+        raise FlexDSLError(f"NIR node `{where}` (Delay): the delay {d[k]:g} is {steps[k]:g} steps of dt={dt:g}, not a "
+                           "whole number of steps", "<nir graph>", hint="load with a dt that divides every delay")
+    if whole.size and whole.max() > MAX_DELAY:
+        raise FlexDSLError(f"NIR node `{where}` (Delay): {int(whole.max()):,} steps is over the {MAX_DELAY:,} a delay "
+                           "may reach", "<nir graph>")
+    return Delay(torch.from_numpy(whole.astype(np.int64)))
+
+
 def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
     nir = _nir()
     kind = type(node).__name__
@@ -283,7 +305,7 @@ def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
         return nn.Flatten(_integers(node.start_dim, "start_dim")[0], _integers(node.end_dim, "end_dim")[0]), "flatten"
     raise FlexDSLError(f"NIR node `{where}` is a {kind}, which flexdsl cannot run", "<nir graph>",
                        hint="supported: " + ", ".join([*PRIMITIVES, "Affine", "Linear", "Scale", "Conv1d", "Conv2d",
-                                                       "Flatten", "AvgPool2d", "SumPool2d"]))
+                                                       "Flatten", "AvgPool2d", "SumPool2d", "Delay"]))
 
 
 def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", learnable: Any = (),
@@ -352,7 +374,7 @@ def load(graph_or_path: Any, dt: float | None = None, *, method: str = "auto", l
                                                          surrogate if PRIMITIVES[kind].spiking else None)
             kinds[name] = "neuron"
         else:
-            modules[name], kinds[name] = _layer_module(node, name)
+            modules[name], kinds[name] = _layer_module(node, name, dt)
     edges = _fuse_recurrent(modules, kinds, types, flat.edges, backend)
     net = NIRNetwork(modules, kinds, edges, flat.inputs[0], flat.outputs, dt, step_mode, types, shapes)
     try:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import FlexDSLError
+from ..runtime.delays import Delay
 from ..runtime.module import NeuronModule
 from ..runtime.recurrent import RecurrentModule
 
@@ -91,7 +92,7 @@ class NIRNetwork(nn.Module):
     def reset(self) -> None:
         """Every neuron back to its initial state; recurrent edges to 0."""
         for m in self.nodes.values():
-            if isinstance(m, NeuronModule | RecurrentModule):
+            if isinstance(m, NeuronModule | RecurrentModule | Delay):
                 m.reset()
         self._prev = {}
 
@@ -131,6 +132,8 @@ class NIRNetwork(nn.Module):
             return m(x) if lead == 2 else m(x.unsqueeze(0))[0]
         if kind == "vector":
             return m(x)
+        if kind == "delay":  # (over time: the whole sequence, or one step with the kept history)
+            return m(x) if lead == 2 else m(x.unsqueeze(0))[0]
         if kind == "flatten":
             # (dims of a sample: from 0, or from the end where negative)
             start = m.start_dim + lead if m.start_dim >= 0 else m.start_dim

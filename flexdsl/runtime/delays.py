@@ -107,4 +107,39 @@ def delayed_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
     return out, hist[hist.shape[0] - D:]
 
 
-__all__ = ["check", "delay_shape", "delayed_current", "history", "initial_delays", "read"]
+class Delay(torch.nn.Module):
+    """Each feature of `[T, *batch, n]` delayed by its own whole number of steps (`delay`, a buffer of
+    `n` integers from 0 to `max_delay`): an axonal delay as a layer of its own, what NIR's `Delay`
+    node is (a feed-forward layer's `as_sequential()` and `flexdsl.nir.load` make it). The last
+    `max_delay` steps are kept between calls (zeros after `reset()`)."""
+
+    def __init__(self, delay: torch.Tensor, max_delay: int | None = None) -> None:
+        super().__init__()
+        d = torch.as_tensor(delay).to(torch.long).reshape(-1)
+        self.max_delay = int(max_delay if max_delay is not None else (int(d.max()) if d.numel() else 0))
+        self.register_buffer("delay", d)
+        self.kept: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        self.kept = None
+
+    def detach(self) -> None:
+        if self.kept is not None:
+            self.kept = self.kept.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        D, d = self.max_delay, self.delay
+        if d.numel() and (int(d.min()) < 0 or int(d.max()) > D):
+            raise ValueError(f"delays outside 0 to {D} steps")
+        kept = self.kept
+        if kept is None or kept.shape[1:] != x.shape[1:]:
+            kept = x.new_zeros((D, *x.shape[1:]))
+        hist = torch.cat([kept.to(x.dtype), x]) if D else x
+        self.kept = hist[hist.shape[0] - D:]
+        return read(hist, D, x.shape[0], d.expand(x.shape[-1]) if d.numel() == 1 else d)
+
+    def extra_repr(self) -> str:
+        return f"{self.delay.numel()} delays, max_delay={self.max_delay}"
+
+
+__all__ = ["Delay", "check", "delay_shape", "delayed_current", "history", "initial_delays", "read"]

@@ -178,11 +178,15 @@ class FeedForwardModule(nn.Module):
         return x
 
     def as_sequential(self) -> nn.Sequential:
-        """The layer as `nn.Linear` (its synapses' weights, masked, and bias) followed by its neuron,
-        the form NIR export writes; a layer of another form (several synapse groups, one_to_one, a
+        """The layer as `nn.Linear` (its synapses' weights, masked, and bias) followed by its neuron
+        (after a `Delay` of the inputs where its delays are axonal), the form NIR export writes; a layer of another form (several synapse groups, one_to_one, a
         neuron with further inputs) is a located error."""
         layer = self._layer
         syn = layer.synapses
+        if syn and syn[0].delay_kind in ("synaptic", "dendritic"):
+            raise layer.error(f"layer `{layer.name}` has {syn[0].delay_kind} delays, which NIR cannot express (its "
+                              "Delay node delays each presynaptic value: axonal delays)", syn[0].delay_pos,
+                              "export axonal delays (`delay axonal max N`, or `delay N`)")
         if len(syn) != 1 or syn[0].connect == "one_to_one" or layer.direct:
             raise layer.error(f"layer `{layer.name}` has no nn.Linear form (one dense or masked synapse group into a "
                               "neuron of one input): NIR cannot express it", (syn[0] if syn else layer.ast).pos,
@@ -197,7 +201,12 @@ class FeedForwardModule(nn.Module):
             lin.weight.copy_(w)
             if b is not None:
                 lin.bias.copy_(b.detach())
-        return nn.Sequential(OrderedDict([(s.name, lin), ("neuron", self.neuron)]))
+        parts = [(s.name, lin), ("neuron", self.neuron)]
+        if s.delay_kind == "uniform":
+            parts.insert(0, (s.name + "_delay", dl.Delay(torch.full((s.pre_size,), s.delay), s.delay)))
+        elif s.delay_kind == "axonal":
+            parts.insert(0, (s.name + "_delay", dl.Delay(getattr(self, s.name + "_delay").detach().cpu(), s.delay)))
+        return nn.Sequential(OrderedDict(parts))
 
     def extra_repr(self) -> str:
         p = self.plan
