@@ -129,8 +129,11 @@ class Delay(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         D, d = self.max_delay, self.delay
-        if d.numel() and (int(d.min()) < 0 or int(d.max()) > D):
-            raise ValueError(f"delays outside 0 to {D} steps")
+        seen = (d.data_ptr(), d._version, d.device)  # (checked when it changed: no sync per call)
+        if seen != self.__dict__.get("_seen"):
+            if d.numel() and (int(d.min()) < 0 or int(d.max()) > D):
+                raise ValueError(f"delays outside 0 to {D} steps")
+            self.__dict__["_seen"] = seen
         kept = self.kept
         if kept is None or kept.shape[1:] != x.shape[1:]:
             kept = x.new_zeros((D, *x.shape[1:]))

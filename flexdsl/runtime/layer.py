@@ -150,7 +150,10 @@ class FeedForwardModule(nn.Module):
         d = None
         if s.delay_kind != "uniform":
             d = getattr(self, s.name + "_delay")
-            dl.check(self._layer, s, d)
+            seen = (d.data_ptr(), d._version, d.dtype, d.device)  # (checked when it changed: no sync per call)
+            if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
+                dl.check(self._layer, s, d)
+                self.__dict__["_delays_seen"][s.name] = seen
         one = s.connect == "one_to_one"
         cur, keep = dl.delayed_current(self._layer, s, x.unsqueeze(0) if single else x,
                                        lambda xx, ww, bb: _product(xx, ww, bb, one), w, b, d, self._kept.get(s.name))
