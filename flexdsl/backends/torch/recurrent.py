@@ -31,7 +31,9 @@ from ..random import NoiseStream
 def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     """The generated module: `_invariants(*params)`, `_fwd_step(...)` and `_bwd_step(...)`."""
     from ..printer import lhs_rhs_lines  # (the printers import sympy: only when the scan is emitted, not
-    from .emit import NOISE_ARG, TorchPrinter, header  # when a process loads it from the disk cache)
+    from .emit import NOISE_ARG, header  # when a process loads it from the disk cache)
+
+    TorchPrinter = _scan_printer()
 
     step, bw, sch = ir.step, ir.backward, ir.schedule
     pr = TorchPrinter()  # (`like`: a tensor argument whose dtype a `where` of two numbers takes)
@@ -84,6 +86,28 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
             "reread": [step.inputs.index(x) for x in sch.reread], "learnable": [p.name for p in step.learnable],
             "params": [p.name for p in step.params], "n_hoisted": len(hoisted), "draws": step.draws}
     return "\n".join(lines) + "\n", meta
+
+
+def _scan_printer() -> type:
+    """The torch printer for the scan's steps: the spike of a named value written inline,
+    `(u >= 0).to(u.dtype)` (what `ops.heaviside_ge` computes), so that a step costs no Python call
+    for it (the loop runs it twice a step)."""
+    from .emit import TorchPrinter
+
+    class ScanPrinter(TorchPrinter):
+        def _inline(self, e: Any, kind: str) -> str:
+            u = self._print(e.args[0])
+            if self.fire_args is None and u.isidentifier():
+                return f"({u} {'>=' if kind == 'ge' else '>'} 0).to({u}.dtype)"
+            return self._fire(e, kind)
+
+        def _print_SpikeGE(self, e: Any) -> str:
+            return self._inline(e, "ge")
+
+        def _print_SpikeGT(self, e: Any) -> str:
+            return self._inline(e, "gt")
+
+    return ScanPrinter
 
 
 def _full(v: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
