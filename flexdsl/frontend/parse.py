@@ -276,15 +276,7 @@ class _ToAST(Transformer_NonRecursive):
         return A.SpikeRule(left, str(op), right, _pos(spike), surrogate)
 
     def neuron(self, name: Token, *items) -> A.Neuron:
-        doc = ""
-        flat: list = []
-        for it in items:
-            if isinstance(it, tuple) and it and it[0] == "__doc__":
-                doc = it[1]
-            elif isinstance(it, list):
-                flat.extend(it)
-            else:
-                flat.append(it)
+        doc, flat = _doc_and_items(items)
         return A.Neuron(str(name), flat, _pos(name), self.filename, self.source, doc)
 
     def start(self, neuron: A.Neuron) -> A.Neuron:
@@ -346,17 +338,25 @@ class _ToAST(Transformer_NonRecursive):
         return A.SynapseEvent(str(kind), list(stmts), _pos(kind))
 
     def layer(self, name: Token, *items) -> A.Layer:
-        doc = ""
-        flat: list = []
-        for it in items:
-            if isinstance(it, tuple) and it and it[0] == "__doc__":
-                doc = it[1]
-            else:
-                flat.append(it)
+        doc, flat = _doc_and_items(items)
         return A.Layer(str(name), flat, _pos(name), self.filename, self.source, doc)
 
     def layer_start(self, layer: A.Layer) -> A.Layer:
         return layer
+
+
+def _doc_and_items(items: tuple) -> tuple[str, list]:
+    """A block's docstring (or "") and its items, lists of items (`input a, b`) flattened."""
+    doc = ""
+    flat: list = []
+    for it in items:
+        if isinstance(it, tuple) and it and it[0] == "__doc__":
+            doc = it[1]
+        elif isinstance(it, list):
+            flat.extend(it)
+        else:
+            flat.append(it)
+    return doc, flat
 
 
 def _pos_of_expr(e) -> A.Pos:

@@ -33,13 +33,13 @@ from ..library import resolve
 from ..store.pipeline import layer_plan
 from . import delays as dl
 from .compiler import compile_model
-from .layertext import feedforward_text, plan
-from .module import STEP_MODES, NeuronModule
+from .layertext import LayerAttrs, feedforward_text, plan
+from .module import NeuronModule
 from .options import make as make_options
 from .recurrent import RecurrentModule
 
 
-class FeedForwardModule(nn.Module):
+class FeedForwardModule(LayerAttrs, nn.Module):
     """A feed-forward layer: synapses from the layer's inputs into `size` neurons of one model.
 
     `m(x, ...)`: one tensor per layer input (`[T, *batch, size_of_input]`, step_mode "m"; without T
@@ -75,22 +75,8 @@ class FeedForwardModule(nn.Module):
         self.step_mode = step_mode
         self.reset_parameters()
 
-    @property
-    def plan(self) -> LayerPlan:
-        """The layer's plan: its synapses, what runs before, in and after the time loop, and the
-        derived equations (`print(*m.plan.equations, sep="\\n")`)."""
-        return self.__dict__["_plan"]
-
-    @property
-    def step_mode(self) -> str:
-        return self.__dict__.get("_step_mode", "m")
-
-    @step_mode.setter
-    def step_mode(self, value: str) -> None:
-        if value not in STEP_MODES:
-            raise self.__dict__["_layer"].error(f"step_mode must be 's' or 'm', not {value!r}", None)
-        self.__dict__["_step_mode"] = value
-        self.neuron.step_mode = value
+    def _layer_error(self, msg: str) -> FlexDSLError:
+        return self.__dict__["_layer"].error(msg, None)
 
     def reset_parameters(self) -> None:
         """`nn.Linear`'s initialisation per synapse (one_to_one: uniform in ±1); masked entries 0."""

@@ -10,7 +10,32 @@ from ..frontend.layer import CheckedLayer, check_layer
 from ..frontend.parse import parse_layer
 from ..ir.layer import LayerPlan
 from ..store.pipeline import layer_plan
-from .module import NeuronModule
+from .module import STEP_MODES, NeuronModule
+
+
+class LayerAttrs:
+    """What every layer module shows the same way: its plan, and a step mode its neuron follows."""
+
+    @property
+    def plan(self) -> LayerPlan:
+        """The layer's plan (`ir/layer.py`): its synapses, what runs before, in and after the time
+        loop, and the derived equations (`print(*m.plan.equations, sep="\\n")`)."""
+        return self.__dict__["_plan"]
+
+    @property
+    def step_mode(self) -> str:
+        return self.__dict__.get("_step_mode", "m")
+
+    @step_mode.setter
+    def step_mode(self, value: str) -> None:
+        """'m' ([T, *batch, features] per call) or 's' (one step per call); the neuron follows
+        (so that SpikingJelly's set_step_mode and NIR export see one mode)."""
+        if value not in STEP_MODES:
+            raise self._layer_error(f"step_mode must be 's' or 'm', not {value!r}")  # type: ignore[attr-defined]
+        self.__dict__["_step_mode"] = value
+        neuron = self._modules.get("neuron")  # type: ignore[attr-defined]
+        if neuron is not None:
+            neuron.step_mode = value
 
 
 def plan(text: str, filename: str, neuron: NeuronModule, hidden: int | None = None,
@@ -50,4 +75,4 @@ def _free_name(name: str, taken: Sequence[str]) -> str:
     return name
 
 
-__all__ = ["feedforward_text", "plan", "recurrent_text"]
+__all__ = ["LayerAttrs", "feedforward_text", "plan", "recurrent_text"]

@@ -34,7 +34,7 @@ from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
-from .layertext import plan, recurrent_text
+from .layertext import LayerAttrs, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
 
 CONNECTIVITY = ("all", "one_to_one")
@@ -94,7 +94,7 @@ class _NeuronView:
         return all(v is None for v in self.m._states.values())
 
 
-class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
+class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
     """A recurrent layer of `hidden` neurons of one model (see `flexdsl.recurrent`).
 
     `m(x)`: `x` is `[T, *batch, in_features]` (step_mode "m") or `[*batch, in_features]` ("s");
@@ -184,26 +184,8 @@ class RecurrentModule(_Base):  # type: ignore[valid-type,misc]
                 b = 1 / math.sqrt(self.in_features if self.in_features is not None else self.hidden)
                 self.bias.uniform_(-b, b)
 
-    @property
-    def plan(self) -> LayerPlan:
-        """The layer's plan (`ir/layer.py`): its synapses, what runs before, in and after the time
-        loop, and the derived equations (`print(*m.plan.equations, sep="\\n")`)."""
-        return self.__dict__["_plan"]
-
-    @property
-    def step_mode(self) -> str:
-        return self.__dict__.get("_step_mode", "m")
-
-    @step_mode.setter
-    def step_mode(self, value: str) -> None:
-        """'m' ([T, *batch, features] per call) or 's' (one step per call); the neuron follows
-        (so that SpikingJelly's set_step_mode and NIR export see one mode)."""
-        if value not in STEP_MODES:
-            raise self._view.error(f"step_mode must be 's' or 'm', not {value!r}")
-        self.__dict__["_step_mode"] = value
-        neuron = self._modules.get("neuron")
-        if neuron is not None:
-            neuron.step_mode = value
+    def _layer_error(self, msg: str) -> FlexDSLError:
+        return self._view.error(msg)
 
     # ------------------------------------------------------------------ states
     def __getattr__(self, name: str) -> Any:
