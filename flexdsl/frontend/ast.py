@@ -292,6 +292,9 @@ class Synapses:
     delay: Expr | None = None  # `delay EXPR`: every connection; with `delay_kind`, the maximum
     delay_pos: Pos | None = None
     delay_kind: str | None = None  # "axonal", "synaptic", "dendritic": delays given at load, up to `delay`
+    delay_learnable: bool = False  # `... learnable [gauss|linear]`: real delays trained through a relaxation
+    delay_interp: str | None = None  # the relaxation as written (None: gauss)
+    delay_interp_pos: Pos | None = None
     states: list[State] = field(default_factory=list)
     events: list[SynapseEvent] = field(default_factory=list)
 

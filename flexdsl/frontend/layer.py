@@ -41,6 +41,11 @@ class CheckedSynapse:
     delay_kind: str | None = None  # None, "uniform" (every connection `delay` steps), "axonal", "synaptic", "dendritic"
     delay: int = 0  # the delay in steps (uniform), or the largest one (the others: given at load)
     delay_pos: A.Pos | None = None
+    delay_interp: str | None = None  # learnable delays: "gauss" or "linear" (their relaxation); None: fixed
+
+    @property
+    def delay_learnable(self) -> bool:
+        return self.delay_interp is not None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -204,15 +209,34 @@ def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[t
                           f"is {MAX_WEIGHTS:,}: {MAX_WEIGHTS * 4 // 2**30} GiB in float32)", s.pos,
                    "a smaller layer, or one_to_one synapses")
     _not_yet(layer, neuron, s)
-    kind, steps = _delay(layer, s, recurrent)
+    kind, steps, interp = _delay(layer, s, recurrent)
     return CheckedSynapse(s.name, s.pre, s.port, ports.index(s.port), recurrent, index, pre_size, connect, s.bias,
-                          s.pos, s.connect_pos or s.pos, kind, steps, s.delay_pos)
+                          s.pos, s.connect_pos or s.pos, kind, steps, s.delay_pos, interp)
 
 
-def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, int]:
-    """(kind, steps) of a synapse's `delay` line: a whole number of steps, at most `MAX_DELAY`."""
+DELAY_RELAXATIONS = ("gauss", "linear")
+
+
+def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, int, str | None]:
+    """(kind, steps, relaxation) of a synapse's `delay` line: a whole number of steps, at most
+    `MAX_DELAY`; the relaxation of a learnable delay (None: fixed)."""
+    if s.delay is None and s.delay_kind is None:
+        return None, 0, None
     if s.delay is None:
-        return None, 0
+        ex = f"delay {s.delay_kind} max 20" + (" learnable" if s.delay_learnable else "")
+        raise _err(layer, f"{s.delay_kind} delays of `{s.name}` need a maximum: the layer keeps that many steps",
+                   s.delay_pos, f"e.g. `{ex}`")
+    if s.delay_learnable and s.delay_kind is None:
+        raise _err(layer, f"a learnable delay of `{s.name}` needs a kind and a maximum: one delay per presynaptic "
+                          "neuron, connection or postsynaptic neuron, trained within [0, max]", s.delay_pos,
+                   "e.g. `delay axonal max 20 learnable` or `delay synaptic max 20 learnable`")
+    interp = None
+    if s.delay_learnable:
+        interp = s.delay_interp or "gauss"
+        if interp not in DELAY_RELAXATIONS:
+            raise _err(layer, f"unknown relaxation `{interp}` for the learnable delays of `{s.name}`",
+                       s.delay_interp_pos, did_you_mean(interp, DELAY_RELAXATIONS) or
+                       "`learnable gauss` (DCLS's Gaussian over the steps, default) or `learnable linear` (two steps)")
     if recurrent:
         raise _err(layer, "delays on recurrent synapses are not compiled yet: this version delays the synapses "
                           "from a layer's inputs", s.delay_pos, "remove this line, or delay the input's synapses")
@@ -228,7 +252,10 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, 
                    "e.g. `delay 3`, or `delay axonal max 20` with the delays given at load")
     if e.value != int(e.value) or e.value > MAX_DELAY:
         raise _err(layer, f"{what} must be a whole number of steps from 0 to {MAX_DELAY:,}, not {e.text}", e.pos)
-    return (s.delay_kind or "uniform"), int(e.value)
+    if interp is not None and int(e.value) == 0:
+        raise _err(layer, f"the learnable delays of `{s.name}` have a maximum of 0 steps: nothing to learn", e.pos,
+                   "a maximum of 1 step or more")
+    return (s.delay_kind or "uniform"), int(e.value), interp
 
 
 def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
@@ -253,8 +280,8 @@ def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
     first = s.states[0].pos if s.states else (s.events[0].pos if s.events else None)
     if first is not None:
         raise _err(layer, "synaptic state and plasticity events are not compiled yet: this version runs weights "
-                          "(dense, one_to_one, mask), biases and fixed delays", first,
+                          "(dense, one_to_one, mask), biases and delays", first,
                    "remove this line; the layer runs without it")
 
 
-__all__ = ["CONNECT", "MAX_DELAY", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]
+__all__ = ["CONNECT", "DELAY_RELAXATIONS", "MAX_DELAY", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]

@@ -9,6 +9,7 @@ import keyword
 import re
 import threading
 from functools import lru_cache
+from typing import Any
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedInput, VisitError
@@ -316,8 +317,10 @@ class _ToAST(Transformer_NonRecursive):
                 if getattr(syn, field) is not None:
                     raise FlexDSLError(f"this synapse has a second `{field}` line", self.filename, pos.line,
                                        pos.column, self.source, f"keep one `{field}` line per synapses block")
-                if field == "delay" and isinstance(value, tuple):
-                    syn.delay_kind, value = value
+                if field == "delay":
+                    value, extra = value
+                    for k, v in extra.items():
+                        setattr(syn, k, v)
                 setattr(syn, field, value)
                 setattr(syn, field + "_pos", pos)
         return syn
@@ -328,11 +331,18 @@ class _ToAST(Transformer_NonRecursive):
     def bias_decl(self, kw: Token, name: Token) -> tuple:
         return ("bias", str(name), _pos(name))
 
-    def delay_decl(self, kw: Token, value) -> tuple:
-        return ("delay", value, _pos(kw))
+    def delay_decl(self, kw: Token, value, learnable: Token | None, interp: Token | None) -> tuple:
+        return ("delay", (value, self._delay_extra(None, learnable, interp)), _pos(kw))
 
-    def delay_kind_decl(self, kw: Token, kind: Token, _max, value) -> tuple:
-        return ("delay", (str(kind), value), _pos(kw))
+    def delay_kind_decl(self, kw: Token, kind: Token, _max, value, learnable: Token | None,
+                        interp: Token | None) -> tuple:
+        return ("delay", (value, self._delay_extra(str(kind), learnable, interp)), _pos(kw))
+
+    @staticmethod
+    def _delay_extra(kind: str | None, learnable: Token | None, interp: Token | None) -> dict[str, Any]:
+        return {"delay_kind": kind, "delay_learnable": learnable is not None,
+                "delay_interp": str(interp) if interp is not None else None,
+                "delay_interp_pos": _pos(interp) if interp is not None else None}
 
     def synapse_event(self, kind: Token, *stmts) -> A.SynapseEvent:
         return A.SynapseEvent(str(kind), list(stmts), _pos(kind))

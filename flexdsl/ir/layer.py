@@ -43,6 +43,7 @@ class SynapsePlan:
     grad_pre: str  # "product" (g W) or "scale" (g*w)
     delay_kind: str | None = None  # "uniform", "axonal", "synaptic", "dendritic" (fixed delays: the layer's history)
     delay: int = 0  # steps (uniform), or the largest (the others)
+    delay_interp: str | None = None  # learnable delays: their relaxation ("gauss", "linear"); None: fixed
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def _synapse_plan(layer: CheckedLayer, s: CheckedSynapse, fused: bool) -> Synaps
     if s.connect == "one_to_one":  # (the sum over presynaptic neurons is one term: elementwise)
         gw, gp = "reduce", "scale"
     return SynapsePlan(s.name, s.pre, s.port_index, s.recurrent, s.pre_index, s.connect, s.bias, not s.recurrent,
-                       fused, current, gw, gp, s.delay_kind, s.delay)
+                       fused, current, gw, gp, s.delay_kind, s.delay, s.delay_interp)
 
 
 def plan_layer(layer: CheckedLayer) -> LayerPlan:
@@ -132,9 +133,17 @@ def _equations(layer: CheckedLayer, syns: tuple[SynapsePlan, ...]) -> list[str]:
         lhs = f"{port}[t, i]" if s.delay_kind != "dendritic" else f"{port}[t + {s.name}_delay[i], i]"
         out.append(f"{lhs} += {term}" + (f" + {s.bias}[i]" if s.bias else "")
                    + ("   (in the loop)" if s.recurrent else "   (before the loop, all steps at once)"))
-        if s.delay_kind not in (None, "uniform"):
+        if s.delay_kind not in (None, "uniform") and s.delay_interp is None:
             out.append(f"  {s.name}_delay: integers from 0 to {s.delay} (given at load: delays=); the layer keeps "
                        f"the last {s.delay} steps between calls")
+        elif s.delay_kind not in (None, "uniform"):
+            d, sig = f"{s.name}_delay", f"{s.name}_delay_width"
+            g = (f"exp(-(k - {d})^2 / (2 {sig}^2)) / sum_k' exp(-(k' - {d})^2 / (2 {sig}^2))"
+                 if s.delay_interp == "gauss" else f"max(0, 1 - |k - {d}|)")
+            out.append(f"  {d}: learnable real delays in [0, {s.delay}] steps; a value at t-{d} is the sum over the "
+                       f"steps k = 0..{s.delay} of g_k * value[t-k], g_k = {g} ({s.delay_interp}; "
+                       f"{sig} = 0, or m.round_delays(): whole steps); the layer keeps the last {s.delay} steps "
+                       "between calls")
     for s in syns:
         port = layer.neuron.inputs[s.port].name
         t = "t-1" if s.recurrent else "t"

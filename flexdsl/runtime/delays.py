@@ -1,4 +1,4 @@
-"""Fixed synaptic delays of a feed-forward layer (`delay` lines of a `.layer` file).
+"""Synaptic delays of a feed-forward layer (`delay` lines of a `.layer` file), fixed or learnable.
 
 A synapse group with delays reads its presynaptic values `d` steps back: every connection the same
 number (`delay 3`), one per presynaptic neuron (`delay axonal max D`: `W_delay [n_pre]`), one per
@@ -8,10 +8,22 @@ dendritic delays) as a state: carried across calls, zeros after `reset()`, so ch
 single-step calls equal one call. Everything runs before the neuron's time loop, as index
 operations on `[D + T, *batch, n]` and products over all steps (synaptic: one product per distinct
 delay), so autograd gives the weights' and inputs' gradients.
+
+Learnable delays (`delay axonal|synaptic|dendritic max D learnable [gauss|linear]`) are real numbers
+in [0, D] (the Parameter `<name>_delay`), relaxed over the whole steps k = 0..D: a value delayed by
+`d` is `sum_k g_k(d) value[t - k]` with DCLS's normalized Gaussian of width `<name>_delay_width`
+(`g_k ∝ exp(-(k - d)²/2σ²)`, Hammouamri et al. 2024) or the linear interpolation between the two
+nearest steps (`g_k = max(0, 1 - |k - d|)`: DCLS's "v1"). Autograd gives the gradients of the
+delays. Axonal and dendritic delays of the linear relaxation are two reads of the history; gauss
+ones a depthwise convolution over time; synaptic ones one convolution with the kernel
+`W[i, j] g_k(d[i, j])` (`[n_post, n_pre, D + 1]`, as DCLS builds it). A width of 0 (or
+`round_delays()`) runs the delays rounded to whole steps, exactly the fixed-delay path. The delays
+stay in [0, D]: the layer clamps them before each call and after every optimizer step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +119,119 @@ def delayed_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
     return out, hist[hist.shape[0] - D:]
 
 
+def initial_learnable(layer: CheckedLayer, s: CheckedSynapse, given: Any) -> torch.Tensor:
+    """The `<name>_delay` Parameter's value of learnable delays: the values given at load (real
+    numbers in [0, max], checked), else drawn uniformly from [0, max] (as DCLS-delays initializes)."""
+    shape = delay_shape(layer, s)
+    if given is None:
+        return torch.rand(shape) * s.delay
+    try:
+        d = torch.as_tensor(given)
+    except (TypeError, ValueError, RuntimeError):
+        raise layer.error(f"the delays of `{s.name}` must be a tensor of steps, not {type(given).__name__}",
+                          s.delay_pos) from None
+    if tuple(d.shape) != shape:
+        raise layer.error(f"the delays of `{s.name}` have shape {tuple(d.shape)}; {s.delay_kind} delays of these "
+                          f"synapses need {shape}", s.delay_pos)
+    check_learnable(layer, s, d)
+    return d.to(torch.get_default_dtype()).clone()
+
+
+def check_learnable(layer: CheckedLayer, s: CheckedSynapse, d: torch.Tensor) -> None:
+    """Real numbers of steps from 0 to the maximum (NaN, infinite, negative or larger: a located error)."""
+    if d.is_complex() or d.dtype == torch.bool:
+        raise layer.error(f"the delays of `{s.name}` must be numbers of steps, not {d.dtype}", s.delay_pos)
+    dd = d.detach().double()
+    bad = ~torch.isfinite(dd) | (dd < 0) | (dd > s.delay)
+    if bool(bad.any()):
+        v = float(dd[bad].flatten()[0])
+        raise layer.error(f"a delay of `{s.name}` is {v:g} steps, outside 0 to {s.delay} (its maximum)", s.delay_pos,
+                          f"raise the maximum: `delay {s.delay_kind} max {math.ceil(v)} learnable`"
+                          if math.isfinite(v) and v > s.delay else None)
+
+
+def check_width(layer: CheckedLayer, s: CheckedSynapse, width: float) -> None:
+    """The relaxation's width: gauss any σ ≥ 0 steps (0: whole steps), linear 1 (or 0: whole steps)."""
+    if not math.isfinite(width) or width < 0 or (s.delay_interp == "linear" and width not in (0.0, 1.0)):
+        want = "a number of steps >= 0 (0: whole steps)" if s.delay_interp == "gauss" else "1, or 0 (whole steps)"
+        raise layer.error(f"the width of the {s.delay_interp} delays of `{s.name}` is {width:g}; it must be {want}",
+                          s.delay_pos, "m.round_delays() for whole steps" if s.delay_interp == "linear" else None)
+
+
+def tap_weights(d: torch.Tensor, D: int, width: float, interp: str) -> torch.Tensor:
+    """`g[..., k]`, k = 0..D, of delays `d[...]` (autograd to `d`): the softmax over the steps of
+    `-(k - d)²/2σ²` (gauss, the normalized Gaussian), or `max(0, 1 - |k - d|)` (linear)."""
+    x = torch.arange(D + 1, device=d.device, dtype=d.dtype) - d.unsqueeze(-1)
+    if interp == "gauss":
+        return torch.softmax(x.square() * (-0.5 / (width * width)), dim=-1)
+    return (1 - x.abs()).clamp_min(0)
+
+
+def _spread(hist: torch.Tensor, g: torch.Tensor, T: int) -> torch.Tensor:
+    """`out[t, ..., c] = sum_k g[c, k] hist[D + t - k, ..., c]` (a depthwise convolution over time)."""
+    C, K = g.shape
+    h = hist.reshape(hist.shape[0], -1, C).permute(1, 2, 0)  # [N, C, D + T]
+    out = torch.nn.functional.conv1d(h, g.flip(-1).unsqueeze(1).to(h.dtype), groups=C)  # [N, C, T]
+    return out.permute(2, 0, 1).reshape(T, *hist.shape[1:])
+
+
+def _two_taps(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tensor:
+    """The linear relaxation of per-element delays: `(1 - f) x[t - ⌊d⌋] + f x[t - ⌊d⌋ - 1]`."""
+    d0 = d.detach().floor().clamp(0, D - 1)
+    f = (d - d0).to(hist.dtype)
+    lo = read(hist, D, T, d0.long())
+    hi = read(hist, D, T, d0.long() + 1)
+    return lo + f * (hi - lo)
+
+
+def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
+                    b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation."""
+    T, D = x.shape[0], s.delay
+    interp = s.delay_interp or "gauss"
+    dendritic = s.delay_kind == "dendritic"
+    hist = history(layer, s, kept, product(x, w, b) if dendritic else x)
+    per_element = dendritic or s.delay_kind == "axonal" or s.connect == "one_to_one"
+    if per_element:
+        if interp == "linear":
+            xd = _two_taps(hist, D, T, d)
+        else:
+            xd = _spread(hist, tap_weights(d, D, width, interp), T)
+        out = xd if dendritic else product(xd, w, b)
+    else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
+        kernel = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
+        h = hist.reshape(hist.shape[0], -1, hist.shape[-1]).permute(1, 2, 0)  # [N, n_pre, D + T]
+        out = torch.nn.functional.conv1d(h, kernel.to(h.dtype), b)  # [N, n_post, T]
+        out = out.permute(2, 0, 1).reshape(T, *x.shape[1:-1], w.shape[0])
+    return out, hist[hist.shape[0] - D:]
+
+
+_BOUNDED: Any = None  # learnable delays -> their maximum (weakly), clamped after every optimizer step
+
+
+def keep_bounded(p: torch.Tensor, D: int) -> None:
+    """Clamp `p` into [0, D] after every optimizer step that holds it (one global hook of
+    torch.optim, registered with the first learnable delay)."""
+    global _BOUNDED
+    if _BOUNDED is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _BOUNDED = WeakIdKeyDictionary()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(_clamp_after_step)
+    if p not in _BOUNDED:
+        _BOUNDED[p] = D
+
+
+def _clamp_after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    with torch.no_grad():
+        for group in opt.param_groups:
+            for p in group["params"]:
+                D = _BOUNDED.get(p)
+                if D is not None:
+                    p.clamp_(0, D)
+
+
 class Delay(torch.nn.Module):
     """Each feature of `[T, *batch, n]` delayed by its own whole number of steps (`delay`, a buffer of
     `n` integers from 0 to `max_delay`): an axonal delay as a layer of its own, what NIR's `Delay`
@@ -145,4 +270,5 @@ class Delay(torch.nn.Module):
         return f"{self.delay.numel()} delays, max_delay={self.max_delay}"
 
 
-__all__ = ["Delay", "check", "delay_shape", "delayed_current", "history", "initial_delays", "read"]
+__all__ = ["Delay", "check", "check_learnable", "check_width", "delay_shape", "delayed_current", "history",
+           "initial_delays", "initial_learnable", "keep_bounded", "learned_current", "read", "tap_weights"]

@@ -63,7 +63,13 @@ class FeedForwardModule(LayerAttrs, nn.Module):
                 self.register_parameter(s.bias, nn.Parameter(torch.empty(layer.size)))
             if s.connect == "mask":
                 self.register_buffer(s.name + "_mask", _mask(layer, s, masks.get(s.name)))
-            if s.delay_kind not in (None, "uniform"):
+            if s.delay_learnable:
+                d = nn.Parameter(dl.initial_learnable(layer, s, delays.pop(s.name, None)))
+                self.register_parameter(s.name + "_delay", d)
+                width = s.delay / 2 if s.delay_interp == "gauss" else 1.0
+                self.register_buffer(s.name + "_delay_width", torch.tensor(float(width)))
+                dl.keep_bounded(d, s.delay)
+            elif s.delay_kind not in (None, "uniform"):
                 self.register_buffer(s.name + "_delay", dl.initial_delays(layer, s, delays.pop(s.name, None)))
         if delays:
             raise layer.error(f"delays were given for `{next(iter(delays))}`, which has no `delay axonal|synaptic|"
@@ -133,18 +139,61 @@ class FeedForwardModule(LayerAttrs, nn.Module):
         if s.delay_kind is None:
             return _product(x, w, b, s.connect == "one_to_one")
         single = self.step_mode == "s"
+        one = s.connect == "one_to_one"
         d = None
-        if s.delay_kind != "uniform":
+        if s.delay_learnable:
+            d = getattr(self, s.name + "_delay")
+            width = self._delay_width(s)
+            with torch.no_grad():
+                d.data.clamp_(0, s.delay)  # (in place on .data: a graph of an earlier call keeps its values)
+            dl.keep_bounded(d, s.delay)
+            if width:
+                cur, keep = dl.learned_current(self._layer, s, x.unsqueeze(0) if single else x,
+                                               lambda xx, ww, bb: _product(xx, ww, bb, one), w, b, d, width,
+                                               self._kept.get(s.name))
+                self._kept[s.name] = keep
+                return cur[0] if single else cur
+            d = d.detach().round().long()  # (width 0: whole steps, the fixed delays' path)
+        elif s.delay_kind != "uniform":
             d = getattr(self, s.name + "_delay")
             seen = (d.data_ptr(), d._version, d.dtype, d.device)  # (checked when it changed: no sync per call)
             if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
                 dl.check(self._layer, s, d)
                 self.__dict__["_delays_seen"][s.name] = seen
-        one = s.connect == "one_to_one"
         cur, keep = dl.delayed_current(self._layer, s, x.unsqueeze(0) if single else x,
                                        lambda xx, ww, bb: _product(xx, ww, bb, one), w, b, d, self._kept.get(s.name))
         self._kept[s.name] = keep
         return cur[0] if single else cur
+
+    def _delay_width(self, s: CheckedSynapse) -> float:
+        """The width of a learnable delay's relaxation (read, and checked, when it changed)."""
+        wb = getattr(self, s.name + "_delay_width")
+        seen = (wb.data_ptr(), wb._version, wb.device)
+        known = self.__dict__.setdefault("_widths", {}).get(s.name)
+        if known is None or known[0] != seen:
+            v = float(wb)
+            dl.check_width(self._layer, s, v)
+            self.__dict__["_widths"][s.name] = known = (seen, v)
+        return known[1]
+
+    def set_delay_width(self, width: float) -> FeedForwardModule:
+        """The width (σ, in steps) of every gauss-relaxed learnable delay: anneal it towards 0 as
+        training goes (DCLS-delays: from max/2 down to ~0.5 over the epochs); 0 runs whole steps."""
+        for s in self._layer.synapses:
+            if s.delay_interp == "gauss":
+                dl.check_width(self._layer, s, float(width))
+                getattr(self, s.name + "_delay_width").fill_(float(width))
+        return self
+
+    def round_delays(self) -> FeedForwardModule:
+        """Every learnable delay rounded to whole steps, in place, and its width set to 0: the layer
+        then runs integer delays (exactly the fixed-delay path), for inference and export."""
+        with torch.no_grad():
+            for s in self._layer.synapses:
+                if s.delay_learnable:
+                    getattr(self, s.name + "_delay").clamp_(0, s.delay).round_()
+                    getattr(self, s.name + "_delay_width").fill_(0.0)
+        return self
 
     def _check_input(self, x: Any, name: str, size: int, pos: A.Pos) -> torch.Tensor:
         layer = self._layer
@@ -194,7 +243,12 @@ class FeedForwardModule(LayerAttrs, nn.Module):
         if s.delay_kind == "uniform":
             parts.insert(0, (s.name + "_delay", dl.Delay(torch.full((s.pre_size,), s.delay), s.delay)))
         elif s.delay_kind == "axonal":
-            parts.insert(0, (s.name + "_delay", dl.Delay(getattr(self, s.name + "_delay").detach().cpu(), s.delay)))
+            d = getattr(self, s.name + "_delay").detach().cpu()
+            if s.delay_learnable and self._delay_width(s):
+                raise layer.error(f"the learnable delays of `{s.name}` are real numbers of steps (width "
+                                  f"{self._delay_width(s):g}); NIR's Delay takes whole steps", s.delay_pos,
+                                  "m.round_delays() first (what inference runs then)")
+            parts.insert(0, (s.name + "_delay", dl.Delay(d.round().long(), s.delay)))
         return nn.Sequential(OrderedDict(parts))
 
     def extra_repr(self) -> str:

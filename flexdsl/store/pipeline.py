@@ -134,7 +134,7 @@ def layer_plan(layer: CheckedLayer, neuron: IR) -> LayerPlan:
     shape = {"name": layer.name, "size": layer.size, "inputs": [[n, k] for n, k, _ in layer.inputs],
              "direct": list(layer.direct),
              "synapses": [[s.name, s.pre, s.port_index, s.recurrent, s.pre_index, s.pre_size, s.connect, s.bias,
-                           s.delay_kind, s.delay] for s in layer.synapses]}
+                           s.delay_kind, s.delay, s.delay_interp] for s in layer.synapses]}
 
     def make() -> cache.Artefact:
         sympy_ready()
