@@ -232,6 +232,86 @@ def _clamp_after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
                     p.clamp_(0, D)
 
 
+class DelayedSynapses:
+    """The delays of a layer module's synapses (a mixin of the feed-forward and recurrent layer
+    modules, whose `_layer` is the checked layer and `_kept` the synapses' kept steps): their
+    Parameters and buffers, a synapse group's delayed values at a call, the width and rounding of
+    learnable ones."""
+
+    def _register_delays(self, delays: dict[str, Any]) -> None:
+        """`<name>_delay` (a buffer of whole steps, or the Parameter of learnable delays) and
+        `<name>_delay_width` (learnable) of every delayed synapse; `delays`: the values given at
+        load, by synapse (taken out of the dict)."""
+        layer = self._layer
+        for s in layer.synapses:
+            if s.delay_learnable:
+                d = torch.nn.Parameter(initial_learnable(layer, s, delays.pop(s.name, None)))
+                self.register_parameter(s.name + "_delay", d)
+                width = s.delay / 2 if s.delay_interp == "gauss" else 1.0
+                self.register_buffer(s.name + "_delay_width", torch.tensor(float(width)))
+                keep_bounded(d, s.delay)
+            elif s.delay_kind not in (None, "uniform"):
+                self.register_buffer(s.name + "_delay", initial_delays(layer, s, delays.pop(s.name, None)))
+        if delays:
+            raise layer.error(f"delays were given for `{next(iter(delays))}`, which has no `delay axonal|synaptic|"
+                              "dendritic` line in this layer", layer.ast.pos, "delays={name: tensor of steps}")
+
+    def _delayed(self, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
+                 b: torch.Tensor | None) -> torch.Tensor:
+        """`product` (the group's current of undelayed values) of the delayed values of `x`
+        (`[T, *batch, n_pre]`), the steps kept for the next call updated."""
+        layer, kept = self._layer, self.__dict__["_kept"]
+        d = None
+        if s.delay_learnable:
+            d = getattr(self, s.name + "_delay")
+            width = self._delay_width(s)
+            with torch.no_grad():
+                d.data.clamp_(0, s.delay)  # (in place on .data: a graph of an earlier call keeps its values)
+            keep_bounded(d, s.delay)
+            if width:
+                out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name))
+                return out
+            d = d.detach().round().long()  # (width 0: whole steps, the fixed delays' path)
+        elif s.delay_kind != "uniform":
+            d = getattr(self, s.name + "_delay")
+            seen = (d.data_ptr(), d._version, d.dtype, d.device)  # (checked when it changed: no sync per call)
+            if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
+                check(layer, s, d)
+                self.__dict__["_delays_seen"][s.name] = seen
+        out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name))
+        return out
+
+    def _delay_width(self, s: CheckedSynapse) -> float:
+        """The width of a learnable delay's relaxation (read, and checked, when it changed)."""
+        wb = getattr(self, s.name + "_delay_width")
+        seen = (wb.data_ptr(), wb._version, wb.device)
+        known = self.__dict__.setdefault("_widths", {}).get(s.name)
+        if known is None or known[0] != seen:
+            v = float(wb)
+            check_width(self._layer, s, v)
+            self.__dict__["_widths"][s.name] = known = (seen, v)
+        return known[1]
+
+    def set_delay_width(self, width: float) -> Any:
+        """The width (σ, in steps) of every gauss-relaxed learnable delay: anneal it towards 0 as
+        training goes (DCLS-delays: from max/2 down to ~0.5 over the epochs); 0 runs whole steps."""
+        for s in self._layer.synapses:
+            if s.delay_interp == "gauss":
+                check_width(self._layer, s, float(width))
+                getattr(self, s.name + "_delay_width").fill_(float(width))
+        return self
+
+    def round_delays(self) -> Any:
+        """Every learnable delay rounded to whole steps, in place, and its width set to 0: the layer
+        then runs integer delays (exactly the fixed-delay path), for inference and export."""
+        with torch.no_grad():
+            for s in self._layer.synapses:
+                if s.delay_learnable:
+                    getattr(self, s.name + "_delay").clamp_(0, s.delay).round_()
+                    getattr(self, s.name + "_delay_width").fill_(0.0)
+        return self
+
+
 class Delay(torch.nn.Module):
     """Each feature of `[T, *batch, n]` delayed by its own whole number of steps (`delay`, a buffer of
     `n` integers from 0 to `max_delay`): an axonal delay as a layer of its own, what NIR's `Delay`
@@ -270,5 +350,5 @@ class Delay(torch.nn.Module):
         return f"{self.delay.numel()} delays, max_delay={self.max_delay}"
 
 
-__all__ = ["Delay", "check", "check_learnable", "check_width", "delay_shape", "delayed_current", "history",
+__all__ = ["Delay", "DelayedSynapses", "check", "check_learnable", "check_width", "delay_shape", "delayed_current", "history",
            "initial_delays", "initial_learnable", "keep_bounded", "learned_current", "read", "tap_weights"]

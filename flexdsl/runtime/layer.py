@@ -39,7 +39,7 @@ from .options import make as make_options
 from .recurrent import RecurrentModule
 
 
-class FeedForwardModule(LayerAttrs, nn.Module):
+class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, nn.Module):
     """A feed-forward layer: synapses from the layer's inputs into `size` neurons of one model.
 
     `m(x, ...)`: one tensor per layer input (`[T, *batch, size_of_input]`, step_mode "m"; without T
@@ -63,17 +63,7 @@ class FeedForwardModule(LayerAttrs, nn.Module):
                 self.register_parameter(s.bias, nn.Parameter(torch.empty(layer.size)))
             if s.connect == "mask":
                 self.register_buffer(s.name + "_mask", _mask(layer, s, masks.get(s.name)))
-            if s.delay_learnable:
-                d = nn.Parameter(dl.initial_learnable(layer, s, delays.pop(s.name, None)))
-                self.register_parameter(s.name + "_delay", d)
-                width = s.delay / 2 if s.delay_interp == "gauss" else 1.0
-                self.register_buffer(s.name + "_delay_width", torch.tensor(float(width)))
-                dl.keep_bounded(d, s.delay)
-            elif s.delay_kind not in (None, "uniform"):
-                self.register_buffer(s.name + "_delay", dl.initial_delays(layer, s, delays.pop(s.name, None)))
-        if delays:
-            raise layer.error(f"delays were given for `{next(iter(delays))}`, which has no `delay axonal|synaptic|"
-                              "dendritic` line in this layer", layer.ast.pos, "delays={name: tensor of steps}")
+        self._register_delays(delays)
         extra = [k for k in masks if k not in {s.name for s in layer.synapses if s.connect == "mask"}]
         if extra:
             raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this "
@@ -140,60 +130,8 @@ class FeedForwardModule(LayerAttrs, nn.Module):
             return _product(x, w, b, s.connect == "one_to_one")
         single = self.step_mode == "s"
         one = s.connect == "one_to_one"
-        d = None
-        if s.delay_learnable:
-            d = getattr(self, s.name + "_delay")
-            width = self._delay_width(s)
-            with torch.no_grad():
-                d.data.clamp_(0, s.delay)  # (in place on .data: a graph of an earlier call keeps its values)
-            dl.keep_bounded(d, s.delay)
-            if width:
-                cur, keep = dl.learned_current(self._layer, s, x.unsqueeze(0) if single else x,
-                                               lambda xx, ww, bb: _product(xx, ww, bb, one), w, b, d, width,
-                                               self._kept.get(s.name))
-                self._kept[s.name] = keep
-                return cur[0] if single else cur
-            d = d.detach().round().long()  # (width 0: whole steps, the fixed delays' path)
-        elif s.delay_kind != "uniform":
-            d = getattr(self, s.name + "_delay")
-            seen = (d.data_ptr(), d._version, d.dtype, d.device)  # (checked when it changed: no sync per call)
-            if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
-                dl.check(self._layer, s, d)
-                self.__dict__["_delays_seen"][s.name] = seen
-        cur, keep = dl.delayed_current(self._layer, s, x.unsqueeze(0) if single else x,
-                                       lambda xx, ww, bb: _product(xx, ww, bb, one), w, b, d, self._kept.get(s.name))
-        self._kept[s.name] = keep
+        cur = self._delayed(s, x.unsqueeze(0) if single else x, lambda xx, ww, bb: _product(xx, ww, bb, one), w, b)
         return cur[0] if single else cur
-
-    def _delay_width(self, s: CheckedSynapse) -> float:
-        """The width of a learnable delay's relaxation (read, and checked, when it changed)."""
-        wb = getattr(self, s.name + "_delay_width")
-        seen = (wb.data_ptr(), wb._version, wb.device)
-        known = self.__dict__.setdefault("_widths", {}).get(s.name)
-        if known is None or known[0] != seen:
-            v = float(wb)
-            dl.check_width(self._layer, s, v)
-            self.__dict__["_widths"][s.name] = known = (seen, v)
-        return known[1]
-
-    def set_delay_width(self, width: float) -> FeedForwardModule:
-        """The width (σ, in steps) of every gauss-relaxed learnable delay: anneal it towards 0 as
-        training goes (DCLS-delays: from max/2 down to ~0.5 over the epochs); 0 runs whole steps."""
-        for s in self._layer.synapses:
-            if s.delay_interp == "gauss":
-                dl.check_width(self._layer, s, float(width))
-                getattr(self, s.name + "_delay_width").fill_(float(width))
-        return self
-
-    def round_delays(self) -> FeedForwardModule:
-        """Every learnable delay rounded to whole steps, in place, and its width set to 0: the layer
-        then runs integer delays (exactly the fixed-delay path), for inference and export."""
-        with torch.no_grad():
-            for s in self._layer.synapses:
-                if s.delay_learnable:
-                    getattr(self, s.name + "_delay").clamp_(0, s.delay).round_()
-                    getattr(self, s.name + "_delay_width").fill_(0.0)
-        return self
 
     def _check_input(self, x: Any, name: str, size: int, pos: A.Pos) -> torch.Tensor:
         layer = self._layer
@@ -315,13 +253,7 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
         return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays)
-    delayed = next((s for s in checked.synapses if s.delay_kind is not None), None)
-    if delayed is not None:
-        raise checked.error("delays in a recurrent layer are not compiled yet: this version delays the synapses of "
-                            "feed-forward layers", delayed.delay_pos, "remove this line, or make the layer feed-forward")
-    if delays:
-        raise checked.error("delays were given, but this layer has no delayed synapses", checked.ast.pos)
-    return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend)
+    return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend, delays)
 
 
 def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
@@ -408,7 +340,7 @@ def _model_ref(neuron: NeuronModule) -> str:
 
 
 def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
-               backend: str) -> RecurrentModule:
+               backend: str, delays: Mapping[str, Any] | None = None) -> RecurrentModule:
     """The `RecurrentModule` of a recurrent layer file: one dense synapse group from the layer's
     input and one from an output of the neuron into the same port (any names: the module also
     answers to `W_in`, `W_rec` and `bias`, the names `flexdsl.recurrent` gives them)."""
@@ -437,7 +369,7 @@ def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: 
                           f"pass masks={{'{rec.name}': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
     conn = "one_to_one" if rec.connect == "one_to_one" else "all"
     return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get(rec.name), rec.pre, rec.port,
-                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp))
+                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp), dict(delays or {}))
 
 
 __all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer", "recurrent"]

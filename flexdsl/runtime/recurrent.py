@@ -34,6 +34,7 @@ from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
+from .delays import DelayedSynapses
 from .layertext import LayerAttrs, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
 
@@ -94,7 +95,7 @@ class _NeuronView:
         return all(v is None for v in self.m._states.values())
 
 
-class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
+class RecurrentModule(LayerAttrs, DelayedSynapses, _Base):  # type: ignore[valid-type,misc]
     """A recurrent layer of `hidden` neurons of one model (see `flexdsl.recurrent`).
 
     `m(x)`: `x` is `[T, *batch, in_features]` (step_mode "m") or `[*batch, in_features]` ("s");
@@ -109,7 +110,8 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
     def __init__(self, neuron: NeuronModule, in_features: int | None, hidden: int, connectivity: str = "all",
                  mask: Any = None, source: str | None = None, port: str | None = None, bias: bool = True,
                  step_mode: str = "m", backend: str = "auto", layer_text: str | None = None,
-                 layer_plan: tuple[CheckedLayer, LayerPlan] | None = None) -> None:
+                 layer_plan: tuple[CheckedLayer, LayerPlan] | None = None, delays: dict[str, Any] | None = None
+                 ) -> None:
         super().__init__()
         view = _NeuronView(neuron)
         view.refuse_unsupported()
@@ -167,6 +169,9 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
         self.register_parameter(names["W_rec"], nn.Parameter(torch.empty(shape)))
         self.register_parameter(names["bias"], nn.Parameter(torch.empty(hidden)) if bias else None)
         self.register_buffer("mask", mask)
+        d["_kept"] = {}  # the delayed input synapses' last steps (their state)
+        d["_in_delay"] = next((s for s in d["_layer"].synapses if s.delay_kind is not None and not s.recurrent), None)
+        self._register_delays(dict(delays or {}))
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -228,6 +233,7 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
     def reset(self) -> None:
         """Back to the initial states: the neuron's, and zeros for `feedback`."""
         self._states["feedback"] = None
+        self._kept.clear()
         self.neuron.reset()
 
     def detach(self) -> None:
@@ -235,12 +241,15 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
         v = self._states["feedback"]
         if isinstance(v, torch.Tensor):
             self._states["feedback"] = v.detach()
+        for k, v in self._kept.items():
+            self._kept[k] = v.detach()
         self.neuron.detach()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_decided", None)  # (a loaded program: decided again after unpickling)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
+        state["_kept"] = {k: v.detach() for k, v in self._kept.items()}
         if "_memories" in state:
             state["_memories"] = state["_states"]
         return state
@@ -287,10 +296,13 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
         T, batch, H = xs.shape[0], xs.shape[1:-1], self.hidden
         flat = math.prod(batch)
         step_shape = torch.Size((*batch, H))
+        wts = self._weights()
+        w_in, bias = wts["W_in"], wts["bias"]
+        if self.__dict__["_in_delay"] is not None:
+            xs, w_in, bias = self._delayed_input(xs, w_in, bias)
         x3 = xs.reshape(T, flat, xs.shape[-1])
         if not x3.is_contiguous():
             x3 = x3.contiguous()
-        wts = self._weights()
         w_rec, mask = wts["W_rec"], wts["mask"]
         w = w_rec if mask is None else w_rec * mask.to(w_rec.dtype)
         if w.dtype != dtype:
@@ -308,8 +320,7 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
         noise = view.m._noise_key(T, seed, generator, False)
-        outs, fins = scans.scan(prog, x3, wts["W_in"], wts["bias"], w, s0, inputs, states, params, dense, noise,
-                                s0_zero=s0_zero)
+        outs, fins = scans.scan(prog, x3, w_in, bias, w, s0, inputs, states, params, dense, noise, s0_zero=s0_zero)
         view.m._noise_advance(noise, T)
         if T:
             view.keep(fins, step_shape)
@@ -319,6 +330,18 @@ class RecurrentModule(LayerAttrs, _Base):  # type: ignore[valid-type,misc]
         if single:
             res = [r[0] for r in res]
         return res[0] if len(res) == 1 else tuple(res)
+
+    def _delayed_input(self, xs: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(x, W_in, bias) for the scan where the input synapses have delays: axonal (and uniform)
+        ones delay the input itself, which the scan multiplies by W_in; synaptic and dendritic ones
+        give the port's current (W_in and the bias applied: None, None)."""
+        s = self.__dict__["_in_delay"]
+        if s.delay_kind in ("uniform", "axonal"):
+            return self._delayed(s, xs, lambda xx, ww, bb: xx, w_in, None), w_in, bias
+        w = w_in if xs.dtype == w_in.dtype else w_in.to(xs.dtype)
+        b = bias if bias is None or bias.dtype == xs.dtype else bias.to(xs.dtype)
+        return self._delayed(s, xs, nn.functional.linear, w, b), None, None
 
     def _check_input(self, x: Any, single: bool) -> torch.Tensor:
         """The layer's input as [T, *batch, features], or a located error."""

@@ -1,0 +1,153 @@
+"""Delays on the input synapses of a recurrent layer (fixed and learnable): spikes, states and
+gradients (inputs, weights, bias, delays) against a hand-written loop in float64 with SpikingJelly's
+sigmoid surrogate (the library `lif`'s), on every scan; the kept history across calls."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flexdsl
+from flexdsl import backends
+
+from tolerances import assert_close, layer_ops, tol
+
+pytestmark = pytest.mark.usefixtures("numpy_backend")
+needs_cpp = pytest.mark.skipif(not backends.get("cpu").available(), reason="needs a C++ compiler (the CPU kernels)")
+needs_triton = pytest.mark.skipif(not backends.get("triton").available(),
+                                  reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
+SCANS = ["torch", pytest.param("cpu", marks=needs_cpp), "numpy"]
+T, B, F, H, D = 14, 3, 4, 5, 4
+
+
+def _text(line: str) -> str:
+    return (f"layer R:\n    neuron lif\n    size {H}\n    input s size {F}\n    synapses W_in from s to x:\n"
+            f"        {line}\n        bias b\n    synapses W_rec from spike to x\n")
+
+
+def _delayed(kind: str, interp: str | None, x: torch.Tensor, d: torch.Tensor, sigma: float) -> torch.Tensor:
+    """x delayed per element of its last dim by d (whole steps, or relaxed), zeros before step 0."""
+    xx = torch.cat([torch.zeros(D, *x.shape[1:], dtype=x.dtype), x])
+    out = []
+    for t in range(x.shape[0]):
+        cols = []
+        for j in range(x.shape[-1]):
+            if interp is None:
+                cols.append(xx[D + t - int(d[j]), :, j])
+            elif interp == "linear":
+                d0 = min(int(math.floor(float(d[j].detach()))), D - 1)
+                f = d[j] - d0
+                cols.append((1 - f) * xx[D + t - d0, :, j] + f * xx[D + t - d0 - 1, :, j])
+            else:
+                g = torch.stack([torch.exp(-(k - d[j]) ** 2 / (2 * sigma ** 2)) for k in range(D + 1)])
+                g = g / g.sum()
+                cols.append(sum(g[k] * xx[D + t - k, :, j] for k in range(D + 1)))
+        out.append(torch.stack(cols, -1))
+    return torch.stack(out)
+
+
+def _hand(kind, interp, x, W_in, b, W_rec, d, sigma):
+    """The layer, one step at a time: LIF (tau 2, threshold 1, hard reset to 0) whose input is the
+    delayed current (axonal: the input delayed, then W_in; dendritic: W_in x + b delayed) plus W_rec s[t-1]."""
+    from spikingjelly.activation_based import surrogate
+
+    sg = surrogate.Sigmoid(alpha=4.0)
+    if kind == "dendritic":
+        cur = _delayed(kind, interp, x @ W_in.T + b, d, sigma)
+    else:
+        cur = _delayed(kind, interp, x, d, sigma) @ W_in.T + b
+    v = torch.zeros(x.shape[1], H, dtype=x.dtype)
+    s = torch.zeros_like(v)
+    spikes, vs = [], []
+    for t in range(x.shape[0]):
+        h = v + (cur[t] + s @ W_rec.T - v) / 2.0
+        s = sg(h - 1.0)
+        v = h * (1 - s)
+        spikes.append(s)
+        vs.append(v)
+    return torch.stack(spikes), torch.stack(vs)
+
+
+CASES = [("axonal", None), ("axonal", "gauss"), ("axonal", "linear"), ("dendritic", "gauss")]
+
+
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("kind,interp", CASES, ids=[f"{k}-{i or 'fixed'}" for k, i in CASES])
+def test_recurrent_layer_with_input_delays_equals_a_hand_loop(kind, interp, scan):
+    torch.manual_seed(21)
+    line = f"delay {kind} max {D}" + (f" learnable {interp}" if interp else "")
+    n = F if kind == "axonal" else H
+    kw = {} if interp else {"delays": {"W_in": torch.randint(0, D + 1, (n,))}}
+    m = flexdsl.loads(_text(line), backend=scan, **kw).double()
+    sigma = 1.4
+    if interp:
+        with torch.no_grad():
+            m.W_in_delay.copy_(torch.rand(n, dtype=torch.float64) * (D - 0.2) + 0.1)
+        m.set_delay_width(sigma)
+    with torch.no_grad():
+        m.W_in.mul_(6.0)
+    x = (torch.rand(T, B, F, dtype=torch.float64) < 0.5).double()
+    xo = x.clone().requires_grad_()
+    spikes = m(xo)
+    names = ["W_in", "W_rec", "bias"] + (["W_in_delay"] if interp else [])
+    params = [getattr(m, nm) for nm in names]
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    xr = x.clone().requires_grad_()
+    d_ref = ref_params[3] if interp else m.W_in_delay
+    rs, rv = _hand(kind, interp, xr, ref_params[0], ref_params[2], ref_params[1], d_ref, sigma)
+    assert 10 < int(rs.sum()) < rs.numel() * 0.8  # the layer fires, and not always
+    assert torch.equal(spikes, rs)
+    g = torch.randn_like(rs)
+    got = torch.autograd.grad((spikes * g).sum(), [xo, *params])
+    want = torch.autograd.grad((rs * g).sum(), [xr, *ref_params])
+    ops = layer_ops("lif", T, B, F, H) + (D + 1) * 4
+    for nm, a, r in zip(["x", *names], got, want):
+        assert r.abs().max() > 0, nm
+        err = float((a - r).norm() / r.norm())
+        assert err <= tol(torch.float64, ops), f"{nm}: {err:.2e}"
+
+
+def test_the_kept_input_history_makes_chunks_one_call_and_reset_clears_it():
+    torch.manual_seed(22)
+    m = flexdsl.loads(_text(f"delay synaptic max {D} learnable"), backend="torch").double()
+    x = torch.rand(T, B, F, dtype=torch.float64) * 2
+    whole = m(x)
+    m.reset()
+    parts = torch.cat([m(x[:3]), m(x[3:4]), m(x[4:])])
+    # (the same sums over the same kept steps, grouped by another convolution call)
+    assert_close(parts, whole, ops=layer_ops("lif", T, B, F * (D + 1), H), floor=1.0)
+    m.reset()
+    assert torch.equal(m(x), whole)
+    with pytest.raises(flexdsl.FlexDSLError, match="call m.reset"):
+        m(torch.rand(T, B + 1, F, dtype=torch.float64))
+
+
+@needs_triton
+@pytest.mark.parametrize("layer", ["recurrent", "feedforward"])
+@pytest.mark.parametrize("line", [f"delay axonal max {D}", f"delay synaptic max {D} learnable",
+                                  f"delay dendritic max {D} learnable linear"])
+def test_delays_on_the_triton_kernels_equal_the_torch_backend(line, layer):
+    """float32 (the Triton kernels' dtypes): the delays run before the kernels, the same on both;
+    spikes equal, gradients within the float32 bound of the layer's operations."""
+    torch.manual_seed(23)
+    text = _text(line) if layer == "recurrent" else _text(line).replace("    synapses W_rec from spike to x\n", "")
+    n = F if "axonal" in line else (H, F) if "synaptic" in line else H
+    kw = {} if "learnable" in line else {"delays": {"W_in": torch.randint(0, D + 1, (n,) if isinstance(n, int) else n)}}
+    ref = flexdsl.loads(text, backend="torch", **kw)
+    tri = flexdsl.loads(text, backend="triton", **kw)
+    tri.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        ref.W_in.copy_(ref.W_in.abs() * 12.0)
+        tri.W_in.copy_(ref.W_in)
+    x = (torch.rand(T, B, F) < 0.5).float()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = tri(xa), ref(xb)
+    assert 5 < int(b.sum()) < b.numel() and torch.equal(a, b)
+    g = torch.randn_like(a)
+    names = [n for n, p in ref.named_parameters() if p.requires_grad and not n.startswith("neuron.")]
+    ga = torch.autograd.grad((a * g).sum(), [xa, *(dict(tri.named_parameters())[n] for n in names)])
+    gb = torch.autograd.grad((b * g).sum(), [xb, *(dict(ref.named_parameters())[n] for n in names)])
+    for nm, u, w in zip(["x", *names], ga, gb):
+        assert_close(u, w, ops=layer_ops("lif", T, B, F * (D + 1), H), floor=1.0, what=nm)
