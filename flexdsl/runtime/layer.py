@@ -112,14 +112,33 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, nn.Module):
             names = [n for n, _, _ in layer.inputs] + list(layer.direct)
             raise TypeError(f"layer `{layer.name}` takes {len(names)} input{'s' if len(names) != 1 else ''} "
                             f"({', '.join(names)}); got {len(xs)}")
+        ports = self._ports(xs[:n_in])
+        direct = iter(xs[n_in:])
+        args = [ports[k] if k in ports else next(direct) for k in range(len(layer.neuron.inputs))]
+        return self.neuron(*args, seed=seed, generator=generator)
+
+    def current(self, *xs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The synapses' currents into the neuron's inputs, without running the neuron: `m.current(x)`
+        then `m.neuron(...)` is `m(x)`, with room between the two for what a network puts there
+        (BatchNorm over the current, as DCLS-delays' networks do). One tensor per port the synapses
+        feed (`[T, *batch, size]`, in the neuron's input order); the delayed synapses' kept steps advance."""
+        layer = self._layer
+        if len(xs) != len(layer.inputs):
+            names = [n for n, _, _ in layer.inputs]
+            raise TypeError(f"the synapses of layer `{layer.name}` take {len(names)} input"
+                            f"{'s' if len(names) != 1 else ''} ({', '.join(names)}); got {len(xs)}")
+        ports = self._ports(xs)
+        out = tuple(ports[k] for k in sorted(ports))
+        return out[0] if len(out) == 1 else out
+
+    def _ports(self, xs: Sequence[Any]) -> dict[int, torch.Tensor]:
+        layer = self._layer
         xs_in = [self._check_input(x, name, size, pos) for x, (name, size, pos) in zip(xs, layer.inputs)]
         ports: dict[int, torch.Tensor] = {}
         for s in layer.synapses:
             cur = self._current(s, xs_in[s.pre_index])
             ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
-        direct = iter(xs[n_in:])
-        args = [ports[k] if k in ports else next(direct) for k in range(len(layer.neuron.inputs))]
-        return self.neuron(*args, seed=seed, generator=generator)
+        return ports
 
     def _current(self, s: CheckedSynapse, x: torch.Tensor) -> torch.Tensor:
         w = getattr(self, s.name)
