@@ -130,14 +130,6 @@ def test_delays_changed_after_load_are_checked_and_a_new_batch_needs_reset():
         m(torch.rand(5, 7, 3))
 
 
-def test_delays_on_recurrent_synapses_are_refused_where_written():
-    text = ("layer R:\n    neuron lif\n    size 4\n    input s size 3\n    synapses W_in from s to x\n"
-            "    synapses W_rec from spike to x:\n        delay 2\n")
-    with pytest.raises(flexdsl.FlexDSLError, match="recurrent synapses") as e:
-        flexdsl.loads(text)
-    assert e.value.line == 7
-
-
 def test_axonal_delays_export_as_nir_delay_nodes_and_load_back():
     torch.manual_seed(4)
     text = ("layer L:\n    neuron lif\n    size 3\n    input s size 4\n    synapses W from s to x:\n"

@@ -226,11 +226,3 @@ def test_bad_widths_are_located_errors_at_the_call():
     linear.W_delay_width.fill_(0.5)
     with pytest.raises(flexdsl.FlexDSLError, match="1, or 0"):
         linear(torch.rand(T, B, F))
-
-
-def test_learnable_delays_on_recurrent_synapses_are_refused_where_written():
-    text = ("layer R:\n    neuron lif\n    size 4\n    input s size 3\n    synapses W_in from s to x\n"
-            "    synapses W_rec from spike to x:\n        delay axonal max 4 learnable\n")
-    with pytest.raises(flexdsl.FlexDSLError, match="recurrent synapses") as e:
-        flexdsl.loads(text)
-    assert e.value.line == 7

@@ -1,6 +1,7 @@
-"""Delays on the input synapses of a recurrent layer (fixed and learnable): spikes, states and
-gradients (inputs, weights, bias, delays) against a hand-written loop in float64 with SpikingJelly's
-sigmoid surrogate (the library `lif`'s), on every scan; the kept history across calls."""
+"""Delays in recurrent layers, on the input synapses and on the recurrent ones (fixed and learnable):
+spikes and gradients (inputs, weights, bias, delays) against a hand-written loop in float64 with
+SpikingJelly's sigmoid surrogate (the library `lif`'s), on every backend; the kept history across
+calls."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def test_the_kept_input_history_makes_chunks_one_call_and_reset_clears_it():
 
 
 @needs_triton
-@pytest.mark.parametrize("layer", ["recurrent", "feedforward"])
+@pytest.mark.parametrize("layer", ["recurrent", "feedforward", "delayed_recurrent_synapse"])
 @pytest.mark.parametrize("line", [f"delay axonal max {D}", f"delay synaptic max {D} learnable",
                                   f"delay dendritic max {D} learnable linear"])
 def test_delays_on_the_triton_kernels_equal_the_torch_backend(line, layer):
@@ -134,7 +135,12 @@ def test_delays_on_the_triton_kernels_equal_the_torch_backend(line, layer):
     torch.manual_seed(23)
     text = _text(line) if layer == "recurrent" else _text(line).replace("    synapses W_rec from spike to x\n", "")
     n = F if "axonal" in line else (H, F) if "synaptic" in line else H
-    kw = {} if "learnable" in line else {"delays": {"W_in": torch.randint(0, D + 1, (n,) if isinstance(n, int) else n)}}
+    name = "W_in"
+    if layer == "delayed_recurrent_synapse":
+        text = _text("bias c").replace("        bias b\n", "") + f"    synapses W_rec from spike to x:\n        {line}\n"
+        text = text.replace("    synapses W_rec from spike to x\n    synapses", "    synapses")
+        n, name = (H if "synaptic" not in line else (H, H)), "W_rec"
+    kw = {} if "learnable" in line else {"delays": {name: torch.randint(0, D + 1, (n,) if isinstance(n, int) else n)}}
     ref = flexdsl.loads(text, backend="torch", **kw)
     tri = flexdsl.loads(text, backend="triton", **kw)
     tri.load_state_dict(ref.state_dict())
@@ -151,3 +157,88 @@ def test_delays_on_the_triton_kernels_equal_the_torch_backend(line, layer):
     gb = torch.autograd.grad((b * g).sum(), [xb, *(dict(ref.named_parameters())[n] for n in names)])
     for nm, u, w in zip(["x", *names], ga, gb):
         assert_close(u, w, ops=layer_ops("lif", T, B, F * (D + 1), H), floor=1.0, what=nm)
+
+
+def _rec_hand(kind, interp, x, W_in, b, W_rec, d, sigma):
+    """LIF (tau 2, threshold 1, hard reset to 0) whose input is W_in x[t] + b plus the recurrent current
+    of the spikes 1 + d steps back (axonal d[j], synaptic d[i, j], dendritic d[i]; relaxed: the sum over
+    the steps k back of g_k(d) s[t - 1 - k]); zeros before the first step."""
+    from spikingjelly.activation_based import surrogate
+
+    sg = surrogate.Sigmoid(alpha=4.0)
+    cur = x @ W_in.T + b
+    v = torch.zeros(x.shape[1], H, dtype=x.dtype)
+    past = [torch.zeros_like(v) for _ in range(D + 1)]  # past[-1 - k]: the spikes k + 1 steps ago
+
+    def g(dd):
+        if interp is None:
+            return [1.0 if k == int(dd) else 0.0 for k in range(D + 1)]
+        if interp == "linear":
+            return [torch.clamp(1 - (k - dd).abs(), min=0) for k in range(D + 1)]
+        e = torch.stack([torch.exp(-(k - dd) ** 2 / (2 * sigma ** 2)) for k in range(D + 1)])
+        return list(e / e.sum())
+
+    spikes = []
+    for t in range(x.shape[0]):
+        rec = torch.zeros_like(v)
+        for i in range(H):
+            for j in range(H):
+                dd = d[j] if kind == "axonal" else d[i, j] if kind == "synaptic" else d[i]
+                for k, gk in enumerate(g(dd)):
+                    rec[:, i] = rec[:, i] + gk * W_rec[i, j] * past[-1 - k][:, j]
+        h = v + (cur[t] + rec - v) / 2.0
+        s = sg(h - 1.0)
+        v = h * (1 - s)
+        spikes.append(s)
+        past = past[1:] + [s]
+    return torch.stack(spikes)
+
+
+REC = [("axonal", None), ("synaptic", None), ("dendritic", None), ("axonal", "gauss"), ("synaptic", "linear")]
+
+
+@pytest.mark.parametrize("scan", ["torch", "numpy"])
+@pytest.mark.parametrize("kind,interp", REC, ids=[f"{k}-{i or 'fixed'}" for k, i in REC])
+def test_delayed_recurrent_synapses_equal_a_hand_loop(kind, interp, scan):
+    torch.manual_seed(24)
+    shape = (H,) if kind != "synaptic" else (H, H)
+    text = (f"layer R:\n    neuron lif\n    size {H}\n    input s size {F}\n    synapses W_in from s to x:\n"
+            f"        bias b\n    synapses W_rec from spike to x:\n        delay {kind} max {D}"
+            + (f" learnable {interp}" if interp else "") + "\n")
+    kw = {} if interp else {"delays": {"W_rec": torch.randint(0, D + 1, shape)}}
+    m = flexdsl.loads(text, backend=scan, **kw).double()
+    sigma = 1.2
+    if interp:
+        with torch.no_grad():
+            m.W_rec_delay.copy_(torch.rand(shape, dtype=torch.float64) * (D - 0.2) + 0.1)
+        if interp == "gauss":
+            m.set_delay_width(sigma)
+    with torch.no_grad():
+        m.W_in.mul_(5.0)
+        m.W_rec.mul_(4.0)
+    x = (torch.rand(T, B, F, dtype=torch.float64) < 0.5).double()
+    xo = x.clone().requires_grad_()
+    spikes = m(xo)
+    names = ["W_in", "W_rec", "bias"] + (["W_rec_delay"] if interp else [])
+    params = [getattr(m, nm) for nm in names]
+    refp = [p.detach().clone().requires_grad_() for p in params]
+    xr = x.clone().requires_grad_()
+    d = refp[3] if interp else m.W_rec_delay
+    rs = _rec_hand(kind, interp, xr, refp[0], refp[2], refp[1], d, sigma)
+    assert 10 < int(rs.sum()) < rs.numel() * 0.8
+    assert torch.equal(spikes, rs)
+    g = torch.randn_like(rs)
+    got = torch.autograd.grad((spikes * g).sum(), [xo, *params])
+    want = torch.autograd.grad((rs * g).sum(), [xr, *refp])
+    ops = layer_ops("lif", T, B, F, H * (D + 1))
+    for nm, a, r in zip(["x", *names], got, want):
+        assert r.abs().max() > 0, nm
+        err = float((a - r).norm() / r.norm())
+        assert err <= tol(torch.float64, ops), f"{nm}: {err:.2e}"
+    # the kept history: two calls equal one, and reset() starts from zeros again
+    m.reset()
+    parts = torch.cat([m(x[:5]), m(x[5:])])
+    assert torch.equal(parts, spikes)
+    m.reset()
+    m.step_mode = "s"
+    assert torch.equal(torch.stack([m(x[t]) for t in range(T)]), spikes)

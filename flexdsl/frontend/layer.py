@@ -237,9 +237,6 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, 
             raise _err(layer, f"unknown relaxation `{interp}` for the learnable delays of `{s.name}`",
                        s.delay_interp_pos, did_you_mean(interp, DELAY_RELAXATIONS) or
                        "`learnable gauss` (DCLS's Gaussian over the steps, default) or `learnable linear` (two steps)")
-    if recurrent:
-        raise _err(layer, "delays on recurrent synapses are not compiled yet: this version delays the synapses "
-                          "from a layer's inputs", s.delay_pos, "remove this line, or delay the input's synapses")
     e, pos = s.delay, s.delay_pos
     what = f"the maximum delay of `{s.name}`" if s.delay_kind else f"the delay of `{s.name}`"
     if isinstance(e, A.Quantity):

@@ -112,13 +112,12 @@ def plan_layer(layer: CheckedLayer) -> LayerPlan:
 
 def _delayed_time(s: SynapsePlan) -> str:
     """The step a synapse reads its presynaptic value at (the postsynaptic index is `i`)."""
-    if s.recurrent:
-        return "t-1"
+    base = "t-1" if s.recurrent else "t"
     if s.delay_kind == "uniform" and s.delay:
-        return f"t-{s.delay}"
+        return f"{base}-{s.delay}"
     if s.delay_kind == "axonal":
-        return f"t-{s.name}_delay[j]"
-    return "t"
+        return f"{base}-{s.name}_delay[j]"
+    return base
 
 
 def _equations(layer: CheckedLayer, syns: tuple[SynapsePlan, ...]) -> list[str]:
@@ -127,12 +126,14 @@ def _equations(layer: CheckedLayer, syns: tuple[SynapsePlan, ...]) -> list[str]:
         t = _delayed_time(s)
         w = f"({s.name} * mask)" if s.connect == "mask" else s.name
         j = "i" if s.connect == "one_to_one" else "j"
-        tj = t.replace("[j]", f"[{j}]") if s.delay_kind != "synaptic" else f"t-{s.name}_delay[i, j]"
+        tj = t.replace("[j]", f"[{j}]") if s.delay_kind != "synaptic" else f"{t}-{s.name}_delay[i, j]"
         term = (f"{w}[i] * {s.pre}[{tj}, i]" if s.connect == "one_to_one" else f"sum_j {w}[i, j] * {s.pre}[{tj}, j]")
         port = layer.neuron.inputs[s.port].name
         lhs = f"{port}[t, i]" if s.delay_kind != "dendritic" else f"{port}[t + {s.name}_delay[i], i]"
         out.append(f"{lhs} += {term}" + (f" + {s.bias}[i]" if s.bias else "")
-                   + ("   (in the loop)" if s.recurrent else "   (before the loop, all steps at once)"))
+                   + (("   (in the loop)" if s.delay_kind is None else "   (in a loop of the neuron's steps, the source's "
+                       f"last {s.delay + 1} values kept: not the fused scan)") if s.recurrent
+                      else "   (before the loop, all steps at once)"))
         if s.delay_kind not in (None, "uniform") and s.delay_interp is None:
             out.append(f"  {s.name}_delay: integers from 0 to {s.delay} (given at load: delays=); the layer keeps "
                        f"the last {s.delay} steps between calls")
@@ -147,7 +148,10 @@ def _equations(layer: CheckedLayer, syns: tuple[SynapsePlan, ...]) -> list[str]:
     for s in syns:
         port = layer.neuron.inputs[s.port].name
         t = "t-1" if s.recurrent else "t"
-        if s.grad_weight == "product":
+        if s.delay_kind is not None:
+            out.append(f"dL/d{s.name}, dL/d{s.pre}" + (f", dL/d{s.name}_delay" if s.delay_interp else "") +
+                       ": autograd through the delayed values (index operations and products over the kept steps)")
+        elif s.grad_weight == "product":
             out.append(f"dL/d{s.name} = sum_(t,batch) dL/d{port}[t]^T {s.pre}[{t}]   (after the loop, one product)")
         else:
             out.append(f"dL/d{s.name} = sum_(t,batch) dL/d{port}[t] * {s.pre}[{t}]   (after the loop)")

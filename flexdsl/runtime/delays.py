@@ -207,6 +207,24 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
     return out, hist[hist.shape[0] - D:]
 
 
+def recurrent_current(s: CheckedSynapse, hist: torch.Tensor, w: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """A delayed recurrent synapse group's current at one step (`[B, n_post]`) from the source's last
+    `D + 1` values `hist` (`hist[-1]` the last step's, `hist[-1 - k]` k steps before it) and the weights
+    over the steps back `taps` (`[D + 1]` uniform; `[n_pre, D + 1]` axonal or one to one;
+    `[n_post, n_pre, D + 1]` synaptic; `[n_post, D + 1]` dendritic)."""
+    back = hist.flip(0)  # back[k]: the source k + 1 steps ago
+    one = s.connect == "one_to_one"
+    if s.delay_kind == "uniform":
+        pre = back[s.delay]
+    elif s.delay_kind == "axonal" or one:
+        pre = torch.einsum("kbj,jk->bj", back, taps.to(back.dtype))
+    elif s.delay_kind == "dendritic":
+        return torch.einsum("kbi,ik->bi", back @ w.T, taps.to(back.dtype))
+    else:  # synaptic
+        return torch.einsum("kbj,ijk->bi", back, w.unsqueeze(-1) * taps.to(w.dtype))
+    return pre * w if one else pre @ w.T
+
+
 _BOUNDED: Any = None  # learnable delays -> their maximum (weakly), clamped after every optimizer step
 
 
@@ -351,4 +369,5 @@ class Delay(torch.nn.Module):
 
 
 __all__ = ["Delay", "DelayedSynapses", "check", "check_learnable", "check_width", "delay_shape", "delayed_current", "history",
-           "initial_delays", "initial_learnable", "keep_bounded", "learned_current", "read", "tap_weights"]
+           "initial_delays", "initial_learnable", "keep_bounded", "learned_current", "read", "recurrent_current",
+           "tap_weights"]
