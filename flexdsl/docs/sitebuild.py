@@ -1,7 +1,8 @@
 """`flexdsl doc`: pages for many models and the index that links them.
 
-`build(targets, outdir)` takes files, directories (every `.neuron` below them) and library stems;
-for each model it writes `<stem>.html`, `<stem>.md` and the PNGs beside them, then `index.html`,
+`build(targets, outdir)` takes files, directories (every `.neuron` and `.layer` below them) and library
+stems; for each model it writes `<stem>.html`, `<stem>.md` and the PNGs beside them (a layer: its page,
+`layerpage.py`), then `index.html`,
 `index.md` and the guides (the language reference, units, NIR) as Markdown and as HTML pages. A model that does not compile is reported
 (located error) and left out; the others are still written.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from .._paths import DOCS_DIR
 from ..errors import FlexDSLError
 from ..frontend.options import NONE, LoadOptions
-from ..library import library, library_path, looks_like_source
+from ..library import is_layer_text, library, library_path, looks_like_source
 from . import htmlpage, mdpage
 from .content import describe, method_text
 from .figures import Figures, make_figures
@@ -63,15 +64,18 @@ def expand(args: Iterable[str | Path]) -> list[Target]:
             continue
         p = Path(s)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*.neuron") if q.is_file())
+            found = sorted(q for q in [*p.rglob("*.neuron"), *p.rglob("*.layer")] if q.is_file())
             if not found:
-                raise FlexDSLError(f"no `.neuron` files in the directory `{s}`", s)
+                raise FlexDSLError(f"no `.neuron` or `.layer` files in the directory `{s}`", s)
             for q in found:
                 add(str(q), str(q), str(q.resolve()))
         elif p.is_file():
             add(s, s, str(p.resolve()))
-        elif "/" not in s and not s.endswith(".neuron") and library_path(s).is_file():
+        elif "/" not in s and not s.endswith((".neuron", ".layer")) and library_path(s).is_file():
             add(s, s, str(library_path(s).resolve()))
+        elif "/" not in s and s.endswith(".layer") and (library_path(s[:-6]).parent / s).is_file():
+            lib = library_path(s[:-6]).parent / s  # (a library layer: `rlif.layer`)
+            add(s, str(lib), str(lib.resolve()))
         else:
             from ..errors import did_you_mean
 
@@ -128,6 +132,15 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
     failures: list[htmlpage.Failure] = []
     for k, t in enumerate(items):
         t0 = time.perf_counter()
+        if _is_layer(t.model):
+            try:
+                entries.append(_layer(t, out, taken, result, reference))
+            except FlexDSLError as e:
+                result.failed.append((t.label, e))
+                failures.append(htmlpage.Failure(t.label, str(e)))
+            if progress:
+                progress(k + 1, len(items), t.label, time.perf_counter() - t0)
+            continue
         try:
             c = compile_model(t.model, options=options)
             d = describe(c)
@@ -153,6 +166,30 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
                                                              "language.md" if reference else None)))
     result.seconds = time.perf_counter() - t_all
     return result
+
+
+def _is_layer(model: str) -> bool:
+    return is_layer_text(model) if looks_like_source(model) else model.endswith(".layer")
+
+
+def _layer(t: Target, out: Path, taken: set[str], result: BuildResult, reference: str | None
+           ) -> htmlpage.IndexEntry:
+    """A layer's pages (`layerpage.py`) and its index entry."""
+    from ..runtime.layer import describe as describe_layer
+    from .layerpage import layer_page
+
+    checked, plan = describe_layer(t.model)
+    name = page_name(checked.name if t.label == "<string>" else Path(t.label).stem, taken)
+    label = t.label if t.label != "<string>" else "(layer text)"
+    md, page, summary = layer_page(checked, plan, label if t.label != "<string>" else "<string>",
+                                   "index.html", reference)
+    html_path = _write(out / f"{name}.html", page)
+    md_path = _write(out / f"{name}.md", md)
+    result.pages.append(html_path)
+    result.files += [html_path, md_path]
+    kind = "recurrent layer" if checked.recurrent is not None else "feed-forward layer"
+    return htmlpage.IndexEntry(checked.name, Path(label).name if label.endswith(".layer") else label, summary,
+                               html_path.name, md_path.name, None, kind, None)
 
 
 def _copy_reference(out: Path, result: BuildResult) -> str | None:

@@ -136,15 +136,15 @@ def _equations(layer: CheckedLayer, syns: tuple[SynapsePlan, ...]) -> list[str]:
                       else "   (before the loop, all steps at once)"))
         if s.delay_kind not in (None, "uniform") and s.delay_interp is None:
             out.append(f"  {s.name}_delay: integers from 0 to {s.delay} (given at load: delays=); the layer keeps "
-                       f"the last {s.delay} steps between calls")
+                       f"the last {s.delay + 1 if s.recurrent else s.delay} steps between calls")
         elif s.delay_kind not in (None, "uniform"):
             d, sig = f"{s.name}_delay", f"{s.name}_delay_width"
             g = (f"exp(-(k - {d})^2 / (2 {sig}^2)) / sum_k' exp(-(k' - {d})^2 / (2 {sig}^2))"
                  if s.delay_interp == "gauss" else f"max(0, 1 - |k - {d}|)")
             out.append(f"  {d}: learnable real delays in [0, {s.delay}] steps; a value at t-{d} is the sum over the "
                        f"steps k = 0..{s.delay} of g_k * value[t-k], g_k = {g} ({s.delay_interp}; "
-                       f"{sig} = 0, or m.round_delays(): whole steps); the layer keeps the last {s.delay} steps "
-                       "between calls")
+                       f"{sig} = 0, or m.round_delays(): whole steps); the layer keeps the last "
+                       f"{s.delay + 1 if s.recurrent else s.delay} steps between calls")
     for s in syns:
         port = layer.neuron.inputs[s.port].name
         t = "t-1" if s.recurrent else "t"

@@ -1,0 +1,151 @@
+"""A layer's documentation page (`flexdsl doc x.layer`, and a directory's `.layer` files): its
+docstring, neuron, inputs and synapses, then each synapse group's current as an equation built with
+sympy (printed as LaTeX for the Markdown page and as MathML for the HTML page, from the same
+expression), delays written as the step they read, `s_j(t - d_j)`, learnable ones with their
+relaxation, and the plan (`ir/layer.py`): what runs before, in and after the time loop, and the
+gradients.
+
+    md, html, entry = layer_page(checked, plan, "rlif.layer", index_link="index.html")
+"""
+
+from __future__ import annotations
+
+import html as _html
+from pathlib import Path
+
+import sympy as sp
+from sympy.core.function import AppliedUndef
+
+from ..frontend import ast as A
+from ..frontend.layer import CheckedLayer, CheckedSynapse
+from ..ir.layer import LayerPlan
+from .printing import latex, mathml_inner
+
+
+def _current(layer: CheckedLayer, s: CheckedSynapse) -> tuple[sp.Basic, sp.Basic]:
+    """(lhs, rhs) of a synapse group's current at step t (rhs added into lhs)."""
+    t, i, j = sp.Symbol("t"), sp.Symbol("i"), sp.Symbol("j")
+    port = layer.neuron.inputs[s.port_index].name
+    one = s.connect == "one_to_one"
+    idx = i if one else j
+    back = sp.Integer(1) if s.recurrent else sp.Integer(0)
+    if s.delay_kind == "uniform":
+        back += s.delay
+    elif s.delay_kind == "axonal":
+        back += sp.Symbol(f"d_{idx}")
+    elif s.delay_kind == "synaptic":
+        back += sp.Symbol("d_i" if one else "d_ij")
+    elif s.delay_kind == "dendritic":
+        back += sp.Symbol("d_i")
+    pre = sp.Function(f"{s.pre}_{idx}")(t - back)
+    w = sp.IndexedBase(s.name)
+    if one:
+        rhs = w[i] * pre
+    else:
+        weight = w[i, j] * (sp.IndexedBase("M")[i, j] if s.connect == "mask" else 1)
+        rhs = sp.Sum(weight * pre, (j, 1, sp.Symbol(f"n_{s.pre}")))
+    if s.bias is not None:
+        rhs = rhs + sp.IndexedBase(s.bias)[i]
+    return sp.Function(f"{port}_i")(t), rhs
+
+
+def _relaxation(s: CheckedSynapse) -> tuple[sp.Basic, sp.Basic]:
+    """(g_k(d), its definition) of a learnable delay's relaxation."""
+    k, k2, d, sig, D = sp.Symbol("k"), sp.Symbol("k'"), sp.Symbol("d"), sp.Symbol("sigma"), sp.Integer(s.delay)
+    g = sp.Function("g_k")(d)
+    if s.delay_interp == "gauss":
+        e = sp.exp(-(k - d) ** 2 / (2 * sig ** 2))
+        return g, e / sp.Sum(e.subs(k, k2), (k2, 0, D))
+    return g, sp.Max(0, 1 - sp.Abs(k - d))
+
+
+def _delay_words(s: CheckedSynapse) -> str:
+    if s.delay_kind is None:
+        return "none"
+    if s.delay_kind == "uniform":
+        return f"{s.delay} steps"
+    what = {"axonal": "per presynaptic neuron", "synaptic": "per connection", "dendritic": "per postsynaptic neuron"}
+    kind = what[s.delay_kind] if s.connect != "one_to_one" else "per neuron"
+    if s.delay_learnable:
+        return f"{kind}, learnable in [0, {s.delay}] steps ({s.delay_interp}): `{s.name}_delay`"
+    return f"{kind}, whole steps in [0, {s.delay}]: `{s.name}_delay`"
+
+
+def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str | None = None,
+               reference: str | None = None) -> tuple[str, str, str]:
+    """(Markdown, HTML, one-line summary) of the layer's page."""
+    from .guides import GUIDES, to_html
+    from .htmlpage import environment, version
+
+    a = layer.ast
+    math: dict[str, str] = {}
+
+    def formula(lhs: sp.Basic, op: str, rhs: sp.Basic, tex_op: str) -> str:
+        tex = f"{latex(lhs)} {tex_op} {latex(rhs)}"
+        markup = f"<mrow>{mathml_inner(lhs)}<mo>{_html.escape(op)}</mo>{mathml_inner(rhs)}</mrow>"
+        for f in (lhs.atoms(AppliedUndef) | rhs.atoms(AppliedUndef)):  # (`s_j(t)`: the index as a subscript)
+            name = type(f).__name__
+            if "_" in name:
+                base, sub = name.split("_", 1)
+                markup = markup.replace(f"<mi>{_html.escape(name)}</mi>",
+                                        f"<msub><mi>{_html.escape(base)}</mi><mi>{_html.escape(sub)}</mi></msub>")
+        math[tex] = f'<math display="block">{markup}</math>'
+        return f"${tex}$"
+
+    summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else
+               f"{layer.size} {layer.neuron.name} neurons, {len(layer.synapses)} synapse group"
+               f"{'s' if len(layer.synapses) != 1 else ''}")
+    kind = "recurrent layer" if layer.recurrent is not None else "feed-forward layer"
+    neuron = a.of(A.LayerNeuron)[0]
+    lines = [f"# {layer.name}", "", f"*{kind}* · `{label}`", ""]
+    if a.doc.strip():
+        lines += [a.doc.strip(), ""]
+    lines += ["## Interface", "",
+              f"- neuron: `{neuron.ref}` ({layer.neuron.name}), {layer.size} of them",
+              *(f"- input `{n}`: {k} values per step" for n, k, _ in layer.inputs),
+              *(f"- direct input `{n}` (no synapse: the layer takes it as it is)" for n in layer.direct), "",
+              "| synapses | from | to | connectivity | bias | delay |", "| --- | --- | --- | --- | --- | --- |"]
+    for s in layer.synapses:
+        pre = f"`{s.pre}`" + (" (the neuron's output, one step late)" if s.recurrent else "")
+        lines.append(f"| `{s.name}` | {pre} | `{layer.neuron.inputs[s.port_index].name}` | {s.connect} | "
+                     f"{f'`{s.bias}`' if s.bias else '—'} | {_delay_words(s)} |")
+    lines += ["", "## Equations", "", "At every step t, each synapse group adds its current into the neuron's input "
+              "(values before the first step are 0):", ""]
+    for s in layer.synapses:
+        lhs, rhs = _current(layer, s)
+        lines += [formula(lhs, "+=", rhs, r"\mathrel{+}="), ""]
+    for s in layer.synapses:
+        if s.delay_learnable:
+            g, gdef = _relaxation(s)
+            k, d, t = sp.Symbol("k"), sp.Symbol("d"), sp.Symbol("t")
+            val = sp.Function(s.pre)
+            lines += [f"The learnable delays of `{s.name}` (`{s.name}_delay`, real numbers of steps in "
+                      f"[0, {s.delay}]) read a value `d` steps back through the {s.delay_interp} relaxation over "
+                      "the whole steps k = 0..max (DCLS, Hammouamri et al., ICLR 2024)"
+                      + (f"; σ is `{s.name}_delay_width` (σ = 0: whole steps)" if s.delay_interp == "gauss" else "")
+                      + ":", "",
+                      formula(val(t - d), "≈", sp.Sum(g * val(t - k), (k, 0, s.delay)), r"\approx"), "",
+                      formula(g, "=", gdef, "="), ""]
+    lines += ["## The plan", "", "What runs before, in and after the time loop, and each weight's gradient "
+              "(derived from the synapse's current):", "", "```", *plan.equations, "```", "",
+              "## Use", "", "```python", "import flexdsl", "",
+              f"m = flexdsl.load({label!r})" if label.endswith(".layer") else "m = flexdsl.loads(text)",
+              "```", ""]
+    md = "\n".join(lines)
+    guides = dict(GUIDES)
+    body = to_html(md, math=math, guides=guides)
+    page = environment().get_template("guide.html.j2").render(
+        title=f"{layer.name} ({kind})", body=body, version=version(), index_link=index_link,
+        guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [], source=label,
+        ships=False)
+    if index_link or reference:
+        nav = []
+        if index_link:
+            nav.append(f"[← all models]({Path(index_link).with_suffix('.md').name})")
+        if reference:
+            nav.append("[the language reference](language.md)")
+        md = " · ".join(nav) + "\n\n" + md
+    return md, page, summary
+
+
+__all__ = ["layer_page"]
