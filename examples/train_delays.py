@@ -5,6 +5,7 @@ of spikes across channels.
     python examples/train_delays.py --delays none          # the same network without delays (chance)
     python examples/train_delays.py --delays dcls          # the same network with DCLS's Dcls1d (needs `dcls`)
     python examples/train_delays.py --plot delays.png      # curves and the histogram of the learned delays
+    python examples/train_delays.py --doc page/            # the trained layer's page: equations, learned delays
     python examples/train_delays.py --device cuda
 
 The task (generated here, no download): every sample has `--channels` input channels, each firing
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda")
     ap.add_argument("--plot", metavar="OUT.png", help="save the curves and the learned delays' histogram")
+    ap.add_argument("--doc", metavar="DIR", help="write the trained layer's page (equations, learned delays) into DIR")
     a = ap.parse_args(argv)
 
     import flexdsl
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> float:
             import DCLS  # noqa: F401
         except ImportError:
             ap.error("--delays dcls needs the `dcls` package (pip install dcls)")
+    if a.doc is not None and a.delays == "dcls":
+        ap.error("--doc writes a flexdsl layer's page: use it with --delays learnable or none")
     if a.plot is not None:
         from flexdsl.docs.plots import supported_formats
 
@@ -226,6 +230,14 @@ def main(argv: list[str] | None = None) -> float:
     if a.plot:
         _plot(a.plot, history, net.learned_delays().cpu() if a.delays != "none" else None, a.max_delay)
         print(f"curves and delays written to {a.plot}")
+    if a.doc and a.delays != "dcls":
+        import flexdsl.docs
+
+        out = Path(a.doc)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "hidden.html").write_text(flexdsl.docs.render_layer(net.layer, out), encoding="utf-8")
+        (out / "hidden.md").write_text(flexdsl.docs.render_layer(net.layer, out, markdown=True), encoding="utf-8")
+        print(f"the trained layer's page written to {out / 'hidden.html'}")
     print(f"trained in {time.time() - t0:.1f} s")
     print(f"test accuracy (delays rounded to whole steps): {acc:.3f}")
     return acc

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NEURONS = ROOT / "neurons"
 PNG = b"\x89PNG\r\n\x1a\n"
 MODELS = flexdsl.library()
+LAYERS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "neurons").glob("*.layer"))
 MATHML = "{http://www.w3.org/1998/Math/MathML}"
 
 
@@ -52,9 +53,11 @@ def _source_line(stem: str, line: int) -> str:
 def test_build_writes_every_model(site):
     out, res, seen, seconds = site
     assert not res.failed, res.failed
-    assert sorted(p.stem for p in res.pages) == MODELS
-    assert [k for k, _, _ in seen] == list(range(1, len(MODELS) + 1))  # progress once per model, in order
-    assert all(n == len(MODELS) for _, n, _ in seen)
+    assert sorted(p.stem for p in res.pages) == sorted(MODELS + LAYERS)  # (a directory's layers have pages too)
+    assert LAYERS  # (the library ships layers)
+    n = len(MODELS) + len(LAYERS)
+    assert [k for k, _, _ in seen] == list(range(1, n + 1))  # progress once per model, in order
+    assert all(m == n for _, m, _ in seen)
     assert (out / "language.md").read_text() == (ROOT / "docs" / "language.md").read_text()
 
 
@@ -170,12 +173,15 @@ def test_index(site):
     out, _, _, _ = site
     doc = parse((out / "index.html").read_text(encoding="utf-8"))
     cards = doc.find_all("div", cls="card")
-    assert len(cards) == len(MODELS)
+    assert len(cards) == len(MODELS) + len(LAYERS)
     linked = set()
     for card in cards:
         hrefs = [a.attrs["href"] for a in card.iter("a")]
         page = next(h for h in hrefs if h.endswith(".html"))
         assert (out / page).is_file()
+        if Path(page).stem in LAYERS:  # (a layer's card: its kind and summary, no plot)
+            assert "layer" in card.text()
+            continue
         linked.add(Path(page).stem)
         img = card.find("img")
         _png_ok(out / img.attrs["src"], (100, 40))

@@ -226,3 +226,25 @@ def test_bad_widths_are_located_errors_at_the_call():
     linear.W_delay_width.fill_(0.5)
     with pytest.raises(flexdsl.FlexDSLError, match="1, or 0"):
         linear(torch.rand(T, B, F))
+
+
+def test_a_layer_page_shows_the_delayed_equations_and_a_modules_delays(tmp_path):
+    """`flexdsl doc x.layer`: the page's equations read the delayed step, s_j(t - d_ij), in the
+    Markdown (LaTeX) and the HTML (MathML); from a module, the histogram of its delays."""
+    import flexdsl.docs
+
+    path = tmp_path / "delayed.layer"
+    path.write_text(_text("synaptic", neuron="lif").replace("layer L:", "layer Delayed:\n    \"\"\"Delays.\"\"\""))
+    res = flexdsl.docs.build([str(path)], tmp_path / "site")
+    assert not res.failed, res.failed
+    md = (tmp_path / "site" / "delayed.md").read_text()
+    assert r"s_{j}{\left(t - d_{\mathrm{ij}} \right)}" in md and "learnable in [0, 6] steps (gauss)" in md
+    html = (tmp_path / "site" / "delayed.html").read_text()
+    assert "<math" in html and "$" not in html.split("<pre")[0]
+    assert "<mi>d</mi><mi>ij</mi>" in html
+    assert "Delayed" in (tmp_path / "site" / "index.html").read_text()
+    m = flexdsl.load(str(path))
+    with torch.no_grad():
+        m.W_delay.copy_(torch.full_like(m.W_delay, 2.2))
+    page = flexdsl.docs.render_layer(m, tmp_path / "out")
+    assert "delayed.W_delays.png" in page and (tmp_path / "out" / "delayed.W_delays.png").is_file()

@@ -3,6 +3,7 @@ gives pages (HTML, Markdown), LaTeX and plots.
 
     flexdsl.docs.render_html(model)        # a page: tables, MathML equations, derived step and backward,
     flexdsl.docs.render_markdown(model)    #   plots, generated code (images embedded, or written to `outdir`)
+    flexdsl.docs.render_layer(m_or_path)   # a layer's page (its delays' histograms, from a module)
     flexdsl.docs.build(["neurons/"], "site/")   # pages + index (what `flexdsl doc` runs)
     flexdsl.docs.latex(model)              # the equations as LaTeX, for papers
     flexdsl.docs.language_reference()      # the path of the language reference (language.md)
@@ -77,6 +78,30 @@ def render_markdown(model: Any, outdir: str | Path | None = None, *, plots: bool
     return mdpage.page(d, figs)
 
 
+def render_layer(layer: Any, outdir: str | Path | None = None, *, markdown: bool = False) -> str:
+    """A layer's page (HTML, or Markdown with `markdown=True`): `layer` a `.layer` path, a library
+    layer (`"rlif.layer"`), layer text, or a layer module (`flexdsl.load("x.layer")`,
+    `flexdsl.feedforward`, `flexdsl.recurrent`), whose delays (e.g. as trained) the page then
+    shows as histograms (PNGs written into `outdir`, else embedded)."""
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
+    from ..runtime.layer import describe as describe_layer
+    from .layerpage import layer_page
+
+    module = None
+    if hasattr(layer, "plan") and hasattr(layer, "_layer"):
+        module = layer
+        checked, plan = layer._layer, layer.plan
+        label = checked.ast.filename
+    else:
+        checked, plan = describe_layer(layer)
+        label = str(layer) if not isinstance(layer, str) or "\n" not in layer else "<string>"
+    if outdir is not None:
+        Path(outdir).mkdir(parents=True, exist_ok=True)
+    md, page, _ = layer_page(checked, plan, label, module=module, outdir=outdir,
+                             stem=Path(label).stem if label.endswith(".layer") else checked.name)
+    return md if markdown else page
+
+
 def latex(model: Any, part: str = "equations", environment: str = "align*") -> str:
     """The model's equations as LaTeX: `part` "equations" (as written), "step" (discretized)
     or "backward" (derived); in an `align*` environment (amsmath), or `aligned` for notebooks."""
@@ -114,4 +139,4 @@ display.register("html", _notebook_html)
 display.register("latex", _notebook_latex)
 display.register("latex-source", latex)
 
-__all__ = ["render_html", "render_markdown", "latex", "build", "language_reference", "compiled"]
+__all__ = ["render_html", "render_markdown", "render_layer", "latex", "build", "language_reference", "compiled"]

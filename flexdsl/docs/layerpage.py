@@ -11,9 +11,12 @@ gradients.
 from __future__ import annotations
 
 import html as _html
+import re
 from pathlib import Path
+from typing import Any
 
 import sympy as sp
+import torch
 from sympy.core.function import AppliedUndef
 
 from ..frontend import ast as A
@@ -72,8 +75,11 @@ def _delay_words(s: CheckedSynapse) -> str:
 
 
 def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str | None = None,
-               reference: str | None = None) -> tuple[str, str, str]:
-    """(Markdown, HTML, one-line summary) of the layer's page."""
+               reference: str | None = None, module: Any = None, outdir: str | Path | None = None,
+               stem: str | None = None) -> tuple[str, str, str]:
+    """(Markdown, HTML, one-line summary) of the layer's page; with `module` (the layer's module,
+    e.g. trained) the histogram of each delayed synapse group's delays as they are in it (PNGs in
+    `outdir` named after `stem`, or embedded without `outdir`)."""
     from .guides import GUIDES, to_html
     from .htmlpage import environment, version
 
@@ -89,6 +95,14 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
                 base, sub = name.split("_", 1)
                 markup = markup.replace(f"<mi>{_html.escape(name)}</mi>",
                                         f"<msub><mi>{_html.escape(base)}</mi><mi>{_html.escape(sub)}</mi></msub>")
+        # (W_(i,j): the indices as a plain subscript, W_ij; no bracket beside a subscripted name)
+        markup = markup.replace('<mrow><mo stretchy="false">(</mo><mrow><mi>i</mi><mo>,</mo><mi>j</mi></mrow>'
+                                '<mo stretchy="false">)</mo></mrow>', "<mrow><mi>i</mi><mo>,</mo><mi>j</mi></mrow>")
+        # (W_rec indexed: one subscript `rec, i, j`, its parts apart)
+        markup = re.sub(r"<msub><msub><mi>([^<]+)</mi><mi>([^<]+)</mi></msub>(<mrow><mi>i</mi><mo>,</mo><mi>j</mi></mrow>"
+                        r"|<mi>[ij]</mi>)</msub>",
+                        lambda m: (f"<msub><mi>{m.group(1)}</mi><mrow><mi>{m.group(2)}</mi><mo>,</mo>"
+                                   f"{m.group(3).removeprefix('<mrow>').removesuffix('</mrow>')}</mrow></msub>"), markup)
         math[tex] = f'<math display="block">{markup}</math>'
         return f"${tex}$"
 
@@ -126,6 +140,8 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
                       + ":", "",
                       formula(val(t - d), "≈", sp.Sum(g * val(t - k), (k, 0, s.delay)), r"\approx"), "",
                       formula(g, "=", gdef, "="), ""]
+    if module is not None:
+        lines += _histograms(layer, module, outdir, stem or layer.name)
     lines += ["## The plan", "", "What runs before, in and after the time loop, and each weight's gradient "
               "(derived from the synapse's current):", "", "```", *plan.equations, "```", "",
               "## Use", "", "```python", "import flexdsl", "",
@@ -146,6 +162,34 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
             nav.append("[the language reference](language.md)")
         md = " · ".join(nav) + "\n\n" + md
     return md, page, summary
+
+
+def _histograms(layer: CheckedLayer, module: Any, outdir: str | Path | None, stem: str) -> list[str]:
+    """The Markdown of the delays' histograms of a layer's module."""
+    import base64
+    import io
+
+    from .plots import delay_histogram, save
+
+    out: list[str] = []
+    for s in layer.synapses:
+        d = getattr(module, f"{s.name}_delay", None) if s.delay_kind not in (None, "uniform") else None
+        if d is None:
+            continue
+        what = "learned" if s.delay_learnable else "fixed"
+        width = float(getattr(module, f"{s.name}_delay_width", torch.tensor(0.0)))
+        title = f"{s.name}_delay: {d.numel()} {what} delays" + (f" (width {width:g})" if s.delay_learnable else "")
+        fig = delay_histogram(d, s.delay, title)
+        if outdir is not None:
+            name = f"{stem}.{s.name}_delays.png"
+            save(fig, Path(outdir) / name)
+            src = name
+        else:
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png")
+            src = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        out += [f"![the {what} delays of {s.name}]({src})", ""]
+    return (["## Delays", "", "The delays of this module, by step:", "", *out] if out else [])
 
 
 __all__ = ["layer_page"]

@@ -55,6 +55,20 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def delay_histogram(delays: torch.Tensor, max_delay: int, title: str) -> Figure:
+    """The histogram of a synapse group's delays (whole steps 0..max, or real ones binned by step)."""
+    fig, axes = _figure(5.0, 2.6)
+    ax = axes[0][0]
+    d = delays.detach().double().flatten().cpu().numpy()
+    ax.hist(d, bins=[k - 0.5 for k in range(max_delay + 2)], color="tab:green")
+    ax.set_xlabel("delay (steps)")
+    ax.set_ylabel("count")
+    ax.set_xlim(-0.5, max_delay + 0.5)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def supported_formats() -> list[str]:
     """The file extensions matplotlib can write."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -208,6 +208,15 @@ def _copy_reference(out: Path, result: BuildResult) -> str | None:
         except OSError as e:
             raise FlexDSLError(f"cannot write `{dst}`: {e.strerror or e}", str(out)) from None
         result.files.append(_write(out / f"{Path(name).stem}.html", guides.render(name)))
+        for img in re.findall(r"\]\((images/[A-Za-z0-9_.-]+\.png)\)", src.read_text(encoding="utf-8")):
+            # (the pictures a guide shows, beside it as in the repository)
+            if (DOCS_DIR / img).is_file() and not (out / img).exists():
+                (out / "images").mkdir(exist_ok=True)
+                try:
+                    shutil.copyfile(DOCS_DIR / img, out / img)
+                except OSError as e:
+                    raise FlexDSLError(f"cannot write `{out / img}`: {e.strerror or e}", str(out)) from None
+                result.files.append(out / img)
     return "language.html" if "language.md" in names else None
 
 
