@@ -1,0 +1,40 @@
+"""Where the time of bench/delays_gpu.py's flexdsl networks goes (torch.profiler, one GPU): the top CUDA
+kernels and CPU ops of a training step, with and without delays.
+
+    python3 bench/delays_profile.py
+"""
+import sys
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "bench")
+import delays_gpu as h  # noqa: E402, I001
+
+
+def main():
+    x = (torch.rand(100, 256, h.N_IN, device="cuda") < 0.03).float()
+    y = torch.randint(0, h.N_OUT, (256,), device="cuda")
+    for delays in (False, True):
+        torch.manual_seed(0)
+        net = h.FlexDelayNet(delays).cuda().train()
+
+        def step(net=net):
+            for p in net.parameters():
+                p.grad = None
+            nn.functional.cross_entropy(net(x), y).backward()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        print(f"==== delays={delays}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
