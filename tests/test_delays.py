@@ -169,3 +169,28 @@ def test_a_nir_delay_node_runs_as_whole_steps_of_dt():
     assert torch.equal(net(x), want)
     with pytest.raises(flexdsl.FlexDSLError, match="not a whole number of steps"):
         flexdsl.nir.load(g, dt=2e-3)
+
+
+def test_delays_in_time_units_are_whole_steps_of_the_neurons_dt():
+    """`delay 2 ms` on a neuron with `dt` (lif_ode: 0.1 ms): 20 steps, the same layer as `delay 20`; with
+    dt = 0.5 ms given at load, 4 steps; a time that is no whole number of steps, a unit that is no time,
+    and a neuron without `dt` are located errors."""
+    def text(line: str, neuron: str = "lif_ode", port: str = "I") -> str:
+        return (f"layer L:\n    neuron {neuron}\n    size 3\n    input s size 2\n    synapses W from s to {port}:\n"
+                f"        {line}\n")
+    torch.manual_seed(5)
+    a = flexdsl.loads(text("delay 2 ms"), backend="torch").double()
+    b = flexdsl.loads(text("delay 20"), backend="torch").double()
+    b.load_state_dict(a.state_dict())
+    x = torch.rand(30, 2, 2, dtype=torch.float64) * 50
+    assert torch.equal(a(x), b(x))
+    assert "s[t-20, j]" in a.plan.equations[0]
+    assert "s[t-4, j]" in flexdsl.loads(text("delay 2 ms"), dt=0.5).plan.equations[0]
+    m = flexdsl.loads(text("delay axonal max 3 ms"), delays={"W": torch.tensor([30, 7])})
+    assert m.W_delay.tolist() == [30, 7]
+    for line, neuron, port, msg in [("delay 0.25 ms", "lif_ode", "I", "2.5 steps of dt = 0.1"),
+                                    ("delay 2 mV", "lif_ode", "I", "not a time"),
+                                    ("delay 2 ms", "lif", "x", "has no `dt` param")]:
+        with pytest.raises(flexdsl.FlexDSLError, match=msg) as e:
+            flexdsl.loads(text(line, neuron, port))
+        assert e.value.line == 6

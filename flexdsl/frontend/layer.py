@@ -11,6 +11,7 @@ of the layer (`[T, *batch, size]`). Every rule is a located `FlexDSLError`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -90,9 +91,10 @@ def neuron_ref(layer: A.Layer) -> A.LayerNeuron:
 
 
 def check_layer(layer: A.Layer, neuron: CheckedModel, size: int | None = None,
-                input_sizes: Mapping[str, int] | None = None) -> CheckedLayer:
+                input_sizes: Mapping[str, int] | None = None, dt: float | None = None) -> CheckedLayer:
     """The layer checked against its neuron (`size`, `input_sizes`: given at load, where the file
-    leaves them out; a value the file also gives must agree)."""
+    leaves them out; a value the file also gives must agree; `dt`: the neuron's step in base
+    units, which a delay in time units is divided by, None where the model has no `dt`)."""
     neuron_ref(layer)
     n = _size(layer, size)
     inputs = _inputs(layer, input_sizes or {})
@@ -103,7 +105,7 @@ def check_layer(layer: A.Layer, neuron: CheckedModel, size: int | None = None,
         raise _err(layer, f"layer `{layer.name}` has no synapses", layer.pos,
                    "add one: `synapses W from <input> to " + (ports[0] if ports else "<neuron input>") + "`")
     _unique_names(layer, neuron, syns, [i[0] for i in inputs])
-    checked = [_synapse(layer, neuron, s, inputs, outs, ports, n) for s in syns]
+    checked = [_synapse(layer, neuron, s, inputs, outs, ports, n, dt) for s in syns]
     rec = [s for s in checked if s.recurrent]
     if len(rec) > 1:
         raise _err(layer, "a layer has at most one recurrent synapse (from an output of its own neuron)",
@@ -177,7 +179,7 @@ def _unique_names(layer: A.Layer, neuron: CheckedModel, syns: list[A.Synapses], 
 
 
 def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[tuple[str, int, A.Pos]],
-             outs: list[str], ports: list[str], n: int) -> CheckedSynapse:
+             outs: list[str], ports: list[str], n: int, dt: float | None = None) -> CheckedSynapse:
     if s.port not in ports:
         raise _err(layer, f"`{neuron.name}` has no input `{s.port}` for synapses `{s.name}`", s.port_pos,
                    did_you_mean(s.port, ports) or f"its inputs: {', '.join(ports) or 'none'}")
@@ -209,7 +211,7 @@ def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[t
                           f"is {MAX_WEIGHTS:,}: {MAX_WEIGHTS * 4 // 2**30} GiB in float32)", s.pos,
                    "a smaller layer, or one_to_one synapses")
     _not_yet(layer, neuron, s)
-    kind, steps, interp = _delay(layer, s, recurrent)
+    kind, steps, interp = _delay(layer, s, recurrent, neuron, dt)
     return CheckedSynapse(s.name, s.pre, s.port, ports.index(s.port), recurrent, index, pre_size, connect, s.bias,
                           s.pos, s.connect_pos or s.pos, kind, steps, s.delay_pos, interp)
 
@@ -217,9 +219,11 @@ def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[t
 DELAY_RELAXATIONS = ("gauss", "linear")
 
 
-def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, int, str | None]:
-    """(kind, steps, relaxation) of a synapse's `delay` line: a whole number of steps, at most
-    `MAX_DELAY`; the relaxation of a learnable delay (None: fixed)."""
+def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool, neuron: CheckedModel, dt: float | None
+           ) -> tuple[str | None, int, str | None]:
+    """(kind, steps, relaxation) of a synapse's `delay` line: a whole number of steps (or a time
+    that is one, in steps of the neuron's `dt`), at most `MAX_DELAY`; the relaxation of a learnable
+    delay (None: fixed)."""
     if s.delay is None and s.delay_kind is None:
         return None, 0, None
     if s.delay is None:
@@ -240,8 +244,7 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, 
     e, pos = s.delay, s.delay_pos
     what = f"the maximum delay of `{s.name}`" if s.delay_kind else f"the delay of `{s.name}`"
     if isinstance(e, A.Quantity):
-        raise _err(layer, f"{what} is a time (`{e.text} {e.unit}`); this version takes a number of steps",
-                   e.pos, "divide by the step: e.g. `delay 20` for 2 ms at dt = 0.1 ms")
+        e = _in_steps(layer, s, e, what, neuron, dt)
     if isinstance(e, A.Neg) and isinstance(e.operand, A.Num):
         raise _err(layer, f"{what} is negative (-{e.operand.text}); a delay is 0 or more steps", e.pos)
     if not isinstance(e, A.Num):
@@ -253,6 +256,28 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool) -> tuple[str | None, 
         raise _err(layer, f"the learnable delays of `{s.name}` have a maximum of 0 steps: nothing to learn", e.pos,
                    "a maximum of 1 step or more")
     return (s.delay_kind or "uniform"), int(e.value), interp
+
+
+def _in_steps(layer: A.Layer, s: A.Synapses, q: A.Quantity, what: str, neuron: CheckedModel, dt: float | None
+              ) -> A.Num:
+    """A delay written as a time (`delay 2 ms`), in steps of the neuron's `dt` (a whole number of them)."""
+    from .catalog import unit_parts
+    from .dims import unit
+
+    shown = f"{q.text} {q.unit}" + (f"**{q.power:g}" if q.power != 1 else "")
+    if unit_parts(q.unit) is None:
+        raise _err(layer, f"{what} has the unknown unit `{q.unit}`", q.unit_pos, "a time unit: ms, us, s")
+    factor, dim = unit(q.unit)
+    if q.power != 1 or dim != unit("s")[1]:
+        raise _err(layer, f"{what} is `{shown}`, which is not a time", q.pos, "a number of steps, or a time: `2 ms`")
+    if dt is None:
+        raise _err(layer, f"{what} is a time (`{shown}`), but the neuron `{neuron.name}` has no `dt` param to divide "
+                          "it by: it counts in steps", q.pos, "write the delay in steps, e.g. `delay 20`")
+    steps = q.value * float(factor) / dt
+    if not math.isfinite(steps) or abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
+        raise _err(layer, f"{what} is {shown} = {steps:g} steps of dt = {dt:g} (the neuron's, in its base time unit), "
+                          "not a whole number of steps", q.pos, "a multiple of dt, or another dt at load")
+    return A.Num(float(round(steps)), str(round(steps)), q.pos)
 
 
 def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:

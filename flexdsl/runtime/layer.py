@@ -268,7 +268,7 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
     neuron = _neuron(layer, detach_reset, opts, backend, params)
     sizes = _input_sizes(layer, in_features)
-    checked = check_layer(layer, neuron.compiled.checked, hidden, sizes)
+    checked = check_layer(layer, neuron.compiled.checked, hidden, sizes, _dt(neuron))
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
         return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays)
@@ -286,8 +286,19 @@ def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     if size is None:  # (a one_to_one input of unwritten size takes the layer's)
         n = layer.of(A.LayerSize)[0].value
         sizes = dict.fromkeys(sizes, n)
-    checked = check_layer(layer, neuron.compiled.checked, size, sizes)
+    checked = check_layer(layer, neuron.compiled.checked, size, sizes, _dt(neuron))
     return checked, layer_plan(checked, neuron.compiled)
+
+
+def _dt(neuron: NeuronModule) -> float | None:
+    """The neuron's `dt` in its base time unit (a delay in time units is a number of these steps),
+    None where the model has no `dt` param or it is not one number."""
+    if not any(p.name == "dt" for p in neuron.compiled.checked.params):
+        return None
+    v = neuron.param_values().get("dt")
+    if isinstance(v, torch.Tensor):
+        v = float(v) if v.numel() == 1 else None
+    return float(v) if isinstance(v, int | float) else None
 
 
 def _input_sizes(layer: A.Layer, in_features: Any) -> dict[str, int] | None:
