@@ -32,6 +32,7 @@ from ..ir.layer import LayerPlan
 from ..library import resolve
 from ..store.pipeline import layer_plan
 from . import delays as dl
+from .bits import spike_linear
 from .compiler import compile_model
 from .layertext import LayerAttrs, feedforward_text, plan
 from .module import NeuronModule
@@ -215,10 +216,11 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, nn.Module):
 
 
 def _product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, one_to_one: bool) -> torch.Tensor:
-    """A synapse group's current of presynaptic values `x` (dense: `x W^T + b`; one to one: `x * w + b`)."""
+    """A synapse group's current of presynaptic values `x` (dense: `x W^T + b`, with `x` saved for
+    the weight's gradient as bits where it is 0/1 spikes, `bits.py`; one to one: `x * w + b`)."""
     if one_to_one:
         return x * w if b is None else torch.addcmul(b, x, w)
-    return nn.functional.linear(x, w, b)
+    return spike_linear(x, w, b)
 
 
 def _mask(layer: CheckedLayer, s: CheckedSynapse, mask: Any) -> torch.Tensor:

@@ -1,0 +1,84 @@
+"""Spikes saved for the backward as bits: a synapse group's product `x W^T + b` whose input `x` is
+0/1 keeps `x` for the weight's gradient packed, 1 bit a value (`uint8`, 8 values a byte: 32x less
+than float32), and unpacks it, exactly, where the gradient is computed. The input's gradient needs
+only `W`. A tensor with any value other than 0 and 1 is saved as it is (the check is one pass over
+it, where the product needs a weight gradient); so is one under CUDA-graph capture or
+torch.compile (whose graphs save what they need themselves).
+
+    y = spike_linear(x, w, b)        # = torch.nn.functional.linear(x, w, b), with x saved as bits
+    packed = pack(x); x == unpack(packed, x.shape, x.dtype)
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    s = _SHIFTS.get(device)
+    if s is None:
+        s = _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device)
+    return s
+
+
+def is_binary(x: torch.Tensor) -> bool:
+    """Whether every value of `x` is 0 or 1 (one pass; a host sync on a GPU)."""
+    return bool(((x == 0) | (x == 1)).all())
+
+
+def pack(x: torch.Tensor) -> torch.Tensor:
+    """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8."""
+    flat = x.reshape(-1)
+    pad = (-flat.numel()) % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    b = flat.view(-1, 8).to(torch.uint8)
+    return (b << _shifts(b.device)).sum(-1, dtype=torch.uint8)
+
+
+def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """`pack`'s inverse: the values, exactly, as `dtype` in `shape`."""
+    n = 1
+    for k in shape:
+        n *= k
+    bits = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 1
+    return bits.reshape(-1)[:n].to(dtype).reshape(shape)
+
+
+class _SpikeLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        out = torch.nn.functional.linear(x, w, b)
+        ctx.shape, ctx.dtype, ctx.has_bias = x.shape, x.dtype, b is not None
+        ctx.save_for_backward(pack(x) if ctx.needs_input_grad[1] else None, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        packed, w = ctx.saved_tensors
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = g @ w.to(g.dtype)
+        g2 = g.reshape(-1, g.shape[-1])
+        if ctx.needs_input_grad[1]:
+            x = unpack(packed, ctx.shape, g.dtype).reshape(-1, ctx.shape[-1])
+            gw = (g2.T @ x).to(w.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`torch.nn.functional.linear(x, w, b)` with `x` saved as bits where it is all 0/1 and the
+    weight has a gradient to compute (see the module doc); else the plain product."""
+    if (not ENABLED or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling()
+            or torch.is_autocast_enabled(x.device.type) or x.dtype != w.dtype
+            or (x.is_cuda and torch.cuda.is_current_stream_capturing()) or not is_binary(x)):
+        return torch.nn.functional.linear(x, w, b)
+    return _SpikeLinear.apply(x, w, b)
+
+
+__all__ = ["is_binary", "pack", "spike_linear", "unpack"]

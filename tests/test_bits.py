@@ -1,0 +1,90 @@
+"""Spikes saved as bits (`runtime/bits.py`): packing is exact, a feed-forward layer's product saves
+its 0/1 input as bits (32x fewer bytes than float32) with outputs and gradients equal to the plain
+product's, and a non-binary input is saved as it is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flexdsl
+from flexdsl.runtime import bits
+from tests.tolerances import assert_close
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (3, 5, 13), (2, 0, 4)])
+def test_pack_and_unpack_are_exact(shape):
+    torch.manual_seed(0)
+    x = (torch.rand(shape) < 0.4).float()
+    p = bits.pack(x)
+    assert p.dtype == torch.uint8 and p.numel() == (x.numel() + 7) // 8
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        assert torch.equal(bits.unpack(p, x.shape, dt), x.to(dt))
+
+
+def _saved_bytes(fn):
+    """The bytes autograd saves while `fn()` runs (every tensor a saved-tensor hook sees)."""
+    total = [0]
+
+    def pack_hook(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+        out = fn()
+    return out, total[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_layer_saves_its_spike_input_as_bits_with_the_same_results(dtype):
+    torch.manual_seed(1)
+    T, B, F, H = 12, 4, 64, 16
+    m = flexdsl.feedforward("lif", F, H, backend="torch").to(dtype)
+    x = (torch.rand(T, B, F) < 0.3).to(dtype).requires_grad_()
+    y, saved = _saved_bytes(lambda: m.current(x))
+    m.reset()
+    ref, ref_saved = _saved_bytes(lambda: torch.nn.functional.linear(x, m.W, m.bias))
+    assert torch.equal(y, ref)
+    # the plain product saves x (T*B*F values) and W; the layer W and T*B*F bits
+    assert ref_saved - saved == x.numel() * x.element_size() - x.numel() // 8
+    g = torch.randn_like(y)
+    got = torch.autograd.grad((y * g).sum(), [x, m.W, m.bias])
+    want = torch.autograd.grad((ref * g).sum(), [x, m.W, m.bias])
+    for a, r in zip(got, want):
+        assert_close(a, r, ops=T * B + F)
+
+
+def test_a_real_valued_input_is_saved_as_it_is():
+    torch.manual_seed(2)
+    m = flexdsl.feedforward("lif", 8, 4, backend="torch").double()
+    x = torch.rand(5, 3, 8, dtype=torch.float64)
+    x[0, 0, 0] = 0.5
+    (y, saved) = _saved_bytes(lambda: m.current(x))
+    assert saved >= x.numel() * 8  # (x itself)
+    g = torch.randn_like(y)
+    (gw,) = torch.autograd.grad((y * g).sum(), [m.W])
+    assert_close(gw, g.reshape(-1, 4).T @ x.reshape(-1, 8), ops=15)
+
+
+def test_every_library_model_trains_the_same_with_bits():
+    """A feed-forward layer of each library model: outputs and the weight's gradient with the input
+    saved as bits equal those of the plain product (the neuron's own saved values unchanged)."""
+    torch.manual_seed(3)
+    x = (torch.rand(10, 2, 12) < 0.5).double()
+    for stem in flexdsl.library():
+        m = flexdsl.feedforward(stem, 12, 5, backend="torch").double()
+        with torch.no_grad():
+            m.W.mul_(8.0)
+        y = m(x)
+        y = y[0] if isinstance(y, tuple) else y
+        (gw,) = torch.autograd.grad(y.sum(), [m.W], allow_unused=True)
+        m.reset()
+        cur = torch.nn.functional.linear(x, m.W, m.bias)  # the plain product, through the same neuron
+        r = m.neuron(cur)
+        r = r[0] if isinstance(r, tuple) else r
+        (rw,) = torch.autograd.grad(r.sum(), [m.W], allow_unused=True)
+        assert torch.equal(y, r), stem
+        if rw is None:
+            assert gw is None or not gw.any(), stem
+        else:
+            assert_close(gw, rw, ops=20 * 10 * 2, what=stem)
