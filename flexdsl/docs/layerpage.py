@@ -74,19 +74,13 @@ def _delay_words(s: CheckedSynapse) -> str:
     return f"{kind}, whole steps in [0, {s.delay}]: `{s.name}_delay`"
 
 
-def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str | None = None,
-               reference: str | None = None, module: Any = None, outdir: str | Path | None = None,
-               stem: str | None = None) -> tuple[str, str, str]:
-    """(Markdown, HTML, one-line summary) of the layer's page; with `module` (the layer's module,
-    e.g. trained) the histogram of each delayed synapse group's delays as they are in it (PNGs in
-    `outdir` named after `stem`, or embedded without `outdir`)."""
-    from .guides import GUIDES, to_html
-    from .htmlpage import environment, version
+class _Formulas:
+    """Equations as `$LaTeX$` for the Markdown and, by that text, their MathML for the HTML page."""
 
-    a = layer.ast
-    math: dict[str, str] = {}
+    def __init__(self) -> None:
+        self.math: dict[str, str] = {}
 
-    def formula(lhs: sp.Basic, op: str, rhs: sp.Basic, tex_op: str) -> str:
+    def __call__(self, lhs: sp.Basic, op: str, rhs: sp.Basic, tex_op: str) -> str:
         tex = f"{latex(lhs)} {tex_op} {latex(rhs)}"
         markup = f"<mrow>{mathml_inner(lhs)}<mo>{_html.escape(op)}</mo>{mathml_inner(rhs)}</mrow>"
         for f in (lhs.atoms(AppliedUndef) | rhs.atoms(AppliedUndef)):  # (`s_j(t)`: the index as a subscript)
@@ -103,28 +97,27 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
                         r"|<mi>[ij]</mi>)</msub>",
                         lambda m: (f"<msub><mi>{m.group(1)}</mi><mrow><mi>{m.group(2)}</mi><mo>,</mo>"
                                    f"{m.group(3).removeprefix('<mrow>').removesuffix('</mrow>')}</mrow></msub>"), markup)
-        math[tex] = f'<math display="block">{markup}</math>'
+        self.math[tex] = f'<math display="block">{markup}</math>'
         return f"${tex}$"
 
-    summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else
-               f"{layer.size} {layer.neuron.name} neurons, {len(layer.synapses)} synapse group"
-               f"{'s' if len(layer.synapses) != 1 else ''}")
-    kind = "recurrent layer" if layer.recurrent is not None else "feed-forward layer"
-    neuron = a.of(A.LayerNeuron)[0]
-    lines = [f"# {layer.name}", "", f"*{kind}* · `{label}`", ""]
-    if a.doc.strip():
-        lines += [a.doc.strip(), ""]
-    lines += ["## Interface", "",
-              f"- neuron: `{neuron.ref}` ({layer.neuron.name}), {layer.size} of them",
-              *(f"- input `{n}`: {k} values per step" for n, k, _ in layer.inputs),
-              *(f"- direct input `{n}` (no synapse: the layer takes it as it is)" for n in layer.direct), "",
-              "| synapses | from | to | connectivity | bias | delay |", "| --- | --- | --- | --- | --- | --- |"]
+
+def _interface(layer: CheckedLayer) -> list[str]:
+    neuron = layer.ast.of(A.LayerNeuron)[0]
+    lines = ["## Interface", "",
+             f"- neuron: `{neuron.ref}` ({layer.neuron.name}), {layer.size} of them",
+             *(f"- input `{n}`: {k} values per step" for n, k, _ in layer.inputs),
+             *(f"- direct input `{n}` (no synapse: the layer takes it as it is)" for n in layer.direct), "",
+             "| synapses | from | to | connectivity | bias | delay |", "| --- | --- | --- | --- | --- | --- |"]
     for s in layer.synapses:
         pre = f"`{s.pre}`" + (" (the neuron's output, one step late)" if s.recurrent else "")
         lines.append(f"| `{s.name}` | {pre} | `{layer.neuron.inputs[s.port_index].name}` | {s.connect} | "
                      f"{f'`{s.bias}`' if s.bias else '—'} | {_delay_words(s)} |")
-    lines += ["", "## Equations", "", "At every step t, each synapse group adds its current into the neuron's input "
-              "(values before the first step are 0):", ""]
+    return lines + [""]
+
+
+def _equations(layer: CheckedLayer, formula: _Formulas) -> list[str]:
+    lines = ["## Equations", "", "At every step t, each synapse group adds its current into the neuron's input "
+             "(values before the first step are 0):", ""]
     for s in layer.synapses:
         lhs, rhs = _current(layer, s)
         lines += [formula(lhs, "+=", rhs, r"\mathrel{+}="), ""]
@@ -140,6 +133,26 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
                       + ":", "",
                       formula(val(t - d), "≈", sp.Sum(g * val(t - k), (k, 0, s.delay)), r"\approx"), "",
                       formula(g, "=", gdef, "="), ""]
+    return lines
+
+
+def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str | None = None,
+               reference: str | None = None, module: Any = None, outdir: str | Path | None = None,
+               stem: str | None = None) -> tuple[str, str, str]:
+    """(Markdown, HTML, one-line summary) of the layer's page; with `module` (the layer's module,
+    e.g. trained) the histogram of each delayed synapse group's delays as they are in it (PNGs in
+    `outdir` named after `stem`, or embedded without `outdir`)."""
+    from .guides import GUIDES, to_html
+    from .htmlpage import environment, version
+
+    a = layer.ast
+    formula = _Formulas()
+    summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else
+               f"{layer.size} {layer.neuron.name} neurons, {len(layer.synapses)} synapse group"
+               f"{'s' if len(layer.synapses) != 1 else ''}")
+    kind = "recurrent layer" if layer.recurrent is not None else "feed-forward layer"
+    lines = [f"# {layer.name}", "", f"*{kind}* · `{label}`", "", *([a.doc.strip(), ""] if a.doc.strip() else []),
+             *_interface(layer), *_equations(layer, formula)]
     if module is not None:
         lines += _histograms(layer, module, outdir, stem or layer.name)
     lines += ["## The plan", "", "What runs before, in and after the time loop, and each weight's gradient "
@@ -148,20 +161,14 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
               f"m = flexdsl.load({label!r})" if label.endswith(".layer") else "m = flexdsl.loads(text)",
               "```", ""]
     md = "\n".join(lines)
-    guides = dict(GUIDES)
-    body = to_html(md, math=math, guides=guides)
+    body = to_html(md, math=formula.math, guides=dict(GUIDES))
     page = environment().get_template("guide.html.j2").render(
         title=f"{layer.name} ({kind})", body=body, version=version(), index_link=index_link,
         guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [], source=label,
         ships=False)
-    if index_link or reference:
-        nav = []
-        if index_link:
-            nav.append(f"[← all models]({Path(index_link).with_suffix('.md').name})")
-        if reference:
-            nav.append("[the language reference](language.md)")
-        md = " · ".join(nav) + "\n\n" + md
-    return md, page, summary
+    nav = ([f"[← all models]({Path(index_link).with_suffix('.md').name})"] if index_link else []) + \
+        (["[the language reference](language.md)"] if reference else [])
+    return (" · ".join(nav) + "\n\n" + md if nav else md), page, summary
 
 
 def _histograms(layer: CheckedLayer, module: Any, outdir: str | Path | None, stem: str) -> list[str]:

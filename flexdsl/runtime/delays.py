@@ -279,25 +279,42 @@ class DelayedSynapses:
         """`product` (the group's current of undelayed values) of the delayed values of `x`
         (`[T, *batch, n_pre]`), the steps kept for the next call updated."""
         layer, kept = self._layer, self.__dict__["_kept"]
-        d = None
+        d, width = self._delay_values(s)
+        if width:
+            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name))
+        else:
+            out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name))
+        return out
+
+    def _delay_values(self, s: CheckedSynapse) -> tuple[torch.Tensor | None, float]:
+        """(the synapse's delays, the relaxation's width) for a call: learnable ones clamped into
+        [0, max] (the Parameter, width > 0; or rounded to whole steps, width 0), fixed ones checked
+        when they changed (no host sync per call); None for a uniform delay."""
         if s.delay_learnable:
             d = getattr(self, s.name + "_delay")
             width = self._delay_width(s)
             with torch.no_grad():
                 d.data.clamp_(0, s.delay)  # (in place on .data: a graph of an earlier call keeps its values)
             keep_bounded(d, s.delay)
-            if width:
-                out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name))
-                return out
-            d = d.detach().round().long()  # (width 0: whole steps, the fixed delays' path)
-        elif s.delay_kind != "uniform":
-            d = getattr(self, s.name + "_delay")
-            seen = (d.data_ptr(), d._version, d.dtype, d.device)  # (checked when it changed: no sync per call)
-            if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
-                check(layer, s, d)
-                self.__dict__["_delays_seen"][s.name] = seen
-        out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name))
-        return out
+            return (d, width) if width else (d.detach().round().long(), 0.0)
+        if s.delay_kind == "uniform":
+            return None, 0.0
+        d = getattr(self, s.name + "_delay")
+        seen = (d.data_ptr(), d._version, d.dtype, d.device)
+        if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
+            check(self._layer, s, d)
+            self.__dict__["_delays_seen"][s.name] = seen
+        return d, 0.0
+
+    def _taps(self, s: CheckedSynapse, dtype: torch.dtype) -> torch.Tensor:
+        """The synapse's weights over the steps back, `[..., max + 1]`: one-hot for whole steps, the
+        relaxation's for learnable delays (autograd to them); what `recurrent_current` takes."""
+        d, width = self._delay_values(s)
+        if d is None:
+            return torch.nn.functional.one_hot(torch.tensor(s.delay), s.delay + 1).to(dtype)
+        if width:
+            return tap_weights(d, s.delay, width, s.delay_interp or "gauss")
+        return torch.nn.functional.one_hot(d.long(), s.delay + 1).to(dtype)
 
     def _delay_width(self, s: CheckedSynapse) -> float:
         """The width of a learnable delay's relaxation (read, and checked, when it changed)."""

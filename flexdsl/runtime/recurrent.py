@@ -33,11 +33,10 @@ from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
-from . import delays as dl
 from . import programs
-from .delays import DelayedSynapses
 from .layertext import LayerAttrs, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
+from .recurrent_delays import DelayedRecurrence
 
 CONNECTIVITY = ("all", "one_to_one")
 _CONNECTIVITY_ALIASES = {"all_to_all": "all", "dense": "all", "one-to-one": "one_to_one", "1to1": "one_to_one",
@@ -96,7 +95,7 @@ class _NeuronView:
         return all(v is None for v in self.m._states.values())
 
 
-class RecurrentModule(LayerAttrs, DelayedSynapses, _Base):  # type: ignore[valid-type,misc]
+class RecurrentModule(LayerAttrs, DelayedRecurrence, _Base):  # type: ignore[valid-type,misc]
     """A recurrent layer of `hidden` neurons of one model (see `flexdsl.recurrent`).
 
     `m(x)`: `x` is `[T, *batch, in_features]` (step_mode "m") or `[*batch, in_features]` ("s");
@@ -336,79 +335,6 @@ class RecurrentModule(LayerAttrs, DelayedSynapses, _Base):  # type: ignore[valid
         if single:
             res = [r[0] for r in res]
         return res[0] if len(res) == 1 else tuple(res)
-
-    def _delayed_loop(self, x3: torch.Tensor, w_in: torch.Tensor | None, bias: torch.Tensor | None, w: torch.Tensor,
-                      s0: torch.Tensor, inputs: list[Any], step_shape: torch.Size, seed: Any, generator: Any
-                      ) -> list[torch.Tensor]:
-        """The layer's steps where its recurrent synapses have delays: a loop over time, each step the
-        neuron's own call (its kernels, autograd through them) on `ix[t] + rec(t)`, `rec(t)` the
-        recurrent current of the source's values `1 + d` steps back (`delays.recurrent_current`),
-        from a history of the last `max + 1` source values that the layer keeps across calls."""
-        s = self.__dict__["_rec_delay"]
-        T, flat, H = x3.shape[0], x3.shape[1], self.hidden
-        ix = x3 if w_in is None else nn.functional.linear(x3, w_in)
-        if bias is not None:
-            ix = ix + bias
-        hist = self._kept.get(s.name)
-        if hist is not None and (hist.shape[1:] != (flat, H) or hist.device != x3.device):
-            raise self._view.error(f"the {s.delay + 1} steps of `{s.name}`'s source kept from the last call have shape "
-                                   f"{tuple(hist.shape[1:])} on {hist.device}, but this call's are {(flat, H)} on "
-                                   f"{x3.device}", self._source_pos(), "call m.reset() before a batch of another size")
-        if hist is None:  # (the source before the first step: zeros, or the feedback given)
-            hist = torch.cat([s0.new_zeros((s.delay, flat, H)), s0.unsqueeze(0)])
-        taps = self._taps(s)
-        outs: list[list[torch.Tensor]] = []
-        nm = self.neuron
-        many = nm.step_mode == "m"
-        src = [n for n, _ in self._view.compiled.checked.outputs].index(self.source)
-        if seed is not None and generator is None:  # (one stream of draws over the steps)
-            generator = torch.Generator(device=x3.device).manual_seed(int(seed))
-        for t in range(T):
-            cur = ix[t] + dl.recurrent_current(s, hist.to(ix.dtype), w, taps)
-            args = [cur if i is None else i[t] for i in inputs]
-            y = nm(*(a.unsqueeze(0) if many else a for a in args), generator=generator)
-            y = list(y) if isinstance(y, tuple) else [y]
-            y = [o[0] if many else o for o in y]
-            outs.append(y)
-            hist = torch.cat([hist[1:], y[src].unsqueeze(0)])
-        if T:
-            self._kept[s.name] = hist
-            self._states["feedback"] = hist[-1].reshape(step_shape).clone()
-        return [torch.stack([o[k] for o in outs]).reshape(T, *step_shape) if T else
-                x3.new_zeros((0, *step_shape)) for k in range(len(self._view.compiled.checked.outputs))]
-
-    def _taps(self, s: Any) -> torch.Tensor:
-        """The recurrent synapse's weights over the steps back, `[..., max + 1]` (one-hot for whole
-        steps; the relaxation's for learnable delays, autograd to them)."""
-        if s.delay_kind == "uniform":
-            return nn.functional.one_hot(torch.tensor(s.delay), s.delay + 1).to(self.W_rec.dtype)
-        d = getattr(self, s.name + "_delay")
-        if s.delay_learnable:
-            width = self._delay_width(s)
-            with torch.no_grad():
-                d.data.clamp_(0, s.delay)
-            dl.keep_bounded(d, s.delay)
-            if width:
-                return dl.tap_weights(d, s.delay, width, s.delay_interp or "gauss")
-            d = d.detach().round().long()
-        else:
-            seen = (d.data_ptr(), d._version, d.dtype, d.device)
-            if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
-                dl.check(self._layer, s, d)
-                self.__dict__["_delays_seen"][s.name] = seen
-        return nn.functional.one_hot(d.long(), s.delay + 1).to(self.W_rec.dtype)
-
-    def _delayed_input(self, xs: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor | None
-                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(x, W_in, bias) for the scan where the input synapses have delays: axonal (and uniform)
-        ones delay the input itself, which the scan multiplies by W_in; synaptic and dendritic ones
-        give the port's current (W_in and the bias applied: None, None)."""
-        s = self.__dict__["_in_delay"]
-        if s.delay_kind in ("uniform", "axonal"):
-            return self._delayed(s, xs, lambda xx, ww, bb: xx, w_in, None), w_in, bias
-        w = w_in if xs.dtype == w_in.dtype else w_in.to(xs.dtype)
-        b = bias if bias is None or bias.dtype == xs.dtype else bias.to(xs.dtype)
-        return self._delayed(s, xs, nn.functional.linear, w, b), None, None
 
     def _check_input(self, x: Any, single: bool) -> torch.Tensor:
         """The layer's input as [T, *batch, features], or a located error."""
