@@ -119,7 +119,6 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
           ) -> BuildResult:
     """Write the pages of every model, the index and the language reference into `outdir`
     (`options`: the load-time options every model is compiled with; its page states them)."""
-    from ..runtime.compiler import compile_model
 
     t_all = time.perf_counter()
     tg = [t if isinstance(t, Target) else None for t in targets]
@@ -132,33 +131,12 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
     failures: list[htmlpage.Failure] = []
     for k, t in enumerate(items):
         t0 = time.perf_counter()
-        if _is_layer(t.model):
-            try:
-                entries.append(_layer(t, out, taken, result, reference))
-            except FlexDSLError as e:
-                result.failed.append((t.label, e))
-                failures.append(htmlpage.Failure(t.label, str(e)))
-            if progress:
-                progress(k + 1, len(items), t.label, time.perf_counter() - t0)
-            continue
         try:
-            c = compile_model(t.model, options=options)
-            d = describe(c)
-            name = page_name(d.stem, taken)
-            figs = make_figures(c, name, out) if plots else None
-            html_path = _write(out / f"{name}.html", htmlpage.page(d, figs, "index.html", reference))
-            md_path = _write(out / f"{name}.md", mdpage.page(d, figs, "index.md", "language.md" if reference else None))
+            entries.append(_layer(t, out, taken, result, reference) if _is_layer(t.model) else
+                           _model(t, out, taken, result, reference, plots, options))
         except FlexDSLError as e:
             result.failed.append((t.label, e))
             failures.append(htmlpage.Failure(t.label, str(e)))
-            if progress:
-                progress(k + 1, len(items), t.label, time.perf_counter() - t0)
-            continue
-        result.pages.append(html_path)
-        result.files += [html_path, md_path] + [out / f for f in (figs.files() if figs else [])]
-        entries.append(htmlpage.IndexEntry(
-            d.name, htmlpage.file_label(d), d.summary, html_path.name, md_path.name,
-            figs.thumbnail if figs else None, "spiking" if d.spiking else "non-spiking", method_text(d) or None))
         if progress:
             progress(k + 1, len(items), t.label, time.perf_counter() - t0)
     result.files.append(_write(out / "index.html", htmlpage.index(entries, failures, title, reference)))
@@ -166,6 +144,24 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
                                                              "language.md" if reference else None)))
     result.seconds = time.perf_counter() - t_all
     return result
+
+
+def _model(t: Target, out: Path, taken: set[str], result: BuildResult, reference: str | None, plots: bool,
+           options: LoadOptions) -> htmlpage.IndexEntry:
+    """A neuron model's pages (HTML, Markdown, plots) and its index entry."""
+    from ..runtime.compiler import compile_model
+
+    c = compile_model(t.model, options=options)
+    d = describe(c)
+    name = page_name(d.stem, taken)
+    figs = make_figures(c, name, out) if plots else None
+    html_path = _write(out / f"{name}.html", htmlpage.page(d, figs, "index.html", reference))
+    md_path = _write(out / f"{name}.md", mdpage.page(d, figs, "index.md", "language.md" if reference else None))
+    result.pages.append(html_path)
+    result.files += [html_path, md_path] + [out / f for f in (figs.files() if figs else [])]
+    return htmlpage.IndexEntry(d.name, htmlpage.file_label(d), d.summary, html_path.name, md_path.name,
+                               figs.thumbnail if figs else None, "spiking" if d.spiking else "non-spiking",
+                               method_text(d) or None)
 
 
 def _is_layer(model: str) -> bool:
