@@ -88,3 +88,31 @@ def test_every_library_model_trains_the_same_with_bits():
             assert gw is None or not gw.any(), stem
         else:
             assert_close(gw, rw, ops=20 * 10 * 2, what=stem)
+
+
+def test_a_neurons_spikes_skip_the_check_until_written(monkeypatch):
+    """A flexdsl neuron's spike output is 0/1 by construction: the next layer's product packs it
+    without the check (one pass and, on a GPU, a host sync); once written in place it is checked."""
+    torch.manual_seed(4)
+    a = flexdsl.feedforward("lif", 16, 32, backend="torch")
+    b = flexdsl.feedforward("lif", 32, 8, backend="torch")
+    with torch.no_grad():
+        a.W.mul_(6.0)
+    s = a((torch.rand(6, 2, 16) < 0.5).float())
+    checks = []
+    real_all = torch.Tensor.all
+
+    def counting_all(self, *args, **kw):
+        checks.append(1)
+        return real_all(self, *args, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "all", counting_all)
+    y1, saved1 = _saved_bytes(lambda: b.current(s))
+    assert not checks  # (a neuron's spikes: no check)
+    s.mul_(1.0)  # (a write: the version changes)
+    y2, saved2 = _saved_bytes(lambda: b.current(s))
+    assert len(checks) == 1  # (checked after the write)
+    assert torch.equal(y1, y2) and saved1 == saved2  # (both packed: still 0/1)
+    s.mul_(0.5)
+    _, saved3 = _saved_bytes(lambda: b.current(s))
+    assert saved3 - saved1 == s.numel() * 4 - s.numel() // 8  # (no longer 0/1: saved as it is)

@@ -2,14 +2,17 @@
 0/1 keeps `x` for the weight's gradient packed, 1 bit a value (`uint8`, 8 values a byte: 32x less
 than float32), and unpacks it, exactly, where the gradient is computed. The input's gradient needs
 only `W`. A tensor with any value other than 0 and 1 is saved as it is (the check is one pass over
-it, where the product needs a weight gradient); so is one under CUDA-graph capture or
-torch.compile (whose graphs save what they need themselves).
+it, where the product needs a weight gradient; none for a flexdsl neuron's spike output not written
+since, which `mark_binary` records); so is one under CUDA-graph capture or torch.compile (whose
+graphs save what they need themselves).
 
     y = spike_linear(x, w, b)        # = torch.nn.functional.linear(x, w, b), with x saved as bits
     packed = pack(x); x == unpack(packed, x.shape, x.dtype)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -24,8 +27,24 @@ def _shifts(device: torch.device) -> torch.Tensor:
     return s
 
 
+_KNOWN: Any = None  # spike outputs of flexdsl neurons -> their version when made (0/1 by construction)
+
+
+def mark_binary(t: torch.Tensor) -> None:
+    """`t` holds only 0 and 1 (a neuron's spike output): a product of it, unchanged since, skips the check."""
+    global _KNOWN
+    if _KNOWN is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _KNOWN = WeakIdKeyDictionary()
+    if not torch.compiler.is_compiling():
+        _KNOWN[t] = t._version
+
+
 def is_binary(x: torch.Tensor) -> bool:
-    """Whether every value of `x` is 0 or 1 (one pass; a host sync on a GPU)."""
+    """Whether every value of `x` is 0 or 1: a spike output of a flexdsl neuron not written since
+    (`mark_binary`), else one pass over it (a host sync on a GPU)."""
+    if _KNOWN is not None and _KNOWN.get(x) == x._version:
+        return True
     return bool(((x == 0) | (x == 1)).all())
 
 
@@ -81,4 +100,4 @@ def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
     return _SpikeLinear.apply(x, w, b)
 
 
-__all__ = ["is_binary", "pack", "spike_linear", "unpack"]
+__all__ = ["is_binary", "mark_binary", "pack", "spike_linear", "unpack"]

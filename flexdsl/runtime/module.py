@@ -26,6 +26,7 @@ from ..frontend import ast as A
 from ..frontend.evaluate import evaluate
 from . import bounds as bound_values
 from . import display, programs
+from .bits import mark_binary
 from .callcheck import CallChecks
 from .callcheck import register as register_check
 from .calls import CallArgs, vmapped
@@ -185,6 +186,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         ck = self._compiled.checked
         d["_param_decls"] = {p.name: p for p in ck.params}
         d["_state_names"] = [s.name for s in ck.states]
+        outs = [n for n, _ in ck.outputs]  # (the spike output is 0/1: a product of it saves bits, bits.py)
+        d["_spike_out"] = outs.index("spike") if ck.spike is not None and "spike" in outs else None
         d["_stochastic"] = ck.stochastic  # (the model draws random numbers: runtime/noise.py)
         if ck.stochastic:
             seed_ops()  # (defined here, outside any trace: a traced call draws its seed through them)
@@ -463,6 +466,9 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
             self._states[name] = s
         if res.seqs is not None:
             self.state_seqs = dict(zip(self._state_names, res.seqs))
+        k = self._spike_out
+        if k is not None:
+            mark_binary(out if not isinstance(out, tuple) else out[k])
         return out
 
     def step(self, *inputs: Any, state: Mapping[str, Any] | None = None, seed: Any = None, generator: Any = None):
