@@ -3,8 +3,9 @@ step = forward, cross-entropy on the last layer's spike counts, backward): Spiki
 `nn.Linear` + `LIFNode` (step_mode "m", its torch backend) against flexdsl's feed-forward layers
 (`flexdsl.feedforward("lif", 4096, 4096)`: the product's 0/1 input saved as bits, `runtime/bits.py`)
 and the same flexdsl layers with the bits off (`flexdsl.runtime.bits.ENABLED = False`), same run.
-Peak = torch.cuda.max_memory_allocated during a step above what is allocated before it (weights and
-input, no gradients: the weights' gradients, 0.5 GiB, are part of the peak); median of 10 steps after 3.
+Peak = torch.cuda.max_memory_allocated during a step above what is allocated before it (the resident
+model: weights, input, the last step's gradients, which the step drops first), as ../shared/bench/memopt_gpu.py
+defines it; median of 10 steps after 3.
 
     python3 bench/mlp_memory_gpu.py
 """
@@ -39,8 +40,6 @@ def measure(net, x, y, reset):
         nn.functional.cross_entropy(out[:, :10], y).backward()
     for _ in range(3):
         step()
-    for p in net.parameters():  # (the resident model: weights and input, no gradients yet)
-        p.grad = None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
