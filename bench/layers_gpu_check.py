@@ -47,6 +47,18 @@ def check() -> None:
         rel = [((p.double().cpu() - q).norm() / q.norm().clamp_min(1e-30)).item() for p, q in zip(b[1:], a[1:])]
         print(f"  {kind:10s} spike mismatch {spikes:.2e}  d/dx rel {rel[0]:.1e}  d/dW rel {rel[1]:.1e}  "
               f"{'ok' if spikes < 1e-3 and max(rel) < 1e-3 else 'BAD'}")
+    for line in ("synaptic learnable linear", "synaptic learnable gauss"):  # (the sparse kernel; the convolution)
+        ref = flexdsl.loads(_text("synaptic").replace(f"max {D}", f"max {D} learnable " + line.split()[-1]),
+                            backend="torch").double()
+        gpu = copy.deepcopy(ref).float().cuda()
+        gpu.neuron.backend = "auto"
+        torch.backends.cudnn.allow_tf32 = False
+        a, b = _run(ref, x), _run(gpu, x.float().cuda())
+        torch.backends.cudnn.allow_tf32 = True
+        spikes = (a[0] != b[0].double().cpu()).float().mean().item()
+        rel = [((p.double().cpu() - q).norm() / q.norm().clamp_min(1e-30)).item() for p, q in zip(b[1:], a[1:])]
+        print(f"  {line:26s} spike mismatch {spikes:.2e}  d/dx rel {rel[0]:.1e}  d/dW rel {rel[1]:.1e}  "
+              f"{'ok' if spikes < 1e-3 and max(rel) < 1e-3 else 'BAD'}")
     r = flexdsl.loads("layer R:\n    neuron lif\n    size 48\n    input u size 64\n    synapses A from u to x:\n"
                       "        bias c\n    synapses B from spike to x\n", backend="torch").double()
     g = copy.deepcopy(r).float().cuda()
@@ -59,8 +71,10 @@ def timing() -> None:
     torch.manual_seed(1)
     x = (torch.rand(100, 256, 700, device="cuda") < 0.05).float()
     rows = []
-    for kind in ("none", "uniform", "axonal", "synaptic", "dendritic"):
-        txt = _text(kind).replace(f"size {H}", "size 256").replace(f"size {F}", "size 700").replace(f"max {D}", "max 25")
+    for kind in ("none", "uniform", "axonal", "synaptic", "dendritic", "synaptic learnable linear",
+                 "synaptic learnable gauss", "axonal learnable linear"):
+        txt = _text(kind.split()[0]).replace(f"size {H}", "size 256").replace(f"size {F}", "size 700")
+        txt = txt.replace(f"max {D}", "max 25" + (kind[kind.index(" "):] if " " in kind else ""))
         shape = {"axonal": (700,), "synaptic": (256, 700), "dendritic": (256,)}.get(kind)
         kw = {"delays": {"W": torch.randint(0, 26, shape)}} if shape else {}
         m = flexdsl.loads(txt, **kw).cuda()

@@ -128,7 +128,8 @@ def test_the_kept_input_history_makes_chunks_one_call_and_reset_clears_it():
 @needs_triton
 @pytest.mark.parametrize("layer", ["recurrent", "feedforward", "delayed_recurrent_synapse"])
 @pytest.mark.parametrize("line", [f"delay axonal max {D}", f"delay synaptic max {D} learnable",
-                                  f"delay dendritic max {D} learnable linear"])
+                                  f"delay dendritic max {D} learnable linear", f"delay synaptic max {D}",
+                                  f"delay synaptic max {D} learnable linear"])
 def test_delays_on_the_triton_kernels_equal_the_torch_backend(line, layer):
     """float32 (the Triton kernels' dtypes): the delays run before the kernels, the same on both;
     spikes equal, gradients within the float32 bound of the layer's operations."""
@@ -242,3 +243,24 @@ def test_delayed_recurrent_synapses_equal_a_hand_loop(kind, interp, scan):
     m.reset()
     m.step_mode = "s"
     assert torch.equal(torch.stack([m(x[t]) for t in range(T)]), spikes)
+
+
+@needs_triton
+@pytest.mark.parametrize("line", [f"delay synaptic max {D}", f"delay synaptic max {D} learnable linear"])
+def test_sparse_synaptic_delays_run_in_the_kernels_without_a_dense_kernel(line, monkeypatch):
+    """Whole-step and linear (two-step) synaptic delays on the Triton backend gather each connection's
+    steps from the history: no convolution, no [n_post, n_pre, max + 1] kernel, no product per delay."""
+    torch.manual_seed(25)
+    text = _text(line).replace("    synapses W_rec from spike to x\n", "")
+    kw = {} if "learnable" in line else {"delays": {"W_in": torch.randint(0, D + 1, (H, F))}}
+    tri = flexdsl.loads(text, backend="triton", **kw)
+
+    def refuse(*a, **k):
+        raise AssertionError("a dense path ran")
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", refuse)
+    monkeypatch.setattr(torch.nn.functional, "linear", refuse)
+    x = (torch.rand(T, B, F) < 0.5).float().requires_grad_()
+    cur = tri.current(x)
+    cur.sum().backward()
+    assert x.grad is not None and tri.W_in.grad is not None

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import FlexDSLError
 from .base import UNDECLARED, Backend, Capabilities, Need
 
 
@@ -138,5 +139,21 @@ def choose(name: str, inputs: Sequence[Any], need: Need | None = None) -> Backen
     return get(REFERENCE)
 
 
-__all__ = ["register", "unregister", "names", "auto_names", "get", "choose", "capabilities", "able", "refusal",
+def delay_kernel(name: str, x: Any) -> Callable | None:
+    """The sparse-delay product (`delay_product(hist, d, a, c, D)`) of the backend a layer named
+    `name` runs inputs like `x` on (auto: the Triton kernels for CUDA tensors), or None where that
+    backend has none (the torch path then)."""
+    try:
+        b = choose(name, [x], Need.of(x))
+    except FlexDSLError:
+        return None
+    caps = capabilities(b)
+    if not caps.delays or caps.lacks(Need.of(x)) is not None or not b.available():
+        return None
+    if name == "auto" and not x.is_cuda:
+        return None
+    return b.delay_product  # type: ignore[attr-defined]
+
+
+__all__ = ["register", "unregister", "names", "delay_kernel", "auto_names", "get", "choose", "capabilities", "able", "refusal",
            "Backend", "Capabilities", "Need", "REFERENCE"]

@@ -95,10 +95,11 @@ def read(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tensor:
 
 
 def delayed_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
-                    b: torch.Tensor | None, d: torch.Tensor | None, kept: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    b: torch.Tensor | None, d: torch.Tensor | None, kept: torch.Tensor | None,
+                    kernel: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the synapse group's current `[T, *batch, n_post]`, the steps to keep for the next call);
-    `product(x, w, b)` is the group's current of undelayed values."""
+    `product(x, w, b)` is the group's current of undelayed values; `kernel`: a backend's sparse-delay
+    product (`backends.delay_kernel`) for synaptic delays, None: torch's."""
     T, D = x.shape[0], s.delay
     if s.delay_kind == "dendritic":
         cur = product(x, w, b)
@@ -109,6 +110,9 @@ def delayed_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         out = product(hist[:T], w, b)
     elif s.delay_kind == "axonal" or s.connect == "one_to_one":  # (one to one: a connection per neuron)
         out = product(read(hist, D, T, d), w, b)
+    elif kernel is not None:  # synaptic, in a backend's kernels: a gather per connection, no [I, J, D] kernel
+        out = kernel(hist, d.to(w.device), w, None, D)
+        out = out + b if b is not None else out
     else:  # synaptic: one product per distinct delay
         dd = d.to(w.device)
         out = None
@@ -185,9 +189,10 @@ def _two_taps(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tens
 
 
 def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
-                    b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation."""
+                    b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None,
+                    kernel: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation
+    (synaptic linear ones in `kernel` where given: two steps per connection)."""
     T, D = x.shape[0], s.delay
     interp = s.delay_interp or "gauss"
     dendritic = s.delay_kind == "dendritic"
@@ -199,6 +204,11 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         else:
             xd = _spread(hist, tap_weights(d, D, width, interp), T)
         out = xd if dendritic else product(xd, w, b)
+    elif kernel is not None and interp == "linear":  # two steps per connection, in the backend's kernels
+        d0 = d.detach().floor().clamp(0, D - 1)
+        f = (d - d0).to(w.dtype)
+        out = kernel(hist, d0.long(), w * (1 - f), w * f, D)
+        out = out + b if b is not None else out
     else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
         kernel = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
         h = hist.reshape(hist.shape[0], -1, hist.shape[-1]).permute(1, 2, 0)  # [N, n_pre, D + T]
@@ -280,11 +290,24 @@ class DelayedSynapses:
         (`[T, *batch, n_pre]`), the steps kept for the next call updated."""
         layer, kept = self._layer, self.__dict__["_kept"]
         d, width = self._delay_values(s)
+        kernel = self._delay_kernel(x) if s.delay_kind == "synaptic" and s.connect != "one_to_one" else None
         if width:
-            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name))
+            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel)
         else:
-            out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name))
+            out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
         return out
+
+    def _delay_kernel(self, x: torch.Tensor) -> Callable | None:
+        """The sparse-delay product of the backend this layer runs `x` on (decided once per device
+        and dtype: `backends.delay_kernel`), None for torch's."""
+        from .. import backends
+
+        name = getattr(self, "backend", None) or self.neuron.backend
+        key = (name, x.device, x.dtype)
+        known = self.__dict__.setdefault("_delay_kernels", {})
+        if key not in known:
+            known[key] = backends.delay_kernel(name, x)
+        return known[key]
 
     def _delay_values(self, s: CheckedSynapse) -> tuple[torch.Tensor | None, float]:
         """(the synapse's delays, the relaxation's width) for a call: learnable ones clamped into

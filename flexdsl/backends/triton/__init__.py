@@ -48,7 +48,14 @@ class TritonBackend:
 
         return Capabilities(devices=("cuda", "cpu") if interpret() else ("cuda",),
                             dtypes=tuple(str(d).removeprefix("torch.") for d in DTYPES), computes_in="float32",
-                            scans=True)
+                            scans=True, delays=True)
+
+    def delay_product(self, hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None,
+                      D: int) -> torch.Tensor:
+        """A synapse group's current over sparse whole-step delays (`delays.py`)."""
+        from .delays import delay_product
+
+        return delay_product(hist, d, a, c, D)
 
     def load_scan(self, spec: ScanSpec, key: str) -> Any:
         """The layer scan: a persistent kernel per direction (`templates/recurrent.py.j2`)."""

@@ -1,0 +1,141 @@
+"""Sparse synaptic delays in Triton kernels: a synapse group whose every connection (i, j) reads its
+presynaptic value at one or two whole steps back, `out[t, n, i] = sum_j a[i, j] h[D + t - d[i, j], n, j]
++ c[i, j] h[D + t - d[i, j] - 1, n, j]` (fixed delays: `a = W`, `c = 0`; the linear relaxation of
+learnable ones: `d = floor`, `a = W (1 - f)`, `c = W f`), `h` the history of the input `[D + T, N, J]`.
+No `[n_post, n_pre, D + 1]` kernel is formed: each program gathers its rows from the history
+(one read per connection and step, float32 accumulation). Three kernels: the current, the
+history's gradient (the same gather from the output's gradient, the other way round), and the
+gradients of `a` and `c` (a sum over steps and batch per connection); `SparseDelays` is their
+autograd Function, what `TritonBackend.delay_product` runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _current(h_ptr, d_ptr, a_ptr, c_ptr, out_ptr, T, N, J, I, D, L,
+             TWO: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)  # rows t * N + n
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    rm, im = r < T * N, i < I
+    t, n = r // N, r % N
+    m = rm[:, None] & im[None, :]
+    acc = tl.zeros([BR, BI], dtype=tl.float32)
+    for j in range(J):
+        d0 = tl.load(d_ptr + i * J + j, mask=im, other=0)
+        a = tl.load(a_ptr + i * J + j, mask=im, other=0.0).to(tl.float32)
+        row = D + t[:, None] - d0[None, :]
+        base = h_ptr + j * L * N + n[:, None]
+        acc += tl.load(base + row * N, mask=m, other=0.0).to(tl.float32) * a[None, :]
+        if TWO:
+            c = tl.load(c_ptr + i * J + j, mask=im, other=0.0).to(tl.float32)
+            acc += tl.load(base + (row - 1) * N, mask=m & (row >= 1), other=0.0).to(tl.float32) * c[None, :]
+    tl.store(out_ptr + r[:, None] * I + i[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _history_grad(g_ptr, d_ptr, a_ptr, c_ptr, gh_ptr, T, N, J, I, D, L,
+                  TWO: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)  # rows s * N + n of the history
+    j = tl.program_id(1) * BJ + tl.arange(0, BJ)
+    rm, jm = r < L * N, j < J
+    s, n = r // N, r % N
+    m = rm[:, None] & jm[None, :]
+    acc = tl.zeros([BR, BJ], dtype=tl.float32)
+    for i in range(I):
+        d0 = tl.load(d_ptr + i * J + j, mask=jm, other=0)
+        a = tl.load(a_ptr + i * J + j, mask=jm, other=0.0).to(tl.float32)
+        tt = s[:, None] - D + d0[None, :]  # the output step that read history row s
+        base = g_ptr + i * T * N + n[:, None]
+        acc += tl.load(base + tt * N, mask=m & (tt >= 0) & (tt < T), other=0.0).to(tl.float32) * a[None, :]
+        if TWO:
+            c = tl.load(c_ptr + i * J + j, mask=jm, other=0.0).to(tl.float32)
+            t1 = tt + 1
+            acc += tl.load(base + t1 * N, mask=m & (t1 >= 0) & (t1 < T), other=0.0).to(tl.float32) * c[None, :]
+    tl.store(gh_ptr + r[:, None] * J + j[None, :], acc.to(gh_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _weight_grad(g_ptr, h_ptr, d_ptr, ga_ptr, gc_ptr, T, N, J, D, L,
+                 TWO: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr):
+    i = tl.program_id(0)
+    j = tl.program_id(1) * BJ + tl.arange(0, BJ)
+    jm = j < J
+    d0 = tl.load(d_ptr + i * J + j, mask=jm, other=0)
+    acc_a = tl.zeros([BJ], dtype=tl.float32)
+    acc_c = tl.zeros([BJ], dtype=tl.float32)
+    for r0 in range(0, T * N, BR):
+        r = r0 + tl.arange(0, BR)
+        rm = r < T * N
+        t, n = r // N, r % N
+        g = tl.load(g_ptr + i * T * N + r, mask=rm, other=0.0).to(tl.float32)
+        row = D + t[:, None] - d0[None, :]
+        base = h_ptr + j[None, :] * L * N + n[:, None]
+        m = rm[:, None] & jm[None, :]
+        acc_a += tl.sum(tl.load(base + row * N, mask=m, other=0.0).to(tl.float32) * g[:, None], axis=0)
+        if TWO:
+            h1 = tl.load(base + (row - 1) * N, mask=m & (row >= 1), other=0.0).to(tl.float32)
+            acc_c += tl.sum(h1 * g[:, None], axis=0)
+    tl.store(ga_ptr + i * J + j, acc_a, mask=jm)
+    if TWO:
+        tl.store(gc_ptr + i * J + j, acc_c, mask=jm)
+
+
+BR, BI, BJ = 64, 32, 32
+
+
+class SparseDelays(torch.autograd.Function):
+    """`out [T, N, I]` from the history `hist [D + T, N, J]`, whole-step delays `d [I, J]` (long)
+    and the weights of the step `d` back, `a [I, J]`, and of the step before it, `c` (None: one step)."""
+
+    @staticmethod
+    def forward(ctx, hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None, D: int
+                ) -> torch.Tensor:
+        L, N, J = hist.shape
+        T, I = L - D, a.shape[0]
+        hT = hist.permute(2, 0, 1).contiguous()  # [J, L, N]: a step's batch is contiguous
+        d32 = d.to(torch.int32).contiguous()
+        a_, c_ = a.contiguous(), (c if c is not None else a).contiguous()
+        out = torch.empty((T, N, I), device=hist.device, dtype=hist.dtype)
+        if T * N and I:
+            _current[(triton.cdiv(T * N, BR), triton.cdiv(I, BI))](hT, d32, a_, c_, out, T, N, J, I, D, L,
+                                                                  TWO=c is not None, BR=BR, BI=BI)
+        ctx.save_for_backward(hT, d32, a_, c_)
+        ctx.dims, ctx.two = (T, N, J, I, D, L), c is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        hT, d32, a, c = ctx.saved_tensors
+        T, N, J, I, D, L = ctx.dims
+        gT = g.permute(2, 0, 1).contiguous()  # [I, T, N]
+        gh = ga = gc = None
+        if ctx.needs_input_grad[0]:
+            gh = torch.zeros((L, N, J), device=g.device, dtype=hT.dtype)
+            if L * N and J:
+                _history_grad[(triton.cdiv(L * N, BR), triton.cdiv(J, BJ))](gT, d32, a, c, gh, T, N, J, I, D, L,
+                                                                           TWO=ctx.two, BR=BR, BJ=BJ)
+        if ctx.needs_input_grad[2] or (ctx.two and ctx.needs_input_grad[3]):
+            ga = torch.zeros((I, J), device=g.device, dtype=torch.float32)
+            gc = torch.zeros((I, J), device=g.device, dtype=torch.float32) if ctx.two else ga
+            if I and J:
+                _weight_grad[(I, triton.cdiv(J, BJ))](gT, hT, d32, ga, gc, T, N, J, D, L,
+                                                     TWO=ctx.two, BR=BR, BJ=BJ)
+            ga, gc = ga.to(a.dtype), (gc.to(c.dtype) if ctx.two else None)
+        return gh, None, ga, gc, None
+
+
+def delay_product(hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None, D: int
+                  ) -> torch.Tensor:
+    """The delayed current `[T, *batch, I]` of `hist [D + T, *batch, J]` (see the module doc)."""
+    L, J = hist.shape[0], hist.shape[-1]
+    h = hist.reshape(L, -1, J)
+    out = SparseDelays.apply(h, d, a, c, D)
+    return out.reshape(L - D, *hist.shape[1:-1], a.shape[0])
+
+
+__all__ = ["SparseDelays", "delay_product"]
