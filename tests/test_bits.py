@@ -116,3 +116,65 @@ def test_a_neurons_spikes_skip_the_check_until_written(monkeypatch):
     s.mul_(0.5)
     _, saved3 = _saved_bytes(lambda: b.current(s))
     assert saved3 - saved1 == s.numel() * 4 - s.numel() // 8  # (no longer 0/1: saved as it is)
+
+
+def _sj_net():
+    from spikingjelly.activation_based import layer, neuron
+
+    return torch.nn.Sequential(
+        layer.Conv2d(2, 8, 3, padding=1, step_mode="m"), layer.BatchNorm2d(8, step_mode="m"),
+        neuron.LIFNode(step_mode="m"),
+        layer.Conv2d(8, 8, 3, padding=1, bias=False, padding_mode="circular", step_mode="m"),
+        layer.BatchNorm2d(8, step_mode="m"), neuron.IFNode(step_mode="m"),
+        layer.Flatten(step_mode="m"), layer.Linear(8 * 6 * 6, 10, step_mode="m"), neuron.LIFNode(step_mode="m"))
+
+
+def _train_step(net, x):
+    from spikingjelly.activation_based import functional
+
+    functional.reset_net(net)
+    y, saved = _saved_bytes(lambda: net(x))
+    (y * torch.arange(10.0, dtype=y.dtype)).sum().backward()
+    return y, [p.grad.clone() for p in net.parameters()], saved
+
+
+def test_save_spikes_as_bits_rewrites_a_spikingjelly_network_with_the_same_results():
+    """One line on an existing SpikingJelly network: outputs and every gradient bitwise those of the
+    network before; the products after a spiking layer save their input as bits."""
+    import copy
+
+    torch.manual_seed(5)
+    a = _sj_net().double()
+    b = copy.deepcopy(a)
+    report = flexdsl.save_spikes_as_bits(b)
+    assert report.startswith("flexdsl.save_spikes_as_bits: 3 product(s)") and "3 SpikingJelly node(s)" in report
+    assert [type(m).__name__ for m in b if "Conv" in type(m).__name__ or "Linear" in type(m).__name__] == \
+        ["BitsConv2d", "BitsConv2d", "BitsLinear"]
+    x = torch.rand(4, 3, 2, 6, 6, dtype=torch.float64) * 3  # (real-valued: the first product saves it as it is)
+    ya, ga, sa = _train_step(a, x)
+    yb, gb, sb = _train_step(b, x)
+    assert torch.equal(ya, yb) and all(torch.equal(u, v) for u, v in zip(ga, gb))
+    # the two later products' inputs: the circularly padded spikes (T * B * 8 channels * 8 * 8) and the
+    # flattened ones (T * B * 288), float64 before, one bit each now
+    conv, lin = 4 * 3 * 8 * 8 * 8, 4 * 3 * 288
+    assert sa - sb == (conv * 8 - conv // 8) + (lin * 8 - lin // 8)
+    assert flexdsl.save_spikes_as_bits(b).startswith("flexdsl.save_spikes_as_bits: 3 product(s)")  # (again: the same)
+
+
+def test_save_spikes_as_bits_leaves_what_it_cannot_serve_and_says_so():
+    class OwnLinear(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2.0
+
+    net = torch.nn.Sequential(OwnLinear(4, 4), flexdsl.load("lif"), torch.nn.Linear(4, 2))
+    report = flexdsl.save_spikes_as_bits(net)
+    assert "1 product(s)" in report and "left as they are: 0" in report
+    assert type(net[0]) is OwnLinear and type(net[2]).__name__ == "BitsLinear"
+    import copy
+
+    plain = copy.deepcopy(net)
+    for m in plain:
+        if type(m).__name__ == "BitsLinear":
+            m.__class__ = torch.nn.Linear
+    x = torch.rand(5, 3, 4) * 4
+    assert torch.equal(net(x), plain(x))

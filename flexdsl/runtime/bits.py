@@ -90,14 +90,58 @@ class _SpikeLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
+class _SpikeConv(torch.autograd.Function):
+    """A convolution (1-3 spatial dims) whose 0/1 input is saved as bits; its backward is ATen's
+    `convolution_backward`, what autograd runs for the plain convolution."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: tuple, padding: tuple,
+                dilation: tuple, groups: int) -> torch.Tensor:
+        out = torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)
+        ctx.shape, ctx.dtype, ctx.has_bias = x.shape, x.dtype, b is not None
+        ctx.conv = (stride, padding, dilation, groups)
+        ctx.save_for_backward(pack(x), w)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        packed, w = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv
+        x = unpack(packed, ctx.shape, ctx.dtype)
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, x, w, [w.shape[0]] if ctx.has_bias else None, stride, padding, dilation, False, [0] * len(stride),
+            groups, mask)
+        return gx, gw, gb, None, None, None, None
+
+
+def _plain(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a product saves its input as it is: no weight gradient, bits off, a trace or graph
+    capture, autocast, mixed dtypes, or an input that is not all 0/1."""
+    return (not ENABLED or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling()
+            or torch.is_autocast_enabled(x.device.type) or x.dtype != w.dtype
+            or (x.is_cuda and torch.cuda.is_current_stream_capturing()) or not is_binary(x))
+
+
 def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """`torch.nn.functional.linear(x, w, b)` with `x` saved as bits where it is all 0/1 and the
     weight has a gradient to compute (see the module doc); else the plain product."""
-    if (not ENABLED or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling()
-            or torch.is_autocast_enabled(x.device.type) or x.dtype != w.dtype
-            or (x.is_cuda and torch.cuda.is_current_stream_capturing()) or not is_binary(x)):
+    if _plain(x, w):
         return torch.nn.functional.linear(x, w, b)
     return _SpikeLinear.apply(x, w, b)
 
 
-__all__ = ["is_binary", "mark_binary", "pack", "spike_linear", "unpack"]
+def spike_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: Any, padding: Any, dilation: Any,
+               groups: int) -> torch.Tensor:
+    """`torch.nn.functional.conv{1,2,3}d` with `x` saved as bits, as `spike_linear` (a padding given
+    as text, "same"/"valid", runs the plain convolution)."""
+    n = w.dim() - 2
+    if isinstance(padding, str) or x.dim() != n + 2 or _plain(x, w):
+        return getattr(torch.nn.functional, f"conv{n}d")(x, w, b, stride, padding, dilation, groups)
+    def tup(v: Any) -> tuple:
+        return tuple(v) if isinstance(v, tuple | list) else (v,) * n
+
+    return _SpikeConv.apply(x, w, b, tup(stride), tup(padding), tup(dilation), groups)
+
+
+__all__ = ["is_binary", "mark_binary", "pack", "spike_conv", "spike_linear", "unpack"]

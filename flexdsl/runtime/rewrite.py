@@ -1,0 +1,85 @@
+"""`flexdsl.save_spikes_as_bits(net)`: an existing network (a `Sequential`, SpikingJelly's zoo, any
+module tree) rewritten in place so that its synaptic products save their 0/1 inputs as bits for the
+weights' gradients (`bits.py`): every `nn.Linear` and `nn.Conv1d/2d/3d` (SpikingJelly's `layer.Linear`,
+`layer.Conv2d`... are these) gets a class of its own that computes the same product and saves a 0/1
+input packed; the spikes of SpikingJelly's IF/LIF/PLIF/QIF/EIF/Izhikevich nodes and of flexdsl neurons
+are known to be 0/1 (no check). Parameters, buffers, hooks and the module tree are untouched (an
+optimizer made before keeps working); outputs and gradients are those of the network before.
+Anything else is left as it is; the returned line says what was changed and what was not.
+
+    print(flexdsl.save_spikes_as_bits(net))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .bits import mark_binary, spike_conv, spike_linear
+
+# SpikingJelly 2.0.0's nodes whose output is the surrogate's Heaviside step of the membrane: 0 or 1
+_SPIKING_JELLY_NODES = ("IFNode", "LIFNode", "ParametricLIFNode", "QIFNode", "EIFNode", "IzhikevichNode")
+_CLASSES: dict[type, type] = {}
+
+
+def _linear_forward(self: nn.Linear, x: Any) -> Any:
+    return spike_linear(x, self.weight, self.bias)
+
+
+def _conv_forward(self: nn.modules.conv._ConvNd, x: Any, weight: Any, bias: Any) -> Any:
+    if self.padding_mode != "zeros":  # (as nn.Conv*d: the padding applied first)
+        x = nn.functional.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+        return spike_conv(x, weight, bias, self.stride, 0, self.dilation, self.groups)
+    return spike_conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def _bits_class(cls: type) -> type:
+    """`cls` with its product saving a 0/1 input as bits (one class per original class)."""
+    c = _CLASSES.get(cls)
+    if c is None:
+        attrs = {"forward": _linear_forward} if issubclass(cls, nn.Linear) else {"_conv_forward": _conv_forward}
+        c = _CLASSES[cls] = type(f"Bits{cls.__name__}", (cls,), {**attrs, "__module__": cls.__module__})
+    return c
+
+
+def _mark_output(module: nn.Module, inputs: Any, out: Any) -> None:
+    if hasattr(out, "_version"):
+        mark_binary(out)
+
+
+def _rewritable(m: nn.Module) -> bool:
+    """A Linear or convolution whose product is torch's own (a subclass that computes it otherwise is
+    left alone: SpikingJelly's layers only reshape around it)."""
+    if isinstance(m, nn.Linear):
+        return type(m).forward is nn.Linear.forward
+    return (isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)
+            and type(m)._conv_forward in (nn.Conv1d._conv_forward, nn.Conv2d._conv_forward, nn.Conv3d._conv_forward))
+
+
+def save_spikes_as_bits(net: nn.Module) -> str:
+    """Rewrite `net` in place (see the module doc); returns one line: what was changed, what not."""
+    products, nodes, left = [], 0, []
+    for name, m in net.named_modules():
+        cls = type(m)
+        if cls in _CLASSES.values():
+            products.append(name or cls.__name__)
+        elif _rewritable(m):
+            m.__class__ = _bits_class(cls)
+            products.append(name or cls.__name__)
+        elif cls.__name__ in _SPIKING_JELLY_NODES and cls.__module__.startswith("spikingjelly"):
+            if not getattr(m, "_flexdsl_marks", False):
+                m.register_forward_hook(_mark_output)
+                m._flexdsl_marks = True
+            nodes += 1
+        elif isinstance(m, nn.Linear | nn.modules.conv._ConvNd | nn.Bilinear):
+            left.append(name or cls.__name__)
+    line = (f"flexdsl.save_spikes_as_bits: {len(products)} product(s) save their 0/1 inputs as bits"
+            + (f" ({', '.join(products[:6])}{', ...' if len(products) > 6 else ''})" if products else "")
+            + f"; {nodes} SpikingJelly node(s) known to spike 0/1")
+    if left:
+        line += f"; left as they are: {', '.join(left[:6])}{', ...' if len(left) > 6 else ''} (their product is not torch's Linear or Conv1d/2d/3d)"
+    return line
+
+
+__all__ = ["save_spikes_as_bits"]
