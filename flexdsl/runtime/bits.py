@@ -27,25 +27,40 @@ def _shifts(device: torch.device) -> torch.Tensor:
     return s
 
 
-_KNOWN: Any = None  # spike outputs of flexdsl neurons -> their version when made (0/1 by construction)
+_KNOWN: Any = None  # tensors -> (their version when seen, whether all 0/1): spikes of neurons, checked ones
 
 
-def mark_binary(t: torch.Tensor) -> None:
-    """`t` holds only 0 and 1 (a neuron's spike output): a product of it, unchanged since, skips the check."""
+def _known() -> Any:
     global _KNOWN
     if _KNOWN is None:
         from torch.utils.weak import WeakIdKeyDictionary
         _KNOWN = WeakIdKeyDictionary()
+    return _KNOWN
+
+
+def mark_binary(t: torch.Tensor, binary: bool = True) -> None:
+    """`t` holds only 0 and 1 (a neuron's spike output; with `binary=False`: it does not): a product
+    of it, unchanged since, skips the check."""
     if not torch.compiler.is_compiling():
-        _KNOWN[t] = t._version
+        _known()[t] = (t._version, binary)
+
+
+def known_binary(t: Any) -> bool:
+    """Whether `t` is known to hold only 0 and 1 (marked, and not written since)."""
+    k = _KNOWN.get(t) if _KNOWN is not None and isinstance(t, torch.Tensor) else None
+    return k is not None and k == (t._version, True)
 
 
 def is_binary(x: torch.Tensor) -> bool:
-    """Whether every value of `x` is 0 or 1: a spike output of a flexdsl neuron not written since
-    (`mark_binary`), else one pass over it (a host sync on a GPU)."""
-    if _KNOWN is not None and _KNOWN.get(x) == x._version:
-        return True
-    return bool(((x == 0) | (x == 1)).all())
+    """Whether every value of `x` is 0 or 1: known for a neuron's spike output or a tensor checked
+    before and not written since (`mark_binary`), else one pass over it (a host sync on a GPU),
+    whose answer is kept with the tensor."""
+    k = _KNOWN.get(x) if _KNOWN is not None else None
+    if k is not None and k[0] == x._version:
+        return k[1]
+    ok = bool(((x == 0) | (x == 1)).all())
+    mark_binary(x, ok)
+    return ok
 
 
 def pack(x: torch.Tensor) -> torch.Tensor:
@@ -144,4 +159,4 @@ def spike_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
     return _SpikeConv.apply(x, w, b, tup(stride), tup(padding), tup(dilation), groups)
 
 
-__all__ = ["is_binary", "mark_binary", "pack", "spike_conv", "spike_linear", "unpack"]
+__all__ = ["is_binary", "known_binary", "mark_binary", "pack", "spike_conv", "spike_linear", "unpack"]

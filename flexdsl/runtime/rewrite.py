@@ -3,7 +3,7 @@ module tree) rewritten in place so that its synaptic products save their 0/1 inp
 weights' gradients (`bits.py`): every `nn.Linear` and `nn.Conv1d/2d/3d` (SpikingJelly's `layer.Linear`,
 `layer.Conv2d`... are these) gets a class of its own that computes the same product and saves a 0/1
 input packed; the spikes of SpikingJelly's IF/LIF/PLIF/QIF/EIF/Izhikevich nodes and of flexdsl neurons
-are known to be 0/1 (no check). Parameters, buffers, hooks and the module tree are untouched (an
+are known to be 0/1 (no check), and so are max-pools and flattenings of them. Parameters, buffers, hooks and the module tree are untouched (an
 optimizer made before keeps working); outputs and gradients are those of the network before.
 Anything else is left as it is; the returned line says what was changed and what was not.
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from .bits import mark_binary, spike_conv, spike_linear
+from .bits import known_binary, mark_binary, spike_conv, spike_linear
 
 # SpikingJelly 2.0.0's nodes whose output is the surrogate's Heaviside step of the membrane: 0 or 1
 _SPIKING_JELLY_NODES = ("IFNode", "LIFNode", "ParametricLIFNode", "QIFNode", "EIFNode", "IzhikevichNode")
@@ -48,6 +48,16 @@ def _mark_output(module: nn.Module, inputs: Any, out: Any) -> None:
         mark_binary(out)
 
 
+def _pass_on(module: nn.Module, inputs: Any, out: Any) -> None:
+    """A max-pool or flatten of 0/1 values is 0/1."""
+    if inputs and known_binary(inputs[0]) and hasattr(out, "_version"):
+        mark_binary(out)
+
+
+_KEEPS_BINARY = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
+                 nn.AdaptiveMaxPool3d, nn.Flatten, nn.Identity)
+
+
 def _rewritable(m: nn.Module) -> bool:
     """A Linear or convolution whose product is torch's own (a subclass that computes it otherwise is
     left alone: SpikingJelly's layers only reshape around it)."""
@@ -72,6 +82,9 @@ def save_spikes_as_bits(net: nn.Module) -> str:
                 m.register_forward_hook(_mark_output)
                 m._flexdsl_marks = True
             nodes += 1
+        elif isinstance(m, _KEEPS_BINARY) and not getattr(m, "_flexdsl_marks", False):
+            m.register_forward_hook(_pass_on)  # (SpikingJelly's pooling and Flatten layers are these)
+            m._flexdsl_marks = True
         elif isinstance(m, nn.Linear | nn.modules.conv._ConvNd | nn.Bilinear):
             left.append(name or cls.__name__)
     line = (f"flexdsl.save_spikes_as_bits: {len(products)} product(s) save their 0/1 inputs as bits"
