@@ -18,8 +18,12 @@ def test_pack_and_unpack_are_exact(shape):
     x = (torch.rand(shape) < 0.4).float()
     p = bits.pack(x)
     assert p.dtype == torch.uint8 and p.numel() == (x.numel() + 7) // 8
-    for dt in (torch.float32, torch.float64, torch.bfloat16):
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         assert torch.equal(bits.unpack(p, x.shape, dt), x.to(dt))
+        assert torch.equal(bits.pack(x.to(dt)), p)  # (packed from any float dtype: the same bytes)
+    if x.numel():
+        assert torch.equal(bits.pack(torch.ones(x.shape))[: x.numel() // 8], torch.full((x.numel() // 8,), 255,
+                                                                                         dtype=torch.uint8))
 
 
 def _saved_bytes(fn):

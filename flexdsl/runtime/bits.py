@@ -16,15 +16,7 @@ from typing import Any
 
 import torch
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
 ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
-
-
-def _shifts(device: torch.device) -> torch.Tensor:
-    s = _SHIFTS.get(device)
-    if s is None:
-        s = _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device)
-    return s
 
 
 _KNOWN: Any = None  # tensors -> (their version when seen, whether all 0/1): spikes of neurons, checked ones
@@ -63,23 +55,35 @@ def is_binary(x: torch.Tensor) -> bool:
     return ok
 
 
+_POWERS: dict[tuple, torch.Tensor] = {}
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
 def pack(x: torch.Tensor) -> torch.Tensor:
-    """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8."""
+    """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8
+    (eight values and their powers of two, one small product: sums of at most 255, exact in any float)."""
     flat = x.reshape(-1)
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    b = flat.view(-1, 8).to(torch.uint8)
-    return (b << _shifts(b.device)).sum(-1, dtype=torch.uint8)
+    key = (flat.device, flat.dtype)
+    p = _POWERS.get(key)
+    if p is None:
+        p = _POWERS[key] = (2 ** torch.arange(8, dtype=torch.float64)).to(device=flat.device, dtype=flat.dtype)
+    return (flat.view(-1, 8) @ p).to(torch.uint8)
 
 
 def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """`pack`'s inverse: the values, exactly, as `dtype` in `shape`."""
+    """`pack`'s inverse: the values, exactly, as `dtype` in `shape` (each byte looks up its eight values)."""
     n = 1
     for k in shape:
         n *= k
-    bits = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 1
-    return bits.reshape(-1)[:n].to(dtype).reshape(shape)
+    key = (packed.device, dtype)
+    table = _TABLES.get(key)
+    if table is None:
+        bits = (torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1
+        table = _TABLES[key] = bits.to(device=packed.device, dtype=dtype)
+    return torch.nn.functional.embedding(packed.to(torch.int32), table).reshape(-1)[:n].reshape(shape)
 
 
 class _SpikeLinear(torch.autograd.Function):
