@@ -55,22 +55,20 @@ def is_binary(x: torch.Tensor) -> bool:
     return ok
 
 
-_POWERS: dict[tuple, torch.Tensor] = {}
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
 _TABLES: dict[tuple, torch.Tensor] = {}
 
 
 def pack(x: torch.Tensor) -> torch.Tensor:
-    """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8
-    (eight values and their powers of two, one small product: sums of at most 255, exact in any float)."""
+    """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8."""
     flat = x.reshape(-1)
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    key = (flat.device, flat.dtype)
-    p = _POWERS.get(key)
-    if p is None:
-        p = _POWERS[key] = (2 ** torch.arange(8, dtype=torch.float64)).to(device=flat.device, dtype=flat.dtype)
-    return (flat.view(-1, 8) @ p).to(torch.uint8)
+    sh = _SHIFTS.get(flat.device)
+    if sh is None:
+        sh = _SHIFTS[flat.device] = torch.arange(8, dtype=torch.uint8, device=flat.device)
+    return (flat.view(-1, 8).to(torch.uint8) << sh).sum(-1, dtype=torch.uint8)
 
 
 def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
