@@ -56,7 +56,6 @@ def is_binary(x: torch.Tensor) -> bool:
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
-_TABLES: dict[tuple, torch.Tensor] = {}
 
 
 def pack(x: torch.Tensor) -> torch.Tensor:
@@ -72,16 +71,15 @@ def pack(x: torch.Tensor) -> torch.Tensor:
 
 
 def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """`pack`'s inverse: the values, exactly, as `dtype` in `shape` (each byte looks up its eight values)."""
+    """`pack`'s inverse: the values, exactly, as `dtype` in `shape`."""
     n = 1
     for k in shape:
         n *= k
-    key = (packed.device, dtype)
-    table = _TABLES.get(key)
-    if table is None:
-        bits = (torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1
-        table = _TABLES[key] = bits.to(device=packed.device, dtype=dtype)
-    return torch.nn.functional.embedding(packed.to(torch.int32), table).reshape(-1)[:n].reshape(shape)
+    sh = _SHIFTS.get(packed.device)
+    if sh is None:
+        sh = _SHIFTS[packed.device] = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> sh) & 1
+    return bits.reshape(-1)[:n].to(dtype).reshape(shape)
 
 
 class _SpikeLinear(torch.autograd.Function):
