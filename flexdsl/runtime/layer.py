@@ -289,6 +289,8 @@ def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
         n = layer.of(A.LayerSize)[0].value
         sizes = dict.fromkeys(sizes, n)
     checked = check_layer(layer, neuron.compiled.checked, size, sizes, _dt(neuron))
+    if checked.recurrent is not None:
+        recurrent_form(checked)
     return checked, layer_plan(checked, neuron.compiled)
 
 
@@ -371,11 +373,9 @@ def _model_ref(neuron: NeuronModule) -> str:
     return c.name if c.name.isidentifier() else "model"
 
 
-def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
-               backend: str, delays: Mapping[str, Any] | None = None) -> RecurrentModule:
-    """The `RecurrentModule` of a recurrent layer file: one dense synapse group from the layer's
-    input and one from an output of the neuron into the same port (any names: the module also
-    answers to `W_in`, `W_rec` and `bias`, the names `flexdsl.recurrent` gives them)."""
+def recurrent_form(layer: CheckedLayer) -> tuple[CheckedSynapse, list[CheckedSynapse]]:
+    """(the recurrent synapse, [the input's]) of a recurrent layer in the form a `RecurrentModule` runs,
+    or a located error (`flexdsl check` and the load say the same)."""
     rec = layer.recurrent
     assert rec is not None
     ff = [s for s in layer.synapses if not s.recurrent]
@@ -392,6 +392,15 @@ def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: 
             raise layer.error(f"`{name}` names the layer's {role} here, but `{name}` is what the module calls another "
                               "of its weights", pos, "rename it (W_in: the input's weights, W_rec: the recurrent ones, "
                               "bias: the input's bias)")
+    return rec, ff
+
+
+def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
+               backend: str, delays: Mapping[str, Any] | None = None) -> RecurrentModule:
+    """The `RecurrentModule` of a recurrent layer file: one dense synapse group from the layer's
+    input and one from an output of the neuron into the same port (any names: the module also
+    answers to `W_in`, `W_rec` and `bias`, the names `flexdsl.recurrent` gives them)."""
+    rec, ff = recurrent_form(layer)
     extra = [k for k in masks if k != rec.name or rec.connect != "mask"]
     if extra:
         raise layer.error(f"a mask was given for `{extra[0]}`, which is not a `connect mask` synapse of this layer",
@@ -404,4 +413,4 @@ def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: 
                            ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp), dict(delays or {}))
 
 
-__all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer", "recurrent"]
+__all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer", "recurrent", "recurrent_form"]
