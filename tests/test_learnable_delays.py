@@ -248,3 +248,13 @@ def test_a_layer_page_shows_the_delayed_equations_and_a_modules_delays(tmp_path)
         m.W_delay.copy_(torch.full_like(m.W_delay, 2.2))
     page = flexdsl.docs.render_layer(m, tmp_path / "out")
     assert "delayed.W_delays.png" in page and (tmp_path / "out" / "delayed.W_delays.png").is_file()
+
+
+def test_a_width_for_a_layer_without_gauss_delays_and_a_kernel_too_large_are_located_errors():
+    with pytest.raises(flexdsl.FlexDSLError, match="no learnable delays of the gauss relaxation"):
+        flexdsl.loads(_text("axonal", "linear")).set_delay_width(1.0)
+    text = ("layer L:\n    neuron lif\n    size 1000\n    input s size 1000\n    synapses W from s to x:\n"
+            "        delay synaptic max 3000 learnable\n")
+    with pytest.raises(flexdsl.FlexDSLError, match="need a kernel of 1,000 x 1,000 x 3,001") as e:
+        flexdsl.loads(text)
+    assert e.value.line == 6

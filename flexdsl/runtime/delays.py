@@ -235,6 +235,7 @@ def recurrent_current(s: CheckedSynapse, hist: torch.Tensor, w: torch.Tensor, ta
     return pre * w if one else pre @ w.T
 
 
+MAX_KERNEL = 2**31  # values of a learnable synaptic delay's kernel over the steps ([n_post, n_pre, max + 1])
 _BOUNDED: Any = None  # learnable delays -> their maximum (weakly), clamped after every optimizer step
 
 
@@ -272,6 +273,13 @@ class DelayedSynapses:
         load, by synapse (taken out of the dict)."""
         layer = self._layer
         for s in layer.synapses:
+            if s.delay_learnable and s.delay_kind == "synaptic" and s.connect != "one_to_one":
+                n = layer.size * s.pre_size * (s.delay + 1)  # (the relaxation's kernel over the steps)
+                if n > MAX_KERNEL:
+                    raise layer.error(f"the learnable synaptic delays of `{s.name}` need a kernel of {layer.size:,} x "
+                                      f"{s.pre_size:,} x {s.delay + 1:,} = {n:,} values over the steps (the limit is "
+                                      f"{MAX_KERNEL:,}: {MAX_KERNEL * 4 // 2**30} GiB in float32)", s.delay_pos,
+                                      "a smaller maximum, or axonal/dendritic delays (one per neuron)")
             if s.delay_learnable:
                 d = torch.nn.Parameter(initial_learnable(layer, s, delays.pop(s.name, None)))
                 self.register_parameter(s.name + "_delay", d)
@@ -353,10 +361,14 @@ class DelayedSynapses:
     def set_delay_width(self, width: float) -> Any:
         """The width (σ, in steps) of every gauss-relaxed learnable delay: anneal it towards 0 as
         training goes (DCLS-delays: from max/2 down to ~0.5 over the epochs); 0 runs whole steps."""
-        for s in self._layer.synapses:
-            if s.delay_interp == "gauss":
-                check_width(self._layer, s, float(width))
-                getattr(self, s.name + "_delay_width").fill_(float(width))
+        gauss = [s for s in self._layer.synapses if s.delay_interp == "gauss"]
+        if not gauss:
+            raise self._layer.error(f"layer `{self._layer.name}` has no learnable delays of the gauss relaxation, "
+                                    "whose width this sets", None, "`delay synaptic max 20 learnable` (gauss is the "
+                                    "default; linear has no width)")
+        for s in gauss:
+            check_width(self._layer, s, float(width))
+            getattr(self, s.name + "_delay_width").fill_(float(width))
         return self
 
     def round_delays(self) -> Any:
