@@ -240,8 +240,8 @@ _BOUNDED: Any = None  # learnable delays -> their maximum (weakly), clamped afte
 
 
 def keep_bounded(p: torch.Tensor, D: int) -> None:
-    """Clamp `p` into [0, D] after every optimizer step that holds it (one global hook of
-    torch.optim, registered with the first learnable delay)."""
+    """Clamp `p` into [0, D] after every optimizer step (one global hook of torch.optim, registered
+    with the first learnable delay)."""
     global _BOUNDED
     if _BOUNDED is None:
         from torch.utils.weak import WeakIdKeyDictionary
@@ -253,12 +253,11 @@ def keep_bounded(p: torch.Tensor, D: int) -> None:
 
 
 def _clamp_after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Every live learnable delay clamped into its bounds (a few tensors, whichever optimizer stepped:
+    no walk over the optimizer's parameters; in place on `.data`, no version change)."""
     with torch.no_grad():
-        for group in opt.param_groups:
-            for p in group["params"]:
-                D = _BOUNDED.get(p)
-                if D is not None:
-                    p.clamp_(0, D)
+        for p, D in list(_BOUNDED.items()):
+            p.data.clamp_(0, D)
 
 
 class DelayedSynapses:
