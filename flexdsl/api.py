@@ -143,17 +143,22 @@ def recurrent(
 def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int, *, connectivity: str = "dense",
                 mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
                 backend: str = "auto", detach_reset: bool = False, param_shapes: Mapping[str, Sequence[int]] | None = None,
-                surrogate: Any = None, learnable: Any = None, **params: Any) -> FeedForwardModule:
+                surrogate: Any = None, learnable: Any = None, delay: Any = None, max_delay: Any = None,
+                learnable_delays: Any = False, delays: Any = None, **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module: at every step the
     model's input `port` (default: its first input) receives `W x[t] + bias`. `connectivity="dense"`
     (W [hidden, in_features]), `"mask"` (times the 0/1 `mask`) or `"one_to_one"` (W [hidden], with
     in_features == hidden). The products run before the neuron's time loop (one over all steps), the
-    neuron on its own kernels; keyword arguments shape the neuron as in `load`."""
+    neuron on its own kernels; keyword arguments shape the neuron as in `load`. Delays, as a layer
+    file's `delay` line writes them: `delay=3` (every connection), `delay="synaptic"` (or "axonal",
+    "dendritic") with `max_delay=20`, `learnable_delays=True` (gauss) or "linear", `delays=` their
+    values (a tensor; `m.W_delay` after)."""
     from .runtime.layer import feedforward as make
 
     return make(model, in_features, hidden, connectivity=connectivity, mask=mask, port=port, bias=bias,
                 step_mode=step_mode, backend=backend, detach_reset=detach_reset, param_shapes=param_shapes,
-                surrogate=surrogate, learnable=learnable, **params)
+                surrogate=surrogate, learnable=learnable, delay=delay, max_delay=max_delay,
+                learnable_delays=learnable_delays, delays=delays, **params)
 
 
 __all__ = ["compile", "feedforward", "load", "loads", "recurrent", "library"]

@@ -258,3 +258,20 @@ def test_a_width_for_a_layer_without_gauss_delays_and_a_kernel_too_large_are_loc
     with pytest.raises(flexdsl.FlexDSLError, match="need a kernel of 1,000 x 1,000 x 3,001") as e:
         flexdsl.loads(text)
     assert e.value.line == 6
+
+
+def test_feedforward_takes_the_delay_line_as_keywords():
+    """`flexdsl.feedforward(..., delay=, max_delay=, learnable_delays=, delays=)` is the layer file with
+    that `delay` line: the same module (same parameters, same outputs)."""
+    torch.manual_seed(14)
+    d = torch.rand(H, F) * D
+    a = flexdsl.feedforward("lif", F, H, delay="synaptic", max_delay=D, learnable_delays="linear", delays=d,
+                            backend="torch")
+    b = flexdsl.loads(_text("synaptic", "linear", neuron="lif").replace("bias b", "bias bias"), backend="torch",
+                      delays={"W": d})
+    b.load_state_dict(a.state_dict())
+    x = torch.rand(T, B, F) * 2
+    assert torch.equal(a(x), b(x)) and torch.equal(a.W_delay, d)
+    assert "x_in[t-2, j]" in flexdsl.feedforward("lif", F, H, delay=2).plan.equations[0]
+    with pytest.raises(flexdsl.FlexDSLError, match="need a maximum"):
+        flexdsl.feedforward("lif", F, H, delay="axonal")

@@ -34,7 +34,7 @@ from ..store.pipeline import layer_plan
 from . import delays as dl
 from .bits import spike_linear
 from .compiler import compile_model
-from .layertext import LayerAttrs, feedforward_text, plan
+from .layertext import LayerAttrs, delay_words, feedforward_text, plan
 from .module import NeuronModule
 from .options import make as make_options
 from .recurrent import RecurrentModule
@@ -319,7 +319,8 @@ def _input_sizes(layer: A.Layer, in_features: Any) -> dict[str, int] | None:
 def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int, *, connectivity: str = "dense",
                 mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
                 backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
-                learnable: Any = None, **params: Any) -> FeedForwardModule:
+                learnable: Any = None, delay: Any = None, max_delay: Any = None, learnable_delays: Any = False,
+                delays: Any = None, **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
     `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
     connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
@@ -332,10 +333,10 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     port = port if port is not None else (names[0] if names else "x")
     connect = {"all": "dense"}.get(connectivity, connectivity) if isinstance(connectivity, str) else repr(connectivity)
     text = feedforward_text(_model_ref(neuron), [*names, *(p.name for p in ck.params), *(s.name for s in ck.states)],
-                            in_features, hidden, connect, port, bias)
+                            in_features, hidden, connect, port, bias, delay_words(delay, max_delay, learnable_delays))
     checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
     masks = {"W": mask} if mask is not None else {}
-    return FeedForwardModule(neuron, checked, lp, masks, step_mode)
+    return FeedForwardModule(neuron, checked, lp, masks, step_mode, {"W": delays} if delays is not None else None)
 
 
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,

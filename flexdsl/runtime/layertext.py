@@ -5,6 +5,7 @@ planned (`frontend/layer.py`, `ir/layer.py`, cached by `store.pipeline.layer_pla
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..frontend.layer import CheckedLayer, check_layer
 from ..frontend.parse import parse_layer
@@ -60,13 +61,31 @@ def recurrent_text(model: str, inputs: Sequence[str], in_features: int | None, h
 
 
 def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden: int, connect: str, port: str,
-                     bias: bool) -> str:
-    """The layer `flexdsl.feedforward(...)` describes, as a `.layer` file writes it."""
+                     bias: bool, delay: str | None = None) -> str:
+    """The layer `flexdsl.feedforward(...)` describes, as a `.layer` file writes it (`delay`: the
+    synapses' `delay` line after the keyword, e.g. "3" or "synaptic max 20 learnable")."""
     x = _free_name("x_in", inputs)
     lines = [f"layer feedforward_{model}:", f"    neuron {model}", f"    size {hidden}",
              f"    input {x} size {in_features}", f"    synapses W from {x} to {port}:"]
     lines += [f"        connect {connect}"] + (["        bias bias"] if bias else [])
+    lines += [f"        delay {delay}"] if delay is not None else []
     return "\n".join(lines) + "\n"
+
+
+def delay_words(delay: Any, max_delay: Any, learnable: Any) -> str | None:
+    """The `delay` line of `flexdsl.feedforward(delay=, max_delay=, learnable_delays=)`: an int is
+    every connection's steps; a kind ("axonal", "synaptic", "dendritic") takes `max_delay`; learnable
+    ones True (gauss) or the relaxation's name. Values that do not fit are written as given: the
+    layer's checks locate them."""
+    if delay is None:
+        if max_delay is not None or learnable:
+            return f"synaptic max {max_delay if max_delay is not None else 20}" + (
+                f" learnable {learnable if isinstance(learnable, str) else 'gauss'}" if learnable else "")
+        return None
+    if isinstance(delay, int) and not isinstance(delay, bool):
+        return f"{delay}" + (" learnable" if learnable else "")
+    words = f"{delay}" + (f" max {max_delay}" if max_delay is not None else "")
+    return words + (f" learnable {learnable if isinstance(learnable, str) else 'gauss'}" if learnable else "")
 
 
 def _free_name(name: str, taken: Sequence[str]) -> str:
@@ -75,4 +94,4 @@ def _free_name(name: str, taken: Sequence[str]) -> str:
     return name
 
 
-__all__ = ["LayerAttrs", "feedforward_text", "plan", "recurrent_text"]
+__all__ = ["LayerAttrs", "delay_words", "feedforward_text", "plan", "recurrent_text"]
