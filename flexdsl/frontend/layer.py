@@ -247,6 +247,9 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool, neuron: CheckedModel,
         e = _in_steps(layer, s, e, what, neuron, dt)
     if isinstance(e, A.Neg) and isinstance(e.operand, A.Num):
         raise _err(layer, f"{what} is negative (-{e.operand.text}); a delay is 0 or more steps", e.pos)
+    if isinstance(e, A.Name) and e.id in ("learnable", "max"):
+        raise _err(layer, f"`delay {e.id}` of `{s.name}` needs a kind and a maximum first", e.pos,
+                   "e.g. `delay synaptic max 20 learnable` (or axonal, dendritic)")
     if not isinstance(e, A.Num):
         raise _err(layer, f"{what} must be a number of steps", getattr(e, "pos", pos),
                    "e.g. `delay 3`, or `delay axonal max 20` with the delays given at load")
