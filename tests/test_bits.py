@@ -182,3 +182,29 @@ def test_save_spikes_as_bits_leaves_what_it_cannot_serve_and_says_so():
             m.__class__ = torch.nn.Linear
     x = torch.rand(5, 3, 4) * 4
     assert torch.equal(net(x), plain(x))
+
+
+def test_a_rewritten_network_pickles_and_loads_back_in_another_process(tmp_path):
+    """torch.save of the whole rewritten module, torch.load in a fresh interpreter: the same classes
+    (made again by name), the same outputs."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(6)
+    net = _sj_net()
+    flexdsl.save_spikes_as_bits(net)
+    x = torch.rand(2, 2, 2, 6, 6)
+    torch.save({"net": net, "x": x}, tmp_path / "net.pt")
+    from spikingjelly.activation_based import functional
+
+    functional.reset_net(net)
+    torch.save(net(x), tmp_path / "y.pt")
+    code = ("import torch\nfrom spikingjelly.activation_based import functional\n"
+            f"d = torch.load({str(tmp_path / 'net.pt')!r}, weights_only=False)\n"
+            "net = d['net']\nfunctional.reset_net(net)\n"
+            f"assert torch.equal(net(d['x']), torch.load({str(tmp_path / 'y.pt')!r}))\n"
+            "print(type(net[0]).__name__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent.parent)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["BitsConv2d"]

@@ -35,12 +35,33 @@ def _conv_forward(self: nn.modules.conv._ConvNd, x: Any, weight: Any, bias: Any)
 
 
 def _bits_class(cls: type) -> type:
-    """`cls` with its product saving a 0/1 input as bits (one class per original class)."""
+    """`cls` with its product saving a 0/1 input as bits (one class per original class: `BitsLinear`,
+    found by pickle as `Bits__<module>__<class>` of this module, dots as `__`, so that a rewritten
+    network pickles and loads back in another process: `__getattr__` below makes the class again)."""
     c = _CLASSES.get(cls)
     if c is None:
         attrs = {"forward": _linear_forward} if issubclass(cls, nn.Linear) else {"_conv_forward": _conv_forward}
-        c = _CLASSES[cls] = type(f"Bits{cls.__name__}", (cls,), {**attrs, "__module__": cls.__module__})
+        name = "Bits__" + f"{cls.__module__}.{cls.__qualname__}".replace(".", "__")  # (what pickle looks up)
+        c = _CLASSES[cls] = type(f"Bits{cls.__name__}", (cls,), {**attrs, "__module__": __name__, "__qualname__": name})
     return c
+
+
+def __getattr__(name: str) -> type:
+    """The Bits class a pickled network names (`Bits__torch__nn__modules__linear__Linear`)."""
+    if name.startswith("Bits__"):
+        import importlib
+
+        parts = name[len("Bits__"):].split("__")
+        for k in range(len(parts) - 1, 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:k]))
+            except ImportError:
+                continue
+            for attr in parts[k:]:
+                obj = getattr(obj, attr)
+            if isinstance(obj, type) and issubclass(obj, nn.Linear | nn.modules.conv._ConvNd):
+                return _bits_class(obj)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _mark_output(module: nn.Module, inputs: Any, out: Any) -> None:
