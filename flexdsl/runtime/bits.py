@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
 
@@ -91,6 +92,7 @@ class _SpikeLinear(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
     def backward(ctx, g: torch.Tensor):
         packed, w = ctx.saved_tensors
         gx = gw = gb = None
@@ -119,6 +121,7 @@ class _SpikeConv(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g: torch.Tensor):
         packed, w = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
