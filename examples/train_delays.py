@@ -169,13 +169,11 @@ def main(argv: list[str] | None = None) -> float:
     if a.doc is not None and a.delays == "dcls":
         ap.error("--doc writes a flexdsl layer's page: use it with --delays learnable or none")
     if a.plot is not None:
-        from flexdsl.docs.plots import supported_formats
+        from flexdsl.docs.plots import plot_path_problem
 
-        plot = Path(a.plot)
-        if plot.suffix.lower().lstrip(".") not in supported_formats():
-            ap.error(f"--plot {a.plot}: the extension picks the image format (e.g. .png, .svg, .pdf)")
-        if not (plot.parent if str(plot.parent) else Path(".")).is_dir():
-            ap.error(f"--plot {a.plot}: the folder {plot.parent} does not exist")
+        problem = plot_path_problem(a.plot)
+        if problem is not None:
+            ap.error(f"--plot {a.plot}: {problem[0]} ({problem[1]})")
 
     x_tr, y_tr, patterns = make_task(a.train, a.channels, a.classes, a.steps, a.seed, a.noise)
     x_te, y_te, _ = make_task(a.test, a.channels, a.classes, a.steps, a.seed + 1, a.noise, patterns)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -101,13 +100,11 @@ def main(argv: list[str] | None = None) -> float:
     if dev.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this torch has no CUDA device (run on a GPU machine, or use --device cpu)")
     if a.plot is not None:
-        from flexdsl.docs.plots import supported_formats
+        from flexdsl.docs.plots import plot_path_problem
 
-        plot = Path(a.plot)
-        if plot.suffix.lower().lstrip(".") not in supported_formats():
-            ap.error(f"--plot {a.plot}: the extension picks the image format (e.g. .png, .svg, .pdf)")
-        if not (plot.parent if str(plot.parent) else Path(".")).is_dir():
-            ap.error(f"--plot {a.plot}: the folder {plot.parent} does not exist")
+        problem = plot_path_problem(a.plot)
+        if problem is not None:
+            ap.error(f"--plot {a.plot}: {problem[0]} ({problem[1]})")
     try:
         neuron = flexdsl.load(a.neuron)
     except flexdsl.FlexDSLError as e:

@@ -267,22 +267,12 @@ def _steps_arg(text: str) -> int:
 
 def _plot_target(path: str) -> Path:
     """The --plot file, checked before simulating: a known image format, an existing folder."""
-    from .docs.plots import supported_formats
+    from .docs.plots import plot_path_problem
 
-    p = Path(path)
-    ext = p.suffix.lower().lstrip(".")
-    formats = supported_formats()
-    if not ext or ext not in formats:
-        why = f"`.{ext}` is not an image format matplotlib writes" if ext else "the name has no extension"
-        raise FlexDSLError(f"cannot write a plot to `{path}`: {why}", CMDLINE,
-                           hint="the extension picks the format: " + ", ".join(f".{f}" for f in formats))
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise FlexDSLError(f"cannot write a plot to `{path}`: the directory `{parent}` does not exist", CMDLINE,
-                           hint="create it first, or choose another path")
-    if p.is_dir():
-        raise FlexDSLError(f"cannot write a plot to `{path}`: it is a directory", CMDLINE)
-    return p
+    problem = plot_path_problem(path)
+    if problem is not None:
+        raise FlexDSLError(f"cannot write a plot to `{path}`: {problem[0]}", CMDLINE, hint=problem[1])
+    return Path(path)
 
 
 # `flexdsl run` steps the torch backend in float64 from Python, keeping every state's trace:

@@ -69,6 +69,23 @@ def delay_histogram(delays: torch.Tensor, max_delay: int, title: str) -> Figure:
     return fig
 
 
+def plot_path_problem(path: str | Path) -> tuple[str, str] | None:
+    """Why a plot cannot be written to `path` ((reason, hint)), checked before the work that makes
+    it: an extension matplotlib does not write, a folder that does not exist, a directory; None: fine."""
+    p = Path(path)
+    ext = p.suffix.lower().lstrip(".")
+    formats = supported_formats()
+    if not ext or ext not in formats:
+        why = f"`.{ext}` is not an image format matplotlib writes" if ext else "the name has no extension"
+        return why, "the extension picks the image format: " + ", ".join(f".{f}" for f in formats)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        return f"the directory `{parent}` does not exist", "create it first, or choose another path"
+    if p.is_dir():
+        return "it is a directory", "give a file name, e.g. curves.png"
+    return None
+
+
 def supported_formats() -> list[str]:
     """The file extensions matplotlib can write."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
