@@ -126,11 +126,15 @@ def test_the_kept_input_history_makes_chunks_one_call_and_reset_clears_it():
         m(torch.rand(T, B + 1, F, dtype=torch.float64))
 
 
+TRITON_CASES = [("recurrent", f"delay axonal max {D}"), ("recurrent", f"delay synaptic max {D} learnable"),
+                ("recurrent", f"delay dendritic max {D} learnable linear"), ("feedforward", f"delay synaptic max {D}"),
+                ("feedforward", f"delay synaptic max {D} learnable linear"),
+                ("delayed_recurrent_synapse", f"delay axonal max {D}"),
+                ("delayed_recurrent_synapse", f"delay synaptic max {D} learnable")]
+
+
 @needs_triton
-@pytest.mark.parametrize("layer", ["recurrent", "feedforward", "delayed_recurrent_synapse"])
-@pytest.mark.parametrize("line", [f"delay axonal max {D}", f"delay synaptic max {D} learnable",
-                                  f"delay dendritic max {D} learnable linear", f"delay synaptic max {D}",
-                                  f"delay synaptic max {D} learnable linear"])
+@pytest.mark.parametrize("layer,line", TRITON_CASES)
 def test_delays_on_the_triton_kernels_equal_the_torch_backend(line, layer):
     """float32 (the Triton kernels' dtypes): the delays run before the kernels, the same on both;
     spikes equal, gradients within the float32 bound of the layer's operations."""
