@@ -210,9 +210,9 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         out = kernel(hist, d0.long(), w * (1 - f), w * f, D)
         out = out + b if b is not None else out
     else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
-        kernel = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
+        weights = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
         h = hist.reshape(hist.shape[0], -1, hist.shape[-1]).permute(1, 2, 0)  # [N, n_pre, D + T]
-        out = torch.nn.functional.conv1d(h, kernel.to(h.dtype), b)  # [N, n_post, T]
+        out = torch.nn.functional.conv1d(h, weights.to(h.dtype), b)  # [N, n_post, T]
         out = out.permute(2, 0, 1).reshape(T, *x.shape[1:-1], w.shape[0])
     return out, hist[hist.shape[0] - D:]
 
