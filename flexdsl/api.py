@@ -123,6 +123,9 @@ def recurrent(
     param_shapes: Mapping[str, Sequence[int]] | None = None,
     surrogate: Any = None,
     learnable: Any = None,
+    learning: str = "bptt",
+    readout: Any = None,
+    feedback: Any = "symmetric",
     **params: Any,
 ) -> RecurrentModule:
     """A recurrent layer of `hidden` neurons of `model` (a path, a library stem, or a loaded
@@ -132,12 +135,21 @@ def recurrent(
     (W_rec [hidden]); `in_features=None` adds the input (of size hidden) without W_in. Keyword
     arguments other than the options override the model's params; `surrogate=` and `learnable=`
     shape the neuron as in `load`. The time loop is compiled: the Triton kernels on CUDA, the torch
-    backend elsewhere."""
+    backend elsewhere.
+
+    `learning="eprop"`: in training mode the layer learns by e-prop (Bellec et al. 2020) instead of
+    backpropagation through time: eligibility traces derived from the model run forward with the
+    steps and are kept across calls (a stream can be cut into calls, each with its own loss and
+    backward, at memory independent of its length); the learning signal is the gradient reaching
+    the layer's output. `readout=` (n_out, or an `nn.Linear(hidden, n_out)`) gives the layer
+    `m.readout`; `feedback="random"` (or a fixed `[n_out, hidden]` tensor) sends the readout's
+    error back through that matrix instead of its weights (random e-prop)."""
     from .runtime.layer import recurrent as make
 
     return make(model, in_features, hidden, connectivity=connectivity, mask=mask, source=source, port=port,
                 bias=bias, step_mode=step_mode, backend=backend, detach_reset=detach_reset,
-                param_shapes=param_shapes, surrogate=surrogate, learnable=learnable, **params)
+                param_shapes=param_shapes, surrogate=surrogate, learnable=learnable, learning=learning,
+                readout=readout, feedback=feedback, **params)
 
 
 def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int, *, connectivity: str = "dense",

@@ -343,10 +343,12 @@ def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden:
               connectivity: str = "all", mask: Any = None, source: str | None = None, port: str | None = None,
               bias: bool = True, step_mode: str = "m", backend: str = "auto", detach_reset: bool = False,
               param_shapes: Mapping[str, Sequence[int]] | None = None, surrogate: Any = None, learnable: Any = None,
-              **params: Any) -> RecurrentModule:
+              learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric", **params: Any
+              ) -> RecurrentModule:
     """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
     neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
-    return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend)
+    return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend,
+                           learning=learning, readout=readout, feedback=feedback)
 
 
 def _loaded_neuron(model: str | Path | NeuronModule, backend: str, detach_reset: bool, param_shapes: Any,

@@ -36,6 +36,7 @@ from ..ir.layer import LayerPlan
 from . import programs
 from .layertext import LayerAttrs, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
+from .eprop import EPropLearning
 from .recurrent_delays import DelayedRecurrence
 
 CONNECTIVITY = ("all", "one_to_one")
@@ -95,7 +96,7 @@ class _NeuronView:
         return all(v is None for v in self.m._states.values())
 
 
-class RecurrentModule(LayerAttrs, DelayedRecurrence, _Base):  # type: ignore[valid-type,misc]
+class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # type: ignore[valid-type,misc]
     """A recurrent layer of `hidden` neurons of one model (see `flexdsl.recurrent`).
 
     `m(x)`: `x` is `[T, *batch, in_features]` (step_mode "m") or `[*batch, in_features]` ("s");
@@ -110,8 +111,8 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, _Base):  # type: ignore[val
     def __init__(self, neuron: NeuronModule, in_features: int | None, hidden: int, connectivity: str = "all",
                  mask: Any = None, source: str | None = None, port: str | None = None, bias: bool = True,
                  step_mode: str = "m", backend: str = "auto", layer_text: str | None = None,
-                 layer_plan: tuple[CheckedLayer, LayerPlan] | None = None, delays: dict[str, Any] | None = None
-                 ) -> None:
+                 layer_plan: tuple[CheckedLayer, LayerPlan] | None = None, delays: dict[str, Any] | None = None,
+                 learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric") -> None:
         super().__init__()
         view = _NeuronView(neuron)
         view.refuse_unsupported()
@@ -173,6 +174,7 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, _Base):  # type: ignore[val
         d["_in_delay"] = next((s for s in d["_layer"].synapses if s.delay_kind is not None and not s.recurrent), None)
         d["_rec_delay"] = next((s for s in d["_layer"].synapses if s.delay_kind is not None and s.recurrent), None)
         self._register_delays(dict(delays or {}))
+        self._setup_learning(learning, readout, feedback)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -324,6 +326,15 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, _Base):  # type: ignore[val
         prog = self._scan_for(like, port, source, dense)
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
+        if self.__dict__["_eprop"] is not None and self.training:  # (e-prop: runtime/eprop.py)
+            outs, fins, last = self._eprop_call(x3, w_in, bias, w, s0, [i for i in inputs if i is not None], states,
+                                                params)
+            if T:
+                view.keep(fins, step_shape)
+                self._states["feedback"] = last.reshape(step_shape).clone()
+            res = [o.reshape(T, *step_shape) for o in outs]
+            res = [r[0] for r in res] if single else res
+            return res[0] if len(res) == 1 else tuple(res)
         noise = view.m._noise_key(T, seed, generator, False)
         outs, fins = scans.scan(prog, x3, w_in, bias, w, s0, inputs, states, params, dense, noise, s0_zero=s0_zero)
         view.m._noise_advance(noise, T)

@@ -197,6 +197,12 @@ class TorchBackend:
 
         return load_recurrent(spec.ir, key, spec.port, spec.source, spec.dense)
 
+    def load_eprop(self, ir: IR, key: str, port: int) -> Any:
+        """The e-prop step of a model (`backends/eprop.py`): one step and its eligibility factors."""
+        from .eprop import load_eprop
+
+        return load_eprop(ir, key, port)
+
     def backward_source(self, step: Any, backward: Any) -> str:
         """`core_backward`, the derived VJP of one step as torch code (appended to `core`'s module:
         `Compiled.torch_backward`)."""

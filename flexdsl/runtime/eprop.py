@@ -1,0 +1,468 @@
+"""e-prop: online learning of a recurrent layer of any model (`flexdsl.recurrent(..., learning="eprop")`).
+
+Bellec et al., "A solution to the learning dilemma for recurrent networks of spiking neurons",
+Nat. Commun. 11:3625 (2020). A layer's call runs the model's generated e-prop step
+(`backends/eprop.py`: one step and its derived factors `J`, `b`, `c`, `g`, see `ir/eprop.py`) and
+carries, from call to call, each synapse's eligibility vector (`eps`, one entry per state of the
+neuron). The backward receives the learning signal `L_t = dE/d out_t` (through the readout: its
+weights, or a fixed random matrix with `feedback="random"`) and gives
+
+    dE/dW_ip = sum_t L_i(t) (c_t . eps_{t-1} + g_t pre_p(t)),   eps_t = J_t eps_{t-1} + b_t pre_p(t)
+
+for W_in (pre: the input), W_rec (pre: the fed-back source of the step before), the bias (pre: 1)
+and the neuron's learnable params (`dh/dtheta` in place of `b pre`): the gradient of the loss with
+every path through other neurons' past cut. Nothing of a call is kept for the next one but the
+eligibility and the states, so a stream cut into calls (each with its own loss and backward) learns
+with memory independent of its length, and the calls' gradients add up to one call's.
+
+Where `J` and `b` depend on params only (a neuron whose step is linear in its states between
+spikes, and whose reset is detached or subtractive), a synapse's eligibility vector does not
+depend on the postsynaptic neuron: one trace per presynaptic neuron (`[batch, pre, states]`,
+Bellec's filtered spikes) and the weight gradient is one product over all steps. Otherwise (a
+hard reset whose derivative is kept, adaptation, conductances) it is kept per synapse,
+`[batch, hidden, pre, states]` in the input's dtype: what the exact definition costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..backends import eprop as programs
+from ..errors import FlexDSLError, did_you_mean
+
+LEARNING = ("bptt", "eprop")
+FEEDBACK = ("symmetric", "random")
+
+
+# ---------------------------------------------------------------------------- the factors of a call
+class Factors:
+    """The stacked factors of a call's steps: `J` `[T, F, H, d, d]` (or `[d, d]` when constant), `b`
+    `[T, F, H, d]` (`[d]`), `c` `[T, F, H, n_out, d]`, `g` `[T, F, H, n_out]`, `dF` `[T, F, H, n_learn, d]`,
+    `dG` `[T, F, H, n_out, n_learn]`; absent factors are zeros."""
+
+    def __init__(self, prog: programs.EPropProgram, meta: dict[str, Any], steps: list[dict[str, Any]],
+                 shape: torch.Size, like: torch.Tensor) -> None:
+        st, outs, learn = meta["states"], meta["outputs"], meta["learnable"]
+        self.d, self.n_out, self.n_learn = len(st), len(outs), len(learn)
+        T = len(steps)
+
+        def stack(name: str) -> torch.Tensor | None:
+            vals = [s.get(name) for s in steps]
+            if vals[0] is None:
+                return None
+            return torch.stack([_full(v, shape, like) for v in vals])
+
+        def grid(names: list[list[str]]) -> torch.Tensor:
+            out = like.new_zeros((T, *shape, len(names), len(names[0]) if names else 0))
+            for i, row in enumerate(names):
+                for j, n in enumerate(row):
+                    v = stack(n)
+                    if v is not None:
+                        out[..., i, j] = v
+            return out
+
+        self.constant = prog.constant and all(_scalar(s.get(n)) for s in steps[:1] for n in s
+                                              if n.startswith(("J[", "b[")))
+        if self.constant:
+            f0 = steps[0]
+            self.J = like.new_tensor([[_number(f0.get(f"J[{a},{b}]")) for b in st] for a in st])
+            self.b = like.new_tensor([_number(f0.get(f"b[{a}]")) for a in st])
+        else:
+            self.J = grid([[f"J[{a},{b}]" for b in st] for a in st])
+            self.b = grid([[f"b[{a}]"] for a in st])[..., 0]
+        self.c = grid([[f"c[{o},{a}]" for a in st] for o in outs])
+        self.g = grid([[f"g[{o}]"] for o in outs])[..., 0]
+        self.dF = grid([[f"dF[{p},{a}]" for a in st] for p in learn]) if learn else None
+        self.dG = grid([[f"dG[{o},{p}]" for p in learn] for o in outs]) if learn else None
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or not isinstance(v, torch.Tensor) or v.numel() == 1
+
+
+def _number(v: Any) -> float:
+    return 0.0 if v is None else float(v)
+
+
+def _full(v: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    if not isinstance(v, torch.Tensor):
+        return torch.full(shape, float(v), dtype=like.dtype, device=like.device)
+    return v.to(like.dtype).expand(shape)
+
+
+# ---------------------------------------------------------------------------- the recursions
+def _step_eps(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, pre: torch.Tensor, constant: bool
+              ) -> torch.Tensor:
+    """One step of a dense group's eligibility: per synapse `[F, H, P, d]`, or per presynaptic
+    neuron `[F, P, d]` when `constant` (`J` `[d, d]`, `b` `[d]`)."""
+    if constant:
+        return torch.einsum("kl,fpl->fpk", J, eps) + pre[..., None] * b
+    return torch.einsum("fikl,fipl->fipk", J, eps) + b[:, :, None, :] * pre[:, None, :, None]
+
+
+def _step_diag(eps: torch.Tensor, J: torch.Tensor, src: torch.Tensor, constant: bool) -> torch.Tensor:
+    """One step of a per-neuron eligibility `[F, H, d]` (the bias, a one-to-one W_rec, a param),
+    `src` `[F, H, d]` its source term."""
+    if constant:
+        return torch.einsum("kl,fil->fik", J, eps) + src
+    return torch.einsum("fikl,fil->fik", J, eps) + src
+
+
+class Eligibility:
+    """A call's eligibility state: `dense` (W_in and a dense W_rec), `bias`, `rec` (one-to-one W_rec)
+    and one per learnable param (`params[name]`); carried from call to call."""
+
+    def __init__(self, dense: torch.Tensor | None, diag: dict[str, torch.Tensor], constant: bool) -> None:
+        self.dense, self.diag, self.constant = dense, diag, constant
+
+    def detach(self) -> Eligibility:
+        return Eligibility(None if self.dense is None else self.dense.detach(),
+                           {k: v.detach() for k, v in self.diag.items()}, self.constant)
+
+
+def _dense_pre(x: torch.Tensor | None, s_prev: torch.Tensor | None) -> torch.Tensor:
+    parts = [p for p in (x, s_prev) if p is not None]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+
+def _per_synapse(eps: torch.Tensor, H: int) -> torch.Tensor:
+    """A presynaptic trace `[F, P, d]` as the per-synapse eligibility it stands for `[F, H, P, d]`."""
+    return eps[:, None].expand(eps.shape[0], H, *eps.shape[1:]).clone()
+
+
+class Plan:
+    """What a call's Function needs besides its tensors: the program, the layer's form, the kept
+    eligibility it starts from and, after the forward, the new one and the final states."""
+
+    def __init__(self, prog: programs.EPropProgram, port: int, source: int, dense_rec: bool, n_others: int,
+                 diag_names: list[str], elig: Eligibility | None) -> None:
+        self.prog, self.port, self.source, self.dense_rec = prog, port, source, dense_rec
+        self.n_others, self.diag_names = n_others, diag_names
+        self.elig_in = elig
+        self.elig_out: Eligibility | None = None
+        self.finals: list[torch.Tensor] = []
+
+
+def _run(plan: Plan, ix: torch.Tensor, x3: torch.Tensor | None, w: torch.Tensor, s0: torch.Tensor,
+         others: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any]):
+    """The call's steps: (outputs per step, the source before each step `[T + 1, F, H]`, Factors)."""
+    prog, meta = plan.prog, plan.prog.meta
+    T = ix.shape[0]
+    params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
+              for p in params]  # (0-d float64: a number, in the lanes' dtype)
+    s_prev, h = s0, list(states)
+    outs: list[list[torch.Tensor]] = [[] for _ in meta["outputs"]]
+    S = [s0]
+    steps = []
+    for t in range(T):
+        cur = ix[t] + (s_prev @ w.t() if plan.dense_rec else s_prev * w)
+        inputs = list(others_at(others, t))
+        inputs.insert(plan.port, cur)
+        o, h, f = prog.step(inputs, h, params)
+        o = [_full(v, cur.shape, cur) for v in o]
+        h = [_full(v, cur.shape, cur) for v in h]
+        for k, v in enumerate(o):
+            outs[k].append(v)
+        s_prev = o[plan.source]
+        S.append(s_prev)
+        steps.append(f)
+    plan.finals = h
+    fac = Factors(prog, meta, steps, s0.shape, s0)
+    return [torch.stack(v) for v in outs], torch.stack(S), fac
+
+
+def others_at(others: Sequence[torch.Tensor], t: int) -> list[torch.Tensor]:
+    return [o[t] for o in others]
+
+
+def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.Tensor) -> Eligibility:
+    """The eligibility at the call's start: the kept one, in the form this call runs (zeros after
+    a reset)."""
+    e = plan.elig_in
+    dense = None
+    if P:
+        if e is not None and e.dense is not None:
+            dense = e.dense
+            if e.constant and not fac.constant:
+                dense = _per_synapse(dense, H)
+        else:
+            dense = like.new_zeros((F, P, fac.d) if fac.constant else (F, H, P, fac.d))
+    diag = {n: (e.diag[n] if e is not None and n in e.diag else like.new_zeros((F, H, fac.d))) for n in plan.diag_names}
+    return Eligibility(dense, diag, fac.constant)
+
+
+def _diag_src(plan: Plan, fac: Factors, name: str, t: int, S: torch.Tensor) -> torch.Tensor:
+    """The source term of a per-neuron eligibility at step t: `b pre` (bias: pre 1; rec: the neuron's
+    own source of the step before) or `dh/dtheta`."""
+    b = fac.b if fac.constant else fac.b[t]
+    if name == "bias":
+        return b.expand(*S.shape[1:], fac.d) if fac.constant else b
+    if name == "rec":
+        return S[t][..., None] * b
+    return fac.dF[t][:, :, int(name.split(":")[1])]
+
+
+def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S: torch.Tensor,
+          L: torch.Tensor | None, dense_rec: bool) -> tuple[Eligibility, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """Run the eligibility through the call's steps from `e0`; with the learning signal `L`
+    `[T, F, H, n_out]`, also the gradients (the dense group's `[H, P]`, the per-neuron ones `[F, H]`)."""
+    T = S.shape[0] - 1
+    dense, diag = e0.dense, dict(e0.diag)
+    g_dense = None
+    g_diag = {n: torch.zeros_like(S[0]) for n in diag}
+    for t in range(T):
+        J = fac.J if fac.constant else fac.J[t]
+        pre = _dense_pre(x3[t] if x3 is not None else None, S[t] if dense_rec else None) if dense is not None else None
+        if L is not None:
+            A = torch.einsum("fio,fiok->fik", L[t], fac.c[t])  # (L c): [F, H, d]
+            Lg = (L[t] * fac.g[t]).sum(-1)  # [F, H]
+            if dense is not None:
+                term = (torch.einsum("fik,fpk->ip", A, dense) if fac.constant else
+                        torch.einsum("fik,fipk->ip", A, dense)) + Lg.t() @ pre
+                g_dense = term if g_dense is None else g_dense + term
+            for n, eps in diag.items():
+                q = _diag_pre(n, S, t, fac, L)
+                g_diag[n] = g_diag[n] + (A * eps).sum(-1) + q
+        if dense is not None:
+            dense = _step_eps(dense, J, fac.b if fac.constant else fac.b[t], pre, fac.constant)
+        for n in diag:
+            diag[n] = _step_diag(diag[n], J, _diag_src(plan, fac, n, t, S), fac.constant)
+    return Eligibility(dense, diag, fac.constant), g_dense, g_diag
+
+
+def _diag_pre(name: str, S: torch.Tensor, t: int, fac: Factors, L: torch.Tensor) -> torch.Tensor:
+    """The direct term of a per-neuron gradient at step t: `L g pre` (or `L dG` of a param)."""
+    Lg = (L[t] * fac.g[t]).sum(-1)
+    if name == "bias":
+        return Lg
+    if name == "rec":
+        return Lg * S[t]
+    k = int(name.split(":")[1])
+    return (L[t] * fac.dG[t][..., k]).sum(-1)
+
+
+class EPropCall(torch.autograd.Function):
+    """One call of an e-prop layer: the forward runs the steps and the eligibility to the call's
+    end (kept in `plan.elig_out`); the backward runs the eligibility again from the call's start,
+    now with the learning signal (the gradients of the outputs), and gives the gradients of W_in,
+    the bias, W_rec and the learnable params (`plan.diag_names` "param:j:k": the j-th learnable param, `params[k]`)."""
+
+    @staticmethod
+    def forward(ctx, plan: Plan, x3, w_in, bias, w, s0, *rest):  # type: ignore[override]
+        n_p = len(rest) - plan.n_others - plan.prog.n_states
+        params, others, states = list(rest[:n_p]), list(rest[n_p:n_p + plan.n_others]), list(rest[n_p + plan.n_others:])
+        ix = x3 @ w_in.t() if w_in is not None else x3
+        if bias is not None:
+            ix = ix + bias
+        outs, S, fac = _run(plan, ix, x3, w, s0, others, states, params)
+        F, H = s0.shape
+        xin = x3 if w_in is not None else None
+        P = (x3.shape[-1] if xin is not None else 0) + (H if plan.dense_rec else 0)
+        e0 = _eligibility0(plan, fac, F, H, P, s0)
+        plan.elig_out, _, _ = _walk(plan, fac, e0, xin, S, None, plan.dense_rec)
+        ctx.plan, ctx.fac, ctx.e0 = plan, fac, e0
+        ctx.save_for_backward(xin, S)
+        ctx.shapes = [p.shape if isinstance(p, torch.Tensor) else None for p in params]
+        ctx.n_rest = len(rest)
+        ctx.mark_non_differentiable(*plan.finals)
+        return (*outs, *plan.finals)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        plan, fac = ctx.plan, ctx.fac
+        x3, S = ctx.saved_tensors
+        g_outs = [g if g is not None else torch.zeros_like(S[1:]) for g in grads[:fac.n_out]]
+        L = torch.stack(g_outs, -1)  # [T, F, H, n_out]: the learning signal
+        _, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L, plan.dense_rec)
+        n_in = x3.shape[-1] if x3 is not None else 0
+        g_w_in = g_dense[:, :n_in] if g_dense is not None and n_in else None
+        g_w = (g_dense[:, n_in:] if g_dense is not None else None) if plan.dense_rec else g_diag["rec"].sum(0)
+        g_bias = g_diag["bias"].sum(0) if "bias" in g_diag else None
+        g_rest: list[Any] = [None] * ctx.n_rest
+        for n, g in g_diag.items():
+            if n.startswith("param:"):
+                k = int(n.split(":")[2])
+                g_rest[k] = g.sum_to_size(ctx.shapes[k])
+        return (None, None, g_w_in, g_bias, g_w, None, *g_rest)
+
+
+# ---------------------------------------------------------------------------- the readout
+class _RandomFeedback(torch.autograd.Function):
+    """`s W^T + b`, whose gradient to `s` goes through the fixed matrix `B` instead of `W`."""
+
+    @staticmethod
+    def forward(ctx, s, weight, bias, B):  # type: ignore[override]
+        ctx.save_for_backward(s, weight, B)
+        ctx.has_bias = bias is not None
+        y = s @ weight.t()
+        return y + bias if bias is not None else y
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        s, weight, B = ctx.saved_tensors
+        g2, s2 = g.reshape(-1, g.shape[-1]), s.reshape(-1, s.shape[-1])
+        g_w = g2.t() @ s2 if weight.requires_grad else None
+        g_b = g2.sum(0) if ctx.has_bias else None
+        return g @ B.to(g.dtype), g_w, g_b, None
+
+
+class Readout(nn.Module):
+    """An e-prop layer's readout: `linear` (`nn.Linear(hidden, n_out)`) of the layer's spikes. With
+    `feedback` (a fixed `[n_out, hidden]` matrix: Bellec's random e-prop) the learning signal reaching
+    the layer is `(dE/dy) B` instead of `(dE/dy) W` (symmetric feedback)."""
+
+    def __init__(self, linear: nn.Module, feedback: torch.Tensor | None) -> None:
+        super().__init__()
+        self.linear = linear
+        self.register_buffer("feedback", feedback)
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        if self.feedback is None:
+            return self.linear(s)
+        return _RandomFeedback.apply(s, self.linear.weight, self.linear.bias, self.feedback)
+
+
+# ---------------------------------------------------------------------------- the layer's side
+class EPropLearning:
+    """The e-prop side of `RecurrentModule` (a mixin): the build-time checks, the readout and
+    feedback, and a training call (`_eprop_call`)."""
+
+    def _setup_learning(self, learning: Any, readout: Any, feedback: Any) -> None:
+        view = self.__dict__["_view"]
+        ck = view.compiled.checked
+        where = ck.ast.pos
+        if not isinstance(learning, str) or learning not in LEARNING:
+            raise view.error(f"learning must be 'bptt' or 'eprop', not {learning!r}", where,
+                             did_you_mean(str(learning), LEARNING) or
+                             "'bptt': backpropagation through time; 'eprop': e-prop (online, eligibility traces)")
+        self.__dict__["_learning"] = learning
+        self.__dict__["_eprop"] = None
+        if learning != "eprop":
+            if readout is not None or not (isinstance(feedback, str) and feedback == "symmetric"):
+                raise view.error("readout= and feedback= belong to learning='eprop'", where,
+                                 "pass learning='eprop', or build the readout as a module of your own")
+            return
+        self.__dict__["_eprop"] = self._eprop_program(view, ck)
+        self._setup_readout(view, readout, feedback)
+
+    def _eprop_program(self, view: Any, ck: Any) -> programs.EPropProgram:
+        """The model's e-prop step, or a located error saying why e-prop cannot train this layer."""
+        hint = "use learning='bptt' (backpropagation through time)"
+        if self.__dict__["_in_delay"] is not None or self.__dict__["_rec_delay"] is not None:
+            raise view.error("e-prop does not run layers with delays yet", where_of(ck), hint)
+        if ck.stochastic:
+            raise view.error("e-prop cannot learn a noisy model: its eligibility would need each step's draws again",
+                             ck.noise_pos(), hint + ", or a noise-free variant of the model")
+        names = [i.name for i in ck.inputs]
+        port = names.index(self.port)
+        prog = programs.program(view.compiled, port)
+        outs = [n for n, _ in ck.outputs]
+        if not any(f.startswith(("b[", "g[")) for f in prog.factors):
+            decl = next(i for i in ck.inputs if i.name == self.port)
+            raise view.error(f"the input `{self.port}` reaches neither a state nor an output of {ck.name} with a "
+                             "gradient: the weights into it get no eligibility", decl.pos,
+                             "e-prop needs a differentiable path from the port to the states (a spike's surrogate "
+                             "counts); check the model's `update:` block")
+        src = outs.index(self.source)
+        if not any(f.startswith((f"c[{self.source},", f"g[{self.source}]")) for f in prog.factors):
+            pos = next(p for n, p in ck.outputs if n == self.source)
+            raise view.error(f"the fed-back output `{self.source}` does not depend on the neuron's states or input "
+                             "with a gradient: no learning signal reaches the weights", pos, hint)
+        self.__dict__["_eprop_form"] = (port, src)
+        return prog
+
+    def _setup_readout(self, view: Any, readout: Any, feedback: Any) -> None:
+        ck = view.compiled.checked
+        where = ck.ast.pos
+        H = self.hidden
+        linear = None
+        if readout is not None:
+            if isinstance(readout, bool) or not isinstance(readout, int | nn.Module):
+                raise view.error(f"readout must be the number of outputs or an nn.Linear(hidden, n_out), not "
+                                 f"{type(readout).__name__}", where, f"e.g. readout=10 (nn.Linear({H}, 10))")
+            if isinstance(readout, int):
+                if readout <= 0:
+                    raise view.error(f"readout must be a positive number of outputs, not {readout}", where)
+                linear = nn.Linear(H, readout)
+            else:
+                w = getattr(readout, "weight", None)
+                if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] != H:
+                    got = tuple(w.shape) if isinstance(w, torch.Tensor) else "no weight"
+                    raise view.error(f"the readout's weight is {got}; an e-prop readout reads the layer's {H} neurons: "
+                                     f"a weight [n_out, {H}]", where, f"e.g. readout=nn.Linear({H}, n_out)")
+                linear = readout
+        B = None
+        if isinstance(feedback, str):
+            if feedback not in FEEDBACK:
+                raise view.error(f"feedback must be 'symmetric', 'random' or a [n_out, hidden] tensor, not "
+                                 f"{feedback!r}", where, did_you_mean(feedback, FEEDBACK))
+            if feedback == "random":
+                if linear is None:
+                    raise view.error("feedback='random' needs the readout: the random matrix has its shape", where,
+                                     f"pass readout=n_out (an nn.Linear({H}, n_out) made here) or readout=your_linear")
+                n_out = linear.weight.shape[0]
+                B = torch.randn(n_out, H, dtype=linear.weight.dtype) / H ** 0.5
+        elif isinstance(feedback, torch.Tensor):
+            if linear is None:
+                raise view.error("a feedback matrix needs the readout it stands for", where,
+                                 f"pass readout=n_out or readout=nn.Linear({H}, n_out)")
+            want = (linear.weight.shape[0], H)
+            if tuple(feedback.shape) != want or not feedback.is_floating_point():
+                raise view.error(f"the feedback matrix is {tuple(feedback.shape)} {feedback.dtype}; it stands for the "
+                                 f"readout's weight: a floating-point [n_out, hidden] = {want} tensor", where,
+                                 f"e.g. feedback=torch.randn{want} / {H} ** 0.5")
+            B = feedback.detach().clone()
+        else:
+            raise view.error(f"feedback must be 'symmetric', 'random' or a tensor, not {type(feedback).__name__}", where)
+        self.readout = Readout(linear, B) if linear is not None else None
+
+    @property
+    def learning(self) -> str:
+        return self.__dict__.get("_learning", "bptt")
+
+    def _eprop_call(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
+                    inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any]
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """A training call: (outputs `[T, F, H]`, final states, final source); the eligibility kept."""
+        view = self.__dict__["_view"]
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x3, *inputs)):
+            decl = next(i for i in view.compiled.checked.inputs if i.name == self.port)
+            raise view.error("a layer that learns by e-prop gives its input no gradient, but this input requires one",
+                             decl.pos, "detach the input (x.detach()), or use learning='bptt' to train what is before")
+        port, src = self.__dict__["_eprop_form"]
+        F, H = s0.shape
+        kept = self.__dict__["_kept"].get("eligibility")
+        if kept is not None and _batch_of(kept) != F:
+            raise view.error(f"the kept eligibility is of a batch of {_batch_of(kept)}, this call's of {F}", None,
+                             "call m.reset() before a batch of another size")
+        diag = ["bias"] if bias is not None else []
+        if not (w.dim() == 2):
+            diag.append("rec")
+        meta = self.__dict__["_eprop"].meta
+        learn = [meta["params"].index(n) for n in meta["learnable"]]
+        diag += [f"param:{j}:{k}" for j, k in enumerate(learn)
+                 if isinstance(params[k], torch.Tensor) and params[k].requires_grad]
+        plan = Plan(self.__dict__["_eprop"], port, src, w.dim() == 2, len(inputs), diag, kept)
+        st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
+              for s in states]
+        res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
+        n_out = len(meta["outputs"])
+        self.__dict__["_kept"]["eligibility"] = plan.elig_out.detach()
+        return list(res[:n_out]), list(res[n_out:]), res[src][-1]
+
+
+def _batch_of(e: Eligibility) -> int:
+    if e.dense is not None:
+        return e.dense.shape[0]
+    return next(iter(e.diag.values())).shape[0] if e.diag else -1
+
+
+def where_of(ck: Any) -> Any:
+    return ck.ast.pos
+
+
+__all__ = ["EPropCall", "EPropLearning", "FEEDBACK", "LEARNING", "Readout"]
