@@ -381,7 +381,8 @@ class _Lowering:
         model, n, env, rule = self.model, self.n, self.env, self.model.spike
         assert rule is not None
         self.here[0] = rule.pos
-        s = self.emit("spike_detached", Detach(spike_sym)) if self.detach_reset else spike_sym
+        which = self.detach_reset  # True: every reset; names: those states' resets only
+        detached = self.emit("spike_detached", Detach(spike_sym)) if which else spike_sym
         pre = dict(env)
         new_vals: dict[str, sp.Expr] = {}
         for st in model.on_spike:
@@ -392,6 +393,7 @@ class _Lowering:
                     subs[name] = to_sympy(d, local, n)
             e = to_sympy(st.value, local, n, self.draw)
             x = pre[st.target]
+            s = detached if which is True or (which and st.target in which) else spike_sym
             if st.op == "=":
                 new_vals[st.target] = s * e + (1 - s) * x
             elif st.op == "+=":

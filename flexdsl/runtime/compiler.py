@@ -240,19 +240,33 @@ def compile_model(model: str | Path, detach_reset: bool = False, options: LoadOp
     return compile_text(text, filename, detach_reset, options)
 
 
+def reset_detached(value: Any, filename: str) -> bool | tuple[str, ...]:
+    """`detach_reset` as the compiler keys it: a bool, or the sorted names of the states whose reset
+    sees the spike detached (`detach_reset="v"`: the membrane's reset only, as e-prop's LIF and ALIF)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple | set | frozenset) and value and all(isinstance(v, str) for v in value):
+        return tuple(sorted(set(value)))
+    if isinstance(value, bool | int) and not isinstance(value, list | tuple):
+        return bool(value)
+    raise FlexDSLError(f"detach_reset must be True, False or the name(s) of states, not {value!r}", filename,
+                       hint="e.g. detach_reset=True (every reset), or detach_reset='v' (only v's)")
+
+
 def compile_text(text: str, filename: str = "<string>", detach_reset: bool = False,
                  options: LoadOptions = NONE) -> Compiled:
     """Compile model text; `filename` names it in errors and generated code (cached per text,
     `detach_reset` and the load-time options)."""
     text = normalize(text)  # line breaks as errors count them
-    key = (text, filename, bool(detach_reset), options)
+    detach_reset = reset_detached(detach_reset, filename)
+    key = (text, filename, detach_reset, options)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
     try:
-        c = Compiled(text, filename, bool(detach_reset), options)
+        c = Compiled(text, filename, detach_reset, options)
     except RecursionError:
         raise FlexDSLError("an expression is nested too deeply to compile", filename,
                            hint="split long expressions into several `let` statements") from None

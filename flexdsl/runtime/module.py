@@ -31,7 +31,7 @@ from .callcheck import CallChecks
 from .callcheck import register as register_check
 from .calls import CallArgs, vmapped
 from .checkpoints import Checkpoints
-from .compiler import Compiled, compile_text
+from .compiler import Compiled, compile_text, reset_detached
 from .noise import NoiseSource, seed_ops
 from .params import bits, broadcasts_to, common_shape, resolve_params
 from .slots import ParamSlots
@@ -382,16 +382,18 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
         return self._compiled.text
 
     @property
-    def detach_reset(self) -> bool:
+    def detach_reset(self) -> bool | tuple[str, ...]:
         """Whether the reset sees the spike detached from the graph (set at load; assigning it
-        switches to the other compiled variant)."""
+        switches to the other compiled variant): True, False, or the names of the states whose
+        reset does (`detach_reset="v"`)."""
         return self._compiled.detach_reset
 
     @detach_reset.setter
     def detach_reset(self, value: bool) -> None:
         c = self._compiled
-        if bool(value) != c.detach_reset:
-            self.__dict__["_compiled"] = compile_text(c.text, c.filename, bool(value), c.options)
+        value = reset_detached(value, c.filename)
+        if value != c.detach_reset:
+            self.__dict__["_compiled"] = compile_text(c.text, c.filename, value, c.options)
             self.__dict__["_compiled_name"] = programs.register(self._compiled)
             self._params_changed()
             self._prepare(None)

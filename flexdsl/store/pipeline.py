@@ -52,6 +52,20 @@ def unit_definition(name: str, make) -> list:
     return cache.get_or_make(k, lambda: cache.Artefact("unit", "", {"definition": make()})).meta["definition"]
 
 
+def _check_detached(ck: CheckedModel, names: tuple[str, ...]) -> None:
+    """`detach_reset` given as state names: each a state the `on spike:` block resets."""
+    from ..errors import did_you_mean
+
+    reset = [st.target for st in ck.on_spike]
+    for n in names:
+        if n not in reset:
+            what = "a state of" if n in {s.name for s in ck.states} else "not a state of"
+            raise FlexDSLError(f"detach_reset names `{n}`, which is {what} {ck.name} reset at a spike",
+                               ck.filename, ck.ast.pos.line, ck.ast.pos.column, ck.ast.source,
+                               did_you_mean(n, reset) or (f"the states reset at a spike: {', '.join(reset)}" if reset
+                                                          else "this model has no `on spike:` block"))
+
+
 class IR:
     """One model through the compiler: its text and each stage, computed on first use (see the
     module docstring)."""
@@ -67,6 +81,8 @@ class IR:
         except FlexDSLError as e:
             raise relocate(e, options) from None
         self.checked.options = options
+        if isinstance(detach_reset, tuple):
+            _check_detached(self.checked, detach_reset)
 
     @property
     def name(self) -> str:

