@@ -236,3 +236,189 @@ def test_alif_equals_bellec_closed_form():
     db = grads([torch.ones(B, 1, dtype=torch.float64)] * T)[:, 0]
     for got, want in [(m.W_in.grad, dW_in), (m.W_rec.grad, dW_rec), (m.bias.grad, db)]:
         assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+
+
+# ----------------------------------------------------------------------------- streaming, forms, params
+def test_calls_cut_anywhere_add_up_to_one_call():
+    """Online: a sequence cut into calls, each with its own loss and backward, gives the gradient of
+    one call (the eligibility and the states carry over; a loss per step)."""
+    m = layer("alif", detach_reset="v")
+    x = torch.rand(12, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    R = [torch.randn(12, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(6))]
+    _, whole = eprop_grads(m, x, R)
+    whole = {k: v.clone() for k, v in whole.items()}
+    m.reset()
+    m.zero_grad()
+    for a, b in [(0, 1), (1, 5), (5, 6), (6, 12)]:
+        loss_of(as_tuple(m(x[a:b])), [R[0][a:b]]).backward()
+    assert_grads({n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias")}, whole, 1e-12)
+
+
+def test_single_step_mode_streams_too():
+    m = layer("lif")
+    x = torch.rand(6, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    R = [torch.randn(6, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(8))]
+    _, whole = eprop_grads(m, x, R)
+    whole = {k: v.clone() for k, v in whole.items()}
+    m.reset()
+    m.zero_grad()
+    m.step_mode = "s"
+    for t in range(6):  # (the loss couples the outputs within a step only: one backward per step)
+        loss_of([m(x[t])[None]], [R[0][t:t + 1]]).backward()
+    assert_grads({n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias")}, whole, 1e-12)
+
+
+def test_reset_clears_the_eligibility():
+    m = layer("lif")
+    x = torch.rand(5, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    R = [torch.randn(5, B, H, dtype=torch.float64)]
+    _, first = eprop_grads(m, x, R)
+    first = {k: v.clone() for k, v in first.items()}
+    m(x).sum()  # (a call that leaves eligibility behind)
+    _, again = eprop_grads(m, x, R)  # (eprop_grads resets first)
+    assert_grads(again, first, 0.0)
+    m.reset()
+    m(x)
+    assert "eligibility" in m._kept
+    m.reset()
+    assert "eligibility" not in m._kept
+
+
+@pytest.mark.parametrize("form", ["one_to_one", "mask", "no_w_in", "no_bias"])
+def test_layer_forms_equal_the_definition(form):
+    kw = {"connectivity": "one_to_one"} if form == "one_to_one" else {}
+    mask = (torch.rand(H, H, generator=torch.Generator().manual_seed(3)) > 0.4).double() if form == "mask" else None
+    if mask is not None:
+        kw["mask"] = mask
+    if form == "no_bias":
+        kw["bias"] = False
+    if form == "no_w_in":
+        torch.manual_seed(0)
+        m = flexdsl.recurrent("lif", None, H, learning="eprop").double()
+        x = torch.rand(T, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 3
+    else:
+        m = layer("lif", **kw)
+        x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    R = [torch.randn(T, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))]
+    _, got = eprop_grads(m, x, R)
+    want = reference_grads(m, x, R, mask)
+    assert_grads(got, want)
+
+
+@pytest.mark.parametrize("model, learnable", [("plif", None), ("alif", ["tau_m", "beta"]), ("lif", ["tau"])])
+def test_learnable_params_get_their_eprop_gradient(model, learnable):
+    kw = {"learnable": learnable} if learnable else {}
+    if model == "lif":
+        kw["param_shapes"] = {"tau": (H,)}
+    m = layer(model, **kw)
+    assert any(p.requires_grad for p in m.neuron.parameters())
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    R = [torch.randn(T, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))]
+    _, got = eprop_grads(m, x, R)
+    want = reference_grads(m, x, R)
+    assert any(k.startswith("neuron.") for k in want)
+    assert_grads(got, want)
+
+
+def test_eval_mode_runs_the_plain_layer_and_keeps_no_eligibility():
+    m = layer("lif")
+    x = torch.rand(T, B, N_IN, dtype=torch.float64)
+    z_train = m(x)
+    m.reset()
+    m.eval()
+    z_eval = m(x)
+    assert torch.equal(z_train.detach(), z_eval)
+    assert "eligibility" not in m._kept
+
+
+def test_random_feedback_sends_the_error_through_the_fixed_matrix():
+    m = layer("lif", readout=2, feedback="random")
+    assert isinstance(m.readout.linear, nn.Linear) and m.readout.feedback.shape == (2, H)
+    Bm = m.readout.feedback
+    x = torch.rand(T, B, N_IN, dtype=torch.float64)
+    m.readout.double()
+    z = m(x).detach().requires_grad_()
+    y = m.readout(z)
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    assert torch.allclose(z.grad, g @ Bm.double(), rtol=0, atol=1e-14)
+    assert torch.allclose(m.readout.linear.weight.grad, g.reshape(-1, 2).t() @ z.detach().reshape(-1, H), atol=1e-12)
+    # symmetric feedback: the readout's own weights
+    s = layer("lif", readout=nn.Linear(H, 2).double())
+    assert s.readout.feedback is None
+    fixed = torch.randn(2, H, dtype=torch.float64)
+    f = layer("lif", readout=2, feedback=fixed)
+    assert torch.equal(f.readout.feedback, fixed)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"learning": "e-prop"}, "learning must be"),
+    ({"learning": "eprop", "feedback": "random"}, "needs the readout"),
+    ({"learning": "eprop", "feedback": torch.zeros(2, H)}, "needs the readout"),
+    ({"learning": "eprop", "readout": 2, "feedback": torch.zeros(3, H)}, "feedback matrix is (3, 3)"),
+    ({"learning": "eprop", "readout": nn.Linear(5, 2)}, "readout's weight is (2, 5)"),
+    ({"learning": "eprop", "readout": "ten"}, "readout must be"),
+    ({"learning": "eprop", "feedback": "randm", "readout": 2}, "feedback must be"),
+    ({"learning": "bptt", "readout": 2}, "belong to learning='eprop'"),
+])
+def test_bad_construction_is_a_located_error(kw, words):
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.recurrent("lif", N_IN, H, **kw)
+    assert words in str(e.value) and "lif.neuron:" in str(e.value) and "^" in str(e.value)
+
+
+NOISY = """
+neuron Noisy:
+    input x
+    param tau = 10.0
+    param sigma = 0.1
+    param dt = 1.0
+    state v = 0.0
+    equations:
+        dv/dt = (x - v) / tau + sigma * xi
+    spike when v >= 1.0
+    on spike:
+        v = 0.0
+    output spike
+"""
+
+UNREACHED = """
+neuron Gate:
+    input x
+    input g
+    state v = 0.0
+    update:
+        v = 0.5 * v + g
+    spike when v >= 1.0
+    on spike:
+        v = 0.0
+    output spike
+"""
+
+
+def test_models_eprop_cannot_serve_are_located_errors(tmp_path):
+    p = tmp_path / "noisy.neuron"
+    p.write_text(NOISY)
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.recurrent(str(p), N_IN, H, learning="eprop")
+    assert "noisy model" in str(e.value) and ":9:" in str(e.value)
+    q = tmp_path / "gate.neuron"
+    q.write_text(UNREACHED)
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.recurrent(str(q), N_IN, H, port="x", learning="eprop")
+    assert "reaches neither a state nor an output" in str(e.value) and ":3:" in str(e.value)
+
+
+def test_an_input_that_needs_a_gradient_is_a_located_error():
+    m = layer("lif")
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(FlexDSLError, match="gives its input no gradient"):
+        m(x)
+    m(x.detach())  # (fine)
+
+
+def test_a_batch_of_another_size_needs_a_reset():
+    m = layer("lif")
+    m(torch.rand(T, B, N_IN, dtype=torch.float64))
+    with pytest.raises(FlexDSLError, match="reset"):
+        m(torch.rand(T, B + 1, N_IN, dtype=torch.float64))

@@ -355,8 +355,8 @@ class EPropLearning:
         if self.__dict__["_in_delay"] is not None or self.__dict__["_rec_delay"] is not None:
             raise view.error("e-prop does not run layers with delays yet", where_of(ck), hint)
         if ck.stochastic:
-            raise view.error("e-prop cannot learn a noisy model: its eligibility would need each step's draws again",
-                             ck.noise_pos(), hint + ", or a noise-free variant of the model")
+            raise view.error("e-prop cannot run a noisy model: its e-prop step does not replay the model's random draws",
+                             ck.noise_pos, hint + ", or a noise-free variant of the model")
         names = [i.name for i in ck.inputs]
         port = names.index(self.port)
         prog = programs.program(view.compiled, port)

@@ -331,7 +331,7 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
                                                 params)
             if T:
                 view.keep(fins, step_shape)
-                self._states["feedback"] = last.reshape(step_shape).clone()
+                self._states["feedback"] = last.detach().reshape(step_shape).clone()  # (e-prop: no graph across calls)
             res = [o.reshape(T, *step_shape) for o in outs]
             res = [r[0] for r in res] if single else res
             return res[0] if len(res) == 1 else tuple(res)
