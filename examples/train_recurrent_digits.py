@@ -6,12 +6,17 @@ download) read one pixel column per step, so the network sees a digit as an 8-st
     python examples/train_recurrent_digits.py --neuron alif --plot curves.png
     python examples/train_recurrent_digits.py --device cuda        # the compiled Triton layer
     python examples/train_recurrent_digits.py --no-recurrence      # the same network without W_rec
+    python examples/train_recurrent_digits.py --learning eprop     # e-prop instead of BPTT (online learning)
 
 The network is `flexdsl.recurrent(neuron, 8, H)` -- at each step the neurons receive
 W_in x[t] + W_rec s[t-1] + b, s being their own spikes of the step before -- and a linear readout
 of the spikes averaged over the last steps. Training is backpropagation through time with the
 neuron's derived surrogate gradient; the accuracy reported is on a held-out quarter of the data
 that training never sees. `--no-recurrence` (W_rec fixed at 0) shows what the feedback adds.
+`--learning eprop` trains the same network by e-prop (Bellec et al. 2020): eligibility traces
+derived from the neuron's equations, run forward with the steps, and the readout's error as the
+learning signal (`--feedback random`: sent back through a fixed random matrix instead of the
+readout's weights).
 """
 
 from __future__ import annotations
@@ -42,18 +47,20 @@ def as_sequence(img: torch.Tensor) -> torch.Tensor:
 
 
 class Net(nn.Module):
-    def __init__(self, neuron: str, hidden: int, gain: float, readout_steps: int, recurrence: bool) -> None:
+    def __init__(self, neuron: str, hidden: int, gain: float, readout_steps: int, recurrence: bool,
+                 learning: str = "bptt", feedback: str = "symmetric") -> None:
         super().__init__()
         import flexdsl
 
         self.gain = gain
         self.readout_steps = readout_steps
-        self.rnn = flexdsl.recurrent(neuron, 8, hidden)
+        eprop = {"learning": "eprop", "readout": 10, "feedback": feedback} if learning == "eprop" else {}
+        self.rnn = flexdsl.recurrent(neuron, 8, hidden, **eprop)
         if not recurrence:
             with torch.no_grad():
                 self.rnn.W_rec.zero_()
             self.rnn.W_rec.requires_grad_(False)
-        self.fc = nn.Linear(hidden, 10)
+        self.fc = self.rnn.readout if learning == "eprop" else nn.Linear(hidden, 10)
 
     def forward(self, seq: torch.Tensor) -> torch.Tensor:  # seq: [T, B, 8]
         self.rnn.reset()
@@ -74,6 +81,10 @@ def main(argv: list[str] | None = None) -> float:
                          "exp(-dt/tau_m), else 4)")
     ap.add_argument("--readout-steps", type=int, default=4, help="the last steps whose spikes the readout averages")
     ap.add_argument("--no-recurrence", action="store_true", help="W_rec fixed at 0 (a feed-forward baseline)")
+    ap.add_argument("--learning", default="bptt", choices=["bptt", "eprop"],
+                    help="backpropagation through time, or e-prop (eligibility traces, online)")
+    ap.add_argument("--feedback", default="symmetric", choices=["symmetric", "random"],
+                    help="e-prop's learning signal through the readout's weights or a fixed random matrix")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the compiled Triton layer)")
     ap.add_argument("--plot", metavar="OUT.png", help="save loss and accuracy curves")
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> float:
     gain = a.input_gain or (40.0 if Path(a.neuron).stem == "alif" else 4.0)
     torch.manual_seed(a.seed)
     try:
-        net = Net(a.neuron, a.hidden, gain, a.readout_steps, not a.no_recurrence).to(dev)
+        net = Net(a.neuron, a.hidden, gain, a.readout_steps, not a.no_recurrence, a.learning, a.feedback).to(dev)
     except flexdsl.FlexDSLError as e:
         ap.exit(2, f"{e}\n")
     x_tr, x_te, y_tr, y_te = (t.to(dev) for t in load_digits_split(a.seed))
@@ -112,7 +123,8 @@ def main(argv: list[str] | None = None) -> float:
     c = net.rnn.neuron.compiled
     print(f"recurrent {c.name} layer ({c.filename}), {a.hidden} neurons, on {dev} "
           f"({'Triton kernels' if dev.type == 'cuda' else 'torch backend'}); {len(x_tr)} training / {len(x_te)} test "
-          f"digits, read column by column (T=8){'; no recurrence' if a.no_recurrence else ''}")
+          f"digits, read column by column (T=8){'; no recurrence' if a.no_recurrence else ''}; learning: "
+          f"{'e-prop (' + a.feedback + ' feedback)' if a.learning == 'eprop' else 'BPTT'}")
     t0 = time.time()
 
     def evaluate(x: torch.Tensor, y: torch.Tensor) -> float:

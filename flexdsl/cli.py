@@ -109,6 +109,8 @@ def _check_layer(f: str) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
 
+    if isinstance(args.detach_reset, str):  # (--detach-reset v,a: those states' resets)
+        args.detach_reset = tuple(n.strip() for n in args.detach_reset.split(",") if n.strip()) or True
     if str(args.file).endswith(".nir"):
         return _show_nir(args)
     if str(args.file).endswith(".layer"):
@@ -169,6 +171,35 @@ def _show_compiled(c, what: str) -> None:
         print(_format_equations(c, backward=True))
     elif what == "neuron":
         print(c.text, end="")
+    elif what == "eprop":
+        print(_format_eprop(c))
+
+
+def _format_eprop(c) -> str:
+    """e-prop's eligibility of the model's first input, derived from its step (ir/eprop.py)."""
+    import sympy as sp
+
+    from .ir.eprop import derive_eprop
+
+    step = c.step
+    if not step.inputs:
+        return f"# neuron {c.name} has no input: e-prop has no weights to train"
+    e = derive_eprop(step, 0)
+    st = [s.name for s in step.states]
+    x = step.inputs[0].name
+    lines = [f"# neuron {c.name} ({c.filename}): e-prop's eligibility (Bellec et al. 2020), derived from the step",
+             f"# a synapse W_ip into `{x}` (I = sum_p W_ip pre_p) keeps eps = ({', '.join('eps_' + s for s in st)}),",
+             "# the derivative of the neuron's states along its own history:",
+             "#   eps(t) = J eps(t-1) + b pre_p(t)      e(t) = c . eps(t-1) + g pre_p(t)      "
+             "dE/dW_ip = sum_t L_i(t) e(t)",
+             "# (L = dE/d output, the learning signal; a learnable param has dF, dG in place of b pre, g pre)",
+             "# the step and its derivatives, in order:"]
+    lines += [f"{y} = {sp.sstr(v)}" for y, v in e.assignments]
+    lines += [f"{n} = {sp.sstr(v)}" for n, v in e.factors() if v != 0]
+    lines.append("# (factors not listed are 0)")
+    lines.append("# J and b depend on params only: one trace per presynaptic neuron" if e.constant else
+                 "# J or b depends on the state: the eligibility is kept per synapse")
+    return "\n".join(lines)
 
 
 def _format_equations(c, backward: bool) -> str:
@@ -468,8 +499,11 @@ def _add_show(sub) -> None:
                    help="the derived backward (vector-Jacobian product) of one step")
     g.add_argument("--neuron", dest="what", action="store_const", const="neuron",
                    help="the model's .neuron text (the default for a .nir file)")
-    s.add_argument("--detach-reset", action="store_true",
-                   help="compile with the spike detached in the reset (as load(..., detach_reset=True))")
+    g.add_argument("--eprop", dest="what", action="store_const", const="eprop",
+                   help="e-prop's eligibility, derived from the step (recurrent(..., learning='eprop'))")
+    s.add_argument("--detach-reset", nargs="?", const=True, default=False, metavar="STATES",
+                   help="compile with the spike detached in the reset (as load(..., detach_reset=True)); "
+                        "STATES (e.g. v, or v,a): only those states' resets")
     s.add_argument("--dt", type=_number_arg, help="for a .nir file: the step, in the graph's time unit "
                    "(default: the one flexdsl.nir.export recorded)")
     _add_options(s)
