@@ -422,3 +422,19 @@ def test_a_batch_of_another_size_needs_a_reset():
     m(torch.rand(T, B, N_IN, dtype=torch.float64))
     with pytest.raises(FlexDSLError, match="reset"):
         m(torch.rand(T, B + 1, N_IN, dtype=torch.float64))
+
+
+def test_show_eprop_prints_the_derived_eligibility():
+    r = subprocess.run([sys.executable, "-m", "flexdsl", "show", "alif", "--eprop", "--detach-reset", "v"],
+                       capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "eps = (eps_v, eps_a)" in out and "J[a,v] = d_spike_d_v" in out and "J[v,v] = alpha_1" in out
+    assert "J[v,a]" not in out  # (v's reset detached: no path from a to v)
+    assert "kept per synapse" in out
+    r = subprocess.run([sys.executable, "-m", "flexdsl", "show", "lif_soft", "--eprop", "--detach-reset"],
+                       capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert r.returncode == 0 and "one trace per presynaptic neuron" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "flexdsl", "show", "alif", "--eprop", "--detach-reset", "w"],
+                       capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "detach_reset names `w`" in r.stderr

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .functions import Randn, Rand, SurrogateGrad
+from .functions import Rand, Randn, SurrogateGrad
 from .lower import NameGen, StepModel, share_subexpressions
 
 
@@ -143,4 +143,26 @@ def has_draws(e: EProp) -> bool:
     return any(f.has(Randn, Rand) for _, f in e.assignments)
 
 
-__all__ = ["EProp", "derive_eprop", "has_draws"]
+def describe(step: StepModel, name: str, filename: str) -> str:
+    """The derived eligibility of the step's first input as text (`flexdsl show --eprop`)."""
+    if not step.inputs:
+        return f"# neuron {name} has no input: e-prop has no weights to train"
+    e = derive_eprop(step, 0)
+    st = [s.name for s in step.states]
+    x = step.inputs[0].name
+    lines = [f"# neuron {name} ({filename}): e-prop's eligibility (Bellec et al. 2020), derived from the step",
+             f"# a synapse W_ip into `{x}` (I = sum_p W_ip pre_p) keeps eps = ({', '.join('eps_' + s for s in st)}),",
+             "# the derivative of the neuron's states along its own history:",
+             "#   eps(t) = J eps(t-1) + b pre_p(t)      e(t) = c . eps(t-1) + g pre_p(t)      "
+             "dE/dW_ip = sum_t L_i(t) e(t)",
+             "# (L = dE/d output, the learning signal; a learnable param has dF, dG in place of b pre, g pre)",
+             "# the step and its derivatives, in order:"]
+    lines += [f"{y} = {sp.sstr(v)}" for y, v in e.assignments]
+    lines += [f"{n} = {sp.sstr(v)}" for n, v in e.factors() if v != 0]
+    lines.append("# (factors not listed are 0)")
+    lines.append("# J and b depend on params only: one trace per presynaptic neuron" if e.constant else
+                 "# J or b depends on the state: the eligibility is kept per synapse")
+    return "\n".join(lines)
+
+
+__all__ = ["EProp", "derive_eprop", "describe", "has_draws"]

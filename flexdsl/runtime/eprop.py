@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..backends import eprop as programs
-from ..errors import FlexDSLError, did_you_mean
+from ..errors import did_you_mean
 
 LEARNING = ("bptt", "eprop")
 FEEDBACK = ("symmetric", "random")
