@@ -33,6 +33,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_RECURRENT_GRAPHS": ("", "0", "1"),
     "FLEXDSL_RECURRENT_FIXED": ("", "0", "1"),
     "FLEXDSL_RECURRENT_RESIDENT": ("", "0", "1"),
+    "FLEXDSL_EPROP_COMPILE": ("", "0", "1"),
 }
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import flexdsl
-from flexdsl import FlexDSLError
+from flexdsl import FlexDSLError, backends
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = sorted(p.stem for p in (ROOT / "neurons").glob("*.neuron"))
@@ -438,3 +438,38 @@ def test_show_eprop_prints_the_derived_eligibility():
     r = subprocess.run([sys.executable, "-m", "flexdsl", "show", "alif", "--eprop", "--detach-reset", "w"],
                        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "detach_reset names `w`" in r.stderr
+
+
+TRITON = backends.get("triton").available()
+
+
+@pytest.mark.skipif(not TRITON, reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("model, kw", [("lif", {}), ("alif", {"detach_reset": "v"}), ("lif_soft", {"detach_reset": True}),
+                                       ("hodgkin_huxley", {}), ("lif", {"bias": False})])
+def test_the_kernel_of_the_traces_equals_torch(monkeypatch, model, kw):
+    """The Triton kernel that keeps each synapse's traces in registers over the steps (the CUDA path;
+    here in the interpreter) gives the torch operations' gradients and kept eligibility: float32,
+    within the sums' rounding (T steps of d-term products, each gradient a sum over T * batch)."""
+    from flexdsl.backends import eprop as programs
+    from flexdsl.backends.triton.eprop import walk
+
+    def run(kernel: bool):
+        monkeypatch.setattr(programs, "walker", (lambda x: walk) if kernel else (lambda x: None))
+        m = layer(model, **kw).float()
+        x = torch.rand(T, B, N_IN, generator=torch.Generator().manual_seed(1))
+        R = [torch.randn(T, B, H, generator=torch.Generator().manual_seed(2 + k))
+             for k in range(len(m.neuron.compiled.checked.outputs))]
+        grads = {}
+        m.reset()
+        for a, b in [(0, 4), (4, T)]:  # (two calls: the kept eligibility crosses them)
+            loss_of(as_tuple(m(x[a:b])), [r[a:b] for r in R]).backward()
+        for n in ("W_in", "W_rec", "bias"):
+            if getattr(m, n) is not None:
+                grads[n] = getattr(m, n).grad.double()
+        return grads, m._kept["eligibility"].resolve().dense.double()
+
+    (g_k, e_k), (g_t, e_t) = run(True), run(False)
+    if e_t.dim() == 3:  # (torch kept a presynaptic trace: the kernel keeps it per synapse)
+        e_t = e_t[:, None].expand_as(e_k)
+    assert_grads(g_k, g_t, 1e-4)
+    assert float((e_k - e_t).abs().max()) <= 1e-4 * max(float(e_t.abs().max()), 1.0)

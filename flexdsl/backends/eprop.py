@@ -14,8 +14,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import REFERENCE, get
-from .base import IR
+from ..errors import FlexDSLError
+from . import REFERENCE, capabilities, choose, get
+from .base import IR, Need
 
 _PROGRAMS: dict[tuple[str, int], EPropProgram] = {}
 _LOCK = threading.Lock()
@@ -55,4 +56,17 @@ def program(ir: IR, port: int) -> EPropProgram:
     return p
 
 
-__all__ = ["EPropProgram", "program"]
+def walker(x: Any) -> Any:
+    """The kernel of the backend that runs inputs like `x` (auto) that runs e-prop's per-synapse
+    traces (`Capabilities.eprop`: the Triton kernels on CUDA), or None (torch operations then)."""
+    try:
+        b = choose("auto", [x], Need.of(x))
+    except FlexDSLError:
+        return None
+    caps = capabilities(b)
+    if not caps.eprop or caps.lacks(Need.of(x)) is not None or not b.available():
+        return None
+    return b.eprop_walk  # type: ignore[attr-defined]
+
+
+__all__ = ["EPropProgram", "program", "walker"]

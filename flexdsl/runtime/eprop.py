@@ -113,8 +113,9 @@ def _step_diag(eps: torch.Tensor, J: torch.Tensor, src: torch.Tensor, constant: 
 
 
 class Eligibility:
-    """A call's eligibility state: `dense` (W_in and a dense W_rec), `bias`, `rec` (one-to-one W_rec)
-    and one per learnable param (`params[name]`); carried from call to call."""
+    """A layer's eligibility between calls: `dense` (W_in, a dense W_rec and the bias, in that order
+    of presynaptic values: per synapse `[F, H, P, d]`, or per presynaptic value `[F, P, d]` where
+    `constant`) and the per-neuron ones `diag` (`[F, H, d]`: a one-to-one W_rec, learnable params)."""
 
     def __init__(self, dense: torch.Tensor | None, diag: dict[str, torch.Tensor], constant: bool) -> None:
         self.dense, self.diag, self.constant = dense, diag, constant
@@ -123,9 +124,53 @@ class Eligibility:
         return Eligibility(None if self.dense is None else self.dense.detach(),
                            {k: v.detach() for k, v in self.diag.items()}, self.constant)
 
+    def resolve(self) -> Eligibility:
+        return self
 
-def _dense_pre(x: torch.Tensor | None, s_prev: torch.Tensor | None) -> torch.Tensor:
-    parts = [p for p in (x, s_prev) if p is not None]
+    def batch(self) -> int:
+        if self.dense is not None:
+            return self.dense.shape[0]
+        return next(iter(self.diag.values())).shape[0] if self.diag else -1
+
+
+class Pending:
+    """The eligibility at the end of a call whose traces have not been run yet: the call's backward
+    runs them (with the learning signal) and leaves the result here; a later call, `detach()` or a
+    pickle that comes first runs them without it."""
+
+    def __init__(self, plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S: torch.Tensor) -> None:
+        self.plan: Plan | None = plan
+        self.args: tuple | None = (fac, e0, x3, S)
+        self.done: Eligibility | None = None
+
+    def settle(self, e: Eligibility) -> None:
+        if self.done is None:
+            self.done = e.detach()
+        self.plan, self.args = None, None
+
+    def resolve(self) -> Eligibility:
+        if self.done is None:
+            assert self.plan is not None and self.args is not None
+            fac, e0, x3, S = self.args
+            with torch.no_grad():
+                self.settle(_walk(self.plan, fac, e0, x3, S, None)[0])
+        assert self.done is not None
+        return self.done
+
+    def detach(self) -> Eligibility:
+        return self.resolve()
+
+    def batch(self) -> int:
+        return self.resolve().batch()
+
+
+def _pre(x: torch.Tensor | None, s_prev: torch.Tensor | None, one: bool) -> torch.Tensor:
+    """A step's presynaptic values of the dense group `[F, P]`: the input, the source before, 1."""
+    ref = x if x is not None else s_prev
+    assert ref is not None
+    parts = [q for q in (x, s_prev) if q is not None]
+    if one:
+        parts.append(ref.new_ones((*ref.shape[:-1], 1)))
     return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
 
 
@@ -136,18 +181,33 @@ def _per_synapse(eps: torch.Tensor, H: int) -> torch.Tensor:
 
 class Plan:
     """What a call's Function needs besides its tensors: the program, the layer's form, the kept
-    eligibility it starts from and, after the forward, the new one and the final states."""
+    eligibility it starts from, the kernel that runs the per-synapse traces (None: torch), and after
+    the forward the final states and the pending eligibility."""
 
-    def __init__(self, prog: programs.EPropProgram, port: int, source: int, dense_rec: bool, n_others: int,
-                 diag_names: list[str], elig: Eligibility | None) -> None:
-        self.prog, self.port, self.source, self.dense_rec = prog, port, source, dense_rec
-        self.n_others, self.diag_names = n_others, diag_names
-        self.elig_in = elig
-        self.elig_out: Eligibility | None = None
+    def __init__(self, prog: programs.EPropProgram, port: int, source: int, dense_rec: bool, bias: bool,
+                 n_others: int, diag_names: list[str], elig: Eligibility | None, kernel: Any, stepper: Any) -> None:
+        self.prog, self.port, self.source, self.dense_rec, self.bias = prog, port, source, dense_rec, bias
+        self.n_others, self.diag_names, self.elig_in, self.kernel, self.stepper = \
+            n_others, diag_names, elig, kernel, stepper
+        self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
 
 
-def _run(plan: Plan, ix: torch.Tensor, x3: torch.Tensor | None, w: torch.Tensor, s0: torch.Tensor,
+def stepper(prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
+    """One step of the layer: the port's current, then the model's e-prop step (compiled by
+    torch.compile where `compiled`: on CUDA a step is then a few kernels, not one per operation)."""
+    fn = prog.fn
+
+    def body(ix_t, s_prev, w, others_t, h, params):
+        cur = ix_t + (s_prev @ w.t() if dense_rec else s_prev * w)
+        inputs = list(others_t)
+        inputs.insert(port, cur)
+        return cur, fn(*inputs, *h, *params)
+
+    return torch.compile(body, dynamic=False) if compiled else body
+
+
+def _run(plan: Plan, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor,
          others: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any]):
     """The call's steps: (outputs per step, the source before each step `[T + 1, F, H]`, Factors)."""
     prog, meta = plan.prog, plan.prog.meta
@@ -155,28 +215,22 @@ def _run(plan: Plan, ix: torch.Tensor, x3: torch.Tensor | None, w: torch.Tensor,
     params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
               for p in params]  # (0-d float64: a number, in the lanes' dtype)
     s_prev, h = s0, list(states)
+    n, d = prog.n_out, prog.n_states
     outs: list[list[torch.Tensor]] = [[] for _ in meta["outputs"]]
     S = [s0]
     steps = []
     for t in range(T):
-        cur = ix[t] + (s_prev @ w.t() if plan.dense_rec else s_prev * w)
-        inputs = list(others_at(others, t))
-        inputs.insert(plan.port, cur)
-        o, h, f = prog.step(inputs, h, params)
-        o = [_full(v, cur.shape, cur) for v in o]
-        h = [_full(v, cur.shape, cur) for v in h]
+        cur, res = plan.stepper(ix[t], s_prev, w, [o[t] for o in others], h, params)
+        o = [_full(v, cur.shape, cur) for v in res[:n]]
+        h = [_full(v, cur.shape, cur) for v in res[n:n + d]]
         for k, v in enumerate(o):
             outs[k].append(v)
         s_prev = o[plan.source]
         S.append(s_prev)
-        steps.append(f)
+        steps.append(dict(zip(prog.factors, res[n + d:])))
     plan.finals = h
     fac = Factors(prog, meta, steps, s0.shape, s0)
     return [torch.stack(v) for v in outs], torch.stack(S), fac
-
-
-def others_at(others: Sequence[torch.Tensor], t: int) -> list[torch.Tensor]:
-    return [o[t] for o in others]
 
 
 def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.Tensor) -> Eligibility:
@@ -195,61 +249,85 @@ def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.
     return Eligibility(dense, diag, fac.constant)
 
 
-def _diag_src(plan: Plan, fac: Factors, name: str, t: int, S: torch.Tensor) -> torch.Tensor:
-    """The source term of a per-neuron eligibility at step t: `b pre` (bias: pre 1; rec: the neuron's
-    own source of the step before) or `dh/dtheta`."""
-    b = fac.b if fac.constant else fac.b[t]
-    if name == "bias":
-        return b.expand(*S.shape[1:], fac.d) if fac.constant else b
+def _diag_src(fac: Factors, name: str, t: int, S: torch.Tensor) -> torch.Tensor:
+    """The source term of a per-neuron eligibility at step t: `b pre` (a one-to-one W_rec: the
+    neuron's own source of the step before) or `dh/dtheta`."""
     if name == "rec":
-        return S[t][..., None] * b
+        return S[t][..., None] * (fac.b if fac.constant else fac.b[t])
     return fac.dF[t][:, :, int(name.split(":")[1])]
-
-
-def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S: torch.Tensor,
-          L: torch.Tensor | None, dense_rec: bool) -> tuple[Eligibility, torch.Tensor | None, dict[str, torch.Tensor]]:
-    """Run the eligibility through the call's steps from `e0`; with the learning signal `L`
-    `[T, F, H, n_out]`, also the gradients (the dense group's `[H, P]`, the per-neuron ones `[F, H]`)."""
-    T = S.shape[0] - 1
-    dense, diag = e0.dense, dict(e0.diag)
-    g_dense = None
-    g_diag = {n: torch.zeros_like(S[0]) for n in diag}
-    for t in range(T):
-        J = fac.J if fac.constant else fac.J[t]
-        pre = _dense_pre(x3[t] if x3 is not None else None, S[t] if dense_rec else None) if dense is not None else None
-        if L is not None:
-            A = torch.einsum("fio,fiok->fik", L[t], fac.c[t])  # (L c): [F, H, d]
-            Lg = (L[t] * fac.g[t]).sum(-1)  # [F, H]
-            if dense is not None:
-                term = (torch.einsum("fik,fpk->ip", A, dense) if fac.constant else
-                        torch.einsum("fik,fipk->ip", A, dense)) + Lg.t() @ pre
-                g_dense = term if g_dense is None else g_dense + term
-            for n, eps in diag.items():
-                q = _diag_pre(n, S, t, fac, L)
-                g_diag[n] = g_diag[n] + (A * eps).sum(-1) + q
-        if dense is not None:
-            dense = _step_eps(dense, J, fac.b if fac.constant else fac.b[t], pre, fac.constant)
-        for n in diag:
-            diag[n] = _step_diag(diag[n], J, _diag_src(plan, fac, n, t, S), fac.constant)
-    return Eligibility(dense, diag, fac.constant), g_dense, g_diag
 
 
 def _diag_pre(name: str, S: torch.Tensor, t: int, fac: Factors, L: torch.Tensor) -> torch.Tensor:
     """The direct term of a per-neuron gradient at step t: `L g pre` (or `L dG` of a param)."""
-    Lg = (L[t] * fac.g[t]).sum(-1)
-    if name == "bias":
-        return Lg
     if name == "rec":
-        return Lg * S[t]
+        return (L[t] * fac.g[t]).sum(-1) * S[t]
     k = int(name.split(":")[1])
     return (L[t] * fac.dG[t][..., k]).sum(-1)
 
 
+def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S: torch.Tensor,
+          L: torch.Tensor | None) -> tuple[Eligibility, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """Run the eligibility through the call's steps from `e0`; with the learning signal `L`
+    `[T, F, H, n_out]`, also the gradients (the dense group's `[H, P]`, the per-neuron ones `[F, H]`)."""
+    T = S.shape[0] - 1
+    dense, g_dense = e0.dense, None
+    if dense is not None and plan.kernel is not None:
+        dense, g_dense = _walk_kernel(plan, fac, dense, x3, S, L)
+    diag = dict(e0.diag)
+    g_diag = {n: torch.zeros_like(S[0]) for n in diag}
+    torch_dense = dense is not None and plan.kernel is None
+    if not torch_dense and not diag:
+        return Eligibility(dense, diag, fac.constant and plan.kernel is None), g_dense, g_diag
+    for t in range(T):
+        J = fac.J if fac.constant else fac.J[t]
+        pre = _pre(x3[t] if x3 is not None else None, S[t] if plan.dense_rec else None, plan.bias) \
+            if torch_dense else None
+        if L is not None:
+            A = torch.einsum("fio,fiok->fik", L[t], fac.c[t])  # (L c): [F, H, d]
+            if torch_dense:
+                Lg = (L[t] * fac.g[t]).sum(-1)  # [F, H]
+                term = (torch.einsum("fik,fpk->ip", A, dense) if fac.constant else
+                        torch.einsum("fik,fipk->ip", A, dense)) + Lg.t() @ pre
+                g_dense = term if g_dense is None else g_dense + term
+            for n, eps in diag.items():
+                g_diag[n] = g_diag[n] + (A * eps).sum(-1) + _diag_pre(n, S, t, fac, L)
+        if torch_dense:
+            dense = _step_eps(dense, J, fac.b if fac.constant else fac.b[t], pre, fac.constant)
+        for n in diag:
+            diag[n] = _step_diag(diag[n], J, _diag_src(fac, n, t, S), fac.constant)
+    return Eligibility(dense, diag, fac.constant and plan.kernel is None), g_dense, g_diag
+
+
+def _walk_kernel(plan: Plan, fac: Factors, dense: torch.Tensor, x3: torch.Tensor | None, S: torch.Tensor,
+                 L: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense group's traces by the backend's kernel (per synapse; the states padded to a power of 2)."""
+    T, F, H = S.shape[0] - 1, S.shape[1], S.shape[2]
+    d = fac.d
+    D = 1 << (d - 1).bit_length()
+    if dense.dim() == 3:  # (a presynaptic trace from a call that ran on torch)
+        dense = _per_synapse(dense, H)
+    J = fac.J.expand(T, F, H, d, d) if fac.constant else fac.J
+    b = fac.b.expand(T, F, H, d) if fac.constant else fac.b
+    A = Lg = None
+    if L is not None:
+        A = torch.einsum("tfio,tfiok->tfik", L, fac.c)
+        Lg = (L * fac.g).sum(-1)
+    if D != d:
+        pad = D - d
+        dense = torch.nn.functional.pad(dense, (0, pad))
+        J = torch.nn.functional.pad(J, (0, pad, 0, pad))
+        b = torch.nn.functional.pad(b, (0, pad))
+        A = torch.nn.functional.pad(A, (0, pad)) if A is not None else None
+    out, g = plan.kernel(dense, J, b, x3, S[:-1] if plan.dense_rec else None, plan.bias, A, Lg)
+    return out[..., :d], g
+
+
 class EPropCall(torch.autograd.Function):
-    """One call of an e-prop layer: the forward runs the steps and the eligibility to the call's
-    end (kept in `plan.elig_out`); the backward runs the eligibility again from the call's start,
-    now with the learning signal (the gradients of the outputs), and gives the gradients of W_in,
-    the bias, W_rec and the learnable params (`plan.diag_names` "param:j:k": the j-th learnable param, `params[k]`)."""
+    """One call of an e-prop layer: the forward runs the steps and leaves the eligibility pending
+    (`plan.pending`); the backward runs the traces from the call's start with the learning signal
+    (the gradients of the outputs), settles the pending eligibility and gives the gradients of W_in,
+    the bias, W_rec and the learnable params (`plan.diag_names` "param:j:k": the j-th learnable
+    param, `params[k]`)."""
 
     @staticmethod
     def forward(ctx, plan: Plan, x3, w_in, bias, w, s0, *rest):  # type: ignore[override]
@@ -258,12 +336,12 @@ class EPropCall(torch.autograd.Function):
         ix = x3 @ w_in.t() if w_in is not None else x3
         if bias is not None:
             ix = ix + bias
-        outs, S, fac = _run(plan, ix, x3, w, s0, others, states, params)
+        outs, S, fac = _run(plan, ix, w, s0, others, states, params)
         F, H = s0.shape
         xin = x3 if w_in is not None else None
-        P = (x3.shape[-1] if xin is not None else 0) + (H if plan.dense_rec else 0)
+        P = (x3.shape[-1] if xin is not None else 0) + (H if plan.dense_rec else 0) + int(plan.bias)
         e0 = _eligibility0(plan, fac, F, H, P, s0)
-        plan.elig_out, _, _ = _walk(plan, fac, e0, xin, S, None, plan.dense_rec)
+        plan.pending = Pending(plan, fac, e0, xin, S)
         ctx.plan, ctx.fac, ctx.e0 = plan, fac, e0
         ctx.save_for_backward(xin, S)
         ctx.shapes = [p.shape if isinstance(p, torch.Tensor) else None for p in params]
@@ -277,11 +355,17 @@ class EPropCall(torch.autograd.Function):
         x3, S = ctx.saved_tensors
         g_outs = [g if g is not None else torch.zeros_like(S[1:]) for g in grads[:fac.n_out]]
         L = torch.stack(g_outs, -1)  # [T, F, H, n_out]: the learning signal
-        _, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L, plan.dense_rec)
+        e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
+        if plan.pending is not None:
+            plan.pending.settle(e1)
         n_in = x3.shape[-1] if x3 is not None else 0
+        H = S.shape[-1]
         g_w_in = g_dense[:, :n_in] if g_dense is not None and n_in else None
-        g_w = (g_dense[:, n_in:] if g_dense is not None else None) if plan.dense_rec else g_diag["rec"].sum(0)
-        g_bias = g_diag["bias"].sum(0) if "bias" in g_diag else None
+        if plan.dense_rec:
+            g_w = g_dense[:, n_in:n_in + H] if g_dense is not None else None
+        else:
+            g_w = g_diag["rec"].sum(0)
+        g_bias = g_dense[:, -1] if plan.bias and g_dense is not None else None
         g_rest: list[Any] = [None] * ctx.n_rest
         for n, g in g_diag.items():
             if n.startswith("param:"):
@@ -436,29 +520,37 @@ class EPropLearning:
         port, src = self.__dict__["_eprop_form"]
         F, H = s0.shape
         kept = self.__dict__["_kept"].get("eligibility")
-        if kept is not None and _batch_of(kept) != F:
-            raise view.error(f"the kept eligibility is of a batch of {_batch_of(kept)}, this call's of {F}", None,
+        kept = kept.resolve() if kept is not None else None
+        if kept is not None and kept.batch() != F:
+            raise view.error(f"the kept eligibility is of a batch of {kept.batch()}, this call's of {F}", None,
                              "call m.reset() before a batch of another size")
-        diag = ["bias"] if bias is not None else []
-        if not (w.dim() == 2):
-            diag.append("rec")
-        meta = self.__dict__["_eprop"].meta
+        diag = [] if w.dim() == 2 else ["rec"]
+        prog = self.__dict__["_eprop"]
+        meta = prog.meta
         learn = [meta["params"].index(n) for n in meta["learnable"]]
         diag += [f"param:{j}:{k}" for j, k in enumerate(learn)
                  if isinstance(params[k], torch.Tensor) and params[k].requires_grad]
-        plan = Plan(self.__dict__["_eprop"], port, src, w.dim() == 2, len(inputs), diag, kept)
+        f64 = x3.dtype == torch.float64  # (the kernel sums in float32: float64 runs torch's operations)
+        plan = Plan(prog, port, src, w.dim() == 2, bias is not None, len(inputs), diag, kept,
+                    None if f64 else programs.walker(x3), self._stepper(prog, port, w.dim() == 2, x3.is_cuda and not f64))
         st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
               for s in states]
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
         n_out = len(meta["outputs"])
-        self.__dict__["_kept"]["eligibility"] = plan.elig_out.detach()
+        self.__dict__["_kept"]["eligibility"] = plan.pending
         return list(res[:n_out]), list(res[n_out:]), res[src][-1]
 
+    def _stepper(self, prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
+        key = (id(prog), port, dense_rec, compiled and settings_compile())
+        cache = self.__dict__.setdefault("_steppers", {})
+        if key not in cache:
+            cache[key] = stepper(prog, port, dense_rec, key[-1])
+        return cache[key]
 
-def _batch_of(e: Eligibility) -> int:
-    if e.dense is not None:
-        return e.dense.shape[0]
-    return next(iter(e.diag.values())).shape[0] if e.diag else -1
+
+def settings_compile() -> bool:
+    """Whether the e-prop step runs compiled on CUDA (FLEXDSL_EPROP_COMPILE=0: eagerly)."""
+    return env_choice("FLEXDSL_EPROP_COMPILE") != "0"
 
 
 def where_of(ck: Any) -> Any:

@@ -48,7 +48,7 @@ class TritonBackend:
 
         return Capabilities(devices=("cuda", "cpu") if interpret() else ("cuda",),
                             dtypes=tuple(str(d).removeprefix("torch.") for d in DTYPES), computes_in="float32",
-                            scans=True, delays=True)
+                            scans=True, delays=True, eprop=True)
 
     def delay_product(self, hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None,
                       D: int) -> torch.Tensor:
@@ -56,6 +56,12 @@ class TritonBackend:
         from .delays import delay_product
 
         return delay_product(hist, d, a, c, D)
+
+    def eprop_walk(self, *args: Any) -> Any:
+        """e-prop's per-synapse traces of a call, in registers over its steps (`eprop.py`)."""
+        from .eprop import walk
+
+        return walk(*args)
 
     def load_scan(self, spec: ScanSpec, key: str) -> Any:
         """The layer scan: a persistent kernel per direction (`templates/recurrent.py.j2`)."""

@@ -1,0 +1,86 @@
+"""e-prop's per-synapse eligibility in one Triton kernel (`runtime/eprop.py` describes the recursion):
+
+    eps[f, i, p, :] <- J[t, f, i] @ eps[f, i, p, :] + b[t, f, i, :] * pre[t, f, p]         (every step t)
+    g[f, i, p]      += A[t, f, i, :] . eps[f, i, p, :] (before the step) + Lg[t, f, i] * pre[t, f, p]
+
+for a batch element `f`, a postsynaptic neuron `i` and a presynaptic value `p` (an input, the fed-back
+source of the step before, 1 for the bias). A program owns a tile of synapses of one batch element
+and keeps their eligibility in registers from the first step to the last: per step it reads only
+the tile's factors (`J`, `b`, `A`, `Lg`: per neuron) and presynaptic values, never the
+`[batch, hidden, pre, states]` eligibility itself (read once at the start, written once at the
+end). `ACC`: with the learning signal (`A = L c`, `Lg = L g`), the gradient per batch element,
+summed over it by the caller (no atomics: the same bits every run).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
+          T, F, H, NX, NS, P,
+          D: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr):
+    pid_p, pid_i, f = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i = pid_i * BI + tl.arange(0, BI)
+    p = pid_p * BP + tl.arange(0, BP)
+    k = tl.arange(0, D)
+    im, pm = i < H, p < P
+    i3, p3, k3 = i[:, None, None], p[None, :, None], k[None, None, :]
+    m3 = im[:, None, None] & pm[None, :, None]
+    eoff = ((f * H + i3).to(tl.int64) * P + p3) * D + k3
+    eps = tl.load(eps_ptr + eoff, mask=m3, other=0.0).to(tl.float32)  # [BI, BP, D]
+    acc = tl.zeros([BI, BP], dtype=tl.float32)
+    is_x, is_s = p < NX, (p >= NX) & (p < NX + NS)
+    for t in range(T):
+        # presynaptic values: the input, the source of the step before, 1 (the bias)
+        row = t * F + f
+        pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & is_x, other=0.0).to(tl.float32)
+        pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & is_s, other=0.0).to(tl.float32)
+        if ONE:
+            pre = tl.where(p == NX + NS, 1.0, pre)
+        nb = (row * H + i).to(tl.int64)  # [BI]
+        if ACC:
+            A = tl.load(A_ptr + nb[:, None] * D + k[None, :], mask=im[:, None], other=0.0).to(tl.float32)
+            Lg = tl.load(Lg_ptr + nb, mask=im, other=0.0).to(tl.float32)
+            acc += tl.sum(A[:, None, :] * eps, axis=2) + Lg[:, None] * pre[None, :]
+        b = tl.load(b_ptr + nb[:, None] * D + k[None, :], mask=im[:, None], other=0.0).to(tl.float32)  # [BI, D]
+        Jt = tl.load(J_ptr + (nb[:, None, None] * D + k[None, :, None]) * D + k[None, None, :],
+                     mask=im[:, None, None], other=0.0).to(tl.float32)  # [BI, D (k), D (l)]
+        eps = tl.sum(Jt[:, None, :, :] * eps[:, :, None, :], axis=3) + b[:, None, :] * pre[None, :, None]
+    tl.store(out_ptr + eoff, eps.to(out_ptr.dtype.element_ty), mask=m3)
+    if ACC:
+        goff = (f * H + i[:, None]).to(tl.int64) * P + p[None, :]
+        tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
+
+
+def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | None, s: torch.Tensor | None,
+         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The eligibility after the call's steps (`[F, H, P, D]`) and, with `A` and `Lg`, the gradient
+    `[H, P]` (float32 sums, in `eps`'s dtype). `J` `[T, F, H, D, D]`, `b` and `A` `[T, F, H, D]`,
+    `Lg` `[T, F, H]`; presynaptic values `x` `[T, F, NX]`, `s` `[T, F, NS]` (the source before each
+    step), then 1 if `one`: `P = NX + NS + one`."""
+    F, H, P, D = eps.shape
+    T = J.shape[0]
+    dev, dt = eps.device, eps.dtype
+    empty = torch.zeros(1, device=dev, dtype=dt)
+    NX = x.shape[-1] if x is not None else 0
+    NS = s.shape[-1] if s is not None else 0
+    assert P == NX + NS + int(one)
+    eps = eps.contiguous()
+    out = torch.empty_like(eps)
+    acc = A is not None
+    g = torch.empty((F, H, P), device=dev, dtype=torch.float32) if acc else empty
+    BI, BP = 16, 32
+    grid = (triton.cdiv(P, BP), triton.cdiv(H, BI), F)
+    _walk[grid](eps, out, J.contiguous(), b.contiguous(), x.contiguous() if x is not None else empty,
+                s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
+                Lg.contiguous() if acc else empty, g, T, F, H, NX, NS, P,
+                D=D, ACC=acc, ONE=one, BI=BI, BP=BP)
+    return out, (g.sum(0).to(dt) if acc else None)
+
+
+__all__ = ["walk"]
