@@ -33,6 +33,7 @@ from torch import nn
 
 from ..backends import eprop as programs
 from ..errors import did_you_mean
+from ..settings import env_choice
 
 LEARNING = ("bptt", "eprop")
 FEEDBACK = ("symmetric", "random")
