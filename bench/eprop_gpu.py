@@ -58,8 +58,10 @@ def sync(dev: torch.device) -> None:
 
 def measure(layer, readout, x, y, chunk, reps: int, dev: torch.device) -> tuple[float, float]:
     """(median ms, peak MiB above the resident)."""
+    t0 = time.perf_counter()
     step(layer, readout, x, y, chunk)  # (warm-up: compiles, caches)
     sync(dev)
+    print(f"  (first step {time.perf_counter() - t0:.1f} s)", flush=True)
     peak = float("nan")
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -78,6 +80,26 @@ def measure(layer, readout, x, y, chunk, reps: int, dev: torch.device) -> tuple[
     return statistics.median(times), peak
 
 
+def check(model: str, dev: torch.device) -> float:
+    """The device's e-prop gradients (float32: the compiled step, the traces' kernel) against the same
+    layer's on the CPU in float64 (the torch operations): the largest error relative to each
+    gradient's largest value."""
+    H, T, B = 64, 50, 8
+    grads = []
+    for d, dtype in ((dev, torch.float32), (torch.device("cpu"), torch.float64)):
+        layer, readout = build(model, "eprop", H, torch.device("cpu"))
+        layer, readout = layer.to(d, dtype), readout.to(d, dtype)
+        g = torch.Generator().manual_seed(3)
+        x = (torch.rand(T, B, IN, generator=g) < 0.05).to(d, dtype)
+        y = torch.randint(0, OUT_N, (T, B), generator=g).to(d)
+        layer.reset()
+        for a in (0, 20):  # (two calls: the kept eligibility crosses them)
+            s = layer(x[a:a + 30 if a else 20])
+            nn.functional.cross_entropy(readout(s).flatten(0, 1), y[a:a + 30 if a else 20].flatten()).backward()
+        grads.append({n: getattr(layer, n).grad.double().cpu() for n in ("W_in", "W_rec", "bias")})
+    return max(float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max()) for n in grads[1])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -92,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(), f"torch {torch.__version__}", flush=True)
     short, long = a.T
+    for model in a.models:
+        print(f"check {model}: e-prop on {dev.type} (float32) against the CPU in float64: largest relative error "
+              f"{check(model, dev):.2e}", flush=True)
     rows = []
     for model in a.models:
         g = torch.Generator().manual_seed(2)
