@@ -473,3 +473,37 @@ def test_the_kernel_of_the_traces_equals_torch(monkeypatch, model, kw):
         e_t = e_t[:, None].expand_as(e_k)
     assert_grads(g_k, g_t, 1e-4)
     assert float((e_k - e_t).abs().max()) <= 1e-4 * max(float(e_t.abs().max()), 1.0)
+
+
+@pytest.mark.parametrize("model, kw", [("lif", {}), ("alif", {"detach_reset": "v"}), ("snn_rsynaptic", {})])
+def test_steps_by_the_layers_scan_equal_steps_one_by_one(monkeypatch, model, kw):
+    """On CUDA a call's steps run on the layer's compiled scan, the states before each step on the
+    neuron's kernels, and the factors of all steps in one call; here (the CPU's scan, float32) that
+    path against the steps one by one: the same outputs and gradients."""
+    from flexdsl.runtime import eprop as E
+
+    def run(scanned: bool):
+        monkeypatch.setattr(E, "SCAN_DEVICES", {"cpu"} if scanned else set())
+        m = layer(model, **kw).float()
+        x = torch.rand(T, B, N_IN, generator=torch.Generator().manual_seed(1))
+        R = [torch.randn(T, B, H, generator=torch.Generator().manual_seed(2 + k))
+             for k in range(len(m.neuron.compiled.checked.outputs))]
+        m.reset()
+        outs = []
+        for a, b in [(0, 4), (4, T)]:
+            o = as_tuple(m(x[a:b]))
+            loss_of(o, [r[a:b] for r in R]).backward()
+            outs.append(o[0].detach())
+        return torch.cat(outs), {n: getattr(m, n).grad.double() for n in ("W_in", "W_rec", "bias")}
+
+    calls = []
+    orig = E._from_scan
+    def counted(*a):
+        got = orig(*a)
+        calls.append(got is not None)  # (None: it fell back to the steps one by one)
+        return got
+
+    monkeypatch.setattr(E, "_from_scan", counted)
+    (o1, g1), (o2, g2) = run(True), run(False)
+    assert calls == [True, True] and torch.equal(o1, o2) and o1.sum() > 0
+    assert_grads(g1, g2, 1e-5)

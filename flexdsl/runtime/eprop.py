@@ -34,8 +34,10 @@ from torch import nn
 from ..backends import eprop as programs
 from ..errors import did_you_mean
 from ..settings import env_choice
+from .feedback import Readout
 
 LEARNING = ("bptt", "eprop")
+SCAN_DEVICES = {"cuda"}  # where a call's steps run on the layer's scan (`_from_scan`); elsewhere one by one
 FEEDBACK = ("symmetric", "random")
 
 
@@ -45,33 +47,25 @@ class Factors:
     `[T, F, H, d]` (`[d]`), `c` `[T, F, H, n_out, d]`, `g` `[T, F, H, n_out]`, `dF` `[T, F, H, n_learn, d]`,
     `dG` `[T, F, H, n_out, n_learn]`; absent factors are zeros."""
 
-    def __init__(self, prog: programs.EPropProgram, meta: dict[str, Any], steps: list[dict[str, Any]],
+    def __init__(self, prog: programs.EPropProgram, meta: dict[str, Any], f: dict[str, Any], T: int,
                  shape: torch.Size, like: torch.Tensor) -> None:
+        """`f`: each factor of every step, `[T, F, H]` (or a number, the same for all)."""
         st, outs, learn = meta["states"], meta["outputs"], meta["learnable"]
         self.d, self.n_out, self.n_learn = len(st), len(outs), len(learn)
-        T = len(steps)
-
-        def stack(name: str) -> torch.Tensor | None:
-            vals = [s.get(name) for s in steps]
-            if vals[0] is None:
-                return None
-            return torch.stack([_full(v, shape, like) for v in vals])
+        full = (T, *shape)
 
         def grid(names: list[list[str]]) -> torch.Tensor:
-            out = like.new_zeros((T, *shape, len(names), len(names[0]) if names else 0))
+            out = like.new_zeros((*full, len(names), len(names[0]) if names else 0))
             for i, row in enumerate(names):
                 for j, n in enumerate(row):
-                    v = stack(n)
-                    if v is not None:
-                        out[..., i, j] = v
+                    if n in f:
+                        out[..., i, j] = _full(f[n], full, like)
             return out
 
-        self.constant = prog.constant and all(_scalar(s.get(n)) for s in steps[:1] for n in s
-                                              if n.startswith(("J[", "b[")))
+        self.constant = prog.constant and all(_scalar(v) for n, v in f.items() if n.startswith(("J[", "b[")))
         if self.constant:
-            f0 = steps[0]
-            self.J = like.new_tensor([[_number(f0.get(f"J[{a},{b}]")) for b in st] for a in st])
-            self.b = like.new_tensor([_number(f0.get(f"b[{a}]")) for a in st])
+            self.J = like.new_tensor([[_number(f.get(f"J[{a},{b}]")) for b in st] for a in st])
+            self.b = like.new_tensor([_number(f.get(f"b[{a}]")) for a in st])
         else:
             self.J = grid([[f"J[{a},{b}]" for b in st] for a in st])
             self.b = grid([[f"b[{a}]"] for a in st])[..., 0]
@@ -192,6 +186,7 @@ class Plan:
             n_others, diag_names, elig, kernel, stepper
         self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
+        self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
 
 
 def stepper(prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
@@ -230,8 +225,31 @@ def _run(plan: Plan, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor,
         S.append(s_prev)
         steps.append(dict(zip(prog.factors, res[n + d:])))
     plan.finals = h
-    fac = Factors(prog, meta, steps, s0.shape, s0)
+    stacked = {n: (torch.stack([_full(st[n], s0.shape, s0) for st in steps]) if not _scalar(steps[0][n]) else steps[0][n])
+               for n in prog.factors}
+    fac = Factors(prog, meta, stacked, T, s0.shape, s0)
     return [torch.stack(v) for v in outs], torch.stack(S), fac
+
+
+def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any], s0: torch.Tensor):
+    """The call's steps by the layer's scan, the factors of all steps in one call of the e-prop step
+    on the states the neuron's kernels give; None where the e-prop step's source output is not the
+    scan's at every step (a spike that the two computations of the current put on either side of
+    the threshold: the steps then run one by one)."""
+    prog = plan.prog
+    outs, S, cur, hs, fins = plan.scanned()
+    params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
+              for p in params]
+    inputs = list(others)
+    inputs.insert(plan.port, cur)
+    res = prog.fn(*inputs, *hs, *params)
+    full = cur.shape
+    if not torch.equal(_full(res[plan.source], full, cur), outs[plan.source]):
+        return None
+    plan.finals = list(fins)
+    n, d = prog.n_out, prog.n_states
+    fac = Factors(prog, prog.meta, dict(zip(prog.factors, res[n + d:])), cur.shape[0], s0.shape, s0)
+    return list(outs), S, fac
 
 
 def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.Tensor) -> Eligibility:
@@ -337,7 +355,8 @@ class EPropCall(torch.autograd.Function):
         ix = x3 @ w_in.t() if w_in is not None else x3
         if bias is not None:
             ix = ix + bias
-        outs, S, fac = _run(plan, ix, w, s0, others, states, params)
+        got = _from_scan(plan, others, params, s0) if plan.scanned is not None else None
+        outs, S, fac = got if got is not None else _run(plan, ix, w, s0, others, states, params)
         F, H = s0.shape
         xin = x3 if w_in is not None else None
         P = (x3.shape[-1] if xin is not None else 0) + (H if plan.dense_rec else 0) + int(plan.bias)
@@ -373,42 +392,6 @@ class EPropCall(torch.autograd.Function):
                 k = int(n.split(":")[2])
                 g_rest[k] = g.sum_to_size(ctx.shapes[k])
         return (None, None, g_w_in, g_bias, g_w, None, *g_rest)
-
-
-# ---------------------------------------------------------------------------- the readout
-class _RandomFeedback(torch.autograd.Function):
-    """`s W^T + b`, whose gradient to `s` goes through the fixed matrix `B` instead of `W`."""
-
-    @staticmethod
-    def forward(ctx, s, weight, bias, B):  # type: ignore[override]
-        ctx.save_for_backward(s, weight, B)
-        ctx.has_bias = bias is not None
-        y = s @ weight.t()
-        return y + bias if bias is not None else y
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        s, weight, B = ctx.saved_tensors
-        g2, s2 = g.reshape(-1, g.shape[-1]), s.reshape(-1, s.shape[-1])
-        g_w = g2.t() @ s2 if weight.requires_grad else None
-        g_b = g2.sum(0) if ctx.has_bias else None
-        return g @ B.to(g.dtype), g_w, g_b, None
-
-
-class Readout(nn.Module):
-    """An e-prop layer's readout: `linear` (`nn.Linear(hidden, n_out)`) of the layer's spikes. With
-    `feedback` (a fixed `[n_out, hidden]` matrix: Bellec's random e-prop) the learning signal reaching
-    the layer is `(dE/dy) B` instead of `(dE/dy) W` (symmetric feedback)."""
-
-    def __init__(self, linear: nn.Module, feedback: torch.Tensor | None) -> None:
-        super().__init__()
-        self.linear = linear
-        self.register_buffer("feedback", feedback)
-
-    def forward(self, s: torch.Tensor) -> torch.Tensor:
-        if self.feedback is None:
-            return self.linear(s)
-        return _RandomFeedback.apply(s, self.linear.weight, self.linear.bias, self.feedback)
 
 
 # ---------------------------------------------------------------------------- the layer's side
@@ -510,10 +493,13 @@ class EPropLearning:
         return self.__dict__.get("_learning", "bptt")
 
     def _eprop_call(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
-                    inputs: Sequence[torch.Tensor], states: Sequence[Any], params: Sequence[Any]
+                    all_inputs: Sequence[Any], states: Sequence[Any], params: Sequence[Any], scan: tuple
                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-        """A training call: (outputs `[T, F, H]`, final states, final source); the eligibility kept."""
+        """A training call: (outputs `[T, F, H]`, final states, final source); the eligibility kept.
+        `all_inputs`: the model's inputs, None at the port; `scan`: the layer's scan (program, dense,
+        whether s0 is zeros), which runs the steps on CUDA (`_scanned`)."""
         view = self.__dict__["_view"]
+        inputs = [i for i in all_inputs if i is not None]
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x3, *inputs)):
             decl = next(i for i in view.compiled.checked.inputs if i.name == self.port)
             raise view.error("a layer that learns by e-prop gives its input no gradient, but this input requires one",
@@ -536,10 +522,39 @@ class EPropLearning:
                     None if f64 else programs.walker(x3), self._stepper(prog, port, w.dim() == 2, x3.is_cuda and not f64))
         st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
               for s in states]
+        if x3.device.type in SCAN_DEVICES and not f64:
+            plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
         n_out = len(meta["outputs"])
         self.__dict__["_kept"]["eligibility"] = plan.pending
         return list(res[:n_out]), list(res[n_out:]), res[src][-1]
+
+    def _scanned(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
+                 all_inputs: Sequence[Any], states: Sequence[torch.Tensor], params: Sequence[Any], scan: tuple):
+        """The steps of a call by the layer's own scan (the compiled kernels), then the states before
+        each step by the neuron's own kernels on the port's currents: `() -> (outputs, S, currents,
+        states before each step, final states)`."""
+        from ..backends import recurrent as scans
+
+        prog, dense, s0_zero = scan
+        view, src = self.__dict__["_view"], self.__dict__["_eprop_form"][1]
+
+        def run():
+            with torch.no_grad():
+                outs, fins = scans.scan(prog, x3, w_in, bias, w, s0, list(all_inputs), list(states), list(params),
+                                        dense, None, s0_zero=s0_zero)
+                S = torch.cat([s0[None], outs[src]])
+                ix = x3 @ w_in.t() if w_in is not None else x3
+                ix = ix + bias if bias is not None else ix
+                cur = ix + (S[:-1] @ w.t() if w.dim() == 2 else S[:-1] * w)
+                ins = [cur if i is None else i for i in all_inputs]
+                neuron = view.m
+                given = dict(zip(neuron._state_names, states))
+                _, res = neuron._run(ins, given, True)
+                hs = [torch.cat([h0[None], q[:-1]]) for h0, q in zip(states, res.seqs)]
+            return outs, S, cur, hs, fins
+
+        return run
 
     def _stepper(self, prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
         key = (id(prog), port, dense_rec, compiled and settings_compile())

@@ -327,8 +327,7 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
         if self.__dict__["_eprop"] is not None and self.training:  # (e-prop: runtime/eprop.py)
-            outs, fins, last = self._eprop_call(x3, w_in, bias, w, s0, [i for i in inputs if i is not None], states,
-                                                params)
+            outs, fins, last = self._eprop_call(x3, w_in, bias, w, s0, inputs, states, params, (prog, dense, s0_zero))
             if T:
                 view.keep(fins, step_shape)
                 self._states["feedback"] = last.detach().reshape(step_shape).clone()  # (e-prop: no graph across calls)
