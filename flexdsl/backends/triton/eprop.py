@@ -56,8 +56,11 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
         tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
 
 
+TILE: dict[int, tuple[int, int, int]] = {}  # states (padded) -> (BI, BP, warps), measured (bench/eprop_profile.py)
+
+
 def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | None, s: torch.Tensor | None,
-         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None
+         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None, tile: tuple[int, int, int] | None = None
          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The eligibility after the call's steps (`[F, H, P, D]`) and, with `A` and `Lg`, the gradient
     `[H, P]` (float32 sums, in `eps`'s dtype). `J` `[T, F, H, D, D]`, `b` and `A` `[T, F, H, D]`,
@@ -74,12 +77,12 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
     out = torch.empty_like(eps)
     acc = A is not None
     g = torch.empty((F, H, P), device=dev, dtype=torch.float32) if acc else empty
-    BI, BP = 16, 32
+    BI, BP, warps = tile or TILE.get(D, (16, 32, 4))
     grid = (triton.cdiv(P, BP), triton.cdiv(H, BI), F)
     _walk[grid](eps, out, J.contiguous(), b.contiguous(), x.contiguous() if x is not None else empty,
                 s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
                 Lg.contiguous() if acc else empty, g, T, F, H, NX, NS, P,
-                D=D, ACC=acc, ONE=one, BI=BI, BP=BP)
+                D=D, ACC=acc, ONE=one, BI=BI, BP=BP, num_warps=warps)
     return out, (g.sum(0).to(dt) if acc else None)
 
 
