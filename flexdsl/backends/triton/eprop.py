@@ -59,6 +59,58 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
 TILE: dict[int, tuple[int, int, int]] = {1: (8, 128, 4), 2: (8, 128, 4)}  # states (padded) -> (BI, BP, warps): H200 (bench/eprop_profile.py)
 
 
+@triton.jit
+def _walk12(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
+            T, F, H, NX, NS, P,
+            TWO: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr):
+    """`_walk` for one or two states (`TWO`), each state's tile a 2-d block of its own."""
+    pid_p, pid_i, f = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i = pid_i * BI + tl.arange(0, BI)
+    p = pid_p * BP + tl.arange(0, BP)
+    im, pm = i < H, p < P
+    m2 = im[:, None] & pm[None, :]
+    D: tl.constexpr = 2 if TWO else 1
+    eoff = ((f * H + i[:, None]).to(tl.int64) * P + p[None, :]) * D
+    e0 = tl.load(eps_ptr + eoff, mask=m2, other=0.0).to(tl.float32)
+    e1 = tl.zeros([BI, BP], dtype=tl.float32)
+    if TWO:
+        e1 = tl.load(eps_ptr + eoff + 1, mask=m2, other=0.0).to(tl.float32)
+    acc = tl.zeros([BI, BP], dtype=tl.float32)
+    is_x, is_s = p < NX, (p >= NX) & (p < NX + NS)
+    for t in range(T):
+        row = t * F + f
+        pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & is_x, other=0.0).to(tl.float32)
+        pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & is_s, other=0.0).to(tl.float32)
+        if ONE:
+            pre = tl.where(p == NX + NS, 1.0, pre)
+        nb = (row * H + i).to(tl.int64)
+        if ACC:
+            a0 = tl.load(A_ptr + nb * D, mask=im, other=0.0).to(tl.float32)
+            lg = tl.load(Lg_ptr + nb, mask=im, other=0.0).to(tl.float32)
+            acc += a0[:, None] * e0 + lg[:, None] * pre[None, :]
+            if TWO:
+                a1 = tl.load(A_ptr + nb * D + 1, mask=im, other=0.0).to(tl.float32)
+                acc += a1[:, None] * e1
+        j00 = tl.load(J_ptr + nb * D * D, mask=im, other=0.0).to(tl.float32)
+        b0 = tl.load(b_ptr + nb * D, mask=im, other=0.0).to(tl.float32)
+        if TWO:
+            j01 = tl.load(J_ptr + nb * 4 + 1, mask=im, other=0.0).to(tl.float32)
+            j10 = tl.load(J_ptr + nb * 4 + 2, mask=im, other=0.0).to(tl.float32)
+            j11 = tl.load(J_ptr + nb * 4 + 3, mask=im, other=0.0).to(tl.float32)
+            b1 = tl.load(b_ptr + nb * 2 + 1, mask=im, other=0.0).to(tl.float32)
+            n0 = j00[:, None] * e0 + j01[:, None] * e1 + b0[:, None] * pre[None, :]
+            e1 = j10[:, None] * e0 + j11[:, None] * e1 + b1[:, None] * pre[None, :]
+            e0 = n0
+        else:
+            e0 = j00[:, None] * e0 + b0[:, None] * pre[None, :]
+    tl.store(out_ptr + eoff, e0.to(out_ptr.dtype.element_ty), mask=m2)
+    if TWO:
+        tl.store(out_ptr + eoff + 1, e1.to(out_ptr.dtype.element_ty), mask=m2)
+    if ACC:
+        goff = (f * H + i[:, None]).to(tl.int64) * P + p[None, :]
+        tl.store(g_ptr + goff, acc, mask=m2)
+
+
 def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | None, s: torch.Tensor | None,
          one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None, tile: tuple[int, int, int] | None = None
          ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -79,10 +131,13 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
     g = torch.empty((F, H, P), device=dev, dtype=torch.float32) if acc else empty
     BI, BP, warps = tile or TILE.get(D, (16, 32, 4))
     grid = (triton.cdiv(P, BP), triton.cdiv(H, BI), F)
-    _walk[grid](eps, out, J.contiguous(), b.contiguous(), x.contiguous() if x is not None else empty,
-                s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
-                Lg.contiguous() if acc else empty, g, T, F, H, NX, NS, P,
-                D=D, ACC=acc, ONE=one, BI=BI, BP=BP, num_warps=warps)
+    args = (eps, out, J.contiguous(), b.contiguous(), x.contiguous() if x is not None else empty,
+            s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
+            Lg.contiguous() if acc else empty, g, T, F, H, NX, NS, P)
+    if D <= 2:  # (one or two states: a 2-d tile each)
+        _walk12[grid](*args, TWO=D == 2, ACC=acc, ONE=one, BI=BI, BP=BP, num_warps=warps)
+    else:
+        _walk[grid](*args, D=D, ACC=acc, ONE=one, BI=BI, BP=BP, num_warps=warps)
     return out, (g.sum(0).to(dt) if acc else None)
 
 
