@@ -56,7 +56,7 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
         tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
 
 
-TILE: dict[int, tuple[int, int, int]] = {1: (8, 128, 4), 2: (8, 128, 4)}  # states (padded) -> (BI, BP, warps): H200 (bench/eprop_profile.py)
+TILE: dict[int, tuple[int, int, int]] = {1: (16, 128, 4), 2: (16, 64, 4)}  # states (padded) -> (BI, BP, warps): H200 (bench/eprop_profile.py)
 
 
 @triton.jit
