@@ -148,6 +148,7 @@ class Pending:
             assert self.plan is not None and self.args is not None
             fac, e0, x3, S = self.args
             with torch.no_grad():
+                fac, S = _sure(self.plan, fac, S)
                 self.settle(_walk(self.plan, fac, e0, x3, S, None)[0])
         assert self.done is not None
         return self.done
@@ -187,6 +188,9 @@ class Plan:
         self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
         self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
+        self.unsure: torch.Tensor | None = None  # (whether the scan's steps disagreed with the e-prop step's)
+        self.redo: Any = None  # (the steps one by one, for that case)
+        self.redone: tuple[Factors, torch.Tensor] | None = None
 
 
 def stepper(prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
@@ -233,9 +237,10 @@ def _run(plan: Plan, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor,
 
 def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any], s0: torch.Tensor):
     """The call's steps by the layer's scan, the factors of all steps in one call of the e-prop step
-    on the states the neuron's kernels give; None where the e-prop step's source output is not the
-    scan's at every step (a spike that the two computations of the current put on either side of
-    the threshold: the steps then run one by one)."""
+    on the states the neuron's kernels give. Where the e-prop step's source output is not the scan's
+    at every step (a spike that the two computations of the current put on either side of the
+    threshold), the traces follow the steps run one by one instead (`_sure`: looked at when the traces
+    run, so that the forward waits for nothing)."""
     prog = plan.prog
     outs, S, cur, hs, fins = plan.scanned()
     params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
@@ -244,12 +249,23 @@ def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any]
     inputs.insert(plan.port, cur)
     res = prog.fn(*inputs, *hs, *params)
     full = cur.shape
-    if not torch.equal(_full(res[plan.source], full, cur), outs[plan.source]):
-        return None
+    plan.unsure = (_full(res[plan.source], full, cur) != outs[plan.source]).any()
     plan.finals = list(fins)
     n, d = prog.n_out, prog.n_states
     fac = Factors(prog, prog.meta, dict(zip(prog.factors, res[n + d:])), cur.shape[0], s0.shape, s0)
     return list(outs), S, fac
+
+
+def _sure(plan: Plan, fac: Factors, S: torch.Tensor) -> tuple[Factors, torch.Tensor]:
+    """The factors and sources the traces run on: the scan's, or where they disagreed with the e-prop
+    step (`_from_scan`), those of the steps one by one (`plan.redo`)."""
+    if plan.unsure is not None:
+        bad, plan.unsure = bool(plan.unsure), None
+        if bad and plan.redo is not None:
+            finals = plan.finals
+            _, S2, fac2 = plan.redo()
+            plan.finals, plan.redone = finals, (fac2, S2)
+    return plan.redone if plan.redone is not None else (fac, S)
 
 
 def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.Tensor) -> Eligibility:
@@ -357,6 +373,8 @@ class EPropCall(torch.autograd.Function):
             ix = ix + bias
         got = _from_scan(plan, others, params, s0) if plan.scanned is not None else None
         outs, S, fac = got if got is not None else _run(plan, ix, w, s0, others, states, params)
+        if got is not None:
+            plan.redo = lambda: _run(plan, ix, w, s0, others, states, params)
         F, H = s0.shape
         xin = x3 if w_in is not None else None
         P = (x3.shape[-1] if xin is not None else 0) + (H if plan.dense_rec else 0) + int(plan.bias)
@@ -375,6 +393,7 @@ class EPropCall(torch.autograd.Function):
         x3, S = ctx.saved_tensors
         g_outs = [g if g is not None else torch.zeros_like(S[1:]) for g in grads[:fac.n_out]]
         L = torch.stack(g_outs, -1)  # [T, F, H, n_out]: the learning signal
+        fac, S = _sure(plan, fac, S)
         e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
         if plan.pending is not None:
             plan.pending.settle(e1)
