@@ -243,6 +243,7 @@ def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any]
     run, so that the forward waits for nothing)."""
     prog = plan.prog
     outs, S, cur, hs, fins = plan.scanned()
+    plan.scanned = None  # (no reference from the plan to the module or the call's tensors: see `_sure`)
     params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
               for p in params]
     inputs = list(others)
@@ -265,6 +266,7 @@ def _sure(plan: Plan, fac: Factors, S: torch.Tensor) -> tuple[Factors, torch.Ten
             finals = plan.finals
             _, S2, fac2 = plan.redo()
             plan.finals, plan.redone = finals, (fac2, S2)
+    plan.redo = None  # (a closure over the plan: a cycle that would keep the call's tensors until a collection)
     return plan.redone if plan.redone is not None else (fac, S)
 
 
@@ -397,6 +399,7 @@ class EPropCall(torch.autograd.Function):
         e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
         if plan.pending is not None:
             plan.pending.settle(e1)
+        plan.pending = plan.redone = None
         n_in = x3.shape[-1] if x3 is not None else 0
         H = S.shape[-1]
         g_w_in = g_dense[:, :n_in] if g_dense is not None and n_in else None
