@@ -22,7 +22,8 @@ import triton.language as tl
 @triton.jit
 def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
           T, F, H, NX, NS, P,
-          D: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr):
+          D: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr,
+          STAGES: tl.constexpr):
     pid_p, pid_i, f = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i = pid_i * BI + tl.arange(0, BI)
     p = pid_p * BP + tl.arange(0, BP)
@@ -34,7 +35,7 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
     eps = tl.load(eps_ptr + eoff, mask=m3, other=0.0).to(tl.float32)  # [BI, BP, D]
     acc = tl.zeros([BI, BP], dtype=tl.float32)
     is_x, is_s = p < NX, (p >= NX) & (p < NX + NS)
-    for t in range(T):
+    for t in tl.range(0, T, num_stages=STAGES):
         # presynaptic values: the input, the source of the step before, 1 (the bias)
         row = t * F + f
         pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & is_x, other=0.0).to(tl.float32)
@@ -56,13 +57,15 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
         tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
 
 
+STAGES = int(__import__('os').environ.get('EPROP_STAGES_PROBE', '1'))  # (loads of later steps in flight)
 TILE: dict[int, tuple[int, int, int]] = {1: (16, 128, 4), 2: (16, 64, 4)}  # states (padded) -> (BI, BP, warps): H200 (bench/eprop_profile.py)
 
 
 @triton.jit
 def _walk12(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
             T, F, H, NX, NS, P,
-            TWO: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr):
+            TWO: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr,
+            STAGES: tl.constexpr):
     """`_walk` for one or two states (`TWO`), each state's tile a 2-d block of its own."""
     pid_p, pid_i, f = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i = pid_i * BI + tl.arange(0, BI)
@@ -77,7 +80,7 @@ def _walk12(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
         e1 = tl.load(eps_ptr + eoff + 1, mask=m2, other=0.0).to(tl.float32)
     acc = tl.zeros([BI, BP], dtype=tl.float32)
     is_x, is_s = p < NX, (p >= NX) & (p < NX + NS)
-    for t in range(T):
+    for t in tl.range(0, T, num_stages=STAGES):
         row = t * F + f
         pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & is_x, other=0.0).to(tl.float32)
         pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & is_s, other=0.0).to(tl.float32)
@@ -135,9 +138,9 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
             s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
             Lg.contiguous() if acc else empty, g, T, F, H, NX, NS, P)
     if D <= 2:  # (one or two states: a 2-d tile each)
-        _walk12[grid](*args, TWO=D == 2, ACC=acc, ONE=one, BI=BI, BP=BP, num_warps=warps)
+        _walk12[grid](*args, TWO=D == 2, ACC=acc, ONE=one, BI=BI, BP=BP, STAGES=STAGES, num_warps=warps)
     else:
-        _walk[grid](*args, D=D, ACC=acc, ONE=one, BI=BI, BP=BP, num_warps=warps)
+        _walk[grid](*args, D=D, ACC=acc, ONE=one, BI=BI, BP=BP, STAGES=STAGES, num_warps=warps)
     return out, (g.sum(0).to(dt) if acc else None)
 
 
