@@ -62,8 +62,7 @@ for D in (1, 2):
     A = torch.randn(T, F, H, D, device=dev)
     Lg = torch.randn(T, F, H, device=dev)
     ref = None
-    for tile in [(16, 32, 4), (16, 64, 4), (32, 32, 4), (32, 64, 4), (32, 64, 8), (64, 64, 8), (16, 128, 4),
-                 (8, 128, 4), (32, 128, 8), (64, 32, 4)]:
+    for tile in [(bi, bp, 4, st) for bi, bp in ((16, 64), (16, 128), (8, 128), (32, 64)) for st in (1, 2, 3, 4)]:
         try:
             out = walk(eps, J, b, xs, ss, True, A, Lg, tile)
             torch.cuda.synchronize()

@@ -57,8 +57,8 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
         tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
 
 
-STAGES = int(__import__('os').environ.get('EPROP_STAGES_PROBE', '1'))  # (loads of later steps in flight)
-TILE: dict[int, tuple[int, int, int]] = {1: (16, 128, 4), 2: (16, 64, 4)}  # states (padded) -> (BI, BP, warps): H200 (bench/eprop_profile.py)
+TILE: dict[int, tuple[int, int, int, int]] = {1: (16, 128, 4, 4), 2: (16, 128, 4, 3)}  # states (padded) ->
+# (BI, BP, warps, stages: the steps whose loads are in flight), the fastest on an H200 (bench/eprop_profile.py)
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def _walk12(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
 
 
 def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | None, s: torch.Tensor | None,
-         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None, tile: tuple[int, int, int] | None = None
+         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None, tile: tuple[int, int, int, int] | None = None
          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The eligibility after the call's steps (`[F, H, P, D]`) and, with `A` and `Lg`, the gradient
     `[H, P]` (float32 sums, in `eps`'s dtype). `J` `[T, F, H, D, D]`, `b` and `A` `[T, F, H, D]`,
@@ -132,7 +132,7 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
     out = torch.empty_like(eps)
     acc = A is not None
     g = torch.empty((F, H, P), device=dev, dtype=torch.float32) if acc else empty
-    BI, BP, warps = tile or TILE.get(D, (16, 32, 4))
+    BI, BP, warps, STAGES = tile or TILE.get(D, (16, 32, 4, 1))
     grid = (triton.cdiv(P, BP), triton.cdiv(H, BI), F)
     args = (eps, out, J.contiguous(), b.contiguous(), x.contiguous() if x is not None else empty,
             s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
