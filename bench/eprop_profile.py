@@ -22,11 +22,11 @@ for model, kw in [("lif", {}), ("alif", {"detach_reset": "v"})]:
     y = torch.randint(0, 20, (T, B), device=dev)
     times: dict[str, float] = {}
 
-    def timed(name, fn):
-        def wrap(*a, **k):
+    def timed(name, fn, times=times):
+        def wrap(*a, **kwargs):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            r = fn(*a, **k)
+            r = fn(*a, **kwargs)
             torch.cuda.synchronize()
             times[name] = times.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
             return r
