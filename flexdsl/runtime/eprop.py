@@ -312,23 +312,23 @@ def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S:
         dense, g_dense = _walk_kernel(plan, fac, dense, x3, S, L)
     diag = dict(e0.diag)
     g_diag = {n: torch.zeros_like(S[0]) for n in diag}
-    torch_dense = dense is not None and plan.kernel is None
-    if not torch_dense and not diag:
+    ops_dense = dense is not None and plan.kernel is None
+    if not ops_dense and not diag:
         return Eligibility(dense, diag, fac.constant and plan.kernel is None), g_dense, g_diag
     for t in range(T):
         J = fac.J if fac.constant else fac.J[t]
         pre = _pre(x3[t] if x3 is not None else None, S[t] if plan.dense_rec else None, plan.bias) \
-            if torch_dense else None
+            if ops_dense else None
         if L is not None:
             A = torch.einsum("fio,fiok->fik", L[t], fac.c[t])  # (L c): [F, H, d]
-            if torch_dense:
+            if ops_dense:
                 Lg = (L[t] * fac.g[t]).sum(-1)  # [F, H]
                 term = (torch.einsum("fik,fpk->ip", A, dense) if fac.constant else
                         torch.einsum("fik,fipk->ip", A, dense)) + Lg.t() @ pre
                 g_dense = term if g_dense is None else g_dense + term
             for n, eps in diag.items():
                 g_diag[n] = g_diag[n] + (A * eps).sum(-1) + _diag_pre(n, S, t, fac, L)
-        if torch_dense:
+        if ops_dense:
             dense = _step_eps(dense, J, fac.b if fac.constant else fac.b[t], pre, fac.constant)
         for n in diag:
             diag[n] = _step_diag(diag[n], J, _diag_src(fac, n, t, S), fac.constant)
