@@ -429,7 +429,7 @@ def test_show_eprop_prints_the_derived_eligibility():
                        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "eps = (eps_v, eps_a)" in out and "J[a,v] = d_spike_d_v" in out and "J[v,v] = alpha_1" in out
+    assert "eps = (eps_v, eps_a)" in out and "J[a,v] = _d_spike__v" in out and "J[v,v] = alpha_1" in out
     assert "J[v,a]" not in out  # (v's reset detached: no path from a to v)
     assert "kept per synapse" in out
     r = subprocess.run([sys.executable, "-m", "flexdsl", "show", "lif_soft", "--eprop", "--detach-reset"],
@@ -540,3 +540,21 @@ def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps
         return {n: getattr(m, n).grad.double() for n in ("W_in", "W_rec", "bias")}
 
     assert_grads(grads(True), grads(False), 1e-6)
+
+
+def test_a_models_page_shows_its_derived_eligibility(tmp_path):
+    """`flexdsl doc`: the e-prop factors beside the derived backward, as equations (HTML and Markdown)."""
+    from flexdsl.docs.content import describe
+    from flexdsl.runtime.compiler import compile_model
+
+    d = describe(compile_model("alif", detach_reset="v"), sources=False)
+    names = [st.lhs.text for st in d.eprop]
+    assert {"J[v,v]", "J[a,v]", "J[a,a]", "b[v]", "b[a]", "c[spike,v]", "c[spike,a]", "g[spike]"} <= set(names)
+    assert "J[v,a]" not in names and "kept per synapse" in d.eprop_note
+    r = subprocess.run([sys.executable, "-m", "flexdsl", "doc", "lif_soft", "-o", str(tmp_path), "--no-plots"],
+                       capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "lif_soft.html").read_text()
+    assert "e-prop&#x27;s eligibility" in page or "e-prop's eligibility" in page
+    md = (tmp_path / "lif_soft.md").read_text()
+    assert "J_{v,v} &=" in md and r"\frac{\partial v_{1}}{\partial x}" in md

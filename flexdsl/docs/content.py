@@ -163,6 +163,8 @@ class ModelDoc:
     stochastic: bool = False  # the step draws random numbers (white noise, randn(), rand())
     bookkeeping: list[str] = field(default_factory=list)  # the states flexdsl added (refractoriness, crossings)
     stop_gradient: bool = False  # the step holds a stop-gradient (sg: detach_reset, the bookkeeping)
+    eprop: list[Statement] = field(default_factory=list)  # e-prop's factors (docs/eprop.py)
+    eprop_note: str = ""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -268,6 +270,9 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
     written, spike_doc = _written_blocks(c, w)
     step, next_states, outs, method_doc = _derived_step(c)
     bsts, given, results = _derived_backward(c)
+    from .eprop import eprop_section  # (it imports this module)
+
+    eprop, eprop_note = eprop_section(c)
     return ModelDoc(
         name=ck.name, stem=stem, filename=c.filename, library=library, summary=summary, blocks=blocks,
         reference=reference, inputs=inputs, params=params, states=states, written=written,
@@ -277,7 +282,7 @@ def describe(c: Compiled, sources: bool = True, current: dict[str, Any] | None =
         backward=Block("backward", bsts), backward_given=given, backward_results=results, source=c.text,
         sources=_sources(c) if sources else {}, notes=load_notes(ck, code=False), options=ck.options,
         stochastic=ck.stochastic, bookkeeping=[s.name.lstrip("_") for s in ck.states if s.meta.get("hidden")],
-        stop_gradient=any(e.has(Detach) for _, e in c.step.assignments))
+        stop_gradient=any(e.has(Detach) for _, e in c.step.assignments), eprop=eprop, eprop_note=eprop_note)
 
 
 def _identity(c: Compiled) -> tuple[str, bool]:

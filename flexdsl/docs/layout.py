@@ -20,6 +20,7 @@ _GREEK_UPPER = {g.capitalize(): unicodedata.lookup(f"GREEK CAPITAL LETTER {'LAMD
 _TEX_UPPER = {"Gamma", "Delta", "Theta", "Lambda", "Xi", "Pi", "Sigma", "Upsilon", "Phi", "Psi", "Omega"}
 _HEAD = re.compile(r"([A-Za-z]+?)(\d*)")
 _TEMP = re.compile(r"_t(?:_?(\d+))?")
+_TANGENT = re.compile(r"_d_(.+?)__(.+)")  # e-prop's derivative of y along the step with respect to x (ir/eprop.py)
 
 
 class UnitSymbol(sp.Symbol):

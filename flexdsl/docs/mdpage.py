@@ -176,6 +176,10 @@ def _derived(d: ModelDoc, add: Callable[[str], None]) -> None:
     if d.backward.statements:
         add(_aligned(d.backward.statements, lines=False) + "\n")
     add(_aligned(d.backward_results, lines=False) + "\n")
+    if d.eprop:
+        add("### e-prop's eligibility (online learning)\n")
+        add(d.eprop_note + "\n")
+        add(_aligned(d.eprop, lines=False) + "\n")
 
 
 def _code(d: ModelDoc, add: Callable[[str], None]) -> None:

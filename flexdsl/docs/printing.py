@@ -27,6 +27,7 @@ from sympy.printing.mathml import MathMLPresentationPrinter
 from sympy.printing.precedence import PRECEDENCE, precedence_traditional
 
 from .layout import (
+    _TANGENT,
     _TEMP,
     MINUS,
     THIN,
@@ -94,6 +95,10 @@ class MathMLPrinter(MathMLPresentationPrinter):
             return self._el("msub", t, self._el("mn", text=m.group(1))) if m.group(1) else t
         if name == "_u":
             return self._bar(self._el("mi", text="u"), overline)
+        d = _TANGENT.fullmatch(name)
+        if d is not None:  # (e-prop's derivatives along the step: dy/dx)
+            return self._el("mfrac", self._row(self._mo("\u2202"), self._symbol(d.group(1))),
+                            self._row(self._mo("\u2202"), self._symbol(d.group(2))))
         kept = bookkeeping(name)
         if kept is not None:
             return self._bar(self._el("mi", text=kept, mathvariant="sans-serif",

@@ -10,6 +10,7 @@ from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE, precedence_traditional
 
 from .layout import (
+    _TANGENT,
     _TEMP,
     Product,
     _negated,
@@ -47,6 +48,10 @@ class LatexPrinterFlex(LatexPrinter):
             return r"\tilde{t}" + (f"_{{{m.group(1)}}}" if m.group(1) else "")
         if name == "_u":
             return "u"
+        d = _TANGENT.fullmatch(name)
+        if d is not None:  # (e-prop's derivatives along the step: dy/dx)
+            return (r"\frac{\partial " + self._print_Symbol(sp.Symbol(d.group(1))) + r"}{\partial "
+                    + self._print_Symbol(sp.Symbol(d.group(2))) + "}")
         kept = bookkeeping(name)
         if kept is not None:
             return r"\mathsf{" + _tex_text(kept) + "}"

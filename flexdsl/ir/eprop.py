@@ -93,7 +93,7 @@ def derive_eprop(step: StepModel, port: int) -> EProp:
             if e.is_Symbol or e.is_number:
                 named[leaf] = e
             else:
-                t = names.new(f"d_{y.name}_d_{leaf.name}")
+                t = names.new(f"_d_{y.name}__{leaf.name}")  # (the docs print it as dy/dleaf)
                 out.append((t, e))
                 named[leaf] = t
         if named:
