@@ -558,3 +558,37 @@ def test_a_models_page_shows_its_derived_eligibility(tmp_path):
     assert "e-prop&#x27;s eligibility" in page or "e-prop's eligibility" in page
     md = (tmp_path / "lif_soft.md").read_text()
     assert "J_{v,v} &=" in md and r"\frac{\partial v_{1}}{\partial x}" in md
+
+
+def test_an_eprop_layer_pickles_mid_stream_and_goes_on_the_same():
+    import copy
+    import pickle
+
+    m = layer("alif", detach_reset="v", readout=2, feedback="random")
+    x = torch.rand(8, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    m.readout.double()
+    m(x[:4])  # (its eligibility pending: no backward yet)
+    clone = pickle.loads(pickle.dumps(m))
+    twin = copy.deepcopy(m)
+    assert set(m.state_dict()) == set(clone.state_dict()) and "readout.feedback" in clone.state_dict()
+    assert torch.equal(clone.readout.feedback, m.readout.feedback)
+    grads = []
+    for net in (m, clone, twin):
+        net.zero_grad()
+        net.readout(net(x[4:])).sum().backward()
+        grads.append(net.W_rec.grad.clone())
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2]) and grads[0].abs().sum() > 0
+
+
+def test_an_eprop_layer_inside_torch_compile_runs_as_it_is():
+    m = layer("lif")
+    x = torch.rand(T, B, N_IN, dtype=torch.float64)
+    R = torch.randn(T, B, H, dtype=torch.float64)
+    m.reset()
+    (m(x) * R).sum().backward()
+    want = m.W_in.grad.clone()
+    m.reset()
+    m.zero_grad()
+    f = torch.compile(lambda x: (m(x) * R).sum(), backend="eager")
+    f(x).backward()
+    assert torch.equal(m.W_in.grad, want)

@@ -514,6 +514,7 @@ class EPropLearning:
     def learning(self) -> str:
         return self.__dict__.get("_learning", "bptt")
 
+    @torch.compiler.disable  # (a Python loop and kernels of its own: torch.compile runs it as it is)
     def _eprop_call(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
                     all_inputs: Sequence[Any], states: Sequence[Any], params: Sequence[Any], scan: tuple
                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:

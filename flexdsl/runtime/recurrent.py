@@ -251,6 +251,7 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_decided", None)  # (a loaded program: decided again after unpickling)
+        state.pop("_steppers", None)  # (e-prop's step functions: made again)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         state["_kept"] = {k: v.detach() for k, v in self._kept.items()}
         if "_memories" in state:
