@@ -592,3 +592,13 @@ def test_an_eprop_layer_inside_torch_compile_runs_as_it_is():
     f = torch.compile(lambda x: (m(x) * R).sum(), backend="eager")
     f(x).backward()
     assert torch.equal(m.W_in.grad, want)
+
+
+def test_eprop_of_a_feedforward_layer_is_a_located_error_and_layer_files_take_it():
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.feedforward("lif", N_IN, H, learning="eprop")
+    assert "e-prop learns recurrent layers" in str(e.value) and "lif.neuron:" in str(e.value)
+    with pytest.raises(FlexDSLError, match="e-prop learns recurrent layers"):
+        flexdsl.load("ff_lif.layer", hidden=H, in_features=N_IN, learning="eprop")
+    r = flexdsl.load("rlif.layer", hidden=H, in_features=N_IN, learning="eprop", readout=2, feedback="random")
+    assert r.learning == "eprop" and r.readout.feedback.shape == (2, H)

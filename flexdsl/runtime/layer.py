@@ -261,10 +261,12 @@ def _neuron(layer: A.Layer, detach_reset: bool, options: dict[str, Any], backend
 def load_layer(text: str, filename: str, *, hidden: int | None = None, in_features: Any = None,
                masks: Mapping[str, Any] | None = None, delays: Mapping[str, Any] | None = None, step_mode: str = "m",
                backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
-               learnable: Any = None, **params: Any) -> nn.Module:
+               learnable: Any = None, learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric",
+               **params: Any) -> nn.Module:
     """A layer file's module (see the module docstring); `in_features`: an int (a layer with one
     input) or a dict of sizes by input name; `masks`: the 0/1 masks of `connect mask` synapses;
-    `delays`: the steps of `delay axonal|synaptic|dendritic` synapses (integer tensors, by synapse)."""
+    `delays`: the steps of `delay axonal|synaptic|dendritic` synapses (integer tensors, by synapse);
+    `learning="eprop"` (with `readout=`, `feedback=`): e-prop, for a recurrent layer."""
     text = normalize(text)
     layer = parse_layer(text, filename)
     opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
@@ -273,8 +275,10 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     checked = check_layer(layer, neuron.compiled.checked, hidden, sizes, _dt(neuron))
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
+        _no_eprop(learning, readout, feedback, lambda msg, hint: checked.error(msg, None, hint))
         return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays)
-    return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend, delays)
+    return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend, delays,
+                      {"learning": learning, "readout": readout, "feedback": feedback})
 
 
 def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
@@ -320,12 +324,13 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                 mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
                 backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
                 learnable: Any = None, delay: Any = None, max_delay: Any = None, learnable_delays: Any = False,
-                delays: Any = None, **params: Any) -> FeedForwardModule:
+                delays: Any = None, learning: str = "bptt", **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
     `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
     connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
     neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
     ck = neuron.compiled.checked
+    _no_eprop(learning, None, "symmetric", lambda msg, hint: neuron._error(msg, ck.ast.pos, hint))
     for what, v in (("in_features", in_features), ("hidden", hidden)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise neuron._error(f"{what} must be a positive int, not {v!r}", ck.ast.pos)
@@ -399,7 +404,8 @@ def recurrent_form(layer: CheckedLayer) -> tuple[CheckedSynapse, list[CheckedSyn
 
 
 def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: dict[str, Any], step_mode: str,
-               backend: str, delays: Mapping[str, Any] | None = None) -> RecurrentModule:
+               backend: str, delays: Mapping[str, Any] | None = None, learning: Mapping[str, Any] | None = None
+               ) -> RecurrentModule:
     """The `RecurrentModule` of a recurrent layer file: one dense synapse group from the layer's
     input and one from an output of the neuron into the same port (any names: the module also
     answers to `W_in`, `W_rec` and `bias`, the names `flexdsl.recurrent` gives them)."""
@@ -413,7 +419,19 @@ def from_layer(neuron: NeuronModule, layer: CheckedLayer, lp: LayerPlan, masks: 
                           f"pass masks={{'{rec.name}': m}}, m a 0/1 tensor of shape ({layer.size}, {layer.size})")
     conn = "one_to_one" if rec.connect == "one_to_one" else "all"
     return RecurrentModule(neuron, ff[0].pre_size, layer.size, conn, masks.get(rec.name), rec.pre, rec.port,
-                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp), dict(delays or {}))
+                           ff[0].bias is not None, step_mode, backend, layer.ast.source, (layer, lp), dict(delays or {}),
+                           **dict(learning or {}))
+
+
+def _no_eprop(learning: Any, readout: Any, feedback: Any, error) -> None:
+    """A feed-forward layer learns by backpropagation: `learning="eprop"` (and its options) is a located error."""
+    if learning == "bptt" and readout is None and isinstance(feedback, str) and feedback == "symmetric":
+        return
+    if learning not in ("bptt", "eprop"):
+        raise error(f"learning must be 'bptt' or 'eprop', not {learning!r}", None)
+    raise error("e-prop learns recurrent layers (a layer whose neurons feed back into them); this layer has no "
+                "recurrent synapse", "its BPTT gradient has no recurrence to cut: train it with learning='bptt' "
+                "(the default), or add a recurrent synapse group (flexdsl.recurrent)")
 
 
 __all__ = ["FeedForwardModule", "describe", "feedforward", "from_layer", "load_layer", "recurrent", "recurrent_form"]
