@@ -62,7 +62,9 @@ for D in (1, 2):
     A = torch.randn(T, F, H, D, device=dev)
     Lg = torch.randn(T, F, H, device=dev)
     ref = None
-    for tile in [(bi, bp, 4, st) for bi, bp in ((16, 64), (16, 128), (8, 128), (32, 64)) for st in (1, 2, 3, 4)]:
+    tiles = [(bi, bp, 4, st) for bi, bp in ((16, 64), (16, 128), (8, 128), (32, 64)) for st in (1, 3, 4)]
+    tiles += [(16, 64, 2, 3), (16, 128, 8, 3), (8, 64, 4, 3), (8, 256, 4, 3), (4, 256, 4, 3), (16, 256, 8, 3)]
+    for tile in tiles:
         try:
             out = walk(eps, J, b, xs, ss, True, A, Lg, tile)
             torch.cuda.synchronize()

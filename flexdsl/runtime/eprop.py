@@ -188,6 +188,7 @@ class Plan:
         self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
         self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
+        self.whole: Any = prog.fn  # (the e-prop step on all the call's steps at once: compiled on CUDA)
         self.unsure: torch.Tensor | None = None  # (whether the scan's steps disagreed with the e-prop step's)
         self.redo: Any = None  # (the steps one by one, for that case)
         self.redone: tuple[Factors, torch.Tensor] | None = None
@@ -248,7 +249,7 @@ def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any]
               for p in params]
     inputs = list(others)
     inputs.insert(plan.port, cur)
-    res = prog.fn(*inputs, *hs, *params)
+    res = plan.whole(*inputs, *hs, *params)
     full = cur.shape
     plan.unsure = (_full(res[plan.source], full, cur) != outs[plan.source]).any()
     plan.finals = list(fins)
@@ -546,6 +547,7 @@ class EPropLearning:
         st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
               for s in states]
         if x3.device.type in SCAN_DEVICES and not f64:
+            plan.whole = self._stepper(prog, -1, False, x3.is_cuda)
             plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
         n_out = len(meta["outputs"])
@@ -580,10 +582,13 @@ class EPropLearning:
         return run
 
     def _stepper(self, prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
+        """One step of the layer (`stepper`), or with `port` -1 the e-prop step itself (on all steps at
+        once); compiled on CUDA unless FLEXDSL_EPROP_COMPILE=0."""
         key = (id(prog), port, dense_rec, compiled and settings_compile())
         cache = self.__dict__.setdefault("_steppers", {})
         if key not in cache:
-            cache[key] = stepper(prog, port, dense_rec, key[-1])
+            whole = torch.compile(prog.fn, dynamic=False) if key[-1] else prog.fn
+            cache[key] = stepper(prog, port, dense_rec, key[-1]) if port >= 0 else whole
         return cache[key]
 
 
