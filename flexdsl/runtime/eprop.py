@@ -188,7 +188,7 @@ class Plan:
         self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
         self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
-        self.whole: Any = prog.fn  # (the e-prop step on all the call's steps at once: compiled on CUDA)
+        self.whole: Any = prog.fn  # (the e-prop step on all the call's steps at once)
         self.unsure: torch.Tensor | None = None  # (whether the scan's steps disagreed with the e-prop step's)
         self.redo: Any = None  # (the steps one by one, for that case)
         self.redone: tuple[Factors, torch.Tensor] | None = None
@@ -547,7 +547,6 @@ class EPropLearning:
         st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
               for s in states]
         if x3.device.type in SCAN_DEVICES and not f64:
-            plan.whole = self._stepper(prog, -1, False, x3.is_cuda)
             plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
         n_out = len(meta["outputs"])
@@ -582,13 +581,11 @@ class EPropLearning:
         return run
 
     def _stepper(self, prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
-        """One step of the layer (`stepper`), or with `port` -1 the e-prop step itself (on all steps at
-        once); compiled on CUDA unless FLEXDSL_EPROP_COMPILE=0."""
+        """One step of the layer (`stepper`), compiled on CUDA unless FLEXDSL_EPROP_COMPILE=0."""
         key = (id(prog), port, dense_rec, compiled and settings_compile())
         cache = self.__dict__.setdefault("_steppers", {})
         if key not in cache:
-            whole = torch.compile(prog.fn, dynamic=False) if key[-1] else prog.fn
-            cache[key] = stepper(prog, port, dense_rec, key[-1]) if port >= 0 else whole
+            cache[key] = stepper(prog, port, dense_rec, key[-1])
         return cache[key]
 
 

@@ -57,7 +57,7 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
         tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
 
 
-TILE: dict[int, tuple[int, int, int, int]] = {1: (16, 128, 4, 4), 2: (16, 128, 4, 3)}  # states (padded) ->
+TILE: dict[int, tuple[int, int, int, int]] = {1: (16, 128, 4, 4), 2: (16, 64, 2, 3)}  # states (padded) ->
 # (BI, BP, warps, stages: the steps whose loads are in flight), the fastest on an H200 (bench/eprop_profile.py)
 
 
