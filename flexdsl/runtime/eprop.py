@@ -581,7 +581,7 @@ class EPropLearning:
         return run
 
     def _stepper(self, prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
-        """One step of the layer (`stepper`), compiled on CUDA unless FLEXDSL_EPROP_COMPILE=0."""
+        """One step of the layer (`stepper`), compiled on CUDA with FLEXDSL_EPROP_COMPILE=1."""
         key = (id(prog), port, dense_rec, compiled and settings_compile())
         cache = self.__dict__.setdefault("_steppers", {})
         if key not in cache:
@@ -590,8 +590,9 @@ class EPropLearning:
 
 
 def settings_compile() -> bool:
-    """Whether the e-prop step runs compiled on CUDA (FLEXDSL_EPROP_COMPILE=0: eagerly)."""
-    return env_choice("FLEXDSL_EPROP_COMPILE") != "0"
+    """Whether the steps one by one run compiled on CUDA (FLEXDSL_EPROP_COMPILE=1; by default eagerly:
+    there they are the rare fallback of the scan's steps, not worth a compilation)."""
+    return env_choice("FLEXDSL_EPROP_COMPILE") == "1"
 
 
 def where_of(ck: Any) -> Any:
