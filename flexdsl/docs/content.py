@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,69 +27,18 @@ from ..frontend.parse import source_lines
 from ..ir.functions import CONSTANTS, Detach
 from ..ir.lower import ToSympy
 from .docstring import split_doc
+from .mathdoc import Math, Statement, _math, without_temporaries
 from .printing import (
     UnitSymbol,
     derivative_latex,
     derivative_mathml,
     latex,
-    math_element,
     mathml_inner,
-    wrapping,
 )
 from .units import declared_unit, unit_label
 
 if TYPE_CHECKING:
     from ..runtime.compiler import Compiled
-
-
-@dataclass
-class Math:
-    """One piece of math in both notations (MathML presentation markup, without `<math>`; LaTeX)."""
-
-    mathml: str
-    latex: str
-    text: str = ""  # a plain-text form (alt text, Markdown fallbacks)
-    expr: Any = None  # the sympy expression printed (LaTeX breaks it over lines: latexdoc.py)
-    adjoints: frozenset[str] = frozenset()
-    order: str | None = None
-
-    def element(self, display: bool = False) -> str:
-        return math_element(self.mathml, display, self.text)
-
-    def wrapping(self) -> str:
-        """As `element`, in pieces that wrap like text (a long value in a table cell)."""
-        return wrapping(self.mathml, self.text)
-
-
-@dataclass
-class Statement:
-    """One line of math: `lhs op rhs` (`op` is "=", "←", "+=" ...), from a source line."""
-
-    lhs: Math
-    op: str
-    rhs: Math
-    line: int = 0
-    source: str = ""
-    note: str = ""
-
-    @property
-    def mathml(self) -> str:
-        op = html.escape(self.op)
-        return math_element(f"<mrow>{self.lhs.mathml}<mo>{op}</mo>{self.rhs.mathml}</mrow>",
-                            alttext=f"{self.lhs.text} {self.op} {self.rhs.text}")
-
-    @property
-    def latex(self) -> str:
-        return f"{self.lhs.latex} {tex_op(self.op)} {self.rhs.latex}"
-
-
-_TEX_OPS = {"\u2190": r"\leftarrow", "+=": r"\mathrel{+}=", "-=": r"\mathrel{-}=", "*=": r"\mathrel{*}=",
-            "/=": r"\mathrel{/}=", "while": r"\quad\text{while}\quad"}
-
-
-def tex_op(op: str) -> str:
-    """A statement's operator in LaTeX (`←`, `+=`, `while`)."""
-    return _TEX_OPS.get(op, op)
 
 
 @dataclass
@@ -170,12 +118,6 @@ class ModelDoc:
 # ----------------------------------------------------------------------------- helpers
 def _sym(name: str) -> sp.Symbol:
     return sp.Symbol(name, real=True)
-
-
-def _math(expr: sp.Basic, adjoints: frozenset[str] = frozenset(), order: str | None = None,
-          inline: bool = False) -> Math:
-    return Math(mathml_inner(expr, adjoints, order, inline), latex(expr, adjoints, order, inline),
-                sp.sstr(expr, order=order), None if inline else expr, adjoints, order)
 
 
 def _name(name: str) -> Math:
@@ -394,25 +336,6 @@ def _refractory_block(c: Compiled, w: _Written, rf: Any) -> Block:
         what = "after a spike, as long as the condition holds"
     return Block("refractory", [st], f"{what} the neuron is refractory: it cannot spike, and statements marked "
                                      "\u201cunless refractory\u201d hold their state")
-
-
-def without_temporaries(assignments: list[tuple[sp.Symbol, sp.Expr]], given: Mapping[sp.Symbol, sp.Expr] | None = None
-                        ) -> tuple[list[tuple[sp.Symbol, sp.Expr]], dict[sp.Symbol, sp.Expr]]:
-    """The SSA assignments with the shared subexpressions (`_t…`, a device of the generated code)
-    and, in a backward, their gradients (`grad__t…`) substituted back: what a reader sees names
-    only the model's own quantities. `given`: substitutions made before (the forward's)."""
-    subs: dict[sp.Symbol, sp.Expr] = dict(given or {})
-    out = []
-    for y, e in assignments:
-        e = e.xreplace(subs)
-        if _TEMPORARY.fullmatch(y.name):
-            subs[y] = e
-        else:
-            out.append((y, e))
-    return out, subs
-
-
-_TEMPORARY = re.compile(r"(grad_)?_t(_\d+)?")
 
 
 def _derived_step(c: Compiled) -> tuple[Block, list[Statement], list[Statement], str]:

@@ -3,10 +3,14 @@ model's first input), as equations beside the derived backward."""
 
 from __future__ import annotations
 
+import re
+
 import sympy as sp
 
 from ..ir.eprop import derive_eprop
-from .content import Math, Statement, _math, latex, mathml_inner, without_temporaries
+from .mathdoc import Math, Statement, _math, latex, mathml_inner, without_temporaries
+
+_HIDDEN = re.compile(r"(_d_)?_t(_\d+)?(__.+)?")  # `_t3`, `_d__t_3__v`: the generated code's shared temporaries
 
 NOTE = ("With learning=\"eprop\" (a recurrent layer), each synapse into {port} keeps an eligibility vector "
         "\u03b5 ({states}), the derivative of the neuron's states along its own history: "
@@ -32,8 +36,14 @@ def eprop_section(c) -> tuple[list[Statement], str]:
         return [], ""
     e = derive_eprop(step, 0)
     own = {y for y, _ in step.assignments}
-    _, forward = without_temporaries(list(step.assignments))
-    shown, subs = without_temporaries([(y, v) for y, v in e.assignments if y not in own], forward)
+    _, subs = without_temporaries(list(step.assignments))
+    shown = []
+    for y, v in e.assignments:  # (a shared temporary, or a derivative of one, is substituted: not a name to read)
+        v = v.xreplace(subs)
+        if _HIDDEN.fullmatch(y.name):
+            subs[y] = v
+        elif y not in own:
+            shown.append((y, v))
     sts = [Statement(_math(y), "=", _math(v)) for y, v in shown]
     sts += [Statement(_factor(n), "=", _math(v.xreplace(subs))) for n, v in e.factors() if v != 0]
     kept = ("; J and b depend on params only, so one trace per presynaptic value stands for a synapse's" if e.constant

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .content import Statement, describe, tex_op
+from .content import describe
+from .mathdoc import Statement, tex_op
 from .printing import tex_text
 from .texbreak import broken, tex_width
 

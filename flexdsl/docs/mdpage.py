@@ -9,9 +9,10 @@ import html
 import re
 from collections.abc import Callable, Sequence
 
-from .content import Math, ModelDoc, Statement, derived_note, source_titles, tex_op
+from .content import ModelDoc, derived_note, source_titles
 from .figures import Figures
 from .htmlpage import Failure, IndexEntry, code_spans, file_label, number, usage
+from .mathdoc import Math, Statement, tex_op
 
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-!|~$])")
 

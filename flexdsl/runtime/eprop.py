@@ -37,6 +37,7 @@ from ..settings import env_choice
 from .feedback import Readout
 
 LEARNING = ("bptt", "eprop")
+_UNCOMPILED: dict[str, Any] = {}
 SCAN_DEVICES = {"cuda"}  # where a call's steps run on the layer's scan (`_from_scan`); elsewhere one by one
 FEEDBACK = ("symmetric", "random")
 
@@ -515,8 +516,14 @@ class EPropLearning:
     def learning(self) -> str:
         return self.__dict__.get("_learning", "bptt")
 
-    @torch.compiler.disable  # (a Python loop and kernels of its own: torch.compile runs it as it is)
-    def _eprop_call(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
+    def _eprop_call(self, *args: Any) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """`_eprop_run`, which torch.compile runs as it is (a Python loop and kernels of its own)."""
+        fn = _UNCOMPILED.get("run")
+        if fn is None:  # (torch.compiler.disable imports torch._dynamo: only once a layer learns by e-prop)
+            fn = _UNCOMPILED["run"] = torch.compiler.disable(EPropLearning._eprop_run)
+        return fn(self, *args)
+
+    def _eprop_run(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
                     all_inputs: Sequence[Any], states: Sequence[Any], params: Sequence[Any], scan: tuple
                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
         """A training call: (outputs `[T, F, H]`, final states, final source); the eligibility kept.
