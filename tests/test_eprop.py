@@ -514,8 +514,9 @@ def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps
     (a current at the threshold within rounding; forced here by flipping one of the scan's spikes),
     the traces follow the steps one by one: the gradients are those of that path."""
     from flexdsl.runtime import eprop as E
+    from flexdsl.runtime.eprop_layer import EPropLearning
 
-    orig = E.EPropLearning._scanned
+    orig = EPropLearning._scanned
 
     def flipped(self, *a):
         run = orig(self, *a)
@@ -531,7 +532,7 @@ def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps
 
     def grads(scanned: bool):
         monkeypatch.setattr(E, "SCAN_DEVICES", {"cpu"} if scanned else set())
-        monkeypatch.setattr(E.EPropLearning, "_scanned", flipped if scanned else orig)
+        monkeypatch.setattr(EPropLearning, "_scanned", flipped if scanned else orig)
         m = layer("lif").float()
         x = torch.rand(T, B, N_IN, generator=torch.Generator().manual_seed(1))
         R = torch.randn(T, B, H, generator=torch.Generator().manual_seed(2))

@@ -34,7 +34,7 @@ from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
-from .eprop import EPropLearning
+from .eprop_layer import EPropLearning
 from .layertext import LayerAttrs, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
 from .recurrent_delays import DelayedRecurrence
