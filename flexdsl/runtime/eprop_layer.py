@@ -113,6 +113,11 @@ class EPropLearning:
             raise view.error(f"feedback must be 'symmetric', 'random' or a tensor, not {type(feedback).__name__}", where)
         self.readout = Readout(linear, B) if linear is not None else None
 
+    def _eprop_scans(self, like: torch.Tensor) -> bool:
+        """Whether a training call on tensors like `like` runs its steps on the layer's scan (CUDA, not
+        float64); elsewhere the steps run one by one and the scan is not even loaded."""
+        return like.device.type in core.SCAN_DEVICES and like.dtype != torch.float64
+
     @property
     def learning(self) -> str:
         return self.__dict__.get("_learning", "bptt")
@@ -154,7 +159,7 @@ class EPropLearning:
                     None if f64 else programs.walker(x3), self._stepper(prog, port, w.dim() == 2, x3.is_cuda and not f64))
         st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
               for s in states]
-        if x3.device.type in core.SCAN_DEVICES and not f64:
+        if self._eprop_scans(x3):
             plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
         n_out = len(meta["outputs"])

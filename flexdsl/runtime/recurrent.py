@@ -324,10 +324,11 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         dense, port, source = scan.dense, scan.port, scan.source
         # (under torch.compile the scan is chosen and loaded at trace time, before anything reads
         # the model's lazily computed fields; eagerly, the choice is checked first)
-        prog = self._scan_for(like, port, source, dense)
+        eprop = self.__dict__["_eprop"] is not None and self.training  # (e-prop: runtime/eprop_layer.py)
+        prog = self._scan_for(like, port, source, dense) if not eprop or self._eprop_scans(like) else None
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
-        if self.__dict__["_eprop"] is not None and self.training:  # (e-prop: runtime/eprop.py)
+        if eprop:
             outs, fins, last = self._eprop_call(x3, w_in, bias, w, s0, inputs, states, params, (prog, dense, s0_zero))
             if T:
                 view.keep(fins, step_shape)
