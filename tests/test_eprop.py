@@ -141,6 +141,18 @@ def _signal(z: torch.Tensor, Wout: torch.Tensor, target: torch.Tensor) -> tuple[
     return (err ** 2).sum(), 2 * err @ Wout
 
 
+def trained_once(model: str, seed: int, **kw):
+    """A layer, an input, a readout and targets, and one e-prop call and backward of E (`_signal`)."""
+    m = layer(model, **kw)
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    Wout = torch.randn(2, H, dtype=torch.float64)
+    target = torch.randn(T, B, 2, dtype=torch.float64)
+    m.reset()
+    z = m(x)
+    _signal(z, Wout, target)[0].backward()
+    return m, x, Wout, target, z
+
+
 def pseudo(u, gamma=0.3, width=1.0):
     return gamma * torch.clamp(1 - (u / width).abs(), min=0)
 
@@ -149,13 +161,7 @@ def test_lif_equals_bellec_closed_form():
     """Bellec's LIF (soft reset, the reset's derivative ignored): e_t = psi_t * xbar_t with xbar the
     presynaptic activity filtered by alpha = 1 - 1/tau, times dv/dI = 1/tau (lif_soft's charge)."""
     tau, vth = 2.0, 1.0
-    m = layer("lif_soft", detach_reset=True)
-    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    Wout = torch.randn(2, H, dtype=torch.float64)
-    target = torch.randn(T, B, 2, dtype=torch.float64)
-    m.reset()
-    z_ours = m(x)
-    _signal(z_ours, Wout, target)[0].backward()
+    m, x, Wout, target, z_ours = trained_once("lif_soft", 3, detach_reset=True)
     W_in, W_rec, b = m.W_in.detach(), m.W_rec.detach(), m.bias.detach()
     # the forward, by hand
     v, s = torch.zeros(B, H, dtype=torch.float64), torch.zeros(B, H, dtype=torch.float64)
@@ -196,13 +202,7 @@ def test_alif_equals_bellec_closed_form():
     e = psi (eps_v - beta eps_a)."""
     dt, tau_m, tau_a, vth, beta = 1.0, 20.0, 200.0, 1.0, 1.8
     alpha, rho = math.exp(-dt / tau_m), math.exp(-dt / tau_a)
-    m = layer("alif", detach_reset="v")
-    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    Wout = torch.randn(2, H, dtype=torch.float64)
-    target = torch.randn(T, B, 2, dtype=torch.float64)
-    m.reset()
-    z_ours = m(x)
-    _signal(z_ours, Wout, target)[0].backward()
+    m, x, Wout, target, z_ours = trained_once("alif", 4, detach_reset="v")
     W_in, W_rec, b = m.W_in.detach(), m.W_rec.detach(), m.bias.detach()
     v, a, s = (torch.zeros(B, H, dtype=torch.float64) for _ in range(3))
     zs, psis = [], []

@@ -20,6 +20,17 @@ import triton.language as tl
 
 
 @triton.jit
+def _pre(x_ptr, s_ptr, row, p, pm, NX, NS, ONE: tl.constexpr):
+    """A step's presynaptic values `[BP]`: the input, the source of the step before, 1 (the bias)."""
+    pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & (p < NX), other=0.0).to(tl.float32)
+    pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & (p >= NX) & (p < NX + NS),
+                   other=0.0).to(tl.float32)
+    if ONE:
+        pre = tl.where(p == NX + NS, 1.0, pre)
+    return pre
+
+
+@triton.jit
 def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
           T, F, H, NX, NS, P,
           D: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr,
@@ -34,14 +45,9 @@ def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
     eoff = ((f * H + i3).to(tl.int64) * P + p3) * D + k3
     eps = tl.load(eps_ptr + eoff, mask=m3, other=0.0).to(tl.float32)  # [BI, BP, D]
     acc = tl.zeros([BI, BP], dtype=tl.float32)
-    is_x, is_s = p < NX, (p >= NX) & (p < NX + NS)
     for t in tl.range(0, T, num_stages=STAGES):
-        # presynaptic values: the input, the source of the step before, 1 (the bias)
         row = t * F + f
-        pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & is_x, other=0.0).to(tl.float32)
-        pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & is_s, other=0.0).to(tl.float32)
-        if ONE:
-            pre = tl.where(p == NX + NS, 1.0, pre)
+        pre = _pre(x_ptr, s_ptr, row, p, pm, NX, NS, ONE)
         nb = (row * H + i).to(tl.int64)  # [BI]
         if ACC:
             A = tl.load(A_ptr + nb[:, None] * D + k[None, :], mask=im[:, None], other=0.0).to(tl.float32)
@@ -79,13 +85,9 @@ def _walk12(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
     if TWO:
         e1 = tl.load(eps_ptr + eoff + 1, mask=m2, other=0.0).to(tl.float32)
     acc = tl.zeros([BI, BP], dtype=tl.float32)
-    is_x, is_s = p < NX, (p >= NX) & (p < NX + NS)
     for t in tl.range(0, T, num_stages=STAGES):
         row = t * F + f
-        pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & is_x, other=0.0).to(tl.float32)
-        pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & is_s, other=0.0).to(tl.float32)
-        if ONE:
-            pre = tl.where(p == NX + NS, 1.0, pre)
+        pre = _pre(x_ptr, s_ptr, row, p, pm, NX, NS, ONE)
         nb = (row * H + i).to(tl.int64)
         if ACC:
             a0 = tl.load(A_ptr + nb * D, mask=im, other=0.0).to(tl.float32)
