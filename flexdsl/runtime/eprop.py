@@ -17,10 +17,15 @@ with memory independent of its length, and the calls' gradients add up to one ca
 
 Where `J` and `b` depend on params only (a neuron whose step is linear in its states between
 spikes, and whose reset is detached or subtractive), a synapse's eligibility vector does not
-depend on the postsynaptic neuron: one trace per presynaptic neuron (`[batch, pre, states]`,
-Bellec's filtered spikes) and the weight gradient is one product over all steps. Otherwise (a
-hard reset whose derivative is kept, adaptation, conductances) it is kept per synapse,
-`[batch, hidden, pre, states]` in the input's dtype: what the exact definition costs.
+depend on the postsynaptic neuron: on the torch operations' path, one trace per presynaptic value
+(`[batch, pre, states]`, Bellec's filtered spikes). Otherwise (a hard reset whose derivative is
+kept, adaptation, conductances), and always in a backend's kernel (`_walk_kernel`: the Triton
+kernel on CUDA), it is kept per synapse, `[batch, hidden, pre, states]` in the input's dtype.
+
+The forward leaves the call's eligibility pending (`Pending`): the backward runs the traces once,
+with the learning signal, and settles it; a later call that comes first runs them without it. On
+CUDA the steps run on the layer's own scan and the factors of all steps in one call (`_from_scan`);
+the layer's side (build-time checks, the readout, the calls) is `runtime/eprop_layer.py`.
 """
 
 from __future__ import annotations
