@@ -69,7 +69,7 @@ def test_train_recurrent_digits_reaches_95_percent_held_out(tmp_path):
 
 def test_train_recurrent_digits_by_eprop_within_3_points_of_bptt(tmp_path):
     """The same example trained by e-prop (`--learning eprop`): within 3 points of its BPTT accuracy
-    (the BPTT run is the one above's, same seed and epochs: 0.973 here; e-prop 0.951)."""
+    (the BPTT run is the one above's, same seed and epochs: 0.973 here; e-prop 0.953)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
     accs = {}
     for learning in ("bptt", "eprop"):

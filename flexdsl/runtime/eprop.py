@@ -97,6 +97,8 @@ def _step_eps(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, pre: torch.Te
     neuron `[F, P, d]` when `constant` (`J` `[d, d]`, `b` `[d]`)."""
     if constant:
         return torch.einsum("kl,fpl->fpk", J, eps) + pre[..., None] * b
+    if eps.shape[-1] == 1:  # (one state: in place, `eps` is the walk's own copy)
+        return eps.mul_(J[..., :1]).addcmul_(b[:, :, None, :], pre[:, None, :, None])
     return torch.einsum("fikl,fipl->fipk", J, eps) + b[:, :, None, :] * pre[:, None, :, None]
 
 
@@ -315,8 +317,11 @@ def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S:
     diag = dict(e0.diag)
     g_diag = {n: torch.zeros_like(S[0]) for n in diag}
     ops_dense = dense is not None and plan.kernel is None
+    if ops_dense and not e0.constant:
+        dense = dense.clone()  # (stepped in place: the call's start stays as it was, for its backward)
     if not ops_dense and not diag:
         return Eligibility(dense, diag, fac.constant and plan.kernel is None), g_dense, g_diag
+    per = None  # (a one-state walk's gradient per batch element [F, H, P])
     for t in range(T):
         J = fac.J if fac.constant else fac.J[t]
         pre = _pre(x3[t] if x3 is not None else None, S[t] if plan.dense_rec else None, plan.bias) \
@@ -325,8 +330,13 @@ def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S:
             A = torch.einsum("fio,fiok->fik", L[t], fac.c[t])  # (L c): [F, H, d]
             if ops_dense:
                 Lg = (L[t] * fac.g[t]).sum(-1)  # [F, H]
-                term = (torch.einsum("fik,fpk->ip", A, dense) if fac.constant else
-                        torch.einsum("fik,fipk->ip", A, dense)) + Lg.t() @ pre
+                term = Lg.t() @ pre
+                if not fac.constant and dense.shape[-1] == 1:  # (one state: summed over the batch at the end)
+                    per = torch.zeros_like(dense[..., 0]) if per is None else per
+                    per.addcmul_(dense[..., 0], A[..., :1])
+                else:
+                    term = term + (torch.einsum("fik,fpk->ip", A, dense) if fac.constant else
+                                   torch.einsum("fik,fipk->ip", A, dense))
                 g_dense = term if g_dense is None else g_dense + term
             for n, eps in diag.items():
                 g_diag[n] = g_diag[n] + (A * eps).sum(-1) + _diag_pre(n, S, t, fac, L)
@@ -334,6 +344,8 @@ def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S:
             dense = _step_eps(dense, J, fac.b if fac.constant else fac.b[t], pre, fac.constant)
         for n in diag:
             diag[n] = _step_diag(diag[n], J, _diag_src(fac, n, t, S), fac.constant)
+    if per is not None:
+        g_dense = g_dense + per.sum(0)
     return Eligibility(dense, diag, fac.constant and plan.kernel is None), g_dense, g_diag
 
 
