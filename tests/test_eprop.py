@@ -103,6 +103,15 @@ def eprop_grads(m, x, R):
     return outs, got
 
 
+def one_call_then_fresh(m, x, R):
+    """The gradients of one call (copies), the layer then reset with no gradients: for calls in pieces."""
+    _, whole = eprop_grads(m, x, R)
+    whole = {k: v.clone() for k, v in whole.items()}
+    m.reset()
+    m.zero_grad()
+    return whole
+
+
 def assert_grads(got, want, rtol=RTOL):
     assert got.keys() == want.keys()
     for k in want:
@@ -245,10 +254,7 @@ def test_calls_cut_anywhere_add_up_to_one_call():
     m = layer("alif", detach_reset="v")
     x = torch.rand(12, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     R = [torch.randn(12, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(6))]
-    _, whole = eprop_grads(m, x, R)
-    whole = {k: v.clone() for k, v in whole.items()}
-    m.reset()
-    m.zero_grad()
+    whole = one_call_then_fresh(m, x, R)
     for a, b in [(0, 1), (1, 5), (5, 6), (6, 12)]:
         loss_of(as_tuple(m(x[a:b])), [R[0][a:b]]).backward()
     assert_grads({n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias")}, whole, 1e-12)
@@ -258,10 +264,7 @@ def test_single_step_mode_streams_too():
     m = layer("lif")
     x = torch.rand(6, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     R = [torch.randn(6, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(8))]
-    _, whole = eprop_grads(m, x, R)
-    whole = {k: v.clone() for k, v in whole.items()}
-    m.reset()
-    m.zero_grad()
+    whole = one_call_then_fresh(m, x, R)
     m.step_mode = "s"
     for t in range(6):  # (the loss couples the outputs within a step only: one backward per step)
         loss_of([m(x[t])[None]], [R[0][t:t + 1]]).backward()

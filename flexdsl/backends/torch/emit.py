@@ -72,6 +72,11 @@ def header(step: StepModel, what: str) -> list[str]:
     ]
 
 
+def module_head(step: StepModel, what: str) -> list[str]:
+    """The header and the imports of a generated module whose functions follow (two blank lines)."""
+    return [*header(step, what), "import torch", "", "from flexdsl.backends.torch import ops", "", ""]
+
+
 def emit_core(step: StepModel) -> str:
     """The generated module source: `surrogate` and `core`."""
     pr = TorchPrinter()
@@ -159,4 +164,4 @@ def emit_core_backward(step: StepModel, bw: BackwardModel) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["TorchPrinter", "emit_core", "emit_core_backward"]
+__all__ = ["TorchPrinter", "emit_core", "emit_core_backward", "module_head"]

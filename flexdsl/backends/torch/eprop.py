@@ -20,7 +20,7 @@ from ..base import IR
 def emit_eprop(ir: IR, port: int) -> tuple[str, dict[str, Any]]:
     from ...ir.eprop import derive_eprop  # (sympy: only when emitted, not when loaded from the disk cache)
     from ..printer import lhs_rhs_lines
-    from .emit import TorchPrinter, header
+    from .emit import TorchPrinter, module_head
 
     step = ir.step
     e = derive_eprop(step, port)
@@ -30,12 +30,7 @@ def emit_eprop(ir: IR, port: int) -> tuple[str, dict[str, Any]]:
     factors = [(n, f) for n, f in e.factors() if f != 0]
     rets = [S(v) for _, v in step.outputs] + [S(v) for v in step.next_states] + [S(f) for _, f in factors]
     lines = [
-        *header(step, "the e-prop step (one step and its eligibility factors)"),
-        "import torch",
-        "",
-        "from flexdsl.backends.torch import ops",
-        "",
-        "",
+        *module_head(step, "the e-prop step (one step and its eligibility factors)"),
         f"def eprop_step({', '.join(args)}):",
         "    # one step, then its derivatives along the neuron's own history (forward mode):",
         "    # " + ", ".join(n for n, _ in factors),

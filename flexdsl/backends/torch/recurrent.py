@@ -31,7 +31,7 @@ from ..random import NoiseStream
 def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     """The generated module: `_invariants(*params)`, `_fwd_step(...)` and `_bwd_step(...)`."""
     from ..printer import lhs_rhs_lines  # (the printers import sympy: only when the scan is emitted, not
-    from .emit import NOISE_ARG, header  # when a process loads it from the disk cache)
+    from .emit import NOISE_ARG, module_head  # when a process loads it from the disk cache)
 
     TorchPrinter = _scan_printer()
 
@@ -47,12 +47,7 @@ def emit_recurrent(ir: IR) -> tuple[str, dict[str, Any]]:
     states = [S(s) for s in step.states]
     noise = NOISE_ARG[:bool(step.draws)]  # a noisy model's steps take their draws
     lines = [
-        *header(step, "the recurrent layer's torch step (forward and derived backward)"),
-        "import torch",
-        "",
-        "from flexdsl.backends.torch import ops",
-        "",
-        "",
+        *module_head(step, "the recurrent layer's torch step (forward and derived backward)"),
         f"def _invariants({', '.join(params)}):",
         "    # the step's values that depend on params only: once per call",
         *lhs_rhs_lines(pr, hoisted),
