@@ -27,6 +27,47 @@ def is_layer_text(text: str) -> bool:
     return bool(_LAYER_TEXT.match(text))
 
 
+_RULE_TEXT = re.compile(r"\A\ufeff?(?:[ \t]*(?:#[^\n\r]*)?(?:\r\n|\r|\n))*[ \t]*rule[ \t]")
+
+
+def is_rule_text(text: str) -> bool:
+    """Whether model text is a plasticity rule (`rule NAME:` first, after comments and blank lines)."""
+    return bool(_RULE_TEXT.match(text))
+
+
+def rules() -> list[str]:
+    """Names (file stems) of the packaged plasticity rules (`neurons/*.rule`)."""
+    return sorted(p.stem for p in NEURONS_DIR.glob("*.rule"))
+
+
+def resolve_rule(model: str | Path) -> tuple[str, str]:
+    """(text, filename) of a rule: its text, a path that exists, or a library rule (`stdp`,
+    `stdp.rule`, `neurons/stdp.rule`); anything else is an error naming the closest library rules."""
+    if isinstance(model, os.PathLike) and not isinstance(model, Path):
+        model = os.fspath(model)
+    if not isinstance(model, str | Path):
+        raise FlexDSLError(f"a rule is a `.rule` file's path, a library rule's name or its text, not a "
+                           f"{type(model).__name__}", "<rule>", hint="e.g. flexdsl.load_rule('stdp')")
+    if isinstance(model, str) and looks_like_source(model):
+        return model, "<string>"
+    path = Path(model)
+    if _is_file(path):
+        try:
+            return path.read_text(encoding="utf-8"), str(model)
+        except (OSError, UnicodeDecodeError) as e:
+            raise FlexDSLError(f"cannot read `{model}`: {e}", str(model)) from None
+    parts = path.parts
+    if len(parts) == 2 and parts[0] == "neurons":
+        parts = parts[1:]
+    name = parts[0][: -len(".rule")] if len(parts) == 1 and parts[0].endswith(".rule") else (
+        parts[0] if len(parts) == 1 else None)
+    if name and _is_file(NEURONS_DIR / f"{name}.rule"):
+        lp = NEURONS_DIR / f"{name}.rule"
+        return lp.read_text(encoding="utf-8"), str(lp)
+    raise FlexDSLError(f"no rule file `{model}` and no library rule of that name", str(model),
+                       hint=did_you_mean(name or str(model), rules()) or f"library rules: {', '.join(rules())}")
+
+
 def looks_like_source(arg: str) -> bool:
     """Model text rather than a path or a stem: text has line breaks (a model needs several
     lines; `loads` adds one to a single line). A file named `neuron lif.neuron` is a path."""

@@ -297,6 +297,11 @@ class Synapses:
     delay_interp_pos: Pos | None = None
     states: list[State] = field(default_factory=list)
     events: list[SynapseEvent] = field(default_factory=list)
+    rule: str | None = None  # `rule stdp` / `rule "my.rule"`: the plasticity rule of these weights
+    rule_is_path: bool = False
+    rule_pos: Pos | None = None
+    rule_mode: str | None = None  # `online` or `window` as written (None: window)
+    rule_mode_pos: Pos | None = None
 
 
 LayerItem = LayerNeuron | LayerSize | LayerInput | Synapses
@@ -306,6 +311,35 @@ LayerItem = LayerNeuron | LayerSize | LayerInput | Synapses
 class Layer:
     name: str
     items: list[LayerItem]
+    pos: Pos
+    filename: str
+    source: str
+    doc: str = ""
+
+    def of(self, kind: type) -> list:
+        return [it for it in self.items if isinstance(it, kind)]
+
+
+# ---------------------------------------------------------------- plasticity rules
+@dataclass
+class WeightDecl:
+    """`weight w where 0 <= w <= w_max`: the name the rule's statements give the weight, and its bounds."""
+
+    name: str
+    where: Compare | None
+    pos: Pos
+    doc: str = ""
+
+
+RuleItem = Input | Param | State | Output | Update | Equations | SynapseEvent | WeightDecl
+
+
+@dataclass
+class Rule:
+    """A plasticity rule (a `.rule` file): states and updates of one synapse group's weights."""
+
+    name: str
+    items: list[RuleItem]
     pos: Pos
     filename: str
     source: str

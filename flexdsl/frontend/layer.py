@@ -43,6 +43,10 @@ class CheckedSynapse:
     delay: int = 0  # the delay in steps (uniform), or the largest one (the others: given at load)
     delay_pos: A.Pos | None = None
     delay_interp: str | None = None  # learnable delays: "gauss" or "linear" (their relaxation); None: fixed
+    rule: str | None = None  # the plasticity rule's reference (`rule stdp`, `rule "my.rule"`), None: static weights
+    rule_is_path: bool = False
+    rule_mode: str = "window"  # "window" (weights held over a call) or "online" (changed every step)
+    rule_pos: A.Pos | None = None
 
     @property
     def delay_learnable(self) -> bool:
@@ -212,8 +216,38 @@ def _synapse(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, inputs: list[t
                    "a smaller layer, or one_to_one synapses")
     _not_yet(layer, neuron, s)
     kind, steps, interp = _delay(layer, s, recurrent, neuron, dt)
+    mode = _rule(layer, neuron, s, recurrent, connect, kind)
     return CheckedSynapse(s.name, s.pre, s.port, ports.index(s.port), recurrent, index, pre_size, connect, s.bias,
-                          s.pos, s.connect_pos or s.pos, kind, steps, s.delay_pos, interp)
+                          s.pos, s.connect_pos or s.pos, kind, steps, s.delay_pos, interp, s.rule, s.rule_is_path,
+                          mode, s.rule_pos)
+
+
+RULE_MODES = ("window", "online")
+
+
+def _rule(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, recurrent: bool, connect: str, delay: str | None
+          ) -> str:
+    """The semantics of a synapse group's plasticity rule (`rule stdp online`), where it can run."""
+    if s.rule is None:
+        return "window"
+    mode = s.rule_mode or "window"
+    if mode not in RULE_MODES:
+        raise _err(layer, f"unknown plasticity semantics `{mode}`", s.rule_mode_pos,
+                   did_you_mean(mode, RULE_MODES) or "`window` (weights held over a call, the change added after "
+                   "it: the default) or `online` (the weights change every step)")
+    if recurrent:
+        raise _err(layer, f"a plasticity rule on the recurrent synapses `{s.name}` is not compiled yet: rules run on a "
+                          "layer's input synapses", s.rule_pos, "move the rule to a synapse group from a layer input")
+    if connect == "one_to_one":
+        raise _err(layer, f"a plasticity rule needs a weight per connection; `{s.name}` are one_to_one", s.rule_pos,
+                   "connect dense (or mask)")
+    if delay is not None:
+        raise _err(layer, f"a plasticity rule on delayed synapses (`{s.name}`) is not compiled yet", s.rule_pos,
+                   "remove the delay or the rule")
+    if not any(o == "spike" for o, _ in neuron.outputs):
+        raise _err(layer, f"a plasticity rule reads the postsynaptic spikes `post`, and `{neuron.name}` has no spike "
+                          "output", s.rule_pos, "a spiking neuron model (with `output spike`)")
+    return mode
 
 
 DELAY_RELAXATIONS = ("gauss", "linear")
@@ -304,9 +338,10 @@ def _not_yet(layer: A.Layer, neuron: CheckedModel, s: A.Synapses) -> None:
                                did_you_mean(node.id, known))
     first = s.states[0].pos if s.states else (s.events[0].pos if s.events else None)
     if first is not None:
-        raise _err(layer, "synaptic state and plasticity events are not compiled yet: this version runs weights "
-                          "(dense, one_to_one, mask), biases and delays", first,
-                   "remove this line; the layer runs without it")
+        raise _err(layer, "synaptic state and `on pre`/`on post` belong in a plasticity rule (a `.rule` file), which "
+                          "the synapses name", first,
+                   "write them in `my.rule` (`rule NAME:` with states, `on pre:`, `on post:`) and attach it here: "
+                   "`rule \"my.rule\"` (or a library rule: `rule stdp_additive`)")
 
 
-__all__ = ["CONNECT", "DELAY_RELAXATIONS", "MAX_DELAY", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]
+__all__ = ["CONNECT", "DELAY_RELAXATIONS", "RULE_MODES", "MAX_DELAY", "MAX_WEIGHTS", "CheckedLayer", "CheckedSynapse", "check_layer", "neuron_ref"]

@@ -83,7 +83,7 @@ def _parser() -> Lark:
     a file, so nothing is unpickled)."""
     return Lark.open(str(GRAMMAR_DIR / "neuron.lark"), parser="lalr", postlex=NeuronIndenter(),
                      propagate_positions=True, maybe_placeholders=True,
-                     start=["start", "layer_start", "surrogate_use", "surrogate_decl"])
+                     start=["start", "layer_start", "rule_start", "surrogate_use", "surrogate_decl"])
 
 
 # The indenter keeps per-parse state, so one parse runs at a time (parsing is fast).
@@ -321,6 +321,8 @@ class _ToAST(Transformer_NonRecursive):
                     value, extra = value
                     for k, v in extra.items():
                         setattr(syn, k, v)
+                if field == "rule":
+                    value, syn.rule_is_path, syn.rule_mode, syn.rule_mode_pos = value
                 setattr(syn, field, value)
                 setattr(syn, field + "_pos", pos)
         return syn
@@ -343,6 +345,23 @@ class _ToAST(Transformer_NonRecursive):
         return {"delay_kind": kind, "delay_learnable": learnable is not None,
                 "delay_interp": str(interp) if interp is not None else None,
                 "delay_interp_pos": _pos(interp) if interp is not None else None}
+
+    def rule_decl(self, kw: Token, ref: Token, mode: Token | None) -> tuple:
+        is_path = ref.type == "STRING"
+        value = (_unquote(ref) if is_path else str(ref), is_path,
+                 str(mode) if mode is not None else None, _pos(mode) if mode is not None else None)
+        return ("rule", value, _pos(ref))
+
+    # ---- plasticity rules
+    def weight_decl(self, kw: Token, name: Token, where, doc) -> A.WeightDecl:
+        return A.WeightDecl(str(name), where, _pos(name), doc or "")
+
+    def rule(self, kw: Token, name: Token, *items) -> A.Rule:
+        doc, flat = _doc_and_items(items)
+        return A.Rule(str(name), flat, _pos(name), self.filename, self.source, doc)
+
+    def rule_start(self, rule: A.Rule) -> A.Rule:
+        return rule
 
     def synapse_event(self, kind: Token, *stmts) -> A.SynapseEvent:
         return A.SynapseEvent(str(kind), list(stmts), _pos(kind))
@@ -410,6 +429,12 @@ def parse(source: str, filename: str = "<string>") -> A.Neuron:
 def parse_layer(source: str, filename: str = "<string>") -> A.Layer:
     """Parse `.layer` text into a typed AST (`A.Layer`). Raises FlexDSLError on syntax errors."""
     return _parse(source, filename, "layer_start")
+
+
+def parse_rule(source: str, filename: str = "<string>") -> A.Rule:
+    """Parse `.rule` text (a plasticity rule) into a typed AST (`A.Rule`). Raises FlexDSLError on
+    syntax errors."""
+    return _parse(source, filename, "rule_start")
 
 
 def _parse(source: str, filename: str, start: str):

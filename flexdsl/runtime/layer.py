@@ -37,20 +37,24 @@ from .compiler import compile_model
 from .layertext import LayerAttrs, delay_words, feedforward_text, plan
 from .module import NeuronModule
 from .options import make as make_options
+from .plastic import PlasticSynapses
 from .recurrent import RecurrentModule
 
 
-class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, nn.Module):
+class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Module):
     """A feed-forward layer: synapses from the layer's inputs into `size` neurons of one model.
 
     `m(x, ...)`: one tensor per layer input (`[T, *batch, size_of_input]`, step_mode "m"; without T
     in "s"), then the neuron's inputs no synapse feeds (`[T, *batch, size]`); returns the neuron's
     output(s), `[T, *batch, size]`. Parameters: one weight per synapse (by its name: `[size, n_pre]`
     dense, `[size]` one_to_one), one per bias, and the neuron's own (`m.neuron`); `m.reset()` clears
-    the neuron's states."""
+    the neuron's states. A synapse group with a plasticity rule (`rule stdp_additive [online]`) changes
+    its weight at every call (`runtime/plastic.py`): `m.rules[W]` is the rule, the modulators it reads
+    are keyword inputs (`m(x, reward=r)`)."""
 
     def __init__(self, neuron: NeuronModule, layer: CheckedLayer, plan: LayerPlan, masks: Mapping[str, Any],
-                 step_mode: str = "m", delays: Mapping[str, Any] | None = None) -> None:
+                 step_mode: str = "m", delays: Mapping[str, Any] | None = None,
+                 rule_params: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.neuron = neuron
         self.__dict__["_layer"] = layer
@@ -71,6 +75,7 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, nn.Module):
                               "layer", layer.ast.pos, "masks={name: 0/1 tensor} for each synapse with `connect mask`")
         self.step_mode = step_mode
         self.reset_parameters()
+        self._register_rules(layer, rule_params)
 
     def _layer_error(self, msg: str) -> FlexDSLError:
         return self.__dict__["_layer"].error(msg, None)
@@ -93,26 +98,34 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, nn.Module):
     def reset(self) -> None:
         """The neuron's initial states, and zeros for the delayed synapses' history."""
         self._kept.clear()
+        self._reset_rules()
         self.neuron.reset()
 
     def detach(self) -> None:
         """Cut the kept states (the neuron's, the delayed inputs') from the graph of earlier calls."""
         for k, v in self._kept.items():
             self._kept[k] = v.detach()
+        self._detach_rules()
         self.neuron.detach()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_kept"] = {k: v.detach() for k, v in self._kept.items()}
+        state["_changes"] = {k: v.detach() for k, v in self.__dict__.get("_changes", {}).items()}
         return state
 
-    def forward(self, *xs: Any, seed: Any = None, generator: Any = None):
+    def forward(self, *xs: Any, seed: Any = None, generator: Any = None, **modulators: Any):
         layer = self._layer
         n_in = len(layer.inputs)
         if len(xs) != n_in + len(layer.direct):
             names = [n for n, _, _ in layer.inputs] + list(layer.direct)
             raise TypeError(f"layer `{layer.name}` takes {len(names)} input{'s' if len(names) != 1 else ''} "
                             f"({', '.join(names)}); got {len(xs)}")
+        if self._has_rules():
+            return self._plastic_forward(xs[:n_in], list(xs[n_in:]), modulators, seed, generator)
+        if modulators:
+            raise TypeError(f"layer `{layer.name}` got unexpected keyword input(s) {', '.join(modulators)} (it has no "
+                            "plasticity rule reading modulators)")
         ports = self._ports(xs[:n_in])
         direct = iter(xs[n_in:])
         args = [ports[k] if k in ports else next(direct) for k in range(len(layer.neuron.inputs))]

@@ -1,0 +1,277 @@
+"""A feed-forward layer's plastic synapses: a synapse group with `rule NAME [window|online]`.
+
+The layer loads the rule (`runtime/rule.py`) as `m.rules[W]` and runs it on the group's
+presynaptic input and the layer's spikes:
+
+- `window` (the default): the call runs as a static layer (one product over all steps, then the
+  neuron's own kernels), then the rule's change over the window is added to the weight (and the
+  weight kept in its bounds): SpikingJelly's multi-step learners.
+- `online`: the call runs one step at a time; after each step the rule's change is added, and the
+  next step's current reads the new weight: Brian2's synapses.
+
+A rule with an `output` (short-term plasticity) changes what the synapse carries: the current is
+the weight times the rule's output instead of the presynaptic spikes.
+
+The weight's change goes into the weight itself (under no_grad: plasticity, not a gradient step)
+unless the rule has learnable constants: then the change is kept as state with its graph,
+`m.plastic_change(W)`, added to the weight at every call and cleared by `reset()` (an episode), so
+a loss after several plastic calls differentiates through the rule into its constants and into
+the weight it started from (meta-learning a rule). `m.plastic = False` freezes every rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import FlexDSLError
+from ..frontend.layer import CheckedLayer, CheckedSynapse
+from .rule import Rule, compile_rule
+
+
+class PlasticSynapses:
+    """The mixin of `FeedForwardModule` that runs plasticity rules (see the module docstring)."""
+
+    def _register_rules(self, layer: CheckedLayer, rule_params: Mapping[str, Any] | None) -> None:
+        rules = [s for s in layer.synapses if s.rule is not None]
+        self.__dict__["_changes"] = {}  # learnable rules' kept change, by synapse
+        self.__dict__["_last_dw"] = {}
+        self.plastic = True
+        if not rules:
+            return
+        given = dict(rule_params or {})
+        by_syn = {s.name for s in rules}
+        if given and not set(given) <= by_syn:
+            if len(rules) == 1:
+                given = {rules[0].name: given}  # one rule: its params directly
+            else:
+                raise layer.error(f"rule_params for several rules are given by synapse name ({', '.join(by_syn)})",
+                                  None, "rule_params={'W': {'A_plus': 0.02}}")
+        mods: dict[str, str] = {}
+        md = nn.ModuleDict()
+        for s in rules:
+            rule = _load(layer, s, given.get(s.name, {}))
+            _check_dt(layer, s, rule, self.neuron)  # type: ignore[attr-defined]
+            for k in rule.modulators:
+                mods.setdefault(k, s.name)
+            md[s.name] = rule
+        self.rules = md
+        self.__dict__["_modulators"] = tuple(mods)
+
+    @property
+    def modulators(self) -> tuple[str, ...]:
+        """The keyword inputs the layer's rules read at every call (e.g. `reward`)."""
+        return self.__dict__.get("_modulators", ())
+
+    def plastic_change(self, name: str) -> torch.Tensor | None:
+        """The kept change of the weight `name` (a rule with learnable constants), None before a call."""
+        return self._changes.get(name)
+
+    def last_dw(self, name: str) -> torch.Tensor | None:
+        """The weight change the rule of `name` made in the last call (summed over its steps)."""
+        return self._last_dw.get(name)
+
+    def _reset_rules(self) -> None:
+        self._changes.clear()
+        for r in getattr(self, "rules", {}).values():
+            r.reset()
+
+    def _detach_rules(self) -> None:
+        for k, v in self._changes.items():
+            self._changes[k] = v.detach()
+        for r in getattr(self, "rules", {}).values():
+            r.detach()
+
+    def _has_rules(self) -> bool:
+        return "rules" in self._modules and len(self.rules) > 0
+
+    def _fast(self, s: CheckedSynapse) -> bool:
+        return any(p.requires_grad for p in self.rules[s.name].parameters())
+
+    def _weight(self, s: CheckedSynapse) -> torch.Tensor:
+        w = getattr(self, s.name)
+        d = self._changes.get(s.name)
+        return w if d is None else w + d
+
+    def _plastic_forward(self, xs: tuple, direct: list, modulators: Mapping[str, Any], seed: Any, generator: Any):
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        extra = [k for k in modulators if k not in self.modulators]
+        if extra:
+            from ..errors import did_you_mean
+
+            raise layer.error(f"layer `{layer.name}` has no modulator `{extra[0]}`", None,
+                              did_you_mean(extra[0], list(self.modulators)) or
+                              f"its rules read: {', '.join(self.modulators) or 'nothing'}")
+        single = self.step_mode == "s"  # type: ignore[attr-defined]
+        xs_in = [self._check_input(x, name, size, pos)  # type: ignore[attr-defined]
+                 for x, (name, size, pos) in zip(xs, layer.inputs)]
+        if single:
+            xs_in = [x.unsqueeze(0) for x in xs_in]
+            direct = [d.unsqueeze(0) for d in direct]
+            modulators = {k: (v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                          for k, v in modulators.items()}
+        plastic = [s for s in layer.synapses if s.rule is not None]
+        online = self.plastic and any(s.rule_mode == "online" for s in plastic)
+        if online:
+            out = self._online(xs_in, direct, modulators, seed, generator)
+        else:
+            out = self._window(xs_in, direct, modulators, seed, generator)
+        return out[0] if single and isinstance(out, torch.Tensor) else (
+            tuple(o[0] for o in out) if single else out)
+
+    # ---- the two semantics
+    def _carried(self, s: CheckedSynapse, x: torch.Tensor, mods: Mapping[str, Any]) -> torch.Tensor:
+        rule = self.rules[s.name]
+        return rule.carry(x, **_mods_of(rule, mods)) if rule.has_output else x
+
+    def _run_neuron(self, currents: dict[int, torch.Tensor], direct: list, seed: Any, generator: Any):
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        it = iter(direct)
+        args = [currents[k] if k in currents else next(it) for k in range(len(layer.neuron.inputs))]
+        neuron = self.neuron  # type: ignore[attr-defined]
+        mode = neuron.step_mode
+        neuron.step_mode = "m"
+        try:
+            return neuron(*args, seed=seed, generator=generator)
+        finally:
+            neuron.step_mode = mode
+
+    def _spikes(self, out: Any) -> torch.Tensor:
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        names = [o for o, _ in layer.neuron.outputs]
+        return out if isinstance(out, torch.Tensor) else out[names.index("spike")]
+
+    def _window(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
+        from .layer import _product
+
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        ports: dict[int, torch.Tensor] = {}
+        for s in layer.synapses:
+            x = xs[s.pre_index]
+            if s.rule is not None:
+                x = self._carried(s, x, mods)
+            w = self._weight(s) if s.rule is not None else getattr(self, s.name)
+            if s.connect == "mask":
+                w = w * getattr(self, s.name + "_mask").to(w.dtype)
+            b = getattr(self, s.bias) if s.bias is not None else None
+            cur = _product(x, w, b, s.connect == "one_to_one") if s.rule is not None or s.delay_kind is None else \
+                self._current(s, x)  # type: ignore[attr-defined]
+            ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
+        out = self._run_neuron(ports, direct, seed, generator)
+        if self.plastic:
+            post = self._spikes(out)
+            for s in layer.synapses:
+                if s.rule is None or not self._changes_weight(s):
+                    continue
+                rule = self.rules[s.name]
+                fast = self._fast(s)
+                with torch.set_grad_enabled(fast and torch.is_grad_enabled()):
+                    w_now = self._weight(s)
+                    pre = xs[s.pre_index]
+                    dw = rule.window(pre if fast else pre.detach(), post if fast else post.detach(),
+                                     w_now if fast else w_now.detach(), **_mods_of(rule, mods))
+                    self._commit(s, rule, w_now, dw, fast)
+        return out
+
+    def _online(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
+        from .layer import _product
+
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        T = xs[0].shape[0]
+        carried = {s.name: self._carried(s, xs[s.pre_index], mods) for s in layer.synapses if s.rule is not None}
+        weights = {s.name: self._weight(s) for s in layer.synapses if s.rule is not None}
+        fast = {s.name: self._fast(s) for s in layer.synapses if s.rule is not None}
+        start = dict(weights)
+        outs = []
+        for t in range(T):
+            ports: dict[int, torch.Tensor] = {}
+            for s in layer.synapses:
+                x = (carried[s.name] if s.rule is not None else xs[s.pre_index])[t:t + 1]
+                w = weights[s.name] if s.rule is not None else getattr(self, s.name)
+                if s.connect == "mask":
+                    w = w * getattr(self, s.name + "_mask").to(w.dtype)
+                b = getattr(self, s.bias) if s.bias is not None else None
+                cur = _product(x, w, b, False)
+                ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
+            out = self._run_neuron(ports, [d[t:t + 1] for d in direct], seed, generator)
+            outs.append(out)
+            post = self._spikes(out)
+            for s in layer.synapses:
+                if s.rule is None or not self._changes_weight(s):
+                    continue
+                rule = self.rules[s.name]
+                m_t = {k: (v[t:t + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                       for k, v in _mods_of(rule, mods).items()}
+                f = fast[s.name]
+                with torch.set_grad_enabled(f and torch.is_grad_enabled()):
+                    pre = xs[s.pre_index][t:t + 1]
+                    weights[s.name] = rule.online(pre if f else pre.detach(), post if f else post.detach(),
+                                                  weights[s.name] if f else weights[s.name].detach(), **m_t)
+        for s in layer.synapses:
+            if s.rule is not None and self._changes_weight(s):
+                self._commit(s, self.rules[s.name], start[s.name], weights[s.name] - start[s.name], fast[s.name],
+                             bounded=True)
+        if isinstance(outs[0], torch.Tensor):
+            return torch.cat(outs)
+        return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
+
+    def _changes_weight(self, s: CheckedSynapse) -> bool:
+        return self.rules[s.name].changes_weight
+
+    def _commit(self, s: CheckedSynapse, rule: Rule, w_now: torch.Tensor, dw: torch.Tensor, fast: bool,
+                bounded: bool = False) -> None:
+        """The change `dw` added to the weight (then its bounds): into the parameter, or (a rule with
+        learnable constants) into the kept change with its graph."""
+        new = w_now + dw if bounded else rule.bound(w_now + dw)
+        if s.connect == "mask":
+            new = new * getattr(self, s.name + "_mask").to(new.dtype)
+        self._last_dw[s.name] = (new - w_now).detach()
+        param = getattr(self, s.name)
+        if fast:
+            self._changes[s.name] = new - param
+        else:
+            with torch.no_grad():
+                param.copy_(new)
+
+
+def _mods_of(rule: Rule, mods: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: mods[k] for k in rule.modulators if k in mods}
+
+
+def _load(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any]) -> Rule:
+    ref: str | Path = s.rule  # type: ignore[assignment]
+    if s.rule_is_path and not Path(ref).is_absolute() and not layer.ast.filename.startswith("<"):
+        ref = Path(layer.ast.filename).parent / ref
+    try:
+        ir = compile_rule(ref)
+    except FlexDSLError as e:
+        if e.filename == str(ref) and e.line is None:  # the rule was not found: say where the layer names it
+            raise layer.error(e.reason, s.rule_pos, e.hint) from None
+        raise
+    return Rule(ir, params)
+
+
+def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -> None:
+    """A rule and its neuron that both declare `dt` must step by the same time (in base units)."""
+    if not any(p.name == "dt" for p in rule.ir.checked.params):
+        return
+    if not any(p.name == "dt" for p in neuron.compiled.checked.params):
+        return
+    a = rule.param_values()["dt"]
+    b = neuron.param_values().get("dt")
+    a = float(a) if not isinstance(a, torch.Tensor) else float(a.detach())
+    if isinstance(b, torch.Tensor):
+        if b.numel() != 1:
+            return
+        b = float(b)
+    if b is not None and abs(a - float(b)) > 1e-12 * max(abs(a), abs(float(b))):
+        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g} and neuron `{layer.neuron.name}` by dt = {b:g} "
+                          "(base units): a rule steps with its neuron", s.rule_pos,
+                          "give the rule the neuron's dt: rule_params={'dt': ...}")
+
+
+__all__ = ["PlasticSynapses"]

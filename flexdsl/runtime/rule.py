@@ -1,0 +1,413 @@
+"""Plasticity rules at run time: a `.rule` file's module (`flexdsl.load("stdp.rule")`), run on its
+own over given spike trains or by a layer on one of its synapse groups.
+
+    rule = flexdsl.load("stdp")                      # a library rule (or a path, or the text)
+    dW = rule.window(pre, post, W)                   # weights held over the window: the summed change
+    W = rule.online(pre, post, W)                    # every step changes the weights the next one sees
+
+Two semantics, both the rule's step (`frontend/rule.py`: equations, update, on pre, on post):
+
+- *window* (SpikingJelly's multi-step learners): the weights are held over the call; each step's
+  change is computed from them and the changes are summed over time and batch; the caller (or the
+  layer) adds the sum once. Where the change factors (`ir/rule.py`), the traces run per neuron and
+  the sum is one matrix product per term over all `T*batch` samples; otherwise the step runs per
+  synapse and sample.
+- *online* (Brian2's): after every step the weights take the step's change (summed over the batch:
+  each sample's statements run on its own copy of the weight, the copies' changes are added), then
+  the bounds; the next step reads the new weights.
+
+The states (traces, eligibilities) are kept across calls, so a stream cut into calls equals one
+call; `reset()` clears them. Params are the rule's (`rule.tau_pre`); `learnable` ones are
+`nn.Parameter`s and the window's change (or the online weights) differentiate through the rule
+(autograd over the generated step: meta-learning a rule's constants).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import FlexDSLError, did_you_mean
+from ..frontend import ast as A
+from ..frontend.evaluate import evaluate
+from ..frontend.parse import normalize, parse_rule
+from ..frontend.rule import CheckedRule, check_rule
+from ..library import resolve_rule
+from ..store.pipeline import unit_definition
+from .compiler import Compiled
+from .params import resolve_params
+
+MODES = ("window", "online")
+
+
+class RuleIR(Compiled):
+    """A rule through the compiler: checked as a rule, lowered and emitted as the neuron model it is."""
+
+    def __init__(self, text: str, filename: str) -> None:  # (not Compiled's: the text is a rule)
+        from ..frontend.options import NONE
+
+        self.text = text
+        self.filename = filename
+        self.detach_reset = False
+        self.options = NONE
+        self.rule: CheckedRule = check_rule(parse_rule(text, filename), unit_definition)
+        self.checked = self.rule.model
+        self._programs = {}
+        import threading
+
+        self._lock = threading.Lock()
+        self._derived_cache = {}
+
+    def generated(self) -> tuple[Any, dict[str, Any]]:
+        """The generated module of the rule and its meta (`backends/torch/rule.py`)."""
+        from ..backends.torch.rule import load_rule
+
+        return load_rule(self, self.cache_key("torch-rule"))
+
+
+def compile_rule(model: str | Path) -> RuleIR:
+    text, filename = resolve_rule(model)
+    return RuleIR(normalize(text), filename)
+
+
+class Rule(nn.Module):
+    """A plasticity rule's module (see the module docstring). `m.window(pre, post, w, **modulators)`,
+    `m.online(pre, post, w, **modulators)`, `m.carry(pre)` (a rule with an `output`: the values the
+    synapse carries), `m.bounds()`, `m.reset()`."""
+
+    def __init__(self, ir: RuleIR, params: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.__dict__["ir"] = ir
+        self.__dict__["_gen"] = ir.generated()
+        mod, meta = self._gen
+        if ir.checked.params and len(meta["params"]) != len(ir.checked.params):
+            p = ir.checked.params[0]
+            raise ir.rule.error("this rule's equations couple states (a matrix exponential): a rule's traces are "
+                                "integrated one by one", p.pos, "write each trace's ODE on its own")
+        values = resolve_params(ir, dict(params or {}))
+        self.__dict__["_fixed"] = {}
+        for p in ir.checked.params:
+            v = values[p.name]
+            if p.learnable:
+                self.register_parameter(p.name, nn.Parameter(torch.as_tensor(v, dtype=torch.get_default_dtype())))
+            else:
+                self._fixed[p.name] = v
+        self.__dict__["_states"] = {}
+
+    # ------------------------------------------------------------------ params, states
+    @property
+    def name(self) -> str:
+        return self.ir.rule.name
+
+    @property
+    def weight_name(self) -> str:
+        return self.ir.rule.weight
+
+    @property
+    def modulators(self) -> tuple[str, ...]:
+        return self.ir.rule.modulators
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._gen[1]["output"])
+
+    @property
+    def changes_weight(self) -> bool:
+        """Whether the rule's statements change the weight (short-term plasticity does not)."""
+        return bool(self._gen[1]["changes_weight"])
+
+    @property
+    def separable(self) -> bool:
+        """Whether a window's change is products over time and batch (see `ir/rule.py`)."""
+        return bool(self._gen[1]["separable"])
+
+    @property
+    def sides(self) -> dict[str, str]:
+        """Where each state lives: `pre`, `post`, `global` (per sample) or `synapse`."""
+        return dict(self._gen[1]["sides"])
+
+    def __getattr__(self, name: str) -> Any:
+        fixed = self.__dict__.get("_fixed", {})
+        if name in fixed:
+            return fixed[name]
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__.get("_fixed", {}):
+            vals = self.param_values()
+            vals[name] = value
+            new = resolve_params(self.ir, {k: v for k, v in vals.items() if k in self._fixed})
+            self._fixed[name] = new[name]
+            return
+        super().__setattr__(name, value)
+
+    def param_values(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for p in self.ir.checked.params:
+            out[p.name] = self._fixed[p.name] if p.name in self._fixed else getattr(self, p.name)
+        return out
+
+    def reset(self) -> None:
+        """Clear the states (traces, eligibilities): the next call starts from their initial values."""
+        self._states.clear()
+
+    def detach(self) -> None:
+        """Cut the kept states from the graph of earlier calls (a stream trained in pieces)."""
+        for k, v in self._states.items():
+            self._states[k] = v.detach() if isinstance(v, torch.Tensor) else v
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """The weight's bounds (`weight w where LO <= w <= HI`), None where a side is open."""
+        cmp = self.ir.rule.bounds
+        if cmp is None:
+            return None, None
+        w = self.weight_name
+        env = {k: (float(v.detach()) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+               for k, v in self.param_values().items()}
+        lo = hi = None
+        ops = list(zip(cmp.operands, cmp.ops, cmp.operands[1:]))
+        for left, op, right in ops:
+            if isinstance(left, A.Name) and left.id == w:
+                val = float(evaluate(right, env))
+                if op in ("<", "<="):
+                    hi = val if hi is None else min(hi, val)
+                else:
+                    lo = val if lo is None else max(lo, val)
+            elif isinstance(right, A.Name) and right.id == w:
+                val = float(evaluate(left, env))
+                if op in ("<", "<="):
+                    lo = val if lo is None else max(lo, val)
+                else:
+                    hi = val if hi is None else min(hi, val)
+        if lo is not None and hi is not None and lo > hi:
+            raise self.ir.rule.error(f"the weight's bounds cannot hold: {w} >= {lo:g} and {w} <= {hi:g} with these "
+                                     "params", cmp.pos, "give params with the lower bound below the upper one")
+        return lo, hi
+
+    def bound(self, w: torch.Tensor) -> torch.Tensor:
+        lo, hi = self.bounds()
+        if lo is None and hi is None:
+            return w
+        return w.clamp(lo, hi)
+
+    # ------------------------------------------------------------------ calls
+    def window(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, **modulators: Any) -> torch.Tensor:
+        """The weights' change over a window (`pre` `[T, *batch, n_pre]`, `post` `[T, *batch, n_post]`,
+        `w` `[n_post, n_pre]` held over it): summed over time and batch, not applied."""
+        pre2, post2, mods = self._inputs(pre, post, w, modulators, "window")
+        if self.separable:
+            return self._window_products(pre2, post2, w, mods)
+        return self._steps(pre2, post2, w, mods, online=False)
+
+    def online(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, **modulators: Any) -> torch.Tensor:
+        """The weights after the steps, each step's change applied (then the bounds) before the next
+        step reads them (post spikes given: the rule on recorded trains)."""
+        pre2, post2, mods = self._inputs(pre, post, w, modulators, "online")
+        return self._steps(pre2, post2, w, mods, online=True)
+
+    def carry(self, pre: torch.Tensor, **modulators: Any) -> torch.Tensor:
+        """What a synapse with this rule carries instead of `pre` (a rule with an `output`, e.g.
+        short-term plasticity's `u * x * pre`): `[T, *batch, n_pre]`. Advances the presynaptic states."""
+        if not self.has_output:
+            raise self.ir.rule.error(f"rule `{self.name}` has no `output`: its synapse carries `pre` itself", None,
+                                     "add `output r` (a presynaptic value) to the rule to change what it carries")
+        shape = pre.shape
+        pre2 = pre.reshape(shape[0], -1, shape[-1])
+        mods = self._modulators(modulators, shape[0], pre2.shape[1], pre2)
+        _, _, out = self._run_pre(pre2, mods, keep_traj=False)
+        assert out is not None
+        return out.reshape(shape)
+
+    # ------------------------------------------------------------------ internals
+    def _error(self, msg: str, hint: str | None = None) -> FlexDSLError:
+        return self.ir.rule.error(msg, None, hint)
+
+    def _inputs(self, pre: Any, post: Any, w: Any, modulators: Mapping[str, Any], what: str):
+        for name, x in (("pre", pre), ("post", post), ("w", w)):
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                raise self._error(f"{what}(): `{name}` must be a float tensor, not "
+                                  f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}")
+        if w.dim() != 2:
+            raise self._error(f"{what}(): the weight must be [n_post, n_pre], not {list(w.shape)}")
+        if pre.dim() < 2 or post.dim() != pre.dim() or pre.shape[:-1] != post.shape[:-1]:
+            raise self._error(f"{what}(): `pre` [T, *batch, n_pre] and `post` [T, *batch, n_post] must share T and "
+                              f"the batch, not {list(pre.shape)} and {list(post.shape)}")
+        if pre.shape[-1] != w.shape[1] or post.shape[-1] != w.shape[0]:
+            raise self._error(f"{what}(): a weight of shape {list(w.shape)} connects {w.shape[1]} presynaptic to "
+                              f"{w.shape[0]} postsynaptic neurons; got pre {list(pre.shape)}, post {list(post.shape)}")
+        T = pre.shape[0]
+        pre2 = pre.reshape(T, -1, pre.shape[-1])
+        post2 = post.reshape(T, -1, post.shape[-1])
+        return pre2, post2, self._modulators(modulators, T, pre2.shape[1], pre, pre.shape[1:-1])
+
+    def _modulators(self, given: Mapping[str, Any], T: int, B: int, like: torch.Tensor,
+                    batch: tuple[int, ...] | torch.Size | None = None) -> dict[str, Any]:
+        """Each modulator as a number, or a `[T, B, 1]` tensor (given as a number, `[T]` or `[T, *batch]`)."""
+        mods = self.modulators
+        for k in given:
+            if k not in mods:
+                raise self._error(f"rule `{self.name}` has no modulator `{k}`",
+                                  did_you_mean(k, list(mods)) or f"its modulators: {', '.join(mods) or 'none'}")
+        out: dict[str, Any] = {}
+        batch = tuple(batch if batch is not None else ())
+        for k in mods:
+            if k not in given:
+                raise self._error(f"rule `{self.name}` reads the modulator `{k}` at every step; none was given",
+                                  f"pass it: {k}=tensor of shape [T] (one value a step) or [T, *batch]")
+            v = given[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
+                raise self._error(f"modulator `{k}` must be a number or a tensor, not {type(v).__name__}")
+            if not isinstance(v, torch.Tensor) or v.dim() == 0:
+                out[k] = float(v) if not isinstance(v, torch.Tensor) else v.to(like.dtype)
+                continue
+            if tuple(v.shape) == (T,):
+                out[k] = v.to(like.dtype).reshape(T, 1, 1).expand(T, B, 1)
+            elif tuple(v.shape) == (T, *batch) and batch:
+                out[k] = v.to(like.dtype).reshape(T, B, 1)
+            else:
+                raise self._error(f"modulator `{k}` has shape {list(v.shape)}; a call of {T} step(s) takes a number, "
+                                  f"[T] = [{T}] or [T, *batch] = {[T, *batch]}",
+                                  "one value per step (and per sample), the same for every synapse")
+        return out
+
+    def _state(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        v = self._states.get(name)
+        if v is None:
+            st = next(s for s in self.ir.checked.states if s.name == name)
+            init = evaluate(st.init, {k: (float(x.detach()) if isinstance(x, torch.Tensor) and x.numel() == 1 else x)
+                                      for k, x in self.param_values().items()})
+            v = torch.full(shape, float(init), dtype=like.dtype, device=like.device)
+        elif tuple(v.shape) != tuple(shape):
+            raise self._error(f"the kept state `{name}` has shape {list(v.shape)}, this call needs {list(shape)} "
+                              "(another batch size or layer size)", "call reset() between streams of other shapes")
+        return v
+
+    def _call(self, fn: str, env: Mapping[str, Any]) -> dict[str, Any]:
+        mod, meta = self._gen
+        vals = getattr(mod, fn)(*[env[a] for a in meta["args"][fn]])
+        return dict(zip(meta["returns"][fn], vals))
+
+    def _env(self, like: torch.Tensor) -> dict[str, Any]:
+        """The params as tensors of the call's dtype and device (a learnable one keeps its graph)."""
+        return {k: (v.to(like.dtype) if isinstance(v, torch.Tensor) else
+                    torch.tensor(v, dtype=like.dtype, device=like.device))
+                for k, v in self.param_values().items()}
+
+    def _run_pre(self, pre: torch.Tensor, mods: Mapping[str, Any], keep_traj: bool):
+        """The presynaptic states over the window `[T, B, n_pre]` (before and after each step), and the
+        rule's output."""
+        T, B, n = pre.shape
+        names = [s for s, side in self.sides.items() if side == "pre"]
+        st = {s: self._state(s, (B, n), pre) for s in names}
+        before: dict[str, list] = {s: [] for s in names}
+        after: dict[str, list] = {s: [] for s in names}
+        outs = []
+        env = self._env(pre)
+        for t in range(T):
+            env["pre"] = pre[t]
+            for k, v in mods.items():
+                env[k] = v[t] if isinstance(v, torch.Tensor) and v.dim() == 3 else v
+            env.update(st)
+            r = self._call("side_pre", env)
+            for s in names:
+                if keep_traj:
+                    before[s].append(st[s])
+                    after[s].append(r[s])
+                st[s] = r[s]
+            if "output" in r:
+                outs.append(torch.broadcast_to(r["output"], pre[t].shape))
+        self._states.update(st)
+        out = torch.stack(outs) if outs else None
+        return before, after, out
+
+    def _run_post(self, post: torch.Tensor, mods: Mapping[str, Any]):
+        T, B, n = post.shape
+        names = [s for s, side in self.sides.items() if side in ("post", "global")]
+        st = {s: self._state(s, (B, n) if self.sides[s] == "post" else (B, 1), post) for s in names}
+        before: dict[str, list] = {s: [] for s in names}
+        after: dict[str, list] = {s: [] for s in names}
+        env = self._env(post)
+        for t in range(T):
+            env["post"] = post[t]
+            for k, v in mods.items():
+                env[k] = v[t] if isinstance(v, torch.Tensor) and v.dim() == 3 else v
+            env.update(st)
+            r = self._call("side_post", env)
+            for s in names:
+                before[s].append(st[s])
+                after[s].append(r[s])
+                st[s] = r[s]
+        self._states.update(st)
+        return before, after
+
+    def _window_products(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any]
+                         ) -> torch.Tensor:
+        from ..ir.rule import NEXT
+
+        T, B, n_pre = pre.shape
+        n_post = post.shape[-1]
+        pb, pa, _ = self._run_pre(pre, mods, keep_traj=True)
+        qb, qa = self._run_post(post, mods)
+        env_b: dict[str, Any] = {**self._env(pre), "pre": pre}
+        env_a: dict[str, Any] = {**self._env(pre), "post": post, **mods}
+        for s in pb:
+            env_b[s] = torch.stack(pb[s]) if pb[s] else None
+            env_b[NEXT + s] = torch.stack(pa[s]) if pa[s] else None
+        for s in qb:
+            env_a[s] = torch.stack(qb[s]) if qb[s] else None
+            env_a[NEXT + s] = torch.stack(qa[s]) if qa[s] else None
+        c = self._call("terms_c", {**self._env(pre), self.weight_name: w})
+        a = self._call("terms_a", env_a)
+        b = self._call("terms_b", env_b)
+        dw = torch.zeros_like(w)
+        for i in range(self._gen[1]["terms"]):
+            ai, bi, ci = a[f"a{i}"], b[f"b{i}"], c[f"c{i}"]
+            ai = torch.broadcast_to(torch.as_tensor(ai, dtype=w.dtype, device=w.device), (T, B, n_post))
+            bi = torch.broadcast_to(torch.as_tensor(bi, dtype=w.dtype, device=w.device), (T, B, n_pre))
+            dw = dw + ci * (ai.reshape(-1, n_post).T @ bi.reshape(-1, n_pre))
+        return dw
+
+    def _steps(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any],
+               online: bool) -> torch.Tensor:
+        """The rule's whole step, per synapse and sample, one step at a time."""
+        T, B, n_pre = pre.shape
+        n_post = post.shape[-1]
+        shape = {"pre": (B, 1, n_pre), "post": (B, n_post, 1), "global": (B, 1, 1), "synapse": (B, n_post, n_pre)}
+        kept = {"pre": (B, n_pre), "post": (B, n_post), "global": (B, 1), "synapse": (B, n_post, n_pre)}
+        wname = self.weight_name
+        names = [s for s in self._gen[1]["states"] if s != wname]
+        st = {s: self._state(s, kept[self.sides[s]], pre).reshape(shape[self.sides[s]]) for s in names}
+        env = self._env(pre)
+        dw = torch.zeros_like(w)
+        cur = w
+        for t in range(T):
+            env["pre"] = pre[t].reshape(B, 1, n_pre)
+            env["post"] = post[t].reshape(B, n_post, 1)
+            for k, v in mods.items():
+                env[k] = v[t].reshape(B, 1, 1) if isinstance(v, torch.Tensor) and v.dim() == 3 else v
+            env.update(st)
+            env[wname] = cur
+            r = self._call("step", env)
+            change = torch.broadcast_to(r[wname], (B, n_post, n_pre)) - cur
+            if online:
+                cur = self.bound(cur + change.sum(0))
+            else:
+                dw = dw + change.sum(0)
+            for s in names:
+                st[s] = torch.broadcast_to(r[s], shape[self.sides[s]])
+        self._states.update({s: (v.reshape(B, -1) if self.sides[s] in ("pre", "post", "global") else v)
+                             for s, v in st.items()})
+        return cur if online else dw
+
+
+def load_rule(model: str | Path, **params: Any) -> Rule:
+    """A rule's module: `model` a library rule's name (`stdp`), a `.rule` file's path or its text."""
+    return Rule(compile_rule(model), params)
+
+
+__all__ = ["MODES", "Rule", "RuleIR", "compile_rule", "load_rule"]
