@@ -16,24 +16,25 @@ from typing import TYPE_CHECKING, Any
 
 from . import docs as _docs  # noqa: F401 - the notebook display of models and modules (light: no torch, no sympy)
 from .errors import FlexDSLError
-from .library import library
+from .library import library, rules
 
 if TYPE_CHECKING:
     from . import nir
-    from .api import compile, feedforward, load, loads, recurrent
+    from .api import compile, feedforward, load, load_rule, loads, recurrent
     from .runtime.compiler import Compiled
     from .runtime.finite import NonFiniteError
     from .runtime.layer import FeedForwardModule
     from .runtime.module import NeuronModule
     from .runtime.recurrent import RecurrentModule
     from .runtime.rewrite import save_spikes_as_bits
+    from .runtime.rule import Rule
 
 from ._version import __version__
 
-__all__ = ["load", "loads", "recurrent", "feedforward", "FeedForwardModule", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
+__all__ = ["load", "loads", "load_rule", "rules", "Rule", "recurrent", "feedforward", "FeedForwardModule", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
            "RecurrentModule", "Compiled", "nir", "save_spikes_as_bits", "__version__"]
 
-_LAZY = {"load": "api", "loads": "api", "recurrent": "api", "feedforward": "api", "compile": "api",
+_LAZY = {"load": "api", "loads": "api", "load_rule": "api", "Rule": "runtime.rule", "recurrent": "api", "feedforward": "api", "compile": "api",
          "FeedForwardModule": "runtime.layer", "Compiled": "runtime.compiler",
          "NeuronModule": "runtime.module", "RecurrentModule": "runtime.recurrent", "NonFiniteError": "runtime.finite",
          "save_spikes_as_bits": "runtime.rewrite"}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import FlexDSLError
-from .library import is_layer_text, library, not_a_model, resolve
+from .library import is_layer_text, is_rule_text, library, not_a_model, resolve, rules
 from .runtime.compiler import Compiled, compile_model
 from .runtime.options import make as make_options
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .runtime.layer import FeedForwardModule
     from .runtime.module import NeuronModule
     from .runtime.recurrent import RecurrentModule
+    from .runtime.rule import Rule
 
 
 def compile(model: str | Path, detach_reset: bool = False, *, surrogate: Any = None,  # noqa: A001 - the API name
@@ -69,11 +70,19 @@ def load(
     `raw_<name>` through a parametrization that keeps it inside (`tau > 1`: `1 + softplus(raw_tau)`).
     `store_v_seq=True` (SpikingJelly's name) is `store_state_seqs=True`.
 
+    A plasticity rule (a `.rule` file or text, or a library rule such as `"stdp_additive"` given as
+    `"stdp_additive.rule"`) loads as its `Rule` module (`flexdsl.load_rule` takes library names bare);
+    the keywords are its params.
+
     A layer (a `.layer` file or text, or a library layer such as `"rlif.layer"`) loads as its module
     (`FeedForwardModule` or `RecurrentModule`); `hidden=`, `in_features=` (an int, or sizes by
     input name) and `masks=` give what the file leaves out, the other keywords shape its neuron."""
     from .runtime.module import NeuronModule
 
+    if _is_rule(model):
+        from .runtime.rule import load_rule
+
+        return load_rule(model, learnable=learnable, **params)  # type: ignore[return-value]
     layer = _layer_text(model)
     if layer is not None:
         from .runtime.layer import load_layer
@@ -87,6 +96,23 @@ def load(
     c = compile_with(model, detach_reset, surrogate, learnable, surrogate_function)
     return NeuronModule(c, params, step_mode, backend, store_state_seqs or bool(store_v_seq), param_shapes,
                         check_finite)
+
+
+def _is_rule(model: Any) -> bool:
+    return (isinstance(model, str) and is_rule_text(model)) or (
+        isinstance(model, str | Path) and str(model).endswith(".rule"))
+
+
+def load_rule(model: str | Path, *, learnable: Any = None, **params: Any) -> Rule:
+    """A plasticity rule's module (`runtime/rule.py`): `model` a library rule's name (`"stdp_additive"`;
+    `flexdsl.rules()` lists them), a `.rule` file's path or its text; keywords override its params.
+    `rule.window(pre, post, W)` is the weight change of a window with `W` held (SpikingJelly's
+    multi-step learners), `rule.online(pre, post, W)` the weight after each step's change applied
+    (Brian2's synapses); `rule.reset()` clears its traces. `learnable=` names the constants to train
+    (a name, a list, True: all): the change then differentiates into them (meta-learning a rule)."""
+    from .runtime.rule import load_rule as make
+
+    return make(model, learnable, **params)
 
 
 def _layer_text(model: Any) -> tuple[str, str] | None:
@@ -156,7 +182,9 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                 mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
                 backend: str = "auto", detach_reset: bool = False, param_shapes: Mapping[str, Sequence[int]] | None = None,
                 surrogate: Any = None, learnable: Any = None, delay: Any = None, max_delay: Any = None,
-                learnable_delays: Any = False, delays: Any = None, **params: Any) -> FeedForwardModule:
+                learnable_delays: Any = False, delays: Any = None, rule: str | Path | None = None,
+                plasticity: str = "window", rule_params: Mapping[str, Any] | None = None,
+                **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module: at every step the
     model's input `port` (default: its first input) receives `W x[t] + bias`. `connectivity="dense"`
     (W [hidden, in_features]), `"mask"` (times the 0/1 `mask`) or `"one_to_one"` (W [hidden], with
@@ -164,13 +192,16 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     neuron on its own kernels; keyword arguments shape the neuron as in `load`. Delays, as a layer
     file's `delay` line writes them: `delay=3` (every connection), `delay="synaptic"` (or "axonal",
     "dendritic") with `max_delay=20`, `learnable_delays=True` (gauss) or "linear", `delays=` their
-    values (a tensor; `m.W_delay` after)."""
+    values (a tensor; `m.W_delay` after). Plasticity: `rule=` a rule (a library rule's name or a
+    `.rule` path) that changes `W` at every call, `plasticity="window"` (W held over a call, the change
+    added after it) or `"online"` (W changes every step), `rule_params=` the rule's params."""
     from .runtime.layer import feedforward as make
 
     return make(model, in_features, hidden, connectivity=connectivity, mask=mask, port=port, bias=bias,
                 step_mode=step_mode, backend=backend, detach_reset=detach_reset, param_shapes=param_shapes,
                 surrogate=surrogate, learnable=learnable, delay=delay, max_delay=max_delay,
-                learnable_delays=learnable_delays, delays=delays, **params)
+                learnable_delays=learnable_delays, delays=delays, rule=rule, plasticity=plasticity,
+                rule_params=rule_params, **params)
 
 
-__all__ = ["compile", "feedforward", "load", "loads", "recurrent", "library"]
+__all__ = ["compile", "feedforward", "library", "load", "load_rule", "loads", "recurrent", "rules"]

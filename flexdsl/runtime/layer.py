@@ -34,7 +34,7 @@ from ..store.pipeline import layer_plan
 from . import delays as dl
 from .bits import spike_linear
 from .compiler import compile_model
-from .layertext import LayerAttrs, delay_words, feedforward_text, plan
+from .layertext import LayerAttrs, delay_words, feedforward_text, plan, rule_words
 from .module import NeuronModule
 from .options import make as make_options
 from .plastic import PlasticSynapses
@@ -275,7 +275,7 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
                masks: Mapping[str, Any] | None = None, delays: Mapping[str, Any] | None = None, step_mode: str = "m",
                backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
                learnable: Any = None, learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric",
-               **params: Any) -> nn.Module:
+               rule_params: Mapping[str, Any] | None = None, **params: Any) -> nn.Module:
     """A layer file's module (see the module docstring); `in_features`: an int (a layer with one
     input) or a dict of sizes by input name; `masks`: the 0/1 masks of `connect mask` synapses;
     `delays`: the steps of `delay axonal|synaptic|dendritic` synapses (integer tensors, by synapse);
@@ -289,7 +289,7 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
         _no_eprop(learning, readout, feedback, lambda msg, hint: checked.error(msg, None, hint))
-        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays)
+        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays, rule_params)
     return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend, delays,
                       {"learning": learning, "readout": readout, "feedback": feedback})
 
@@ -337,7 +337,8 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                 mask: Any = None, port: str | None = None, bias: bool = True, step_mode: str = "m",
                 backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
                 learnable: Any = None, delay: Any = None, max_delay: Any = None, learnable_delays: Any = False,
-                delays: Any = None, learning: str = "bptt", **params: Any) -> FeedForwardModule:
+                delays: Any = None, learning: str = "bptt", rule: Any = None, plasticity: str = "window",
+                rule_params: Mapping[str, Any] | None = None, **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
     `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
     connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
@@ -351,10 +352,12 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     port = port if port is not None else (names[0] if names else "x")
     connect = {"all": "dense"}.get(connectivity, connectivity) if isinstance(connectivity, str) else repr(connectivity)
     text = feedforward_text(_model_ref(neuron), [*names, *(p.name for p in ck.params), *(s.name for s in ck.states)],
-                            in_features, hidden, connect, port, bias, delay_words(delay, max_delay, learnable_delays))
+                            in_features, hidden, connect, port, bias, delay_words(delay, max_delay, learnable_delays),
+                            rule_words(rule, plasticity, lambda msg, hint: neuron._error(msg, ck.ast.pos, hint)))
     checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
     masks = {"W": mask} if mask is not None else {}
-    return FeedForwardModule(neuron, checked, lp, masks, step_mode, {"W": delays} if delays is not None else None)
+    return FeedForwardModule(neuron, checked, lp, masks, step_mode, {"W": delays} if delays is not None else None,
+                             rule_params)
 
 
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,

@@ -61,7 +61,7 @@ def recurrent_text(model: str, inputs: Sequence[str], in_features: int | None, h
 
 
 def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden: int, connect: str, port: str,
-                     bias: bool, delay: str | None = None) -> str:
+                     bias: bool, delay: str | None = None, rule: str | None = None) -> str:
     """The layer `flexdsl.feedforward(...)` describes, as a `.layer` file writes it (`delay`: the
     synapses' `delay` line after the keyword, e.g. "3" or "synaptic max 20 learnable")."""
     x = _free_name("x_in", inputs)
@@ -69,7 +69,27 @@ def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden
              f"    input {x} size {in_features}", f"    synapses W from {x} to {port}:"]
     lines += [f"        connect {connect}"] + (["        bias bias"] if bias else [])
     lines += [f"        delay {delay}"] if delay is not None else []
+    lines += [f"        rule {rule}"] if rule is not None else []
     return "\n".join(lines) + "\n"
+
+
+def rule_words(rule: Any, plasticity: Any, error) -> str | None:
+    """The `rule` line of `flexdsl.feedforward(rule=, plasticity=)`: a library rule's name bare, a
+    path quoted, then the semantics."""
+    import os
+    import re
+    from pathlib import Path
+
+    if rule is None:
+        return None
+    if isinstance(rule, os.PathLike):
+        rule = os.fspath(rule)
+    if not isinstance(rule, str) or not rule or '"' in rule or "\n" in rule:
+        raise error(f"rule={rule!r}: give a library rule's name or a `.rule` file's path", None)
+    if not isinstance(plasticity, str):
+        raise error(f"plasticity={plasticity!r}: 'window' or 'online'", None)
+    ref = rule if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", rule) else f'"{Path(rule).resolve()}"'
+    return f"{ref} {plasticity}"
 
 
 def delay_words(delay: Any, max_delay: Any, learnable: Any) -> str | None:

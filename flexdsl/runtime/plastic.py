@@ -44,6 +44,7 @@ class PlasticSynapses:
         if not rules:
             return
         given = dict(rule_params or {})
+        learn = given.pop("learnable", None) if len(rules) == 1 else None
         by_syn = {s.name for s in rules}
         if given and not set(given) <= by_syn:
             if len(rules) == 1:
@@ -54,7 +55,9 @@ class PlasticSynapses:
         mods: dict[str, str] = {}
         md = nn.ModuleDict()
         for s in rules:
-            rule = _load(layer, s, given.get(s.name, {}))
+            ps = dict(given.get(s.name, {}))
+            train = ps.pop("learnable", learn)
+            rule = _load(layer, s, ps, train)
             _check_dt(layer, s, rule, self.neuron)  # type: ignore[attr-defined]
             for k in rule.modulators:
                 mods.setdefault(k, s.name)
@@ -242,17 +245,17 @@ def _mods_of(rule: Rule, mods: Mapping[str, Any]) -> dict[str, Any]:
     return {k: mods[k] for k in rule.modulators if k in mods}
 
 
-def _load(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any]) -> Rule:
+def _load(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any], learnable: Any) -> Rule:
     ref: str | Path = s.rule  # type: ignore[assignment]
     if s.rule_is_path and not Path(ref).is_absolute() and not layer.ast.filename.startswith("<"):
         ref = Path(layer.ast.filename).parent / ref
     try:
         ir = compile_rule(ref)
     except FlexDSLError as e:
-        if e.filename == str(ref) and e.line is None:  # the rule was not found: say where the layer names it
+        if e.filename == str(ref) and not e.line:  # the rule was not found: say where the layer names it
             raise layer.error(e.reason, s.rule_pos, e.hint) from None
         raise
-    return Rule(ir, params)
+    return Rule(ir, params, learnable)
 
 
 def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -> None:

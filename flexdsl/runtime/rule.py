@@ -24,7 +24,6 @@ call; `reset()` clears them. Params are the rule's (`rule.tau_pre`); `learnable`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -80,7 +79,7 @@ class Rule(nn.Module):
     `m.online(pre, post, w, **modulators)`, `m.carry(pre)` (a rule with an `output`: the values the
     synapse carries), `m.bounds()`, `m.reset()`."""
 
-    def __init__(self, ir: RuleIR, params: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, ir: RuleIR, params: Mapping[str, Any] | None = None, learnable: Any = None) -> None:
         super().__init__()
         self.__dict__["ir"] = ir
         self.__dict__["_gen"] = ir.generated()
@@ -91,9 +90,15 @@ class Rule(nn.Module):
                                 "integrated one by one", p.pos, "write each trace's ODE on its own")
         values = resolve_params(ir, dict(params or {}))
         self.__dict__["_fixed"] = {}
+        train = _learnable(ir, learnable)
+        for p in ir.checked.params:
+            if p.name in train and p.name in meta["gradientless"]:
+                raise ir.rule.error(f"`{p.name}` is learnable, but no derivative reaches it: it is used only where the "
+                                    "rule has no gradient (a comparison, a `where`'s condition, a step function)",
+                                    p.pos, "train a param the weights depend on smoothly, or keep this one fixed")
         for p in ir.checked.params:
             v = values[p.name]
-            if p.learnable:
+            if p.name in train:
                 self.register_parameter(p.name, nn.Parameter(torch.as_tensor(v, dtype=torch.get_default_dtype())))
             else:
                 self._fixed[p.name] = v
@@ -405,9 +410,26 @@ class Rule(nn.Module):
         return cur if online else dw
 
 
-def load_rule(model: str | Path, **params: Any) -> Rule:
-    """A rule's module: `model` a library rule's name (`stdp`), a `.rule` file's path or its text."""
-    return Rule(compile_rule(model), params)
+def _learnable(ir: RuleIR, learnable: Any) -> set[str]:
+    """The params to train: the file's `learnable` ones, or those `learnable=` names (a name, a list,
+    True: all, False: none)."""
+    names = [p.name for p in ir.checked.params]
+    if learnable is None:
+        return {p.name for p in ir.checked.params if p.learnable}
+    if learnable is True or learnable is False:
+        return set(names) if learnable else set()
+    chosen = [learnable] if isinstance(learnable, str) else list(learnable)
+    for n in chosen:
+        if n not in names:
+            raise ir.rule.error(f"learnable= names `{n}`, which is not a param of rule `{ir.rule.name}`", None,
+                                did_you_mean(str(n), names) or f"its params: {', '.join(names) or 'none'}")
+    return set(chosen)
+
+
+def load_rule(model: str | Path, learnable: Any = None, **params: Any) -> Rule:
+    """A rule's module: `model` a library rule's name (`stdp`), a `.rule` file's path or its text;
+    `learnable=` the constants to train (a name, a list, True/False), instead of the file's flags."""
+    return Rule(compile_rule(model), params, learnable)
 
 
 __all__ = ["MODES", "Rule", "RuleIR", "compile_rule", "load_rule"]

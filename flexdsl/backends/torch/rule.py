@@ -91,8 +91,23 @@ def emit_rule(ir: Any) -> tuple[str, dict[str, Any]]:
             "separable": plan.terms is not None, "terms": len(plan.terms or []), "args": args, "returns": returns,
             "output": out is not None,
             "changes_weight": plan.next[rule.weight] != step.states[states.index(rule.weight)],
-            "terms_text": [[str(x) for x in t] for t in (plan.terms or [])]}
+            "terms_text": [[str(x) for x in t] for t in (plan.terms or [])],
+            "gradientless": gradientless(step)}
     return "\n".join(lines).rstrip() + "\n", meta
+
+
+def gradientless(step: Any) -> list[str]:
+    """The params whose every use has no derivative (a `where`'s condition, a comparison's side, a
+    step function's argument): a gradient could not reach them."""
+    out = []
+    exprs = [e for _, e in step.assignments]
+    for p in step.params:
+        s = p.symbol
+        if not any(s in e.free_symbols for e in exprs):
+            continue
+        if all(sp.diff(e, s) == 0 for e in exprs if s in e.free_symbols):
+            out.append(p.name)
+    return out
 
 
 def load_rule(ir: Any, key: str) -> tuple[Any, dict[str, Any]]:
