@@ -42,6 +42,7 @@ from .compiler import Compiled
 from .params import resolve_params
 
 MODES = ("window", "online")
+_BLOCK = 128  # steps per product of a linear trace's window (`L` is _BLOCK x _BLOCK)
 
 
 class RuleIR(Compiled):
@@ -213,6 +214,8 @@ class Rule(nn.Module):
         """The weights after the steps, each step's change applied (then the bounds) before the next
         step reads them (post spikes given: the rule on recorded trains)."""
         pre2, post2, mods = self._inputs(pre, post, w, modulators, "online")
+        if self.separable:
+            return self._online_products(pre2, post2, w, mods)
         return self._steps(pre2, post2, w, mods, online=True)
 
     def carry(self, pre: torch.Tensor, **modulators: Any) -> torch.Tensor:
@@ -350,32 +353,98 @@ class Rule(nn.Module):
         self._states.update(st)
         return before, after
 
-    def _window_products(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any]
-                         ) -> torch.Tensor:
+    def _run_linear(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any]):
+        """A side's states over the window when each is a linear trace, `x_t = a x_{t-1} + u_t`: for
+        blocks of steps, `X = L U + a^(t+1) x_0` with `L[t, s] = a^(t-s)` (s <= t), in float64 (one
+        product per block instead of a loop over its steps)."""
+        T, B, n = seq.shape
+        names = self._gen[1]["linear"][side]
+        env = {**self._env(seq), side: seq}
+        env.update({k: (v if isinstance(v, torch.Tensor) and v.dim() == 3 else v) for k, v in mods.items()})
+        au = self._call(f"linear_{side}", env)
+        before: dict[str, list] = {}
+        after: dict[str, list] = {}
+        for s_name in names:
+            width = n if self.sides[s_name] != "global" else 1
+            x0 = self._state(s_name, (B, width), seq)
+            a = torch.as_tensor(au[f"a_{s_name}"], dtype=torch.float64, device=seq.device)
+            u = torch.broadcast_to(torch.as_tensor(au[f"u_{s_name}"], dtype=seq.dtype, device=seq.device),
+                                   (T, B, width)).to(torch.float64)
+            xs = []
+            prev = x0.to(torch.float64).reshape(1, -1)
+            for k in range(0, T, _BLOCK):
+                tb = min(_BLOCK, T - k)
+                ts = torch.arange(tb, device=seq.device)
+                e = (ts[:, None] - ts[None, :]).to(torch.float64)
+                L = torch.where(e >= 0, a ** e.clamp(min=0), torch.zeros((), dtype=torch.float64, device=seq.device))
+                carry = a ** (ts + 1).to(torch.float64)
+                X = L @ u[k:k + tb].reshape(tb, -1) + carry[:, None] * prev
+                xs.append(X)
+                prev = X[-1:]
+            X = torch.cat(xs).to(seq.dtype).reshape(T, B, width)
+            after[s_name] = X
+            before[s_name] = torch.cat([x0.reshape(1, B, width), X[:-1]])
+            self._states[s_name] = X[-1]
+        return before, after
+
+    def _terms(self, pre: torch.Tensor, post: torch.Tensor, mods: Mapping[str, Any], like: torch.Tensor
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The factors a_k `[T, B, n_post]` and b_k `[T, B, n_pre]` of every term of the change over the
+        call (the sides' states run first: a product per block of steps, or a loop)."""
         from ..ir.rule import NEXT
 
         T, B, n_pre = pre.shape
         n_post = post.shape[-1]
-        pb, pa, _ = self._run_pre(pre, mods, keep_traj=True)
-        qb, qa = self._run_post(post, mods)
+        linear = self._gen[1]["linear"]
+        if "pre" in linear:
+            pb, pa = self._run_linear("pre", pre, mods)
+        else:
+            pbl, pal, _ = self._run_pre(pre, mods, keep_traj=True)
+            pb, pa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (pbl, pal))
+        if "post" in linear:
+            qb, qa = self._run_linear("post", post, mods)
+        else:
+            qbl, qal = self._run_post(post, mods)
+            qb, qa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (qbl, qal))
         env_b: dict[str, Any] = {**self._env(pre), "pre": pre}
         env_a: dict[str, Any] = {**self._env(pre), "post": post, **mods}
         for s in pb:
-            env_b[s] = torch.stack(pb[s]) if pb[s] else None
-            env_b[NEXT + s] = torch.stack(pa[s]) if pa[s] else None
+            env_b[s], env_b[NEXT + s] = pb[s], pa[s]
         for s in qb:
-            env_a[s] = torch.stack(qb[s]) if qb[s] else None
-            env_a[NEXT + s] = torch.stack(qa[s]) if qa[s] else None
-        c = self._call("terms_c", {**self._env(pre), self.weight_name: w})
+            env_a[s], env_a[NEXT + s] = qb[s], qa[s]
         a = self._call("terms_a", env_a)
         b = self._call("terms_b", env_b)
+        k = self._gen[1]["terms"]
+        full = (lambda v, n: torch.broadcast_to(torch.as_tensor(v, dtype=like.dtype, device=like.device), (T, B, n)))
+        return [full(a[f"a{i}"], n_post) for i in range(k)], [full(b[f"b{i}"], n_pre) for i in range(k)]
+
+    def _c(self, w: torch.Tensor, like: torch.Tensor) -> list[Any]:
+        c = self._call("terms_c", {**self._env(like), self.weight_name: w})
+        return [c[f"c{i}"] for i in range(self._gen[1]["terms"])]
+
+    def _window_products(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any]
+                         ) -> torch.Tensor:
+        """The window's change as one sum of outer products per term over all `T * B` samples."""
+        from ..backends.outer import outer_sum
+
+        a, b = self._terms(pre, post, mods, w)
         dw = torch.zeros_like(w)
-        for i in range(self._gen[1]["terms"]):
-            ai, bi, ci = a[f"a{i}"], b[f"b{i}"], c[f"c{i}"]
-            ai = torch.broadcast_to(torch.as_tensor(ai, dtype=w.dtype, device=w.device), (T, B, n_post))
-            bi = torch.broadcast_to(torch.as_tensor(bi, dtype=w.dtype, device=w.device), (T, B, n_pre))
-            dw = dw + ci * (ai.reshape(-1, n_post).T @ bi.reshape(-1, n_pre))
+        for ai, bi, ci in zip(a, b, self._c(w, pre)):
+            dw = dw + ci * outer_sum(ai.reshape(-1, ai.shape[-1]), bi.reshape(-1, bi.shape[-1]))
         return dw
+
+    def _online_products(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any]
+                         ) -> torch.Tensor:
+        """Online, where the change factors: each step's change is a sum over the batch of outer
+        products per term (a rank-B update), with c(w) of the weight that step reads."""
+        a, b = self._terms(pre, post, mods, w)
+        cur = w
+        for t in range(pre.shape[0]):
+            dw = torch.zeros_like(w)
+            for ai, bi, ci in zip(a, b, self._c(cur, pre)):
+                dw = dw + ci * (ai[t].T @ bi[t])
+            cur = self.bound(cur + dw)
+        return cur
 
     def _steps(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any],
                online: bool) -> torch.Tensor:

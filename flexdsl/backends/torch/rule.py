@@ -79,6 +79,18 @@ def emit_rule(ir: Any) -> tuple[str, dict[str, Any]]:
         body, a = _function(f"side_{side}", doc, exprs, order, pr)
         lines += body
         args[f"side_{side}"], returns[f"side_{side}"] = a, [n for n, _ in exprs]
+    # -- the sides' linear traces (next = a * state + u, `a` of params only, `u` of no state): one
+    #    product over the window each instead of a loop over its steps
+    linear: dict[str, list[str]] = {}
+    for side in ("pre", "post"):
+        names = plan.of_side(side) + (plan.of_side("global") if side == "post" else [])
+        lin = linear_traces(plan, names, [p.symbol for p in step.params])
+        if lin is not None and names:
+            exprs = [e for n in names for e in ((f"a_{n}", lin[n][0]), (f"u_{n}", lin[n][1]))]
+            body, a = _function(f"linear_{side}", f"each {side} state as a * state + u", exprs, order, pr)
+            lines += body
+            args[f"linear_{side}"], returns[f"linear_{side}"] = a, [n for n, _ in exprs]
+            linear[side] = names
     # -- the weight's change as products
     if plan.terms is not None:
         for part, k, doc in (("c", 0, "c(w) of each term of the weight's change"),
@@ -92,8 +104,25 @@ def emit_rule(ir: Any) -> tuple[str, dict[str, Any]]:
             "output": out is not None,
             "changes_weight": plan.next[rule.weight] != step.states[states.index(rule.weight)],
             "terms_text": [[str(x) for x in t] for t in (plan.terms or [])],
-            "gradientless": gradientless(step)}
+            "gradientless": gradientless(step), "linear": linear}
     return "\n".join(lines).rstrip() + "\n", meta
+
+
+def linear_traces(plan: Any, names: list[str], params: list[sp.Symbol]
+                  ) -> dict[str, tuple[sp.Expr, sp.Expr]] | None:
+    """(a, u) with next = a * state + u for every state of `names` (`a` of params only, `u` free of
+    every state), or None where one of them is not such a trace."""
+    states = {s.symbol if hasattr(s, "symbol") else s for s in plan.step.states}
+    out = {}
+    for n in names:
+        s = next(x for x in plan.step.states if x.name == n)
+        e = sp.expand(plan.next[n])
+        a = sp.diff(e, s)
+        u = sp.simplify(e - a * s)
+        if not a.free_symbols <= set(params) or u.free_symbols & states:
+            return None
+        out[n] = (a, u)
+    return out
 
 
 def gradientless(step: Any) -> list[str]:
