@@ -35,6 +35,7 @@ for step in "$@"; do
     memopt) timeout 550 python3 bench/memopt_gpu.py ;;
     eprop) timeout 500 python3 bench/eprop_gpu.py ;;
     plasticity) timeout 400 python3 bench/plasticity_gpu.py --online ;;
+    plasticity_profile) timeout 300 python3 bench/plasticity_profile.py ;;
     eprop_example) for l in bptt eprop; do timeout 250 python3 examples/train_recurrent_digits.py --device cuda --learning $l | tail -3; done ;;
     compile_ops) timeout 300 python3 bench/compile_ops_gpu.py ;;
     recurrent_all) timeout 420 python3 bench/recurrent_gpu.py --no-check --no-breakdown --reps 5 ;;

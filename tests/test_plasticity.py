@@ -620,3 +620,37 @@ def test_rule_on_recurrent_synapses_and_mismatched_dt_are_refused(tmp_path):
     with pytest.raises(FlexDSLError, match="no modulator `rewad`"):
         m(torch.zeros(2, 1, 4), rewad=1.0)
     assert m(torch.zeros(2, 1, 4), reward=torch.ones(2)).shape == (2, 1, 3)
+
+
+# ---------------------------------------------------------------- the two ways a step runs, the kernels
+@pytest.mark.parametrize("name", ["stdp_sj", "stdp_additive", "triplet", "stdp_multiplicative"])
+def test_products_equal_the_step_per_synapse(name):
+    """A rule whose change factors runs as products over the samples (window) or rank-B updates
+    (online); the same rule's whole step per synapse and sample gives the same weights."""
+    g = torch.Generator().manual_seed(12)
+    pre, post = _spikes(g, 25, 3, 5, p=0.3), _spikes(g, 25, 3, 4, p=0.3)
+    w = torch.rand(4, 5, generator=g) * 0.5 + 0.25
+    r = flexdsl.load_rule(name)
+    assert r.separable
+    p2, q2, mods = r._inputs(pre, post, w, {}, "test")
+    for online in (False, True):
+        r.reset()
+        fast = r._online_products(p2, q2, w, mods) if online else r._window_products(p2, q2, w, mods)
+        r.reset()
+        slow = r._steps(p2, q2, w, mods, online=online)
+        assert torch.allclose(fast, slow, rtol=1e-12, atol=1e-14), (name, online)
+
+
+def test_linear_scan_kernel_equals_the_loop():
+    """The Triton trace kernel (through the interpreter here) equals the step-by-step loop in float32."""
+    from flexdsl.backends.triton.rules import linear_scan
+
+    g = torch.Generator().manual_seed(13)
+    u = _spikes(g, 37, 300).float()
+    x0 = torch.rand(300, generator=g).float()
+    a = torch.tensor(0.8, dtype=torch.float32)
+    x, ref = x0.clone(), []
+    for t in range(37):
+        x = a * x + u[t]
+        ref.append(x)
+    assert torch.equal(linear_scan(a, u, x0), torch.stack(ref))

@@ -42,7 +42,6 @@ from .compiler import Compiled
 from .params import resolve_params
 
 MODES = ("window", "online")
-_BLOCK = 128  # steps per product of a linear trace's window (`L` is _BLOCK x _BLOCK)
 
 
 class RuleIR(Compiled):
@@ -121,6 +120,11 @@ class Rule(nn.Module):
     @property
     def has_output(self) -> bool:
         return bool(self._gen[1]["output"])
+
+    @property
+    def _read_before(self) -> set[str]:
+        args = self._gen[1]["args"]
+        return set(args.get("terms_a", [])) | set(args.get("terms_b", []))
 
     @property
     def changes_weight(self) -> bool:
@@ -354,9 +358,10 @@ class Rule(nn.Module):
         return before, after
 
     def _run_linear(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any]):
-        """A side's states over the window when each is a linear trace, `x_t = a x_{t-1} + u_t`: for
-        blocks of steps, `X = L U + a^(t+1) x_0` with `L[t, s] = a^(t-s)` (s <= t), in float64 (one
-        product per block instead of a loop over its steps)."""
+        """A side's states over the window when each is a linear trace, `x_t = a x_{t-1} + u_t`
+        (`backends.rules.linear_scan`: one kernel, or one product per block of steps)."""
+        from ..backends.rules import linear_scan
+
         T, B, n = seq.shape
         names = self._gen[1]["linear"][side]
         env = {**self._env(seq), side: seq}
@@ -367,23 +372,13 @@ class Rule(nn.Module):
         for s_name in names:
             width = n if self.sides[s_name] != "global" else 1
             x0 = self._state(s_name, (B, width), seq)
-            a = torch.as_tensor(au[f"a_{s_name}"], dtype=torch.float64, device=seq.device)
+            a = torch.as_tensor(au[f"a_{s_name}"], dtype=seq.dtype, device=seq.device)
             u = torch.broadcast_to(torch.as_tensor(au[f"u_{s_name}"], dtype=seq.dtype, device=seq.device),
-                                   (T, B, width)).to(torch.float64)
-            xs = []
-            prev = x0.to(torch.float64).reshape(1, -1)
-            for k in range(0, T, _BLOCK):
-                tb = min(_BLOCK, T - k)
-                ts = torch.arange(tb, device=seq.device)
-                e = (ts[:, None] - ts[None, :]).to(torch.float64)
-                L = torch.where(e >= 0, a ** e.clamp(min=0), torch.zeros((), dtype=torch.float64, device=seq.device))
-                carry = a ** (ts + 1).to(torch.float64)
-                X = L @ u[k:k + tb].reshape(tb, -1) + carry[:, None] * prev
-                xs.append(X)
-                prev = X[-1:]
-            X = torch.cat(xs).to(seq.dtype).reshape(T, B, width)
+                                   (T, B, width))
+            X = linear_scan(a, u.reshape(T, -1), x0.reshape(-1)).reshape(T, B, width)
             after[s_name] = X
-            before[s_name] = torch.cat([x0.reshape(1, B, width), X[:-1]])
+            if s_name in self._read_before:  # (the state before each step: only where a term reads it)
+                before[s_name] = torch.cat([x0.reshape(1, B, width), X[:-1]])
             self._states[s_name] = X[-1]
         return before, after
 
@@ -408,10 +403,10 @@ class Rule(nn.Module):
             qb, qa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (qbl, qal))
         env_b: dict[str, Any] = {**self._env(pre), "pre": pre}
         env_a: dict[str, Any] = {**self._env(pre), "post": post, **mods}
-        for s in pb:
-            env_b[s], env_b[NEXT + s] = pb[s], pa[s]
-        for s in qb:
-            env_a[s], env_a[NEXT + s] = qb[s], qa[s]
+        for s in pa:
+            env_b[s], env_b[NEXT + s] = pb.get(s), pa[s]
+        for s in qa:
+            env_a[s], env_a[NEXT + s] = qb.get(s), qa[s]
         a = self._call("terms_a", env_a)
         b = self._call("terms_b", env_b)
         k = self._gen[1]["terms"]
@@ -425,7 +420,7 @@ class Rule(nn.Module):
     def _window_products(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, mods: Mapping[str, Any]
                          ) -> torch.Tensor:
         """The window's change as one sum of outer products per term over all `T * B` samples."""
-        from ..backends.outer import outer_sum
+        from ..backends.rules import outer_sum
 
         a, b = self._terms(pre, post, mods, w)
         dw = torch.zeros_like(w)
