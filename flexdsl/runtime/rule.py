@@ -410,7 +410,9 @@ class Rule(nn.Module):
         a = self._call("terms_a", env_a)
         b = self._call("terms_b", env_b)
         k = self._gen[1]["terms"]
-        full = (lambda v, n: torch.broadcast_to(torch.as_tensor(v, dtype=like.dtype, device=like.device), (T, B, n)))
+
+        def full(v: Any, n: int) -> torch.Tensor:
+            return torch.broadcast_to(torch.as_tensor(v, dtype=like.dtype, device=like.device), (T, B, n))
         return [full(a[f"a{i}"], n_post) for i in range(k)], [full(b[f"b{i}"], n_pre) for i in range(k)]
 
     def _c(self, w: torch.Tensor, like: torch.Tensor) -> list[Any]:
