@@ -25,9 +25,9 @@ def _neuron_files(args: Sequence[str]) -> list[str]:
     for a in args:
         p = Path(a)
         if p.is_dir():
-            found = sorted(str(q) for q in p.rglob("*.neuron") if q.is_file())
+            found = sorted(str(q) for q in [*p.rglob("*.neuron"), *p.rglob("*.rule")] if q.is_file())
             if not found:
-                raise FlexDSLError(f"no `.neuron` files in the directory `{a}`", a)
+                raise FlexDSLError(f"no `.neuron` or `.rule` files in the directory `{a}`", a)
             out += found
         else:
             out.append(a)
@@ -71,6 +71,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         if str(f).endswith(".layer"):
             failed += _check_layer(f)
             continue
+        if str(f).endswith(".rule"):
+            failed += _check_rule(f)
+            continue
         try:
             c = compile_model(f, options=opts)
             method = f", method {c.method}" if c.method else ""  # lowering: its errors count too
@@ -105,6 +108,21 @@ def _check_layer(f: str) -> int:
     return 0
 
 
+def _check_rule(f: str) -> int:
+    from .runtime.rule import load_rule
+
+    try:
+        rule = load_rule(f)
+        rule.bounds()
+    except FlexDSLError as e:
+        print(e, file=sys.stderr)
+        return 1
+    sides = ", ".join(f"{s} {side}" for s, side in rule.sides.items() if s != rule.weight_name)
+    how = "its window as products" if rule.separable else "per synapse"
+    print(f"{f}: ok — rule {rule.name} ({len(rule.ir.checked.params)} param(s); states: {sides or 'none'}; {how})")
+    return 0
+
+
 # ----------------------------------------------------------------------------- show
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
@@ -115,10 +133,29 @@ def _cmd_show(args: argparse.Namespace) -> int:
         return _show_nir(args)
     if str(args.file).endswith(".layer"):
         return _show_layer(args)
+    if str(args.file).endswith(".rule"):
+        return _show_rule(args)
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))
     _show_compiled(c, args.what or backends.REFERENCE)
+    return 0
+
+
+def _show_rule(args: argparse.Namespace) -> int:
+    """A rule: its generated torch module (the step, its sides, the window's terms)."""
+    from .runtime.rule import compile_rule
+
+    ir = compile_rule(args.file)
+    mod, meta = ir.generated()
+    from .store import cache
+
+    art = cache.read(cache.key("rule", ir.cache_key("torch-rule")))
+    print(art.source if art is not None else "", end="")
+    sides = ", ".join(f"{s}: {side}" for s, side in meta["sides"].items())
+    print(f"# where each state lives: {sides}")
+    print("# the window's change: " + (" + ".join(f"({c}) * ({a}) x ({b})" for c, a, b in meta["terms_text"])
+                                       if meta["separable"] else "per synapse (it does not factor)"))
     return 0
 
 

@@ -102,6 +102,23 @@ def render_layer(layer: Any, outdir: str | Path | None = None, *, markdown: bool
     return md if markdown else page
 
 
+def render_rule(rule: Any, outdir: str | Path | None = None, *, markdown: bool = False) -> str:
+    """A plasticity rule's page (HTML, or Markdown with `markdown=True`): `rule` a `.rule` path, a
+    library rule's name, rule text, or a rule module (`flexdsl.load_rule`, as trained); its STDP
+    window simulated with the compiled rule (a PNG written into `outdir`, else embedded)."""
+    sympy_ready()  # (before this package's modules import it: one thread at a time)
+    from ..runtime.rule import Rule, load_rule
+    from .rulepage import rule_page
+
+    module = rule if isinstance(rule, Rule) else load_rule(rule)
+    label = module.ir.filename
+    if outdir is not None:
+        Path(outdir).mkdir(parents=True, exist_ok=True)
+    md, page, _ = rule_page(module, label, outdir=outdir,
+                            stem=Path(label).stem if label.endswith(".rule") else module.name)
+    return md if markdown else page
+
+
 def latex(model: Any, part: str = "equations", environment: str = "align*") -> str:
     """The model's equations as LaTeX: `part` "equations" (as written), "step" (discretized)
     or "backward" (derived); in an `align*` environment (amsmath), or `aligned` for notebooks."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from .._paths import DOCS_DIR
 from ..errors import FlexDSLError
 from ..frontend.options import NONE, LoadOptions
-from ..library import is_layer_text, library, library_path, looks_like_source
+from ..library import is_layer_text, is_rule_text, library, library_path, looks_like_source
 from . import htmlpage, mdpage
 from .content import describe, method_text
 from .figures import Figures, make_figures
@@ -64,17 +64,17 @@ def expand(args: Iterable[str | Path]) -> list[Target]:
             continue
         p = Path(s)
         if p.is_dir():
-            found = sorted(q for q in [*p.rglob("*.neuron"), *p.rglob("*.layer")] if q.is_file())
+            found = sorted(q for q in [*p.rglob("*.neuron"), *p.rglob("*.layer"), *p.rglob("*.rule")] if q.is_file())
             if not found:
-                raise FlexDSLError(f"no `.neuron` or `.layer` files in the directory `{s}`", s)
+                raise FlexDSLError(f"no `.neuron`, `.layer` or `.rule` files in the directory `{s}`", s)
             for q in found:
                 add(str(q), str(q), str(q.resolve()))
         elif p.is_file():
             add(s, s, str(p.resolve()))
         elif "/" not in s and not s.endswith((".neuron", ".layer")) and library_path(s).is_file():
             add(s, s, str(library_path(s).resolve()))
-        elif "/" not in s and s.endswith(".layer") and (library_path(s[:-6]).parent / s).is_file():
-            lib = library_path(s[:-6]).parent / s  # (a library layer: `rlif.layer`)
+        elif "/" not in s and s.endswith((".layer", ".rule")) and (library_path("x").parent / s).is_file():
+            lib = library_path("x").parent / s  # (a library layer or rule: `rlif.layer`, `stdp_sj.rule`)
             add(s, str(lib), str(lib.resolve()))
         else:
             from ..errors import did_you_mean
@@ -133,6 +133,7 @@ def build(targets: Sequence[str | Path] | Sequence[Target], outdir: str | Path, 
         t0 = time.perf_counter()
         try:
             entries.append(_layer(t, out, taken, result, reference) if _is_layer(t.model) else
+                           _rule(t, out, taken, result, reference) if _is_rule(t.model) else
                            _model(t, out, taken, result, reference, plots, options))
         except FlexDSLError as e:
             result.failed.append((t.label, e))
@@ -166,6 +167,28 @@ def _model(t: Target, out: Path, taken: set[str], result: BuildResult, reference
 
 def _is_layer(model: str) -> bool:
     return is_layer_text(model) if looks_like_source(model) else model.endswith(".layer")
+
+
+def _is_rule(model: str) -> bool:
+    return is_rule_text(model) if looks_like_source(model) else model.endswith(".rule")
+
+
+def _rule(t: Target, out: Path, taken: set[str], result: BuildResult, reference: str | None
+          ) -> htmlpage.IndexEntry:
+    """A plasticity rule's pages (`rulepage.py`: with its STDP window) and its index entry."""
+    from ..runtime.rule import load_rule
+    from .rulepage import rule_page
+
+    rule = load_rule(t.model)
+    name = page_name(rule.name if t.label == "<string>" else Path(t.label).stem, taken)
+    label = t.label if t.label != "<string>" else "<string>"
+    md, page, summary = rule_page(rule, label, "index.html", reference, out, name)
+    html_path = _write(out / f"{name}.html", page)
+    md_path = _write(out / f"{name}.md", md)
+    result.pages.append(html_path)
+    result.files += [html_path, md_path, out / f"{name}.window.png"]
+    return htmlpage.IndexEntry(rule.name, Path(label).name if label.endswith(".rule") else "(rule text)", summary,
+                               html_path.name, md_path.name, None, "plasticity rule", None)
 
 
 def _layer(t: Target, out: Path, taken: set[str], result: BuildResult, reference: str | None

@@ -1,0 +1,253 @@
+"""A plasticity rule's documentation page (`flexdsl doc x.rule`, a directory's `.rule` files, the
+library's rules): its docstring, interface (inputs, weight and bounds, params, where each state
+lives), one step's equations as written (LaTeX for the Markdown page, MathML for the HTML page, from
+the same sympy expressions), the window's change as the sum of products the compiler derived, and
+the rule's STDP window — the weight change of one pre/post pair against t_post - t_pre — plotted
+from a simulation of the compiled rule (a short-term plasticity rule: what successive spikes carry).
+
+    md, html, summary = rule_page(rule, "stdp_additive.rule", outdir="site")
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import sympy as sp
+import torch
+
+from ..frontend import ast as A
+from ..ir.rule import NEXT, plan_rule
+from ..ir.tosympy import to_sympy
+
+SIDE_WORDS = {"pre": "per presynaptic neuron", "post": "per postsynaptic neuron", "global": "per sample",
+              "synapse": "per synapse (and sample)"}
+LAGS = 40  # the STDP window's half-width, in steps
+
+
+def _sym(name: str) -> sp.Symbol:
+    return sp.Symbol(name, real=True)
+
+
+def _expr(e: A.Expr, names: set[str]) -> sp.Expr:
+    return to_sympy(e, {n: _sym(n) for n in names})
+
+
+def _statements(title: str, stmts: list[A.Assign], names: set[str], formula: Any) -> list[str]:
+    out = [title, ""]
+    for st in stmts:
+        rhs = _expr(st.value, names)
+        op = {"=": ("←", r"\leftarrow"), "+=": ("+=", r"\mathrel{+}="), "-=": ("−=", r"\mathrel{-}="),
+              "*=": ("×=", r"\mathrel{\times}="), "/=": ("/=", r"\mathrel{/}=")}[st.op]
+        out += [formula(_sym(st.target), op[0], rhs, op[1]), ""]
+    return out
+
+
+def _equations(rule: Any, formula: Any) -> list[str]:
+    ck = rule.ir.rule
+    a = ck.ast
+    names = {"pre", "post", ck.weight, *(p.name for p in ck.model.params), *(s.name for s in ck.model.states),
+             *(i.name for i in ck.model.inputs), *ck.model.locals}
+    lines = ["## One step", "",
+             "At every step, in this order (`pre`, `post`: this step's spikes of the synapse's two sides):", ""]
+    eqs = a.of(A.Equations)
+    if eqs:
+        t = _sym("t")
+        lines += ["The traces' equations, integrated exactly over the step `dt`:", ""]
+        for ln in eqs[0].lines:
+            if isinstance(ln, A.ODE):
+                lhs = sp.Derivative(_sym(ln.state), t, evaluate=False)
+                lines += [formula(lhs, "=", _expr(ln.value, names), "="), ""]
+    for upd in a.of(A.Update):
+        lines += _statements("Then the update:", upd.statements, names, formula)
+    for ev in a.of(A.SynapseEvent):
+        side = "presynaptic" if ev.kind == "pre" else "postsynaptic"
+        lines += _statements(f"Where the {side} neuron spiked (`on {ev.kind}`):", ev.statements, names, formula)
+    return lines
+
+
+def _change(rule: Any, formula: Any) -> list[str]:
+    ck = rule.ir.rule
+    plan = plan_rule(rule.ir.step, ck.weight, ck.output)
+    if plan.terms is None:
+        kept = [s for s in plan.of_side("synapse") if s != ck.weight]
+        why = (f"its state {', '.join(f'`{s}`' for s in kept)} lives per synapse" if kept else
+               "its change does not factor into presynaptic and postsynaptic parts (a clip of the weight, "
+               "a product of both sides' values)")
+        return ["## The window's change", "", f"This rule runs per synapse and sample, step by step: {why}.", ""]
+    if not rule.changes_weight:
+        return []
+    W = sp.IndexedBase("W")
+    i, j, t, b = (sp.Symbol(s) for s in "ijtb")
+    rename = {_sym(NEXT + s): sp.Symbol(f"{s}'") for s in plan.sides}
+    total = sp.Integer(0)
+    for c, aa, bb in plan.terms:
+        total += c.xreplace({_sym(ck.weight): W[j, i]}).xreplace(rename) * (
+            aa.xreplace(rename) * bb.xreplace(rename))
+    lines = ["## The window's change", "",
+             "With the weights held over a call (`window`), the change is a sum over the call's steps and samples "
+             "of products of a postsynaptic factor and a presynaptic one (x' is a trace after this step's update), "
+             "one matrix product per term on the device:", "",
+             formula(sp.IndexedBase("dW")[j, i], "=", sp.Sum(sp.Sum(total, (b, 1, sp.Symbol("B"))),
+                                                               (t, 1, sp.Symbol("T"))), "="), ""]
+    return lines
+
+
+def stdp_window(rule: Any, lags: int = LAGS, w: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lag, dW): the change of one weight from one presynaptic and one postsynaptic spike, the
+    postsynaptic `lag` steps after the presynaptic one (negative: before), for lags -lags..lags;
+    simulated with the compiled rule (window semantics, the weight `w`: the middle of its bounds,
+    else 1). Modulators are 1 at every step."""
+    lo, hi = rule.bounds()
+    if w is None:
+        w = (lo + hi) / 2 if lo is not None and hi is not None else 1.0
+    lag = torch.arange(-lags, lags + 1)
+    T = 2 * lags + 3
+    n = len(lag)
+    pre = torch.zeros(T, 1, n, dtype=torch.float64)
+    post = torch.zeros(T, 1, 1, dtype=torch.float64)
+    t_post = lags + 1
+    pre[t_post - lag, 0, torch.arange(n)] = 1.0
+    post[t_post, 0, 0] = 1.0
+    rule.reset()
+    mods = {k: torch.ones(T, dtype=torch.float64) for k in rule.modulators}
+    with torch.no_grad():
+        dw = rule.window(pre, post, torch.full((1, n), float(w), dtype=torch.float64), **mods)[0]
+    rule.reset()
+    return lag, dw
+
+
+def _figure(rule: Any):
+    from .plots import _figure as figure
+
+    fig, axes = figure(5.4, 2.8)
+    ax = axes[0][0]
+    dt = rule.param_values().get("dt")
+    if not rule.changes_weight and rule.has_output:
+        T = 12
+        pre = torch.zeros(T * 10, 1, 1, dtype=torch.float64)
+        pre[::10] = 1.0
+        rule.reset()
+        with torch.no_grad():
+            out = rule.carry(pre)[:, 0, 0]
+        rule.reset()
+        k = torch.arange(T)
+        ax.bar(k.numpy(), out[::10].numpy(), color="tab:purple")
+        ax.set_xlabel("spike number (a regular train, one spike every 10 steps)")
+        ax.set_ylabel("value carried")
+        ax.set_title(f"{rule.name}: what successive spikes carry", fontsize=9)
+    else:
+        lag, dw = stdp_window(rule, _lags(rule))
+        x = lag.double() * (float(dt) if dt is not None else 1.0)
+        ax.axhline(0.0, color="0.6", lw=0.8)
+        ax.axvline(0.0, color="0.6", lw=0.8)
+        ax.plot(x.numpy(), dw.numpy(), "o-", ms=3, color="tab:blue")
+        unit = _time_unit(rule)
+        ax.set_xlabel("t_post - t_pre" + (f" ({unit})" if unit else " (steps)"))
+        ax.set_ylabel("weight change")
+        mods = " (modulators 1)" if rule.modulators else ""
+        ax.set_title(f"{rule.name}: the STDP window, one pair{mods}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _lags(rule: Any) -> int:
+    """Steps on each side of the window's plot: three of the rule's longest time constant (`tau*`
+    params, in the unit of `dt`), from 10 to 400."""
+    vals = {k: (float(v.detach()) if isinstance(v, torch.Tensor) else float(v)) for k, v in rule.param_values().items()
+            if not isinstance(v, torch.Tensor) or v.numel() == 1}
+    taus = [v for k, v in vals.items() if k.startswith("tau") and not k.endswith("_inv") and v > 0]
+    if not taus:
+        return LAGS
+    steps = 3 * max(taus) / vals.get("dt", 1.0)
+    return int(min(400, max(10, round(steps))))
+
+
+def _time_unit(rule: Any) -> str | None:
+    """The unit `dt` is written in (its param's declared unit), None where the rule has no `dt`."""
+    ck = rule.ir.checked
+    if not any(p.name == "dt" for p in ck.params):
+        return None
+    written = ck.written.param("dt") if ck.written is not None else None
+    if written is not None and isinstance(written.default, A.Quantity):
+        return A.quantity_unit(written.default)
+    return "in the unit of dt"
+
+
+def _interface(rule: Any) -> list[str]:
+    ck = rule.ir.rule
+    lo, hi = rule.bounds()
+    bound = ("unbounded" if lo is None and hi is None else
+             f"kept in [{'-∞' if lo is None else f'{lo:g}'}, {'∞' if hi is None else f'{hi:g}'}] after every update")
+    lines = ["## Interface", "",
+             "- `pre`: the presynaptic spikes of this step; `post`: the postsynaptic spikes",
+             *(f"- modulator `{m}`: given at every call (a number, one per step, or one per step and sample)"
+               for m in ck.modulators),
+             f"- weight `{ck.weight}`: {bound}" + ("" if rule.changes_weight else " (this rule does not change it)"),
+             *([f"- output `{ck.output}`: what the synapse carries instead of `pre`"] if ck.output else []), "",
+             "| param | value | |", "| --- | --- | --- |"]
+    vals = rule.param_values()
+    for p in ck.model.params:
+        v = vals[p.name]
+        v = float(v.detach()) if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+        learn = " (learnable)" if p.name in dict(rule.named_parameters()) else ""
+        lines.append(f"| `{p.name}` | {v:g}{learn} | {p.doc} |" if isinstance(v, float) else
+                     f"| `{p.name}` | {v} | {p.doc} |")
+    lines += ["", "| state | lives | initial | |", "| --- | --- | --- | --- |"]
+    for s in ck.model.states:
+        if s.name == ck.weight or s.meta.get("hidden"):
+            continue
+        lines.append(f"| `{s.name}` | {SIDE_WORDS[rule.sides[s.name]]} | `{A.to_text(s.init)}` | {s.doc} |")
+    return lines + [""]
+
+
+def rule_page(rule: Any, label: str, index_link: str | None = None, reference: str | None = None,
+              outdir: str | Path | None = None, stem: str | None = None) -> tuple[str, str, str]:
+    """(Markdown, HTML, one-line summary) of a rule's page; its figure a PNG in `outdir` (named after
+    `stem`), or embedded without `outdir`."""
+    from .guides import GUIDES, to_html
+    from .htmlpage import environment, version
+    from .layerpage import _Formulas
+    from .plots import save
+
+    ck = rule.ir.rule
+    a = ck.ast
+    formula = _Formulas()
+    summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else f"plasticity rule {ck.name}")
+    fig = _figure(rule)
+    if outdir is not None:
+        name = f"{stem or ck.name}.window.png"
+        save(fig, Path(outdir) / name)
+        src = name
+    else:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        src = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    what = ("The weight change from one presynaptic and one postsynaptic spike against their timing, simulated "
+            "with the compiled rule (window semantics; the weight in the middle of its bounds):"
+            if rule.changes_weight else "What the synapse carries at the spikes of a regular train, simulated "
+            "with the compiled rule:")
+    lines = [f"# {ck.name}", "", f"*plasticity rule* · `{label}`", "", *([a.doc.strip(), ""] if a.doc.strip() else []),
+             *_interface(rule), *_equations(rule, formula), *_change(rule, formula),
+             "## Its window" if rule.changes_weight else "## What it carries", "", what, "",
+             f"![{ck.name}]({src})", "",
+             "## Use", "", "```python", "import flexdsl", "",
+             f"rule = flexdsl.load_rule({Path(label).stem if label.endswith('.rule') else ck.name!r})",
+             "dW = rule.window(pre, post, W)          # weights held over the window (SpikingJelly's learners)",
+             "W = rule.online(pre, post, W)           # every step's change applied (Brian2)",
+             f"m = flexdsl.feedforward(\"lif\", 700, 256, rule={Path(label).stem!r}, plasticity=\"online\")",
+             "```", ""]
+    md = "\n".join(lines)
+    body = to_html(md, math=formula.math, guides=dict(GUIDES))
+    page = environment().get_template("guide.html.j2").render(
+        title=f"{ck.name} (plasticity rule)", body=body, version=version(), index_link=index_link,
+        guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [], source=label,
+        ships=False)
+    nav = ([f"[← all models]({Path(index_link).with_suffix('.md').name})"] if index_link else []) + \
+        (["[the language reference](language.md)"] if reference else [])
+    return (" · ".join(nav) + "\n\n" + md if nav else md), page, summary
+
+
+__all__ = ["rule_page", "stdp_window"]
