@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import backends
+from .cli_files import check_layer, check_rule, show_rule
 from .errors import FlexDSLError, printable
 
 CMDLINE = "<command line>"
@@ -69,10 +70,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     opts = _options(args)
     for f in _neuron_files(args.files):
         if str(f).endswith(".layer"):
-            failed += _check_layer(f)
+            failed += check_layer(f)
             continue
         if str(f).endswith(".rule"):
-            failed += _check_rule(f)
+            failed += check_rule(f)
             continue
         try:
             c = compile_model(f, options=opts)
@@ -94,35 +95,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _check_layer(f: str) -> int:
-    from .runtime.layer import describe
-
-    try:
-        layer, plan = describe(f)
-    except FlexDSLError as e:
-        print(e, file=sys.stderr)
-        return 1
-    kind = "recurrent" if plan.scan is not None else "feed-forward"
-    print(f"{f}: ok — layer {layer.name} ({kind}; neuron {layer.neuron.name}, {len(layer.inputs)} input(s), "
-          f"{len(layer.synapses)} synapse group(s))")
-    return 0
-
-
-def _check_rule(f: str) -> int:
-    from .runtime.rule import load_rule
-
-    try:
-        rule = load_rule(f)
-        rule.bounds()
-    except FlexDSLError as e:
-        print(e, file=sys.stderr)
-        return 1
-    sides = ", ".join(f"{s} {side}" for s, side in rule.sides.items() if s != rule.weight_name)
-    how = "its window as products" if rule.separable else "per synapse"
-    print(f"{f}: ok — rule {rule.name} ({len(rule.ir.checked.params)} param(s); states: {sides or 'none'}; {how})")
-    return 0
-
-
 # ----------------------------------------------------------------------------- show
 def _cmd_show(args: argparse.Namespace) -> int:
     from .runtime.compiler import compile_model
@@ -134,28 +106,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if str(args.file).endswith(".layer"):
         return _show_layer(args)
     if str(args.file).endswith(".rule"):
-        return _show_rule(args)
+        return show_rule(args.file)
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))
     _show_compiled(c, args.what or backends.REFERENCE)
-    return 0
-
-
-def _show_rule(args: argparse.Namespace) -> int:
-    """A rule: its generated torch module (the step, its sides, the window's terms)."""
-    from .runtime.rule import compile_rule
-
-    ir = compile_rule(args.file)
-    mod, meta = ir.generated()
-    from .store import cache
-
-    art = cache.read(cache.key("rule", ir.cache_key("torch-rule")))
-    print(art.source if art is not None else "", end="")
-    sides = ", ".join(f"{s}: {side}" for s, side in meta["sides"].items())
-    print(f"# where each state lives: {sides}")
-    print("# the window's change: " + (" + ".join(f"({c}) * ({a}) x ({b})" for c, a, b in meta["terms_text"])
-                                       if meta["separable"] else "per synapse (it does not factor)"))
     return 0
 
 

@@ -437,7 +437,7 @@ def test_check_directory(tmp_path):
     empty.mkdir()
     r = cli_inproc("check", empty)
     no_traceback(r)
-    assert r.returncode == 1 and "no `.neuron` files" in r.stderr
+    assert r.returncode == 1 and "no `.neuron` or `.rule` files" in r.stderr
 
 
 def test_doc_command(tmp_path):

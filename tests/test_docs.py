@@ -25,6 +25,7 @@ NEURONS = ROOT / "neurons"
 PNG = b"\x89PNG\r\n\x1a\n"
 MODELS = flexdsl.library()
 LAYERS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "neurons").glob("*.layer"))
+RULES = flexdsl.rules()
 MATHML = "{http://www.w3.org/1998/Math/MathML}"
 
 
@@ -53,9 +54,10 @@ def _source_line(stem: str, line: int) -> str:
 def test_build_writes_every_model(site):
     out, res, seen, seconds = site
     assert not res.failed, res.failed
-    assert sorted(p.stem for p in res.pages) == sorted(MODELS + LAYERS)  # (a directory's layers have pages too)
-    assert LAYERS  # (the library ships layers)
-    n = len(MODELS) + len(LAYERS)
+    # (a directory's layers and plasticity rules have pages too)
+    assert sorted(p.stem for p in res.pages) == sorted(MODELS + LAYERS + RULES)
+    assert LAYERS and RULES  # (the library ships layers and rules)
+    n = len(MODELS) + len(LAYERS) + len(RULES)
     assert [k for k, _, _ in seen] == list(range(1, n + 1))  # progress once per model, in order
     assert all(m == n for _, m, _ in seen)
     assert (out / "language.md").read_text() == (ROOT / "docs" / "language.md").read_text()
@@ -173,7 +175,7 @@ def test_index(site):
     out, _, _, _ = site
     doc = parse((out / "index.html").read_text(encoding="utf-8"))
     cards = doc.find_all("div", cls="card")
-    assert len(cards) == len(MODELS) + len(LAYERS)
+    assert len(cards) == len(MODELS) + len(LAYERS) + len(RULES)
     linked = set()
     for card in cards:
         hrefs = [a.attrs["href"] for a in card.iter("a")]

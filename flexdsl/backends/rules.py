@@ -15,9 +15,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _BLOCK = 128  # steps per product of a linear trace (`L` is _BLOCK x _BLOCK)
+
+
+def rule_module(ir: Any, key: str) -> tuple[Any, dict[str, Any]]:
+    """The generated module of a rule and its meta: the reference backend's (`torch/rule.py`)."""
+    from .torch.rule import load_rule
+
+    return load_rule(ir, key)
+
+
+def rule_source(ir: Any, key: str) -> str:
+    """The generated module's source (what `flexdsl show x.rule` prints)."""
+    from .torch.rule import rule_artefact
+
+    return rule_artefact(ir, key)[1].source
 
 
 def _triton() -> bool:
@@ -71,4 +87,4 @@ def linear_scan(a: torch.Tensor, u: torch.Tensor, x0: torch.Tensor) -> torch.Ten
     return torch.cat(xs).to(u.dtype) if xs else u.clone()
 
 
-__all__ = ["linear_scan", "outer_sum"]
+__all__ = ["linear_scan", "outer_sum", "rule_module", "rule_source"]

@@ -162,4 +162,15 @@ def spike_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
     return _SpikeConv.apply(x, w, b, tup(stride), tup(padding), tup(dilation), groups)
 
 
-__all__ = ["is_binary", "known_binary", "mark_binary", "pack", "spike_conv", "spike_linear", "unpack"]
+
+
+def synapse_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, one_to_one: bool) -> torch.Tensor:
+    """A synapse group's current of presynaptic values `x` (dense: `x W^T + b`, with `x` saved for
+    the weight's gradient as bits where it is 0/1 spikes; one to one: `x * w + b`)."""
+    if one_to_one:
+        return x * w if b is None else torch.addcmul(b, x, w)
+    return spike_linear(x, w, b)
+
+
+__all__ = ["is_binary", "known_binary", "mark_binary", "pack", "spike_conv", "spike_linear", "synapse_product",
+           "unpack"]

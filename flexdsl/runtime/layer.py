@@ -32,7 +32,7 @@ from ..ir.layer import LayerPlan
 from ..library import resolve
 from ..store.pipeline import layer_plan
 from . import delays as dl
-from .bits import spike_linear
+from .bits import synapse_product as _product
 from .compiler import compile_model
 from .layertext import LayerAttrs, delay_words, feedforward_text, plan, rule_words
 from .module import NeuronModule
@@ -226,14 +226,6 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Modu
         p = self.plan
         syn = ", ".join(f"{s.name}: {s.pre}->{self._layer.neuron.inputs[s.port].name} {s.connect}" for s in p.synapses)
         return f"{p.name}, size={p.size}, synapses=[{syn}], step_mode={self.step_mode!r}"
-
-
-def _product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, one_to_one: bool) -> torch.Tensor:
-    """A synapse group's current of presynaptic values `x` (dense: `x W^T + b`, with `x` saved for
-    the weight's gradient as bits where it is 0/1 spikes, `bits.py`; one to one: `x * w + b`)."""
-    if one_to_one:
-        return x * w if b is None else torch.addcmul(b, x, w)
-    return spike_linear(x, w, b)
 
 
 def _mask(layer: CheckedLayer, s: CheckedSynapse, mask: Any) -> torch.Tensor:

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
+from .bits import synapse_product as _product
 from .rule import Rule, compile_rule
 
 
@@ -149,8 +150,6 @@ class PlasticSynapses:
         return out if isinstance(out, torch.Tensor) else out[names.index("spike")]
 
     def _window(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
-        from .layer import _product
-
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         ports: dict[int, torch.Tensor] = {}
         for s in layer.synapses:
@@ -181,8 +180,6 @@ class PlasticSynapses:
         return out
 
     def _online(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
-        from .layer import _product
-
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         T = xs[0].shape[0]
         carried = {s.name: self._carried(s, xs[s.pre_index], mods) for s in layer.synapses if s.rule is not None}

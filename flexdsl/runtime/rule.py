@@ -64,9 +64,15 @@ class RuleIR(Compiled):
 
     def generated(self) -> tuple[Any, dict[str, Any]]:
         """The generated module of the rule and its meta (`backends/torch/rule.py`)."""
-        from ..backends.torch.rule import load_rule
+        from ..backends.rules import rule_module
 
-        return load_rule(self, self.cache_key("torch-rule"))
+        return rule_module(self, self.cache_key("torch-rule"))
+
+    def source(self) -> str:
+        """The generated module's source (readable Python: `flexdsl show x.rule`)."""
+        from ..backends.rules import rule_source
+
+        return rule_source(self, self.cache_key("torch-rule"))
 
 
 def compile_rule(model: str | Path) -> RuleIR:

@@ -139,16 +139,21 @@ def gradientless(step: Any) -> list[str]:
     return out
 
 
-def load_rule(ir: Any, key: str) -> tuple[Any, dict[str, Any]]:
-    """The generated module of rule `ir` (cached on disk like every artefact)."""
+def rule_artefact(ir: Any, key: str) -> tuple[str, cache.Artefact]:
+    """(cache key, the artefact) of rule `ir` (cached on disk like every artefact)."""
     k = cache.key("rule", key)
 
     def make() -> cache.Artefact:
         src, meta = emit_rule(ir)
         return cache.Artefact("torch-rule", src, meta)
 
-    art = cache.get_or_make(k, make)
+    return k, cache.get_or_make(k, make)
+
+
+def load_rule(ir: Any, key: str) -> tuple[Any, dict[str, Any]]:
+    """The generated module of rule `ir` and its meta."""
+    k, art = rule_artefact(ir, key)
     return load_module("rule", k, art.source), art.meta
 
 
-__all__ = ["emit_rule", "load_rule"]
+__all__ = ["emit_rule", "load_rule", "rule_artefact"]

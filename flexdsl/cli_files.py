@@ -1,0 +1,54 @@
+"""`flexdsl check` and `flexdsl show` of the files that are not neuron models: layers (`.layer`) and
+plasticity rules (`.rule`). Each prints what the command shows, or the located error."""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import FlexDSLError
+
+
+def check_layer(f: str) -> int:
+    from .runtime.layer import describe
+
+    try:
+        layer, plan = describe(f)
+    except FlexDSLError as e:
+        print(e, file=sys.stderr)
+        return 1
+    kind = "recurrent" if plan.scan is not None else "feed-forward"
+    print(f"{f}: ok — layer {layer.name} ({kind}; neuron {layer.neuron.name}, {len(layer.inputs)} input(s), "
+          f"{len(layer.synapses)} synapse group(s))")
+    return 0
+
+
+def check_rule(f: str) -> int:
+    from .runtime.rule import load_rule
+
+    try:
+        rule = load_rule(f)
+        rule.bounds()
+    except FlexDSLError as e:
+        print(e, file=sys.stderr)
+        return 1
+    sides = ", ".join(f"{s} {side}" for s, side in rule.sides.items() if s != rule.weight_name)
+    how = "its window as products" if rule.separable else "per synapse"
+    print(f"{f}: ok — rule {rule.name} ({len(rule.ir.checked.params)} param(s); states: {sides or 'none'}; {how})")
+    return 0
+
+
+def show_rule(path: str) -> int:
+    """A rule: its generated torch module (the step, its sides, the window's terms)."""
+    from .runtime.rule import compile_rule
+
+    ir = compile_rule(path)
+    _, meta = ir.generated()
+    print(ir.source(), end="")
+    sides = ", ".join(f"{s}: {side}" for s, side in meta["sides"].items())
+    print(f"# where each state lives: {sides}")
+    print("# the window's change: " + (" + ".join(f"({c}) * ({a}) x ({b})" for c, a, b in meta["terms_text"])
+                                       if meta["separable"] else "per synapse (it does not factor)"))
+    return 0
+
+
+__all__ = ["check_layer", "check_rule", "show_rule"]
