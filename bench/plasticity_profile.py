@@ -49,7 +49,7 @@ def main():
         return rule.window(x, post, w)
     rows.append(("rule.window alone", window))
     rows.append(("  sides + terms", lambda: (rule.reset(), rule._terms(x, post, {}, w))))
-    from flexdsl.backends.outer import outer_sum
+    from flexdsl.backends.rules import outer_sum
     A = post.reshape(-1, a.n)
     B = x.reshape(-1, a.n)
     rows.append(("  one outer_sum (exact bf16)", lambda: outer_sum(A, B)))

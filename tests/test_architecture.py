@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("flexdsl.backends",)),
     ("runtime", ("flexdsl.runtime", "flexdsl.api")),
     ("interop/docs", ("flexdsl.nir", "flexdsl.docs")),
-    ("cli", ("flexdsl.cli", "flexdsl.__main__", "flexdsl")),
+    ("cli", ("flexdsl.cli", "flexdsl.cli_files", "flexdsl.__main__", "flexdsl")),
 ]
 # the one cycle allowed: the generated modules' package installs the store's import finder,
 # and the store's loader imports that package

@@ -184,6 +184,10 @@ def test_index(site):
         if Path(page).stem in LAYERS:  # (a layer's card: its kind and summary, no plot)
             assert "layer" in card.text()
             continue
+        if Path(page).stem in RULES:  # (a rule's card: its kind, its STDP window as the picture)
+            assert "plasticity rule" in card.text()
+            _png_ok(out / card.find("img").attrs["src"], (100, 40))
+            continue
         linked.add(Path(page).stem)
         img = card.find("img")
         _png_ok(out / img.attrs["src"], (100, 40))

@@ -133,3 +133,19 @@ def test_train_delays_rejects_bad_arguments_before_training(args, says):
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
     assert "epoch" not in r.stdout
+
+
+def test_stdp_song_makes_the_weights_bimodal(tmp_path):
+    """The plasticity example: 1000 Poisson inputs onto Song et al.'s neuron with additive STDP; from
+    uniform weights, after 100 s of (batched) experience the outer fifths of [0, gmax] each hold more
+    than twice the middle fifth (Song, Miller & Abbott 2000, fig. 1), and the figure is written."""
+    png = tmp_path / "song.png"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "stdp_song.py"), "--seconds", "100", "--plot",
+                        str(png)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("final:"))
+    low, mid, high = (float(x) for x in re.findall(r"(\d\.\d\d) (?:of the weights )?in", line))
+    assert low > 2 * mid and high > 2 * mid, line
+    assert "bimodal: yes" in line
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -182,10 +182,13 @@ class PlasticSynapses:
     def _online(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         T = xs[0].shape[0]
-        carried = {s.name: self._carried(s, xs[s.pre_index], mods) for s in layer.synapses if s.rule is not None}
-        weights = {s.name: self._weight(s) for s in layer.synapses if s.rule is not None}
-        fast = {s.name: self._fast(s) for s in layer.synapses if s.rule is not None}
+        rules = [s for s in layer.synapses if s.rule is not None]
+        carried = {s.name: self._carried(s, xs[s.pre_index], mods) for s in rules}
+        weights = {s.name: self._weight(s) for s in rules}
+        fast = {s.name: self._fast(s) for s in rules}
         start = dict(weights)
+        steppers = {s.name: self._stepper(s, xs[s.pre_index], fast[s.name]) for s in rules if self._changes_weight(s)}
+        neuron_step = self._neuron_stepper(xs[0], direct)
         outs = []
         for t in range(T):
             ports: dict[int, torch.Tensor] = {}
@@ -197,28 +200,63 @@ class PlasticSynapses:
                 b = getattr(self, s.bias) if s.bias is not None else None
                 cur = _product(x, w, b, False)
                 ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
-            out = self._run_neuron(ports, [d[t:t + 1] for d in direct], seed, generator)
+            if neuron_step is not None:
+                out = neuron_step.step(ports, t)
+            else:
+                out = self._run_neuron(ports, [d[t:t + 1] for d in direct], seed, generator)
             outs.append(out)
             post = self._spikes(out)
-            for s in layer.synapses:
-                if s.rule is None or not self._changes_weight(s):
+            for s in rules:
+                if s.name not in steppers:
                     continue
                 rule = self.rules[s.name]
-                m_t = {k: (v[t:t + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                m_t = {k: (v[t] if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
                        for k, v in _mods_of(rule, mods).items()}
                 f = fast[s.name]
                 with torch.set_grad_enabled(f and torch.is_grad_enabled()):
-                    pre = xs[s.pre_index][t:t + 1]
-                    weights[s.name] = rule.online(pre if f else pre.detach(), post if f else post.detach(),
-                                                  weights[s.name] if f else weights[s.name].detach(), **m_t)
-        for s in layer.synapses:
-            if s.rule is not None and self._changes_weight(s):
+                    weights[s.name] = steppers[s.name](xs[s.pre_index][t], post[0], weights[s.name], m_t)
+        if neuron_step is not None:
+            neuron_step.keep()
+        for s in rules:
+            if s.name in steppers:
+                steppers[s.name].keep()
                 self._commit(s, self.rules[s.name], start[s.name], weights[s.name] - start[s.name], fast[s.name],
                              bounded=True)
         if isinstance(outs[0], torch.Tensor):
             return torch.cat(outs)
         return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
 
+    def _stepper(self, s: CheckedSynapse, x: torch.Tensor, fast: bool) -> Any:
+        """One step of a synapse group's rule in the online loop: `(pre_t, post_t, w, mods_t) -> w`."""
+        rule = self.rules[s.name]
+        B = x[0].numel() // x.shape[-1]
+        n_pre, n_post = x.shape[-1], getattr(self, s.name).shape[0]
+        if rule.separable and B * n_pre * n_post > _PER_SYNAPSE:  # (big layers: rank-B updates)
+            def one(pre_t, post_t, w, m_t):
+                m1 = {k: (v.reshape(1, *v.shape) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                      for k, v in m_t.items()}
+                return rule.online(pre_t[None] if fast else pre_t[None].detach(),
+                                   post_t[None] if fast else post_t[None].detach(), w, **m1)
+            one.keep = lambda: None  # type: ignore[attr-defined]
+            return one
+        st = rule.stepper(B, n_pre, n_post, x)
+
+        def step(pre_t, post_t, w, m_t):
+            pre_t = pre_t.reshape(B, n_pre)
+            post_t = post_t.reshape(B, n_post)
+            return st.bound(w + st.step(pre_t if fast else pre_t.detach(), post_t if fast else post_t.detach(),
+                                        w if fast else w.detach(), m_t))
+        step.keep = st.keep  # type: ignore[attr-defined]
+        return step
+
+    def _neuron_stepper(self, like: torch.Tensor, direct: list) -> _NeuronSteps | None:
+        """The neuron's generated step called directly in the online loop (no module call per step),
+        where that is the module's call: a model without random draws, no check_finite, no direct inputs."""
+        n = self.neuron  # type: ignore[attr-defined]
+        c = n._compiled
+        if c.checked.stochastic or n.check_finite or direct or n.store_state_seqs:
+            return None
+        return _NeuronSteps(self, n, like)
     def _changes_weight(self, s: CheckedSynapse) -> bool:
         return self.rules[s.name].changes_weight
 
@@ -238,6 +276,39 @@ class PlasticSynapses:
                 param.copy_(new)
 
 
+_PER_SYNAPSE = 1 << 20  # synapse-samples up to which an online step runs the rule's whole step per synapse
+
+
+class _NeuronSteps:
+    """The layer's neuron one step at a time through its generated `core` (the reference step:
+    what every backend computes): its params once, its states kept here and given back at the end."""
+
+    def __init__(self, layer: Any, neuron: Any, like: torch.Tensor) -> None:
+        self.layer = layer
+        self.neuron = neuron
+        self.fn = neuron._compiled.reference_module.core
+        self.params = neuron._core_params()
+        self.n_out = len(neuron._compiled.checked.outputs)
+        self.states: list[Any] | None = None
+
+    def step(self, ports: dict[int, torch.Tensor], t: int) -> Any:
+        cur = [ports[k][0] for k in sorted(ports)]
+        x0 = cur[0]
+        if self.states is None:
+            self.states = self.neuron._states_for(x0, x0.shape, None, False)
+        res = self.fn(*cur, *self.states, *self.params)
+        res = [r if isinstance(r, torch.Tensor) and r.shape == x0.shape else torch.broadcast_to(
+            torch.as_tensor(r, dtype=x0.dtype, device=x0.device), x0.shape) for r in res]
+        self.states = res[self.n_out:]
+        outs = [o[None] for o in res[:self.n_out]]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def keep(self) -> None:
+        if self.states is not None:
+            for name, v in zip(self.neuron._state_names, self.states):
+                self.neuron._states[name] = v
+
+
 def _mods_of(rule: Rule, mods: Mapping[str, Any]) -> dict[str, Any]:
     return {k: mods[k] for k in rule.modulators if k in mods}
 
@@ -255,11 +326,20 @@ def _load(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any], lea
     return Rule(ir, params, learnable)
 
 
+def _dt_unit(ck: Any) -> str | None:
+    """The unit `dt` is written in ("" for a model without units), None where there is no `dt`."""
+    from ..frontend import ast as A
+
+    if not any(p.name == "dt" for p in ck.params):
+        return None
+    written = ck.written.param("dt") if ck.written is not None else None
+    return A.quantity_unit(written.default) if written is not None and isinstance(written.default, A.Quantity) else ""
+
+
 def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -> None:
-    """A rule and its neuron that both declare `dt` must step by the same time (in base units)."""
-    if not any(p.name == "dt" for p in rule.ir.checked.params):
-        return
-    if not any(p.name == "dt" for p in neuron.compiled.checked.params):
+    """A rule and its neuron that both declare `dt` in the same unit must step by the same time."""
+    ru, nu = _dt_unit(rule.ir.checked), _dt_unit(neuron.compiled.checked)
+    if ru is None or nu is None or ru != nu:
         return
     a = rule.param_values()["dt"]
     b = neuron.param_values().get("dt")
@@ -269,9 +349,10 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
             return
         b = float(b)
     if b is not None and abs(a - float(b)) > 1e-12 * max(abs(a), abs(float(b))):
-        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g} and neuron `{layer.neuron.name}` by dt = {b:g} "
-                          "(base units): a rule steps with its neuron", s.rule_pos,
-                          "give the rule the neuron's dt: rule_params={'dt': ...}")
+        unit = f" {ru}" if ru else ""
+        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{unit} and neuron `{layer.neuron.name}` by dt = "
+                          f"{b:g}{unit}: a rule steps with its neuron", s.rule_pos,
+                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}")
 
 
 __all__ = ["PlasticSynapses"]

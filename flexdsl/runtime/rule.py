@@ -453,33 +453,73 @@ class Rule(nn.Module):
                online: bool) -> torch.Tensor:
         """The rule's whole step, per synapse and sample, one step at a time."""
         T, B, n_pre = pre.shape
-        n_post = post.shape[-1]
-        shape = {"pre": (B, 1, n_pre), "post": (B, n_post, 1), "global": (B, 1, 1), "synapse": (B, n_post, n_pre)}
-        kept = {"pre": (B, n_pre), "post": (B, n_post), "global": (B, 1), "synapse": (B, n_post, n_pre)}
-        wname = self.weight_name
-        names = [s for s in self._gen[1]["states"] if s != wname]
-        st = {s: self._state(s, kept[self.sides[s]], pre).reshape(shape[self.sides[s]]) for s in names}
-        env = self._env(pre)
+        stepper = self.stepper(B, n_pre, post.shape[-1], pre)
         dw = torch.zeros_like(w)
         cur = w
         for t in range(T):
-            env["pre"] = pre[t].reshape(B, 1, n_pre)
-            env["post"] = post[t].reshape(B, n_post, 1)
-            for k, v in mods.items():
-                env[k] = v[t].reshape(B, 1, 1) if isinstance(v, torch.Tensor) and v.dim() == 3 else v
-            env.update(st)
-            env[wname] = cur
-            r = self._call("step", env)
-            change = torch.broadcast_to(r[wname], (B, n_post, n_pre)) - cur
+            m_t = {k: (v[t] if isinstance(v, torch.Tensor) and v.dim() == 3 else v) for k, v in mods.items()}
+            change = stepper.step(pre[t], post[t], cur, m_t)
             if online:
-                cur = self.bound(cur + change.sum(0))
+                cur = stepper.bound(cur + change)
             else:
-                dw = dw + change.sum(0)
-            for s in names:
-                st[s] = torch.broadcast_to(r[s], shape[self.sides[s]])
-        self._states.update({s: (v.reshape(B, -1) if self.sides[s] in ("pre", "post", "global") else v)
-                             for s, v in st.items()})
+                dw = dw + change
+        stepper.keep()
         return cur if online else dw
+
+    def stepper(self, B: int, n_pre: int, n_post: int, like: torch.Tensor) -> _Stepper:
+        """The rule's whole step for a caller that runs the steps itself (a layer's online loop):
+        `s.step(pre_t [B, n_pre], post_t [B, n_post], w, modulators_t)` is the weight's change of the
+        step summed over the batch (the states advance), `s.bound(w)` the bounds, `s.keep()` keeps the
+        states in the rule."""
+        return _Stepper(self, B, n_pre, n_post, like)
+
+
+class _Stepper:
+    """One call's steps of a rule, per synapse and sample (see `Rule.stepper`): the params, the bounds and
+    the states held for the call (a step is one generated function and the batch's sum)."""
+
+    def __init__(self, rule: Rule, B: int, n_pre: int, n_post: int, like: torch.Tensor) -> None:
+        self.rule = rule
+        self.B, self.n_pre, self.n_post = B, n_pre, n_post
+        self.shape = {"pre": (B, 1, n_pre), "post": (B, n_post, 1), "global": (B, 1, 1),
+                      "synapse": (B, n_post, n_pre)}
+        self.kept = {"pre": (B, n_pre), "post": (B, n_post), "global": (B, 1), "synapse": (B, n_post, n_pre)}
+        self.wname = rule.weight_name
+        sides = rule.sides
+        self.sides = sides
+        self.names = [s for s in rule._gen[1]["states"] if s != self.wname]
+        self.st = {s: rule._state(s, self.kept[sides[s]], like).reshape(self.shape[sides[s]]) for s in self.names}
+        self.env = rule._env(like)
+        mod, meta = rule._gen
+        self.fn = mod.step
+        self.args = meta["args"]["step"]
+        self.rets = meta["returns"]["step"]
+        self.lo, self.hi = rule.bounds()
+
+    def step(self, pre_t: torch.Tensor, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]
+             ) -> torch.Tensor:
+        B, n_pre, n_post = self.B, self.n_pre, self.n_post
+        env = self.env
+        env["pre"] = pre_t.reshape(B, 1, n_pre)
+        env["post"] = post_t.reshape(B, n_post, 1)
+        for k, v in mods_t.items():
+            env[k] = v.reshape(B, 1, 1) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+        env.update(self.st)
+        env[self.wname] = w
+        r = dict(zip(self.rets, self.fn(*[env[a] for a in self.args])))
+        for s in self.names:
+            self.st[s] = torch.broadcast_to(r[s], self.shape[self.sides[s]])
+        new = r[self.wname]
+        if not isinstance(new, torch.Tensor) or new.dim() < 3:
+            return torch.broadcast_to(torch.as_tensor(new, dtype=w.dtype, device=w.device), w.shape) * B - B * w
+        return (new - w).sum(0)
+
+    def bound(self, w: torch.Tensor) -> torch.Tensor:
+        return w if self.lo is None and self.hi is None else w.clamp(self.lo, self.hi)
+
+    def keep(self) -> None:
+        self.rule._states.update({s: (v.reshape(self.B, -1) if self.sides[s] in ("pre", "post", "global") else v)
+                                  for s, v in self.st.items()})
 
 
 def _learnable(ir: RuleIR, learnable: Any) -> set[str]:

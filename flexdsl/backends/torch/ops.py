@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from ...frontend.numeric import exprel, exprel_d
 
@@ -50,11 +51,23 @@ class _FireFwd(_Fire):
         return u_t * _Fire._slope(ctx, u)
 
 
+def _plain(u: torch.Tensor) -> bool:
+    """No derivative can be asked of the spike: `u` needs no gradient, is no functorch transform's
+    tensor and no forward-mode level is open (then the step function, not the autograd Function:
+    the same values without its per-call cost)."""
+    return (not u.requires_grad and fwAD._current_level < 0 and not torch.compiler.is_compiling()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(u))
+
+
 def fire_ge(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
+    if _plain(u):
+        return (u >= 0).to(u.dtype)
     return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, True, sg, args)
 
 
 def fire_gt(u: torch.Tensor, sg: Callable, args: tuple) -> torch.Tensor:
+    if _plain(u):
+        return (u > 0).to(u.dtype)
     return (_Fire if torch.compiler.is_compiling() else _FireFwd).apply(u, False, sg, args)
 
 
