@@ -654,3 +654,23 @@ def test_linear_scan_kernel_equals_the_loop():
         x = a * x + u[t]
         ref.append(x)
     assert torch.equal(linear_scan(a, u, x0), torch.stack(ref))
+
+
+@pytest.mark.parametrize("name", ["stdp_sj", "stdp_additive", "triplet"])
+def test_layer_online_products_equal_the_step_per_synapse(name, monkeypatch):
+    """A big layer's online loop runs a factoring rule as rank-B products per step (its presynaptic side
+    over the whole call first); a small one runs the rule's whole step per synapse: the same layer."""
+    import flexdsl.runtime.plastic as plastic
+
+    g = torch.Generator().manual_seed(14)
+    x = _spikes(g, 30, 3, 6, p=0.5, scale=2.0)
+    outs = []
+    for limit in (1 << 30, 0):
+        monkeypatch.setattr(plastic, "_PER_SYNAPSE", limit)
+        torch.manual_seed(0)
+        m = flexdsl.feedforward("lif", 6, 4, rule=name, plasticity="online", backend="torch",
+                                rule_params={"w_min": -2.0, "w_max": 2.0} if name == "stdp_additive" else {})
+        y = torch.cat([m(x[:11]), m(x[11:])])
+        outs.append((y, m.W.detach().clone()))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.allclose(outs[0][1], outs[1][1], rtol=1e-12, atol=1e-14)

@@ -187,7 +187,8 @@ class PlasticSynapses:
         weights = {s.name: self._weight(s) for s in rules}
         fast = {s.name: self._fast(s) for s in rules}
         start = dict(weights)
-        steppers = {s.name: self._stepper(s, xs[s.pre_index], fast[s.name]) for s in rules if self._changes_weight(s)}
+        steppers = {s.name: self._stepper(s, xs[s.pre_index], fast[s.name], mods) for s in rules
+                    if self._changes_weight(s)}
         neuron_step = self._neuron_stepper(xs[0], direct)
         outs = []
         for t in range(T):
@@ -226,18 +227,19 @@ class PlasticSynapses:
             return torch.cat(outs)
         return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
 
-    def _stepper(self, s: CheckedSynapse, x: torch.Tensor, fast: bool) -> Any:
+    def _stepper(self, s: CheckedSynapse, x: torch.Tensor, fast: bool, mods: Mapping[str, Any]) -> Any:
         """One step of a synapse group's rule in the online loop: `(pre_t, post_t, w, mods_t) -> w`."""
         rule = self.rules[s.name]
         B = x[0].numel() // x.shape[-1]
         n_pre, n_post = x.shape[-1], getattr(self, s.name).shape[0]
         if rule.separable and B * n_pre * n_post > _PER_SYNAPSE:  # (big layers: rank-B updates)
+            pre = x.reshape(x.shape[0], B, n_pre)
+            pre = pre if fast else pre.detach()
+            ps = rule.product_stepper(pre, rule._modulators(_mods_of(rule, mods), x.shape[0], B, x, x.shape[1:-1]))
+
             def one(pre_t, post_t, w, m_t):
-                m1 = {k: (v.reshape(1, *v.shape) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
-                      for k, v in m_t.items()}
-                return rule.online(pre_t[None] if fast else pre_t[None].detach(),
-                                   post_t[None] if fast else post_t[None].detach(), w, **m1)
-            one.keep = lambda: None  # type: ignore[attr-defined]
+                return ps.step(post_t.reshape(B, n_post) if fast else post_t.reshape(B, n_post).detach(), w, m_t)
+            one.keep = ps.keep  # type: ignore[attr-defined]
             return one
         st = rule.stepper(B, n_pre, n_post, x)
 

@@ -466,12 +466,79 @@ class Rule(nn.Module):
         stepper.keep()
         return cur if online else dw
 
+    def product_stepper(self, pre: torch.Tensor, mods: Mapping[str, Any]) -> _ProductSteps:
+        """Online steps of a rule whose change factors, for a caller that gets the postsynaptic spikes
+        one step at a time (a layer's online loop): the presynaptic side of the whole call at once,
+        then per step the postsynaptic states and one product per term (a rank-B update)."""
+        return _ProductSteps(self, pre, mods)
+
     def stepper(self, B: int, n_pre: int, n_post: int, like: torch.Tensor) -> _Stepper:
         """The rule's whole step for a caller that runs the steps itself (a layer's online loop):
         `s.step(pre_t [B, n_pre], post_t [B, n_post], w, modulators_t)` is the weight's change of the
         step summed over the batch (the states advance), `s.bound(w)` the bounds, `s.keep()` keeps the
         states in the rule."""
         return _Stepper(self, B, n_pre, n_post, like)
+
+
+class _ProductSteps:
+    """See `Rule.product_stepper`: `s.step(post_t [B, n_post], w, modulators_t)` is the weight after the
+    step (bounded), `s.keep()` keeps the states in the rule."""
+
+    def __init__(self, rule: Rule, pre: torch.Tensor, mods: Mapping[str, Any]) -> None:
+        from ..ir.rule import NEXT
+
+        self.rule = rule
+        T, B, n_pre = pre.shape
+        linear = rule._gen[1]["linear"]
+        if "pre" in linear:
+            pb, pa = rule._run_linear("pre", pre, mods)
+        else:
+            pbl, pal, _ = rule._run_pre(pre, mods, keep_traj=True)
+            pb, pa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (pbl, pal))
+        env_b: dict[str, Any] = {**rule._env(pre), "pre": pre}
+        for s in pa:
+            env_b[s], env_b[NEXT + s] = pb.get(s), pa[s]
+        b = rule._call("terms_b", env_b)
+        k = rule._gen[1]["terms"]
+        self.b = [torch.broadcast_to(torch.as_tensor(b[f"b{i}"], dtype=pre.dtype, device=pre.device), (T, B, n_pre))
+                  for i in range(k)]
+        self.k, self.B, self.t = k, B, 0
+        self.NEXT = NEXT
+        self.names = [s for s, side in rule.sides.items() if side in ("post", "global")]
+        self.env = rule._env(pre)
+        self.st: dict[str, torch.Tensor] | None = None
+        self.lo, self.hi = rule.bounds()
+        self.params = rule._env(pre)
+
+    def step(self, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]) -> torch.Tensor:
+        rule, env, B = self.rule, self.env, self.B
+        n_post = post_t.shape[-1]
+        if self.st is None:
+            self.st = {s: rule._state(s, (B, n_post) if rule.sides[s] == "post" else (B, 1), post_t)
+                       for s in self.names}
+        env["post"] = post_t
+        for k, v in mods_t.items():
+            env[k] = v.reshape(B, 1) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+        env.update(self.st)
+        new = rule._call("side_post", env) if self.names else {}
+        for s in self.names:
+            env[self.NEXT + s] = new[s]
+        a = rule._call("terms_a", env)
+        c = rule._call("terms_c", {**self.params, rule.weight_name: w})
+        t = self.t
+        dw = None
+        for i in range(self.k):
+            ai = torch.broadcast_to(torch.as_tensor(a[f"a{i}"], dtype=w.dtype, device=w.device), (B, n_post))
+            term = c[f"c{i}"] * (ai.T @ self.b[i][t])
+            dw = term if dw is None else dw + term
+        self.st = {s: new[s] for s in self.names}
+        self.t += 1
+        w = w if dw is None else w + dw
+        return w if self.lo is None and self.hi is None else w.clamp(self.lo, self.hi)
+
+    def keep(self) -> None:
+        if self.st is not None:
+            self.rule._states.update(self.st)
 
 
 class _Stepper:
