@@ -674,3 +674,25 @@ def test_layer_online_products_equal_the_step_per_synapse(name, monkeypatch):
         outs.append((y, m.W.detach().clone()))
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.allclose(outs[0][1], outs[1][1], rtol=1e-12, atol=1e-14)
+
+
+def test_rules_pickle_and_save_their_params():
+    import pickle
+
+    g = torch.Generator().manual_seed(15)
+    pre, post = _spikes(g, 12, 2, 4), _spikes(g, 12, 2, 3)
+    w = torch.rand(3, 4, generator=g)
+    r = flexdsl.load_rule("stdp_additive", A_plus=0.02)
+    r.tau_plus = 11.0
+    with pytest.raises(FlexDSLError, match="violates the constraint"):
+        r.tau_plus = -1.0
+    r.window(pre[:5], post[:5], w)
+    r2 = pickle.loads(pickle.dumps(r))  # mid-stream: its traces go along
+    assert torch.equal(r2.window(pre[5:], post[5:], w), r.window(pre[5:], post[5:], w))
+    r3 = flexdsl.load_rule("stdp_additive")
+    r3.load_state_dict(r.state_dict())
+    assert (r3.A_plus, r3.tau_plus) == (0.02, 11.0)
+    m = flexdsl.feedforward("lif", 4, 3, rule="stdp_sj", backend="torch")
+    m2 = pickle.loads(pickle.dumps(m))
+    x = _spikes(g, 6, 2, 4, scale=3.0)
+    assert torch.equal(m(x), m2(x)) and torch.equal(m.W, m2.W)

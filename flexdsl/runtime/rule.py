@@ -162,6 +162,33 @@ class Rule(nn.Module):
             return
         super().__setattr__(name, value)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its text (the compiled parts are rebuilt on load, from the disk cache)."""
+        state = self.__dict__.copy()
+        ir = state.pop("ir")
+        state.pop("_gen")
+        state["_rule_text"] = (ir.text, ir.filename)
+        state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        text, filename = state.pop("_rule_text")
+        ir = RuleIR(text, filename)
+        self.__dict__.update(state)
+        self.__dict__["ir"] = ir
+        self.__dict__["_gen"] = ir.generated()
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The fixed params' values (a `state_dict` saves them; learnable ones are Parameters)."""
+        return {"params": {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                           for k, v in self._fixed.items()}}
+
+    def set_extra_state(self, state: Any) -> None:
+        if isinstance(state, dict) and isinstance(state.get("params"), dict):
+            for k, v in state["params"].items():
+                if k in self._fixed:
+                    setattr(self, k, v)
+
     def param_values(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for p in self.ir.checked.params:
