@@ -696,3 +696,45 @@ def test_rules_pickle_and_save_their_params():
     m2 = pickle.loads(pickle.dumps(m))
     x = _spikes(g, 6, 2, 4, scale=3.0)
     assert torch.equal(m(x), m2(x)) and torch.equal(m.W, m2.W)
+
+
+@pytest.mark.parametrize("mode", ["window", "online"])
+def test_gradients_through_a_plastic_layer_use_the_weights_of_the_call(mode):
+    """A plastic layer trained by gradient too: the call's gradients (inputs, weights) are those of the
+    weights the call read, as a static layer with them gives, while the rule changes the weights after."""
+    g = torch.Generator().manual_seed(16)
+    torch.manual_seed(0)
+    m = flexdsl.feedforward("lif", 4, 3, rule="stdp_sj", plasticity=mode, backend="torch")
+    s = flexdsl.feedforward("lif", 4, 3, backend="torch")
+    with torch.no_grad():
+        s.W.copy_(m.W)
+        s.bias.copy_(m.bias)
+    x = _spikes(g, 6, 2, 4, p=0.5, scale=3.0).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    y, y2 = m(x), s(x2)
+    if mode == "window":
+        assert torch.equal(y, y2)
+    (y * torch.arange(1.0, 7.0)[:, None, None]).sum().backward()
+    (y2 * torch.arange(1.0, 7.0)[:, None, None]).sum().backward()
+    assert not torch.equal(m.W, s.W)  # the rule changed the weights
+    if mode == "window":
+        assert torch.allclose(x.grad, x2.grad) and torch.allclose(m.W.grad, s.W.grad)
+    else:  # every step's current reads that step's weights: dL/dW sums the steps' reads
+        ref = []
+        w_t = s.W.detach().clone()
+        rule = flexdsl.load_rule("stdp_sj")
+        xd = x.detach()
+        lif = flexdsl.load("lif", backend="torch")
+        wt = [w_t]
+        for t in range(6):
+            cur = xd[t] @ wt[-1].T + s.bias.detach()
+            spk = lif(cur[None])[0]
+            ref.append(spk)
+            wt.append(rule.online(xd[t:t + 1], spk[None], wt[-1]))
+        assert torch.equal(y, torch.stack(ref))
+        W = s.W.detach().clone().requires_grad_()
+        xg = x.detach().clone().requires_grad_()
+        lif.reset()
+        outs = [lif((xg[t] @ (W + (wt[t] - W).detach()).T + s.bias.detach())[None])[0] for t in range(6)]
+        (torch.stack(outs) * torch.arange(1.0, 7.0)[:, None, None]).sum().backward()
+        assert torch.allclose(x.grad, xg.grad) and torch.allclose(m.W.grad, W.grad)

@@ -97,9 +97,14 @@ class PlasticSynapses:
         return any(p.requires_grad for p in self.rules[s.name].parameters())
 
     def _weight(self, s: CheckedSynapse) -> torch.Tensor:
+        """The weight a call reads: the parameter (a copy where a gradient may reach it: the rule then
+        writes the parameter in place, and the products' backward reads the weights they used), plus the
+        kept change of a rule with learnable constants."""
         w = getattr(self, s.name)
         d = self._changes.get(s.name)
-        return w if d is None else w + d
+        if d is not None:
+            return w + d
+        return w.clone() if self.plastic and torch.is_grad_enabled() and w.requires_grad else w
 
     def _plastic_forward(self, xs: tuple, direct: list, modulators: Mapping[str, Any], seed: Any, generator: Any):
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
@@ -196,6 +201,9 @@ class PlasticSynapses:
             for s in layer.synapses:
                 x = (carried[s.name] if s.rule is not None else xs[s.pre_index])[t:t + 1]
                 w = weights[s.name] if s.rule is not None else getattr(self, s.name)
+                if s.rule is not None and not fast[s.name] and start[s.name].requires_grad:
+                    # (the weights' gradient sums over every step's read; the rule's changes are constants)
+                    w = start[s.name] + (w - start[s.name]).detach()
                 if s.connect == "mask":
                     w = w * getattr(self, s.name + "_mask").to(w.dtype)
                 b = getattr(self, s.bias) if s.bias is not None else None
