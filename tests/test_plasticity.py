@@ -738,3 +738,83 @@ def test_gradients_through_a_plastic_layer_use_the_weights_of_the_call(mode):
         outs = [lif((xg[t] @ (W + (wt[t] - W).detach()).T + s.bias.detach())[None])[0] for t in range(6)]
         (torch.stack(outs) * torch.arange(1.0, 7.0)[:, None, None]).sum().backward()
         assert torch.allclose(x.grad, xg.grad) and torch.allclose(m.W.grad, W.grad)
+
+
+CLOPATH_NEURON = """neuron MV_LIF:
+    input x
+    param tau = 10.0
+    param v_rest = -70.6
+    param v_th = -50.4
+    param v_reset = -60.0
+    state v = v_rest
+    update:
+        v = v + (v_rest - v + x) / tau
+    spike when v > v_th
+    on spike:
+        v = v_reset
+    output spike
+"""
+
+
+def test_clopath_equals_the_papers_equations_and_reads_the_neurons_voltage():
+    """Clopath et al. 2010 (eqs. 2-4): the filtered potentials, LTD at presynaptic spikes from u_minus, LTP
+    at every step from x_bar, u and u_plus; written here from the paper, with a given voltage trace; then
+    in a layer, where `post_v` is the neuron's own `v` after each step (window and online)."""
+    g = torch.Generator().manual_seed(17)
+    T, n_pre, n_post = 300, 5, 3
+    pre = _spikes(g, T, 1, n_pre, p=0.1)
+    post = _spikes(g, T, 1, n_post, p=0.05)
+    v = -70.0 + 30.0 * torch.rand(T, 1, n_post, generator=g)  # mV, often above theta_plus (-45.3)
+    w0 = torch.full((n_post, n_pre), 0.5)
+    rule = flexdsl.load_rule("clopath", A_LTP=8e-4, A_LTD=5e-4)
+    p = {k: float(val) for k, val in rule.param_values().items()}
+    x, um, up, w = np.zeros(n_pre), np.full(n_post, p["u_rest"]), np.full(n_post, p["u_rest"]), w0.numpy().copy()
+    em, ep, ex = math.exp(-p["dt"] / p["tau_minus"]), math.exp(-p["dt"] / p["tau_plus"]), math.exp(-p["dt"] / p["tau_x"])
+    dws = np.zeros_like(w)
+    for t in range(T):
+        u = v[t, 0].numpy()
+        x = x * ex
+        um = um * em + u * (1 - em)
+        up = up * ep + u * (1 - ep)
+        ltp = p["A_LTP"] * np.outer(np.maximum(u - p["theta_plus"], 0) * np.maximum(up - p["theta_minus"], 0), x) * p["dt"]
+        s = pre[t, 0].numpy()
+        x = x + s
+        ltd = p["A_LTD"] * np.outer(np.maximum(um - p["theta_minus"], 0), s)
+        dws += ltp - ltd
+        w = np.clip(w + ltp - ltd, 0.0, 1.0)
+    got = rule.online(pre, post, w0, post_v=v)
+    assert np.abs(w - w0.numpy()).max() > 0.01
+    assert np.allclose(got.numpy(), w, rtol=1e-9, atol=1e-12)
+    rule.reset()
+    assert np.allclose(rule.window(pre, post, w0, post_v=v).numpy(), dws, rtol=1e-9, atol=1e-12)
+    with pytest.raises(FlexDSLError, match="value per postsynaptic neuron"):
+        rule.window(pre, post, w0, post_v=v[:, :, :2])
+    # in a layer: post_v is the neuron's v
+    x_in = _spikes(g, 60, 2, n_pre, p=0.3, scale=1.0)
+    for mode in ("window", "online"):
+        torch.manual_seed(0)
+        m = flexdsl.feedforward(CLOPATH_NEURON, n_pre, n_post, bias=False, rule="clopath", plasticity=mode,
+                                backend="torch", rule_params={"A_LTP": 8e-4, "A_LTD": 5e-4})
+        with torch.no_grad():
+            m.W.uniform_(20.0, 40.0)
+        w_start = m.W.detach().clone()
+        lif = flexdsl.load(CLOPATH_NEURON, backend="torch", store_state_seqs=True)
+        ref_rule = flexdsl.load_rule("clopath", A_LTP=8e-4, A_LTD=5e-4)
+        out = m(x_in)
+        if mode == "window":
+            spk = lif(x_in @ w_start.T)
+            assert torch.equal(out, spk)
+            dw = ref_rule.window(x_in, spk, w_start, post_v=lif.state_seqs["v"])
+            assert torch.allclose(m.last_dw("W"), ref_rule.bound(w_start + dw) - w_start, rtol=1e-9, atol=1e-12)
+        else:
+            w_t = w_start
+            for t in range(60):
+                spk = lif((x_in[t] @ w_t.T)[None])
+                w_t = ref_rule.online(x_in[t:t + 1], spk, w_t, post_v=lif.state_seqs["v"])
+            assert torch.allclose(m.W, w_t, rtol=1e-9, atol=1e-12)
+        assert (m.W - w_start).abs().max() > 1e-4
+    no_v = (CLOPATH_NEURON.replace("state v =", "state mem =").replace("v = v + (v_rest - v + x)", "mem = mem + "
+                                                                                          "(v_rest - mem + x)")
+            .replace("spike when v >", "spike when mem >").replace("        v = v_reset", "        mem = v_reset"))
+    with pytest.raises(FlexDSLError, match="has no state or output `v`"):
+        flexdsl.feedforward(no_v, n_pre, n_post, rule="clopath")

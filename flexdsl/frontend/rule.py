@@ -27,6 +27,7 @@ from .model import CheckedModel
 
 SPIKES = ("pre", "post")  # the rule's inputs that are always there: the synapse's two sides' spikes
 EVENTS = SPIKES
+POST = "post_"  # an input named post_<x> is a value per postsynaptic neuron (in a layer: the neuron's <x>)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class CheckedRule:
     @property
     def name(self) -> str:
         return self.ast.name
+
+    @property
+    def post_inputs(self) -> tuple[str, ...]:
+        """The inputs with a value per postsynaptic neuron (`post_v`: in a layer, the neuron's `v`)."""
+        return tuple(m for m in self.modulators if m.startswith(POST))
 
     def error(self, msg: str, pos: A.Pos | None, hint: str | None = None) -> FlexDSLError:
         p = pos or self.ast.pos
@@ -178,4 +184,4 @@ def neuron_of(rule: A.Rule, wname: str) -> A.Neuron:
     return A.Neuron(rule.name, items, rule.pos, rule.filename, rule.source, rule.doc)
 
 
-__all__ = ["EVENTS", "SPIKES", "CheckedRule", "check_rule", "neuron_of"]
+__all__ = ["EVENTS", "POST", "SPIKES", "CheckedRule", "check_rule", "neuron_of"]

@@ -70,8 +70,8 @@ def change(step: StepModel, weight: str, keep: list[str]) -> sp.Expr:
 def plan_rule(step: StepModel, weight: str, output: str | None) -> RulePlan:
     nxt, outs = expanded(step)
     tags: dict[str, set[str]] = {"pre": {"pre"}, "post": {"post"}, weight: {"synapse"}}
-    for x in step.inputs:
-        tags.setdefault(x.name, set())  # modulators: the same for every neuron of a sample
+    for x in step.inputs:  # modulators: the same for every neuron of a sample; post_<x>: per postsynaptic neuron
+        tags.setdefault(x.name, {"post"} if x.name.startswith("post_") else set())
     names = [s.name for s in step.states]
     for s in names:
         tags.setdefault(s, set())
@@ -106,7 +106,7 @@ def factor_change(d: sp.Expr, weight: str, sides: dict[str, str], step: StepMode
                   ) -> list[tuple[sp.Expr, sp.Expr, sp.Expr]] | None:
     """`d` (the weight's change in one step) as a sum of `c(w, params) * a(post side) * b(pre side)`,
     terms with the same `a` and `b` merged; None where a factor mixes the sides."""
-    side_of = {x.name: "global" for x in step.inputs}
+    side_of = {x.name: ("post" if x.name.startswith("post_") else "global") for x in step.inputs}
     side_of.update({"pre": "pre", "post": "post", weight: "weight"})
     side_of.update({s: v for s, v in sides.items() if s != weight})
     side_of.update({NEXT + s: v for s, v in sides.items() if s != weight})

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
+from ..frontend.rule import POST
 from .bits import synapse_product as _product
 from .rule import Rule, compile_rule
 
@@ -60,8 +61,10 @@ class PlasticSynapses:
             train = ps.pop("learnable", learn)
             rule = _load(layer, s, ps, train)
             _check_dt(layer, s, rule, self.neuron)  # type: ignore[attr-defined]
+            _check_post_inputs(layer, s, rule)
             for k in rule.modulators:
-                mods.setdefault(k, s.name)
+                if k not in rule.post_inputs:  # (post_<x>: the neuron's own <x>, not a keyword of the call)
+                    mods.setdefault(k, s.name)
             md[s.name] = rule
         self.rules = md
         self.__dict__["_modulators"] = tuple(mods)
@@ -137,17 +140,39 @@ class PlasticSynapses:
         rule = self.rules[s.name]
         return rule.carry(x, **_mods_of(rule, mods)) if rule.has_output else x
 
-    def _run_neuron(self, currents: dict[int, torch.Tensor], direct: list, seed: Any, generator: Any):
+    def _post_values_needed(self) -> set[str]:
+        """The neuron's states and outputs the rules read (`post_<x>` inputs), by name <x>."""
+        return {k[len(POST):] for r in self.rules.values() for k in r.post_inputs} if self.plastic else set()
+
+    def _post_values(self, out: Any, names: set[str], t: int | None = None) -> dict[str, torch.Tensor]:
+        """`post_<x>` of the call (or of its step `t` of a one-step call): the neuron's <x> after each step."""
+        if not names:
+            return {}
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        outs = [o for o, _ in layer.neuron.outputs]
+        got: dict[str, torch.Tensor] = {}
+        for x in names:
+            if x in outs:
+                v = out if isinstance(out, torch.Tensor) else out[outs.index(x)]
+            else:
+                v = self.neuron.state_seqs[x]  # type: ignore[attr-defined]
+            got[POST + x] = v if t is None else v[0]
+        return got
+
+    def _run_neuron(self, currents: dict[int, torch.Tensor], direct: list, seed: Any, generator: Any,
+                    keep_seqs: bool = False):
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         it = iter(direct)
         args = [currents[k] if k in currents else next(it) for k in range(len(layer.neuron.inputs))]
         neuron = self.neuron  # type: ignore[attr-defined]
-        mode = neuron.step_mode
+        mode, seqs = neuron.step_mode, neuron.store_state_seqs
         neuron.step_mode = "m"
+        neuron.store_state_seqs = seqs or keep_seqs
         try:
             return neuron(*args, seed=seed, generator=generator)
         finally:
             neuron.step_mode = mode
+            neuron.store_state_seqs = seqs
 
     def _spikes(self, out: Any) -> torch.Tensor:
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
@@ -168,9 +193,11 @@ class PlasticSynapses:
             cur = _product(x, w, b, s.connect == "one_to_one") if s.rule is not None or s.delay_kind is None else \
                 self._current(s, x)  # type: ignore[attr-defined]
             ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
-        out = self._run_neuron(ports, direct, seed, generator)
+        needs = self._post_values_needed()
+        out = self._run_neuron(ports, direct, seed, generator, keep_seqs=bool(needs))
         if self.plastic:
             post = self._spikes(out)
+            mods = {**mods, **self._post_values(out, needs)}
             for s in layer.synapses:
                 if s.rule is None or not self._changes_weight(s):
                     continue
@@ -195,6 +222,7 @@ class PlasticSynapses:
         steppers = {s.name: self._stepper(s, xs[s.pre_index], fast[s.name], mods) for s in rules
                     if self._changes_weight(s)}
         neuron_step = self._neuron_stepper(xs[0], direct)
+        needs = self._post_values_needed()
         outs = []
         for t in range(T):
             ports: dict[int, torch.Tensor] = {}
@@ -211,8 +239,10 @@ class PlasticSynapses:
                 ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
             if neuron_step is not None:
                 out = neuron_step.step(ports, t)
+                post_values = neuron_step.values(out, needs)
             else:
-                out = self._run_neuron(ports, [d[t:t + 1] for d in direct], seed, generator)
+                out = self._run_neuron(ports, [d[t:t + 1] for d in direct], seed, generator, keep_seqs=bool(needs))
+                post_values = {k: v[0] for k, v in self._post_values(out, needs).items()}
             outs.append(out)
             post = self._spikes(out)
             for s in rules:
@@ -221,6 +251,7 @@ class PlasticSynapses:
                 rule = self.rules[s.name]
                 m_t = {k: (v[t] if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
                        for k, v in _mods_of(rule, mods).items()}
+                m_t.update({k: v for k, v in post_values.items() if k in rule.post_inputs})
                 f = fast[s.name]
                 with torch.set_grad_enabled(f and torch.is_grad_enabled()):
                     weights[s.name] = steppers[s.name](xs[s.pre_index][t], post[0], weights[s.name], m_t)
@@ -243,7 +274,8 @@ class PlasticSynapses:
         if rule.separable and B * n_pre * n_post > _PER_SYNAPSE:  # (big layers: rank-B updates)
             pre = x.reshape(x.shape[0], B, n_pre)
             pre = pre if fast else pre.detach()
-            ps = rule.product_stepper(pre, rule._modulators(_mods_of(rule, mods), x.shape[0], B, x, x.shape[1:-1]))
+            ps = rule.product_stepper(pre, rule._modulators(_mods_of(rule, mods), x.shape[0], B, x, x.shape[1:-1],
+                                                            later=rule.post_inputs))
 
             def one(pre_t, post_t, w, m_t):
                 return ps.step(post_t.reshape(B, n_post) if fast else post_t.reshape(B, n_post).detach(), w, m_t)
@@ -313,6 +345,19 @@ class _NeuronSteps:
         outs = [o[None] for o in res[:self.n_out]]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def values(self, out: Any, names: set[str]) -> dict[str, torch.Tensor]:
+        """`post_<x>` of this step: the neuron's state or output <x> after it."""
+        if not names:
+            return {}
+        outs = [o for o, _ in self.neuron._compiled.checked.outputs]
+        got = {}
+        for x in names:
+            if x in outs:
+                got[POST + x] = (out if isinstance(out, torch.Tensor) else out[outs.index(x)])[0]
+            else:
+                got[POST + x] = self.states[self.neuron._state_names.index(x)]
+        return got
+
     def keep(self) -> None:
         if self.states is not None:
             for name, v in zip(self.neuron._state_names, self.states):
@@ -344,6 +389,19 @@ def _dt_unit(ck: Any) -> str | None:
         return None
     written = ck.written.param("dt") if ck.written is not None else None
     return A.quantity_unit(written.default) if written is not None and isinstance(written.default, A.Quantity) else ""
+
+
+def _check_post_inputs(layer: CheckedLayer, s: CheckedSynapse, rule: Rule) -> None:
+    """A rule's `post_<x>` inputs name a state or an output of the layer's neuron."""
+    from ..errors import did_you_mean
+
+    have = [st.name for st in layer.neuron.states if not st.meta.get("hidden")] + [o for o, _ in layer.neuron.outputs]
+    for k in rule.post_inputs:
+        x = k[len(POST):]
+        if x not in have:
+            raise layer.error(f"rule `{rule.name}` reads `{k}`, the postsynaptic neuron's `{x}`, and `{layer.neuron.name}` "
+                              f"has no state or output `{x}`", s.rule_pos,
+                              did_you_mean(x, have) or f"its states and outputs: {', '.join(have)}")
 
 
 def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -> None:

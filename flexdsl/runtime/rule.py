@@ -121,7 +121,12 @@ class Rule(nn.Module):
 
     @property
     def modulators(self) -> tuple[str, ...]:
+        """The inputs a call takes by keyword: modulators, and `post_<x>` values per postsynaptic neuron."""
         return self.ir.rule.modulators
+
+    @property
+    def post_inputs(self) -> tuple[str, ...]:
+        return self.ir.rule.post_inputs
 
     @property
     def has_output(self) -> bool:
@@ -288,11 +293,13 @@ class Rule(nn.Module):
         T = pre.shape[0]
         pre2 = pre.reshape(T, -1, pre.shape[-1])
         post2 = post.reshape(T, -1, post.shape[-1])
-        return pre2, post2, self._modulators(modulators, T, pre2.shape[1], pre, pre.shape[1:-1])
+        return pre2, post2, self._modulators(modulators, T, pre2.shape[1], pre, pre.shape[1:-1], post.shape[-1])
 
     def _modulators(self, given: Mapping[str, Any], T: int, B: int, like: torch.Tensor,
-                    batch: tuple[int, ...] | torch.Size | None = None) -> dict[str, Any]:
-        """Each modulator as a number, or a `[T, B, 1]` tensor (given as a number, `[T]` or `[T, *batch]`)."""
+                    batch: tuple[int, ...] | torch.Size | None = None, n_post: int | None = None,
+                    later: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Each modulator as a number, or a `[T, B, 1]` tensor (given as a number, `[T]` or `[T, *batch]`);
+        a `post_<x>` input a number or `[T, B, n_post]` (given as `[T, *batch, n_post]`)."""
         mods = self.modulators
         for k in given:
             if k not in mods:
@@ -301,6 +308,8 @@ class Rule(nn.Module):
         out: dict[str, Any] = {}
         batch = tuple(batch if batch is not None else ())
         for k in mods:
+            if k not in given and k in later:  # (given step by step: a layer's online loop)
+                continue
             if k not in given:
                 raise self._error(f"rule `{self.name}` reads the modulator `{k}` at every step; none was given",
                                   f"pass it: {k}=tensor of shape [T] (one value a step) or [T, *batch]")
@@ -309,6 +318,13 @@ class Rule(nn.Module):
                 raise self._error(f"modulator `{k}` must be a number or a tensor, not {type(v).__name__}")
             if not isinstance(v, torch.Tensor) or v.dim() == 0:
                 out[k] = float(v) if not isinstance(v, torch.Tensor) else v.to(like.dtype)
+                continue
+            if k in self.post_inputs:
+                if n_post is None or tuple(v.shape) != (T, *batch, n_post):
+                    raise self._error(f"`{k}` has shape {list(v.shape)}; it is a value per postsynaptic neuron: "
+                                      f"[T, *batch, n_post] = {[T, *batch, n_post] if n_post else '[T, *batch, n_post]'}",
+                                      "e.g. the postsynaptic neurons' membrane potential at every step")
+                out[k] = v.to(like.dtype).reshape(T, B, n_post)
                 continue
             if tuple(v.shape) == (T,):
                 out[k] = v.to(like.dtype).reshape(T, 1, 1).expand(T, B, 1)
@@ -545,7 +561,9 @@ class _ProductSteps:
                        for s in self.names}
         env["post"] = post_t
         for k, v in mods_t.items():
-            env[k] = v.reshape(B, 1) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                v = v.reshape(B, n_post) if k in rule.post_inputs else v.reshape(B, 1)
+            env[k] = v
         env.update(self.st)
         new = rule._call("side_post", env) if self.names else {}
         for s in self.names:
@@ -589,6 +607,7 @@ class _Stepper:
         self.args = meta["args"]["step"]
         self.rets = meta["returns"]["step"]
         self.lo, self.hi = rule.bounds()
+        self.post = set(rule.post_inputs)
 
     def step(self, pre_t: torch.Tensor, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]
              ) -> torch.Tensor:
@@ -597,7 +616,9 @@ class _Stepper:
         env["pre"] = pre_t.reshape(B, 1, n_pre)
         env["post"] = post_t.reshape(B, n_post, 1)
         for k, v in mods_t.items():
-            env[k] = v.reshape(B, 1, 1) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                v = v.reshape(B, n_post, 1) if k in self.post else v.reshape(B, 1, 1)
+            env[k] = v
         env.update(self.st)
         env[self.wname] = w
         r = dict(zip(self.rets, self.fn(*[env[a] for a in self.args])))
