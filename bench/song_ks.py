@@ -62,8 +62,8 @@ def flexdsl_run(spikes, w0, check_at):
             x = torch.tensor(spikes[a:a + chunk], dtype=torch.float64)[:, None, :]
             outs.append(m(x)[:, 0, 0].numpy())
             if a + chunk == check_at:
-                w_check = m.W[0].numpy().copy()
-    return np.nonzero(np.concatenate(outs))[0], w_check, m.W[0].numpy().copy()
+                w_check = m.W[0].detach().numpy().copy()
+    return np.nonzero(np.concatenate(outs))[0], w_check, m.W[0].detach().numpy().copy()
 
 
 def main():
