@@ -52,10 +52,7 @@ def resolve_rule(model: str | Path) -> tuple[str, str]:
         return model, "<string>"
     path = Path(model)
     if _is_file(path):
-        try:
-            return path.read_text(encoding="utf-8"), str(model)
-        except (OSError, UnicodeDecodeError) as e:
-            raise FlexDSLError(f"cannot read `{model}`: {e}", str(model)) from None
+        return _read(path, model)
     parts = path.parts
     if len(parts) == 2 and parts[0] == "neurons":
         parts = parts[1:]
@@ -66,6 +63,14 @@ def resolve_rule(model: str | Path) -> tuple[str, str]:
         return lp.read_text(encoding="utf-8"), str(lp)
     raise FlexDSLError(f"no rule file `{model}` and no library rule of that name", str(model),
                        hint=did_you_mean(name or str(model), rules()) or f"library rules: {', '.join(rules())}")
+
+
+def _read(path: Path, model: str | Path) -> tuple[str, str]:
+    """(text, filename) of a file that exists; a file that cannot be read is a FlexDSLError."""
+    try:
+        return path.read_text(encoding="utf-8"), str(model)
+    except (OSError, UnicodeDecodeError) as e:
+        raise FlexDSLError(f"cannot read `{model}`: {e}", str(model)) from None
 
 
 def looks_like_source(arg: str) -> bool:
@@ -140,10 +145,7 @@ def resolve(model: str | Path) -> tuple[str, str]:
             return model, "<string>"
         path = Path(model)
     if _is_file(path):
-        try:
-            return path.read_text(encoding="utf-8"), str(model)
-        except (OSError, UnicodeDecodeError) as e:
-            raise FlexDSLError(f"cannot read `{model}`: {e}", str(model)) from None
+        return _read(path, model)
     stem = str(model)
     p = Path(stem)
     if stem.endswith(".layer") and len(p.parts) <= 2 and p.parts[0] in (p.name, "neurons") \

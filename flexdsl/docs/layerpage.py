@@ -142,9 +142,6 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
     """(Markdown, HTML, one-line summary) of the layer's page; with `module` (the layer's module,
     e.g. trained) the histogram of each delayed synapse group's delays as they are in it (PNGs in
     `outdir` named after `stem`, or embedded without `outdir`)."""
-    from .guides import GUIDES, to_html
-    from .htmlpage import environment, version
-
     a = layer.ast
     formula = _Formulas()
     summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else
@@ -160,15 +157,26 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
               "## Use", "", "```python", "import flexdsl", "",
               f"m = flexdsl.load({label!r})" if label.endswith(".layer") else "m = flexdsl.loads(text)",
               "```", ""]
+    md, page = guide_pages(lines, formula, f"{layer.name} ({kind})", label, index_link, reference)
+    return md, page, summary
+
+
+def guide_pages(lines: list[str], formula: _Formulas, title: str, label: str, index_link: str | None,
+                reference: str | None) -> tuple[str, str]:
+    """(Markdown, HTML) of a page that is not a neuron model's (a layer's, a rule's): its Markdown lines
+    with the formulas' MathML in the HTML, the site's navigation on both."""
+    from .guides import GUIDES, to_html
+    from .htmlpage import environment, version
+
     md = "\n".join(lines)
     body = to_html(md, math=formula.math, guides=dict(GUIDES))
     page = environment().get_template("guide.html.j2").render(
-        title=f"{layer.name} ({kind})", body=body, version=version(), index_link=index_link,
+        title=title, body=body, version=version(), index_link=index_link,
         guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [], source=label,
         ships=False)
     nav = ([f"[← all models]({Path(index_link).with_suffix('.md').name})"] if index_link else []) + \
         (["[the language reference](language.md)"] if reference else [])
-    return (" · ".join(nav) + "\n\n" + md if nav else md), page, summary
+    return (" · ".join(nav) + "\n\n" + md if nav else md), page
 
 
 def _histograms(layer: CheckedLayer, module: Any, outdir: str | Path | None, stem: str) -> list[str]:
@@ -199,4 +207,4 @@ def _histograms(layer: CheckedLayer, module: Any, outdir: str | Path | None, ste
     return (["## Delays", "", "The delays of this module, by step:", "", *out] if out else [])
 
 
-__all__ = ["layer_page"]
+__all__ = ["guide_pages", "layer_page"]

@@ -112,7 +112,12 @@ def stdp_window(rule: Any, lags: int = LAGS, w: float | None = None) -> tuple[to
     pre[t_post - lag, 0, torch.arange(n)] = 1.0
     post[t_post, 0, 0] = 1.0
     rule.reset()
-    mods = {k: torch.ones(T, dtype=torch.float64) for k in rule.modulators}
+    mods = {k: torch.ones(T, dtype=torch.float64) for k in rule.modulators if k not in rule.post_inputs}
+    for k in rule.post_inputs:  # (a membrane at rest, depolarized by 60 for the spike's step and the next)
+        rest = float(rule.param_values().get("u_rest", 0.0))
+        v = torch.full((T, 1, 1), rest, dtype=torch.float64)
+        v[t_post:t_post + 2] = rest + 60.0
+        mods[k] = v
     with torch.no_grad():
         dw = rule.window(pre, post, torch.full((1, n), float(w), dtype=torch.float64), **mods)[0]
     rule.reset()
@@ -147,8 +152,9 @@ def _figure(rule: Any):
         unit = _time_unit(rule)
         ax.set_xlabel("t_post - t_pre" + (f" ({unit})" if unit else " (steps)"))
         ax.set_ylabel("weight change")
-        mods = " (modulators 1)" if rule.modulators else ""
-        ax.set_title(f"{rule.name}: the STDP window, one pair{mods}", fontsize=9)
+        mods = " (modulators 1)" if set(rule.modulators) - set(rule.post_inputs) else ""
+        mods += " (post_ inputs +60 at the spike)" if rule.post_inputs else ""
+        ax.set_title(f"{rule.name}: the STDP window, one pair{mods}", fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -207,9 +213,7 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
               outdir: str | Path | None = None, stem: str | None = None) -> tuple[str, str, str]:
     """(Markdown, HTML, one-line summary) of a rule's page; its figure a PNG in `outdir` (named after
     `stem`), or embedded without `outdir`."""
-    from .guides import GUIDES, to_html
-    from .htmlpage import environment, version
-    from .layerpage import _Formulas
+    from .layerpage import _Formulas, guide_pages
     from .plots import save
 
     ck = rule.ir.rule
@@ -239,15 +243,8 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
              "W = rule.online(pre, post, W)           # every step's change applied (Brian2)",
              f"m = flexdsl.feedforward(\"lif\", 700, 256, rule={Path(label).stem!r}, plasticity=\"online\")",
              "```", ""]
-    md = "\n".join(lines)
-    body = to_html(md, math=formula.math, guides=dict(GUIDES))
-    page = environment().get_template("guide.html.j2").render(
-        title=f"{ck.name} (plasticity rule)", body=body, version=version(), index_link=index_link,
-        guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [], source=label,
-        ships=False)
-    nav = ([f"[← all models]({Path(index_link).with_suffix('.md').name})"] if index_link else []) + \
-        (["[the language reference](language.md)"] if reference else [])
-    return (" · ".join(nav) + "\n\n" + md if nav else md), page, summary
+    md, page = guide_pages(lines, formula, f"{ck.name} (plasticity rule)", label, index_link, reference)
+    return md, page, summary
 
 
 __all__ = ["rule_page", "stdp_window"]

@@ -307,17 +307,23 @@ class Synapses:
 LayerItem = LayerNeuron | LayerSize | LayerInput | Synapses
 
 
+class _Items:
+    """A file's top block: its items by kind."""
+
+    items: list
+
+    def of(self, kind: type) -> list:
+        return [it for it in self.items if isinstance(it, kind)]
+
+
 @dataclass
-class Layer:
+class Layer(_Items):
     name: str
     items: list[LayerItem]
     pos: Pos
     filename: str
     source: str
     doc: str = ""
-
-    def of(self, kind: type) -> list:
-        return [it for it in self.items if isinstance(it, kind)]
 
 
 # ---------------------------------------------------------------- plasticity rules
@@ -335,7 +341,7 @@ RuleItem = Input | Param | State | Output | Update | Equations | SynapseEvent | 
 
 
 @dataclass
-class Rule:
+class Rule(_Items):
     """A plasticity rule (a `.rule` file): states and updates of one synapse group's weights."""
 
     name: str
@@ -344,9 +350,6 @@ class Rule:
     filename: str
     source: str
     doc: str = ""
-
-    def of(self, kind: type) -> list:
-        return [it for it in self.items if isinstance(it, kind)]
 
 
 # ---------------------------------------------------------------- traversal

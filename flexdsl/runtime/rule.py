@@ -269,7 +269,7 @@ class Rule(nn.Module):
         shape = pre.shape
         pre2 = pre.reshape(shape[0], -1, shape[-1])
         mods = self._modulators(modulators, shape[0], pre2.shape[1], pre2)
-        _, _, out = self._run_pre(pre2, mods, keep_traj=False)
+        _, _, out = self._run_side("pre", pre2, mods, keep_traj=False)
         assert out is not None
         return out.reshape(shape)
 
@@ -359,52 +359,40 @@ class Rule(nn.Module):
                     torch.tensor(v, dtype=like.dtype, device=like.device))
                 for k, v in self.param_values().items()}
 
-    def _run_pre(self, pre: torch.Tensor, mods: Mapping[str, Any], keep_traj: bool):
-        """The presynaptic states over the window `[T, B, n_pre]` (before and after each step), and the
-        rule's output."""
-        T, B, n = pre.shape
-        names = [s for s, side in self.sides.items() if side == "pre"]
-        st = {s: self._state(s, (B, n), pre) for s in names}
+    def _run_side(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any], keep_traj: bool = True):
+        """A side's states over the call, one step at a time (`side_pre` / `side_post`): the states before
+        and after each step (`keep_traj`), and the rule's output (the presynaptic side's)."""
+        T, B, n = seq.shape
+        names = [s for s, where in self.sides.items() if where == side or (side == "post" and where == "global")]
+        st = {s: self._state(s, (B, 1) if self.sides[s] == "global" else (B, n), seq) for s in names}
         before: dict[str, list] = {s: [] for s in names}
         after: dict[str, list] = {s: [] for s in names}
         outs = []
-        env = self._env(pre)
+        env = self._env(seq)
         for t in range(T):
-            env["pre"] = pre[t]
+            env[side] = seq[t]
             for k, v in mods.items():
                 env[k] = v[t] if isinstance(v, torch.Tensor) and v.dim() == 3 else v
             env.update(st)
-            r = self._call("side_pre", env)
+            r = self._call(f"side_{side}", env)
             for s in names:
                 if keep_traj:
                     before[s].append(st[s])
                     after[s].append(r[s])
                 st[s] = r[s]
             if "output" in r:
-                outs.append(torch.broadcast_to(r["output"], pre[t].shape))
+                outs.append(torch.broadcast_to(r["output"], seq[t].shape))
         self._states.update(st)
-        out = torch.stack(outs) if outs else None
-        return before, after, out
+        return before, after, (torch.stack(outs) if outs else None)
 
-    def _run_post(self, post: torch.Tensor, mods: Mapping[str, Any]):
-        T, B, n = post.shape
-        names = [s for s, side in self.sides.items() if side in ("post", "global")]
-        st = {s: self._state(s, (B, n) if self.sides[s] == "post" else (B, 1), post) for s in names}
-        before: dict[str, list] = {s: [] for s in names}
-        after: dict[str, list] = {s: [] for s in names}
-        env = self._env(post)
-        for t in range(T):
-            env["post"] = post[t]
-            for k, v in mods.items():
-                env[k] = v[t] if isinstance(v, torch.Tensor) and v.dim() == 3 else v
-            env.update(st)
-            r = self._call("side_post", env)
-            for s in names:
-                before[s].append(st[s])
-                after[s].append(r[s])
-                st[s] = r[s]
-        self._states.update(st)
-        return before, after
+    def _side_states(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any]
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """A side's states before and after each step of the call, `[T, B, n]`: its linear traces by one
+        kernel or product, any other side by the step-by-step loop."""
+        if side in self._gen[1]["linear"]:
+            return self._run_linear(side, seq, mods)
+        bl, al, _ = self._run_side(side, seq, mods)
+        return ({k: torch.stack(v) for k, v in bl.items() if v}, {k: torch.stack(v) for k, v in al.items() if v})
 
     def _run_linear(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any]):
         """A side's states over the window when each is a linear trace, `x_t = a x_{t-1} + u_t`
@@ -439,17 +427,8 @@ class Rule(nn.Module):
 
         T, B, n_pre = pre.shape
         n_post = post.shape[-1]
-        linear = self._gen[1]["linear"]
-        if "pre" in linear:
-            pb, pa = self._run_linear("pre", pre, mods)
-        else:
-            pbl, pal, _ = self._run_pre(pre, mods, keep_traj=True)
-            pb, pa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (pbl, pal))
-        if "post" in linear:
-            qb, qa = self._run_linear("post", post, mods)
-        else:
-            qbl, qal = self._run_post(post, mods)
-            qb, qa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (qbl, qal))
+        pb, pa = self._side_states("pre", pre, mods)
+        qb, qa = self._side_states("post", post, mods)
         env_b: dict[str, Any] = {**self._env(pre), "pre": pre}
         env_a: dict[str, Any] = {**self._env(pre), "post": post, **mods}
         for s in pa:
@@ -532,12 +511,7 @@ class _ProductSteps:
 
         self.rule = rule
         T, B, n_pre = pre.shape
-        linear = rule._gen[1]["linear"]
-        if "pre" in linear:
-            pb, pa = rule._run_linear("pre", pre, mods)
-        else:
-            pbl, pal, _ = rule._run_pre(pre, mods, keep_traj=True)
-            pb, pa = ({k: torch.stack(v) for k, v in d.items() if v} for d in (pbl, pal))
+        pb, pa = rule._side_states("pre", pre, mods)
         env_b: dict[str, Any] = {**rule._env(pre), "pre": pre}
         for s in pa:
             env_b[s], env_b[NEXT + s] = pb.get(s), pa[s]
