@@ -818,3 +818,17 @@ def test_clopath_equals_the_papers_equations_and_reads_the_neurons_voltage():
             .replace("spike when v >", "spike when mem >").replace("        v = v_reset", "        mem = v_reset"))
     with pytest.raises(FlexDSLError, match="has no state or output `v`"):
         flexdsl.feedforward(no_v, n_pre, n_post, rule="clopath")
+
+
+@pytest.mark.parametrize("name, words", [("lambda", "Python keyword"), ("_t0", "starts with `_`"),
+                                         ("__import__", "starts with `_`")])
+def test_rule_names_are_checked_like_a_neurons(name, words):
+    """A rule's names become generated code's names: the neuron's rules apply (no `_` names, no keywords);
+    names that the printer renames (a param called `torch`) still run."""
+    text = f"rule R:\n    param {name} = 1.0\n    state x = 0\n    update:\n        x = x * 0.5 + pre\n" \
+           f"        w += {name} * x * post\n"
+    e = _rule_error(text)
+    assert words in str(e) and e.line == 2
+    ok = flexdsl.load_rule(text.replace(name, "torch"))
+    assert torch.equal(ok.window(torch.ones(2, 1, 2), torch.ones(2, 1, 1), torch.ones(1, 2)),
+                       torch.full((1, 2), 2.5))

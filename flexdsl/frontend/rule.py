@@ -24,6 +24,8 @@ from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
 from .check import check
 from .model import CheckedModel
+from .parse import _check_depth as check_depth
+from .parse import _check_identifiers as check_identifiers
 
 SPIKES = ("pre", "post")  # the rule's inputs that are always there: the synapse's two sides' spikes
 EVENTS = SPIKES
@@ -113,7 +115,10 @@ def check_rule(rule: A.Rule, definitions: Any = None) -> CheckedRule:
         for st in upd.statements:
             if st.held:
                 raise _err(rule, "`unless refractory` is a neuron's; a rule has no refractory period", st.pos)
-    model = check(neuron_of(rule, wname), definitions)
+    neuron = neuron_of(rule, wname)
+    check_identifiers(neuron)  # (no `_` names, keywords or reserved words: generated code's names)
+    check_depth(neuron)
+    model = check(neuron, definitions)
     if weights and weights[0].where is not None:
         _check_bounds(rule, weights[0], model)
     modulators = tuple(i.name for i in model.inputs if i.name not in SPIKES)

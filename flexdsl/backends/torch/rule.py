@@ -36,7 +36,8 @@ def _function(name: str, doc: str, exprs: list[tuple[str, sp.Expr]], order: list
     missing = names - set(order)
     assert not missing, missing
     repl, reduced = sp.cse([e for _, e in exprs], symbols=sp.numbered_symbols("_t"), optimizations="basic")
-    lines = [f"def {name}({', '.join(args)}):", f"    # {doc}"]
+    printed = {s.name: pr._print(s) for s in used}  # (a name the printer renames: `torch` -> `_u__torch`)
+    lines = [f"def {name}({', '.join(printed[a] for a in args)}):", f"    # {doc}"]
     lines += lhs_rhs_lines(pr, repl)
     lines.append("    return (" + "".join(pr._print(e) + ", " for e in reduced) + ")")
     return [*lines, "", ""], args
