@@ -832,3 +832,10 @@ def test_rule_names_are_checked_like_a_neurons(name, words):
     ok = flexdsl.load_rule(text.replace(name, "torch"))
     assert torch.equal(ok.window(torch.ones(2, 1, 2), torch.ones(2, 1, 1), torch.ones(1, 2)),
                        torch.full((1, 2), 2.5))
+
+
+def test_an_output_that_reads_the_postsynaptic_side_is_refused():
+    text = ("rule R:\n    state u = 0\n    update:\n        u = u * 0.5 + pre\n        let r = u * pre * post\n"
+            "    output r\n")
+    e = _rule_error(text)
+    assert "not a presynaptic value" in str(e) and e.line == 6

@@ -94,6 +94,13 @@ class Rule(nn.Module):
             p = ir.checked.params[0]
             raise ir.rule.error("this rule's equations couple states (a matrix exponential): a rule's traces are "
                                 "integrated one by one", p.pos, "write each trace's ODE on its own")
+        bad = [n for n in meta["output_reads"] if n == "post" or n.startswith("post_")
+               or meta["sides"].get(n, "pre") not in ("pre", "global")]
+        if bad:
+            out = ir.rule.ast.of(A.Output)[0]
+            raise ir.rule.error(f"the rule's output `{ir.rule.output}` reads `{bad[0]}`, which is not a presynaptic "
+                                "value: what a synapse carries is computed before its postsynaptic neuron steps",
+                                out.pos, "compute the output from `pre` and presynaptic states only")
         values = resolve_params(ir, dict(params or {}))
         self.__dict__["_fixed"] = {}
         train = _learnable(ir, learnable)

@@ -105,7 +105,9 @@ def emit_rule(ir: Any) -> tuple[str, dict[str, Any]]:
             "output": out is not None,
             "changes_weight": plan.next[rule.weight] != step.states[states.index(rule.weight)],
             "terms_text": [[str(x) for x in t] for t in (plan.terms or [])],
-            "gradientless": gradientless(step), "linear": linear}
+            "gradientless": gradientless(step), "linear": linear,
+            "output_reads": sorted({x.name for x in plan.output.free_symbols} - {p.name for p in step.params})
+            if plan.output is not None else []}
     return "\n".join(lines).rstrip() + "\n", meta
 
 
