@@ -42,6 +42,7 @@ from .compiler import Compiled
 from .params import resolve_params
 
 MODES = ("window", "online")
+_MAX_PER_SYNAPSE = 2**31  # values a per-synapse step may hold (batch x n_post x n_pre x states)
 
 
 class RuleIR(Compiled):
@@ -297,9 +298,12 @@ class Rule(nn.Module):
         if pre.shape[-1] != w.shape[1] or post.shape[-1] != w.shape[0]:
             raise self._error(f"{what}(): a weight of shape {list(w.shape)} connects {w.shape[1]} presynaptic to "
                               f"{w.shape[0]} postsynaptic neurons; got pre {list(pre.shape)}, post {list(post.shape)}")
+        if pre.device != w.device or post.device != w.device:
+            raise self._error(f"{what}(): `pre`, `post` and the weight must be on one device, not {pre.device}, "
+                              f"{post.device} and {w.device}")
         T = pre.shape[0]
-        pre2 = pre.reshape(T, -1, pre.shape[-1])
-        post2 = post.reshape(T, -1, post.shape[-1])
+        pre2 = pre.reshape(T, -1, pre.shape[-1]).to(w.dtype)
+        post2 = post.reshape(T, -1, post.shape[-1]).to(w.dtype)
         return pre2, post2, self._modulators(modulators, T, pre2.shape[1], pre, pre.shape[1:-1], post.shape[-1])
 
     def _modulators(self, given: Mapping[str, Any], T: int, B: int, like: torch.Tensor,
@@ -581,6 +585,13 @@ class _Stepper:
         sides = rule.sides
         self.sides = sides
         self.names = [s for s in rule._gen[1]["states"] if s != self.wname]
+        per_synapse = 1 + sum(sides[s] == "synapse" for s in self.names)
+        if B * n_pre * n_post * per_synapse > _MAX_PER_SYNAPSE:
+            gib = B * n_pre * n_post * per_synapse * like.element_size() / 2**30
+            raise rule._error(f"rule `{rule.name}` runs per synapse and sample here: {per_synapse} value(s) of "
+                              f"[batch {B}, {n_post}, {n_pre}], {gib:.1f} GiB a step",
+                              "a smaller batch or layer (a rule whose change factors into presynaptic and "
+                              "postsynaptic parts runs as products instead)")
         self.st = {s: rule._state(s, self.kept[sides[s]], like).reshape(self.shape[sides[s]]) for s in self.names}
         self.env = rule._env(like)
         mod, meta = rule._gen
