@@ -219,7 +219,8 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
     ck = rule.ir.rule
     a = ck.ast
     formula = _Formulas()
-    summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else f"plasticity rule {ck.name}")
+    summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ").replace("`", "") if a.doc.strip() else
+               f"plasticity rule {ck.name}")  # (the index shows it as text)
     fig = _figure(rule)
     if outdir is not None:
         name = f"{stem or ck.name}.window.png"

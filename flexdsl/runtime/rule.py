@@ -42,7 +42,6 @@ from .compiler import Compiled
 from .params import resolve_params
 
 MODES = ("window", "online")
-_MAX_PER_SYNAPSE = 2**31  # values a per-synapse step may hold (batch x n_post x n_pre x states)
 
 
 class RuleIR(Compiled):
@@ -499,134 +498,22 @@ class Rule(nn.Module):
         stepper.keep()
         return cur if online else dw
 
-    def product_stepper(self, pre: torch.Tensor, mods: Mapping[str, Any]) -> _ProductSteps:
+    def product_stepper(self, pre: torch.Tensor, mods: Mapping[str, Any]) -> Any:
         """Online steps of a rule whose change factors, for a caller that gets the postsynaptic spikes
         one step at a time (a layer's online loop): the presynaptic side of the whole call at once,
         then per step the postsynaptic states and one product per term (a rank-B update)."""
-        return _ProductSteps(self, pre, mods)
+        from .rulesteps import ProductSteps
 
-    def stepper(self, B: int, n_pre: int, n_post: int, like: torch.Tensor) -> _Stepper:
+        return ProductSteps(self, pre, mods)
+
+    def stepper(self, B: int, n_pre: int, n_post: int, like: torch.Tensor) -> Any:
         """The rule's whole step for a caller that runs the steps itself (a layer's online loop):
         `s.step(pre_t [B, n_pre], post_t [B, n_post], w, modulators_t)` is the weight's change of the
         step summed over the batch (the states advance), `s.bound(w)` the bounds, `s.keep()` keeps the
         states in the rule."""
-        return _Stepper(self, B, n_pre, n_post, like)
+        from .rulesteps import Stepper
 
-
-class _ProductSteps:
-    """See `Rule.product_stepper`: `s.step(post_t [B, n_post], w, modulators_t)` is the weight after the
-    step (bounded), `s.keep()` keeps the states in the rule."""
-
-    def __init__(self, rule: Rule, pre: torch.Tensor, mods: Mapping[str, Any]) -> None:
-        from ..ir.rule import NEXT
-
-        self.rule = rule
-        T, B, n_pre = pre.shape
-        pb, pa = rule._side_states("pre", pre, mods)
-        env_b: dict[str, Any] = {**rule._env(pre), "pre": pre}
-        for s in pa:
-            env_b[s], env_b[NEXT + s] = pb.get(s), pa[s]
-        b = rule._call("terms_b", env_b)
-        k = rule._gen[1]["terms"]
-        self.b = [torch.broadcast_to(torch.as_tensor(b[f"b{i}"], dtype=pre.dtype, device=pre.device), (T, B, n_pre))
-                  for i in range(k)]
-        self.k, self.B, self.t = k, B, 0
-        self.NEXT = NEXT
-        self.names = [s for s, side in rule.sides.items() if side in ("post", "global")]
-        self.env = rule._env(pre)
-        self.st: dict[str, torch.Tensor] | None = None
-        self.lo, self.hi = rule.bounds()
-        self.params = rule._env(pre)
-
-    def step(self, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]) -> torch.Tensor:
-        rule, env, B = self.rule, self.env, self.B
-        n_post = post_t.shape[-1]
-        if self.st is None:
-            self.st = {s: rule._state(s, (B, n_post) if rule.sides[s] == "post" else (B, 1), post_t)
-                       for s in self.names}
-        env["post"] = post_t
-        for k, v in mods_t.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                v = v.reshape(B, n_post) if k in rule.post_inputs else v.reshape(B, 1)
-            env[k] = v
-        env.update(self.st)
-        new = rule._call("side_post", env) if self.names else {}
-        for s in self.names:
-            env[self.NEXT + s] = new[s]
-        a = rule._call("terms_a", env)
-        c = rule._call("terms_c", {**self.params, rule.weight_name: w})
-        t = self.t
-        dw = None
-        for i in range(self.k):
-            ai = torch.broadcast_to(torch.as_tensor(a[f"a{i}"], dtype=w.dtype, device=w.device), (B, n_post))
-            term = c[f"c{i}"] * (ai.T @ self.b[i][t])
-            dw = term if dw is None else dw + term
-        self.st = {s: new[s] for s in self.names}
-        self.t += 1
-        w = w if dw is None else w + dw
-        return w if self.lo is None and self.hi is None else w.clamp(self.lo, self.hi)
-
-    def keep(self) -> None:
-        if self.st is not None:
-            self.rule._states.update(self.st)
-
-
-class _Stepper:
-    """One call's steps of a rule, per synapse and sample (see `Rule.stepper`): the params, the bounds and
-    the states held for the call (a step is one generated function and the batch's sum)."""
-
-    def __init__(self, rule: Rule, B: int, n_pre: int, n_post: int, like: torch.Tensor) -> None:
-        self.rule = rule
-        self.B, self.n_pre, self.n_post = B, n_pre, n_post
-        self.shape = {"pre": (B, 1, n_pre), "post": (B, n_post, 1), "global": (B, 1, 1),
-                      "synapse": (B, n_post, n_pre)}
-        self.kept = {"pre": (B, n_pre), "post": (B, n_post), "global": (B, 1), "synapse": (B, n_post, n_pre)}
-        self.wname = rule.weight_name
-        sides = rule.sides
-        self.sides = sides
-        self.names = [s for s in rule._gen[1]["states"] if s != self.wname]
-        per_synapse = 1 + sum(sides[s] == "synapse" for s in self.names)
-        if B * n_pre * n_post * per_synapse > _MAX_PER_SYNAPSE:
-            gib = B * n_pre * n_post * per_synapse * like.element_size() / 2**30
-            raise rule._error(f"rule `{rule.name}` runs per synapse and sample here: {per_synapse} value(s) of "
-                              f"[batch {B}, {n_post}, {n_pre}], {gib:.1f} GiB a step",
-                              "a smaller batch or layer (a rule whose change factors into presynaptic and "
-                              "postsynaptic parts runs as products instead)")
-        self.st = {s: rule._state(s, self.kept[sides[s]], like).reshape(self.shape[sides[s]]) for s in self.names}
-        self.env = rule._env(like)
-        mod, meta = rule._gen
-        self.fn = mod.step
-        self.args = meta["args"]["step"]
-        self.rets = meta["returns"]["step"]
-        self.lo, self.hi = rule.bounds()
-        self.post = set(rule.post_inputs)
-
-    def step(self, pre_t: torch.Tensor, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]
-             ) -> torch.Tensor:
-        B, n_pre, n_post = self.B, self.n_pre, self.n_post
-        env = self.env
-        env["pre"] = pre_t.reshape(B, 1, n_pre)
-        env["post"] = post_t.reshape(B, n_post, 1)
-        for k, v in mods_t.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                v = v.reshape(B, n_post, 1) if k in self.post else v.reshape(B, 1, 1)
-            env[k] = v
-        env.update(self.st)
-        env[self.wname] = w
-        r = dict(zip(self.rets, self.fn(*[env[a] for a in self.args])))
-        for s in self.names:
-            self.st[s] = torch.broadcast_to(r[s], self.shape[self.sides[s]])
-        new = r[self.wname]
-        if not isinstance(new, torch.Tensor) or new.dim() < 3:
-            return torch.broadcast_to(torch.as_tensor(new, dtype=w.dtype, device=w.device), w.shape) * B - B * w
-        return (new - w).sum(0)
-
-    def bound(self, w: torch.Tensor) -> torch.Tensor:
-        return w if self.lo is None and self.hi is None else w.clamp(self.lo, self.hi)
-
-    def keep(self) -> None:
-        self.rule._states.update({s: (v.reshape(self.B, -1) if self.sides[s] in ("pre", "post", "global") else v)
-                                  for s, v in self.st.items()})
+        return Stepper(self, B, n_pre, n_post, like)
 
 
 def _learnable(ir: RuleIR, learnable: Any) -> set[str]:
