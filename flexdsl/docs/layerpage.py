@@ -181,10 +181,7 @@ def guide_pages(lines: list[str], formula: _Formulas, title: str, label: str, in
 
 def _histograms(layer: CheckedLayer, module: Any, outdir: str | Path | None, stem: str) -> list[str]:
     """The Markdown of the delays' histograms of a layer's module."""
-    import base64
-    import io
-
-    from .plots import delay_histogram, save
+    from .plots import delay_histogram, figure_src
 
     out: list[str] = []
     for s in layer.synapses:
@@ -194,15 +191,7 @@ def _histograms(layer: CheckedLayer, module: Any, outdir: str | Path | None, ste
         what = "learned" if s.delay_learnable else "fixed"
         width = float(getattr(module, f"{s.name}_delay_width", torch.tensor(0.0)))
         title = f"{s.name}_delay: {d.numel()} {what} delays" + (f" (width {width:g})" if s.delay_learnable else "")
-        fig = delay_histogram(d, s.delay, title)
-        if outdir is not None:
-            name = f"{stem}.{s.name}_delays.png"
-            save(fig, Path(outdir) / name)
-            src = name
-        else:
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png")
-            src = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        src = figure_src(delay_histogram(d, s.delay, title), outdir, f"{stem}.{s.name}_delays.png")
         out += [f"![the {what} delays of {s.name}]({src})", ""]
     return (["## Delays", "", "The delays of this module, by step:", "", *out] if out else [])
 

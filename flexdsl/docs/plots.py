@@ -55,6 +55,20 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def figure_src(fig: Figure, outdir: str | Path | None, name: str) -> str:
+    """Where a page finds a figure: the PNG `name` written into `outdir`, or (no `outdir`) the figure
+    embedded as a data URL."""
+    if outdir is not None:
+        save(fig, Path(outdir) / name)
+        return name
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 def delay_histogram(delays: torch.Tensor, max_delay: int, title: str) -> Figure:
     """The histogram of a synapse group's delays (whole steps 0..max, or real ones binned by step)."""
     fig, axes = _figure(5.0, 2.6)

@@ -10,8 +10,6 @@ from a simulation of the compiled rule (a short-term plasticity rule: what succe
 
 from __future__ import annotations
 
-import base64
-import io
 from pathlib import Path
 from typing import Any
 
@@ -214,22 +212,14 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
     """(Markdown, HTML, one-line summary) of a rule's page; its figure a PNG in `outdir` (named after
     `stem`), or embedded without `outdir`."""
     from .layerpage import _Formulas, guide_pages
-    from .plots import save
+    from .plots import figure_src
 
     ck = rule.ir.rule
     a = ck.ast
     formula = _Formulas()
     summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ").replace("`", "") if a.doc.strip() else
                f"plasticity rule {ck.name}")  # (the index shows it as text)
-    fig = _figure(rule)
-    if outdir is not None:
-        name = f"{stem or ck.name}.window.png"
-        save(fig, Path(outdir) / name)
-        src = name
-    else:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        src = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    src = figure_src(_figure(rule), outdir, f"{stem or ck.name}.window.png")
     what = ("The weight change from one presynaptic and one postsynaptic spike against their timing, simulated "
             "with the compiled rule (window semantics; the weight in the middle of its bounds):"
             if rule.changes_weight else "What the synapse carries at the spikes of a regular train, simulated "

@@ -226,19 +226,17 @@ class Rule(nn.Module):
                for k, v in self.param_values().items()}
         lo = hi = None
         ops = list(zip(cmp.operands, cmp.ops, cmp.operands[1:]))
+        flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
         for left, op, right in ops:
-            if isinstance(left, A.Name) and left.id == w:
-                val = float(evaluate(right, env))
-                if op in ("<", "<="):
-                    hi = val if hi is None else min(hi, val)
-                else:
-                    lo = val if lo is None else max(lo, val)
-            elif isinstance(right, A.Name) and right.id == w:
-                val = float(evaluate(left, env))
-                if op in ("<", "<="):
-                    lo = val if lo is None else max(lo, val)
-                else:
-                    hi = val if hi is None else min(hi, val)
+            if isinstance(right, A.Name) and right.id == w:  # (`LO <= w` is `w >= LO`)
+                left, op, right = right, flip[op], left
+            if not (isinstance(left, A.Name) and left.id == w):
+                continue
+            val = float(evaluate(right, env))
+            if op in ("<", "<="):
+                hi = val if hi is None else min(hi, val)
+            else:
+                lo = val if lo is None else max(lo, val)
         if lo is not None and hi is not None and lo > hi:
             raise self.ir.rule.error(f"the weight's bounds cannot hold: {w} >= {lo:g} and {w} <= {hi:g} with these "
                                      "params", cmp.pos, "give params with the lower bound below the upper one")
