@@ -23,6 +23,10 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
                                                       "multiprocessor)"),
     "FLEXDSL_PRODUCT_WARPS": (1, 16, True, "warps per program of the recurrent layers' fused input product"),
     "FLEXDSL_PRODUCT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' fused input product"),
+    "FLEXDSL_PLASTIC_BM": (16, 256, True, "postsynaptic neurons per program of the online plastic kernel"),
+    "FLEXDSL_PLASTIC_BN": (16, 512, True, "presynaptic neurons per block of the online plastic kernel"),
+    "FLEXDSL_PLASTIC_WARPS": (1, 16, True, "warps per program of the online plastic kernel"),
+    "FLEXDSL_PLASTIC_STAGES": (1, 8, False, "the pipelining depth of the online plastic kernel"),
     "FLEXDSL_CPU_BUILD_TIMEOUT": (1, 86400, False, "seconds a build of the CPU kernels may take"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -34,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_RECURRENT_FIXED": ("", "0", "1"),
     "FLEXDSL_RECURRENT_RESIDENT": ("", "0", "1"),
     "FLEXDSL_EPROP_COMPILE": ("", "0", "1"),
+    "FLEXDSL_PLASTIC_FUSED": ("", "0", "1"),
 }
 
 

@@ -31,6 +31,7 @@ from torch import nn
 from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..frontend.rule import POST
+from ..settings import env_choice
 from .bits import synapse_product as _product
 from .rule import Rule, compile_rule
 
@@ -213,6 +214,9 @@ class PlasticSynapses:
 
     def _online(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        fused = self._fused_online(xs, direct, mods)
+        if fused is not None:
+            return fused
         T = xs[0].shape[0]
         rules = [s for s in layer.synapses if s.rule is not None]
         carried = {s.name: self._carried(s, xs[s.pre_index], mods) for s in rules}
@@ -265,6 +269,79 @@ class PlasticSynapses:
         if isinstance(outs[0], torch.Tensor):
             return torch.cat(outs)
         return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
+
+    def _fused_online(self, xs: list, direct: list, mods: Mapping[str, Any]) -> Any:
+        """The online call as one Triton kernel (`backends/triton/plastic.py`) where it serves it:
+        one plastic synapse group whose rule's change factors and reads only `pre`/`post`, the Triton
+        backend's tensors (CUDA, or Triton's interpreter with backend="triton"), float32, no gradient
+        wanted, a neuron model without random draws fed only by the layer's synapses. Else None (the
+        step-by-step loop). FLEXDSL_PLASTIC_FUSED=0 turns it off."""
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        neuron = self.neuron  # type: ignore[attr-defined]
+        rules = [s for s in layer.synapses if s.rule is not None]
+        if len(rules) != 1 or direct or env_choice("FLEXDSL_PLASTIC_FUSED") == "0":
+            return None
+        s = rules[0]
+        rule = self.rules[s.name]
+        x = xs[s.pre_index]
+        c = neuron._compiled
+        ck = c.checked
+        if (not rule.changes_weight or not rule.separable or rule.modulators or rule.post_inputs or rule.has_output
+                or s.connect != "dense" or x.dtype != torch.float32 or ck.stochastic or neuron.check_finite
+                or neuron.store_state_seqs or len(ck.inputs) != 1 or "spike" not in [o for o, _ in ck.outputs]):
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):
+            return None  # (a gradient wanted: the step-by-step loop, under autograd)
+        if not _triton_serves(neuron.backend, x):
+            return None
+        from ..backends import get
+        from ..backends.triton.plastic import program
+
+        T = x.shape[0]
+        batch = x.shape[1:-1]
+        B = 1
+        for d in batch:
+            B *= d
+        n_in = x.shape[-1]
+        W = getattr(self, s.name)
+        H = W.shape[0]
+        ext = None
+        for g in layer.synapses:  # (the other groups and the biases: held over the call, one product each)
+            cur = None
+            if g is not s:
+                cur = _product(xs[g.pre_index], getattr(self, g.name), None, False)
+            if g.bias is not None:
+                bias = getattr(self, g.bias)
+                cur = bias.expand(T, *batch, H) if cur is None else cur + bias
+            if cur is not None:
+                ext = cur if ext is None else ext + cur
+        if ext is not None:
+            ext = ext.detach().to(torch.float32).reshape(T, B, H).contiguous()
+        source = [o for o, _ in ck.outputs].index("spike")
+        prog = program(c, c.key(get("triton")), rule.ir, rule.ir.cache_key("triton-plastic"), 0, source)
+        pre = x.detach().reshape(T, B, n_in).contiguous()
+        ps = rule.product_stepper(pre, rule._modulators({}, T, B, x, batch, later=rule.post_inputs))
+        b = torch.stack([t.to(torch.float32) for t in ps.b]).contiguous()
+        like = pre[0, :, :1].expand(B, H)
+        rstates = [rule._state(n, (B, H) if rule.sides[n] == "post" else (B, 1), like) for n in prog.meta["rule_states"]]
+        x0 = torch.zeros((*batch, H), dtype=x.dtype, device=x.device)
+        states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                  for v in neuron._states_for(x0, x0.shape, None, False)]
+        values = neuron._call_params(None, x0)
+        params = c.with_derived([v.expand(*batch, H).reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 1
+                                 else v for v in values])
+        env = rule._env(pre)
+        lo, hi = rule.bounds()
+        w = W.detach().to(torch.float32).contiguous().clone()
+        outs, fins, rfins = prog.forward(pre, b, ext, w, states, rstates, params,
+                                         {n: float(env[n]) for n in prog.meta["rule_params"]}, lo, hi)
+        for name, v in zip(neuron._state_names, fins):
+            neuron._states[name] = v.reshape(*batch, H)
+        ps.st = {n: (v if rule.sides[n] == "post" else v[:, :1]) for n, v in zip(prog.meta["rule_states"], rfins)}
+        ps.keep()
+        self._commit(s, rule, W.detach(), w.to(W.dtype) - W.detach(), False, bounded=True)
+        outs = [o.reshape(T, *batch, H) for o in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _stepper(self, s: CheckedSynapse, x: torch.Tensor, fast: bool, mods: Mapping[str, Any]) -> Any:
         """One step of a synapse group's rule in the online loop: `(pre_t, post_t, w, mods_t) -> w`."""
@@ -362,6 +439,20 @@ class _NeuronSteps:
         if self.states is not None:
             for name, v in zip(self.neuron._state_names, self.states):
                 self.neuron._states[name] = v
+
+
+def _triton_serves(backend: str, x: torch.Tensor) -> bool:
+    """Whether the layer's Triton kernels run on `x`: backend "triton", or "auto" on a CUDA tensor."""
+    if backend not in ("auto", "triton") or (backend == "auto" and x.device.type != "cuda"):
+        return False
+    from ..backends import get
+
+    b = get("triton")
+    if not b.available():
+        return False
+    from ..backends.triton.launch import interpret
+
+    return x.device.type == "cuda" or interpret()
 
 
 def _mods_of(rule: Rule, mods: Mapping[str, Any]) -> dict[str, Any]:

@@ -53,9 +53,11 @@ from .products import split3, split_fixed
 TEMPLATE = "recurrent.py.j2"
 
 
-def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]:
-    """The neuron's kernels module with the recurrent kernels appended, and their metadata."""
-    step, bw, sch = ir.step, ir.backward, ir.schedule
+def forward_view(ir: IR, port: int, source: int) -> tuple[str, Any, _Printed, SimpleNamespace, list, list]:
+    """What a kernel running the neuron's forward step on an in-kernel input `port` prints (the
+    recurrent scan's and the plastic layer's): the neuron's kernels module, its ABI, the printer,
+    the forward's parts (`fwd`), the params' loads and their block."""
+    step, sch = ir.step, ir.schedule
     base, abi = emit(ir)
     io_ptr = abi.name_of("out", abi.outputs[0])
     P = _Printed(TritonPrinter(io_ptr), step.origins, source_lines(step.checked.source))
@@ -70,7 +72,6 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
         param_block += [f"if {p['mode']} == 0:", f"    {p['name']} = {p['arg']}", f"elif {p['mode']} == 1:",
                         f"    {p['name']} = tl.load({p['arg']}).to(tl.float32)", "else:",
                         f"    {p['name']} = tl.load({p['arg']} + _offs, mask=_mask, other=1.0).to(tl.float32)"]
-
     lane_f = _lanes(step.assignments, set(step.inputs) | set(step.states) | {TNOW})
     fwd = SimpleNamespace(
         others=[{"name": ident(x.name), "arg": abi.name_of("in", x.name)} for x in others],
@@ -83,7 +84,19 @@ def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]
         saved_after=[{"index": i, "name": S(s)} for i, s in enumerate(sch.saved) if s not in step.states],
         body=P.lines(_fire_on_stored_values(sch.fwd_body, sch.saved, step.states)),
         next=[P.block(v, lane_f) for v in step.next_states],
+        port_name=ident(port_sym.name),
     )
+    return base, abi, P, fwd, param_loads, param_block
+
+
+def emit_recurrent(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]:
+    """The neuron's kernels module with the recurrent kernels appended, and their metadata."""
+    step, bw, sch = ir.step, ir.backward, ir.schedule
+    base, abi, P, fwd, param_loads, param_block = forward_view(ir, port, source)
+    S = P.pr._print
+    port_sym = step.inputs[port]
+    src_name = abi.outputs[source]
+    others = [x for x in step.inputs if x != port_sym]
 
     lane_b = set(bw.grad_outputs) | set(bw.grad_next_states) | set(step.inputs) | set(step.states) | {TNOW}
     lane_b = _lanes([*sch.recompute, *sch.bwd_body], lane_b | set(sch.saved))

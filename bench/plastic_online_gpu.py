@@ -1,0 +1,126 @@
+"""Online STDP in one kernel (`backends/triton/plastic.py`) on one GPU: checked against the
+step-by-step loop (the same layer with FLEXDSL_PLASTIC_FUSED=0) and both against float64, then timed
+over the kernel's tile choices, beside the same layer without a rule (same run).
+
+Run on the device: python3 bench/plastic_online_gpu.py [--n 4096] [--t 100] [--b 32] [--sweep]
+Case (bench/plasticity_gpu.py's): Linear(N -> N, no bias) into flexdsl's lif, input spikes
+Bernoulli(0.05) [T, B, N], rule stdp_sj online (W changes every step, the next step reads it),
+under no_grad; median of 10 after 2 warm-ups, synchronized."""
+import argparse
+import itertools
+import os
+import statistics
+import time
+
+import torch
+
+import flexdsl
+
+
+def bench(run):
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--t", type=int, default=100)
+    ap.add_argument("--b", type=int, default=32)
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = "cuda"
+    print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}; N={a.n} T={a.t} B={a.b}", flush=True)
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = (torch.rand(a.t, a.b, a.n, device=dev, generator=g) < 0.05).float()
+    m = flexdsl.feedforward("lif", a.n, a.n, bias=False, rule="stdp_sj", plasticity="online").to(dev)
+    with torch.no_grad():
+        m.W.mul_(4.0)  # (a layer that spikes: ~10 % at this input)
+    w0 = m.W.detach().clone()
+
+    def run(mod=m, xx=x, w=w0):
+        with torch.no_grad():
+            mod.reset()
+            mod.W.copy_(w.to(mod.W.dtype))
+            return mod(xx)
+
+    # -- the same call three ways: the kernel, the loop, the loop in float64
+    out = {}
+    for label, fused, dtype in (("kernel fp32", "1", torch.float32), ("loop fp32", "0", torch.float32),
+                                ("loop fp64", "0", torch.float64)):
+        os.environ["FLEXDSL_PLASTIC_FUSED"] = fused
+        try:
+            mm = m if dtype == torch.float32 else flexdsl.feedforward("lif", a.n, a.n, bias=False, rule="stdp_sj",
+                                                                     plasticity="online").to(dev, dtype)
+            s = run(mm, x.to(dtype))
+            out[label] = (s.double(), mm.W.detach().double().clone())
+        except Exception as e:  # noqa: BLE001
+            print(f"{label}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+    if "loop fp64" not in out:
+        out["loop fp64"] = out["loop fp32"]
+        print("(no float64 loop: both against the float32 loop)")
+    os.environ.pop("FLEXDSL_PLASTIC_FUSED")
+    ref_s, ref_w = out["loop fp64"]
+    print(f"output rate {ref_s.mean().item():.3f}", flush=True)
+    for label in ("kernel fp32", "loop fp32"):
+        s, w = out[label]
+        first = (s != ref_s).any(dim=(1, 2)).nonzero()
+        print(f"{label:12s} vs fp64: spike mismatch {(s != ref_s).double().mean().item():.2e} "
+              f"(first step {first[0].item() if len(first) else '-'}), "
+              f"W rel err {((w - ref_w).norm() / (ref_w - w0.double()).norm()).item():.2e} of the change", flush=True)
+    s, w = out["kernel fp32"]
+    s2, w2 = out["loop fp32"]
+    print(f"kernel vs loop fp32: spike mismatch {(s != s2).double().mean().item():.2e}", flush=True)
+
+    # -- timing
+    static = flexdsl.feedforward("lif", a.n, a.n, bias=False).to(dev)
+    with torch.no_grad():
+        static.W.copy_(w0)
+
+    def run_static():
+        with torch.no_grad():
+            static.reset()
+            return static(x)
+    t_static = bench(run_static)
+    rows = []
+    configs = [(None, None, None)]
+    if a.sweep:
+        configs += list(itertools.product((16, 32, 64), (32, 64, 128), (4, 8)))
+    for bm, bn, warps in configs:
+        for k, v in (("FLEXDSL_PLASTIC_BM", bm), ("FLEXDSL_PLASTIC_BN", bn), ("FLEXDSL_PLASTIC_WARPS", warps)):
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        try:
+            ms = bench(run)
+        except Exception as e:  # noqa: BLE001
+            print(f"BM={bm} BN={bn} warps={warps}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        rows.append((ms, bm, bn, warps))
+        print(f"online kernel BM={bm} BN={bn} warps={warps}: {ms:8.2f} ms  ({ms / t_static:.2f}x static)", flush=True)
+    for k in ("FLEXDSL_PLASTIC_BM", "FLEXDSL_PLASTIC_BN", "FLEXDSL_PLASTIC_WARPS"):
+        os.environ.pop(k, None)
+    os.environ["FLEXDSL_PLASTIC_FUSED"] = "0"
+    t_loop = bench(run)
+    os.environ.pop("FLEXDSL_PLASTIC_FUSED")
+    best = min(rows)
+    print("\n| case | ms | x static |\n| --- | --- | --- |")
+    print(f"| flexdsl layer, no rule | {t_static:.2f} | 1.00 |")
+    print(f"| online stdp_sj, step-by-step loop | {t_loop:.2f} | {t_loop / t_static:.2f} |")
+    print(f"| online stdp_sj, one kernel (default tiles) | {rows[0][0]:.2f} | {rows[0][0] / t_static:.2f} |")
+    print(f"| online stdp_sj, one kernel (best: BM={best[1]} BN={best[2]} warps={best[3]}) | {best[0]:.2f} | "
+          f"{best[0] / t_static:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
