@@ -92,11 +92,13 @@ def main():
             return static(x)
     t_static = bench(run_static)
     rows = []
-    configs = [(None, None, None)]
+    configs = [(None, None, None, None)]
     if a.sweep:
-        configs += list(itertools.product((16, 32, 64), (32, 64, 128), (4, 8)))
-    for bm, bn, warps in configs:
-        for k, v in (("FLEXDSL_PLASTIC_BM", bm), ("FLEXDSL_PLASTIC_BN", bn), ("FLEXDSL_PLASTIC_WARPS", warps)):
+        configs += [(*c, 'tf32x3') for c in itertools.product((16, 32), (64, 128, 256), (4, 8))]
+        configs += [(16, 128, 4, 'ieee'), (32, 128, 8, 'ieee')]
+    for bm, bn, warps, prec in configs:
+        for k, v in (("FLEXDSL_PLASTIC_BM", bm), ("FLEXDSL_PLASTIC_BN", bn), ("FLEXDSL_PLASTIC_WARPS", warps),
+                     ("FLEXDSL_PLASTIC_PRECISION", prec)):
             if v is None:
                 os.environ.pop(k, None)
             else:
@@ -104,11 +106,11 @@ def main():
         try:
             ms = bench(run)
         except Exception as e:  # noqa: BLE001
-            print(f"BM={bm} BN={bn} warps={warps}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f"BM={bm} BN={bn} warps={warps} {prec}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
-        rows.append((ms, bm, bn, warps))
-        print(f"online kernel BM={bm} BN={bn} warps={warps}: {ms:8.2f} ms  ({ms / t_static:.2f}x static)", flush=True)
-    for k in ("FLEXDSL_PLASTIC_BM", "FLEXDSL_PLASTIC_BN", "FLEXDSL_PLASTIC_WARPS"):
+        rows.append((ms, bm, bn, warps, prec))
+        print(f"online kernel BM={bm} BN={bn} warps={warps} {prec}: {ms:8.2f} ms  ({ms / t_static:.2f}x static)", flush=True)
+    for k in ("FLEXDSL_PLASTIC_BM", "FLEXDSL_PLASTIC_BN", "FLEXDSL_PLASTIC_WARPS", "FLEXDSL_PLASTIC_PRECISION"):
         os.environ.pop(k, None)
     os.environ["FLEXDSL_PLASTIC_FUSED"] = "0"
     t_loop = bench(run)
@@ -118,7 +120,7 @@ def main():
     print(f"| flexdsl layer, no rule | {t_static:.2f} | 1.00 |")
     print(f"| online stdp_sj, step-by-step loop | {t_loop:.2f} | {t_loop / t_static:.2f} |")
     print(f"| online stdp_sj, one kernel (default tiles) | {rows[0][0]:.2f} | {rows[0][0] / t_static:.2f} |")
-    print(f"| online stdp_sj, one kernel (best: BM={best[1]} BN={best[2]} warps={best[3]}) | {best[0]:.2f} | "
+    print(f"| online stdp_sj, one kernel (best: BM={best[1]} BN={best[2]} warps={best[3]} {best[4]}) | {best[0]:.2f} | "
           f"{best[0] / t_static:.2f} |")
 
 

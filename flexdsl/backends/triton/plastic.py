@@ -26,7 +26,7 @@ from typing import Any
 import sympy as sp
 import torch
 
-from ...settings import env_int
+from ...settings import env_choice, env_int
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR
@@ -117,7 +117,7 @@ class PlasticProgram:
                                   "_rst": rst, "_lo": 0.0 if lo is None else float(lo),
                                   "_hi": 0.0 if hi is None else float(hi), "_B": B, "_H": H, "_NI": NI, "_T": T,
                                   "_HOST": False, "_ROUND": False, "_EXT": ext is not None, "_LO": lo is not None,
-                                  "_HI": hi is not None, "_PREC": "ieee" if self.interpret else "tf32x3",
+                                  "_HI": hi is not None, "_PREC": "ieee" if self.interpret else (env_choice("FLEXDSL_PLASTIC_PRECISION") or "tf32x3"),
                                   "_BB": bb, "_BM": bm, "_BN": bn}
             for k, name in enumerate(self.abi.outputs):
                 kw[self.abi.name_of("out", name)] = outs[k]
