@@ -92,26 +92,27 @@ def main():
             return static(x)
     t_static = bench(run_static)
     rows = []
-    configs = [(None, None, None, None)]
+    configs = [{}]
     if a.sweep:
-        configs += [(*c, 'tf32x3') for c in itertools.product((16, 32), (64, 128, 256), (4, 8))]
-        configs += [(16, 128, 4, 'ieee'), (32, 128, 8, 'ieee')]
-    for bm, bn, warps, prec in configs:
-        for k, v in (("FLEXDSL_PLASTIC_BM", bm), ("FLEXDSL_PLASTIC_BN", bn), ("FLEXDSL_PLASTIC_WARPS", warps),
-                     ("FLEXDSL_PLASTIC_PRECISION", prec)):
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = str(v)
+        configs += [{"BM": bm, "BN": bn, "WARPS": w} for bm, bn, w in itertools.product((32, 64, 128), (32, 64), (4, 8))]
+        configs += [{"BM": 64, "SPLIT": 1}, {"BM": 128, "SPLIT": 1}, {"BM": 32, "SPLIT": 4}, {"BM": 64, "STAGES": 2},
+                    {"BM": 64, "STAGES": 4}]
+    keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
+    for cfg in configs:
+        for k in keys:
+            os.environ.pop("FLEXDSL_PLASTIC_" + k, None)
+        for k, v in cfg.items():
+            os.environ["FLEXDSL_PLASTIC_" + k] = str(v)
+        label = " ".join(f"{k}={v}" for k, v in cfg.items()) or "default"
         try:
             ms = bench(run)
         except Exception as e:  # noqa: BLE001
-            print(f"BM={bm} BN={bn} warps={warps} {prec}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f"{label}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
-        rows.append((ms, bm, bn, warps, prec))
-        print(f"online kernel BM={bm} BN={bn} warps={warps} {prec}: {ms:8.2f} ms  ({ms / t_static:.2f}x static)", flush=True)
-    for k in ("FLEXDSL_PLASTIC_BM", "FLEXDSL_PLASTIC_BN", "FLEXDSL_PLASTIC_WARPS", "FLEXDSL_PLASTIC_PRECISION"):
-        os.environ.pop(k, None)
+        rows.append((ms, label))
+        print(f"online kernel {label}: {ms:8.2f} ms  ({ms / t_static:.2f}x static)", flush=True)
+    for k in keys:
+        os.environ.pop("FLEXDSL_PLASTIC_" + k, None)
     os.environ["FLEXDSL_PLASTIC_FUSED"] = "0"
     t_loop = bench(run)
     os.environ.pop("FLEXDSL_PLASTIC_FUSED")
@@ -120,7 +121,7 @@ def main():
     print(f"| flexdsl layer, no rule | {t_static:.2f} | 1.00 |")
     print(f"| online stdp_sj, step-by-step loop | {t_loop:.2f} | {t_loop / t_static:.2f} |")
     print(f"| online stdp_sj, one kernel (default tiles) | {rows[0][0]:.2f} | {rows[0][0] / t_static:.2f} |")
-    print(f"| online stdp_sj, one kernel (best: BM={best[1]} BN={best[2]} warps={best[3]} {best[4]}) | {best[0]:.2f} | "
+    print(f"| online stdp_sj, one kernel (best: {best[1]}) | {best[0]:.2f} | "
           f"{best[0] / t_static:.2f} |")
 
 

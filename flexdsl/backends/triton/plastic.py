@@ -104,21 +104,29 @@ class PlasticProgram:
         rst = _stack(rule_states, B, H, dev)
         if T and N and NI:
             bb = max(16, 1 << (B - 1).bit_length())
-            bm = 16 if self.interpret else (32 if bb <= 32 else 16)
-            if not self.interpret:
-                sms = _sm_count(dev.index or 0)
-                while bm > 16 and -(-H // bm) < sms:  # (every multiprocessor busy)
-                    bm //= 2
-            bm = env_int("FLEXDSL_PLASTIC_BM") or bm
+            bm = env_int("FLEXDSL_PLASTIC_BM") or (16 if self.interpret else 64)
             bn = env_int("FLEXDSL_PLASTIC_BN") or (32 if self.interpret else 64)
-            warps = env_int("FLEXDSL_PLASTIC_WARPS") or 4
+            warps = env_int("FLEXDSL_PLASTIC_WARPS") or (4 if self.interpret else 8)
             stages = env_int("FLEXDSL_PLASTIC_STAGES") or 3
+            rb = -(-H // bm)
+            split = 1
+            if not self.interpret:  # (Triton's interpreter runs one program after another: no waiting)
+                sms = _sm_count(dev.index or 0)
+                split = max(1, min(sms // rb, -(-NI // (4 * bn)))) if rb <= sms // 2 else 1
+                split = env_int("FLEXDSL_PLASTIC_SPLIT") or split
+                if rb * split > sms:
+                    split = max(1, sms // rb)
+            cw = -(-(-(-NI // split)) // bn) * bn  # (each program's columns: whole blocks)
+            split = -(-NI // cw)
+            part = torch.empty((2, split, N), dtype=torch.float32, device=dev) if split > 1 else st
+            bar = torch.zeros(rb, dtype=torch.int32, device=dev)
             kw: dict[str, Any] = {"_X": x, "_Bt": b, "_ext": ext if ext is not None else x, "_W": w, "_st": st,
                                   "_rst": rst, "_lo": 0.0 if lo is None else float(lo),
                                   "_hi": 0.0 if hi is None else float(hi), "_B": B, "_H": H, "_NI": NI, "_T": T,
                                   "_HOST": False, "_ROUND": False, "_EXT": ext is not None, "_LO": lo is not None,
                                   "_HI": hi is not None, "_PREC": "ieee" if self.interpret else (env_choice("FLEXDSL_PLASTIC_PRECISION") or "tf32x3"),
-                                  "_BB": bb, "_BM": bm, "_BN": bn}
+                                  "_BB": bb, "_BM": bm, "_BN": bn, "_C": split, "_CW": cw, "_P": part,
+                                  "_bar": bar}
             for k, name in enumerate(self.abi.outputs):
                 kw[self.abi.name_of("out", name)] = outs[k]
             for name, p in zip(self.abi.params, params):
@@ -134,7 +142,7 @@ class PlasticProgram:
                 kw[h] = 0.0
             for n in self.meta["rule_params"]:
                 kw[_R + n] = float(rule_params[n])
-            self.kernel((-(-H // bm),), num_warps=warps, num_stages=stages, **kw)
+            self.kernel((rb * split,), num_warps=warps, num_stages=stages, **kw)
             LAUNCHES["plastic_fwd"] += 1
         fins = [st[i].view(B, H) for i in range(st.shape[0])]
         rfins = [rst[i].view(B, H) for i in range(rst.shape[0])]
