@@ -116,7 +116,8 @@ class PlasticProgram:
                 split = env_int("FLEXDSL_PLASTIC_SPLIT") or split
                 if rb * split > sms:
                     split = max(1, sms // rb)
-            cw = -(-(-(-NI // split)) // bn) * bn  # (each program's columns: whole blocks)
+            per = -(-NI // split)
+            cw = -(-per // bn) * bn  # (each program's columns: whole blocks)
             split = -(-NI // cw)
             part = torch.empty((2, split, N), dtype=torch.float32, device=dev) if split > 1 else st
             bar = torch.zeros(rb, dtype=torch.int32, device=dev)
