@@ -94,9 +94,11 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        configs += [{"BM": bm, "BN": bn, "WARPS": w} for bm, bn, w in itertools.product((32, 64, 128), (32, 64), (4, 8))]
-        configs += [{"BM": 64, "SPLIT": 1}, {"BM": 128, "SPLIT": 1}, {"BM": 32, "SPLIT": 4}, {"BM": 64, "STAGES": 2},
-                    {"BM": 64, "STAGES": 4}]
+        base = {"BM": 128, "BN": 32, "WARPS": 8}
+        configs += [base, {**base, "PRECISION": "tf32"}, {**base, "PRECISION": "ieee"}, {**base, "BN": 16},
+                    {**base, "WARPS": 16}, {**base, "BM": 256}, {**base, "BM": 256, "WARPS": 16},
+                    {**base, "STAGES": 1}, {**base, "STAGES": 2}, {**base, "STAGES": 4}, {**base, "SPLIT": 2},
+                    {**base, "BM": 64, "BN": 16, "WARPS": 4}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:

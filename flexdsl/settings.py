@@ -40,7 +40,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_RECURRENT_RESIDENT": ("", "0", "1"),
     "FLEXDSL_EPROP_COMPILE": ("", "0", "1"),
     "FLEXDSL_PLASTIC_FUSED": ("", "0", "1"),
-    "FLEXDSL_PLASTIC_PRECISION": ("", "tf32x3", "ieee"),
+    "FLEXDSL_PLASTIC_PRECISION": ("", "tf32x3", "ieee", "tf32"),
 }
 
 
