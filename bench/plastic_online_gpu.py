@@ -94,11 +94,8 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        base = {"BM": 128, "BN": 32, "WARPS": 8}
-        configs += [base, {**base, "PRECISION": "tf32"}, {**base, "PRECISION": "ieee"}, {**base, "BN": 16},
-                    {**base, "WARPS": 16}, {**base, "BM": 256}, {**base, "BM": 256, "WARPS": 16},
-                    {**base, "STAGES": 1}, {**base, "STAGES": 2}, {**base, "STAGES": 4}, {**base, "SPLIT": 2},
-                    {**base, "BM": 64, "BN": 16, "WARPS": 4}]
+        configs += [{"PRECISION": "tf32"}, {"BN": 16}, {"BN": 64}, {"WARPS": 4}, {"BM": 64}, {"BM": 64, "WARPS": 4},
+                    {"BM": 256}, {"BM": 256, "WARPS": 16}, {"STAGES": 2}, {"STAGES": 4}, {"SPLIT": 2}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:

@@ -57,8 +57,14 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
 
     pr = P.pr._print
     rule_next = [(pr(sp.Symbol(_R + NEXT + n, real=True)), pr(ren(plan.next[n]))) for n in names]
-    c = [pr(ren(t[0])) for t in plan.terms]
-    a = [pr(ren(t[1])) for t in plan.terms]
+    # terms with the same c(w) up to a constant share one accumulator (the constant goes into a_k)
+    groups: dict[sp.Expr, list[int]] = {}
+    a = []
+    for k, (ck, ak, _) in enumerate(plan.terms):
+        coeff, rest = sp.sympify(ck).as_coeff_Mul()
+        groups.setdefault(rest, []).append(k)
+        a.append(pr(ren(coeff * ak)))
+    group_view = [{"index": i, "c": pr(ren(rest)), "terms": ks} for i, (rest, ks) in enumerate(groups.items())]
     params = [p.name for p in step.params]
     used = {n for n in syms if n in params}
     rule_params = [n for n in params if n in used]
@@ -69,7 +75,7 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
         rule_params=[pr(sp.Symbol(_R + n, real=True)) for n in rule_params],
         rule_states=[pr(sp.Symbol(_R + n, real=True)) for n in names],
         next_names=[pr(sp.Symbol(_R + NEXT + n, real=True)) for n in names],
-        rule_next=rule_next, c=c, a=a, weight=pr(sp.Symbol(_R + rule.weight, real=True)),
+        rule_next=rule_next, groups=group_view, a=a, weight=pr(sp.Symbol(_R + rule.weight, real=True)),
         post=pr(sp.Symbol(_R + "post", real=True)), source_value=src_value)
     meta = {"abi": abi.to_dict(), "port": port, "source": source, "rule_states": names, "rule_params": rule_params,
             "hoisted_fwd": [h["arg"] for h in fwd.hoisted], "terms": len(plan.terms)}
@@ -104,8 +110,8 @@ class PlasticProgram:
         rst = _stack(rule_states, B, H, dev)
         if T and N and NI:
             bb = max(16, 1 << (B - 1).bit_length())
-            bm = env_int("FLEXDSL_PLASTIC_BM") or (16 if self.interpret else 64)
-            bn = env_int("FLEXDSL_PLASTIC_BN") or (32 if self.interpret else 64)
+            bm = env_int("FLEXDSL_PLASTIC_BM") or (16 if self.interpret else 128)
+            bn = env_int("FLEXDSL_PLASTIC_BN") or 32
             warps = env_int("FLEXDSL_PLASTIC_WARPS") or (4 if self.interpret else 8)
             stages = env_int("FLEXDSL_PLASTIC_STAGES") or 3
             rb = -(-H // bm)
