@@ -7,7 +7,6 @@ Case (bench/plasticity_gpu.py's): Linear(N -> N, no bias) into flexdsl's lif, in
 Bernoulli(0.05) [T, B, N], rule stdp_sj online (W changes every step, the next step reads it),
 under no_grad; median of 10 after 2 warm-ups, synchronized."""
 import argparse
-import itertools
 import os
 import statistics
 import time
