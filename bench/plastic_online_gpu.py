@@ -93,8 +93,8 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        configs += [{"PRECISION": "tf32"}, {"BN": 16}, {"BN": 64}, {"WARPS": 4}, {"BM": 64}, {"BM": 64, "WARPS": 4},
-                    {"BM": 256}, {"BM": 256, "WARPS": 16}, {"STAGES": 2}, {"STAGES": 4}, {"SPLIT": 2}]
+        configs += [{"PRECISION": "tf32"}, {"BN": 64}, {"BM": 64, "WARPS": 4}, {"BM": 256, "WARPS": 16},
+                    {"STAGES": 4}, {"BM": 128, "BN": 32, "WARPS": 8, "STAGES": 2}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:

@@ -29,6 +29,7 @@ import torch
 from ...settings import env_choice, env_int
 from ...store import cache
 from ...store.generated import load_module
+from ...ir.functions import SpikeGE, SpikeGT
 from ..base import IR
 from .emit import _env
 from .kernel import Launcher
@@ -64,6 +65,14 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
         coeff, rest = sp.sympify(ck).as_coeff_Mul()
         groups.setdefault(rest, []).append(k)
         a.append(pr(ren(coeff * ak)))
+    # operands exact in TF32 (one product instead of a split): a_k = +-post where the neuron's
+    # output is a spike (0/1); b_k = +-pre where the call's input is (`_XEXACT`, checked per call)
+    post_sym, pre_sym = sp.Symbol("post", real=True), sp.Symbol("pre", real=True)
+    binary = isinstance(dict(ir.step.assignments).get(dict(ir.step.outputs)[ir.step.outputs[source][0]]),
+                        (SpikeGE, SpikeGT))
+    exact_a = [bool(binary and sp.sympify(t[0]).as_coeff_Mul()[0] * t[1] in (post_sym, -post_sym))
+               for t in plan.terms]
+    exact_b = ["_XEXACT" if t[2] in (pre_sym, -pre_sym) else "False" for t in plan.terms]
     group_view = [{"index": i, "c": pr(ren(rest)), "terms": ks} for i, (rest, ks) in enumerate(groups.items())]
     params = [p.name for p in step.params]
     used = {n for n in syms if n in params}
@@ -75,7 +84,7 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
         rule_params=[pr(sp.Symbol(_R + n, real=True)) for n in rule_params],
         rule_states=[pr(sp.Symbol(_R + n, real=True)) for n in names],
         next_names=[pr(sp.Symbol(_R + NEXT + n, real=True)) for n in names],
-        rule_next=rule_next, groups=group_view, a=a, weight=pr(sp.Symbol(_R + rule.weight, real=True)),
+        rule_next=rule_next, groups=group_view, a=a, exact_a=exact_a, exact_b=exact_b, weight=pr(sp.Symbol(_R + rule.weight, real=True)),
         post=pr(sp.Symbol(_R + "post", real=True)), source_value=src_value)
     meta = {"abi": abi.to_dict(), "port": port, "source": source, "rule_states": names, "rule_params": rule_params,
             "hoisted_fwd": [h["arg"] for h in fwd.hoisted], "terms": len(plan.terms)}
@@ -131,7 +140,9 @@ class PlasticProgram:
                                   "_rst": rst, "_lo": 0.0 if lo is None else float(lo),
                                   "_hi": 0.0 if hi is None else float(hi), "_B": B, "_H": H, "_NI": NI, "_T": T,
                                   "_HOST": False, "_ROUND": False, "_EXT": ext is not None, "_LO": lo is not None,
-                                  "_HI": hi is not None, "_PREC": "ieee" if self.interpret else (env_choice("FLEXDSL_PLASTIC_PRECISION") or "tf32x3"),
+                                  "_HI": hi is not None, "_XEXACT": _tf32_exact(x),
+                                  "_PREC": "ieee" if self.interpret else (env_choice("FLEXDSL_PLASTIC_PRECISION")
+                                                                          or "tf32x3"),
                                   "_BB": bb, "_BM": bm, "_BN": bn, "_C": split, "_CW": cw, "_P": part,
                                   "_bar": bar}
             for k, name in enumerate(self.abi.outputs):
@@ -154,6 +165,11 @@ class PlasticProgram:
         fins = [st[i].view(B, H) for i in range(st.shape[0])]
         rfins = [rst[i].view(B, H) for i in range(rst.shape[0])]
         return outs, fins, rfins
+
+
+def _tf32_exact(x: torch.Tensor) -> bool:
+    """Whether every value of `x` is exact in TF32 (spikes, small integers): its low 13 mantissa bits 0."""
+    return bool(((x.view(torch.int32) & 0x1FFF) == 0).all())
 
 
 def _stack(vals: list[Any], B: int, H: int, dev: torch.device) -> torch.Tensor:
