@@ -26,10 +26,10 @@ from typing import Any
 import sympy as sp
 import torch
 
+from ...ir.functions import SpikeGE, SpikeGT
 from ...settings import env_choice, env_int
 from ...store import cache
 from ...store.generated import load_module
-from ...ir.functions import SpikeGE, SpikeGT
 from ..base import IR
 from .emit import _env
 from .kernel import Launcher
