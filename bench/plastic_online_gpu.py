@@ -93,8 +93,7 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        configs += [{"PRECISION": "tf32"}, {"BN": 64}, {"BM": 64, "WARPS": 4}, {"BM": 256, "WARPS": 16},
-                    {"STAGES": 4}, {"BM": 128, "BN": 32, "WARPS": 8, "STAGES": 2}]
+        configs += [{"PRECISION": "tf32"}, {"BN": 16}, {"WARPS": 4}, {"SPLIT": 2}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:
@@ -114,6 +113,14 @@ def main():
     os.environ["FLEXDSL_PLASTIC_FUSED"] = "0"
     t_loop = bench(run)
     os.environ.pop("FLEXDSL_PLASTIC_FUSED")
+    # where one call's time goes (default tiles)
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        run()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
     best = min(rows)
     print("\n| case | ms | x static |\n| --- | --- | --- |")
     print(f"| flexdsl layer, no rule | {t_static:.2f} | 1.00 |")
