@@ -295,7 +295,7 @@ class PlasticSynapses:
         if not _triton_serves(neuron.backend, x):
             return None
         from ..backends import get
-        from ..backends.triton.plastic import program
+        from ..backends.triton.plastic import program, tf32_exact
 
         T = x.shape[0]
         batch = x.shape[1:-1]
@@ -334,7 +334,7 @@ class PlasticSynapses:
         lo, hi = rule.bounds()
         w = W.detach().to(torch.float32).contiguous().clone()
         outs, fins, rfins = prog.forward(pre, b, ext, w, states, rstates, params,
-                                         {n: float(env[n]) for n in prog.meta["rule_params"]}, lo, hi)
+                                         {n: float(env[n]) for n in prog.meta["rule_params"]}, lo, hi, tf32_exact(x))
         for name, v in zip(neuron._state_names, fins):
             neuron._states[name] = v.reshape(*batch, H)
         ps.st = {n: (v if rule.sides[n] == "post" else v[:, :1]) for n, v in zip(prog.meta["rule_states"], rfins)}
