@@ -93,7 +93,8 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        configs += [{"PRECISION": "tf32"}, {"BN": 16}, {"WARPS": 4}, {"SPLIT": 2}]
+        configs += [{"PRECISION": "tf32"}, {"BM": 32, "SPLIT": 1, "WARPS": 4}, {"BM": 64, "SPLIT": 2, "WARPS": 4},
+                    {"BN": 64, "STAGES": 2}, {"STAGES": 4}, {"BM": 64}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:

@@ -321,7 +321,7 @@ class PlasticSynapses:
         prog = program(c, c.key(get("triton")), rule.ir, rule.ir.cache_key("triton-plastic"), 0, source)
         pre = x.detach().reshape(T, B, n_in).contiguous()
         ps = rule.product_stepper(pre, rule._modulators({}, T, B, x, batch, later=rule.post_inputs))
-        b = torch.stack([t.to(torch.float32) for t in ps.b]).contiguous()
+        b = [t if pre_k else t.to(torch.float32) for t, pre_k in zip(ps.b, prog.meta["b_is_pre"])]
         like = pre[0, :, :1].expand(B, H)
         rstates = [rule._state(n, (B, H) if rule.sides[n] == "post" else (B, 1), like) for n in prog.meta["rule_states"]]
         x0 = torch.zeros((*batch, H), dtype=x.dtype, device=x.device)
@@ -339,7 +339,9 @@ class PlasticSynapses:
             neuron._states[name] = v.reshape(*batch, H)
         ps.st = {n: (v if rule.sides[n] == "post" else v[:, :1]) for n, v in zip(prog.meta["rule_states"], rfins)}
         ps.keep()
-        self._commit(s, rule, W.detach(), w.to(W.dtype) - W.detach(), False, bounded=True)
+        self._last_dw[s.name] = w - W.detach()  # (the kernel's weights are the call's result: no re-rounding)
+        with torch.no_grad():
+            W.copy_(w)
         outs = [o.reshape(T, *batch, H) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -62,18 +62,19 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
     # terms with the same c(w) up to a constant share one accumulator (the constant goes into a_k)
     groups: dict[sp.Expr, list[int]] = {}
     a = []
-    for k, (ck, ak, _) in enumerate(plan.terms):
+    post_sym, pre_sym = sp.Symbol("post", real=True), sp.Symbol("pre", real=True)
+    terms = [(c, -a, pre_sym) if b == -pre_sym else (c, a, b) for c, a, b in plan.terms]  # (b = pre: the input)
+    for k, (ck, ak, _) in enumerate(terms):
         coeff, rest = sp.sympify(ck).as_coeff_Mul()
         groups.setdefault(rest, []).append(k)
         a.append(pr(ren(coeff * ak)))
     # operands exact in TF32 (one product instead of a split): a_k = +-post where the neuron's
     # output is a spike (0/1); b_k = +-pre where the call's input is (`_XEXACT`, checked per call)
-    post_sym, pre_sym = sp.Symbol("post", real=True), sp.Symbol("pre", real=True)
     binary = isinstance(dict(ir.step.assignments).get(dict(ir.step.outputs)[ir.step.outputs[source][0]]),
                         (SpikeGE, SpikeGT))
     exact_a = [bool(binary and sp.sympify(t[0]).as_coeff_Mul()[0] * t[1] in (post_sym, -post_sym))
-               for t in plan.terms]
-    exact_b = ["_XEXACT" if t[2] in (pre_sym, -pre_sym) else "False" for t in plan.terms]
+               for t in terms]
+    exact_b = ["_XEXACT" if t[2] == pre_sym else "False" for t in terms]
     group_view = [{"index": i, "c": pr(ren(rest)), "terms": ks} for i, (rest, ks) in enumerate(groups.items())]
     params = [p.name for p in step.params]
     used = {n for n in syms if n in params}
@@ -88,7 +89,8 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
         rule_next=rule_next, groups=group_view, a=a, exact_a=exact_a, exact_b=exact_b, weight=pr(sp.Symbol(_R + rule.weight, real=True)),
         post=pr(sp.Symbol(_R + "post", real=True)), source_value=src_value)
     meta = {"abi": abi.to_dict(), "port": port, "source": source, "rule_states": names, "rule_params": rule_params,
-            "hoisted_fwd": [h["arg"] for h in fwd.hoisted], "terms": len(plan.terms)}
+            "hoisted_fwd": [h["arg"] for h in fwd.hoisted], "terms": len(plan.terms),
+            "b_is_pre": [t[2] == pre_sym for t in terms]}
     return base + src, meta
 
 
@@ -104,11 +106,12 @@ class PlasticProgram:
         self.kernel = Launcher(module._plastic_fwd_kernel)
         self.interpret = interpret()
 
-    def forward(self, x: torch.Tensor, b: torch.Tensor, ext: torch.Tensor | None, w: torch.Tensor,
+    def forward(self, x: torch.Tensor, b: list[torch.Tensor], ext: torch.Tensor | None, w: torch.Tensor,
                 states: list[Any], rule_states: list[Any], params: list[Any], rule_params: dict[str, float],
                 lo: float | None, hi: float | None, x_exact: bool | None = None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """Run the call: `x` [T, B, NI], `b` [K, T, B, NI], `ext` [T, B, H] or None, `w` [H, NI]
+        """Run the call: `x` [T, B, NI], `b` the terms' presynaptic factors ([T, B, NI] each; those the
+        kernel reads from `x` itself, `meta["b_is_pre"]`, are not read), `ext` [T, B, H] or None, `w` [H, NI]
         float32 contiguous (changed in place); states and params as floats or tensors broadcasting to
         [B, H]; `x_exact`: whether `x` is exact in TF32 (`tf32_exact`; None: checked here). Returns (outputs [T, B, H] each, the neuron's final states, the rule's final states),
         the states [B, H]."""
@@ -138,7 +141,7 @@ class PlasticProgram:
             split = -(-NI // cw)
             part = torch.empty((2, split, N), dtype=torch.float32, device=dev) if split > 1 else st
             bar = torch.zeros(rb, dtype=torch.int32, device=dev)
-            kw: dict[str, Any] = {"_X": x, "_Bt": b, "_ext": ext if ext is not None else x, "_W": w, "_st": st,
+            kw: dict[str, Any] = {"_X": x, "_ext": ext if ext is not None else x, "_W": w, "_st": st,
                                   "_rst": rst, "_lo": 0.0 if lo is None else float(lo),
                                   "_hi": 0.0 if hi is None else float(hi), "_B": B, "_H": H, "_NI": NI, "_T": T,
                                   "_HOST": False, "_ROUND": False, "_EXT": ext is not None, "_LO": lo is not None,
@@ -147,6 +150,8 @@ class PlasticProgram:
                                                                           or "tf32x3"),
                                   "_BB": bb, "_BM": bm, "_BN": bn, "_C": split, "_CW": cw, "_P": part,
                                   "_bar": bar}
+            for k, bk in enumerate(b):
+                kw[f"_B{k}"] = x if self.meta["b_is_pre"][k] else bk.to(torch.float32).contiguous()
             for k, name in enumerate(self.abi.outputs):
                 kw[self.abi.name_of("out", name)] = outs[k]
             for name, p in zip(self.abi.params, params):
