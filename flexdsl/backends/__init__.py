@@ -155,5 +155,26 @@ def delay_kernel(name: str, x: Any) -> Callable | None:
     return b.delay_product  # type: ignore[attr-defined]
 
 
-__all__ = ["register", "unregister", "names", "delay_kernel", "auto_names", "get", "choose", "capabilities", "able", "refusal",
+def plastic_kernel(name: str, x: Any) -> Callable | None:
+    """The online plastic layer's kernel maker (`make(ir, rule_ir, rule_key, port, source)`: the
+    backend's `plastic_program(ir, key, rule_ir, rule_key, port, source, x)`, see `triton/plastic.py`;
+    None where it cannot run on `x`) of the backend a layer named `name` runs inputs like `x` on (auto:
+    the Triton kernels for CUDA tensors), or None where that backend has none (the step-by-step loop
+    then)."""
+    try:
+        b = choose(name, [x], Need.of(x))
+    except FlexDSLError:
+        return None
+    caps = capabilities(b)
+    if not caps.plastic or caps.lacks(Need.of(x)) is not None or not b.available():
+        return None
+    if name == "auto" and not x.is_cuda:
+        return None
+
+    def make(ir: Any, rule_ir: Any, rule_key: str, port: int, source: int) -> Any:
+        return b.plastic_program(ir, ir.key(b), rule_ir, rule_key, port, source, x)  # type: ignore[attr-defined]
+    return make
+
+
+__all__ = ["register", "unregister", "names", "delay_kernel", "plastic_kernel", "auto_names", "get", "choose", "capabilities", "able", "refusal",
            "Backend", "Capabilities", "Need", "REFERENCE"]

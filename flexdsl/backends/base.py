@@ -71,6 +71,7 @@ class Capabilities:
     compile: bool = True  # runs under torch.compile (its time loop one custom-op pair)
     delays: bool = False  # sparse synaptic delays in kernels (`delay_product(hist, d, a, c, D)`)
     eprop: bool = False  # e-prop's per-synapse traces in a kernel (`eprop_walk(eps, J, b, x, s, one, A, Lg)`)
+    plastic: bool = False  # an online plastic layer's call in one kernel (`plastic_program(ir, key, rule_ir, ...)`)
 
     def lacks(self, need: Need) -> str | None:
         """What of `need` this backend has not declared, as the words after "backend `x`" (the

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backends import plastic_kernel
+from ..backends.exact import exact_in_tf32
 from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..frontend.rule import POST
@@ -271,11 +273,10 @@ class PlasticSynapses:
         return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
 
     def _fused_online(self, xs: list, direct: list, mods: Mapping[str, Any]) -> Any:
-        """The online call as one Triton kernel (`backends/triton/plastic.py`) where it serves it:
-        one plastic synapse group whose rule's change factors and reads only `pre`/`post`, the Triton
-        backend's tensors (CUDA, or Triton's interpreter with backend="triton"), float32, no gradient
-        wanted, a neuron model without random draws fed only by the layer's synapses. Else None (the
-        step-by-step loop). FLEXDSL_PLASTIC_FUSED=0 turns it off."""
+        """The online call as one kernel of the layer's backend (`backends.plastic_kernel`) where one
+        serves it: one plastic synapse group whose rule's change factors and reads only `pre`/`post`,
+        float32, no gradient wanted, a neuron model without random draws fed only by the layer's
+        synapses. Else None (the step-by-step loop). FLEXDSL_PLASTIC_FUSED=0 turns it off."""
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         neuron = self.neuron  # type: ignore[attr-defined]
         rules = [s for s in layer.synapses if s.rule is not None]
@@ -292,11 +293,9 @@ class PlasticSynapses:
             return None
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):
             return None  # (a gradient wanted: the step-by-step loop, under autograd)
-        if not _triton_serves(neuron.backend, x):
+        make = plastic_kernel(neuron.backend, x)
+        if make is None:
             return None
-        from ..backends import get
-        from ..backends.triton.plastic import program, tf32_exact
-
         T = x.shape[0]
         batch = x.shape[1:-1]
         B = 1
@@ -318,7 +317,9 @@ class PlasticSynapses:
         if ext is not None:
             ext = ext.detach().to(torch.float32).reshape(T, B, H).contiguous()
         source = [o for o, _ in ck.outputs].index("spike")
-        prog = program(c, c.key(get("triton")), rule.ir, rule.ir.cache_key("triton-plastic"), 0, source)
+        prog = make(c, rule.ir, rule.ir.cache_key("plastic"), 0, source)
+        if prog is None:
+            return None
         pre = x.detach().reshape(T, B, n_in).contiguous()
         ps = rule.product_stepper(pre, rule._modulators({}, T, B, x, batch, later=rule.post_inputs))
         b = [t if pre_k else t.to(torch.float32) for t, pre_k in zip(ps.b, prog.meta["b_is_pre"])]
@@ -334,7 +335,7 @@ class PlasticSynapses:
         lo, hi = rule.bounds()
         w = W.detach().to(torch.float32).contiguous().clone()
         outs, fins, rfins = prog.forward(pre, b, ext, w, states, rstates, params,
-                                         {n: float(env[n]) for n in prog.meta["rule_params"]}, lo, hi, tf32_exact(x))
+                                         {n: float(env[n]) for n in prog.meta["rule_params"]}, lo, hi, exact_in_tf32(x))
         for name, v in zip(neuron._state_names, fins):
             neuron._states[name] = v.reshape(*batch, H)
         ps.st = {n: (v if rule.sides[n] == "post" else v[:, :1]) for n, v in zip(prog.meta["rule_states"], rfins)}
@@ -441,20 +442,6 @@ class _NeuronSteps:
         if self.states is not None:
             for name, v in zip(self.neuron._state_names, self.states):
                 self.neuron._states[name] = v
-
-
-def _triton_serves(backend: str, x: torch.Tensor) -> bool:
-    """Whether the layer's Triton kernels run on `x`: backend "triton", or "auto" on a CUDA tensor."""
-    if backend not in ("auto", "triton") or (backend == "auto" and x.device.type != "cuda"):
-        return False
-    from ..backends import get
-
-    b = get("triton")
-    if not b.available():
-        return False
-    from ..backends.triton.launch import interpret
-
-    return x.device.type == "cuda" or interpret()
 
 
 def _mods_of(rule: Rule, mods: Mapping[str, Any]) -> dict[str, Any]:

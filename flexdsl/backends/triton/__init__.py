@@ -48,7 +48,7 @@ class TritonBackend:
 
         return Capabilities(devices=("cuda", "cpu") if interpret() else ("cuda",),
                             dtypes=tuple(str(d).removeprefix("torch.") for d in DTYPES), computes_in="float32",
-                            scans=True, delays=True, eprop=True)
+                            scans=True, delays=True, eprop=True, plastic=True)
 
     def delay_product(self, hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None,
                       D: int) -> torch.Tensor:
@@ -62,6 +62,16 @@ class TritonBackend:
         from .eprop import walk
 
         return walk(*args)
+
+    def plastic_program(self, ir: Any, key: str, rule_ir: Any, rule_key: str, port: int, source: int,
+                        like: torch.Tensor) -> Any:
+        """The online plastic layer's kernel (`plastic.py`), or None for tensors it cannot run on."""
+        from .launch import interpret
+        from .plastic import program
+
+        if not (like.is_cuda or interpret()):
+            return None
+        return program(ir, key, rule_ir, rule_key, port, source)
 
     def load_scan(self, spec: ScanSpec, key: str) -> Any:
         """The layer scan: a persistent kernel per direction (`templates/recurrent.py.j2`)."""

@@ -21,7 +21,6 @@ wanted; anything else takes the step-by-step loop (`runtime/plastic.py` decides)
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 import sympy as sp
@@ -32,6 +31,7 @@ from ...settings import env_choice, env_int
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR
+from ..exact import exact_in_tf32
 from .emit import _env
 from .kernel import Launcher
 from .launch import LAUNCHES, interpret
@@ -113,7 +113,7 @@ class PlasticProgram:
         """Run the call: `x` [T, B, NI], `b` the terms' presynaptic factors ([T, B, NI] each; those the
         kernel reads from `x` itself, `meta["b_is_pre"]`, are not read), `ext` [T, B, H] or None, `w` [H, NI]
         float32 contiguous (changed in place); states and params as floats or tensors broadcasting to
-        [B, H]; `x_exact`: whether `x` is exact in TF32 (`tf32_exact`; None: checked here). Returns (outputs [T, B, H] each, the neuron's final states, the rule's final states),
+        [B, H]; `x_exact`: whether `x` is exact in TF32 (`exact.exact_in_tf32`; None: checked here). Returns (outputs [T, B, H] each, the neuron's final states, the rule's final states),
         the states [B, H]."""
         T, B, NI = x.shape
         H = w.shape[0]
@@ -145,7 +145,7 @@ class PlasticProgram:
                                   "_rst": rst, "_lo": 0.0 if lo is None else float(lo),
                                   "_hi": 0.0 if hi is None else float(hi), "_B": B, "_H": H, "_NI": NI, "_T": T,
                                   "_HOST": False, "_ROUND": False, "_EXT": ext is not None, "_LO": lo is not None,
-                                  "_HI": hi is not None, "_XEXACT": tf32_exact(x) if x_exact is None else x_exact,
+                                  "_HI": hi is not None, "_XEXACT": exact_in_tf32(x) if x_exact is None else x_exact,
                                   "_PREC": "ieee" if self.interpret else (env_choice("FLEXDSL_PLASTIC_PRECISION")
                                                                           or "tf32x3"),
                                   "_BB": bb, "_BM": bm, "_BN": bn, "_C": split, "_CW": cw, "_P": part,
@@ -172,23 +172,6 @@ class PlasticProgram:
         fins = [st[i].view(B, H) for i in range(st.shape[0])]
         rfins = [rst[i].view(B, H) for i in range(rst.shape[0])]
         return outs, fins, rfins
-
-
-_EXACT_SEEN: dict[int, tuple[Any, int, bool]] = {}
-
-
-def tf32_exact(x: torch.Tensor) -> bool:
-    """Whether every value of `x` is exact in TF32 (spikes, small integers): its low 13 mantissa bits 0.
-    (Remembered for the same tensor object at the same version: a call on the same input again does not
-    wait for the device; any other tensor, or this one changed in place, is checked.)"""
-    seen = _EXACT_SEEN.get(id(x))
-    if seen is not None and seen[0]() is x and seen[1] == x._version:
-        return seen[2]
-    got = bool(((x.view(torch.int32) & 0x1FFF) == 0).all())
-    if len(_EXACT_SEEN) > 16:
-        _EXACT_SEEN.clear()
-    _EXACT_SEEN[id(x)] = (weakref.ref(x), x._version, got)
-    return got
 
 
 def _stack(vals: list[Any], B: int, H: int, dev: torch.device) -> torch.Tensor:
@@ -220,4 +203,4 @@ def program(ir: IR, key: str, rule_ir: Any, rule_key: str, port: int, source: in
     return p
 
 
-__all__ = ["PlasticProgram", "emit_plastic", "program", "tf32_exact"]
+__all__ = ["PlasticProgram", "emit_plastic", "program"]
