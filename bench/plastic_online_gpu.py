@@ -41,6 +41,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}; N={a.n} T={a.t} B={a.b}", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
     x = (torch.rand(a.t, a.b, a.n, device=dev, generator=g) < 0.05).float()
+    torch.manual_seed(0)
     m = flexdsl.feedforward("lif", a.n, a.n, bias=False, rule="stdp_sj", plasticity="online").to(dev)
     with torch.no_grad():
         m.W.mul_(4.0)  # (a layer that spikes: ~10 % at this input)
@@ -62,6 +63,8 @@ def main():
                                                                      plasticity="online").to(dev, dtype)
             s = run(mm, x.to(dtype))
             out[label] = (s.double(), mm.W.detach().double().clone())
+            if dtype == torch.float64:
+                mm64 = mm
         except Exception as e:  # noqa: BLE001
             print(f"{label}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
     if "loop fp64" not in out:
@@ -79,6 +82,22 @@ def main():
     s, w = out["kernel fp32"]
     s2, w2 = out["loop fp32"]
     print(f"kernel vs loop fp32: spike mismatch {(s != s2).double().mean().item():.2e}", flush=True)
+    # a closed loop: one float32 rounding can flip a spike at the threshold (either way's rounding), after
+    # which the runs part; before the first flip each is float32-accurate
+    flips = [(lab, (out[lab][0] != ref_s).any(dim=(1, 2)).nonzero()) for lab in ("kernel fp32", "loop fp32")]
+    first = min([f[0].item() for _, f in flips if len(f)], default=None)
+    if first is not None and first > 1 and "loop fp64" in out and out["loop fp64"] is not out["loop fp32"]:
+        got = {}
+        for label, fused, dtype in (("kernel fp32", "1", torch.float32), ("loop fp64", "0", torch.float64)):
+            os.environ["FLEXDSL_PLASTIC_FUSED"] = fused
+            mm = m if dtype == torch.float32 else mm64
+            run(mm, x[:first].to(dtype))
+            got[label] = (mm.W.detach().double().clone(), mm.neuron._states["v"].double().clone())
+        os.environ.pop("FLEXDSL_PLASTIC_FUSED")
+        (wk, vk), (wr, vr) = got["kernel fp32"], got["loop fp64"]
+        print(f"the first {first} steps (before the first flip): kernel W rel err "
+              f"{((wk - wr).norm() / (wr - w0.double()).norm()).item():.2e} of the change, "
+              f"v max abs err {(vk - vr).abs().max().item():.2e}", flush=True)
 
     # -- timing
     static = flexdsl.feedforward("lif", a.n, a.n, bias=False).to(dev)
@@ -93,8 +112,7 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        configs += [{"PRECISION": "tf32"}, {"BM": 32, "SPLIT": 1, "WARPS": 4}, {"BM": 64, "SPLIT": 2, "WARPS": 4},
-                    {"BN": 64, "STAGES": 2}, {"STAGES": 4}, {"BM": 64}]
+        configs += [{"PRECISION": "tf32"}, {"STAGES": 4}, {"BM": 64, "SPLIT": 2, "WARPS": 4}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:
@@ -121,7 +139,13 @@ def main():
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         run()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=50))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
+    t0 = time.perf_counter()
+    run()
+    t_cpu = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    print(f"one call: {t_cpu * 1e3:.2f} ms on the host until it returns (the kernel queued)", flush=True)
     best = min(rows)
     print("\n| case | ms | x static |\n| --- | --- | --- |")
     print(f"| flexdsl layer, no rule | {t_static:.2f} | 1.00 |")
