@@ -140,20 +140,11 @@ def main():
         run()
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=50))
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
     t0 = time.perf_counter()
     run()
     t_cpu = time.perf_counter() - t0
     torch.cuda.synchronize()
     print(f"one call: {t_cpu * 1e3:.2f} ms on the host until it returns (the kernel queued)", flush=True)
-    import cProfile
-    import pstats
-    pr = cProfile.Profile()
-    pr.enable()
-    run()
-    pr.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(pr).sort_stats("cumulative").print_stats(30)
     best = min(rows)
     print("\n| case | ms | x static |\n| --- | --- | --- |")
     print(f"| flexdsl layer, no rule | {t_static:.2f} | 1.00 |")
