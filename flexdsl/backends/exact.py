@@ -62,11 +62,16 @@ def exact_in_tf32(x: torch.Tensor) -> bool:
     """Whether every value of float32 `x` is exact in TF32 (spikes, small integers): its low 13 mantissa
     bits 0. Remembered for the same tensor object at the same version (a call on the same input again
     does not wait for the device); any other tensor, or this one changed in place, is checked."""
+    try:
+        version = x._version
+    except RuntimeError:  # (an inference tensor keeps no version: checked every time)
+        version = None
     seen = _TF32_SEEN.get(id(x))
-    if seen is not None and seen[0]() is x and seen[1] == x._version:
+    if version is not None and seen is not None and seen[0]() is x and seen[1] == version:
         return seen[2]
     got = bool(((x.view(torch.int32) & 0x1FFF) == 0).all())
-    if len(_TF32_SEEN) > 16:
-        _TF32_SEEN.clear()
-    _TF32_SEEN[id(x)] = (weakref.ref(x), x._version, got)
+    if version is not None:
+        if len(_TF32_SEEN) > 16:
+            _TF32_SEEN.clear()
+        _TF32_SEEN[id(x)] = (weakref.ref(x), version, got)
     return got

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..backends import plastic_kernel
+from ..backends.base import transformed
 from ..backends.exact import exact_in_tf32
 from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
@@ -293,6 +294,8 @@ class PlasticSynapses:
             return None
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):
             return None  # (a gradient wanted: the step-by-step loop, under autograd)
+        if torch.compiler.is_compiling() or any(transformed(t) for t in xs):
+            return None  # (traced or under a torch.func transform: the loop's torch operations)
         make = plastic_kernel(neuron.backend, x)
         if make is None:
             return None
