@@ -122,6 +122,13 @@ def test_online_kernel_only_where_it_serves(monkeypatch):
     with torch.no_grad():
         m(x, reward=torch.ones(5, 2))
     assert LAUNCHES["plastic_fwd"] == before
+    # learnable constants (even under no_grad): the change is kept apart from W, with its graph
+    m = flexdsl.feedforward("lif", 9, 7, rule="stdp_sj", plasticity="online", backend="triton",
+                            rule_params={"learnable": ["tau_pre"]})
+    with torch.no_grad():
+        m.W.mul_(3.0)
+        m(x)
+    assert LAUNCHES["plastic_fwd"] == before and m.plastic_change("W") is not None
     # turned off
     monkeypatch.setenv("FLEXDSL_PLASTIC_FUSED", "0")
     m = _layer("stdp_sj", "lif", "triton", torch.float32)

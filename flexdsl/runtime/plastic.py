@@ -292,6 +292,8 @@ class PlasticSynapses:
                 or s.connect != "dense" or x.dtype != torch.float32 or ck.stochastic or neuron.check_finite
                 or neuron.store_state_seqs or len(ck.inputs) != 1 or "spike" not in [o for o, _ in ck.outputs]):
             return None
+        if self._fast(s) or s.name in self._changes:
+            return None  # (learnable constants: the change kept apart from W, with its graph)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):
             return None  # (a gradient wanted: the step-by-step loop, under autograd)
         if torch.compiler.is_compiling() or any(transformed(t) for t in xs):
@@ -334,11 +336,11 @@ class PlasticSynapses:
         values = neuron._call_params(None, x0)
         params = c.with_derived([v.expand(*batch, H).reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 1
                                  else v for v in values])
-        env = rule._env(pre)
+        values = rule.param_values()
         lo, hi = rule.bounds()
         w = W.detach().to(torch.float32).contiguous().clone()
         outs, fins, rfins = prog.forward(pre, b, ext, w, states, rstates, params,
-                                         {n: float(env[n]) for n in prog.meta["rule_params"]}, lo, hi, exact_in_tf32(x))
+                                         {n: float(values[n]) for n in prog.meta["rule_params"]}, lo, hi, exact_in_tf32(x))
         for name, v in zip(neuron._state_names, fins):
             neuron._states[name] = v.reshape(*batch, H)
         ps.st = {n: (v if rule.sides[n] == "post" else v[:, :1]) for n, v in zip(prog.meta["rule_states"], rfins)}
