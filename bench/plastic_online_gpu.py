@@ -33,7 +33,6 @@ def host_breakdown(run, m):
     """The host's time in each part of one call (no synchronization inside: what delays the launch)."""
     import collections
 
-    from flexdsl.backends import exact
     from flexdsl.backends.triton import kernel as K
     from flexdsl.runtime import plastic as RP
     from flexdsl.runtime import rule as RR
@@ -67,7 +66,6 @@ def host_breakdown(run, m):
     print(f"host time of a call (5 calls queued back to back): {total * 1e3:.2f} ms", flush=True)
     for k, v in spent.most_common():
         print(f"  {k:34s} {v / 5 * 1e3:7.3f} ms", flush=True)
-    del exact
 
 
 def main():
