@@ -36,7 +36,7 @@ from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..frontend.rule import POST
 from ..settings import env_choice
 from .bits import synapse_product as _product
-from .rule import Rule, compile_rule
+from .rule import Rule, compile_rule, on_device
 
 
 class PlasticSynapses:
@@ -425,7 +425,7 @@ class _NeuronSteps:
             self.states = self.neuron._states_for(x0, x0.shape, None, False)
         res = self.fn(*cur, *self.states, *self.params)
         res = [r if isinstance(r, torch.Tensor) and r.shape == x0.shape else torch.broadcast_to(
-            torch.as_tensor(r, dtype=x0.dtype, device=x0.device), x0.shape) for r in res]
+            on_device(r, x0), x0.shape) for r in res]
         self.states = res[self.n_out:]
         outs = [o[None] for o in res[:self.n_out]]
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -44,6 +44,14 @@ from .params import resolve_params
 MODES = ("window", "online")
 
 
+def on_device(v: Any, like: torch.Tensor) -> torch.Tensor:
+    """`v` (a number or a tensor) as a tensor of `like`'s dtype and device. A number is filled on the
+    device (no copy from the host: a host-to-device copy waits for the device's queued work)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(dtype=like.dtype, device=like.device)
+    return torch.full((), float(v), dtype=like.dtype, device=like.device)
+
+
 class RuleIR(Compiled):
     """A rule through the compiler: checked as a rule, lowered and emitted as the neuron model it is."""
 
@@ -363,9 +371,7 @@ class Rule(nn.Module):
 
     def _env(self, like: torch.Tensor) -> dict[str, Any]:
         """The params as tensors of the call's dtype and device (a learnable one keeps its graph)."""
-        return {k: (v.to(like.dtype) if isinstance(v, torch.Tensor) else
-                    torch.tensor(v, dtype=like.dtype, device=like.device))
-                for k, v in self.param_values().items()}
+        return {k: on_device(v, like) for k, v in self.param_values().items()}
 
     def _run_side(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any], keep_traj: bool = True):
         """A side's states over the call, one step at a time (`side_pre` / `side_post`): the states before
@@ -417,8 +423,8 @@ class Rule(nn.Module):
         for s_name in names:
             width = n if self.sides[s_name] != "global" else 1
             x0 = self._state(s_name, (B, width), seq)
-            a = torch.as_tensor(au[f"a_{s_name}"], dtype=seq.dtype, device=seq.device)
-            u = torch.broadcast_to(torch.as_tensor(au[f"u_{s_name}"], dtype=seq.dtype, device=seq.device),
+            a = on_device(au[f"a_{s_name}"], seq)
+            u = torch.broadcast_to(on_device(au[f"u_{s_name}"], seq),
                                    (T, B, width))
             X = linear_scan(a, u.reshape(T, -1), x0.reshape(-1)).reshape(T, B, width)
             after[s_name] = X
@@ -448,7 +454,7 @@ class Rule(nn.Module):
         k = self._gen[1]["terms"]
 
         def full(v: Any, n: int) -> torch.Tensor:
-            return torch.broadcast_to(torch.as_tensor(v, dtype=like.dtype, device=like.device), (T, B, n))
+            return torch.broadcast_to(on_device(v, like), (T, B, n))
         return [full(a[f"a{i}"], n_post) for i in range(k)], [full(b[f"b{i}"], n_pre) for i in range(k)]
 
     def _c(self, w: torch.Tensor, like: torch.Tensor) -> list[Any]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .rule import on_device
+
 _MAX_PER_SYNAPSE = 2**31  # values a per-synapse step may hold (batch x n_post x n_pre x states)
 
 
@@ -30,7 +32,7 @@ class ProductSteps:
             env_b[s], env_b[NEXT + s] = pb.get(s), pa[s]
         b = rule._call("terms_b", env_b)
         k = rule._gen[1]["terms"]
-        self.b = [torch.broadcast_to(torch.as_tensor(b[f"b{i}"], dtype=pre.dtype, device=pre.device), (T, B, n_pre))
+        self.b = [torch.broadcast_to(on_device(b[f"b{i}"], pre), (T, B, n_pre))
                   for i in range(k)]
         self.k, self.B, self.t = k, B, 0
         self.NEXT = NEXT
@@ -60,7 +62,7 @@ class ProductSteps:
         t = self.t
         dw = None
         for i in range(self.k):
-            ai = torch.broadcast_to(torch.as_tensor(a[f"a{i}"], dtype=w.dtype, device=w.device), (B, n_post))
+            ai = torch.broadcast_to(on_device(a[f"a{i}"], w), (B, n_post))
             term = c[f"c{i}"] * (ai.T @ self.b[i][t])
             dw = term if dw is None else dw + term
         self.st = {s: new[s] for s in self.names}
@@ -120,7 +122,7 @@ class Stepper:
             self.st[s] = torch.broadcast_to(r[s], self.shape[self.sides[s]])
         new = r[self.wname]
         if not isinstance(new, torch.Tensor) or new.dim() < 3:
-            return torch.broadcast_to(torch.as_tensor(new, dtype=w.dtype, device=w.device), w.shape) * B - B * w
+            return torch.broadcast_to(on_device(new, w), w.shape) * B - B * w
         return (new - w).sum(0)
 
     def bound(self, w: torch.Tensor) -> torch.Tensor:
