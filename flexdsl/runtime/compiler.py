@@ -103,8 +103,8 @@ class Compiled(IR):
         if not dtype.is_floating_point:
             dtype = torch.float64
         device = tensors[0].device if tensors else None
-        args = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=device)
-                for p in params]
+        args = [p if isinstance(p, torch.Tensor) else torch.full((), float(p), dtype=torch.float64, device=device)
+                for p in params]  # (filled on the device: a copy from the host waits for its queued work)
         return params + [v.to(dtype).contiguous() for v in derived_values(self.host, args)]
 
     def check_values(self, params: Sequence[Any]) -> dict[str, Any]:

@@ -216,8 +216,8 @@ def _run(plan: Plan, ix: torch.Tensor, w: torch.Tensor, s0: torch.Tensor,
     """The call's steps: (outputs per step, the source before each step `[T + 1, F, H]`, Factors)."""
     prog, meta = plan.prog, plan.prog.meta
     T = ix.shape[0]
-    params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
-              for p in params]  # (0-d float64: a number, in the lanes' dtype)
+    params = [p if isinstance(p, torch.Tensor) else torch.full((), float(p), dtype=torch.float64, device=s0.device)
+              for p in params]  # (0-d float64: a number, in the lanes' dtype; filled there, not copied: no wait)
     s_prev, h = s0, list(states)
     n, d = prog.n_out, prog.n_states
     outs: list[list[torch.Tensor]] = [[] for _ in meta["outputs"]]
@@ -248,8 +248,8 @@ def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any]
     prog = plan.prog
     outs, S, cur, hs, fins = plan.scanned()
     plan.scanned = None  # (no reference from the plan to the module or the call's tensors: see `_sure`)
-    params = [p if isinstance(p, torch.Tensor) else torch.tensor(float(p), dtype=torch.float64, device=s0.device)
-              for p in params]
+    params = [p if isinstance(p, torch.Tensor) else torch.full((), float(p), dtype=torch.float64, device=s0.device)
+              for p in params]  # (filled on the device: a copy from the host would wait for the scan)
     inputs = list(others)
     inputs.insert(plan.port, cur)
     res = plan.whole(*inputs, *hs, *params)
