@@ -139,20 +139,27 @@ def choose(name: str, inputs: Sequence[Any], need: Need | None = None) -> Backen
     return get(REFERENCE)
 
 
-def delay_kernel(name: str, x: Any) -> Callable | None:
-    """The sparse-delay product (`delay_product(hist, d, a, c, D)`) of the backend a layer named
-    `name` runs inputs like `x` on (auto: the Triton kernels for CUDA tensors), or None where that
-    backend has none (the torch path then)."""
+def _kernel_backend(name: str, x: Any, declared: str) -> Any:
+    """The backend a layer named `name` runs inputs like `x` on (auto: the Triton kernels for CUDA
+    tensors) where it declares `Capabilities.<declared>` and runs `x`, else None."""
     try:
         b = choose(name, [x], Need.of(x))
     except FlexDSLError:
         return None
     caps = capabilities(b)
-    if not caps.delays or caps.lacks(Need.of(x)) is not None or not b.available():
+    if not getattr(caps, declared) or caps.lacks(Need.of(x)) is not None or not b.available():
         return None
     if name == "auto" and not x.is_cuda:
         return None
-    return b.delay_product  # type: ignore[attr-defined]
+    return b
+
+
+def delay_kernel(name: str, x: Any) -> Callable | None:
+    """The sparse-delay product (`delay_product(hist, d, a, c, D)`) of the backend a layer named
+    `name` runs inputs like `x` on (auto: the Triton kernels for CUDA tensors), or None where that
+    backend has none (the torch path then)."""
+    b = _kernel_backend(name, x, "delays")
+    return None if b is None else b.delay_product  # type: ignore[attr-defined]
 
 
 def plastic_kernel(name: str, x: Any) -> Callable | None:
@@ -161,14 +168,8 @@ def plastic_kernel(name: str, x: Any) -> Callable | None:
     None where it cannot run on `x`) of the backend a layer named `name` runs inputs like `x` on (auto:
     the Triton kernels for CUDA tensors), or None where that backend has none (the step-by-step loop
     then)."""
-    try:
-        b = choose(name, [x], Need.of(x))
-    except FlexDSLError:
-        return None
-    caps = capabilities(b)
-    if not caps.plastic or caps.lacks(Need.of(x)) is not None or not b.available():
-        return None
-    if name == "auto" and not x.is_cuda:
+    b = _kernel_backend(name, x, "plastic")
+    if b is None:
         return None
 
     def make(ir: Any, rule_ir: Any, rule_key: str, port: int, source: int) -> Any:

@@ -36,7 +36,8 @@ from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..frontend.rule import POST
 from ..settings import env_choice
 from .bits import synapse_product as _product
-from .rule import Rule, compile_rule, on_device
+from .rule import Rule, compile_rule
+from .rulesteps import on_device
 
 
 class PlasticSynapses:

@@ -40,16 +40,9 @@ from ..library import resolve_rule
 from ..store.pipeline import unit_definition
 from .compiler import Compiled
 from .params import resolve_params
+from .rulesteps import on_device
 
 MODES = ("window", "online")
-
-
-def on_device(v: Any, like: torch.Tensor) -> torch.Tensor:
-    """`v` (a number or a tensor) as a tensor of `like`'s dtype and device. A number is filled on the
-    device (no copy from the host: a host-to-device copy waits for the device's queued work)."""
-    if isinstance(v, torch.Tensor):
-        return v.to(dtype=like.dtype, device=like.device)
-    return torch.full((), float(v), dtype=like.dtype, device=like.device)
 
 
 class RuleIR(Compiled):

@@ -12,9 +12,15 @@ from typing import Any
 
 import torch
 
-from .rule import on_device
-
 _MAX_PER_SYNAPSE = 2**31  # values a per-synapse step may hold (batch x n_post x n_pre x states)
+
+
+def on_device(v: Any, like: torch.Tensor) -> torch.Tensor:
+    """`v` (a number or a tensor) as a tensor of `like`'s dtype and device. A number is filled on the
+    device (no copy from the host: a host-to-device copy waits for the device's queued work)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(dtype=like.dtype, device=like.device)
+    return torch.full((), float(v), dtype=like.dtype, device=like.device)
 
 
 class ProductSteps:
