@@ -176,3 +176,32 @@ def test_online_kernel_in_inference_mode_and_on_a_changed_input():
     assert k[3] == 2 and r[3] == 0
     assert torch.equal(k[0], r[0]) and torch.equal(k[1], r[1])
     assert torch.allclose(k[2], r[2], rtol=0, atol=1e-5 * r[2].abs().max())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel's split rows (programs waiting for each "
+                    "other once a step) run only on a GPU: Triton's interpreter runs one program after another")
+def test_online_kernel_split_rows_on_cuda():
+    """A layer wide enough that each row block's columns are split over programs (which exchange their parts
+    of the step's current once a step) equals the loop in float64 on the same device."""
+    T, B, n_in, n_out = 40, 16, 1024, 256
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.rand(T, B, n_in, device="cuda", generator=g) < 0.05).float()
+    res = {}
+    for backend, dtype in (("auto", torch.float32), ("torch", torch.float64)):
+        torch.manual_seed(0)
+        m = flexdsl.feedforward("lif", n_in, n_out, rule="stdp_sj", plasticity="online", backend=backend,
+                                bias=False).to("cuda", dtype)
+        with torch.no_grad():
+            m.W.mul_(4.0)
+        w0 = m.W.detach().double().clone()
+        res[backend] = _run(m, [(x[:25],), (x[25:],)], dtype)
+    kern, ref = res["auto"], res["torch"]
+    assert kern[4] == 2 and ref[4] == 0
+    s, r = torch.cat(kern[0]).double(), torch.cat(ref[0])
+    assert 0 < r.mean() < 1
+    # a closed loop: one rounding at the threshold may flip a spike (rare); the runs part from there
+    flips = (s != r).any(dim=(1, 2)).nonzero()
+    assert not len(flips) or flips[0].item() >= T // 2
+    if not len(flips):
+        change = (ref[1] - w0).abs().max()
+        assert (kern[1].double() - ref[1]).abs().max() <= 8 * T * EPS32 * (ref[1].abs().max() + B * change)
