@@ -2,7 +2,9 @@
 
 - `ProductSteps`: a rule whose change factors (`ir/rule.py`): its presynaptic side over the whole call
   first, then per step the postsynaptic states and one product per term (a rank-batch update);
-- `Stepper`: the rule's whole step per synapse and sample (`Rule._steps` runs it too).
+- `Stepper`: the rule's whole step per synapse and sample (`Rule._steps` runs it too);
+- `on_device`: a number or tensor as a tensor of the call's dtype and device, a number filled there (a copy
+  from the host would wait for the device's queued work).
 """
 
 from __future__ import annotations
