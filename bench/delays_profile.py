@@ -34,6 +34,18 @@ def main():
         print(f"==== delays={delays}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+        waits = {e.key: e.count for e in prof.key_averages()
+                 if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy")}
+        print(f"host waits and copies in 5 steps: {waits}")
+        # which Python lines copy or wait (a stack per event)
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof2:
+            step()
+            torch.cuda.synchronize()
+        for e in prof2.events():
+            if e.name in ("cudaStreamSynchronize", "cudaMemcpyAsync", "aten::item", "aten::_local_scalar_dense"):
+                frames = [f for f in (e.stack or []) if "flexdsl" in f or "bench" in f][:4]
+                print(f"  {e.name}: {' <- '.join(frames)}")
 
 
 if __name__ == "__main__":
