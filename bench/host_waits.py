@@ -1,0 +1,80 @@
+"""Which lines of a training step make the host wait for the device or copy from the host (one GPU):
+the DCLS-delays networks of bench/delays_gpu.py, with and without delays. Patches `Tensor.item`,
+`__bool__`, `tolist`, `__float__`, `__int__` and `torch.tensor`/`as_tensor` with a device to print the
+caller's flexdsl frames.
+
+    python3 bench/host_waits.py
+"""
+import collections
+import sys
+import traceback
+
+import torch
+from torch import nn
+
+sys.path.insert(0, "bench")
+import delays_gpu as h  # noqa: E402, I001
+
+SEEN: collections.Counter = collections.Counter()
+
+
+def where() -> str:
+    fr = [f for f in traceback.extract_stack()[:-2] if "flexdsl" in f.filename or "delays_gpu" in f.filename]
+    return " <- ".join(f"{f.filename.split('/')[-1]}:{f.lineno}" for f in fr[-3:][::-1]) or "(outside flexdsl)"
+
+
+def patch():
+    for name in ("item", "__bool__", "tolist", "__float__", "__int__"):
+        orig = getattr(torch.Tensor, name)
+
+        def g(self, *a, _orig=orig, _name=name, **k):
+            if self.is_cuda:
+                SEEN[f"{_name}: {where()}"] += 1
+            return _orig(self, *a, **k)
+        setattr(torch.Tensor, name, g)
+    for name in ("tensor", "as_tensor"):
+        orig = getattr(torch, name)
+
+        def f(*a, _orig=orig, _name=name, **k):
+            dev = k.get("device")
+            if dev is not None and "cuda" in str(dev) and not isinstance(a[0] if a else None, torch.Tensor):
+                SEEN[f"torch.{_name}(..., device=cuda): {where()}"] += 1
+            return _orig(*a, **k)
+        setattr(torch, name, f)
+
+
+def main():
+    x = (torch.rand(100, 256, h.N_IN, device="cuda") < 0.03).float()
+    y = torch.randint(0, h.N_OUT, (256,), device="cuda")
+    for delays in (False, True):
+        torch.manual_seed(0)
+        net = h.FlexDelayNet(delays).cuda().train()
+
+        def step(net=net):
+            for p in net.parameters():
+                p.grad = None
+            nn.functional.cross_entropy(net(x), y).backward()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        SEEN.clear()
+        patch_once()
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        print(f"==== delays={delays}: host waits and host copies in 5 steps")
+        for k, v in SEEN.most_common():
+            print(f"  {v:3d}  {k}")
+
+
+_patched = []
+
+
+def patch_once():
+    if not _patched:
+        patch()
+        _patched.append(True)
+
+
+if __name__ == "__main__":
+    main()
