@@ -151,10 +151,8 @@ def main():
     rows = []
     configs = [{}]
     if a.sweep:
-        configs += [{"BM": 64, "WARPS": 4, "PER_SM": 2}, {"BM": 64, "WARPS": 4, "PER_SM": 2, "BN": 64},
-                    {"BM": 32, "WARPS": 4, "PER_SM": 2}, {"BM": 128, "WARPS": 4, "PER_SM": 2},
-                    {"BM": 64, "WARPS": 4, "PER_SM": 2, "STAGES": 4}]
-    keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION", "PER_SM")
+        configs += []
+    keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:
             os.environ.pop("FLEXDSL_PLASTIC_" + k, None)

@@ -25,7 +25,6 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
     "FLEXDSL_PRODUCT_STAGES": (1, 8, False, "the pipelining depth of the recurrent layers' fused input product"),
     "FLEXDSL_PLASTIC_BM": (16, 256, True, "postsynaptic neurons per program of the online plastic kernel"),
     "FLEXDSL_PLASTIC_BN": (16, 512, True, "presynaptic neurons per block of the online plastic kernel"),
-    "FLEXDSL_PLASTIC_PER_SM": (1, 2, False, "resident programs per multiprocessor of the online plastic kernel"),
     "FLEXDSL_PLASTIC_SPLIT": (1, 1024, False, "programs per row block of the online plastic kernel"),
     "FLEXDSL_PLASTIC_WARPS": (1, 16, True, "warps per program of the online plastic kernel"),
     "FLEXDSL_PLASTIC_STAGES": (1, 8, False, "the pipelining depth of the online plastic kernel"),

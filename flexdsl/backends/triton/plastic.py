@@ -131,14 +131,11 @@ class PlasticProgram:
             rb = -(-H // bm)
             split = 1
             if not self.interpret:  # (Triton's interpreter runs one program after another: no waiting)
-                # programs that wait for each other must all be resident: one a multiprocessor, or two
-                # of at most 4 warps (two such programs always fit its registers: 2 x 128 x 255 < 65536)
-                per_sm = env_int("FLEXDSL_PLASTIC_PER_SM") or 1
-                slots = _sm_count(dev.index or 0) * (per_sm if warps <= 4 else 1)
-                split = max(1, min(slots // rb, -(-NI // (4 * bn)))) if rb <= slots // 2 else 1
+                sms = _sm_count(dev.index or 0)
+                split = max(1, min(sms // rb, -(-NI // (4 * bn)))) if rb <= sms // 2 else 1
                 split = env_int("FLEXDSL_PLASTIC_SPLIT") or split
-                if rb * split > slots:
-                    split = max(1, slots // rb)
+                if rb * split > sms:
+                    split = max(1, sms // rb)
             per = -(-NI // split)
             cw = -(-per // bn) * bn  # (each program's columns: whole blocks)
             split = -(-NI // cw)
