@@ -1,9 +1,9 @@
 """Which lines of a training step make the host wait for the device or copy from the host (one GPU):
-the DCLS-delays networks of bench/delays_gpu.py, with and without delays. Patches `Tensor.item`,
-`__bool__`, `tolist`, `__float__`, `__int__` and `torch.tensor`/`as_tensor` with a device to print the
-caller's flexdsl frames.
+the DCLS-delays networks of bench/delays_gpu.py (with and without delays) and the e-prop step of
+bench/eprop_gpu.py (LIF and ALIF, BPTT and e-prop). Patches `Tensor.item`, `__bool__`, `tolist`,
+`__float__`, `__int__` and `torch.tensor`/`as_tensor` with a device to count the callers' flexdsl lines.
 
-    python3 bench/host_waits.py
+    python3 bench/host_waits.py [delays] [eprop]
 """
 import collections
 import sys
@@ -43,7 +43,38 @@ def patch():
         setattr(torch, name, f)
 
 
+def report(label, step):
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    SEEN.clear()
+    patch_once()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    print(f"==== {label}: host waits and host copies in 5 steps", flush=True)
+    for k, v in SEEN.most_common():
+        print(f"  {v:3d}  {k}", flush=True)
+    SEEN.clear()
+
+
+def eprop_cases():
+    import eprop_gpu as e
+    dev = torch.device("cuda")
+    x = (torch.rand(100, 64, e.IN, device=dev) < 0.05).float()
+    y = torch.randint(0, e.OUT_N, (100, 64), device=dev)
+    for model in ("lif", "alif"):
+        for learning in ("bptt", "eprop"):
+            layer, readout = e.build(model, learning, 256, dev)
+            report(f"{model} {learning}", lambda layer=layer, readout=readout: e.step(layer, readout, x, y, None))
+
+
 def main():
+    which = sys.argv[1:] or ["delays", "eprop"]
+    if "eprop" in which:
+        eprop_cases()
+    if "delays" not in which:
+        return
     x = (torch.rand(100, 256, h.N_IN, device="cuda") < 0.03).float()
     y = torch.randint(0, h.N_OUT, (256,), device="cuda")
     for delays in (False, True):
