@@ -409,8 +409,14 @@ class EPropCall(torch.autograd.Function):
         x3, S = ctx.saved_tensors
         g_outs = [g if g is not None else torch.zeros_like(S[1:]) for g in grads[:fac.n_out]]
         L = torch.stack(g_outs, -1)  # [T, F, H, n_out]: the learning signal
-        fac, S = _sure(plan, fac, S)
+        # the traces on the scan's factors first, then the check whether the scan and the e-prop step
+        # agreed (it waits for the device: queued after the walk, the device is busy meanwhile); where
+        # they did not (rare), the traces again on the steps one by one (`_walk` changes nothing it reads)
+        ran = fac
         e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
+        fac, S = _sure(plan, fac, S)
+        if fac is not ran:
+            e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
         if plan.pending is not None:
             plan.pending.settle(e1)
         plan.pending = plan.redone = None
