@@ -115,8 +115,13 @@ def test_online_kernel_only_where_it_serves(monkeypatch):
     # a gradient wanted (the weight trains): the loop, under autograd
     m = _layer("stdp_sj", "lif", "triton", torch.float32)
     before = LAUNCHES["plastic_fwd"]
-    y = m(x)
+    with pytest.warns(UserWarning, match="runs step by step here because a gradient may be wanted"):
+        y = m(x)
     assert LAUNCHES["plastic_fwd"] == before and y.requires_grad
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (said once a layer)
+        m(x)
     # a rule with a modulator: the loop
     m = _layer("mstdp", "lif", "triton", torch.float32)
     with torch.no_grad():

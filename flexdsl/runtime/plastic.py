@@ -21,6 +21,7 @@ the weight it started from (meta-learning a rule). `m.plastic = False` freezes e
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -295,12 +296,18 @@ class PlasticSynapses:
             return None
         if self._fast(s) or s.name in self._changes:
             return None  # (learnable constants: the change kept apart from W, with its graph)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):
-            return None  # (a gradient wanted: the step-by-step loop, under autograd)
         if torch.compiler.is_compiling() or any(transformed(t) for t in xs):
             return None  # (traced or under a torch.func transform: the loop's torch operations)
         make = plastic_kernel(neuron.backend, x)
         if make is None:
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):
+            if not self.__dict__.get("_told_loop"):  # (a gradient wanted: the step-by-step loop, under autograd)
+                self.__dict__["_told_loop"] = True
+                warnings.warn(f"layer `{layer.name}`: online plasticity runs step by step here because a gradient "
+                              "may be wanted (autograd is on and the layer has tensors that require one); under "
+                              "torch.no_grad() (or with its weights' requires_grad off) one kernel runs the whole "
+                              "call, with the same results", stacklevel=4)
             return None
         T = x.shape[0]
         batch = x.shape[1:-1]
