@@ -291,7 +291,8 @@ class PlasticSynapses:
         c = neuron._compiled
         ck = c.checked
         if (not rule.changes_weight or not rule.separable or rule.modulators or rule.post_inputs or rule.has_output
-                or s.connect != "dense" or x.dtype != torch.float32 or ck.stochastic or neuron.check_finite
+                or s.connect != "dense" or x.dtype != torch.float32 or getattr(self, s.name).dtype != torch.float32
+                or ck.stochastic or neuron.check_finite
                 or neuron.store_state_seqs or len(ck.inputs) != 1 or "spike" not in [o for o, _ in ck.outputs]):
             return None
         if self._fast(s) or s.name in self._changes:
@@ -317,16 +318,7 @@ class PlasticSynapses:
         n_in = x.shape[-1]
         W = getattr(self, s.name)
         H = W.shape[0]
-        ext = None
-        for g in layer.synapses:  # (the other groups and the biases: held over the call, one product each)
-            cur = None
-            if g is not s:
-                cur = _product(xs[g.pre_index], getattr(self, g.name), None, False)
-            if g.bias is not None:
-                bias = getattr(self, g.bias)
-                cur = bias.expand(T, *batch, H) if cur is None else cur + bias
-            if cur is not None:
-                ext = cur if ext is None else ext + cur
+        ext = self._held_currents(s, xs, H)
         if ext is not None:
             ext = ext.detach().to(torch.float32).reshape(T, B, H).contiguous()
         source = [o for o, _ in ck.outputs].index("spike")
@@ -358,6 +350,23 @@ class PlasticSynapses:
             W.copy_(w)
         outs = [o.reshape(T, *batch, H) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _held_currents(self, plastic: CheckedSynapse, xs: list, H: int) -> torch.Tensor | None:
+        """The port's current from everything but the plastic group's product: the other groups and the
+        biases, held over the call (one product each), `[T, *batch, H]`; None where there is none."""
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        x = xs[plastic.pre_index]
+        ext = None
+        for g in layer.synapses:
+            cur = None
+            if g is not plastic:
+                cur = _product(xs[g.pre_index], getattr(self, g.name), None, False)
+            if g.bias is not None:
+                bias = getattr(self, g.bias)
+                cur = bias.expand(x.shape[0], *x.shape[1:-1], H) if cur is None else cur + bias
+            if cur is not None:
+                ext = cur if ext is None else ext + cur
+        return ext
 
     def _stepper(self, s: CheckedSynapse, x: torch.Tensor, fast: bool, mods: Mapping[str, Any]) -> Any:
         """One step of a synapse group's rule in the online loop: `(pre_t, post_t, w, mods_t) -> w`."""
