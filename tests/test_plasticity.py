@@ -548,6 +548,9 @@ BASE = """rule R:
     ("    param w = 1\n", "is the rule's weight", 6),
     ("    on pre:\n        w += 1\n    on pre:\n        w += 2\n", "a second `on pre`", 8),
     ("    update:\n        x = x + pre\n    on post:\n        w += x * post_trace\n", "unknown name `post_trace`", 9),
+    ("    update:\n        x = x + pre * randn()\n", "cannot draw random numbers (`randn()`)", 7),
+    ("    param dt = 1 ms\n    param tau_x = 5 ms\n    equations:\n        dx/dt = -x / tau_x + 0.1 * xi\n",
+     "cannot draw random numbers (white noise `xi`)", 9),
 ])
 def test_bad_rules_are_located(body, words, line):
     e = _rule_error(BASE + body)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import FlexDSLError, did_you_mean
 from . import ast as A
+from .catalog import DRAWS, is_noise_name
 from .check import check
 from .model import CheckedModel
 from .parse import _check_depth as check_depth
@@ -116,6 +117,15 @@ def check_rule(rule: A.Rule, definitions: Any = None) -> CheckedRule:
             if st.held:
                 raise _err(rule, "`unless refractory` is a neuron's; a rule has no refractory period", st.pos)
     neuron = neuron_of(rule, wname)
+    for it in neuron.items:
+        for e in A.item_exprs(it):
+            for n in A.nodes(e):
+                drawn = f"`{n.func}()`" if isinstance(n, A.Call) and n.func in DRAWS else \
+                    f"white noise `{n.id}`" if isinstance(n, A.Name) and is_noise_name(n.id) else None
+                if drawn is not None:
+                    raise _err(rule, f"a rule cannot draw random numbers ({drawn}): its window and online runs "
+                                     "must give the same change", n.pos,
+                               "give the randomness as a modulator: `input noise`, passed at each call")
     check_identifiers(neuron)  # (no `_` names, keywords or reserved words: generated code's names)
     check_depth(neuron)
     model = check(neuron, definitions)

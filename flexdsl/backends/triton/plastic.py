@@ -50,8 +50,14 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
     rule = rule_ir.rule
     step = rule_ir.step
     plan = plan_rule(step, rule.weight, rule.output)
-    assert plan.terms is not None
+    if plan.terms is None or step.draws:
+        raise NotServed(f"rule {rule.name}: its change does not factor, or it draws random numbers")
     names = plan.of_side("post") + plan.of_side("global")
+    known = {"post", rule.weight, *names, *(NEXT + n for n in names), *(p.name for p in step.params)}
+    for e in [*(plan.next[n] for n in names), *(x for t in plan.terms for x in t[:2])]:
+        unknown = {f.name for f in e.free_symbols} - known
+        if unknown:  # (the time, a modulator: not what this kernel reads)
+            raise NotServed(f"rule {rule.name}: its postsynaptic side reads {', '.join(sorted(unknown))}")
     syms: dict[str, sp.Symbol] = {}
 
     def ren(e: sp.Expr) -> sp.Expr:
@@ -92,6 +98,10 @@ def emit_plastic(ir: IR, rule_ir: Any, port: int, source: int) -> tuple[str, dic
             "hoisted_fwd": [h["arg"] for h in fwd.hoisted], "terms": len(plan.terms),
             "b_is_pre": [t[2] == pre_sym for t in terms]}
     return base + src, meta
+
+
+class NotServed(ValueError):
+    """A rule this kernel does not run (the layer's step-by-step loop does)."""
 
 
 class PlasticProgram:
@@ -184,23 +194,24 @@ def _stack(vals: list[Any], B: int, H: int, dev: torch.device) -> torch.Tensor:
     return out
 
 
-_PROGRAMS: dict[str, PlasticProgram] = {}
+_PROGRAMS: dict[str, PlasticProgram | None] = {}
 _LOCK = threading.Lock()
 
 
-def program(ir: IR, key: str, rule_ir: Any, rule_key: str, port: int, source: int) -> PlasticProgram:
+def program(ir: IR, key: str, rule_ir: Any, rule_key: str, port: int, source: int) -> PlasticProgram | None:
     """The online plastic kernel of neuron `ir` (its Triton artefact's `key`) and rule `rule_ir`
-    (cached on disk like every artefact, loaded once per process)."""
+    (cached on disk like every artefact, loaded once per process), or None for a rule it does not run."""
     k = cache.key(key, rule_key, "plastic", str(port), str(source))
-    p = _PROGRAMS.get(k)
-    if p is None:
+    if k not in _PROGRAMS:
         with _LOCK:
-            p = _PROGRAMS.get(k)
-            if p is None:
-                art = cache.get_or_make(k, lambda: cache.Artefact("tritonplastic",
-                                                                  *emit_plastic(ir, rule_ir, port, source)))
-                p = _PROGRAMS[k] = PlasticProgram(load_module("tritonplastic", k, art.source), art.meta)
-    return p
+            if k not in _PROGRAMS:
+                try:
+                    art = cache.get_or_make(k, lambda: cache.Artefact("tritonplastic",
+                                                                      *emit_plastic(ir, rule_ir, port, source)))
+                    _PROGRAMS[k] = PlasticProgram(load_module("tritonplastic", k, art.source), art.meta)
+                except NotServed:
+                    _PROGRAMS[k] = None
+    return _PROGRAMS[k]
 
 
 __all__ = ["PlasticProgram", "emit_plastic", "program"]
