@@ -48,6 +48,12 @@ def show_rule(path: str) -> int:
     print(f"# where each state lives: {sides}")
     print("# the window's change: " + (" + ".join(f"({c}) * ({a}) x ({b})" for c, a, b in meta["terms_text"])
                                        if meta["separable"] else "per synapse (it does not factor)"))
+    learnable = [p.name for p in ir.checked.params if p.learnable]
+    if learnable:  # (the step's backward, derived symbolically as a neuron's; the runtime's gradient equals it)
+        print(f"\n# the step's vector-Jacobian product into the learnable constants ({', '.join(learnable)}),")
+        print("# derived symbolically as a neuron's: per synapse, the gradient a loss on later weights sends")
+        print("# back through one step (the gradient a call computes chains it over its steps)")
+        print(ir.backward_source.strip("\n"))
     return 0
 
 

@@ -7,6 +7,10 @@ against central finite differences (float64); the located errors of bad rules an
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -500,6 +504,85 @@ def test_learnable_constants_match_finite_differences(name, learn):
             fd = _fd(loss, getattr(rule, n))
             assert abs(gr.item() - fd) <= 1e-4 * max(1.0, abs(fd)), (name, n, gr.item(), fd)
         assert any(abs(gr.item()) > 1e-6 for gr in grads)
+
+
+def test_the_rules_derived_backward_is_the_gradient_the_runtime_computes():
+    """A rule's step has a backward derived symbolically, like a neuron's (`rule.ir.core_backward`, printed
+    by `flexdsl show x.rule` for a rule with learnable constants): chained backwards through the steps of
+    an online run (batch 1: Brian2's sequential updates), it gives the gradient of the final weights into
+    the constants that autograd through the runtime's generated step gives (float64)."""
+    text = """rule R:
+    param tau = 3.0 learnable
+    param A = 0.02 learnable
+    state x = 0
+    state y = 0
+    update:
+        x = x - x / tau + pre
+        y = y - y / tau + post
+        w += A * w * (post * x - pre * y)
+"""
+    g = torch.Generator().manual_seed(4)
+    T, n_pre, n_post = 12, 5, 3
+    pre, post = _spikes(g, T, 1, n_pre, p=0.3), _spikes(g, T, 1, n_post, p=0.3)
+    w0 = torch.rand(n_post, n_pre, generator=g) + 0.5
+    G = torch.randn(n_post, n_pre, generator=g)
+    rule = flexdsl.load_rule(text)
+    tau, A = rule.tau, rule.A
+    auto = torch.autograd.grad((rule.online(pre, post, w0) * G).sum(), [tau, A])
+    # the derived backward by hand: the forward steps of the reference core, then the VJPs in reverse
+    core, back = rule.ir.reference_module.core, rule.ir.core_backward
+    t_, a_ = tau.detach(), A.detach()
+    x, y, w = torch.zeros(1, n_pre), torch.zeros(n_post, 1), w0.clone()
+    saved = []
+    for t in range(T):
+        p_t, q_t = pre[t, 0][None, :], post[t, 0][:, None]  # (broadcast to [n_post, n_pre] per synapse)
+        saved.append((p_t, q_t, x, y, w))
+        _, x, y, w = core(p_t, q_t, x, y, w, t_, a_)
+    # every synapse a lane with its own copy of the traces (the copies have equal values): the lanes'
+    # backwards are independent, and a constant's gradient is the sum over lanes and steps
+    gx, gy, gw = torch.zeros(n_post, n_pre), torch.zeros(n_post, n_pre), G.clone()
+    g_tau, g_a = torch.zeros(()), torch.zeros(())
+    for p_t, q_t, x, y, w in reversed(saved):
+        out = back(p_t, q_t, x, y, w, torch.zeros_like(w), gx, gy, gw, t_, a_)
+        gx, gy, gw = (torch.broadcast_to(o, (n_post, n_pre)) for o in out[2:5])
+        g_tau = g_tau + out[5].sum()
+        g_a = g_a + out[6].sum()
+    assert torch.allclose(auto[0], g_tau, rtol=1e-10, atol=1e-14), (auto[0], g_tau)
+    assert torch.allclose(auto[1], g_a, rtol=1e-10, atol=1e-14), (auto[1], g_a)
+    assert abs(g_tau) > 1e-6 and abs(g_a) > 1e-6
+
+
+def test_show_prints_a_rule_and_its_derived_backward(tmp_path):
+    """`flexdsl show x.rule`: the generated step and parts, where each state lives, the window's change, and
+    for a rule with learnable constants the step's backward derived symbolically; `flexdsl check` says ok."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
+    f = tmp_path / "learn.rule"
+    f.write_text("""rule LEARN:
+    param tau = 3.0 learnable
+    param A = 0.02 learnable
+    state x = 0
+    state y = 0
+    update:
+        x = x - x / tau + pre
+        y = y - y / tau + post
+        w += A * (post * x - pre * y)
+""")
+    outs = {}
+    for path in (f, root / "neurons" / "stdp_sj.rule"):
+        r = subprocess.run([sys.executable, "-m", "flexdsl", "show", str(path)], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        outs[path.name] = r.stdout
+    learn, sj = outs["learn.rule"], outs["stdp_sj.rule"]
+    for out in (learn, sj):
+        assert "def step(" in out and "# where each state lives:" in out and "# the window's change:" in out
+    assert "def core_backward(" in learn and "grad_tau =" in learn and "grad_A =" in learn
+    assert "learnable constants (tau, A)" in learn
+    assert "core_backward" not in sj  # (no learnable constant: no gradient into the rule)
+    r = subprocess.run([sys.executable, "-m", "flexdsl", "check", str(f)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0 and "ok — rule LEARN" in r.stdout, r.stdout + r.stderr
 
 
 def test_layer_with_learnable_rule_keeps_its_change_as_state():

@@ -69,8 +69,12 @@ class RuleIR(Compiled):
 
         return rule_module(self, self.cache_key("torch-rule"))
 
-    def source(self) -> str:
-        """The generated module's source (readable Python: `flexdsl show x.rule`)."""
+    def source(self, backend: str | None = None) -> str:
+        """The generated module's source (readable Python: `flexdsl show x.rule`); with a backend's
+        name, that backend's module of the rule's step as a neuron model (`Compiled.source`: the
+        reference step the derived backward, `core_backward`, goes with)."""
+        if backend is not None:
+            return super().source(backend)
         from ..backends.rules import rule_source
 
         return rule_source(self, self.cache_key("torch-rule"))
