@@ -85,17 +85,7 @@ def main():
             for p in net.parameters():
                 p.grad = None
             nn.functional.cross_entropy(net(x), y).backward()
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        SEEN.clear()
-        patch_once()
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        print(f"==== delays={delays}: host waits and host copies in 5 steps")
-        for k, v in SEEN.most_common():
-            print(f"  {v:3d}  {k}")
+        report(f"delays={delays}", step)
 
 
 _patched = []
