@@ -13,7 +13,8 @@ sys.path.insert(0, "bench")
 import delays_gpu as h  # noqa: E402, I001
 
 
-def main():
+def steps():
+    """(delays, one training step) of the harness's flexdsl network without and with delays."""
     x = (torch.rand(100, 256, h.N_IN, device="cuda") < 0.03).float()
     y = torch.randint(0, h.N_OUT, (256,), device="cuda")
     for delays in (False, True):
@@ -24,6 +25,11 @@ def main():
             for p in net.parameters():
                 p.grad = None
             nn.functional.cross_entropy(net(x), y).backward()
+        yield delays, step
+
+
+def main():
+    for delays, step in steps():
         for _ in range(3):
             step()
         torch.cuda.synchronize()

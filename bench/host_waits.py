@@ -10,10 +10,8 @@ import sys
 import traceback
 
 import torch
-from torch import nn
 
 sys.path.insert(0, "bench")
-import delays_gpu as h  # noqa: E402, I001
 
 SEEN: collections.Counter = collections.Counter()
 
@@ -75,16 +73,8 @@ def main():
         eprop_cases()
     if "delays" not in which:
         return
-    x = (torch.rand(100, 256, h.N_IN, device="cuda") < 0.03).float()
-    y = torch.randint(0, h.N_OUT, (256,), device="cuda")
-    for delays in (False, True):
-        torch.manual_seed(0)
-        net = h.FlexDelayNet(delays).cuda().train()
-
-        def step(net=net):
-            for p in net.parameters():
-                p.grad = None
-            nn.functional.cross_entropy(net(x), y).backward()
+    from delays_profile import steps
+    for delays, step in steps():
         report(f"delays={delays}", step)
 
 

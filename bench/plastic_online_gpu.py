@@ -8,25 +8,16 @@ Bernoulli(0.05) [T, B, N], rule stdp_sj online (W changes every step, the next s
 under no_grad; median of 10 after 2 warm-ups, synchronized."""
 import argparse
 import os
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import flexdsl
 
-
-def bench(run):
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plasticity_gpu import bench  # noqa: E402 - the shared harness's timing (median of 10 after 2 warm-ups)
 
 
 def host_breakdown(run, m):

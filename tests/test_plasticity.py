@@ -506,12 +506,7 @@ def test_learnable_constants_match_finite_differences(name, learn):
         assert any(abs(gr.item()) > 1e-6 for gr in grads)
 
 
-def test_the_rules_derived_backward_is_the_gradient_the_runtime_computes():
-    """A rule's step has a backward derived symbolically, like a neuron's (`rule.ir.core_backward`, printed
-    by `flexdsl show x.rule` for a rule with learnable constants): chained backwards through the steps of
-    an online run (batch 1: Brian2's sequential updates), it gives the gradient of the final weights into
-    the constants that autograd through the runtime's generated step gives (float64)."""
-    text = """rule R:
+LEARN_RULE = """rule LEARN:
     param tau = 3.0 learnable
     param A = 0.02 learnable
     state x = 0
@@ -521,12 +516,19 @@ def test_the_rules_derived_backward_is_the_gradient_the_runtime_computes():
         y = y - y / tau + post
         w += A * w * (post * x - pre * y)
 """
+
+
+def test_the_rules_derived_backward_is_the_gradient_the_runtime_computes():
+    """A rule's step has a backward derived symbolically, like a neuron's (`rule.ir.core_backward`, printed
+    by `flexdsl show x.rule` for a rule with learnable constants): chained backwards through the steps of
+    an online run (batch 1: Brian2's sequential updates), it gives the gradient of the final weights into
+    the constants that autograd through the runtime's generated step gives (float64)."""
     g = torch.Generator().manual_seed(4)
     T, n_pre, n_post = 12, 5, 3
     pre, post = _spikes(g, T, 1, n_pre, p=0.3), _spikes(g, T, 1, n_post, p=0.3)
     w0 = torch.rand(n_post, n_pre, generator=g) + 0.5
     G = torch.randn(n_post, n_pre, generator=g)
-    rule = flexdsl.load_rule(text)
+    rule = flexdsl.load_rule(LEARN_RULE)
     tau, A = rule.tau, rule.A
     auto = torch.autograd.grad((rule.online(pre, post, w0) * G).sum(), [tau, A])
     # the derived backward by hand: the forward steps of the reference core, then the VJPs in reverse
@@ -558,16 +560,7 @@ def test_show_prints_a_rule_and_its_derived_backward(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
     f = tmp_path / "learn.rule"
-    f.write_text("""rule LEARN:
-    param tau = 3.0 learnable
-    param A = 0.02 learnable
-    state x = 0
-    state y = 0
-    update:
-        x = x - x / tau + pre
-        y = y - y / tau + post
-        w += A * (post * x - pre * y)
-""")
+    f.write_text(LEARN_RULE)
     outs = {}
     for path in (f, root / "neurons" / "stdp_sj.rule"):
         r = subprocess.run([sys.executable, "-m", "flexdsl", "show", str(path)], capture_output=True, text=True,
