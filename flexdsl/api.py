@@ -184,7 +184,7 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                 surrogate: Any = None, learnable: Any = None, delay: Any = None, max_delay: Any = None,
                 learnable_delays: Any = False, delays: Any = None, rule: str | Path | None = None,
                 plasticity: str = "window", rule_params: Mapping[str, Any] | None = None,
-                **params: Any) -> FeedForwardModule:
+                sparse_input: bool = False, **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module: at every step the
     model's input `port` (default: its first input) receives `W x[t] + bias`. `connectivity="dense"`
     (W [hidden, in_features]), `"mask"` (times the 0/1 `mask`) or `"one_to_one"` (W [hidden], with
@@ -194,14 +194,18 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     "dendritic") with `max_delay=20`, `learnable_delays=True` (gauss) or "linear", `delays=` their
     values (a tensor; `m.W_delay` after). Plasticity: `rule=` a rule (a library rule's name or a
     `.rule` path) that changes `W` at every call, `plasticity="window"` (W held over a call, the change
-    added after it) or `"online"` (W changes every step), `rule_params=` the rule's params."""
+    added after it) or `"online"` (W changes every step), `rule_params=` the rule's params.
+    `sparse_input=True`: where the input is mostly zeros (spikes at a low rate; at most
+    `FLEXDSL_SPARSE_DENSITY`, default 5 %, of its entries nonzero), the product is taken from its
+    nonzero entries on the GPU, fused with the neuron's steps where no gradient is wanted: the call's
+    time falls with the spike rate (one count read back per call decides; denser inputs run dense)."""
     from .runtime.layer import feedforward as make
 
     return make(model, in_features, hidden, connectivity=connectivity, mask=mask, port=port, bias=bias,
                 step_mode=step_mode, backend=backend, detach_reset=detach_reset, param_shapes=param_shapes,
                 surrogate=surrogate, learnable=learnable, delay=delay, max_delay=max_delay,
                 learnable_delays=learnable_delays, delays=delays, rule=rule, plasticity=plasticity,
-                rule_params=rule_params, **params)
+                rule_params=rule_params, sparse_input=sparse_input, **params)
 
 
 __all__ = ["compile", "feedforward", "library", "load", "load_rule", "loads", "recurrent", "rules"]

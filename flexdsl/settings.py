@@ -29,6 +29,13 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
     "FLEXDSL_PLASTIC_WARPS": (1, 16, True, "warps per program of the online plastic kernel"),
     "FLEXDSL_PLASTIC_STAGES": (1, 8, False, "the pipelining depth of the online plastic kernel"),
     "FLEXDSL_CPU_BUILD_TIMEOUT": (1, 86400, False, "seconds a build of the CPU kernels may take"),
+    "FLEXDSL_SPARSE_BH": (16, 1024, True, "postsynaptic neurons per program of the sparse-input kernels"),
+    "FLEXDSL_SPARSE_BJ": (1, 256, True, "nonzero inputs gathered at once by the sparse-input kernels"),
+}
+# name -> (default, what it is): fractions in [0, 1]
+FRACTIONS: dict[str, tuple[float, str]] = {
+    "FLEXDSL_SPARSE_DENSITY": (0.05, "the largest fraction of nonzero inputs a layer with sparse_input=True takes "
+                                     "the sparse product at"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_TRITON_TRAINING": ("", "save", "recompute"),
@@ -40,6 +47,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "FLEXDSL_RECURRENT_RESIDENT": ("", "0", "1"),
     "FLEXDSL_EPROP_COMPILE": ("", "0", "1"),
     "FLEXDSL_PLASTIC_FUSED": ("", "0", "1"),
+    "FLEXDSL_SPARSE_FUSED": ("", "0", "1"),
     "FLEXDSL_PLASTIC_PRECISION": ("", "tf32x3", "ieee", "tf32"),
 }
 
@@ -74,6 +82,23 @@ def env_int(name: str) -> int | None:
     return v
 
 
+def env_fraction(name: str) -> float:
+    """The checked value of `name`, a fraction in [0, 1] (its default when unset or empty)."""
+    default, what = FRACTIONS[name]
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = float(raw) if raw.isascii() else None
+    except ValueError:
+        v = None
+    if v is None or not 0.0 <= v <= 1.0:
+        raise FlexDSLError(f"the environment variable {name} ({what}) must be a fraction from 0 to 1, not "
+                           f"{raw[:40]!r}", "environment", hint=f"unset it for the default ({default}), or set e.g. "
+                           f"{name}={default}")
+    return v
+
+
 def env_choice(name: str) -> str:
     """The checked value of `name` ("" when unset)."""
     raw = os.environ.get(name, "").strip()
@@ -85,4 +110,4 @@ def env_choice(name: str) -> str:
     return raw
 
 
-__all__ = ["env_int", "env_choice", "env_tile", "INTS", "CHOICES"]
+__all__ = ["env_int", "env_choice", "env_fraction", "env_tile", "INTS", "CHOICES", "FRACTIONS"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import FlexDSLError
@@ -177,5 +178,18 @@ def plastic_kernel(name: str, x: Any) -> Callable | None:
     return make
 
 
-__all__ = ["register", "unregister", "names", "delay_kernel", "plastic_kernel", "auto_names", "get", "choose", "capabilities", "able", "refusal",
+def sparse_kernel(name: str, x: Any) -> Any:
+    """The sparse-input operations of the backend a layer named `name` runs inputs like `x` on (auto:
+    the Triton kernels for CUDA tensors): `compact(x2)`, `sparse_product(x, w, b, idx, cnt)` and
+    `program(ir, port, source)` (the fused kernel; see `triton/sparse.py`), or None where that backend
+    has none (the dense product then)."""
+    b = _kernel_backend(name, x, "sparse")
+    if b is None:
+        return None
+    ops = b.sparse_ops()  # type: ignore[attr-defined]
+    return SimpleNamespace(compact=ops.compact, sparse_product=ops.sparse_product,
+                           program=lambda ir, port, source: ops.program(ir, ir.key(b), port, source))
+
+
+__all__ = ["register", "unregister", "names", "delay_kernel", "plastic_kernel", "sparse_kernel", "auto_names", "get", "choose", "capabilities", "able", "refusal",
            "Backend", "Capabilities", "Need", "REFERENCE"]

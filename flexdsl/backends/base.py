@@ -72,6 +72,7 @@ class Capabilities:
     delays: bool = False  # sparse synaptic delays in kernels (`delay_product(hist, d, a, c, D)`)
     eprop: bool = False  # e-prop's per-synapse traces in a kernel (`eprop_walk(eps, J, b, x, s, one, A, Lg)`)
     plastic: bool = False  # an online plastic layer's call in one kernel (`plastic_program(ir, key, rule_ir, ...)`)
+    sparse: bool = False  # products from sparse inputs' nonzero entries (`sparse_ops()`: compact, product, program)
 
     def lacks(self, need: Need) -> str | None:
         """What of `need` this backend has not declared, as the words after "backend `x`" (the

@@ -39,9 +39,10 @@ from .module import NeuronModule
 from .options import make as make_options
 from .plastic import PlasticSynapses
 from .recurrent import RecurrentModule
+from .sparse import SparseInputs
 
 
-class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Module):
+class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, SparseInputs, nn.Module):
     """A feed-forward layer: synapses from the layer's inputs into `size` neurons of one model.
 
     `m(x, ...)`: one tensor per layer input (`[T, *batch, size_of_input]`, step_mode "m"; without T
@@ -50,11 +51,12 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Modu
     dense, `[size]` one_to_one), one per bias, and the neuron's own (`m.neuron`); `m.reset()` clears
     the neuron's states. A synapse group with a plasticity rule (`rule stdp_additive [online]`) changes
     its weight at every call (`runtime/plastic.py`): `m.rules[W]` is the rule, the modulators it reads
-    are keyword inputs (`m(x, reward=r)`)."""
+    are keyword inputs (`m(x, reward=r)`). `sparse_input=True` (`m.sparse_input`): products of
+    inputs that are mostly zeros are taken from their nonzero entries (`runtime/sparse.py`)."""
 
     def __init__(self, neuron: NeuronModule, layer: CheckedLayer, plan: LayerPlan, masks: Mapping[str, Any],
                  step_mode: str = "m", delays: Mapping[str, Any] | None = None,
-                 rule_params: Mapping[str, Any] | None = None) -> None:
+                 rule_params: Mapping[str, Any] | None = None, sparse_input: bool = False) -> None:
         super().__init__()
         self.neuron = neuron
         self.__dict__["_layer"] = layer
@@ -76,6 +78,7 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Modu
         self.step_mode = step_mode
         self.reset_parameters()
         self._register_rules(layer, rule_params)
+        self.sparse_input = sparse_input
 
     def _layer_error(self, msg: str) -> FlexDSLError:
         return self.__dict__["_layer"].error(msg, None)
@@ -112,6 +115,8 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Modu
         state = self.__dict__.copy()
         state["_kept"] = {k: v.detach() for k, v in self._kept.items()}
         state["_changes"] = {k: v.detach() for k, v in self.__dict__.get("_changes", {}).items()}
+        for k in [k for k in state if k.startswith("_sparse_") and k != "_sparse_input"]:
+            del state[k]  # (sparse inputs' per-process caches: kernels, lists, the transposed weight)
         return state
 
     def forward(self, *xs: Any, seed: Any = None, generator: Any = None, **modulators: Any):
@@ -126,6 +131,10 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, nn.Modu
         if modulators:
             raise TypeError(f"layer `{layer.name}` got unexpected keyword input(s) {', '.join(modulators)} (it has no "
                             "plasticity rule reading modulators)")
+        if self.sparse_input:
+            out = self._sparse_forward(list(xs[:n_in]), list(xs[n_in:]), seed, generator)
+            if out is not None:
+                return out
         ports = self._ports(xs[:n_in])
         direct = iter(xs[n_in:])
         args = [ports[k] if k in ports else next(direct) for k in range(len(layer.neuron.inputs))]
@@ -267,11 +276,12 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
                masks: Mapping[str, Any] | None = None, delays: Mapping[str, Any] | None = None, step_mode: str = "m",
                backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
                learnable: Any = None, learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric",
-               rule_params: Mapping[str, Any] | None = None, **params: Any) -> nn.Module:
+               rule_params: Mapping[str, Any] | None = None, sparse_input: bool = False, **params: Any) -> nn.Module:
     """A layer file's module (see the module docstring); `in_features`: an int (a layer with one
     input) or a dict of sizes by input name; `masks`: the 0/1 masks of `connect mask` synapses;
     `delays`: the steps of `delay axonal|synaptic|dendritic` synapses (integer tensors, by synapse);
-    `learning="eprop"` (with `readout=`, `feedback=`): e-prop, for a recurrent layer."""
+    `learning="eprop"` (with `readout=`, `feedback=`): e-prop, for a recurrent layer;
+    `sparse_input=True`: a feed-forward layer's products of sparse inputs from their nonzero entries."""
     text = normalize(text)
     layer = parse_layer(text, filename)
     opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
@@ -281,7 +291,12 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
         _no_eprop(learning, readout, feedback, lambda msg, hint: checked.error(msg, None, hint))
-        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays, rule_params)
+        return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays, rule_params,
+                                 sparse_input)
+    if sparse_input is not False:
+        raise checked.error(f"sparse_input={sparse_input!r} on recurrent layer `{checked.name}`: sparse inputs are "
+                            "taken from their nonzero entries in feed-forward layers only", None,
+                            "leave sparse_input out (the recurrent scan takes the input's products over all steps)")
     return from_layer(neuron, checked, lp, dict(masks or {}), step_mode, backend, delays,
                       {"learning": learning, "readout": readout, "feedback": feedback})
 
@@ -330,7 +345,8 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                 backend: str = "auto", detach_reset: bool = False, param_shapes: Any = None, surrogate: Any = None,
                 learnable: Any = None, delay: Any = None, max_delay: Any = None, learnable_delays: Any = False,
                 delays: Any = None, learning: str = "bptt", rule: Any = None, plasticity: str = "window",
-                rule_params: Mapping[str, Any] | None = None, **params: Any) -> FeedForwardModule:
+                rule_params: Mapping[str, Any] | None = None, sparse_input: bool = False,
+                **params: Any) -> FeedForwardModule:
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
     `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
     connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
@@ -349,7 +365,7 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
     masks = {"W": mask} if mask is not None else {}
     return FeedForwardModule(neuron, checked, lp, masks, step_mode, {"W": delays} if delays is not None else None,
-                             rule_params)
+                             rule_params, sparse_input)
 
 
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,

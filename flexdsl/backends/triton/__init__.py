@@ -48,7 +48,7 @@ class TritonBackend:
 
         return Capabilities(devices=("cuda", "cpu") if interpret() else ("cuda",),
                             dtypes=tuple(str(d).removeprefix("torch.") for d in DTYPES), computes_in="float32",
-                            scans=True, delays=True, eprop=True, plastic=True)
+                            scans=True, delays=True, eprop=True, plastic=True, sparse=True)
 
     def delay_product(self, hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None,
                       D: int) -> torch.Tensor:
@@ -72,6 +72,12 @@ class TritonBackend:
         if not (like.is_cuda or interpret()):
             return None
         return program(ir, key, rule_ir, rule_key, port, source)
+
+    def sparse_ops(self) -> Any:
+        """Sparse inputs' products and the fused sparse-input kernel (`sparse.py`)."""
+        from . import sparse
+
+        return sparse
 
     def load_scan(self, spec: ScanSpec, key: str) -> Any:
         """The layer scan: a persistent kernel per direction (`templates/recurrent.py.j2`)."""

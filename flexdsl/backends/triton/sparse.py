@@ -1,0 +1,284 @@
+"""Sparse inputs in Triton kernels: a feed-forward layer's product `x W^T + b` taken from the
+nonzero entries of `x` only (`sparse_input=True`), so its time falls with the input's spike rate.
+
+Two passes. `compact` lists each row's nonzero columns (a prefix sum per row: `idx[r, :cnt[r]]`,
+in column order); the product then gathers, for each row and each block of output neurons, the
+rows of `W^T` at those columns and sums them times the values (float32 accumulation, in column
+order: the same sums in every call). `current` stores the product (`sparse_product`: the autograd
+Function whose backward is the dense one, the input saved as bits); `SparseProgram` runs the
+neuron's step on it in the same kernel (`templates/sparse.py.j2`, printed from the neuron's
+forward step as the recurrent scan prints it: `recurrent.forward_view`), so the current is never
+stored: inference (no gradient wanted), float32.
+
+A product over n inputs costs `rows * n * H` multiply-adds dense, `rows * nnz * H` loads here:
+the runtime (`runtime/sparse.py`) takes this path below a density (`FLEXDSL_SPARSE_DENSITY`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ...settings import env_int
+from ...store import cache
+from ...store.generated import load_module
+from ..base import IR
+from .emit import _env
+from .kernel import Launcher
+from .launch import LAUNCHES, interpret
+from .recurrent import _sm_count, forward_view
+
+TEMPLATE = "sparse.py.j2"
+
+
+@triton.jit
+def _compact(x_ptr, idx_ptr, cnt_ptr, total_ptr, NI, BK: tl.constexpr):
+    # row r of x [R, NI]: the columns of its nonzero entries, in order, into idx[r, :cnt[r]]; the
+    # call's count of nonzero entries added to total
+    r = tl.program_id(0).to(tl.int64)
+    row = x_ptr + r * NI
+    out = idx_ptr + r * NI
+    base = tl.program_id(0) * 0  # (an int32 scalar the loop carries)
+    for k0 in range(0, NI, BK):
+        ks = k0 + tl.arange(0, BK)
+        v = tl.load(row + ks, mask=ks < NI, other=0.0).to(tl.float32)
+        nz = (v != 0) & (ks < NI)
+        nzi = nz.to(tl.int32)
+        pos = base + tl.cumsum(nzi, axis=0) - 1
+        tl.store(out + pos, ks, mask=nz)
+        base += tl.sum(nzi, axis=0)
+    tl.store(cnt_ptr + r, base)
+    tl.atomic_add(total_ptr, base)
+
+
+@triton.jit
+def _gather(x_ptr, idx_ptr, cnt_ptr, wt_ptr, b_ptr, out_ptr, NI, H, HAS_B: tl.constexpr, BJ: tl.constexpr,
+            BH: tl.constexpr):
+    # out[r, cols] = sum over row r's nonzero columns j of x[r, j] * W^T[j, cols] (+ b[cols])
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    cm = cols < H
+    n = tl.load(cnt_ptr + r)
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j0 in range(0, n, BJ):
+        js = j0 + tl.arange(0, BJ)
+        jm = js < n
+        ii = tl.load(idx_ptr + r * NI + js, mask=jm, other=0)
+        v = tl.load(x_ptr + r * NI + ii, mask=jm, other=0.0).to(tl.float32)
+        w = tl.load(wt_ptr + ii[:, None].to(tl.int64) * H + cols[None, :], mask=jm[:, None] & cm[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(v[:, None] * w, axis=0)
+    if HAS_B:
+        acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r * H + cols, acc.to(out_ptr.dtype.element_ty), mask=cm)
+
+
+_COMPACT = Launcher(_compact)  # (launched with keywords: the fast path of flexdsl's launches)
+_GATHER = Launcher(_gather)
+
+
+class Compacted:
+    """An input's rows' nonzero columns (`idx` [R, NI] int32: the first `cnt[r]` of row r, in order)
+    and their count (`total`, on the device; `nnz()` reads it back)."""
+
+    def __init__(self, idx: torch.Tensor, cnt: torch.Tensor, total: torch.Tensor) -> None:
+        self.idx, self.cnt, self.total = idx, cnt, total
+        self._host: torch.Tensor | None = None
+        self._ready: Any = None
+        if total.is_cuda:  # (the count's copy to the host starts now; `nnz()` waits for it alone)
+            self._host = torch.empty((1,), dtype=torch.int64, pin_memory=True)
+            self._host.copy_(total, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def nnz(self) -> int:
+        """The count of nonzero entries (waits for the compaction, not for what was queued after)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+            return int(self._host[0])  # type: ignore[index]
+        return int(self.total[0].item())
+
+    def density(self) -> float:
+        n = self.idx.numel()
+        return self.nnz() / n if n else 0.0
+
+
+def compact(x2: torch.Tensor) -> Compacted:
+    """Each row's nonzero columns of `x2` [R, NI] (contiguous) and their count."""
+    R, NI = x2.shape
+    idx = torch.empty((R, NI), dtype=torch.int32, device=x2.device)
+    cnt = torch.empty((R,), dtype=torch.int32, device=x2.device)
+    total = torch.zeros((1,), dtype=torch.int64, device=x2.device)
+    if R and NI:
+        bk = min(1024, triton.next_power_of_2(NI))
+        _COMPACT((R,), num_warps=4, x_ptr=x2, idx_ptr=idx, cnt_ptr=cnt, total_ptr=total, NI=NI, BK=bk)
+        LAUNCHES["sparse_compact"] += 1
+    else:
+        cnt.zero_()
+    return Compacted(idx, cnt, total)
+
+
+def _blocks(H: int) -> tuple[int, int]:
+    bh = env_int("FLEXDSL_SPARSE_BH") or (32 if interpret() else min(256, max(32, triton.next_power_of_2(H))))
+    bj = env_int("FLEXDSL_SPARSE_BJ") or 16
+    return bh, bj
+
+
+def current(x2: torch.Tensor, c: Compacted, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`x2 W^T + b` from the nonzero entries `c` lists; `wt` is W^T [NI, H] contiguous; float32
+    accumulation (in column order), the result in x2's dtype."""
+    R, NI = x2.shape
+    H = wt.shape[1]
+    out = torch.empty((R, H), dtype=x2.dtype, device=x2.device)
+    if R and H:
+        bh, bj = _blocks(H)
+        _GATHER((R, triton.cdiv(H, bh)), num_warps=4 if bh >= 128 else 2, x_ptr=x2, idx_ptr=c.idx, cnt_ptr=c.cnt,
+                wt_ptr=wt, b_ptr=b if b is not None else wt, out_ptr=out, NI=NI, H=H, HAS_B=b is not None, BJ=bj, BH=bh)
+        LAUNCHES["sparse_gather"] += 1
+    return out
+
+
+class SparseLinear(torch.autograd.Function):
+    """`x W^T + b` with the forward from `x`'s nonzero entries (`compact`, `current`) and the dense
+    backward of `bits.spike_linear` (the input saved as bits where it is 0/1)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c: Compacted,
+                wt: torch.Tensor) -> torch.Tensor:
+        from ...runtime.bits import is_binary, pack
+
+        x2 = x.reshape(-1, x.shape[-1])
+        out = current(x2, c, wt, b).reshape(*x.shape[:-1], w.shape[0])
+        ctx.shape, ctx.has_bias = x.shape, b is not None
+        ctx.bits = ctx.needs_input_grad[1] and is_binary(x)
+        keep = (pack(x) if ctx.bits else x) if ctx.needs_input_grad[1] else None
+        ctx.save_for_backward(keep, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        from ...runtime.bits import unpack
+
+        kept, w = ctx.saved_tensors
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = g @ w.to(g.dtype)
+        g2 = g.reshape(-1, g.shape[-1])
+        if ctx.needs_input_grad[1]:
+            x = unpack(kept, ctx.shape, g.dtype) if ctx.bits else kept.to(g.dtype)
+            gw = (g2.T @ x.reshape(-1, ctx.shape[-1])).to(w.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb, None, None
+
+
+def sparse_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c: Compacted,
+                   wt: torch.Tensor) -> torch.Tensor:
+    """`x W^T + b` (x [..., NI] contiguous, `c` its `compact` lists, `wt` = W^T contiguous) from x's
+    nonzero entries, differentiable (the backward dense)."""
+    return SparseLinear.apply(x, w, b, c, wt)
+
+
+def emit_sparse(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]:
+    """The neuron's kernels module with the fused sparse-input kernel appended, and its metadata."""
+    base, abi, _P, fwd, param_loads, param_block = forward_view(ir, port, source)
+    src = _env().get_template(TEMPLATE).render(model=ir.step.name, port=ir.step.inputs[port].name,
+                                               param_loads=param_loads, param_block=param_block, fwd=fwd)
+    meta = {"abi": abi.to_dict(), "port": port, "source": source, "hoisted_fwd": [h["arg"] for h in fwd.hoisted]}
+    return base + src, meta
+
+
+class SparseProgram:
+    """The fused sparse-input kernel of one neuron model and port: the product from the compacted
+    input and the neuron's steps in one launch."""
+
+    def __init__(self, module: Any, meta: dict[str, Any]) -> None:
+        from .abi import KernelABI
+
+        self.meta = meta
+        self.abi = KernelABI.from_dict(meta["abi"])
+        self.kernel = Launcher(module._sparse_fwd_kernel)
+
+    def prepare(self, x: torch.Tensor, H: int, b: torch.Tensor | None, ext: torch.Tensor | None, states: list[Any],
+                params: list[Any]) -> dict[str, Any]:
+        """What a call takes apart from its product's source (`launch`): `x` [T, B, NI] float32
+        contiguous, `b` [H] or None, `ext` [T, B, H] (other currents into the port) or None; states and
+        params as floats or tensors broadcasting to [B, H]. The outputs [T, B, H] and the states [B, H]
+        (initial now, final after `launch`) are its "outs" and "st"."""
+        from .plastic import _stack
+
+        T, B, NI = x.shape
+        dev = x.device
+        N = B * H
+        outs = [torch.empty((T, B, H), dtype=torch.float32, device=dev) for _ in self.abi.outputs]
+        st = _stack(states, B, H, dev)
+        bh, bj = _blocks(H)
+        if not interpret():  # (enough programs for the card: smaller blocks for few samples)
+            sms = _sm_count(dev.index or 0)
+            while bh > 32 and B * triton.cdiv(H, bh) < 2 * sms:
+                bh //= 2
+        kw: dict[str, Any] = {"_X": x, "_bias": b if b is not None else x, "_ext": ext if ext is not None else x,
+                              "_st": st, "_B": B, "_H": H, "_NI": NI, "_T": T, "_HOST": False, "_ROUND": False,
+                              "_EXT": ext is not None, "_HASB": b is not None, "_BJ": bj, "_BH": bh}
+        for k, name in enumerate(self.abi.outputs):
+            kw[self.abi.name_of("out", name)] = outs[k]
+        for name, p in zip(self.abi.params, params):
+            if not isinstance(p, torch.Tensor):
+                v, mode = float(p), 0
+            elif p.numel() == 1:
+                v, mode = p.detach().to(dev, torch.float32).reshape(1), 1
+            else:
+                v, mode = p.detach().to(dev, torch.float32).expand(B, H).reshape(N).contiguous(), 2
+            kw[self.abi.name_of("param", name)] = v
+            kw[self.abi.name_of("mode", name)] = mode
+        for h in self.meta["hoisted_fwd"]:
+            kw[h] = 0.0
+        return {"kw": kw, "outs": outs, "st": st, "grid": (B, triton.cdiv(H, bh)), "warps": 4 if bh >= 128 else 2,
+                "run": T * N > 0}
+
+    def launch(self, call: dict[str, Any], c: Compacted | None = None, wt: torch.Tensor | None = None,
+               cur: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Run a prepared call with its product gathered from `c`'s lists and `wt` (W^T [NI, H] float32
+        contiguous), or read from `cur` [T * B, H] (an input too dense to gather, multiplied before).
+        Returns the outputs [T, B, H] and the final states [B, H]."""
+        kw = call["kw"]
+        gather = cur is None
+        x = kw["_X"]
+        kw.update({"_idx": c.idx if gather else x, "_cnt": c.cnt if gather else x,  # type: ignore[union-attr]
+                   "_WT": wt if gather else x, "_cur": x if gather else cur, "_GATHER": gather})
+        if call["run"]:
+            self.kernel(call["grid"], num_warps=call["warps"], **kw)
+            LAUNCHES["sparse_fwd"] += 1
+        st = call["st"]
+        return call["outs"], [st[i].view(kw["_B"], kw["_H"]) for i in range(st.shape[0])]
+
+    def forward(self, x: torch.Tensor, c: Compacted | None, wt: torch.Tensor | None, b: torch.Tensor | None,
+                ext: torch.Tensor | None, states: list[Any], params: list[Any], cur: torch.Tensor | None = None
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`prepare` then `launch`: the product from `c` and `wt`, or from `cur`."""
+        H = wt.shape[1] if wt is not None else cur.shape[1]  # type: ignore[union-attr]
+        return self.launch(self.prepare(x, H, b, ext, states, params), c, wt, cur)
+
+
+_PROGRAMS: dict[str, SparseProgram] = {}
+_LOCK = threading.Lock()
+
+
+def program(ir: IR, key: str, port: int, source: int) -> SparseProgram:
+    """The fused sparse-input kernel of neuron `ir` (its Triton artefact's `key`), cached on disk like
+    every artefact and loaded once per process."""
+    k = cache.key(key, "sparse", str(port), str(source))
+    if k not in _PROGRAMS:
+        with _LOCK:
+            if k not in _PROGRAMS:
+                art = cache.get_or_make(k, lambda: cache.Artefact("tritonsparse", *emit_sparse(ir, port, source)))
+                _PROGRAMS[k] = SparseProgram(load_module("tritonsparse", k, art.source), art.meta)
+    return _PROGRAMS[k]
+
+
+__all__ = ["Compacted", "SparseLinear", "SparseProgram", "compact", "current", "emit_sparse", "program",
+           "sparse_product"]

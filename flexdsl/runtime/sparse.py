@@ -1,0 +1,229 @@
+"""A feed-forward layer's sparse inputs (`sparse_input=True`): where a synapse group's input is
+mostly zeros (spikes at a low rate), its product is taken from the nonzero entries only, so the
+call's time falls with the rate.
+
+At each call, for each dense or masked synapse group without delays, the backend that runs the
+layer (`backends.sparse_kernel`: the Triton kernels on CUDA, or in Triton's interpreter) lists each
+row's nonzero inputs and counts them; the count comes back to the host while the rest of the call
+is prepared (the call waits for the listing, not for work queued after it), and chooses. At or below
+`FLEXDSL_SPARSE_DENSITY` (default 0.05) nonzeros of all entries (or always, `sparse_input="always"`:
+no count read back, nothing waited for):
+
+- no gradient wanted (inference), float32, one such group into a neuron of one input without
+  random draws: the product and the neuron's steps run as one kernel (`SparseProgram`), the current
+  never stored; the other groups and their biases come in as a held current (FLEXDSL_SPARSE_FUSED=0:
+  not fused);
+- else the group's current is the sparse product (`sparse_product`: its backward the dense one,
+  the input saved as bits) and the neuron runs on its own kernels.
+
+Above it the product is the layer's usual dense one (into the same fused kernel, for inference).
+Where no backend serves the input (the CPU's torch path) the layer's usual call runs. The sparse
+sums are the dense float32 product's terms in another order: results equal within `n * eps` of the
+terms' magnitudes, the same for the same input in every call. `m.sparse_report()` says what ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..backends import sparse_kernel
+from ..backends.base import transformed
+from ..frontend.layer import CheckedLayer, CheckedSynapse
+from ..settings import env_choice, env_fraction
+from .bits import mark_binary
+
+
+def density_limit() -> float:
+    """`FLEXDSL_SPARSE_DENSITY` (a fraction in [0, 1]; default 0.05)."""
+    return env_fraction("FLEXDSL_SPARSE_DENSITY")
+
+
+class SparseInputs:
+    """The mixin of `FeedForwardModule` that takes sparse inputs' products from their nonzero
+    entries (see the module docstring). `m.sparse_input` turns it on and off;
+    `m.sparse_report()` says what the last call did."""
+
+    @property
+    def sparse_input(self) -> bool | str:
+        """True: products of sparse inputs from their nonzero entries, chosen per call by the count;
+        "always": from their nonzero entries whatever the count (no read back); False: dense."""
+        return self.__dict__.get("_sparse_input", False)
+
+    @sparse_input.setter
+    def sparse_input(self, value: Any) -> None:
+        self._check_sparse(value)
+        self.__dict__["_sparse_input"] = value
+
+    def sparse_report(self) -> dict[str, tuple[str, float]]:
+        """What the last call did with each synapse group it could take sparse, by name: ("sparse
+        fused" | "sparse" | "dense fused" | "dense", the fraction of nonzero inputs). May read a count
+        back from the device: for looking, not for the call path."""
+        return {name: (how, c.density()) for name, (c, how) in self.__dict__.get("_sparse_seen", {}).items()}
+
+    def _check_sparse(self, value: Any) -> None:
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        if not isinstance(value, bool) and value != "always":
+            raise layer.error(f"sparse_input={value!r}: give True, False or \"always\"", layer.ast.pos,
+                              "True chooses per call by the count of nonzero inputs; \"always\" takes them sparse")
+        if value is False:
+            return
+        if any(s.rule is not None for s in layer.synapses):
+            s = next(s for s in layer.synapses if s.rule is not None)
+            raise layer.error(f"sparse_input on layer `{layer.name}`, whose synapses `{s.name}` have a plasticity "
+                              "rule: their products run with the rule, not from nonzero entries", s.pos,
+                              "drop sparse_input, or the rule")
+        if not self._sparse_groups():
+            raise layer.error(f"sparse_input on layer `{layer.name}`, which has no dense or masked synapse group "
+                              "without delays (the products sparse inputs can take)", layer.ast.pos,
+                              "sparse_input applies to `connect dense`/`connect mask` synapses without `delay`")
+
+    def _sparse_groups(self) -> list[CheckedSynapse]:
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        return [s for s in layer.synapses if s.connect in ("dense", "mask") and s.delay_kind is None]
+
+    def _sparse_forward(self, xs: list, direct: list, seed: Any, generator: Any) -> Any:
+        """The call with products from the nonzero entries where the inputs are sparse enough, or
+        None (the layer's usual call)."""
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        neuron = self.neuron  # type: ignore[attr-defined]
+        self.__dict__["_sparse_seen"] = {}
+        if torch.compiler.is_compiling() or any(transformed(t) for t in xs if isinstance(t, torch.Tensor)):
+            return None
+        xs_in = [self._check_input(x, name, size, pos)  # type: ignore[attr-defined]
+                 for x, (name, size, pos) in zip(xs, layer.inputs)]
+        single = self.step_mode == "s"  # type: ignore[attr-defined]
+        if single:
+            xs_in = [x.unsqueeze(0) for x in xs_in]
+        groups: dict[str, tuple[Any, torch.Tensor, Any]] = {}
+        for s in self._sparse_groups():
+            x = xs_in[s.pre_index]
+            ops = self._sparse_ops(x)
+            if ops is None or x.dtype != getattr(self, s.name).dtype or torch.is_autocast_enabled(x.device.type):
+                continue
+            xc = x.contiguous()
+            groups[s.name] = (ops, xc, ops.compact(xc.reshape(-1, xc.shape[-1])))  # (its count on its way back)
+        if not groups:
+            return None
+        fused = self._fused_args(xs_in, direct, groups)  # (made while the count comes back)
+        limit = density_limit()
+        sparse = {name: self.sparse_input == "always" or c.nnz() <= limit * xc.numel()
+                  for name, (_, xc, c) in groups.items()}
+        for name, (_, _, c) in groups.items():
+            self._sparse_seen[name] = (c, ("sparse" if sparse[name] else "dense") + (" fused" if fused else ""))
+        if fused is not None:
+            (name, (ops, xc, c)), = groups.items()
+            s = next(g for g in layer.synapses if g.name == name)
+            T, B, NI = fused["shape"]
+            if sparse[name]:
+                outs, fins = fused["prog"].launch(fused["call"], c, fused["wt"])
+            else:
+                cur = torch.nn.functional.linear(xc.reshape(T * B, NI), self._sparse_weight(s).detach())
+                outs, fins = fused["prog"].launch(fused["call"], cur=cur)
+            return self._fused_result(outs, fins, fused["batch"], single)
+        ports: dict[int, torch.Tensor] = {}
+        for s in layer.synapses:
+            if s.name in groups and sparse[s.name]:
+                ops, xc, c = groups[s.name]
+                cur = ops.sparse_product(xc, self._sparse_weight(s), self._bias_of(s), c, self._transposed(s))
+            else:
+                cur = self._current(s, xs_in[s.pre_index])  # type: ignore[attr-defined]
+            ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
+        if single:
+            ports = {k: v[0] for k, v in ports.items()}
+        it = iter(direct)
+        args = [ports[k] if k in ports else next(it) for k in range(len(layer.neuron.inputs))]
+        return neuron(*args, seed=seed, generator=generator)
+
+    def _sparse_ops(self, x: torch.Tensor) -> Any:
+        """The backend's sparse operations for inputs like `x` (`backends.sparse_kernel`), looked up
+        once per backend name, device and dtype."""
+        key = (self.neuron.backend, x.device, x.dtype)  # type: ignore[attr-defined]
+        kept = self.__dict__.setdefault("_sparse_ops_of", {})
+        if key not in kept:
+            kept[key] = sparse_kernel(key[0], x)
+        return kept[key]
+
+    def _sparse_weight(self, s: CheckedSynapse) -> torch.Tensor:
+        w = getattr(self, s.name)
+        if s.connect == "mask":
+            w = w * getattr(self, s.name + "_mask").to(w.dtype)
+        return w
+
+    def _transposed(self, s: CheckedSynapse) -> torch.Tensor:
+        """W^T contiguous (masked), the gathers' layout; kept while the weight (and its mask) are
+        unchanged: their tensors and versions (an optimizer's step changes the version)."""
+        w = getattr(self, s.name)
+        parts = [w] + ([getattr(self, s.name + "_mask")] if s.connect == "mask" else [])
+        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in parts)
+        kept = self.__dict__.setdefault("_sparse_wt", {})
+        hit = kept.get(s.name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        wt = self._sparse_weight(s).detach().t().contiguous()
+        kept[s.name] = (key, wt)
+        return wt
+
+    def _bias_of(self, s: CheckedSynapse) -> torch.Tensor | None:
+        return getattr(self, s.bias) if s.bias is not None else None
+
+    def _fused_args(self, xs: list, direct: list, groups: dict) -> dict[str, Any] | None:
+        """What the call as one kernel (product and neuron) takes, where it serves; else None."""
+        layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
+        neuron = self.neuron  # type: ignore[attr-defined]
+        c = neuron._compiled
+        ck = c.checked
+        if (len(groups) != 1 or direct or len(ck.inputs) != 1 or env_choice("FLEXDSL_SPARSE_FUSED") == "0"
+                or ck.stochastic or neuron.check_finite or neuron.store_state_seqs):
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):  # type: ignore[attr-defined]
+            return None
+        (name, (ops, xc, _)), = groups.items()
+        s = next(g for g in layer.synapses if g.name == name)
+        w = getattr(self, s.name)
+        if xc.dtype != torch.float32 or w.dtype != torch.float32:
+            return None
+        T = xc.shape[0]
+        batch = xc.shape[1:-1]
+        B = 1
+        for d in batch:
+            B *= d
+        H = w.shape[0]
+        ext = None
+        for g in layer.synapses:  # (the other groups and their biases: a held current)
+            if g is s:
+                continue
+            cur = self._current(g, xs[g.pre_index])  # type: ignore[attr-defined]
+            ext = cur if ext is None else ext + cur
+        if ext is not None:
+            ext = ext.detach().to(torch.float32).reshape(T, B, H).contiguous()
+        x0 = torch.zeros((*batch, H), dtype=xc.dtype, device=xc.device)
+        states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                  for v in neuron._states_for(x0, x0.shape, None, False)]
+        values = neuron._call_params(None, x0)
+        params = c.with_derived([v.expand(*batch, H).reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 1
+                                 else v for v in values])
+        b = self._bias_of(s)
+        kept = self.__dict__.get("_sparse_prog")
+        if kept is None or kept[0] is not c or kept[1] is not ops:  # (one lookup per compiled model)
+            kept = self.__dict__["_sparse_prog"] = (c, ops, ops.program(c, 0, 0))
+        prog = kept[2]
+        call = prog.prepare(xc.reshape(T, B, xc.shape[-1]), H, b.detach().contiguous() if b is not None else None,
+                            ext, states, params)
+        return {"prog": prog, "call": call, "shape": (T, B, xc.shape[-1]), "batch": batch, "wt": self._transposed(s)}
+
+    def _fused_result(self, outs: list, fins: list, batch: tuple, single: bool) -> Any:
+        neuron = self.neuron  # type: ignore[attr-defined]
+        for sname, v in zip(neuron._state_names, fins):
+            neuron._states[sname] = v.reshape(*batch, v.shape[-1])
+        outs = [o.reshape(o.shape[0], *batch, o.shape[-1]) for o in outs]
+        if single:
+            outs = [o[0] for o in outs]
+        k = neuron._spike_out
+        if k is not None:
+            mark_binary(outs[k])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+__all__ = ["SparseInputs", "density_limit"]
