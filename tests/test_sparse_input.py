@@ -27,7 +27,7 @@ def _pair(model: str, n_in: int = 40, n_out: int = 12, **kw):
     torch.manual_seed(0)
     m = flexdsl.feedforward(model, n_in, n_out, backend="triton", sparse_input=kw.pop("sparse", True), **kw)
     with torch.no_grad():
-        getattr(m, "W").mul_(SCALE.get(model, 20.0))
+        m.W.mul_(SCALE.get(model, 20.0))
     ref = flexdsl.feedforward(model, n_in, n_out, backend="torch", **kw)
     ref.load_state_dict(m.state_dict())
     return m, ref.double()
