@@ -180,14 +180,14 @@ def plastic_kernel(name: str, x: Any) -> Callable | None:
 
 def sparse_kernel(name: str, x: Any) -> Any:
     """The sparse-input operations of the backend a layer named `name` runs inputs like `x` on (auto:
-    the Triton kernels for CUDA tensors): `compact(x2)`, `sparse_product(x, w, b, idx, cnt)` and
+    the Triton kernels for CUDA tensors): `compact(x2)`, `current(x2, compacted, wt, b)` and
     `program(ir, port, source)` (the fused kernel; see `triton/sparse.py`), or None where that backend
     has none (the dense product then)."""
     b = _kernel_backend(name, x, "sparse")
     if b is None:
         return None
     ops = b.sparse_ops()  # type: ignore[attr-defined]
-    return SimpleNamespace(compact=ops.compact, sparse_product=ops.sparse_product,
+    return SimpleNamespace(compact=ops.compact, current=ops.current,
                            program=lambda ir, port, source: ops.program(ir, ir.key(b), port, source))
 
 

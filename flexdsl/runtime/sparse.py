@@ -13,8 +13,8 @@ no count read back, nothing waited for):
   random draws: the product and the neuron's steps run as one kernel (`SparseProgram`), the current
   never stored; the other groups and their biases come in as a held current (FLEXDSL_SPARSE_FUSED=0:
   not fused);
-- else the group's current is the sparse product (`sparse_product`: its backward the dense one,
-  the input saved as bits) and the neuron runs on its own kernels.
+- else the group's current is the sparse product (`SparseLinear`: its backward the dense one, the
+  input saved as bits) and the neuron runs on its own kernels.
 
 Above it the product is the layer's usual dense one (into the same fused kernel, for inference).
 Where no backend serves the input (the CPU's torch path) the layer's usual call runs. The sparse
@@ -32,12 +32,43 @@ from ..backends import sparse_kernel
 from ..backends.base import transformed
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..settings import env_choice, env_fraction
-from .bits import mark_binary
+from .bits import is_binary, mark_binary, pack, unpack
 
 
 def density_limit() -> float:
     """`FLEXDSL_SPARSE_DENSITY` (a fraction in [0, 1]; default 0.05)."""
     return env_fraction("FLEXDSL_SPARSE_DENSITY")
+
+
+class SparseLinear(torch.autograd.Function):
+    """`x W^T + b` with the forward from `x`'s nonzero entries (a backend's `current` over its
+    `compact` lists, `wt` = W^T) and the dense backward of `bits.spike_linear` (the input saved as
+    bits where it is 0/1)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ops: Any, c: Any,
+                wt: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        out = ops.current(x2, c, wt, b).reshape(*x.shape[:-1], w.shape[0])
+        ctx.shape, ctx.has_bias = x.shape, b is not None
+        ctx.bits = ctx.needs_input_grad[1] and is_binary(x)
+        keep = (pack(x) if ctx.bits else x) if ctx.needs_input_grad[1] else None
+        ctx.save_for_backward(keep, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        kept, w = ctx.saved_tensors
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = g @ w.to(g.dtype)
+        g2 = g.reshape(-1, g.shape[-1])
+        if ctx.needs_input_grad[1]:
+            x = unpack(kept, ctx.shape, g.dtype) if ctx.bits else kept.to(g.dtype)
+            gw = (g2.T @ x.reshape(-1, ctx.shape[-1])).to(w.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb, None, None, None
 
 
 class SparseInputs:
@@ -126,7 +157,7 @@ class SparseInputs:
         for s in layer.synapses:
             if s.name in groups and sparse[s.name]:
                 ops, xc, c = groups[s.name]
-                cur = ops.sparse_product(xc, self._sparse_weight(s), self._bias_of(s), c, self._transposed(s))
+                cur = SparseLinear.apply(xc, self._sparse_weight(s), self._bias_of(s), ops, c, self._transposed(s))
             else:
                 cur = self._current(s, xs_in[s.pre_index])  # type: ignore[attr-defined]
             ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
@@ -226,4 +257,4 @@ class SparseInputs:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-__all__ = ["SparseInputs", "density_limit"]
+__all__ = ["SparseInputs", "SparseLinear", "density_limit"]

@@ -4,9 +4,9 @@ nonzero entries of `x` only (`sparse_input=True`), so its time falls with the in
 Two passes. `compact` lists each row's nonzero columns (a prefix sum per row: `idx[r, :cnt[r]]`,
 in column order); the product then gathers, for each row and each block of output neurons, the
 rows of `W^T` at those columns and sums them times the values (float32 accumulation, in column
-order: the same sums in every call). `current` stores the product (`sparse_product`: the autograd
-Function whose backward is the dense one, the input saved as bits); `SparseProgram` runs the
-neuron's step on it in the same kernel (`templates/sparse.py.j2`, printed from the neuron's
+order: the same sums in every call). `current` stores the product (what the runtime's
+differentiable product, `runtime/sparse.py`, runs forward); `SparseProgram` runs the neuron's step
+on it in the same kernel (`templates/sparse.py.j2`, printed from the neuron's
 forward step as the recurrent scan prints it: `recurrent.forward_view`), so the current is never
 stored: inference (no gradient wanted), float32.
 
@@ -142,47 +142,6 @@ def current(x2: torch.Tensor, c: Compacted, wt: torch.Tensor, b: torch.Tensor | 
     return out
 
 
-class SparseLinear(torch.autograd.Function):
-    """`x W^T + b` with the forward from `x`'s nonzero entries (`compact`, `current`) and the dense
-    backward of `bits.spike_linear` (the input saved as bits where it is 0/1)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c: Compacted,
-                wt: torch.Tensor) -> torch.Tensor:
-        from ...runtime.bits import is_binary, pack
-
-        x2 = x.reshape(-1, x.shape[-1])
-        out = current(x2, c, wt, b).reshape(*x.shape[:-1], w.shape[0])
-        ctx.shape, ctx.has_bias = x.shape, b is not None
-        ctx.bits = ctx.needs_input_grad[1] and is_binary(x)
-        keep = (pack(x) if ctx.bits else x) if ctx.needs_input_grad[1] else None
-        ctx.save_for_backward(keep, w)
-        return out
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        from ...runtime.bits import unpack
-
-        kept, w = ctx.saved_tensors
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = g @ w.to(g.dtype)
-        g2 = g.reshape(-1, g.shape[-1])
-        if ctx.needs_input_grad[1]:
-            x = unpack(kept, ctx.shape, g.dtype) if ctx.bits else kept.to(g.dtype)
-            gw = (g2.T @ x.reshape(-1, ctx.shape[-1])).to(w.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb, None, None
-
-
-def sparse_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c: Compacted,
-                   wt: torch.Tensor) -> torch.Tensor:
-    """`x W^T + b` (x [..., NI] contiguous, `c` its `compact` lists, `wt` = W^T contiguous) from x's
-    nonzero entries, differentiable (the backward dense)."""
-    return SparseLinear.apply(x, w, b, c, wt)
-
-
 def emit_sparse(ir: IR, port: int, source: int) -> tuple[str, dict[str, Any]]:
     """The neuron's kernels module with the fused sparse-input kernel appended, and its metadata."""
     base, abi, _P, fwd, param_loads, param_block = forward_view(ir, port, source)
@@ -280,5 +239,4 @@ def program(ir: IR, key: str, port: int, source: int) -> SparseProgram:
     return _PROGRAMS[k]
 
 
-__all__ = ["Compacted", "SparseLinear", "SparseProgram", "compact", "current", "emit_sparse", "program",
-           "sparse_product"]
+__all__ = ["Compacted", "SparseProgram", "compact", "current", "emit_sparse", "program"]
