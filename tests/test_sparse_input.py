@@ -19,6 +19,7 @@ from flexdsl.backends.triton.kernel import LAUNCHES
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="Triton needs a GPU or TRITON_INTERPRET=1")
 EPS32 = torch.finfo(torch.float32).eps
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # (the interpreter runs CPU tensors)
 SCALE = {"alif": 150.0}  # the weights' scale at which a layer of the model spikes (default 20)
 
 
@@ -30,13 +31,13 @@ def _pair(model: str, n_in: int = 40, n_out: int = 12, **kw):
         m.W.mul_(SCALE.get(model, 20.0))
     ref = flexdsl.feedforward(model, n_in, n_out, backend="torch", **kw)
     ref.load_state_dict(m.state_dict())
-    return m, ref.double()
+    return m.to(DEV), ref.double().to(DEV)
 
 
 def _spikes(shape, rate: float, seed: int = 1, graded: bool = False) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(*shape, generator=g) < rate).float()
-    return x * (0.5 + torch.rand(*shape, generator=g)) if graded else x
+    return (x * (0.5 + torch.rand(*shape, generator=g)) if graded else x).to(DEV)
 
 
 def _bound(m, x: torch.Tensor, T: int) -> float:
@@ -70,7 +71,7 @@ def test_training_product_gradients_equal_dense_float64():
     m, ref = _pair("lif")
     x = _spikes((8, 2, 2, 40), 0.03, seed=3).requires_grad_(True)
     x64 = x.detach().double().requires_grad_(True)
-    g = torch.randn(8, 2, 2, 12, generator=torch.Generator().manual_seed(5))
+    g = torch.randn(8, 2, 2, 12, generator=torch.Generator().manual_seed(5)).to(DEV)
     before = LAUNCHES["sparse_gather"]
     out = m(x)
     assert LAUNCHES["sparse_gather"] == before + 1 and m.sparse_report()["W"][0] == "sparse"
@@ -105,7 +106,7 @@ def test_dense_fallback_above_the_density_and_always(monkeypatch):
 
 
 def test_masked_graded_bias_free_and_not_fused(monkeypatch):
-    mask = (torch.rand(12, 40, generator=torch.Generator().manual_seed(2)) < 0.5).float()
+    mask = (torch.rand(12, 40, generator=torch.Generator().manual_seed(2)) < 0.5).float()  # (moved with the layer)
     m, ref = _pair("lif", connectivity="mask", mask=mask, bias=False)
     x = _spikes((7, 3, 40), 0.04, seed=4, graded=True)
     monkeypatch.setenv("FLEXDSL_SPARSE_FUSED", "0")
@@ -134,7 +135,7 @@ def test_single_steps_equal_one_call():
 
 def test_torch_backend_and_pickle_keep_the_dense_path():
     torch.manual_seed(0)
-    m = flexdsl.feedforward("lif", 40, 12, backend="torch", sparse_input=True)
+    m = flexdsl.feedforward("lif", 40, 12, backend="torch", sparse_input=True).to(DEV)
     x = _spikes((5, 2, 40), 0.05)
     with torch.no_grad():
         m(x)
@@ -156,7 +157,7 @@ def test_bad_sparse_input_is_a_located_error(monkeypatch):
         flexdsl.feedforward("lif", 4, 4, connectivity="one_to_one", sparse_input=True)
     with pytest.raises(FlexDSLError, match="feed-forward layers only"):
         flexdsl.load("rlif.layer", hidden=5, in_features=4, sparse_input=True)
-    m = flexdsl.feedforward("lif", 4, 3, backend="triton", sparse_input=True)
+    m = flexdsl.feedforward("lif", 4, 3, backend="triton", sparse_input=True).to(DEV)
     monkeypatch.setenv("FLEXDSL_SPARSE_DENSITY", "2")
     with pytest.raises(FlexDSLError, match="FLEXDSL_SPARSE_DENSITY"):
-        m(torch.zeros(2, 1, 4))
+        m(torch.zeros(2, 1, 4, device=DEV))
