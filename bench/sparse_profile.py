@@ -76,7 +76,7 @@ def main() -> None:
         w = m.W.detach()
         ref = x2.double() @ w.double().t()
         scale = (x2.double().abs() @ w.double().abs().t()).max().item()
-        out = sp.current(x2, sp.compact(x2), w.t().contiguous(), None)
+        out = sp.current(x2, sp.compact(x2, 1.0), w.t().contiguous(), None)
         print(f"  sparse gather: max |err| {(out.double() - ref).abs().max().item():.2e} (scale {scale:.2e})")
         print(f"  cuBLAS float32: max |err| {(x2 @ w.t()).double().sub(ref).abs().max().item():.2e}")
 

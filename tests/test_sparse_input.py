@@ -161,3 +161,21 @@ def test_bad_sparse_input_is_a_located_error(monkeypatch):
     monkeypatch.setenv("FLEXDSL_SPARSE_DENSITY", "2")
     with pytest.raises(FlexDSLError, match="FLEXDSL_SPARSE_DENSITY"):
         m(torch.zeros(2, 1, 4, device=DEV))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_wrong_guess_changes_no_result(grad):
+    # each call queues the path the last one took before its count is back; the count decides:
+    # sparse and dense inputs in turn give the dense float64 layer's results whatever came before
+    m, ref = _pair("lif")
+    xs = [_spikes((5, 2, 40), r, seed=i) for i, r in enumerate((0.02, 0.3, 0.3, 0.02, 0.02, 0.3))]
+    want = ["sparse", "dense", "dense", "sparse", "sparse", "dense"]
+    for k, (x, path) in enumerate(zip(xs, want)):
+        with torch.set_grad_enabled(grad):
+            y = m(x)
+        with torch.no_grad():
+            y64 = ref(x.double())
+        assert m.sparse_report()["W"][0] == path + ("" if grad else " fused")
+        assert torch.equal(y.detach().double(), y64)
+        bound = _bound(m, x, 5 * (k + 1))  # (the state carries over every call so far)
+        assert (m.neuron.v.detach().double() - ref.neuron.v).abs().max().item() <= bound

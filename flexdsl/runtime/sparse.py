@@ -4,20 +4,21 @@ call's time falls with the rate.
 
 At each call, for each dense or masked synapse group without delays, the backend that runs the
 layer (`backends.sparse_kernel`: the Triton kernels on CUDA, or in Triton's interpreter) lists each
-row's nonzero inputs and counts them; the count comes back to the host while the rest of the call
-is prepared (the call waits for the listing, not for work queued after it), and chooses. At or below
-`FLEXDSL_SPARSE_DENSITY` (default 0.05) nonzeros of all entries (or always, `sparse_input="always"`:
-no count read back, nothing waited for):
+row's nonzero inputs and counts them. At or below `FLEXDSL_SPARSE_DENSITY` (default 0.05) nonzeros of
+all entries (or always, `sparse_input="always"`: no count read) the product gathers the rows of
+`W^T` at them; above it the layer's usual dense product runs. The count comes back to the host as
+soon as it is made; meanwhile the call queues the path the group's last call took (a gather gated by
+the count on the device, or the dense product), so the GPU does not wait for the host: a wrong guess
+costs a launch (or the dense product's time), never a different result.
 
-- no gradient wanted (inference), float32, one such group into a neuron of one input without
+- No gradient wanted (inference), float32, one such group into a neuron of one input without
   random draws: the product and the neuron's steps run as one kernel (`SparseProgram`), the current
   never stored; the other groups and their biases come in as a held current (FLEXDSL_SPARSE_FUSED=0:
-  not fused);
-- else the group's current is the sparse product (`SparseLinear`: its backward the dense one, the
-  input saved as bits) and the neuron runs on its own kernels.
+  not fused).
+- Else the group's current is the product (`SparseLinear`: its backward the dense one, the input
+  saved as bits) and the neuron runs on its own kernels.
 
-Above it the product is the layer's usual dense one (into the same fused kernel, for inference).
-Where no backend serves the input (the CPU's torch path) the layer's usual call runs. The sparse
+Where no backend serves the input (the CPU's torch path) the layer's usual call runs. The gathered
 sums are the dense float32 product's terms in another order: results equal within `n * eps` of the
 terms' magnitudes, the same for the same input in every call. `m.sparse_report()` says what ran.
 """
@@ -41,15 +42,27 @@ def density_limit() -> float:
 
 
 class SparseLinear(torch.autograd.Function):
-    """`x W^T + b` with the forward from `x`'s nonzero entries (a backend's `current` over its
-    `compact` lists, `wt` = W^T) and the dense backward of `bits.spike_linear` (the input saved as
-    bits where it is 0/1)."""
+    """`x W^T + b` with the forward from `x`'s nonzero entries where they are few enough (a backend's
+    `current` over its `compact` lists `c`, `wt` = W^T; else the dense product) and the dense backward
+    of `bits.spike_linear` (the input saved as bits where it is 0/1); `owner` = (layer, group) keeps
+    the guess of which the call takes."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ops: Any, c: Any,
-                wt: torch.Tensor) -> torch.Tensor:
+                wt: torch.Tensor, owner: tuple) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        out = ops.current(x2, c, wt, b).reshape(*x.shape[:-1], w.shape[0])
+        layer, name = owner
+        if c.always:
+            out = ops.current(x2, c, wt, b)
+        elif layer._predicted(name):  # (the gather queued before the count is back, gated by it)
+            out = ops.current(x2, c, wt, b, gated=True)
+            if not layer._chosen(name, c):
+                out = torch.nn.functional.linear(x2, w, b)
+        else:
+            out = torch.nn.functional.linear(x2, w, b)
+            if layer._chosen(name, c):
+                out = ops.current(x2, c, wt, b)
+        out = out.reshape(*x.shape[:-1], w.shape[0])
         ctx.shape, ctx.has_bias = x.shape, b is not None
         ctx.bits = ctx.needs_input_grad[1] and is_binary(x)
         keep = (pack(x) if ctx.bits else x) if ctx.needs_input_grad[1] else None
@@ -68,7 +81,7 @@ class SparseLinear(torch.autograd.Function):
             gw = (g2.T @ x.reshape(-1, ctx.shape[-1])).to(w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0)
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None
 
 
 class SparseInputs:
@@ -78,8 +91,8 @@ class SparseInputs:
 
     @property
     def sparse_input(self) -> bool | str:
-        """True: products of sparse inputs from their nonzero entries, chosen per call by the count;
-        "always": from their nonzero entries whatever the count (no read back); False: dense."""
+        """True: products of sparse inputs from their nonzero entries, chosen per call by their count
+        (on the device); "always": from their nonzero entries whatever the count; False: dense."""
         return self.__dict__.get("_sparse_input", False)
 
     @sparse_input.setter
@@ -89,9 +102,10 @@ class SparseInputs:
 
     def sparse_report(self) -> dict[str, tuple[str, float]]:
         """What the last call did with each synapse group it could take sparse, by name: ("sparse
-        fused" | "sparse" | "dense fused" | "dense", the fraction of nonzero inputs). May read a count
-        back from the device: for looking, not for the call path."""
-        return {name: (how, c.density()) for name, (c, how) in self.__dict__.get("_sparse_seen", {}).items()}
+        fused" | "sparse" | "dense fused" | "dense", the fraction of nonzero inputs). Reads the counts
+        back from the device (waits for the call): for looking, not for the call path."""
+        return {name: (("sparse" if c.sparse() else "dense") + (" fused" if fused else ""), c.density())
+                for name, (c, fused) in self.__dict__.get("_sparse_seen", {}).items()}
 
     def _check_sparse(self, value: Any) -> None:
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
@@ -127,6 +141,7 @@ class SparseInputs:
         single = self.step_mode == "s"  # type: ignore[attr-defined]
         if single:
             xs_in = [x.unsqueeze(0) for x in xs_in]
+        limit = 1.0 if self.sparse_input == "always" else density_limit()
         groups: dict[str, tuple[Any, torch.Tensor, Any]] = {}
         for s in self._sparse_groups():
             x = xs_in[s.pre_index]
@@ -134,30 +149,36 @@ class SparseInputs:
             if ops is None or x.dtype != getattr(self, s.name).dtype or torch.is_autocast_enabled(x.device.type):
                 continue
             xc = x.contiguous()
-            groups[s.name] = (ops, xc, ops.compact(xc.reshape(-1, xc.shape[-1])))  # (its count on its way back)
+            groups[s.name] = (ops, xc, ops.compact(xc.reshape(-1, xc.shape[-1]), limit))
         if not groups:
             return None
-        fused = self._fused_args(xs_in, direct, groups)  # (made while the count comes back)
-        limit = density_limit()
-        sparse = {name: self.sparse_input == "always" or c.nnz() <= limit * xc.numel()
-                  for name, (_, xc, c) in groups.items()}
+        fused = self._fused_args(xs_in, direct, groups)
         for name, (_, _, c) in groups.items():
-            self._sparse_seen[name] = (c, ("sparse" if sparse[name] else "dense") + (" fused" if fused else ""))
+            self._sparse_seen[name] = (c, fused is not None)
         if fused is not None:
             (name, (ops, xc, c)), = groups.items()
             s = next(g for g in layer.synapses if g.name == name)
+            prog, call, wt = fused["prog"], fused["call"], fused["wt"]
             T, B, NI = fused["shape"]
-            if sparse[name]:
-                outs, fins = fused["prog"].launch(fused["call"], c, fused["wt"])
+
+            def dense() -> torch.Tensor:
+                return torch.nn.functional.linear(xc.reshape(T * B, NI), self._sparse_weight(s).detach())
+            if c.always:
+                outs, fins = prog.launch(call, c, wt)
+            elif self._predicted(name):  # (queued before the count is back: the kernel reads it)
+                outs, fins = prog.launch(call, c, wt, gated=True)
+                if not self._chosen(name, c):
+                    outs, fins = prog.launch(call, c, cur=dense())
             else:
-                cur = torch.nn.functional.linear(xc.reshape(T * B, NI), self._sparse_weight(s).detach())
-                outs, fins = fused["prog"].launch(fused["call"], cur=cur)
+                cur = dense()
+                outs, fins = prog.launch(call, c, wt) if self._chosen(name, c) else prog.launch(call, c, cur=cur)
             return self._fused_result(outs, fins, fused["batch"], single)
         ports: dict[int, torch.Tensor] = {}
         for s in layer.synapses:
-            if s.name in groups and sparse[s.name]:
+            if s.name in groups:
                 ops, xc, c = groups[s.name]
-                cur = SparseLinear.apply(xc, self._sparse_weight(s), self._bias_of(s), ops, c, self._transposed(s))
+                cur = SparseLinear.apply(xc, self._sparse_weight(s), self._bias_of(s), ops, c, self._transposed(s),
+                                         (self, s.name))
             else:
                 cur = self._current(s, xs_in[s.pre_index])  # type: ignore[attr-defined]
             ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
@@ -166,6 +187,18 @@ class SparseInputs:
         it = iter(direct)
         args = [ports[k] if k in ports else next(it) for k in range(len(layer.neuron.inputs))]
         return neuron(*args, seed=seed, generator=generator)
+
+    def _predicted(self, name: str) -> bool:
+        """Whether group `name`'s last call was sparse (so this one is queued as sparse before its count
+        is back; a wrong guess costs a launch, never a different result)."""
+        return self.__dict__.setdefault("_sparse_pred", {}).get(name, True)
+
+    def _chosen(self, name: str, c: Any) -> bool:
+        """This call's choice for group `name` (its count read back: waits for the compaction alone),
+        kept as the next call's guess."""
+        sparse = c.sparse()
+        self.__dict__.setdefault("_sparse_pred", {})[name] = sparse
+        return sparse
 
     def _sparse_ops(self, x: torch.Tensor) -> Any:
         """The backend's sparse operations for inputs like `x` (`backends.sparse_kernel`), looked up

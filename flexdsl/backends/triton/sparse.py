@@ -10,8 +10,10 @@ on it in the same kernel (`templates/sparse.py.j2`, printed from the neuron's
 forward step as the recurrent scan prints it: `recurrent.forward_view`), so the current is never
 stored: inference (no gradient wanted), float32.
 
-A product over n inputs costs `rows * n * H` multiply-adds dense, `rows * nnz * H` loads here:
-the runtime (`runtime/sparse.py`) takes this path below a density (`FLEXDSL_SPARSE_DENSITY`).
+A product over n inputs costs `rows * n * H` multiply-adds dense, `rows * nnz * H` loads here: above
+a count of nonzero entries (`FLEXDSL_SPARSE_DENSITY` of them) the runtime (`runtime/sparse.py`)
+takes the dense product instead. The gathers can be gated by the count on the device (`gated`: they
+return at once where it is too high), so a call queues them before the count is back.
 """
 
 from __future__ import annotations
@@ -56,25 +58,27 @@ def _compact(x_ptr, idx_ptr, cnt_ptr, total_ptr, NI, BK: tl.constexpr):
 
 
 @triton.jit
-def _gather(x_ptr, idx_ptr, cnt_ptr, wt_ptr, b_ptr, out_ptr, NI, H, HAS_B: tl.constexpr, BJ: tl.constexpr,
-            BH: tl.constexpr):
-    # out[r, cols] = sum over row r's nonzero columns j of x[r, j] * W^T[j, cols] (+ b[cols])
-    r = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    cm = cols < H
-    n = tl.load(cnt_ptr + r)
-    acc = tl.zeros([BH], dtype=tl.float32)
-    for j0 in range(0, n, BJ):
-        js = j0 + tl.arange(0, BJ)
-        jm = js < n
-        ii = tl.load(idx_ptr + r * NI + js, mask=jm, other=0)
-        v = tl.load(x_ptr + r * NI + ii, mask=jm, other=0.0).to(tl.float32)
-        w = tl.load(wt_ptr + ii[:, None].to(tl.int64) * H + cols[None, :], mask=jm[:, None] & cm[None, :],
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(v[:, None] * w, axis=0)
-    if HAS_B:
-        acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
-    tl.store(out_ptr + r * H + cols, acc.to(out_ptr.dtype.element_ty), mask=cm)
+def _gather(x_ptr, idx_ptr, cnt_ptr, total_ptr, wt_ptr, b_ptr, out_ptr, NI, H, LIMIT, HAS_B: tl.constexpr,
+            GATED: tl.constexpr, BJ: tl.constexpr, BH: tl.constexpr):
+    # out[r, cols] = sum over row r's nonzero columns j of x[r, j] * W^T[j, cols] (+ b[cols]); with
+    # GATED only where the call's nonzero entries are at most LIMIT (else out is left as it is)
+    if not GATED or tl.load(total_ptr) <= LIMIT:
+        r = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BH + tl.arange(0, BH)
+        cm = cols < H
+        n = tl.load(cnt_ptr + r)
+        acc = tl.zeros([BH], dtype=tl.float32)
+        for j0 in range(0, n, BJ):
+            js = j0 + tl.arange(0, BJ)
+            jm = js < n
+            ii = tl.load(idx_ptr + r * NI + js, mask=jm, other=0)
+            v = tl.load(x_ptr + r * NI + ii, mask=jm, other=0.0).to(tl.float32)
+            w = tl.load(wt_ptr + ii[:, None].to(tl.int64) * H + cols[None, :], mask=jm[:, None] & cm[None, :],
+                        other=0.0).to(tl.float32)
+            acc += tl.sum(v[:, None] * w, axis=0)
+        if HAS_B:
+            acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+        tl.store(out_ptr + r * H + cols, acc.to(out_ptr.dtype.element_ty), mask=cm)
 
 
 _COMPACT = Launcher(_compact)  # (launched with keywords: the fast path of flexdsl's launches)
@@ -82,21 +86,27 @@ _GATHER = Launcher(_gather)
 
 
 class Compacted:
-    """An input's rows' nonzero columns (`idx` [R, NI] int32: the first `cnt[r]` of row r, in order)
-    and their count (`total`, on the device; `nnz()` reads it back)."""
+    """An input's rows' nonzero columns (`idx` [R, NI] int32: the first `cnt[r]` of row r, in order),
+    their count (`total` on the device; its copy to the host starts at once, so `nnz()` waits for the
+    compaction alone, not for what is queued after it) and `limit`: the most nonzero entries taken
+    sparse (`always`: whatever the count)."""
 
-    def __init__(self, idx: torch.Tensor, cnt: torch.Tensor, total: torch.Tensor) -> None:
-        self.idx, self.cnt, self.total = idx, cnt, total
+    def __init__(self, idx: torch.Tensor, cnt: torch.Tensor, total: torch.Tensor, limit: int) -> None:
+        self.idx, self.cnt, self.total, self.limit = idx, cnt, total, limit
         self._host: torch.Tensor | None = None
         self._ready: Any = None
-        if total.is_cuda:  # (the count's copy to the host starts now; `nnz()` waits for it alone)
+        if total.is_cuda and not self.always:
             self._host = torch.empty((1,), dtype=torch.int64, pin_memory=True)
             self._host.copy_(total, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record()
 
+    @property
+    def always(self) -> bool:
+        return self.limit >= self.idx.numel()
+
     def nnz(self) -> int:
-        """The count of nonzero entries (waits for the compaction, not for what was queued after)."""
+        """The count of nonzero entries (waits for the compaction)."""
         if self._ready is not None:
             self._ready.synchronize()
             return int(self._host[0])  # type: ignore[index]
@@ -106,9 +116,14 @@ class Compacted:
         n = self.idx.numel()
         return self.nnz() / n if n else 0.0
 
+    def sparse(self) -> bool:
+        """Whether the input is taken sparse (at most `limit` nonzero entries, or always)."""
+        return self.always or self.nnz() <= self.limit
 
-def compact(x2: torch.Tensor) -> Compacted:
-    """Each row's nonzero columns of `x2` [R, NI] (contiguous) and their count."""
+
+def compact(x2: torch.Tensor, density: float) -> Compacted:
+    """Each row's nonzero columns of `x2` [R, NI] (contiguous) and their count; sparse where at most
+    `density` of the entries are nonzero (1.0: always)."""
     R, NI = x2.shape
     idx = torch.empty((R, NI), dtype=torch.int32, device=x2.device)
     cnt = torch.empty((R,), dtype=torch.int32, device=x2.device)
@@ -119,7 +134,7 @@ def compact(x2: torch.Tensor) -> Compacted:
         LAUNCHES["sparse_compact"] += 1
     else:
         cnt.zero_()
-    return Compacted(idx, cnt, total)
+    return Compacted(idx, cnt, total, R * NI if density >= 1.0 else int(density * R * NI))
 
 
 def _blocks(H: int) -> tuple[int, int]:
@@ -128,16 +143,20 @@ def _blocks(H: int) -> tuple[int, int]:
     return bh, bj
 
 
-def current(x2: torch.Tensor, c: Compacted, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """`x2 W^T + b` from the nonzero entries `c` lists; `wt` is W^T [NI, H] contiguous; float32
+def current(x2: torch.Tensor, c: Compacted, wt: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor | None = None,
+            gated: bool = False) -> torch.Tensor:
+    """`x2 W^T + b` from the nonzero entries `c` lists (with `gated`, only where the count on the device
+    is at most `c.limit`: `out` is left as it is otherwise); `wt` is W^T [NI, H] contiguous; float32
     accumulation (in column order), the result in x2's dtype."""
     R, NI = x2.shape
     H = wt.shape[1]
-    out = torch.empty((R, H), dtype=x2.dtype, device=x2.device)
+    if out is None:
+        out = torch.empty((R, H), dtype=x2.dtype, device=x2.device)
     if R and H:
         bh, bj = _blocks(H)
         _GATHER((R, triton.cdiv(H, bh)), num_warps=4 if bh >= 128 else 2, x_ptr=x2, idx_ptr=c.idx, cnt_ptr=c.cnt,
-                wt_ptr=wt, b_ptr=b if b is not None else wt, out_ptr=out, NI=NI, H=H, HAS_B=b is not None, BJ=bj, BH=bh)
+                total_ptr=c.total, wt_ptr=wt, b_ptr=b if b is not None else wt, out_ptr=out, NI=NI, H=H,
+                LIMIT=c.limit, HAS_B=b is not None, GATED=gated, BJ=bj, BH=bh)
         LAUNCHES["sparse_gather"] += 1
     return out
 
@@ -199,28 +218,28 @@ class SparseProgram:
         return {"kw": kw, "outs": outs, "st": st, "grid": (B, triton.cdiv(H, bh)), "warps": 4 if bh >= 128 else 2,
                 "run": T * N > 0}
 
-    def launch(self, call: dict[str, Any], c: Compacted | None = None, wt: torch.Tensor | None = None,
-               cur: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Run a prepared call with its product gathered from `c`'s lists and `wt` (W^T [NI, H] float32
-        contiguous), or read from `cur` [T * B, H] (an input too dense to gather, multiplied before).
-        Returns the outputs [T, B, H] and the final states [B, H]."""
+    def launch(self, call: dict[str, Any], c: Compacted, wt: torch.Tensor | None = None, cur: torch.Tensor | None = None,
+               gated: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Run a prepared call: its product gathered from `c`'s lists and `wt` (W^T [NI, H] float32
+        contiguous), or read from `cur` [T * B, H] (the dense product, taken before). With `gated` the
+        kernel runs only where the count on the device is at most `c.limit` (else it writes nothing: the
+        call can be launched again). Returns the outputs [T, B, H] and the final states [B, H]."""
         kw = call["kw"]
-        gather = cur is None
         x = kw["_X"]
-        kw.update({"_idx": c.idx if gather else x, "_cnt": c.cnt if gather else x,  # type: ignore[union-attr]
-                   "_WT": wt if gather else x, "_cur": x if gather else cur, "_GATHER": gather})
+        mode = 2 if cur is not None else (1 if gated else 0)
+        kw.update({"_idx": c.idx, "_cnt": c.cnt, "_total": c.total, "_LIMIT": c.limit,
+                   "_WT": wt if wt is not None else x, "_cur": cur if cur is not None else x, "_MODE": mode})
         if call["run"]:
             self.kernel(call["grid"], num_warps=call["warps"], **kw)
             LAUNCHES["sparse_fwd"] += 1
         st = call["st"]
         return call["outs"], [st[i].view(kw["_B"], kw["_H"]) for i in range(st.shape[0])]
 
-    def forward(self, x: torch.Tensor, c: Compacted | None, wt: torch.Tensor | None, b: torch.Tensor | None,
-                ext: torch.Tensor | None, states: list[Any], params: list[Any], cur: torch.Tensor | None = None
+    def forward(self, x: torch.Tensor, c: Compacted, wt: torch.Tensor, b: torch.Tensor | None,
+                ext: torch.Tensor | None, states: list[Any], params: list[Any]
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """`prepare` then `launch`: the product from `c` and `wt`, or from `cur`."""
-        H = wt.shape[1] if wt is not None else cur.shape[1]  # type: ignore[union-attr]
-        return self.launch(self.prepare(x, H, b, ext, states, params), c, wt, cur)
+        """`prepare` then `launch`."""
+        return self.launch(self.prepare(x, wt.shape[1], b, ext, states, params), c, wt)
 
 
 _PROGRAMS: dict[str, SparseProgram] = {}
