@@ -15,7 +15,7 @@ import torch
 
 from ..errors import FlexDSLError
 from ..settings import env_choice
-from . import replay
+from . import packed, replay
 from .base import NoiseKey, RecurrentProgram
 from .exact import exact_bf16, exact_in_bf16, fused_products
 
@@ -107,7 +107,7 @@ MM_BF16_MIN = 1 << 24  # (inputs of fewer values: the launches cost more than cu
 
 
 def linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: Any) -> torch.Tensor:
-    """`W_in x + b` as torch computes it. Under autocast to bfloat16 on CUDA with no gradient to
+    """`W_in x + b` as torch computes it (a spike input saved as bits: `packed.linear`). Under autocast to bfloat16 on CUDA with no gradient to
     track (inference) and a large input, the same product in one Triton kernel on rows padded to 64
     elements (`products.mm_bf16`: cuBLAS takes slower kernels for a 700-wide bfloat16 row); the
     input's conversion is the one autocast makes."""
@@ -117,7 +117,7 @@ def linear(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None, prog: An
             and not replay.tracks_grad((x, w_in, b))):
         y = kern.mm_bf16(x.reshape(-1, x.shape[-1]), w_in, b)
         return y.reshape(*x.shape[:-1], w_in.shape[0])
-    return torch.nn.functional.linear(x, w_in, b)
+    return packed.linear(x, w_in, b)  # (a 0/1 input known as such is saved as bits)
 
 
 def fusable(x: torch.Tensor, w_in: torch.Tensor, b: torch.Tensor | None) -> bool:

@@ -12,99 +12,31 @@ graphs save what they need themselves).
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
+from ..backends import packed as _packed
+from ..backends.packed import SpikeLinear as _SpikeLinear
+from ..backends.packed import is_binary, known_binary, mark_binary, pack, unpack
 
 
-_KNOWN: Any = None  # tensors -> (their version when seen, whether all 0/1): spikes of neurons, checked ones
+class _Module(types.ModuleType):
+    """`flexdsl.runtime.bits.ENABLED` reads and sets the one switch (`backends/packed.py`)."""
+
+    @property
+    def ENABLED(self) -> bool:  # noqa: N802 - the module constant's name
+        return _packed.ENABLED
+
+    @ENABLED.setter
+    def ENABLED(self, value: bool) -> None:  # noqa: N802
+        _packed.ENABLED = bool(value)
 
 
-def _known() -> Any:
-    global _KNOWN
-    if _KNOWN is None:
-        from torch.utils.weak import WeakIdKeyDictionary
-        _KNOWN = WeakIdKeyDictionary()
-    return _KNOWN
-
-
-def mark_binary(t: torch.Tensor, binary: bool = True) -> None:
-    """`t` holds only 0 and 1 (a neuron's spike output; with `binary=False`: it does not): a product
-    of it, unchanged since, skips the check."""
-    if not torch.compiler.is_compiling():
-        _known()[t] = (t._version, binary)
-
-
-def known_binary(t: Any) -> bool:
-    """Whether `t` is known to hold only 0 and 1 (marked, and not written since)."""
-    k = _KNOWN.get(t) if _KNOWN is not None and isinstance(t, torch.Tensor) else None
-    return k is not None and k == (t._version, True)
-
-
-def is_binary(x: torch.Tensor) -> bool:
-    """Whether every value of `x` is 0 or 1: known for a neuron's spike output or a tensor checked
-    before and not written since (`mark_binary`), else one pass over it (a host sync on a GPU),
-    whose answer is kept with the tensor."""
-    k = _KNOWN.get(x) if _KNOWN is not None else None
-    if k is not None and k[0] == x._version:
-        return k[1]
-    ok = bool(((x == 0) | (x == 1)).all())
-    mark_binary(x, ok)
-    return ok
-
-
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
-
-
-def pack(x: torch.Tensor) -> torch.Tensor:
-    """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8."""
-    flat = x.reshape(-1)
-    pad = (-flat.numel()) % 8
-    if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    sh = _SHIFTS.get(flat.device)
-    if sh is None:
-        sh = _SHIFTS[flat.device] = torch.arange(8, dtype=torch.uint8, device=flat.device)
-    return (flat.view(-1, 8).to(torch.uint8) << sh).sum(-1, dtype=torch.uint8)
-
-
-def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """`pack`'s inverse: the values, exactly, as `dtype` in `shape`."""
-    n = 1
-    for k in shape:
-        n *= k
-    sh = _SHIFTS.get(packed.device)
-    if sh is None:
-        sh = _SHIFTS[packed.device] = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed.unsqueeze(-1) >> sh) & 1
-    return bits.reshape(-1)[:n].to(dtype).reshape(shape)
-
-
-class _SpikeLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        out = torch.nn.functional.linear(x, w, b)
-        ctx.shape, ctx.dtype, ctx.has_bias = x.shape, x.dtype, b is not None
-        ctx.save_for_backward(pack(x) if ctx.needs_input_grad[1] else None, w)
-        return out
-
-    @staticmethod
-    @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
-    def backward(ctx, g: torch.Tensor):
-        packed, w = ctx.saved_tensors
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = g @ w.to(g.dtype)
-        g2 = g.reshape(-1, g.shape[-1])
-        if ctx.needs_input_grad[1]:
-            x = unpack(packed, ctx.shape, g.dtype).reshape(-1, ctx.shape[-1])
-            gw = (g2.T @ x).to(w.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb
+sys.modules[__name__].__class__ = _Module
 
 
 class _SpikeConv(torch.autograd.Function):
@@ -136,7 +68,7 @@ class _SpikeConv(torch.autograd.Function):
 def _plain(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a product saves its input as it is: no weight gradient, bits off, a trace or graph
     capture, autocast, mixed dtypes, or an input that is not all 0/1."""
-    return (not ENABLED or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling()
+    return (not _packed.ENABLED or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling()
             or torch.is_autocast_enabled(x.device.type) or x.dtype != w.dtype
             or (x.is_cuda and torch.cuda.is_current_stream_capturing()) or not is_binary(x))
 

@@ -34,6 +34,7 @@ from ..frontend import ast as A
 from ..frontend.layer import CheckedLayer
 from ..ir.layer import LayerPlan
 from . import programs
+from .bits import known_binary, mark_binary
 from .eprop_layer import EPropLearning
 from .layertext import LayerAttrs, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
@@ -304,9 +305,9 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         w_in, bias = wts["W_in"], wts["bias"]
         if self.__dict__["_in_delay"] is not None:
             xs, w_in, bias = self._delayed_input(xs, w_in, bias)
-        x3 = xs.reshape(T, flat, xs.shape[-1])
-        if not x3.is_contiguous():
-            x3 = x3.contiguous()
+        x3 = xs.reshape(T, flat, xs.shape[-1]).contiguous()
+        if x3 is not xs and known_binary(xs):
+            mark_binary(x3)  # (the same 0/1 values: kept as bits for the backward)
         w_rec, mask = wts["W_rec"], wts["mask"]
         w = w_rec if mask is None else w_rec * mask.to(w_rec.dtype)
         if w.dtype != dtype:

@@ -141,6 +141,9 @@ class SparseInputs:
         single = self.step_mode == "s"  # type: ignore[attr-defined]
         if single:
             xs_in = [x.unsqueeze(0) for x in xs_in]
+        if (self.sparse_input != "always" and any(x.is_cuda for x in xs_in)
+                and torch.cuda.is_current_stream_capturing()):
+            return None  # (a CUDA graph cannot read the count back: the dense call; "always" needs no count)
         limit = 1.0 if self.sparse_input == "always" else density_limit()
         groups: dict[str, tuple[Any, torch.Tensor, Any]] = {}
         for s in self._sparse_groups():
@@ -237,9 +240,11 @@ class SparseInputs:
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         neuron = self.neuron  # type: ignore[attr-defined]
         c = neuron._compiled
-        ck = c.checked
-        if (len(groups) != 1 or direct or len(ck.inputs) != 1 or env_choice("FLEXDSL_SPARSE_FUSED") == "0"
-                or ck.stochastic or neuron.check_finite or neuron.store_state_seqs):
+        kept = self.__dict__.get("_sparse_model")
+        if kept is None or kept[0] is not c:  # (what the model allows, once per compiled model)
+            kept = self.__dict__["_sparse_model"] = (c, len(c.checked.inputs) == 1 and not c.checked.stochastic)
+        if (len(groups) != 1 or direct or not kept[1] or env_choice("FLEXDSL_SPARSE_FUSED") == "0"
+                or neuron.check_finite or neuron.store_state_seqs):
             return None
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *self.parameters())):  # type: ignore[attr-defined]
             return None
@@ -262,7 +267,7 @@ class SparseInputs:
             ext = cur if ext is None else ext + cur
         if ext is not None:
             ext = ext.detach().to(torch.float32).reshape(T, B, H).contiguous()
-        x0 = torch.zeros((*batch, H), dtype=xc.dtype, device=xc.device)
+        x0 = torch.empty((*batch, H), dtype=xc.dtype, device=xc.device)  # (its shape, dtype and device)
         states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
                   for v in neuron._states_for(x0, x0.shape, None, False)]
         values = neuron._call_params(None, x0)

@@ -180,6 +180,8 @@ class SparseProgram:
         self.meta = meta
         self.abi = KernelABI.from_dict(meta["abi"])
         self.kernel = Launcher(module._sparse_fwd_kernel)
+        self.out_args = [self.abi.name_of("out", n) for n in self.abi.outputs]
+        self.param_args = [(self.abi.name_of("param", n), self.abi.name_of("mode", n)) for n in self.abi.params]
 
     def prepare(self, x: torch.Tensor, H: int, b: torch.Tensor | None, ext: torch.Tensor | None, states: list[Any],
                 params: list[Any]) -> dict[str, Any]:
@@ -202,17 +204,17 @@ class SparseProgram:
         kw: dict[str, Any] = {"_X": x, "_bias": b if b is not None else x, "_ext": ext if ext is not None else x,
                               "_st": st, "_B": B, "_H": H, "_NI": NI, "_T": T, "_HOST": False, "_ROUND": False,
                               "_EXT": ext is not None, "_HASB": b is not None, "_BJ": bj, "_BH": bh}
-        for k, name in enumerate(self.abi.outputs):
-            kw[self.abi.name_of("out", name)] = outs[k]
-        for name, p in zip(self.abi.params, params):
+        for arg, o in zip(self.out_args, outs):
+            kw[arg] = o
+        for (arg, mode_arg), p in zip(self.param_args, params):
             if not isinstance(p, torch.Tensor):
                 v, mode = float(p), 0
             elif p.numel() == 1:
                 v, mode = p.detach().to(dev, torch.float32).reshape(1), 1
             else:
                 v, mode = p.detach().to(dev, torch.float32).expand(B, H).reshape(N).contiguous(), 2
-            kw[self.abi.name_of("param", name)] = v
-            kw[self.abi.name_of("mode", name)] = mode
+            kw[arg] = v
+            kw[mode_arg] = mode
         for h in self.meta["hoisted_fwd"]:
             kw[h] = 0.0
         return {"kw": kw, "outs": outs, "st": st, "grid": (B, triton.cdiv(H, bh)), "warps": 4 if bh >= 128 else 2,
