@@ -250,3 +250,21 @@ def test_a_recurrent_layer_keeps_its_spikes_and_spike_input_as_bits(model, backe
     for a, b in zip(on[1], off[1]):
         assert torch.equal(a, b)
     assert off[2] - on[2] >= (T * B * H + T * B * F) * 4 * 3 // 4  # (spikes and input: 32x fewer bytes)
+
+
+def test_the_pack_kernels_equal_the_torch_packing():
+    # (the CUDA path of pack/unpack: one Triton kernel each, run here by the interpreter)
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    from flexdsl.backends.triton import packbits
+
+    dev = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    for n in (1, 7, 8, 13, 3000):
+        x = (torch.rand(n, generator=torch.Generator().manual_seed(n)) < 0.4).float()
+        want = bits.pack(x)
+        got = packbits.pack(x.to(dev))
+        assert torch.equal(got.cpu(), want)
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            assert torch.equal(packbits.unpack(got, n, dt).cpu(), x.to(dt))

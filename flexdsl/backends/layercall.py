@@ -199,15 +199,15 @@ def backward(prog: RecurrentProgram, sv: Saved, inputs, states, params, dense: b
     gflat = gI.reshape(-1, H)
     pflat = parts.reshape(3, -1, H) if parts is not None else None
     gw = gs0 = gx = gwin = gb = None
-    if n_w:
+    if n_w:  # (S, or the program's shadow of it; S may be kept as bits: `packed.value`)
         if dense:
-            prev = (sb if sb is not None else S)[:-1].reshape(-1, H)
+            prev = (sb if sb is not None else packed.value(S))[:-1].reshape(-1, H)
             gw = weight_grad(gflat, prev, sv.s_exact, pflat)
         else:
-            gw = (gflat * S[:-1].reshape(-1, H)).sum(0)
+            gw = (gflat * packed.value(S)[:-1].reshape(-1, H)).sum(0)
     if n_s0:
         gs0 = gI[0].mm(w) if dense else gI[0] * w
-    xk = sv.xb if sv.xb is not None else sv.x  # (the input the product was made of, if made here)
+    xk = packed.value(sv.xb if sv.xb is not None else sv.x)  # (the input the product was made of, if made here)
     if xk is not None and w_in is not None:
         x2 = xk.reshape(-1, xk.shape[-1])
         if n_win:

@@ -58,6 +58,10 @@ _SHIFTS: dict[torch.device, torch.Tensor] = {}
 def pack(x: torch.Tensor) -> torch.Tensor:
     """The 0/1 values of `x` as bits: `uint8 [ceil(numel / 8)]`, value k in bit k % 8 of byte k // 8."""
     flat = x.reshape(-1)
+    if flat.is_cuda and flat.is_floating_point():  # (one kernel)
+        from .triton.packbits import pack as kernel
+
+        return kernel(flat.contiguous())
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
@@ -72,13 +76,15 @@ def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch
     n = 1
     for k in shape:
         n *= k
+    if packed.is_cuda and dtype.is_floating_point:  # (one kernel)
+        from .triton.packbits import unpack as kernel
+
+        return kernel(packed, n, dtype).reshape(shape)
     sh = _SHIFTS.get(packed.device)
     if sh is None:
         sh = _SHIFTS[packed.device] = torch.arange(8, dtype=torch.uint8, device=packed.device)
     bits = (packed.unsqueeze(-1) >> sh) & 1
     return bits.reshape(-1)[:n].to(dtype).reshape(shape)
-
-
 
 
 class SpikeLinear(torch.autograd.Function):
@@ -107,6 +113,30 @@ class SpikeLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
+def kept(t: torch.Tensor, rows: int = 0) -> Any:
+    """A 0/1 tensor to keep for a backward as bits: its first `rows` rows as they are (a scan's s0,
+    which need not be 0/1), the rest packed, as a tuple that `stash` walks (`value` gives the tensor
+    back, exactly); a tensor too small to gain from it, as it is."""
+    if t.numel() < 64:
+        return t
+    return ("bits", t[:rows].clone(), pack(t[rows:]), tuple(t.shape), t.dtype)
+
+
+def value(v: Any, dtype: torch.dtype | None = None) -> Any:
+    """`kept`'s tensor back (in `dtype`, default its own), or `v` itself where it is not bits."""
+    if not (isinstance(v, tuple) and len(v) == 5 and v[0] == "bits"):
+        return v if dtype is None or v is None else v.to(dtype)
+    _, head, bits, shape, own = v
+    dt = own if dtype is None else dtype
+    rows = head.shape[0]
+    if not rows:
+        return unpack(bits, torch.Size(shape), dt)
+    out = torch.empty(shape, dtype=dt, device=bits.device)
+    out[:rows] = head
+    out[rows:] = unpack(bits, torch.Size((shape[0] - rows, *shape[1:])), dt)
+    return out
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """`torch.nn.functional.linear(x, w, b)`, saving `x` as bits where it is known to be 0/1
     (`known_binary`: no check made here) and the weight has a gradient to compute."""
@@ -117,4 +147,4 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return torch.nn.functional.linear(x, w, b)
 
 
-__all__ = ["ENABLED", "SpikeLinear", "linear", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]
+__all__ = ["ENABLED", "SpikeLinear", "kept", "linear", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]

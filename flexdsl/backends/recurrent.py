@@ -95,8 +95,8 @@ class _Scan(torch.autograd.Function):
             # the backward (kept with retain_graph=True: a second backward gets them again), and an
             # in-place change before the backward is an error, not wrong gradients; the spikes (the
             # source after s0, and an input known to be 0/1) are kept as bits
-            S = _Bits.of(sv.S, 1) if prog.binary and packed.ENABLED else sv.S
-            xs = [_Bits.of(t) if t is not None and packed.ENABLED and packed.known_binary(x) else t
+            S = packed.kept(sv.S, 1) if prog.binary and packed.ENABLED else sv.S
+            xs = [packed.kept(t) if t is not None and packed.ENABLED and packed.known_binary(x) else t
                   for t in (sv.x, sv.xb)]
             held, ts = stash((sv.w, S, sv.w_in, xs[0], xs[1], sv.saved))
             ctx.save_for_backward(*ts)
@@ -114,30 +114,9 @@ class _Scan(torch.autograd.Function):
         prog, inputs, states, params, dense, _, _, _ = ctx.call
         if ctx.sv is None:
             return (None,) * len(ctx.needs_input_grad)
-        w, S, w_in, x, xb, saved = unstash(ctx.sv.saved, ctx.saved_tensors)
-        S, x, xb = (_Bits.value(t) for t in (S, x, xb))
+        w, S, w_in, x, xb, saved = unstash(ctx.sv.saved, ctx.saved_tensors)  # (S, x, xb may be `packed.kept`)
         sv = dataclasses.replace(ctx.sv, w=w, S=S, w_in=w_in, x=x, xb=xb, saved=saved)
         return (None, *layercall.backward(prog, sv, inputs, states, params, dense, grads, ctx.needs_input_grad[1:]))
-
-
-class _Bits:
-    """A 0/1 tensor kept as bits between a scan's forward and its backward (`backends/packed.py`):
-    the first `keep` steps as they are (s0, which need not be 0/1), the rest packed, as a tuple
-    that `stash` walks: ("bits", kept, packed, shape, dtype)."""
-
-    @staticmethod
-    def of(t: torch.Tensor, keep: int = 0) -> Any:
-        if t.numel() < 64:  # (nothing to gain)
-            return t
-        return ("bits", t[:keep].clone(), packed.pack(t[keep:]), tuple(t[keep:].shape), t.dtype)
-
-    @staticmethod
-    def value(v: Any) -> Any:
-        if not (isinstance(v, tuple) and len(v) == 5 and v[0] == "bits"):
-            return v
-        _, kept, bits, shape, dtype = v
-        rest = packed.unpack(bits, torch.Size(shape), dtype)
-        return torch.cat([kept, rest]) if kept.shape[0] else rest
 
 
 class _Guess:
