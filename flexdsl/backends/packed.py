@@ -35,7 +35,10 @@ def mark_binary(t: torch.Tensor, binary: bool = True) -> None:
 
 
 def known_binary(t: Any) -> bool:
-    """Whether `t` is known to hold only 0 and 1 (marked, and not written since)."""
+    """Whether `t` is known to hold only 0 and 1 (marked, and not written since); under a trace
+    (torch.compile) never: the registry is not traced, and a compiled graph saves what it needs."""
+    if torch.compiler.is_compiling():
+        return False
     k = _KNOWN.get(t) if _KNOWN is not None and isinstance(t, torch.Tensor) else None
     return k is not None and k == (t._version, True)
 
