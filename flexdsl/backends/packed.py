@@ -8,6 +8,7 @@ it is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -103,17 +104,25 @@ class SpikeLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
     def backward(ctx, g: torch.Tensor):
-        packed, w = ctx.saved_tensors
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = g @ w.to(g.dtype)
-        g2 = g.reshape(-1, g.shape[-1])
-        if ctx.needs_input_grad[1]:
-            x = unpack(packed, ctx.shape, g.dtype).reshape(-1, ctx.shape[-1])
-            gw = (g2.T @ x).to(w.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb
+        bits, w = ctx.saved_tensors
+        return linear_grads(g, w, lambda dt: unpack(bits, ctx.shape, dt), ctx.shape, ctx.has_bias,
+                            ctx.needs_input_grad)
+
+
+def linear_grads(g: torch.Tensor, w: torch.Tensor, x_of: Any, shape: Sequence[int], has_bias: bool,
+                 needs: Sequence[bool]) -> tuple[Any, Any, Any]:
+    """The gradients (input, weight, bias) of `x W^T + b` for the output's gradient `g`, where `needs`
+    says: the input's from `w`, the weight's from the input as `x_of(dtype)` gives it back (unpacked
+    from bits, or as kept), of `shape`."""
+    gx = gw = gb = None
+    if needs[0]:
+        gx = g @ w.to(g.dtype)
+    g2 = g.reshape(-1, g.shape[-1])
+    if needs[1]:
+        gw = (g2.T @ x_of(g.dtype).reshape(-1, shape[-1])).to(w.dtype)
+    if has_bias and needs[2]:
+        gb = g2.sum(0)
+    return gx, gw, gb
 
 
 def kept(t: torch.Tensor, rows: int = 0) -> Any:
@@ -150,4 +159,4 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return torch.nn.functional.linear(x, w, b)
 
 
-__all__ = ["ENABLED", "SpikeLinear", "kept", "linear", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]
+__all__ = ["ENABLED", "SpikeLinear", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]

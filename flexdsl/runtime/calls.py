@@ -127,6 +127,23 @@ class CallArgs:
             out.append(v)
         return out
 
+    def _flat_call_args(self, batch: Sequence[int], H: int, dtype: torch.dtype, device: torch.device
+                        ) -> tuple[list[Any], list[Any]]:
+        """The kept (or initial) states and the checked params, derived ones included, of a call on
+        `[*batch, H]` steps as a kernel that flattens the batch takes them (`[B, H]` tensors or
+        floats): the fused layer kernels' (online plasticity, sparse inputs)."""
+        x0 = torch.empty((*batch, H), dtype=dtype, device=device)  # (its shape, dtype and device)
+        B = 1
+        for d in batch:
+            B *= d
+        states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                  for v in self._states_for(x0, x0.shape, None, False)]
+        values = self._call_params(None, x0)  # type: ignore[attr-defined]
+        params = self._compiled.with_derived(  # type: ignore[attr-defined]
+            [v.expand(*batch, H).reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 1 else v
+             for v in values])
+        return states, params
+
     def _check_param_shapes(self, params: Sequence[Any], x0: torch.Tensor, shape: Sequence[int],
                             what: str = "the input's step shape", hint: str | None = None) -> list[Any]:
         """The params as one step of `shape` takes them (`params.step_param`, the rule of every

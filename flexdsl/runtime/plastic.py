@@ -330,12 +330,7 @@ class PlasticSynapses:
         b = [t if pre_k else t.to(torch.float32) for t, pre_k in zip(ps.b, prog.meta["b_is_pre"])]
         like = pre[0, :, :1].expand(B, H)
         rstates = [rule._state(n, (B, H) if rule.sides[n] == "post" else (B, 1), like) for n in prog.meta["rule_states"]]
-        x0 = torch.zeros((*batch, H), dtype=x.dtype, device=x.device)
-        states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
-                  for v in neuron._states_for(x0, x0.shape, None, False)]
-        values = neuron._call_params(None, x0)
-        params = c.with_derived([v.expand(*batch, H).reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 1
-                                 else v for v in values])
+        states, params = neuron._flat_call_args(batch, H, x.dtype, x.device)
         values = rule.param_values()
         lo, hi = rule.bounds()
         w = W.detach().to(torch.float32).contiguous().clone()

@@ -28,9 +28,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..backends import sparse_kernel
 from ..backends.base import transformed
+from ..backends.packed import linear_grads
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..settings import env_choice, env_fraction
 from .bits import is_binary, mark_binary, pack, unpack
@@ -70,18 +72,11 @@ class SparseLinear(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
     def backward(ctx, g: torch.Tensor):
         kept, w = ctx.saved_tensors
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = g @ w.to(g.dtype)
-        g2 = g.reshape(-1, g.shape[-1])
-        if ctx.needs_input_grad[1]:
-            x = unpack(kept, ctx.shape, g.dtype) if ctx.bits else kept.to(g.dtype)
-            gw = (g2.T @ x.reshape(-1, ctx.shape[-1])).to(w.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb, None, None, None, None
+        x_of = (lambda dt: unpack(kept, ctx.shape, dt)) if ctx.bits else kept.to
+        return (*linear_grads(g, w, x_of, ctx.shape, ctx.has_bias, ctx.needs_input_grad), None, None, None, None)
 
 
 class SparseInputs:
@@ -267,12 +262,7 @@ class SparseInputs:
             ext = cur if ext is None else ext + cur
         if ext is not None:
             ext = ext.detach().to(torch.float32).reshape(T, B, H).contiguous()
-        x0 = torch.empty((*batch, H), dtype=xc.dtype, device=xc.device)  # (its shape, dtype and device)
-        states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
-                  for v in neuron._states_for(x0, x0.shape, None, False)]
-        values = neuron._call_params(None, x0)
-        params = c.with_derived([v.expand(*batch, H).reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 1
-                                 else v for v in values])
+        states, params = neuron._flat_call_args(batch, H, xc.dtype, xc.device)
         b = self._bias_of(s)
         kept = self.__dict__.get("_sparse_prog")
         if kept is None or kept[0] is not c or kept[1] is not ops:  # (one lookup per compiled model)

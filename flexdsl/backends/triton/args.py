@@ -34,6 +34,16 @@ def unpack(tensors: Sequence[torch.Tensor], vals: Sequence[float], is_t: Sequenc
 Order = tuple[int, ...] | None
 
 
+def lane_param(p: Any, B: int, H: int, device: torch.device) -> tuple[Any, int]:
+    """A param as a fused layer kernel over `[B, H]` lanes takes it, and its MODE: a float (0), a
+    one-element tensor (1), or `[B * H]` (2: broadcast from what it is)."""
+    if not isinstance(p, torch.Tensor):
+        return float(p), 0
+    if p.numel() == 1:
+        return p.detach().to(device, torch.float32).reshape(1), 1
+    return p.detach().to(device, torch.float32).expand(B, H).reshape(B * H).contiguous(), 2
+
+
 def step_order(x: torch.Tensor) -> Order:
     """The layout of a call whose first input is `x` ([T, *shape]): None where its steps are
     contiguous (or not dense in any order: then the input is copied), else the step dims from

@@ -32,6 +32,7 @@ from ...store import cache
 from ...store.generated import load_module
 from ..base import IR
 from ..exact import exact_in_tf32
+from .args import lane_param
 from .emit import _env
 from .kernel import Launcher
 from .launch import LAUNCHES, interpret
@@ -165,14 +166,7 @@ class PlasticProgram:
             for k, name in enumerate(self.abi.outputs):
                 kw[self.abi.name_of("out", name)] = outs[k]
             for name, p in zip(self.abi.params, params):
-                if not isinstance(p, torch.Tensor):
-                    v, mode = float(p), 0
-                elif p.numel() == 1:
-                    v, mode = p.detach().to(dev, torch.float32).reshape(1), 1
-                else:
-                    v, mode = p.detach().to(dev, torch.float32).expand(B, H).reshape(N).contiguous(), 2
-                kw[self.abi.name_of("param", name)] = v
-                kw[self.abi.name_of("mode", name)] = mode
+                kw[self.abi.name_of("param", name)], kw[self.abi.name_of("mode", name)] = lane_param(p, B, H, dev)
             for h in self.meta["hoisted_fwd"]:
                 kw[h] = 0.0
             for n in self.meta["rule_params"]:

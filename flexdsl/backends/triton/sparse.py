@@ -29,6 +29,7 @@ from ...settings import env_int
 from ...store import cache
 from ...store.generated import load_module
 from ..base import IR
+from .args import lane_param
 from .emit import _env
 from .kernel import Launcher
 from .launch import LAUNCHES, interpret
@@ -207,14 +208,7 @@ class SparseProgram:
         for arg, o in zip(self.out_args, outs):
             kw[arg] = o
         for (arg, mode_arg), p in zip(self.param_args, params):
-            if not isinstance(p, torch.Tensor):
-                v, mode = float(p), 0
-            elif p.numel() == 1:
-                v, mode = p.detach().to(dev, torch.float32).reshape(1), 1
-            else:
-                v, mode = p.detach().to(dev, torch.float32).expand(B, H).reshape(N).contiguous(), 2
-            kw[arg] = v
-            kw[mode_arg] = mode
+            kw[arg], kw[mode_arg] = lane_param(p, B, H, dev)
         for h in self.meta["hoisted_fwd"]:
             kw[h] = 0.0
         return {"kw": kw, "outs": outs, "st": st, "grid": (B, triton.cdiv(H, bh)), "warps": 4 if bh >= 128 else 2,
