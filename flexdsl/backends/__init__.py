@@ -187,7 +187,7 @@ def sparse_kernel(name: str, x: Any) -> Any:
     if b is None:
         return None
     ops = b.sparse_ops()  # type: ignore[attr-defined]
-    return SimpleNamespace(compact=ops.compact, current=ops.current,
+    return SimpleNamespace(compact=ops.compact, current=ops.current, Workspace=ops.Workspace,
                            program=lambda ir, port, source: ops.program(ir, ir.key(b), port, source))
 
 

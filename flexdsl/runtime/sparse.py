@@ -147,7 +147,10 @@ class SparseInputs:
             if ops is None or x.dtype != getattr(self, s.name).dtype or torch.is_autocast_enabled(x.device.type):
                 continue
             xc = x.contiguous()
-            groups[s.name] = (ops, xc, ops.compact(xc.reshape(-1, xc.shape[-1]), limit))
+            ws = self.__dict__.setdefault("_sparse_ws", {})
+            if not isinstance(ws.get(s.name), ops.Workspace):
+                ws[s.name] = ops.Workspace()
+            groups[s.name] = (ops, xc, ops.compact(xc.reshape(-1, xc.shape[-1]), limit, ws[s.name]))
         if not groups:
             return None
         fused = self._fused_args(xs_in, direct, groups)

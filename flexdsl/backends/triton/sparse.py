@@ -86,20 +86,41 @@ _COMPACT = Launcher(_compact)  # (launched with keywords: the fast path of flexd
 _GATHER = Launcher(_gather)
 
 
+class Workspace:
+    """A synapse group's buffers for its calls' lists and counts, made once per shape and device and
+    used again by every call (the calls of a stream run in order: a call's kernels have read them
+    before the next call's listing writes them)."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+
+    def buffers(self, R: int, NI: int, device: torch.device) -> tuple:
+        if self.key != (R, NI, device):
+            self.idx = torch.empty((R, NI), dtype=torch.int32, device=device)
+            self.cnt = torch.empty((R,), dtype=torch.int32, device=device)
+            self.total = torch.empty((1,), dtype=torch.int64, device=device)
+            cuda = device.type == "cuda"
+            self.host = torch.empty((1,), dtype=torch.int64, pin_memory=cuda)
+            self.event = torch.cuda.Event() if cuda else None
+            self.key = (R, NI, device)
+        return self.idx, self.cnt, self.total, self.host, self.event
+
+
 class Compacted:
     """An input's rows' nonzero columns (`idx` [R, NI] int32: the first `cnt[r]` of row r, in order),
     their count (`total` on the device; its copy to the host starts at once, so `nnz()` waits for the
     compaction alone, not for what is queued after it) and `limit`: the most nonzero entries taken
     sparse (`always`: whatever the count)."""
 
-    def __init__(self, idx: torch.Tensor, cnt: torch.Tensor, total: torch.Tensor, limit: int) -> None:
+    def __init__(self, idx: torch.Tensor, cnt: torch.Tensor, total: torch.Tensor, limit: int,
+                 host: torch.Tensor | None = None, event: Any = None) -> None:
         self.idx, self.cnt, self.total, self.limit = idx, cnt, total, limit
         self._host: torch.Tensor | None = None
         self._ready: Any = None
         if total.is_cuda and not self.always:
-            self._host = torch.empty((1,), dtype=torch.int64, pin_memory=True)
+            self._host = host if host is not None else torch.empty((1,), dtype=torch.int64, pin_memory=True)
             self._host.copy_(total, non_blocking=True)
-            self._ready = torch.cuda.Event()
+            self._ready = event if event is not None else torch.cuda.Event()
             self._ready.record()
 
     @property
@@ -122,20 +143,19 @@ class Compacted:
         return self.always or self.nnz() <= self.limit
 
 
-def compact(x2: torch.Tensor, density: float) -> Compacted:
+def compact(x2: torch.Tensor, density: float, ws: Workspace | None = None) -> Compacted:
     """Each row's nonzero columns of `x2` [R, NI] (contiguous) and their count; sparse where at most
-    `density` of the entries are nonzero (1.0: always)."""
+    `density` of the entries are nonzero (1.0: always). `ws`: the group's buffers, used again."""
     R, NI = x2.shape
-    idx = torch.empty((R, NI), dtype=torch.int32, device=x2.device)
-    cnt = torch.empty((R,), dtype=torch.int32, device=x2.device)
-    total = torch.zeros((1,), dtype=torch.int64, device=x2.device)
+    idx, cnt, total, host, event = (ws or Workspace()).buffers(R, NI, x2.device)
+    total.zero_()
     if R and NI:
         bk = min(1024, triton.next_power_of_2(NI))
         _COMPACT((R,), num_warps=4, x_ptr=x2, idx_ptr=idx, cnt_ptr=cnt, total_ptr=total, NI=NI, BK=bk)
         LAUNCHES["sparse_compact"] += 1
     else:
         cnt.zero_()
-    return Compacted(idx, cnt, total, R * NI if density >= 1.0 else int(density * R * NI))
+    return Compacted(idx, cnt, total, R * NI if density >= 1.0 else int(density * R * NI), host, event)
 
 
 def _blocks(H: int) -> tuple[int, int]:
@@ -254,4 +274,4 @@ def program(ir: IR, key: str, port: int, source: int) -> SparseProgram:
     return _PROGRAMS[k]
 
 
-__all__ = ["Compacted", "SparseProgram", "compact", "current", "emit_sparse", "program"]
+__all__ = ["Compacted", "SparseProgram", "Workspace", "compact", "current", "emit_sparse", "program"]
