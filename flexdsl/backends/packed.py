@@ -8,6 +8,7 @@ it is.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,9 +78,7 @@ def pack(x: torch.Tensor) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """`pack`'s inverse: the values, exactly, as `dtype` in `shape`."""
-    n = 1
-    for k in shape:
-        n *= k
+    n = math.prod(shape)
     if packed.is_cuda and dtype.is_floating_point:  # (one kernel)
         from .triton.packbits import unpack as kernel
 
@@ -134,12 +133,11 @@ def kept(t: torch.Tensor, rows: int = 0) -> Any:
     return ("bits", t[:rows].clone(), pack(t[rows:]), tuple(t.shape), t.dtype)
 
 
-def value(v: Any, dtype: torch.dtype | None = None) -> Any:
-    """`kept`'s tensor back (in `dtype`, default its own), or `v` itself where it is not bits."""
+def value(v: Any) -> Any:
+    """`kept`'s tensor back, or `v` itself where it is not bits."""
     if not (isinstance(v, tuple) and len(v) == 5 and v[0] == "bits"):
-        return v if dtype is None or v is None else v.to(dtype)
-    _, head, bits, shape, own = v
-    dt = own if dtype is None else dtype
+        return v
+    _, head, bits, shape, dt = v
     rows = head.shape[0]
     if not rows:
         return unpack(bits, torch.Size(shape), dt)
@@ -149,14 +147,20 @@ def value(v: Any, dtype: torch.dtype | None = None) -> Any:
     return out
 
 
+def bits_wanted(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a product `x W^T` would keep a 0/1 `x` as bits: the bits on, a weight gradient to
+    compute, no trace, graph capture or autocast, one dtype (whether `x` is 0/1 is the caller's)."""
+    return (ENABLED and torch.is_grad_enabled() and w.requires_grad and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled(x.device.type) and x.dtype == w.dtype
+            and not (x.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """`torch.nn.functional.linear(x, w, b)`, saving `x` as bits where it is known to be 0/1
-    (`known_binary`: no check made here) and the weight has a gradient to compute."""
-    if (ENABLED and torch.is_grad_enabled() and w.requires_grad and known_binary(x) and x.dtype == w.dtype
-            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
-            and not (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+    (`known_binary`: no check made here) and `bits_wanted`."""
+    if bits_wanted(x, w) and known_binary(x):
         return SpikeLinear.apply(x, w, b)
     return torch.nn.functional.linear(x, w, b)
 
 
-__all__ = ["ENABLED", "SpikeLinear", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]
+__all__ = ["ENABLED", "SpikeLinear", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]

@@ -68,9 +68,7 @@ class _SpikeConv(torch.autograd.Function):
 def _plain(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a product saves its input as it is: no weight gradient, bits off, a trace or graph
     capture, autocast, mixed dtypes, or an input that is not all 0/1."""
-    return (not _packed.ENABLED or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling()
-            or torch.is_autocast_enabled(x.device.type) or x.dtype != w.dtype
-            or (x.is_cuda and torch.cuda.is_current_stream_capturing()) or not is_binary(x))
+    return not _packed.bits_wanted(x, w) or not is_binary(x)
 
 
 def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

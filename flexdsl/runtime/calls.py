@@ -133,9 +133,7 @@ class CallArgs:
         `[*batch, H]` steps as a kernel that flattens the batch takes them (`[B, H]` tensors or
         floats): the fused layer kernels' (online plasticity, sparse inputs)."""
         x0 = torch.empty((*batch, H), dtype=dtype, device=device)  # (its shape, dtype and device)
-        B = 1
-        for d in batch:
-            B *= d
+        B = math.prod(batch)
         states = [v.reshape(B, H) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
                   for v in self._states_for(x0, x0.shape, None, False)]
         values = self._call_params(None, x0)  # type: ignore[attr-defined]

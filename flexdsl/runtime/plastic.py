@@ -21,6 +21,7 @@ the weight it started from (meta-learning a rule). `m.plastic = False` freezes e
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -312,9 +313,7 @@ class PlasticSynapses:
             return None
         T = x.shape[0]
         batch = x.shape[1:-1]
-        B = 1
-        for d in batch:
-            B *= d
+        B = math.prod(batch)
         n_in = x.shape[-1]
         W = getattr(self, s.name)
         H = W.shape[0]

@@ -25,6 +25,7 @@ terms' magnitudes, the same for the same input in every call. `m.sparse_report()
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -253,9 +254,7 @@ class SparseInputs:
             return None
         T = xc.shape[0]
         batch = xc.shape[1:-1]
-        B = 1
-        for d in batch:
-            B *= d
+        B = math.prod(batch)
         H = w.shape[0]
         ext = None
         for g in layer.synapses:  # (the other groups and their biases: a held current)
