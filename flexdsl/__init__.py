@@ -4,6 +4,7 @@
     r = flexdsl.recurrent("alif", in_features=700, hidden=512)   # a recurrent layer, compiled time loop
     f = flexdsl.feedforward("lif", 700, 256)   # Linear -> LIF as one module; flexdsl.load("x.layer") for a layer file
     flexdsl.save_spikes_as_bits(net)   # an existing network's products save their 0/1 inputs as bits
+    flexdsl.save_spikes_as_bits(net, recompute="product")   # ... and recompute normalizations and products
     c = flexdsl.compile("lif")         # generated sources and sympy equations
     flexdsl.nir.export(net, x, dt=1e-4), flexdsl.nir.load("net.nir")   # NIR interchange (flexdsl[nir])
 
@@ -26,18 +27,18 @@ if TYPE_CHECKING:
     from .runtime.layer import FeedForwardModule
     from .runtime.module import NeuronModule
     from .runtime.recurrent import RecurrentModule
-    from .runtime.rewrite import save_spikes_as_bits
+    from .runtime.rewrite import memory_report, save_spikes_as_bits
     from .runtime.rule import Rule
 
 from ._version import __version__
 
 __all__ = ["load", "loads", "load_rule", "rules", "Rule", "recurrent", "feedforward", "FeedForwardModule", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
-           "RecurrentModule", "Compiled", "nir", "save_spikes_as_bits", "__version__"]
+           "RecurrentModule", "Compiled", "nir", "save_spikes_as_bits", "memory_report", "__version__"]
 
 _LAZY = {"load": "api", "loads": "api", "load_rule": "api", "Rule": "runtime.rule", "recurrent": "api", "feedforward": "api", "compile": "api",
          "FeedForwardModule": "runtime.layer", "Compiled": "runtime.compiler",
          "NeuronModule": "runtime.module", "RecurrentModule": "runtime.recurrent", "NonFiniteError": "runtime.finite",
-         "save_spikes_as_bits": "runtime.rewrite"}
+         "save_spikes_as_bits": "runtime.rewrite", "memory_report": "runtime.rewrite"}
 
 
 def __getattr__(name: str) -> Any:

@@ -31,6 +31,8 @@ INTS: dict[str, tuple[int, int, bool, str]] = {
     "FLEXDSL_CPU_BUILD_TIMEOUT": (1, 86400, False, "seconds a build of the CPU kernels may take"),
     "FLEXDSL_SPARSE_BH": (16, 1024, True, "postsynaptic neurons per program of the sparse-input kernels"),
     "FLEXDSL_SPARSE_BJ": (1, 256, True, "nonzero inputs gathered at once by the sparse-input kernels"),
+    "FLEXDSL_BITS_CHUNK_MB": (1, 1 << 20, False, "MiB of a product's input kept as bits that its weight gradient "
+                                                 "unpacks at once"),
 }
 # name -> (default, what it is): fractions in [0, 1]
 FRACTIONS: dict[str, tuple[float, str]] = {

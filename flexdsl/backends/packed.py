@@ -16,6 +16,15 @@ import torch
 from torch.autograd.function import once_differentiable
 
 ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
+_SESSIONS: list[Any] = []  # the keep sessions of rewritten networks' forwards, innermost last (runtime/recompute.py)
+
+
+def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, reads: Sequence[Any]) -> None:
+    """Tell the innermost keep session (if any) that `out` = `redo(x)` for the 0/1 `x` kept as `bits`
+    (its recomputation reads `reads`, checked unchanged when it runs). Only a contiguous `x`: the bits
+    give it back contiguous, and the product of the same layout is the forward's, bit for bit."""
+    if _SESSIONS and bits is not None and x.is_contiguous():
+        _SESSIONS[-1].product(out, bits, redo, x.shape, x.dtype, reads)
 
 
 _KNOWN: Any = None  # tensors -> (their version when seen, whether all 0/1): spikes of neurons, checked ones
@@ -97,7 +106,9 @@ class SpikeLinear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         out = torch.nn.functional.linear(x, w, b)
         ctx.shape, ctx.dtype, ctx.has_bias = x.shape, x.dtype, b is not None
-        ctx.save_for_backward(pack(x) if ctx.needs_input_grad[1] else None, w)
+        bits = pack(x) if ctx.needs_input_grad[1] else None
+        ctx.save_for_backward(bits, w)
+        record_product(out, x, bits, lambda v: torch.nn.functional.linear(v, w, b), (w, b))
         return out
 
     @staticmethod
@@ -105,19 +116,47 @@ class SpikeLinear(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         bits, w = ctx.saved_tensors
         return linear_grads(g, w, lambda dt: unpack(bits, ctx.shape, dt), ctx.shape, ctx.has_bias,
-                            ctx.needs_input_grad)
+                            ctx.needs_input_grad, bits=bits)
+
+
+def chunk_rows(rows: int, row_values: int, dtype: torch.dtype) -> int:
+    """Rows of `row_values` values of an input kept as bits that a weight gradient unpacks at once
+    (`FLEXDSL_BITS_CHUNK_MB`, default 8 MiB, a multiple of 8 rows: a chunk starts on a byte), `rows`
+    where the whole input fits: one product, the terms in the plain product's order."""
+    from ..settings import env_int
+
+    budget = (env_int("FLEXDSL_BITS_CHUNK_MB") or 8) << 20
+    per_row = max(row_values * torch.empty((), dtype=dtype).element_size(), 1)
+    if rows * per_row <= budget:
+        return rows
+    return max(8, budget // per_row // 8 * 8)
+
+
+def unpack_rows(bits: torch.Tensor, r0: int, r1: int, row_shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Rows `r0:r1` (`r0` a multiple of 8) of a tensor of rows of `row_shape` kept as `bits`."""
+    n = math.prod(row_shape)
+    return unpack(bits[r0 * n // 8:(r1 * n + 7) // 8], torch.Size((r1 - r0, *row_shape)), dtype)
 
 
 def linear_grads(g: torch.Tensor, w: torch.Tensor, x_of: Any, shape: Sequence[int], has_bias: bool,
-                 needs: Sequence[bool]) -> tuple[Any, Any, Any]:
+                 needs: Sequence[bool], bits: torch.Tensor | None = None) -> tuple[Any, Any, Any]:
     """The gradients (input, weight, bias) of `x W^T + b` for the output's gradient `g`, where `needs`
     says: the input's from `w`, the weight's from the input as `x_of(dtype)` gives it back (unpacked
-    from bits, or as kept), of `shape`."""
+    from bits, or as kept), of `shape`. With the input's `bits` given, a large input is unpacked a
+    chunk of rows at a time (`chunk_rows`: the weight's gradient summed over the chunks)."""
     gx = gw = gb = None
     if needs[0]:
         gx = g @ w.to(g.dtype)
     g2 = g.reshape(-1, g.shape[-1])
-    if needs[1]:
+    rows = g2.shape[0]
+    step = chunk_rows(rows, shape[-1], g.dtype) if needs[1] and bits is not None else rows
+    if needs[1] and step < rows:
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            part = unpack_rows(bits, r0, r1, (shape[-1],), g.dtype)
+            gw = g2[r0:r1].T @ part if gw is None else gw.addmm_(g2[r0:r1].T, part)
+        gw = gw.to(w.dtype)
+    elif needs[1]:
         gw = (g2.T @ x_of(g.dtype).reshape(-1, shape[-1])).to(w.dtype)
     if has_bias and needs[2]:
         gb = g2.sum(0)
@@ -163,4 +202,4 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return torch.nn.functional.linear(x, w, b)
 
 
-__all__ = ["ENABLED", "SpikeLinear", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]
+__all__ = ["ENABLED", "SpikeLinear", "chunk_rows", "record_product", "unpack_rows", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]

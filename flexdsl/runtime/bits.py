@@ -12,6 +12,7 @@ graphs save what they need themselves).
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from typing import Any
@@ -49,19 +50,38 @@ class _SpikeConv(torch.autograd.Function):
         out = torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)
         ctx.shape, ctx.dtype, ctx.has_bias = x.shape, x.dtype, b is not None
         ctx.conv = (stride, padding, dilation, groups)
-        ctx.save_for_backward(pack(x), w)
+        bits = pack(x)
+        ctx.save_for_backward(bits, w)
+        _packed.record_product(out, x, bits, lambda v: torch.ops.aten.convolution(
+            v, w, b, stride, padding, dilation, False, [0] * len(stride), groups), (w, b))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: torch.Tensor):
-        packed, w = ctx.saved_tensors
+        bits, w = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
-        x = unpack(packed, ctx.shape, ctx.dtype)
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
-        gx, gw, gb = torch.ops.aten.convolution_backward(
-            g, x, w, [w.shape[0]] if ctx.has_bias else None, stride, padding, dilation, False, [0] * len(stride),
-            groups, mask)
+        k = len(stride)
+        conv = (stride, padding, dilation, False, [0] * k, groups)
+        bias = [w.shape[0]] if ctx.has_bias else None
+        rows, row = ctx.shape[0], tuple(ctx.shape[1:])
+        step = _packed.chunk_rows(rows, math.prod(row), ctx.dtype) if ctx.needs_input_grad[1] else rows
+        if step >= rows:  # (the whole input at once: what autograd runs for the plain convolution)
+            x = unpack(bits, ctx.shape, ctx.dtype)
+            mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+            gx, gw, gb = torch.ops.aten.convolution_backward(g, x, w, bias, *conv, mask)
+            return gx, gw, gb, None, None, None, None
+        # a large input: the weight's gradient summed over chunks of samples unpacked one at a time
+        gx = gb = gw = None
+        if ctx.needs_input_grad[0] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            shape_only = g.new_empty((1,)).expand(ctx.shape)
+            gx, _, gb = torch.ops.aten.convolution_backward(
+                g, shape_only, w, bias, *conv, [ctx.needs_input_grad[0], False, ctx.has_bias and ctx.needs_input_grad[2]])
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            x = _packed.unpack_rows(bits, r0, r1, row, ctx.dtype)
+            part = torch.ops.aten.convolution_backward(g[r0:r1], x, w, None, *conv, [False, True, False])[1]
+            gw = part if gw is None else gw.add_(part)
         return gx, gw, gb, None, None, None, None
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import FlexDSLError
+from . import recompute as _recompute
 from .bits import known_binary, mark_binary, spike_conv, spike_linear
 
 # SpikingJelly 2.0.0's nodes whose output is the surrogate's Heaviside step of the membrane: 0 or 1
@@ -88,8 +90,23 @@ def _rewritable(m: nn.Module) -> bool:
             and type(m)._conv_forward in (nn.Conv1d._conv_forward, nn.Conv2d._conv_forward, nn.Conv3d._conv_forward))
 
 
-def save_spikes_as_bits(net: nn.Module) -> str:
-    """Rewrite `net` in place (see the module doc); returns one line: what was changed, what not."""
+def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
+    """Rewrite `net` in place (see the module doc); returns one line: what was changed, what not.
+
+    During `net`'s forward, any other saved tensor known to be 0/1 (spikes a max-pool or another
+    operation keeps) is kept as bits too, and `recompute` trades time for memory
+    (`runtime/recompute.py`): `"norm"` leaves a batch normalization's output (the next neuron's
+    input) out of what is saved and runs the normalization again in the backward; `"product"` also
+    leaves out a product's output whose input is kept as bits (the product runs again from the
+    bits). Gradients are the same either way, bit for bit. `flexdsl.memory_report(net)` says what
+    the last forward kept."""
+    if recompute not in _recompute.MODES:
+        call = f"save_spikes_as_bits(net, recompute={recompute!r})"
+        raise FlexDSLError(f"recompute={recompute!r} is not one of None, 'norm', 'product'", "<save_spikes_as_bits>",
+                           1, call.index("recompute=") + 1, call,
+                           hint="'norm': normalizations run again in the backward (little time, a neuron's input "
+                                "less per layer); 'product': products too (one more product per layer, the "
+                                "layer's activations as bits)")
     products, nodes, left = [], 0, []
     for name, m in net.named_modules():
         cls = type(m)
@@ -108,12 +125,24 @@ def save_spikes_as_bits(net: nn.Module) -> str:
             m._flexdsl_marks = True
         elif isinstance(m, nn.Linear | nn.modules.conv._ConvNd | nn.Bilinear):
             left.append(name or cls.__name__)
+    norms = _recompute.install(net, recompute)
     line = (f"flexdsl.save_spikes_as_bits: {len(products)} product(s) save their 0/1 inputs as bits"
             + (f" ({', '.join(products[:6])}{', ...' if len(products) > 6 else ''})" if products else "")
             + f"; {nodes} SpikingJelly node(s) known to spike 0/1")
+    if recompute == "norm":
+        line += f"; {norms} normalization(s) run again in the backward"
+    elif recompute == "product":
+        line += f"; {norms} normalization(s) and the products before them run again in the backward"
     if left:
         line += f"; left as they are: {', '.join(left[:6])}{', ...' if len(left) > 6 else ''} (their product is not torch's Linear or Conv1d/2d/3d)"
     return line
 
 
-__all__ = ["save_spikes_as_bits"]
+def memory_report(net: nn.Module) -> _recompute.Report | None:
+    """What the last forward of a network rewritten by `save_spikes_as_bits` saved for its backward:
+    bytes kept as they are, 0/1 values kept as bits, tensors left out and recomputed (None before
+    its first forward)."""
+    return _recompute.report(net)
+
+
+__all__ = ["memory_report", "save_spikes_as_bits"]

@@ -1,0 +1,363 @@
+"""What a rewritten network's forward keeps for its backward (`flexdsl.save_spikes_as_bits(net,
+recompute=...)`): during the network's forward, every tensor autograd saves passes through
+`torch.autograd.graph.saved_tensors_hooks`, and
+
+- a tensor known to hold only 0 and 1 (a neuron's spikes, marked by `packed.mark_binary`), saved by
+  any operation (a max-pool, a product left as it is, SpikingJelly's own functions), is kept packed,
+  1 bit a value, and unpacked exactly when the backward reads it;
+- with `recompute="norm"`: a batch normalization's output (a neuron's input: the neuron's backward
+  reads it again) is not kept; the backward runs the normalization again from its input, which the
+  normalization keeps for its own backward anyway (one extra normalization pass per layer);
+- with `recompute="product"`, also: the output of a product whose 0/1 input is kept as bits (a
+  `Linear`/`Conv` before a normalization or a neuron) is not kept; the backward computes the product
+  again from the bits (one extra product per layer, the memory of the layer's input in bits).
+
+A recomputed tensor is made by the same operations on the same values as in the forward, so it is
+the forward's tensor bit for bit, and the gradients are those of the network as it was. What a
+recomputation reads is checked when it runs: a weight, bias or normalization statistic changed in
+place between the forward and the backward is an error (as autograd's own check), never a silently
+different gradient. Outside the network's forward (and under torch.compile or autocast'ed products,
+which save what they need themselves) nothing changes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..backends import packed
+
+MODES = (None, "norm", "product")
+_MIN_BITS = 1 << 14  # (values: a smaller 0/1 tensor is kept as it is, not worth two launches)
+
+
+class _Recipe:
+    """How to make a tensor of the forward again: its geometry in its storage, the version it had
+    when recorded, and `make()` (the recomputation, cached until its last expected reader)."""
+
+    def __init__(self, out: torch.Tensor, make: Callable[[], torch.Tensor], reads: Sequence[Any]) -> None:
+        self.ref = weakref.ref(out)
+        self.ptr = out.untyped_storage().data_ptr()
+        self.geometry = (tuple(out.shape), out.stride(), out.storage_offset())
+        self.version = out._version
+        self.dtype = out.dtype
+        self.make = make
+        self.reads = [(t, t._version) for t in reads if isinstance(t, torch.Tensor)]
+        self.pending = 0  # readers not served yet (handles, recipes built on this one)
+        self.cached: torch.Tensor | None = None
+
+    def matches(self, t: torch.Tensor) -> bool:
+        out = self.ref()
+        return out is not None and t._version == self.version and t.dtype == self.dtype
+
+    def value(self) -> torch.Tensor:
+        """The recorded tensor, made again (same operations, same values: the same bits)."""
+        v = self.cached
+        if v is None:
+            for t, ver in self.reads:
+                if t._version != ver:
+                    raise RuntimeError(
+                        "flexdsl recompute: a tensor the backward recomputes from (a weight, bias or normalization "
+                        f"statistic of shape {tuple(t.shape)}) was modified in place between the forward and the "
+                        "backward (version " f"{t._version}, was {ver}); run the backward before changing it")
+            with torch.no_grad():
+                v = self.make()
+            size, stride, offset = self.geometry
+            if tuple(v.shape) != size or v.stride() != stride or v.storage_offset() != offset:
+                need = offset + sum((s - 1) * st for s, st in zip(size, stride)) + 1 if all(size) else offset
+                base = v.new_empty((max(need, 0),)).as_strided(size, stride, offset)
+                base.copy_(v)
+                v = base
+            self.cached = v
+        self.pending -= 1
+        if self.pending <= 0:
+            self.cached = None
+        return v
+
+
+class _Handle:
+    """A saved tensor left out: its recipe and its own geometry in the recipe's storage."""
+
+    __slots__ = ("recipe", "size", "stride", "offset")
+
+    def __init__(self, recipe: _Recipe, t: torch.Tensor) -> None:
+        self.recipe, self.size, self.stride, self.offset = recipe, tuple(t.shape), t.stride(), t.storage_offset()
+        recipe.pending += 1
+
+    def value(self) -> torch.Tensor:
+        return self.recipe.value().as_strided(self.size, self.stride, self.offset)
+
+
+class _Bits:
+    """A saved 0/1 tensor kept as bits."""
+
+    __slots__ = ("bits", "shape", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.bits, self.shape, self.dtype = packed.pack(t), t.shape, t.dtype
+
+    def value(self) -> torch.Tensor:
+        return packed.unpack(self.bits, self.shape, self.dtype)
+
+
+class Session:
+    """One forward of a rewritten network: the recipes of the tensors it may leave out, what was
+    kept and left out (`Report`)."""
+
+    def __init__(self, mode: str | None, outer: Any = None) -> None:
+        self.mode = mode
+        self.outer = outer  # (pack, unpack) of a saved-tensor hooks context around the network (save_on_cpu...)
+        self.recipes: dict[int, _Recipe] = {}
+        self.bits: dict[int, tuple[Any, int, _Bits]] = {}  # id -> (weak tensor, version, its bits): packed once
+        self.report = Report()
+
+    # recording -------------------------------------------------------------------------------
+    def _add(self, out: torch.Tensor, make: Callable[[], torch.Tensor], reads: Sequence[Any]) -> _Recipe:
+        r = _Recipe(out, make, reads)
+        self.recipes[r.ptr] = r
+        return r
+
+    def find(self, t: torch.Tensor) -> _Recipe | None:
+        if not self.recipes or not isinstance(t, torch.Tensor) or t.is_sparse:
+            return None
+        r = self.recipes.get(t.untyped_storage().data_ptr())
+        return r if r is not None and r.matches(t) else None
+
+    def product(self, out: torch.Tensor, bits: torch.Tensor, redo: Callable[[torch.Tensor], torch.Tensor],
+                shape: Sequence[int], dtype: torch.dtype, reads: Sequence[Any]) -> None:
+        """`out` = `redo(x)` for the 0/1 `x` kept as `bits`: left out of what is saved."""
+        if self.mode == "product":
+            self._add(out, lambda: redo(packed.unpack(bits, torch.Size(shape), dtype)), reads)
+
+    def norm_input(self, module: nn.Module, x: torch.Tensor) -> Any:
+        """What a normalization's recomputation will read for `x`: a handle on a product's recipe, or `x`."""
+        r = self.find(x)
+        return _Handle(r, x) if r is not None else x
+
+    def norm(self, module: nn.Module, source: Any, out: Any, state: dict) -> None:
+        """`out` = `module(source)` in the state the forward ran in: left out of what is saved."""
+        if not isinstance(out, torch.Tensor):
+            return
+        reads = [p for p in (getattr(module, "weight", None), getattr(module, "bias", None)) if p is not None]
+        if not state["training"]:
+            reads += [b for b in (getattr(module, "running_mean", None), getattr(module, "running_var", None))
+                      if b is not None]
+
+        def make() -> torch.Tensor:
+            x = source.value() if isinstance(source, _Handle) else source
+            return _rerun(module, x, state)
+        self._add(out, make, reads).source = source
+
+    def end(self) -> None:
+        """After the forward: a recomputation nobody saved does not hold its source's cache."""
+        for r in self.recipes.values():
+            src = getattr(r, "source", None)
+            if r.pending <= 0 and isinstance(src, _Handle):
+                src.recipe.pending -= 1
+        self.recipes = {}
+        self.bits = {}
+
+    # the hooks -------------------------------------------------------------------------------
+    def pack(self, t: torch.Tensor) -> Any:
+        r = self.find(t)
+        if r is not None:
+            self.report.left_out(t)
+            return _Handle(r, t)
+        if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
+            return self._keep(t)
+        if t.numel() >= _MIN_BITS and t.is_floating_point() and t.is_contiguous() and (
+                packed.known_binary(t) or t._base is not None and packed.known_binary(t._base)):
+            seen = self.bits.get(id(t))
+            if seen is not None and seen[0]() is t and seen[1] == t._version:
+                return seen[2]
+            b = _Bits(t)
+            self.bits[id(t)] = (weakref.ref(t), t._version, b)
+            self.report.packed(t)
+            return b
+        self.report.kept(t)
+        return self._keep(t)
+
+    def _keep(self, t: torch.Tensor) -> Any:
+        return _Outer(self.outer, self.outer[0](t)) if self.outer is not None else _Kept(t)
+
+
+class _Kept:
+    """A tensor kept as it is, with the version autograd would check (hooks turn its check off):
+    changed in place before the backward reads it, the same error as autograd's."""
+
+    __slots__ = ("t", "version")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.version = t, t._version
+
+    def value(self) -> torch.Tensor:
+        t = self.t
+        if t._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {self.version} instead")
+        return t
+
+
+class _Outer:
+    """A tensor kept as it is, handed to the hooks of a context around the network (they still apply)."""
+
+    __slots__ = ("hooks", "held")
+
+    def __init__(self, hooks: Any, held: Any) -> None:
+        self.hooks, self.held = hooks, held
+
+    def value(self) -> torch.Tensor:
+        return self.hooks[1](self.held)
+
+
+def unpack_hook(h: Any) -> torch.Tensor:
+    return h.value() if isinstance(h, _Kept | _Handle | _Bits | _Outer) else h
+
+
+def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
+    """`module.forward(x)` again as the forward ran it: its training flag and autocast then; in
+    training, its running statistics swapped for scratch copies (the batch's statistics normalize;
+    the real ones were updated once, by the forward)."""
+    saved_training = module.training
+    swapped = {}
+    try:
+        module.training = state["training"]
+        if state["training"]:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                b = module._buffers.get(name)
+                if b is not None:
+                    swapped[name] = b
+                    module._buffers[name] = b.clone()
+        dev = x.device.type
+        with torch.autocast(dev, dtype=state["autocast_dtype"], enabled=state["autocast"]):
+            return module.forward(x)
+    finally:
+        module.training = saved_training
+        module._buffers.update(swapped)
+
+
+class Report:
+    """Bytes of the saved tensors of the last forward: kept as they are, packed as bits, left out
+    (recomputed in the backward)."""
+
+    def __init__(self) -> None:
+        self.kept_bytes = self.bits_bytes = self.left_out_bytes = 0
+        self.n_kept = self.n_bits = self.n_left_out = 0
+
+    @staticmethod
+    def _bytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    def kept(self, t: torch.Tensor) -> None:
+        self.kept_bytes += self._bytes(t)
+        self.n_kept += 1
+
+    def packed(self, t: torch.Tensor) -> None:
+        self.bits_bytes += self._bytes(t)
+        self.n_bits += 1
+
+    def left_out(self, t: torch.Tensor) -> None:
+        self.left_out_bytes += self._bytes(t)
+        self.n_left_out += 1
+
+    def __repr__(self) -> str:
+        mib = 2 ** 20
+        return (f"saved for the backward: {self.kept_bytes / mib:.1f} MiB kept as they are ({self.n_kept} tensors), "
+                f"{self.bits_bytes / mib:.1f} MiB of 0/1 values kept as bits ({self.n_bits}; "
+                f"{self.bits_bytes / 32 / mib:.2f} MiB as float32 bits), {self.left_out_bytes / mib:.1f} MiB left out "
+                f"and recomputed ({self.n_left_out})")
+
+
+# ---------------------------------------------------------------------------------------------
+# sessions: entered by the rewritten network's forward pre-hook, left by its forward hook
+
+def _begin(net: nn.Module, args: Any) -> None:
+    stack = net.__dict__.setdefault("_flexdsl_keep_stack", [])
+    if torch.compiler.is_compiling() or not _hooks_enabled():
+        stack.append(None)
+        return
+    s = Session(net._flexdsl_recompute, _outer_hooks())
+    hooks = torch.autograd.graph.saved_tensors_hooks(s.pack, unpack_hook)
+    hooks.__enter__()
+    packed._SESSIONS.append(s)
+    stack.append((s, hooks))
+
+
+def _hooks_enabled() -> bool:
+    f = getattr(torch._C._autograd, "_saved_tensors_hooks_is_enabled", None)
+    return True if f is None else bool(f())
+
+
+def _outer_hooks() -> Any:
+    """The saved-tensor hooks of a context the network runs in (None if none): the session keeps
+    them working for what it keeps as it is."""
+    f = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return f(False) if f is not None else None
+
+
+def _end(net: nn.Module, args: Any, out: Any) -> None:
+    stack = net.__dict__.get("_flexdsl_keep_stack")
+    if not stack:
+        return
+    entry = stack.pop()
+    if entry is None:
+        return
+    s, hooks = entry
+    if packed._SESSIONS and packed._SESSIONS[-1] is s:
+        packed._SESSIONS.pop()
+    hooks.__exit__(None, None, None)
+    s.end()
+    net.__dict__["_flexdsl_keep_report"] = s.report
+
+
+def _norm_pre(module: nn.Module, args: Any) -> None:
+    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    if s is None or s.mode is None or not args or not isinstance(args[0], torch.Tensor):
+        module.__dict__["_flexdsl_norm_in"] = None
+        return
+    x = args[0]
+    dev = x.device.type
+    module.__dict__["_flexdsl_norm_in"] = (
+        s, s.norm_input(module, x), {"training": module.training, "autocast": torch.is_autocast_enabled(dev),
+                                     "autocast_dtype": torch.get_autocast_dtype(dev)})
+
+
+def _norm_post(module: nn.Module, args: Any, out: Any) -> None:
+    entry = module.__dict__.pop("_flexdsl_norm_in", None)
+    if entry is None:
+        return
+    s, source, state = entry
+    if packed._SESSIONS and packed._SESSIONS[-1] is s:
+        s.norm(module, source, out, state)
+
+
+def install(net: nn.Module, mode: str | None) -> int:
+    """Make `net`'s forward a keep session with `mode` (see the module doc); returns the number of
+    normalizations recomputed. Installing again changes the mode."""
+    net.__dict__["_flexdsl_recompute"] = mode
+    if not net.__dict__.get("_flexdsl_keep_hooks"):
+        net.register_forward_pre_hook(_begin)
+        net.register_forward_hook(_end, always_call=True)
+        net.__dict__["_flexdsl_keep_hooks"] = True
+    norms = 0
+    for m in net.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if mode is not None and not m.__dict__.get("_flexdsl_norm_hooks"):
+                m.register_forward_pre_hook(_norm_pre)
+                m.register_forward_hook(_norm_post, always_call=True)
+                m.__dict__["_flexdsl_norm_hooks"] = True
+            norms += mode is not None
+    return norms
+
+
+def report(net: nn.Module) -> Report | None:
+    """What the last forward of a rewritten `net` saved (None before its first forward)."""
+    return net.__dict__.get("_flexdsl_keep_report")
+
+
+__all__ = ["MODES", "Report", "Session", "install", "report"]

@@ -1,0 +1,267 @@
+"""What a network rewritten by `flexdsl.save_spikes_as_bits(net, recompute=...)` keeps for its
+backward (`flexdsl/runtime/recompute.py`): saved spikes as bits, normalizations ("norm") and the
+products before them ("product") run again in the backward. The claim is exactness: the same
+operations on the same values, so outputs, every gradient and the normalizations' statistics are
+bitwise those of the network as it was; and what is left out is exactly the tensors named (their
+sizes computed here from the shapes). Also: a large input kept as bits is unpacked for its weight
+gradient a chunk at a time (`FLEXDSL_BITS_CHUNK_MB`)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+import flexdsl
+from flexdsl.runtime import recompute
+
+T, B, H = 3, 2, 8
+TRITON = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+DEV = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+BACKENDS = ["auto", "triton"] if TRITON else ["auto"]
+CHANNELS = (4, 8, 8)
+
+
+def _net(backend: str, node: str = "flexdsl"):
+    """SpikingJelly's multi-step conv -> BN -> neuron blocks, a max-pool of spikes, a classifier."""
+    from spikingjelly.activation_based import functional, layer, neuron
+
+    torch.manual_seed(0)
+    mods: list = []
+    c = 2
+    for i, co in enumerate(CHANNELS):
+        mods += [layer.Conv2d(c, co, 3, padding=1, bias=i == 1), layer.BatchNorm2d(co),
+                 flexdsl.load("lif", backend=backend, step_mode="m") if node == "flexdsl" else neuron.LIFNode()]
+        if i == 1:
+            mods.append(layer.MaxPool2d(2))
+        c = co
+    mods += [layer.Flatten(), layer.Linear(CHANNELS[-1] * (H // 2) ** 2, 10)]
+    net = torch.nn.Sequential(*mods)
+    functional.set_step_mode(net, "m")
+    return net.to(DEV)
+
+
+def _x():
+    g = torch.Generator().manual_seed(1)
+    return (torch.rand(T, B, 2, H, H, generator=g) < 0.5).float().to(DEV)
+
+
+def _step(net, x, backward=True):
+    from spikingjelly.activation_based import functional
+
+    functional.reset_net(net)
+    for p in net.parameters():
+        p.grad = None
+    out = net(x)
+    if backward:
+        (out * torch.arange(10.0, device=out.device)).square().sum().backward()
+    return out, [p.grad.clone() for p in net.parameters()] if backward else [], [b.clone() for b in net.buffers()]
+
+
+def _same(a, b):
+    return (torch.equal(a[0], b[0]) and len(a[1]) == len(b[1]) and all(torch.equal(u, v) for u, v in zip(a[1], b[1]))
+            and all(torch.equal(u, v) for u, v in zip(a[2], b[2])))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", [None, "norm", "product"])
+def test_recomputing_gives_the_same_outputs_gradients_and_statistics(mode, backend):
+    """Two training steps (the running statistics updated twice) of the rewritten network equal the
+    plain network's bit for bit; with the Triton kernels (which keep the neuron's input itself) what
+    is left out is each BN's output ("norm") and also each conv's output ("product")."""
+    plain = _net(backend)
+    net = copy.deepcopy(plain)
+    line = flexdsl.save_spikes_as_bits(net, recompute=mode)
+    assert ("normalization(s)" in line) == (mode is not None)
+    x = _x()
+    for _ in range(2):
+        assert _same(_step(net, x), _step(plain, x))
+    rep = flexdsl.memory_report(net)
+    act = [T * B * co * s * s * 4 for co, s in zip(CHANNELS, (H, H, H // 2))]  # (each block's output bytes)
+    if backend == "triton" and mode is not None:
+        assert rep.left_out_bytes == sum(act) * (2 if mode == "product" else 1)
+    elif mode == "product":  # (the CPU kernels keep a copy of their input; BN's input is still left out)
+        assert rep.left_out_bytes == sum(act)  # (the input is 0/1 too: checked once, its conv keeps bits)
+    else:
+        assert rep.left_out_bytes == 0
+
+
+def test_spikingjelly_nodes_and_evaluation_mode():
+    """SpikingJelly's own LIFNode after the normalizations, and BN in evaluation mode (its running
+    statistics normalize): the same bits as the plain network."""
+    plain = _net("auto", node="sj")
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net, recompute="product")
+    x = _x()
+    assert _same(_step(net, x), _step(plain, x))
+    plain.eval()
+    net.eval()
+    assert _same(_step(net, x), _step(plain, x))
+    assert flexdsl.memory_report(net).left_out_bytes > 0
+
+
+def test_saved_spikes_anywhere_are_kept_as_bits(monkeypatch):
+    """A max-pool keeps its input (a neuron's spikes) for its backward: kept as bits, 1/32 of it."""
+    monkeypatch.setattr(recompute, "_MIN_BITS", 1)
+    plain = _net("auto")
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net)
+    x = _x()
+    assert _same(_step(net, x), _step(plain, x))
+    rep = flexdsl.memory_report(net)
+    assert rep.bits_bytes == T * B * CHANNELS[1] * H * H * 4  # (the pooled spikes, float32 before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("what", ["weight", "running_mean", "bias"])
+def test_a_tensor_changed_between_forward_and_backward_is_an_error(what, backend):
+    """A recomputation reads the weights and (in evaluation mode) the statistics as they are at the
+    backward: changed in place since the forward, the backward raises (as autograd does for what it
+    keeps) instead of giving another gradient. Where the plain network's backward does not read the
+    changed tensor, the rewritten one either raises or gives the plain network's gradients."""
+    outcomes = []
+    for rewrite in (False, True):
+        net = _net(backend)
+        if rewrite:
+            flexdsl.save_spikes_as_bits(net, recompute="product")
+        if what == "running_mean":
+            net.eval()
+        out = net(_x())
+        with torch.no_grad():
+            if what == "weight":
+                net[3].weight.add_(1.0)  # (the second conv: its input is 0/1 spikes)
+            elif what == "bias":
+                net[4].bias.add_(1.0)  # (the second BN's shift: its backward does not read it)
+            else:
+                net[4].running_mean.add_(1.0)
+        try:
+            out.square().sum().backward()
+            outcomes.append([p.grad.clone() for p in net.parameters()])
+        except RuntimeError as e:
+            assert "modified" in str(e)
+            outcomes.append(None)
+    plain, rewritten = outcomes
+    if plain is None or (what == "bias" and backend == "triton"):  # (the neuron's input recomputed from it)
+        assert rewritten is None
+    else:
+        assert rewritten is None or all(torch.equal(u, v) for u, v in zip(plain, rewritten))
+
+
+def test_two_backwards_and_two_forwards():
+    """`retain_graph` runs the recomputations again (the same gradient twice); two forwards before
+    one backward keep their own recipes."""
+    plain = _net("auto")
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net, recompute="product")
+    x = _x()
+    grads = []
+    for n in (net, plain):
+        n.zero_grad(set_to_none=True)
+        out = n(x)
+        out2 = n(x)  # (the neurons carry their state: another output)
+        loss = out.square().sum() + out2.sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        grads.append([p.grad.clone() for p in n.parameters()])
+    assert all(torch.equal(u, v) for u, v in zip(*grads))
+
+
+def test_hooks_around_the_network_still_apply():
+    """A saved-tensor hooks context around the network (e.g. `save_on_cpu`) still sees what the
+    network keeps as it is; less than the plain network keeps."""
+    seen = []
+
+    def count(t):
+        seen.append(t.numel() * t.element_size())
+        return t
+
+    plain = _net("auto")
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net, recompute="product")
+    x = _x()
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        a = _step(plain, x)
+    before = sum(seen)
+    seen.clear()
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        b = _step(net, x)
+    assert _same(a, b) and 0 < sum(seen) <= before - flexdsl.memory_report(net).left_out_bytes
+
+
+def test_a_bad_mode_is_a_located_error():
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.save_spikes_as_bits(_net("auto"), recompute="all")
+    msg = str(e.value)
+    assert "recompute='all'" in msg and "'norm'" in msg and "^" in msg
+
+
+def test_a_rewritten_network_with_recompute_pickles():
+    import io
+
+    net = _net("auto")
+    flexdsl.save_spikes_as_bits(net, recompute="product")
+    x = _x()
+    buf = io.BytesIO()
+    torch.save(net, buf)
+    a = _step(net, x)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert _same(_step(back, x), a) and flexdsl.memory_report(back).left_out_bytes > 0
+
+
+# ----------------------------------------------------------------- the weight gradient in chunks
+def test_a_large_input_is_unpacked_a_chunk_at_a_time(monkeypatch):
+    """With FLEXDSL_BITS_CHUNK_MB=1, a Linear's and a conv's 0/1 inputs of several MiB are unpacked
+    at most 1 MiB at a time; the weight gradients equal float64's within the sums' float32 bound."""
+    from flexdsl.backends import packed
+    from flexdsl.runtime import bits
+
+    monkeypatch.setenv("FLEXDSL_BITS_CHUNK_MB", "1")
+    sizes = []
+    real = packed.unpack
+
+    def spy(p, shape, dtype):
+        sizes.append(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size())
+        return real(p, shape, dtype)
+    monkeypatch.setattr(packed, "unpack", spy)
+    monkeypatch.setattr(bits, "unpack", spy)
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(16, 40, 700, generator=g) < 0.3).float()  # (1.7 MiB as float32)
+    w = (torch.randn(96, 700, generator=g) * 0.1).requires_grad_()
+    packed.mark_binary(x)
+    y = packed.linear(x, w, None)
+    gy = torch.randn(y.shape, generator=g)
+    y.backward(gy)
+    ref = gy.double().reshape(-1, 96).T @ x.double().reshape(-1, 700)
+    eps = torch.finfo(torch.float32).eps
+    bound = 640 * eps * (gy.double().abs().reshape(-1, 96).T @ x.double().reshape(-1, 700)) + 1e-30
+    assert len(sizes) > 1 and max(sizes) <= 1 << 20
+    assert ((w.grad.double() - ref).abs() <= bound).all()
+
+    sizes.clear()
+    xc = (torch.rand(48, 6, 40, 40, generator=g) < 0.3).float().requires_grad_()  # (1.8 MiB)
+    wc = (torch.randn(5, 6, 3, 3, generator=g) * 0.1).requires_grad_()
+    bc = torch.zeros(5, requires_grad=True)
+    yc = bits.spike_conv(xc, wc, bc, 1, 1, 1, 1)
+    gc = torch.randn(yc.shape, generator=g)
+    yc.backward(gc)
+    xd, wd, bd = (t.detach().double().requires_grad_() for t in (xc, wc, bc))
+    torch.nn.functional.conv2d(xd, wd, bd, 1, 1).backward(gc.double())
+    assert len(sizes) > 1 and max(sizes) <= 1 << 20
+    # float32's bound on each sum: (its number of terms) * eps * (the sum of the terms' magnitudes)
+    xa, wa = (t.detach().double().abs().requires_grad_() for t in (xc, wc))
+    torch.nn.functional.conv2d(xa, wa, None, 1, 1).backward(gc.double().abs())
+    n_w, n_x = 48 * 40 * 40, 5 * 3 * 3
+    assert ((wc.grad.double() - wd.grad).abs() <= n_w * eps * wa.grad).all()
+    assert ((xc.grad.double() - xd.grad).abs() <= n_x * eps * xa.grad + 1e-30).all()
+    assert ((bc.grad.double() - bd.grad).abs() <= n_w * eps * gc.double().abs().sum((0, 2, 3))).all()
+
+
+def test_a_bad_chunk_size_is_a_clear_error(monkeypatch):
+    from flexdsl.backends import packed
+
+    monkeypatch.setenv("FLEXDSL_BITS_CHUNK_MB", "0")
+    with pytest.raises(flexdsl.FlexDSLError, match="FLEXDSL_BITS_CHUNK_MB"):
+        packed.chunk_rows(10, 10, torch.float32)
