@@ -16,7 +16,7 @@ BatchNorm into the layer's neuron. `--recurrent`: a recurrent flexdsl layer (700
 and 250, batch 64) with learnable axonal delays on its input synapses (max 24; gauss and linear) against
 the same layer without, fwd+bwd, same run.
 
-In this repository: `bash bench/gpu_session.sh delays` (the harness of ../shared/bench/delays_gpu.py with
+In this repository: `bash bench/gpu_session.sh delays` (the shared delays harness with
 `flexdsl_net` filled in; its definitions unchanged)."""
 import argparse
 import statistics

@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the device machine, from the repository root (a clean clone works):
 #   bash bench/gpu_session.sh STEP...
-#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_all | sew | sew_old | compile_ops | layers | delays | mlp_memory | memopt | eprop | eprop_example | plasticity | plastic_online | sparse | sparse_profile | recurrent_bits | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
+#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_all | sew | sew_old | compile_ops | layers | delays | mlp_memory | memopt | eprop | eprop_example | plasticity | plastic_online | sparse | sparse_profile | keep_profile | recurrent_bits | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
 # flexdsl runs from this checkout. Wheels in .whl/ (e.g. spikingjelly, loguru, for a machine without them)
 # are installed into /tmp/site first; `harness_old` and `recurrent_old` run a baseline checkout carried as .old/ (flexdsl/, grammar/, neurons/).
 # Every script a step runs is in bench/; logs go to $OUT (default /tmp), one per step.
@@ -39,6 +39,7 @@ for step in "$@"; do
     plastic_online) timeout 500 python3 bench/plastic_online_gpu.py --sweep ;;
     recurrent_bits) timeout 300 python3 bench/recurrent_bits_gpu.py ;;
     sparse_profile) timeout 200 python3 bench/sparse_profile.py ;;
+    keep_profile) timeout 500 python3 bench/keep_profile.py ;;
     sparse) timeout 300 python3 bench/sparse_gpu.py && FLEXDSL_SPARSE_DENSITY=1 timeout 250 python3 bench/sparse_gpu.py --rates 0.05,0.1,0.2 ;;
     eprop_example) for l in bptt eprop; do timeout 250 python3 examples/train_recurrent_digits.py --device cuda --learning $l | tail -3; done ;;
     compile_ops) timeout 300 python3 bench/compile_ops_gpu.py ;;

@@ -49,11 +49,12 @@ def flexdsl_node(**kw):
     return flexdsl.load("lif", detach_reset=kw.get("detach_reset", False), step_mode="m")
 
 
-def flexdsl_optimize(net, x):
-    """The project's memory-saving form: `flexdsl.save_spikes_as_bits(net)` (the network as built, with
-    flexdsl's lif: every Linear/Conv product saves its 0/1 input as bits)."""
+def flexdsl_optimize(net, x, recompute=None):
+    """The project's memory-saving form: `flexdsl.save_spikes_as_bits(net, recompute=...)` (the network as
+    built, with flexdsl's lif: every Linear/Conv product saves its 0/1 input as bits, other saved spikes
+    too; "norm": the BN outputs recomputed in the backward, "product": the conv outputs too)."""
     import flexdsl
-    print(flexdsl.save_spikes_as_bits(net), flush=True)
+    print(flexdsl.save_spikes_as_bits(net, recompute=recompute), flush=True)
     return net
 
 
@@ -100,7 +101,8 @@ def main():
         rows = []
         for label, node, level in ([("SJ LIFNode", sj_node, 0), ("flexdsl lif", flexdsl_node, 0)]
                                    + [(f"SJ memopt level {lv}", sj_node, lv) for lv in a.levels]
-                                   + [("flexdsl memory-saving", flexdsl_node, -1)]):
+                                   + [("flexdsl bits", flexdsl_node, -1), ("flexdsl bits + norm", flexdsl_node, -2),
+                                      ("flexdsl bits + product", flexdsl_node, -3)]):
             try:
                 net, x, targets = build(arch, node)
                 search = 0.0
@@ -113,7 +115,7 @@ def main():
                     torch.cuda.synchronize()
                     search = time.perf_counter() - t0
                 elif level < 0:
-                    net = flexdsl_optimize(net, x)
+                    net = flexdsl_optimize(net, x, recompute=[None, "norm", "product"][-level - 1])
                     if net is None:
                         print(f"{arch:17s} {label:24s} n/a (no API)", flush=True)
                         continue

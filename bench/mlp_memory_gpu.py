@@ -4,7 +4,7 @@ step = forward, cross-entropy on the last layer's spike counts, backward): Spiki
 (`flexdsl.feedforward("lif", 4096, 4096)`: the product's 0/1 input saved as bits, `runtime/bits.py`)
 and the same flexdsl layers with the bits off (`flexdsl.runtime.bits.ENABLED = False`), same run.
 Peak = torch.cuda.max_memory_allocated during a step above what is allocated before it (the resident
-model: weights, input, the last step's gradients, which the step drops first), as ../shared/bench/memopt_gpu.py
+model: weights, input, the last step's gradients, which the step drops first), as bench/memopt_gpu.py
 defines it; median of 10 steps after 3.
 
     python3 bench/mlp_memory_gpu.py
@@ -58,6 +58,7 @@ def measure(net, x, y, reset):
 def main():
     from spikingjelly.activation_based import functional
 
+    import flexdsl
     import flexdsl.runtime.bits as bits
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__}; {L} x Linear({N}) -> LIF, T={T}, "
           f"batch {B}, fp32", flush=True)
@@ -69,21 +70,26 @@ def main():
     def flex_reset(net):
         for m in net:
             m.reset()
+    def flex_recompute():
+        net = flex_net()
+        print(flexdsl.save_spikes_as_bits(net, recompute="product"), flush=True)
+        return net
     for label, make, reset, on in (("SpikingJelly Linear + LIFNode", sj_net, functional.reset_net, True),
                                    ("flexdsl feedforward (bits)", flex_net, flex_reset, True),
-                                   ("flexdsl feedforward (no bits)", flex_net, flex_reset, False)):
+                                   ("flexdsl feedforward (no bits)", flex_net, flex_reset, False),
+                                   ("flexdsl feedforward (bits, recompute)", flex_recompute, flex_reset, True)):
         bits.ENABLED = on
         net = make().cuda()
         peak, ms = measure(net, x, y, reset)
         rows.append((label, peak, ms))
-        print(f"{label:32s} peak {peak:6.2f} GiB   step {ms:7.2f} ms", flush=True)
+        print(f"{label:40s} peak {peak:6.3f} GiB   step {ms:7.2f} ms", flush=True)
         del net
         torch.cuda.empty_cache()
     bits.ENABLED = True
     sj = rows[0][1]
     print("| network | peak GiB | vs SpikingJelly | step ms |\n| --- | --- | --- | --- |")
     for label, peak, ms in rows:
-        print(f"| {label} | {peak:.2f} | {peak / sj:.2f}x | {ms:.2f} |")
+        print(f"| {label} | {peak:.3f} | {peak / sj:.3f}x | {ms:.2f} |")
 
 
 if __name__ == "__main__":

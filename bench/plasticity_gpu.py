@@ -18,7 +18,7 @@ semantics: traces tr <- tr - tr/tau + s, updated before they are used; dW summed
 Each is checked against the float64 formula (relative error of dW) and timed: median of 10 after 2
 warm-ups, synchronized.
 
-In this repository: `bash bench/gpu_session.sh plasticity` (the harness of ../shared/bench/plasticity_gpu.py,
+In this repository: `bash bench/gpu_session.sh plasticity` (the shared plasticity harness,
 its definitions unchanged, with `flexdsl_window` filled in: a `flexdsl.feedforward("lif", n, n, rule="stdp_sj")`
 layer, window semantics; its `last_dw` is the window's dW, the weight put back after each run so that every run
 sees the same weights), plus `--online`: the same layer with `plasticity="online"` (the weights change every

@@ -9,7 +9,7 @@ Layer: Linear(700 -> H) into H recurrent neurons, all-to-all, fed back from the 
 spikes; T steps, batch B; x = 8 x Bernoulli(0.05) input spikes; loss = sum of spikes weighted by a
 fixed random tensor. Training = reset, forward, backward; inference = forward under no_grad.
 Median of --reps timed runs after warm-ups, synchronized (the harness that measured the peers in
-issue 20, ../shared/bench/recurrent_gpu.py). bf16 = torch.autocast(bfloat16) for everyone.
+issue 20: the shared recurrent harness). bf16 = torch.autocast(bfloat16) for everyone.
 Peers: snnTorch RLeaky(all_to_all=True, reset_mechanism="zero") and SpikingJelly
 LinearRecurrentContainer(LIFNode) (LIF only), and a hand-written torch loop (LIF; LSNN for ALIF).
 flexdsl: `flexdsl.recurrent(model, 700, H)` (Triton on CUDA, the CPU kernels on the CPU).

@@ -70,7 +70,8 @@ def _same(a, b):
 def test_recomputing_gives_the_same_outputs_gradients_and_statistics(mode, backend):
     """Two training steps (the running statistics updated twice) of the rewritten network equal the
     plain network's bit for bit; with the Triton kernels (which keep the neuron's input itself) what
-    is left out is each BN's output ("norm") and also each conv's output ("product")."""
+    is left out is each BN's output ("norm") and also each conv's output ("product"), and the max-pool's
+    indices (both)."""
     plain = _net(backend)
     net = copy.deepcopy(plain)
     line = flexdsl.save_spikes_as_bits(net, recompute=mode)
@@ -80,12 +81,14 @@ def test_recomputing_gives_the_same_outputs_gradients_and_statistics(mode, backe
         assert _same(_step(net, x), _step(plain, x))
     rep = flexdsl.memory_report(net)
     act = [T * B * co * s * s * 4 for co, s in zip(CHANNELS, (H, H, H // 2))]  # (each block's output bytes)
-    if backend == "triton" and mode is not None:
-        assert rep.left_out_bytes == sum(act) * (2 if mode == "product" else 1)
-    elif mode == "product":  # (the CPU kernels keep a copy of their input; BN's input is still left out)
-        assert rep.left_out_bytes == sum(act)  # (the input is 0/1 too: checked once, its conv keeps bits)
-    else:
+    indices = T * B * CHANNELS[1] * (H // 2) ** 2 * 8  # (the max-pool's int64 indices: made again from its input)
+    kernels = backend == "triton" or DEV == "cuda"  # (the Triton kernels keep the neuron's input itself)
+    if mode is None:
         assert rep.left_out_bytes == 0
+    elif kernels:
+        assert rep.left_out_bytes == sum(act) * (2 if mode == "product" else 1) + indices
+    else:  # (the CPU kernels keep a copy of their input; BN's input is still left out)
+        assert rep.left_out_bytes == (sum(act) if mode == "product" else 0) + indices  # (the input is 0/1 too)
 
 
 def test_spikingjelly_nodes_and_evaluation_mode():

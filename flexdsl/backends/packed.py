@@ -46,11 +46,14 @@ def mark_binary(t: torch.Tensor, binary: bool = True) -> None:
 
 
 def known_binary(t: Any) -> bool:
-    """Whether `t` is known to hold only 0 and 1 (marked, and not written since); under a trace
-    (torch.compile) never: the registry is not traced, and a compiled graph saves what it needs."""
-    if torch.compiler.is_compiling():
+    """Whether `t` is known to hold only 0 and 1 (marked, and not written since; or a view of such a
+    tensor: a view shares its base's version); under a trace (torch.compile) never: the registry is
+    not traced, and a compiled graph saves what it needs."""
+    if torch.compiler.is_compiling() or _KNOWN is None or not isinstance(t, torch.Tensor):
         return False
-    k = _KNOWN.get(t) if _KNOWN is not None and isinstance(t, torch.Tensor) else None
+    k = _KNOWN.get(t)
+    if k is None and t._base is not None:
+        k = _KNOWN.get(t._base)
     return k is not None and k == (t._version, True)
 
 
@@ -59,6 +62,8 @@ def is_binary(x: torch.Tensor) -> bool:
     before and not written since (`mark_binary`), else one pass over it (a host sync on a GPU),
     whose answer is kept with the tensor."""
     k = _KNOWN.get(x) if _KNOWN is not None else None
+    if k is None and _KNOWN is not None and x._base is not None:
+        k = _KNOWN.get(x._base)
     if k is not None and k[0] == x._version:
         return k[1]
     ok = bool(((x == 0) | (x == 1)).all())

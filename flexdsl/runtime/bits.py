@@ -85,26 +85,41 @@ class _SpikeConv(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 
-def _plain(x: torch.Tensor, w: torch.Tensor) -> bool:
+_STOP_AFTER = 2  # (inputs in a row, not all 0/1, after which a rewritten product stops checking its input)
+
+
+def _plain(x: torch.Tensor, w: torch.Tensor, owner: dict | None = None) -> bool:
     """Whether a product saves its input as it is: no weight gradient, bits off, a trace or graph
-    capture, autocast, mixed dtypes, or an input that is not all 0/1."""
-    return not _packed.bits_wanted(x, w) or not is_binary(x)
+    capture, autocast, mixed dtypes, or an input that is not all 0/1. An input not known to be 0/1
+    is checked (a pass and, on a GPU, a host sync); a rewritten module (`owner`, its `__dict__`) whose
+    last two checked inputs were not all 0/1 (an image, SEW-ResNet's sums of spikes) stops checking:
+    its input is saved as it is, which is always right."""
+    if not _packed.bits_wanted(x, w):
+        return True
+    if known_binary(x):
+        return False
+    if owner is not None and owner.get("_flexdsl_real_inputs", 0) >= _STOP_AFTER:
+        return True
+    ok = is_binary(x)
+    if owner is not None:
+        owner["_flexdsl_real_inputs"] = 0 if ok else owner.get("_flexdsl_real_inputs", 0) + 1
+    return not ok
 
 
-def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, owner: dict | None = None) -> torch.Tensor:
     """`torch.nn.functional.linear(x, w, b)` with `x` saved as bits where it is all 0/1 and the
     weight has a gradient to compute (see the module doc); else the plain product."""
-    if _plain(x, w):
+    if _plain(x, w, owner):
         return torch.nn.functional.linear(x, w, b)
     return _SpikeLinear.apply(x, w, b)
 
 
 def spike_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: Any, padding: Any, dilation: Any,
-               groups: int) -> torch.Tensor:
+               groups: int, owner: dict | None = None) -> torch.Tensor:
     """`torch.nn.functional.conv{1,2,3}d` with `x` saved as bits, as `spike_linear` (a padding given
     as text, "same"/"valid", runs the plain convolution)."""
     n = w.dim() - 2
-    if isinstance(padding, str) or x.dim() != n + 2 or _plain(x, w):
+    if isinstance(padding, str) or x.dim() != n + 2 or _plain(x, w, owner):
         return getattr(torch.nn.functional, f"conv{n}d")(x, w, b, stride, padding, dilation, groups)
     def tup(v: Any) -> tuple:
         return tuple(v) if isinstance(v, tuple | list) else (v,) * n

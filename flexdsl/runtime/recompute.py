@@ -113,6 +113,7 @@ class Session:
         self.outer = outer  # (pack, unpack) of a saved-tensor hooks context around the network (save_on_cpu...)
         self.recipes: dict[int, _Recipe] = {}
         self.bits: dict[int, tuple[Any, int, _Bits]] = {}  # id -> (weak tensor, version, its bits): packed once
+        self.pool: dict | None = None  # a max-pool running: its module and the last input its op saved
         self.report = Report()
 
     # recording -------------------------------------------------------------------------------
@@ -163,14 +164,29 @@ class Session:
 
     # the hooks -------------------------------------------------------------------------------
     def pack(self, t: torch.Tensor) -> Any:
+        held = self._pack(t)
+        pool = self.pool
+        if pool is not None:
+            if t.is_floating_point():
+                pool["input"] = (held, tuple(t.shape))
+            elif t.dtype == torch.int64 and pool["input"] is not None:
+                idx = _Indices.of(pool["module"], *pool["input"], t)
+                if idx is not None:
+                    self.report.kept_bytes -= t.numel() * t.element_size()
+                    self.report.n_kept -= 1
+                    self.report.left_out(t)
+                    pool["input"] = None
+                    return idx
+        return held
+
+    def _pack(self, t: torch.Tensor) -> Any:
         r = self.find(t)
         if r is not None:
             self.report.left_out(t)
             return _Handle(r, t)
         if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
             return self._keep(t)
-        if t.numel() >= _MIN_BITS and t.is_floating_point() and t.is_contiguous() and (
-                packed.known_binary(t) or t._base is not None and packed.known_binary(t._base)):
+        if t.numel() >= _MIN_BITS and t.is_floating_point() and t.is_contiguous() and packed.known_binary(t):
             seen = self.bits.get(id(t))
             if seen is not None and seen[0]() is t and seen[1] == t._version:
                 return seen[2]
@@ -215,8 +231,41 @@ class _Outer:
         return self.hooks[1](self.held)
 
 
+class _Indices:
+    """A max-pool's indices left out: made again, in the backward, by the same max-pool of the same
+    input (the one its op saved, as kept or as bits): the same indices."""
+
+    __slots__ = ("module", "input", "shape", "version")
+
+    @staticmethod
+    def of(module: nn.Module, held: Any, in_shape: tuple, t: torch.Tensor) -> _Indices | None:
+        n = next(v for c, v in _POOLS.items() if isinstance(module, c))
+        out = _pool(module, n, torch.empty(in_shape, device="meta"))[0]
+        if tuple(out.shape) != tuple(t.shape) or not t.is_contiguous():
+            return None
+        i = _Indices.__new__(_Indices)
+        i.module, i.input, i.shape, i.version = module, held, tuple(t.shape), t._version
+        return i
+
+    def value(self) -> torch.Tensor:
+        x = unpack_hook(self.input)
+        n = next(v for c, v in _POOLS.items() if isinstance(self.module, c))
+        with torch.no_grad():
+            idx = _pool(self.module, n, x)[1]
+        assert tuple(idx.shape) == self.shape
+        return idx
+
+
+_POOLS: dict[type, int] = {nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.MaxPool3d: 3}
+
+
+def _pool(m: Any, n: int, x: torch.Tensor) -> Any:
+    f = getattr(torch.nn.functional, f"max_pool{n}d")
+    return f(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode, return_indices=True)
+
+
 def unpack_hook(h: Any) -> torch.Tensor:
-    return h.value() if isinstance(h, _Kept | _Handle | _Bits | _Outer) else h
+    return h.value() if isinstance(h, _Kept | _Handle | _Bits | _Outer | _Indices) else h
 
 
 def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
@@ -336,6 +385,18 @@ def _norm_post(module: nn.Module, args: Any, out: Any) -> None:
         s.norm(module, source, out, state)
 
 
+def _pool_pre(module: nn.Module, args: Any) -> None:
+    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    if s is not None and s.mode is not None and not module.return_indices:
+        s.pool = {"module": module, "input": None}
+
+
+def _pool_post(module: nn.Module, args: Any, out: Any) -> None:
+    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    if s is not None:
+        s.pool = None
+
+
 def install(net: nn.Module, mode: str | None) -> int:
     """Make `net`'s forward a keep session with `mode` (see the module doc); returns the number of
     normalizations recomputed. Installing again changes the mode."""
@@ -352,6 +413,10 @@ def install(net: nn.Module, mode: str | None) -> int:
                 m.register_forward_hook(_norm_post, always_call=True)
                 m.__dict__["_flexdsl_norm_hooks"] = True
             norms += mode is not None
+        elif isinstance(m, tuple(_POOLS)) and mode is not None and not m.__dict__.get("_flexdsl_pool_hooks"):
+            m.register_forward_pre_hook(_pool_pre)
+            m.register_forward_hook(_pool_post, always_call=True)
+            m.__dict__["_flexdsl_pool_hooks"] = True
     return norms
 
 

@@ -26,14 +26,14 @@ _CLASSES: dict[type, type] = {}
 
 
 def _linear_forward(self: nn.Linear, x: Any) -> Any:
-    return spike_linear(x, self.weight, self.bias)
+    return spike_linear(x, self.weight, self.bias, self.__dict__)
 
 
 def _conv_forward(self: nn.modules.conv._ConvNd, x: Any, weight: Any, bias: Any) -> Any:
     if self.padding_mode != "zeros":  # (as nn.Conv*d: the padding applied first)
         x = nn.functional.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-        return spike_conv(x, weight, bias, self.stride, 0, self.dilation, self.groups)
-    return spike_conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return spike_conv(x, weight, bias, self.stride, 0, self.dilation, self.groups, self.__dict__)
+    return spike_conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups, self.__dict__)
 
 
 def _bits_class(cls: type) -> type:

@@ -1,0 +1,93 @@
+"""Where a rewritten network's step time goes (`flexdsl.save_spikes_as_bits(net, recompute=...)`), in the
+memopt harness's networks (one GPU): per configuration the step (median of 8), the host's time to queue
+a step (the Python until the final synchronize: near the step when host-bound), the GPU's kernel time in
+a step (torch.profiler), the host synchronizations a step makes (`torch.cuda.set_sync_debug_mode`),
+and the peak as the harness defines it. FLEXDSL_BITS_CHUNK_MB is set per row.
+
+    python3 bench/keep_profile.py [--archs spiking_vgg11_bn sew_resnet18]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "bench")
+
+CONFIGS = [("flexdsl lif", None, None), ("bits, chunks 8 MiB", "bits", "8"), ("bits, no chunks", "bits", "100000"),
+           ("bits + norm, no chunks", "norm", "100000"), ("bits + product, no chunks", "product", "100000"),
+           ("bits + norm, chunks 32 MiB", "norm", "32")]
+
+
+def main():
+    import memopt_gpu as h
+    from e2e_gpu import _stub_torchvision
+    from spikingjelly.activation_based import functional
+
+    import flexdsl
+    _stub_torchvision()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--archs", nargs="+", default=["spiking_vgg11_bn", "sew_resnet18"])
+    a = ap.parse_args()
+    rows = []
+    for arch in a.archs:
+        for label, mode, chunk in CONFIGS:
+            if chunk:
+                os.environ["FLEXDSL_BITS_CHUNK_MB"] = chunk
+            net, x, _ = h.build(arch, h.flexdsl_node)
+            if mode:
+                flexdsl.save_spikes_as_bits(net, recompute=None if mode == "bits" else mode)
+            opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+            y = torch.randint(0, 10, (x.shape[1],), device="cuda")
+
+            def step(net=net, opt=opt, x=x, y=y):
+                functional.reset_net(net)
+                opt.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
+                opt.step()
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+            ts, hs = [], []
+            for _ in range(8):
+                t0 = time.perf_counter()
+                step()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t0)
+                hs.append(t1 - t0)
+            torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                step()
+            torch.cuda.set_sync_debug_mode("default")
+            syncs = sum("synchroniz" in str(m.message) for m in w)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            gpu = sum(e.device_time_total for e in prof.key_averages()) / 1e3
+            r = (arch, label, statistics.median(ts) * 1e3, statistics.median(hs) * 1e3, gpu, syncs, peak)
+            rows.append(r)
+            print(f"{arch:17s} {label:28s} step {r[2]:7.2f} ms  host {r[3]:7.2f} ms  gpu {r[4]:7.2f} ms  "
+                  f"syncs {syncs:3d}  peak {peak:6.3f} GiB", flush=True)
+            del net, opt
+            torch.cuda.empty_cache()
+    os.environ.pop("FLEXDSL_BITS_CHUNK_MB", None)
+    print("| network | configuration | step ms | host ms | GPU ms | syncs | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]} | {r[6]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
