@@ -33,7 +33,11 @@ def main():
     _stub_torchvision()
     ap = argparse.ArgumentParser()
     ap.add_argument("--archs", nargs="+", default=["spiking_vgg11_bn", "sew_resnet18"])
+    ap.add_argument("--host", type=int, nargs="*", default=None,
+                    help="instead: cProfile the host over 5 steps for these rows of CONFIGS")
     a = ap.parse_args()
+    if a.host is not None:
+        return host(a.archs, a.host)
     rows = []
     for arch in a.archs:
         for label, mode, chunk in CONFIGS:
@@ -87,6 +91,42 @@ def main():
     print("| network | configuration | step ms | host ms | GPU ms | syncs | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]} | {r[6]:.3f} |")
+
+
+def host(archs, which):
+    import cProfile
+    import pstats
+
+    import memopt_gpu as h
+    from spikingjelly.activation_based import functional
+
+    import flexdsl
+    for arch in archs:
+        for i in which:
+            label, mode, chunk = CONFIGS[i]
+            os.environ["FLEXDSL_BITS_CHUNK_MB"] = chunk or "8"
+            net, x, _ = h.build(arch, h.flexdsl_node)
+            if mode:
+                flexdsl.save_spikes_as_bits(net, recompute=None if mode == "bits" else mode)
+            y = torch.randint(0, 10, (x.shape[1],), device="cuda")
+
+            def step(net=net, x=x, y=y):
+                functional.reset_net(net)
+                net.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            pr.disable()
+            print(f"==== {arch} {label}: host profile of 5 steps")
+            pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+            del net
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ def mark_binary(t: torch.Tensor, binary: bool = True) -> None:
     of it, unchanged since, skips the check."""
     if not torch.compiler.is_compiling():
         _known()[t] = (t._version, binary)
+        base = t._base
+        if binary and base is not None and base.numel() == t.numel():  # (a view of all of its base: the base too)
+            _known()[base] = (base._version, True)
 
 
 def known_binary(t: Any) -> bool:
