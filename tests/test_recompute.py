@@ -268,3 +268,56 @@ def test_a_bad_chunk_size_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("FLEXDSL_BITS_CHUNK_MB", "0")
     with pytest.raises(flexdsl.FlexDSLError, match="FLEXDSL_BITS_CHUNK_MB"):
         packed.chunk_rows(10, 10, torch.float32)
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton kernels' backward (interpreter or CUDA)")
+def test_the_neurons_input_gradient_takes_the_memory_of_its_recomputed_input(monkeypatch):
+    """With the Triton kernels, a neuron's input recomputed for its backward alone is where that
+    backward writes the input's gradient (one activation less at the backward's peak): every
+    block's neuron takes it, and the gradients are still the plain network's, bit for bit."""
+    from flexdsl.backends import packed
+
+    taken = []
+    real = packed.take_donation
+    monkeypatch.setattr(packed, "take_donation", lambda t: taken.append(real(t)) or taken[-1])
+    plain = _net("triton")
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net, recompute="norm")
+    x = _x()
+    assert _same(_step(net, x), _step(plain, x))
+    assert taken.count(True) == len(CHANNELS)
+
+
+def test_a_batch_norm_of_its_own_is_run_again_through_its_forward():
+    """A batch norm subclass with a forward of its own (not torch's or SpikingJelly's) is recomputed
+    by calling that forward (statistics swapped for copies in training): the same bits."""
+    class Shifted(torch.nn.BatchNorm2d):
+        def forward(self, x):
+            return super().forward(x.flatten(0, 1)).view(x.shape) + 0.25
+
+    torch.manual_seed(2)
+    plain = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), Shifted(4)).to(DEV)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.lif = plain[0], plain[1], flexdsl.load("lif").to(DEV)
+
+        def forward(self, x):
+            y = self.conv(x.flatten(0, 1)).view(*x.shape[:2], 4, H, H)
+            return self.lif(self.bn(y))
+    a = Net()
+    b = copy.deepcopy(a)
+    flexdsl.save_spikes_as_bits(b, recompute="product")
+    x = _x()
+    for _ in range(2):
+        outs = []
+        for n in (a, b):
+            n.lif.reset()
+            n.zero_grad(set_to_none=True)
+            out = n(x)
+            (out * torch.arange(out.numel(), device=out.device).view(out.shape)).sum().backward()
+            outs.append((out, [p.grad.clone() for p in n.parameters()], [t.clone() for t in n.buffers()]))
+        assert _same(*outs)
+    kernels = DEV == "cuda"
+    assert flexdsl.memory_report(b).left_out_bytes == (T * B * 4 * H * H * 4 * (2 if kernels else 1))

@@ -13,6 +13,7 @@ graphs save what they need themselves).
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 from typing import Any
@@ -65,7 +66,9 @@ class _SpikeConv(torch.autograd.Function):
         conv = (stride, padding, dilation, False, [0] * k, groups)
         bias = [w.shape[0]] if ctx.has_bias else None
         rows, row = ctx.shape[0], tuple(ctx.shape[1:])
-        step = _packed.chunk_rows(rows, math.prod(row), ctx.dtype) if ctx.needs_input_grad[1] else rows
+        # (chunks only where FLEXDSL_BITS_CHUNK_MB is set: a convolution's backward per chunk costs host time)
+        chunked = ctx.needs_input_grad[1] and os.environ.get("FLEXDSL_BITS_CHUNK_MB", "").strip()
+        step = _packed.chunk_rows(rows, math.prod(row), ctx.dtype) if chunked else rows
         if step >= rows:  # (the whole input at once: what autograd runs for the plain convolution)
             x = unpack(bits, ctx.shape, ctx.dtype)
             mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]

@@ -82,14 +82,19 @@ class _Recipe:
 class _Handle:
     """A saved tensor left out: its recipe and its own geometry in the recipe's storage."""
 
-    __slots__ = ("recipe", "size", "stride", "offset")
+    __slots__ = ("recipe", "size", "stride", "offset", "donate")
 
     def __init__(self, recipe: _Recipe, t: torch.Tensor) -> None:
         self.recipe, self.size, self.stride, self.offset = recipe, tuple(t.shape), t.stride(), t.storage_offset()
+        self.donate = packed.TAKES_DONATIONS[0]  # (saved by a flexdsl kernel's op, whose backward takes them)
         recipe.pending += 1
 
     def value(self) -> torch.Tensor:
-        return self.recipe.value().as_strided(self.size, self.stride, self.offset)
+        r = self.recipe
+        v = r.value().as_strided(self.size, self.stride, self.offset)
+        if self.donate and r.cached is None and (self.size, self.stride, self.offset) == r.geometry:
+            packed.donate(v)  # (made for this reader alone, dead after it: its backward may write into it)
+        return v
 
 
 class _Bits:
@@ -180,12 +185,14 @@ class Session:
         return held
 
     def _pack(self, t: torch.Tensor) -> Any:
+        if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
+            return self._keep(t)
+        if not self.recipes and t.numel() < _MIN_BITS:  # (nothing to gain: kept, with autograd's check)
+            return self._count_keep(t)
         r = self.find(t)
         if r is not None:
             self.report.left_out(t)
             return _Handle(r, t)
-        if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
-            return self._keep(t)
         if t.numel() >= _MIN_BITS and t.is_floating_point() and t.is_contiguous() and packed.known_binary(t):
             seen = self.bits.get(id(t))
             if seen is not None and seen[0]() is t and seen[1] == t._version:
@@ -194,6 +201,10 @@ class Session:
             self.bits[id(t)] = (weakref.ref(t), t._version, b)
             self.report.packed(t)
             return b
+        self.report.kept(t)
+        return self._keep(t)
+
+    def _count_keep(self, t: torch.Tensor) -> Any:
         self.report.kept(t)
         return self._keep(t)
 
@@ -239,9 +250,10 @@ class _Indices:
 
     @staticmethod
     def of(module: nn.Module, held: Any, in_shape: tuple, t: torch.Tensor) -> _Indices | None:
+        """The indices `t` the pool's op saved after its input (of `in_shape`, kept as `held`), or None
+        where `t` does not look like them (another rank, other leading sizes, not contiguous)."""
         n = next(v for c, v in _POOLS.items() if isinstance(module, c))
-        out = _pool(module, n, torch.empty(in_shape, device="meta"))[0]
-        if tuple(out.shape) != tuple(t.shape) or not t.is_contiguous():
+        if t.dim() != len(in_shape) or tuple(t.shape[:-n]) != tuple(in_shape[:-n]) or not t.is_contiguous():
             return None
         i = _Indices.__new__(_Indices)
         i.module, i.input, i.shape, i.version = module, held, tuple(t.shape), t._version
@@ -271,7 +283,17 @@ def unpack_hook(h: Any) -> torch.Tensor:
 def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
     """`module.forward(x)` again as the forward ran it: its training flag and autocast then; in
     training, its running statistics swapped for scratch copies (the batch's statistics normalize;
-    the real ones were updated once, by the forward)."""
+    the real ones were updated once, by the forward). torch's and SpikingJelly's batch norms call
+    `F.batch_norm` with the arguments their forward gave it (no module code, no copies a call)."""
+    if state["autocast"]:
+        with torch.autocast(x.device.type, dtype=state["autocast_dtype"]):
+            return _rerun_plain(module, x, state)
+    return _rerun_plain(module, x, state)
+
+
+def _rerun_plain(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
+    if _direct(module, x):
+        return _batch_norm(module, x, state["training"])
     saved_training = module.training
     swapped = {}
     try:
@@ -282,12 +304,53 @@ def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
                 if b is not None:
                     swapped[name] = b
                     module._buffers[name] = b.clone()
-        dev = x.device.type
-        with torch.autocast(dev, dtype=state["autocast_dtype"], enabled=state["autocast"]):
-            return module.forward(x)
+        return module.forward(x)
     finally:
         module.training = saved_training
         module._buffers.update(swapped)
+
+
+_BN_FORWARDS: dict[Any, int] = {}  # a batch norm class's forward -> the dims of the input it normalizes
+_SCRATCH: Any = weakref.WeakKeyDictionary()  # module -> running statistics for recomputations to update
+
+
+def _direct(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `module` is a batch norm whose forward is torch's (or SpikingJelly's multi-step wrapper
+    of it), so that `_batch_norm` computes what it computed."""
+    if not _BN_FORWARDS:
+        for cls, d in ((nn.BatchNorm1d, 3), (nn.BatchNorm2d, 4), (nn.BatchNorm3d, 5)):
+            _BN_FORWARDS[cls.forward] = d
+        try:
+            from spikingjelly.activation_based import layer as sj
+            for name, d in (("BatchNorm1d", 3), ("BatchNorm2d", 4), ("BatchNorm3d", 5)):
+                _BN_FORWARDS[getattr(sj, name).forward] = -d  # (multi-step: one more leading dim)
+        except ImportError:
+            pass
+    d = _BN_FORWARDS.get(type(module).forward)
+    if d is None:
+        return False
+    if d < 0:
+        return getattr(module, "step_mode", "s") == "m" and x.dim() == 1 - d
+    return x.dim() == d or d == 3 and x.dim() == 2
+
+
+def _batch_norm(module: Any, x: torch.Tensor, training: bool) -> torch.Tensor:
+    """What `module`'s forward computed from `x` (see `_direct`): `F.batch_norm` with the same
+    input, affine, statistics' presence and mode; in training, scratch statistics take the update."""
+    flat = x.flatten(0, 1) if getattr(module, "step_mode", "s") == "m" and x.dim() >= 3 and \
+        _BN_FORWARDS.get(type(module).forward, 0) < 0 else x
+    rm, rv = module.running_mean, module.running_var
+    if training:
+        if module.track_running_stats and rm is not None:
+            sc = _SCRATCH.get(module)
+            if sc is None or sc[0].shape != rm.shape or sc[0].device != rm.device or sc[0].dtype != rm.dtype:
+                sc = _SCRATCH[module] = (rm.clone(), rv.clone())
+            rm, rv = sc
+        else:
+            rm = rv = None
+    bn_training = training or (rm is None and rv is None)
+    out = torch.nn.functional.batch_norm(flat, rm, rv, module.weight, module.bias, bn_training, 0.0, module.eps)
+    return out.view(*x.shape[:2], *out.shape[1:]) if flat is not x else out
 
 
 class Report:

@@ -52,6 +52,19 @@ from .args import (
 from .glue import Call, Eager, Grads, register_ops
 from .kernel import LAUNCHES, Kernel, LaunchPlan, LaunchPlans, bits, cdiv, device_of, interpret, prod, wrapped
 
+
+def _donated(x: Any, T: int, shape: tuple, order: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """`x` (an input the backward reads again) as the buffer of its own gradient, where it was donated
+    (`packed.donate`: recomputed for this backward alone) and is laid out as the gradient would be. The
+    kernels read a lane's input at a step before they write its gradient there (the recompute plan
+    re-runs a chunk's steps before walking back through them), so the two may share memory."""
+    if (x is None or order is not None or x.dtype != dtype or tuple(x.shape) != (T, *shape)
+            or not x.is_contiguous() or x.data_ptr() % 16):
+        return None
+    from .. import packed
+
+    return x if packed.take_donation(x) else None
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -246,7 +259,12 @@ class TritonProgram:
         n_in, n_st = len(self.inputs), len(self.states)
         need_gx, need_gs, need_gp = need[:n_in], need[n_in:n_in + n_st], need[n_in + n_st:]
         dev = device_of([saved, *reread, *grads.outs, *grads.seqs, *grads.fins, *params])
-        gx = [alloc((T,), shape, order, dtype, dev) if n else None for n in need_gx]
+        donors = dict(zip(self.rc_idx if recompute else self.reread_idx, reread))
+        gx = [None] * n_in
+        for i, n in enumerate(need_gx):
+            if n:
+                d = _donated(donors.get(i), T, shape, order, dtype)
+                gx[i] = d if d is not None else alloc((T,), shape, order, dtype, dev)
         gs = [alloc((), shape, order, torch.float32, dev) if n else None for n in need_gs]
         gp = [alloc((), shape, order, torch.float32, dev) if n else None for n in need_gp]
         result = [g for g in [*gx, *gs, *gp] if g is not None]
@@ -389,8 +407,14 @@ class TritonProgram:
             if not save:
                 res = self._fwd(xs, st, pr, call, False)
             else:
-                res = Eager.apply((self, xs, st, pr, call), *xs, *(t for t in st if t is not None),
-                                  *(t for t in pr if t is not None))
+                from .. import packed
+
+                packed.TAKES_DONATIONS[0] = True  # (what it saves: its backward may write its input's gradient
+                try:                              # into an input recomputed for it alone, `_donated`)
+                    res = Eager.apply((self, xs, st, pr, call), *xs, *(t for t in st if t is not None),
+                                      *(t for t in pr if t is not None))
+                finally:
+                    packed.TAKES_DONATIONS[0] = False
         n_out, n_st = len(self.outputs), len(self.states)
         return RunResult(list(res[:n_out]), list(res[n_out:n_out + n_st]),
                          list(res[n_out + n_st:n_out + 2 * n_st]) if store_seqs else None)
