@@ -105,16 +105,27 @@ def test_spikingjelly_nodes_and_evaluation_mode():
     assert flexdsl.memory_report(net).left_out_bytes > 0
 
 
-def test_saved_spikes_anywhere_are_kept_as_bits(monkeypatch):
-    """A max-pool keeps its input (a neuron's spikes) for its backward: kept as bits, 1/32 of it."""
+@pytest.mark.parametrize("mode", [None, "norm"])
+def test_saved_spikes_anywhere_are_kept_as_bits(monkeypatch, mode):
+    """A max-pool keeps its input (a neuron's spikes) for its backward: kept as bits, 1/32 of it;
+    with "norm" its indices are made again from that input in the backward, which is unpacked once
+    for both (the pool's op and the indices)."""
+    from flexdsl.backends import packed
+
     monkeypatch.setattr(recompute, "_MIN_BITS", 1)
     plain = _net("auto")
     net = copy.deepcopy(plain)
-    flexdsl.save_spikes_as_bits(net)
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
     x = _x()
-    assert _same(_step(net, x), _step(plain, x))
+    ref = _step(plain, x)
+    unpacked = []
+    real = packed.unpack
+    monkeypatch.setattr(packed, "unpack", lambda b, shape, dt: unpacked.append(tuple(shape)) or real(b, shape, dt))
+    assert _same(_step(net, x), ref)
     rep = flexdsl.memory_report(net)
+    pooled = (T * B, CHANNELS[1], H, H)  # (SpikingJelly's pool: the steps flattened into the batch)
     assert rep.bits_bytes == T * B * CHANNELS[1] * H * H * 4  # (the pooled spikes, float32 before)
+    assert unpacked.count(pooled) == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -98,15 +98,24 @@ class _Handle:
 
 
 class _Bits:
-    """A saved 0/1 tensor kept as bits."""
+    """A saved 0/1 tensor kept as bits. One read by two readers of one backward (a max-pool's op and
+    the recomputation of its indices, `shared`) is unpacked once: the second takes the first's."""
 
-    __slots__ = ("bits", "shape", "dtype")
+    __slots__ = ("bits", "shape", "dtype", "shared", "last")
 
     def __init__(self, t: torch.Tensor) -> None:
         self.bits, self.shape, self.dtype = packed.pack(t), t.shape, t.dtype
+        self.shared, self.last = False, None
 
     def value(self) -> torch.Tensor:
-        return packed.unpack(self.bits, self.shape, self.dtype)
+        v = self.last
+        if v is not None:
+            self.last = None
+            return v
+        v = packed.unpack(self.bits, self.shape, self.dtype)
+        if self.shared:
+            self.last = v
+        return v
 
 
 class Session:
@@ -177,6 +186,8 @@ class Session:
             elif t.dtype == torch.int64 and pool["input"] is not None:
                 idx = _Indices.of(pool["module"], *pool["input"], t)
                 if idx is not None:
+                    if isinstance(pool["input"][0], _Bits):
+                        pool["input"][0].shared = True  # (the op and the indices' recomputation read it)
                     self.report.kept_bytes -= t.numel() * t.element_size()
                     self.report.n_kept -= 1
                     self.report.left_out(t)
