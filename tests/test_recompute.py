@@ -91,6 +91,24 @@ def test_recomputing_gives_the_same_outputs_gradients_and_statistics(mode, backe
         assert rep.left_out_bytes == (sum(act) if mode == "product" else 0) + indices  # (the input is 0/1 too)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_product_of_a_real_valued_input_is_run_again_from_it(backend):
+    """A real-valued input (an image) is kept as it is by its convolution (for the weight's
+    gradient); with "product" the convolution's output is made again from it in the backward, not
+    kept: the same bits, and that output's bytes left out besides the rest."""
+    plain = _net(backend)
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net, recompute="product")
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(T, B, 2, H, H, generator=g).to(DEV) * 2  # (not 0/1)
+    for _ in range(2):
+        assert _same(_step(net, x), _step(plain, x))
+    act = [T * B * co * s * s * 4 for co, s in zip(CHANNELS, (H, H, H // 2))]
+    indices = T * B * CHANNELS[1] * (H // 2) ** 2 * 8
+    kernels = backend == "triton" or DEV == "cuda"
+    assert flexdsl.memory_report(net).left_out_bytes == sum(act) * (2 if kernels else 1) + indices
+
+
 def test_spikingjelly_nodes_and_evaluation_mode():
     """SpikingJelly's own LIFNode after the normalizations, and BN in evaluation mode (its running
     statistics normalize): the same bits as the plain network."""

@@ -19,6 +19,14 @@ ENABLED = True  # (False: every product saves its input as it is; for measuring 
 _SESSIONS: list[Any] = []  # the keep sessions of rewritten networks' forwards, innermost last (runtime/recompute.py)
 
 
+def record_product_kept(out: torch.Tensor, x: torch.Tensor, redo: Any, reads: Sequence[Any]) -> None:
+    """Tell the innermost keep session (if any) that `out` = `redo()`, a product of an input `x` that
+    autograd keeps as it is for the weight's gradient (so holding it costs nothing)."""
+    if _SESSIONS and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
+                                                      for w in reads[:1]):
+        _SESSIONS[-1].product_kept(out, x, redo, reads)
+
+
 def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, reads: Sequence[Any]) -> None:
     """Tell the innermost keep session (if any) that `out` = `redo(x)` for the 0/1 `x` kept as `bits`
     (its recomputation reads `reads`, checked unchanged when it runs). Only a contiguous `x`: the bits
@@ -245,4 +253,4 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return torch.nn.functional.linear(x, w, b)
 
 
-__all__ = ["ENABLED", "SpikeLinear", "chunk_rows", "donate", "take_donation", "record_product", "unpack_rows", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]
+__all__ = ["ENABLED", "SpikeLinear", "chunk_rows", "donate", "take_donation", "record_product", "record_product_kept", "unpack_rows", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]

@@ -113,7 +113,9 @@ def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, owner
     """`torch.nn.functional.linear(x, w, b)` with `x` saved as bits where it is all 0/1 and the
     weight has a gradient to compute (see the module doc); else the plain product."""
     if _plain(x, w, owner):
-        return torch.nn.functional.linear(x, w, b)
+        out = torch.nn.functional.linear(x, w, b)
+        _packed.record_product_kept(out, x, lambda: torch.nn.functional.linear(x, w, b), (w, b))
+        return out
     return _SpikeLinear.apply(x, w, b)
 
 
@@ -123,7 +125,10 @@ def spike_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
     as text, "same"/"valid", runs the plain convolution)."""
     n = w.dim() - 2
     if isinstance(padding, str) or x.dim() != n + 2 or _plain(x, w, owner):
-        return getattr(torch.nn.functional, f"conv{n}d")(x, w, b, stride, padding, dilation, groups)
+        conv = getattr(torch.nn.functional, f"conv{n}d")
+        out = conv(x, w, b, stride, padding, dilation, groups)
+        _packed.record_product_kept(out, x, lambda: conv(x, w, b, stride, padding, dilation, groups), (w, b))
+        return out
     def tup(v: Any) -> tuple:
         return tuple(v) if isinstance(v, tuple | list) else (v,) * n
 

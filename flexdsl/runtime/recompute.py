@@ -148,6 +148,14 @@ class Session:
         if self.mode == "product":
             self._add(out, lambda: redo(packed.unpack(bits, torch.Size(shape), dtype)), reads)
 
+    def product_kept(self, out: torch.Tensor, x: torch.Tensor, redo: Callable[[], torch.Tensor],
+                     reads: Sequence[Any]) -> None:
+        """`out` = `redo()` from an input `x` autograd keeps anyway (a real-valued input: an image,
+        a sum of spikes): left out of what is saved."""
+        if (self.mode == "product" and isinstance(out, torch.Tensor) and not self.find(x)
+                and not packed.known_binary(x)):  # (a left-out or bits-kept input: holding it would cost)
+            self._add(out, redo, [*reads, x])
+
     def norm_input(self, module: nn.Module, x: torch.Tensor) -> Any:
         """What a normalization's recomputation will read for `x`: a handle on a product's recipe, or `x`."""
         r = self.find(x)
