@@ -350,3 +350,44 @@ def test_a_batch_norm_of_its_own_is_run_again_through_its_forward():
         assert _same(*outs)
     kernels = DEV == "cuda"
     assert flexdsl.memory_report(b).left_out_bytes == (T * B * 4 * H * H * 4 * (2 if kernels else 1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the device-side 0/1 check of a CUDA tensor")
+@pytest.mark.parametrize("mode", [None, "product"])
+def test_an_unmarked_spike_input_is_checked_on_the_device_without_a_host_sync(mode):
+    """A product's input of 0/1 values that no neuron marked (spikes upsampled by repetition) is
+    checked on the device: the forward makes no host sync; once the check has finished (here: the
+    device drained by a module before the next save) the input is kept as bits; gradients bitwise."""
+    class Drain(torch.nn.Module):
+        def forward(self, x):
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode(mode)
+            return x
+
+    torch.manual_seed(3)
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 64), flexdsl.load("lif"), torch.nn.Upsample(scale_factor=2),
+                                torch.nn.Linear(128, 32), Drain(), flexdsl.load("lif"),
+                                torch.nn.Linear(32, 8)).cuda()
+    net = copy.deepcopy(plain)
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
+    x = torch.rand(6, 4, 64, device="cuda") * 3
+    outs = []
+    for n in (plain, net, net):
+        for m in n:
+            if hasattr(m, "reset"):
+                m.reset()
+        n.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if n is net:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = n(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out.square().sum().backward()
+        outs.append((out, [p.grad.clone() for p in n.parameters()], []))
+    assert _same(outs[0], outs[1]) and _same(outs[0], outs[2])
+    assert flexdsl.memory_report(net).bits_bytes >= 6 * 4 * 128 * 4  # (the upsampled spikes, kept as bits)

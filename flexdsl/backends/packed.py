@@ -20,8 +20,8 @@ _SESSIONS: list[Any] = []  # the keep sessions of rewritten networks' forwards, 
 
 
 def record_product_kept(out: torch.Tensor, x: torch.Tensor, redo: Any, reads: Sequence[Any]) -> None:
-    """Tell the innermost keep session (if any) that `out` = `redo()`, a product of an input `x` that
-    autograd keeps as it is for the weight's gradient (so holding it costs nothing)."""
+    """Tell the innermost keep session (if any) that `out` = `redo(x)`, a product of an input `x` that
+    autograd keeps for the weight's gradient (so holding it costs nothing)."""
     if _SESSIONS and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
                                                       for w in reads[:1]):
         _SESSIONS[-1].product_kept(out, x, redo, reads)

@@ -103,6 +103,9 @@ def _plain(x: torch.Tensor, w: torch.Tensor, owner: dict | None = None) -> bool:
         return False
     if owner is not None and owner.get("_flexdsl_real_inputs", 0) >= _STOP_AFTER:
         return True
+    s = _packed._SESSIONS[-1] if _packed._SESSIONS else None
+    if s is not None and x.is_cuda and s.check_later(x, owner):
+        return True  # (saved as it is, and as bits once the check queued on the device says 0/1: no host sync)
     ok = is_binary(x)
     if owner is not None:
         owner["_flexdsl_real_inputs"] = 0 if ok else owner.get("_flexdsl_real_inputs", 0) + 1
@@ -114,7 +117,7 @@ def spike_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, owner
     weight has a gradient to compute (see the module doc); else the plain product."""
     if _plain(x, w, owner):
         out = torch.nn.functional.linear(x, w, b)
-        _packed.record_product_kept(out, x, lambda: torch.nn.functional.linear(x, w, b), (w, b))
+        _packed.record_product_kept(out, x, lambda v: torch.nn.functional.linear(v, w, b), (w, b))
         return out
     return _SpikeLinear.apply(x, w, b)
 
@@ -127,7 +130,7 @@ def spike_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
     if isinstance(padding, str) or x.dim() != n + 2 or _plain(x, w, owner):
         conv = getattr(torch.nn.functional, f"conv{n}d")
         out = conv(x, w, b, stride, padding, dilation, groups)
-        _packed.record_product_kept(out, x, lambda: conv(x, w, b, stride, padding, dilation, groups), (w, b))
+        _packed.record_product_kept(out, x, lambda v: conv(v, w, b, stride, padding, dilation, groups), (w, b))
         return out
     def tup(v: Any) -> tuple:
         return tuple(v) if isinstance(v, tuple | list) else (v,) * n

@@ -128,6 +128,8 @@ class Session:
         self.recipes: dict[int, _Recipe] = {}
         self.bits: dict[int, tuple[Any, int, _Bits]] = {}  # id -> (weak tensor, version, its bits): packed once
         self.pool: dict | None = None  # a max-pool running: its module and the last input its op saved
+        self.pending: list[_Pending] = []  # products' inputs whose 0/1 check runs on the device
+        self.pending_of: dict[int, _Pending] = {}
         self.report = Report()
 
     # recording -------------------------------------------------------------------------------
@@ -148,13 +150,43 @@ class Session:
         if self.mode == "product":
             self._add(out, lambda: redo(packed.unpack(bits, torch.Size(shape), dtype)), reads)
 
-    def product_kept(self, out: torch.Tensor, x: torch.Tensor, redo: Callable[[], torch.Tensor],
+    def product_kept(self, out: torch.Tensor, x: torch.Tensor, redo: Callable[[torch.Tensor], torch.Tensor],
                      reads: Sequence[Any]) -> None:
-        """`out` = `redo()` from an input `x` autograd keeps anyway (a real-valued input: an image,
-        a sum of spikes): left out of what is saved."""
-        if (self.mode == "product" and isinstance(out, torch.Tensor) and not self.find(x)
-                and not packed.known_binary(x)):  # (a left-out or bits-kept input: holding it would cost)
-            self._add(out, redo, [*reads, x])
+        """`out` = `redo(x)` from an input `x` autograd keeps anyway (a real-valued input: an image,
+        a sum of spikes; or one whose 0/1 check is pending, then read back as it ends up kept): left
+        out of what is saved."""
+        if self.mode != "product" or not isinstance(out, torch.Tensor) or self.find(x) or packed.known_binary(x):
+            return  # (a left-out or bits-kept input: holding it would cost)
+        p = self.pending_of.get(id(x))
+        if p is not None and p.t is x:
+            self._add(out, lambda: redo(p.value()), reads).source = None
+            return
+        self._add(out, lambda: redo(x), [*reads, x])
+
+    def check_later(self, x: torch.Tensor, owner: dict | None) -> bool:
+        """Queue a check that `x` (a product's input, not known to be 0/1) is all 0/1 on the device,
+        read back without waiting: until it is known, `x` is saved as it is; then as bits (or as it
+        is). False where no flag is free (the caller checks now)."""
+        p = self.pending_of.get(id(x))
+        if p is not None and p.t is x:
+            return True
+        slot = _Flags.take()
+        if slot is None:
+            return False
+        p = _Pending(x, owner, slot)
+        self.pending.append(p)
+        self.pending_of[id(x)] = p
+        return True
+
+    def poll(self) -> None:
+        """Settle the checks the device has finished (no waiting)."""
+        left = []
+        for p in self.pending:
+            if not p.settle(self.report):
+                left.append(p)
+        if len(left) != len(self.pending):
+            self.pending = left
+            self.pending_of = {id(p.t): p for p in left if p.t is not None}
 
     def norm_input(self, module: nn.Module, x: torch.Tensor) -> Any:
         """What a normalization's recomputation will read for `x`: a handle on a product's recipe, or `x`."""
@@ -176,7 +208,12 @@ class Session:
         self._add(out, make, reads).source = source
 
     def end(self) -> None:
-        """After the forward: a recomputation nobody saved does not hold its source's cache."""
+        """After the forward: a recomputation nobody saved does not hold its source's cache; checks
+        not finished yet leave their inputs as they are."""
+        self.poll()
+        for p in self.pending:
+            p.give_up()
+        self.pending, self.pending_of = [], {}
         for r in self.recipes.values():
             src = getattr(r, "source", None)
             if r.pending <= 0 and isinstance(src, _Handle):
@@ -206,6 +243,11 @@ class Session:
     def _pack(self, t: torch.Tensor) -> Any:
         if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
             return self._keep(t)
+        if self.pending:
+            self.poll()
+            p = self.pending_of.get(id(t))
+            if p is not None and p.t is t:
+                return p
         if not self.recipes and t.numel() < _MIN_BITS:  # (nothing to gain: kept, with autograd's check)
             return self._count_keep(t)
         r = self.find(t)
@@ -242,6 +284,88 @@ class _Kept:
 
     def value(self) -> torch.Tensor:
         t = self.t
+        if t._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {self.version} instead")
+        return t
+
+
+class _Flags:
+    """Pinned host flags that the device's 0/1 checks are copied into (read without waiting)."""
+
+    host: torch.Tensor | None = None
+    free: list[int] = []
+    abandoned: list[tuple[Any, int]] = []  # (event, slot) of checks nobody waits for any more
+
+    @classmethod
+    def take(cls) -> int | None:
+        if cls.abandoned:
+            still = []
+            for ev, slot in cls.abandoned:
+                (cls.free.append(slot) if ev.query() else still.append((ev, slot)))
+            cls.abandoned = still
+        if cls.host is None:
+            try:
+                cls.host = torch.zeros(256, dtype=torch.bool, pin_memory=True)
+            except RuntimeError:  # (no pinned memory: check now)
+                return None
+            cls.free = list(range(256))
+        return cls.free.pop() if cls.free else None
+
+    @classmethod
+    def give(cls, slot: int) -> None:
+        cls.free.append(slot)
+
+
+class _Pending:
+    """A product's input whose 0/1 check runs on the device: kept as it is until the check has
+    finished (polled, never waited for), then as bits if it holds only 0 and 1."""
+
+    __slots__ = ("t", "version", "owner", "slot", "event", "bits", "shape", "dtype")
+
+    def __init__(self, t: torch.Tensor, owner: dict | None, slot: int) -> None:
+        self.t, self.version, self.owner, self.slot = t, t._version, owner, slot
+        self.bits, self.shape, self.dtype = None, t.shape, t.dtype
+        ok = ((t == 0) | (t == 1)).all()
+        assert _Flags.host is not None
+        _Flags.host[slot].copy_(ok, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def settle(self, report: Report | None) -> bool:
+        """Whether the check has finished (then the input is kept as bits or as it is)."""
+        if self.slot < 0:
+            return True
+        if not self.event.query():
+            return False
+        assert _Flags.host is not None
+        binary = bool(_Flags.host[self.slot])
+        _Flags.give(self.slot)
+        self.slot = -1
+        t = self.t
+        if self.owner is not None:
+            self.owner["_flexdsl_real_inputs"] = 0 if binary else self.owner.get("_flexdsl_real_inputs", 0) + 1
+        if binary and t is not None and t._version == self.version and t.is_contiguous():
+            self.bits = packed.pack(t)
+            packed.mark_binary(t)
+            self.t = None
+            if report is not None:
+                report.packed(t)
+        return True
+
+    def give_up(self) -> None:
+        """The forward ended before the check did: the input stays as it is (its flag is free again
+        once the device has written it)."""
+        if self.slot >= 0:
+            _Flags.abandoned.append((self.event, self.slot))
+            self.slot = -1
+
+    def value(self) -> torch.Tensor:
+        if self.bits is not None:
+            return packed.unpack(self.bits, self.shape, self.dtype)
+        t = self.t
+        assert t is not None
         if t._version != self.version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
@@ -296,7 +420,7 @@ def _pool(m: Any, n: int, x: torch.Tensor) -> Any:
 
 
 def unpack_hook(h: Any) -> torch.Tensor:
-    return h.value() if isinstance(h, _Kept | _Handle | _Bits | _Outer | _Indices) else h
+    return h.value() if isinstance(h, _Kept | _Handle | _Bits | _Outer | _Indices | _Pending) else h
 
 
 def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
