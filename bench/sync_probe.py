@@ -1,28 +1,53 @@
-"""Where a rewritten network's training step makes the host wait (one GPU): the first synchronizing call of
-a step of the memopt harness's VGG-11-BN rewritten with recompute="norm", with its traceback (torch.cuda.set_sync_debug_mode).
+"""Where a rewritten network's training step makes the host wait (one GPU): the synchronizing calls of a
+step of the memopt harness's spiking VGG-11-BN rewritten with `recompute="norm"`, each with its traceback
+(`torch.cuda.set_sync_debug_mode("error")`; up to 4 a step).
 
-    python3 bench/sync_probe.py
+    python3 bench/sync_probe.py [--arch spiking_vgg11_bn|sew_resnet18] [--recompute norm]
 """
-import sys, traceback, torch, os
-sys.path.insert(0, "bench")
-import memopt_gpu as h
-from e2e_gpu import _stub_torchvision
-_stub_torchvision()
-from spikingjelly.activation_based import functional
-import flexdsl
+import argparse
+import sys
+import traceback
+
+import torch
 from torch import nn
-net, x, _ = h.build("spiking_vgg11_bn", h.flexdsl_node)
-flexdsl.save_spikes_as_bits(net, recompute="norm")
-y = torch.randint(0, 10, (x.shape[1],), device="cuda")
-def step():
-    functional.reset_net(net); net.zero_grad(set_to_none=True)
-    nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
-for _ in range(3): step()
-torch.cuda.synchronize()
-torch.cuda.set_sync_debug_mode("error")
-for k in range(2):
-    try:
-        step(); print("no sync"); break
-    except RuntimeError as e:
-        traceback.print_exc(limit=-6)
-        torch.cuda.set_sync_debug_mode("default"); torch.cuda.synchronize(); torch.cuda.set_sync_debug_mode("error")
+
+sys.path.insert(0, "bench")
+
+
+def main():
+    import memopt_gpu as h
+    from e2e_gpu import _stub_torchvision
+    from spikingjelly.activation_based import functional
+
+    import flexdsl
+    _stub_torchvision()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="spiking_vgg11_bn")
+    ap.add_argument("--recompute", default="norm")
+    a = ap.parse_args()
+    net, x, _ = h.build(a.arch, h.flexdsl_node)
+    print(flexdsl.save_spikes_as_bits(net, recompute=None if a.recompute == "none" else a.recompute))
+    y = torch.randint(0, 10, (x.shape[1],), device="cuda")
+
+    def step():
+        functional.reset_net(net)
+        net.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    for _ in range(4):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            print("a step without a host sync")
+            break
+        except RuntimeError:
+            traceback.print_exc(limit=-6)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
