@@ -341,7 +341,7 @@ def _norm_post(module: nn.Module, args: Any, out: Any) -> None:
 
 def _pool_pre(module: nn.Module, args: Any) -> None:
     s = packed._SESSIONS[-1] if packed._SESSIONS else None
-    if s is not None and s.mode is not None and not module.return_indices:
+    if s is not None and not module.return_indices:
         s.pool = {"module": module, "input": None}
 
 
@@ -367,7 +367,7 @@ def install(net: nn.Module, mode: str | None) -> int:
                 m.register_forward_hook(_norm_post, always_call=True)
                 m.__dict__["_flexdsl_norm_hooks"] = True
             norms += mode is not None
-        elif isinstance(m, tuple(_POOLS)) and mode is not None and not m.__dict__.get("_flexdsl_pool_hooks"):
+        elif isinstance(m, tuple(_POOLS)) and not m.__dict__.get("_flexdsl_pool_hooks"):
             m.register_forward_pre_hook(_pool_pre)
             m.register_forward_hook(_pool_post, always_call=True)
             m.__dict__["_flexdsl_pool_hooks"] = True
