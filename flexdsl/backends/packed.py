@@ -82,8 +82,8 @@ def is_binary(x: torch.Tensor) -> bool:
     return ok
 
 
-_DONATION: list[Any] = [None]  # (the donated tensor, its version): one at a time
-TAKES_DONATIONS = [False]  # (True while a backward that takes donations saves its tensors: `glue.keep`)
+DONATION: list[Any] = [None]  # (the donated tensor, its version): one at a time
+TAKES_DONATIONS = [False]  # (True while the Triton kernels' eager op saves its tensors: `triton/launch.py`)
 
 
 def donate(t: torch.Tensor) -> None:
@@ -91,21 +91,21 @@ def donate(t: torch.Tensor) -> None:
     that backward may write its input's gradient into `t` (`take_donation`). One donation is held
     at a time (a reference: a tensor's Python object does not survive autograd's hands otherwise),
     replaced by the next and dropped when the backward pass ends."""
-    if _DONATION[0] is None:
+    if DONATION[0] is None:
         try:
             torch.autograd.Variable._execution_engine.queue_callback(_drop_donation)
         except RuntimeError:  # (not inside a backward pass: nothing would take it)
             return
-    _DONATION[0] = (t, t._version)
+    DONATION[0] = (t, t._version)
 
 
 def _drop_donation() -> None:
-    _DONATION[0] = None
+    DONATION[0] = None
 
 
 def take_donation(t: torch.Tensor) -> bool:
     """Whether `t` is the donated tensor (its memory, not written since); the donation is used up."""
-    d = _DONATION[0]
+    d = DONATION[0]
     if d is None:
         return False
     v = d[0]
@@ -113,7 +113,7 @@ def take_donation(t: torch.Tensor) -> bool:
     # cannot belong to anything else)
     if v.data_ptr() != t.data_ptr() or v.shape != t.shape or v.stride() != t.stride() or v.dtype != t.dtype:
         return False
-    _DONATION[0] = None
+    DONATION[0] = None
     return d[1] == v._version
 
 

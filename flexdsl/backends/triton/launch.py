@@ -58,10 +58,15 @@ def _donated(x: Any, T: int, shape: tuple, order: Any, dtype: torch.dtype) -> to
     (`packed.donate`: recomputed for this backward alone) and is laid out as the gradient would be. The
     kernels read a lane's input at a step before they write its gradient there (the recompute plan
     re-runs a chunk's steps before walking back through them), so the two may share memory."""
-    if (x is None or order is not None or x.dtype != dtype or tuple(x.shape) != (T, *shape)
-            or not x.is_contiguous() or x.data_ptr() % 16):
+    if x is None or torch.compiler.is_compiling() or wrapped():  # (traced: fake tensors, no donations)
         return None
     from .. import packed
+
+    if packed.DONATION[0] is None:
+        return None
+    if (order is not None or x.dtype != dtype or tuple(x.shape) != (T, *shape) or not x.is_contiguous()
+            or x.data_ptr() % 16):
+        return None
 
     return x if packed.take_donation(x) else None
 
