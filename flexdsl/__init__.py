@@ -3,6 +3,7 @@
     m = flexdsl.load("lif")            # a trainable torch.nn.Module
     r = flexdsl.recurrent("alif", in_features=700, hidden=512)   # a recurrent layer, compiled time loop
     f = flexdsl.feedforward("lif", 700, 256)   # Linear -> LIF as one module; flexdsl.load("x.layer") for a layer file
+    c = flexdsl.conv_layer("lif", 64, 128, 3, padding=1)   # Conv2d -> BN -> LIF, keeping little for backward
     flexdsl.save_spikes_as_bits(net)   # an existing network's products save their 0/1 inputs as bits
     flexdsl.save_spikes_as_bits(net, recompute="product")   # ... and recompute normalizations and products
     c = flexdsl.compile("lif")         # generated sources and sympy equations
@@ -21,7 +22,7 @@ from .library import library, rules
 
 if TYPE_CHECKING:
     from . import nir
-    from .api import compile, feedforward, load, load_rule, loads, recurrent
+    from .api import compile, conv_layer, feedforward, load, load_rule, loads, recurrent
     from .runtime.compiler import Compiled
     from .runtime.finite import NonFiniteError
     from .runtime.layer import FeedForwardModule
@@ -32,10 +33,10 @@ if TYPE_CHECKING:
 
 from ._version import __version__
 
-__all__ = ["load", "loads", "load_rule", "rules", "Rule", "recurrent", "feedforward", "FeedForwardModule", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
+__all__ = ["load", "loads", "load_rule", "rules", "Rule", "recurrent", "feedforward", "conv_layer", "FeedForwardModule", "compile", "library", "FlexDSLError", "NonFiniteError", "NeuronModule",
            "RecurrentModule", "Compiled", "nir", "save_spikes_as_bits", "memory_report", "__version__"]
 
-_LAZY = {"load": "api", "loads": "api", "load_rule": "api", "Rule": "runtime.rule", "recurrent": "api", "feedforward": "api", "compile": "api",
+_LAZY = {"load": "api", "loads": "api", "load_rule": "api", "Rule": "runtime.rule", "recurrent": "api", "feedforward": "api", "conv_layer": "api", "compile": "api",
          "FeedForwardModule": "runtime.layer", "Compiled": "runtime.compiler",
          "NeuronModule": "runtime.module", "RecurrentModule": "runtime.recurrent", "NonFiniteError": "runtime.finite",
          "save_spikes_as_bits": "runtime.rewrite", "memory_report": "runtime.rewrite"}

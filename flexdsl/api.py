@@ -208,4 +208,16 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                 rule_params=rule_params, sparse_input=sparse_input, **params)
 
 
-__all__ = ["compile", "feedforward", "library", "load", "load_rule", "loads", "recurrent", "rules"]
+def conv_layer(model: Any, in_channels: int, out_channels: int, kernel_size: Any, **options: Any) -> Any:
+    """`Conv2d(in_channels, out_channels, kernel_size) -> BatchNorm2d -> model` as one module for
+    `[T, B, C, H, W]` inputs that keeps little for its backward: its 0/1 input as bits and, with
+    `recompute="norm"` (default), the normalization's output made again in the backward (`"product"`:
+    the convolution's output too; None: neither); gradients bit for bit those of the three modules.
+    Options: `stride`, `padding`, `dilation`, `groups`, `bias` (False), `norm` (True), `eps`,
+    `momentum`, `backend`, and the neuron's load options (`surrogate=`, `detach_reset=`, params...)."""
+    from .runtime.convlayer import conv_layer as make
+
+    return make(model, in_channels, out_channels, kernel_size, **options)
+
+
+__all__ = ["compile", "conv_layer", "feedforward", "library", "load", "load_rule", "loads", "recurrent", "rules"]

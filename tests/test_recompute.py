@@ -394,3 +394,64 @@ def test_an_unmarked_spike_input_is_checked_on_the_device_without_a_host_sync(mo
         outs.append((out, [p.grad.clone() for p in n.parameters()], []))
     assert _same(outs[0], outs[1]) and _same(outs[0], outs[2])
     assert flexdsl.memory_report(net).bits_bytes >= 6 * 4 * 128 * 4  # (the upsampled spikes, kept as bits)
+
+
+# ----------------------------------------------------------------- the conv layer for new code
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["norm", "product", None])
+def test_conv_layer_equals_its_three_modules(backend, mode):
+    """`flexdsl.conv_layer` = Conv2d -> BatchNorm2d -> neuron run one after the other (outputs,
+    gradients, BN statistics bitwise, two training steps and one in evaluation mode); a second
+    layer's spike input is kept as bits, and with the Triton kernels its BN output is left out."""
+    torch.manual_seed(7)
+    a = torch.nn.Sequential(flexdsl.conv_layer("lif", 2, 4, 3, padding=1, backend=backend, recompute=mode),
+                            flexdsl.conv_layer("lif", 4, 4, 3, padding=1, stride=2, backend=backend,
+                                               recompute=mode)).to(DEV)
+    plain = [(copy.deepcopy(layer.conv), copy.deepcopy(layer.bn), flexdsl.load("lif", backend=backend).to(DEV))
+             for layer in a]
+    for (conv, _, _), layer in zip(plain, a):  # (the plain product: the bits class undone)
+        conv.__class__ = torch.nn.Conv2d
+
+    def run_plain(x):
+        for conv, bn, lif in plain:
+            y = bn(conv(x.flatten(0, 1)))
+            x = lif(y.view(*x.shape[:2], *y.shape[1:]))
+        return x
+    params_plain = [p for conv, bn, _ in plain for p in (*conv.parameters(), *bn.parameters())]
+    x = _x()
+    for train in (True, True, False):
+        outs = []
+        for f, params, mods in ((a, list(a.parameters()), [a]), (run_plain, params_plain, [m for t in plain for m in t])):
+            for m in mods:
+                m.train(train)
+            for layer in (a if f is a else [lif for _, _, lif in plain]):
+                layer.reset()
+            for p in params:
+                p.grad = None
+            out = f(x)
+            (out * torch.arange(out.numel(), device=out.device).view(out.shape) % 7).sum().backward()
+            bufs = [b.clone() for b in a.buffers()] if f is a else [b.clone() for _, bn, _ in plain for b in bn.buffers()]
+            outs.append((out, [p.grad.clone() for p in params], bufs))
+        assert _same(*outs)
+    seen = []  # (what the second layer keeps, as a hooks context around it sees it)
+    a[0].reset()
+    a[1].reset()
+    s = a[0](x)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append((t.dtype, t.numel())) or t, lambda t: t):
+        a[1](s)
+    assert (torch.uint8, T * B * 4 * H * H // 8) in seen  # (its spike input as bits)
+    assert (torch.float32, T * B * 4 * H * H) not in seen
+    rep = flexdsl.memory_report(a[1])
+    if mode is not None and (backend == "triton" or DEV == "cuda"):
+        assert rep.left_out_bytes >= T * B * 4 * (H // 2) ** 2 * 4  # (its BN output)
+
+
+def test_conv_layer_bad_input_is_a_located_error():
+    layer = flexdsl.conv_layer("lif", 2, 4, 3)
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        layer(torch.zeros(2, 2, 8, 8))
+    assert "[T, B, C, H, W]" in str(e.value) and "^" in str(e.value)
+    with pytest.raises(flexdsl.FlexDSLError, match="recompute='fast'"):
+        flexdsl.conv_layer("lif", 2, 4, 3, recompute="fast")
+    with pytest.raises(flexdsl.FlexDSLError, match="tau"):
+        flexdsl.conv_layer(flexdsl.load("lif", step_mode="m"), 2, 4, 3, tau=3.0)
