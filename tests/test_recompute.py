@@ -409,7 +409,7 @@ def test_conv_layer_equals_its_three_modules(backend, mode):
                                                recompute=mode)).to(DEV)
     plain = [(copy.deepcopy(layer.conv), copy.deepcopy(layer.bn), flexdsl.load("lif", backend=backend).to(DEV))
              for layer in a]
-    for (conv, _, _), layer in zip(plain, a):  # (the plain product: the bits class undone)
+    for conv, _, _ in plain:  # (the plain product: the bits class undone)
         conv.__class__ = torch.nn.Conv2d
 
     def run_plain(x):
