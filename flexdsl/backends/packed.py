@@ -35,36 +35,55 @@ def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, rea
         _SESSIONS[-1].product(out, bits, redo, x.shape, x.dtype, reads)
 
 
-_KNOWN: Any = None  # tensors -> (their version when seen, whether all 0/1): spikes of neurons, checked ones
+# tensors known to hold only 0/1 (or known not to): id -> (a weak reference, the version when seen, whether
+# all 0/1): spikes of neurons, checked tensors. (A plain dict by id with weak references that remove their
+# entry: a lookup costs a dictionary get, not the weak key object `WeakIdKeyDictionary` makes per lookup.)
+_KNOWN: dict[int, tuple[Any, int, bool]] = {}
 
 
-def _known() -> Any:
-    global _KNOWN
-    if _KNOWN is None:
-        from torch.utils.weak import WeakIdKeyDictionary
-        _KNOWN = WeakIdKeyDictionary()
-    return _KNOWN
+def _forget(ref: Any, key: int) -> None:
+    e = _KNOWN.get(key)
+    if e is not None and e[0] is ref:
+        del _KNOWN[key]
+
+
+def _entry(t: torch.Tensor) -> tuple[int, bool] | None:
+    """(version when seen, whether all 0/1) of `t` or, for a view, of its base; None if unknown."""
+    e = _KNOWN.get(id(t))
+    if e is not None and e[0]() is t:
+        return e[1], e[2]
+    base = t._base
+    if base is not None:
+        e = _KNOWN.get(id(base))
+        if e is not None and e[0]() is base:
+            return e[1], e[2]
+    return None
+
+
+def _remember(t: torch.Tensor, binary: bool) -> None:
+    import weakref
+
+    key = id(t)
+    _KNOWN[key] = (weakref.ref(t, lambda r, key=key: _forget(r, key)), t._version, binary)
 
 
 def mark_binary(t: torch.Tensor, binary: bool = True) -> None:
     """`t` holds only 0 and 1 (a neuron's spike output; with `binary=False`: it does not): a product
     of it, unchanged since, skips the check."""
     if not torch.compiler.is_compiling():
-        _known()[t] = (t._version, binary)
+        _remember(t, binary)
         base = t._base
         if binary and base is not None and base.numel() == t.numel():  # (a view of all of its base: the base too)
-            _known()[base] = (base._version, True)
+            _remember(base, True)
 
 
 def known_binary(t: Any) -> bool:
     """Whether `t` is known to hold only 0 and 1 (marked, and not written since; or a view of such a
     tensor: a view shares its base's version); under a trace (torch.compile) never: the registry is
     not traced, and a compiled graph saves what it needs."""
-    if torch.compiler.is_compiling() or _KNOWN is None or not isinstance(t, torch.Tensor):
+    if not _KNOWN or not isinstance(t, torch.Tensor) or torch.compiler.is_compiling():
         return False
-    k = _KNOWN.get(t)
-    if k is None and t._base is not None:
-        k = _KNOWN.get(t._base)
+    k = _entry(t)
     return k is not None and k == (t._version, True)
 
 
@@ -72,9 +91,7 @@ def is_binary(x: torch.Tensor) -> bool:
     """Whether every value of `x` is 0 or 1: known for a neuron's spike output or a tensor checked
     before and not written since (`mark_binary`), else one pass over it (a host sync on a GPU),
     whose answer is kept with the tensor."""
-    k = _KNOWN.get(x) if _KNOWN is not None else None
-    if k is None and _KNOWN is not None and x._base is not None:
-        k = _KNOWN.get(x._base)
+    k = _entry(x) if _KNOWN else None
     if k is not None and k[0] == x._version:
         return k[1]
     ok = bool(((x == 0) | (x == 1)).all())

@@ -264,7 +264,7 @@ class Report:
 
     @staticmethod
     def _bytes(t: torch.Tensor) -> int:
-        return t.numel() * t.element_size()
+        return t.nbytes
 
     def kept(self, t: torch.Tensor) -> None:
         self.kept_bytes += self._bytes(t)
