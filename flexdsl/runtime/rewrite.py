@@ -7,7 +7,13 @@ are known to be 0/1 (no check), and so are max-pools and flattenings of them. Pa
 optimizer made before keeps working); outputs and gradients are those of the network before.
 Anything else is left as it is; the returned line says what was changed and what was not.
 
+The network's forward is also a keep session (`recompute.py`): other saved spikes (a max-pool's
+input) are kept as bits, a max-pool's indices made again from it, an unmarked product input checked
+for 0/1 on the device without a host sync; `recompute="norm"`/`"product"` leave normalizations' (and
+products') outputs out of what is saved and make them again in the backward, bit for bit.
+
     print(flexdsl.save_spikes_as_bits(net))
+    print(flexdsl.save_spikes_as_bits(net, recompute="norm")); ...; print(flexdsl.memory_report(net))
 """
 
 from __future__ import annotations
