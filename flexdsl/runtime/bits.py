@@ -104,8 +104,8 @@ def _plain(x: torch.Tensor, w: torch.Tensor, owner: dict | None = None) -> bool:
     if owner is not None and owner.get("_flexdsl_real_inputs", 0) >= _STOP_AFTER:
         return True
     s = _packed._SESSIONS[-1] if _packed._SESSIONS else None
-    if s is not None and x.is_cuda and s.check_later(x, owner):
-        return True  # (saved as it is, and as bits once the check queued on the device says 0/1: no host sync)
+    if s is not None and s.check_later(x, owner):
+        return True  # (saved as it is, then as bits once the check (on a GPU: queued on the device) says 0/1)
     ok = is_binary(x)
     if owner is not None:
         owner["_flexdsl_real_inputs"] = 0 if ok else owner.get("_flexdsl_real_inputs", 0) + 1

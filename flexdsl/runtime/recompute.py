@@ -60,6 +60,7 @@ class Session:
         self.pool: dict | None = None  # a max-pool running: its module and the last input its op saved
         self.pending: list[_Pending] = []  # products' inputs whose 0/1 check runs on the device
         self.pending_of: dict[int, _Pending] = {}
+        self.checked: dict[int, _Pending] = {}  # every check of this forward, settled or not
         self.report = Report()
 
     # recording -------------------------------------------------------------------------------
@@ -85,34 +86,39 @@ class Session:
         """`out` = `redo(x)` from an input `x` autograd keeps anyway (a real-valued input: an image,
         a sum of spikes; or one whose 0/1 check is pending, then read back as it ends up kept): left
         out of what is saved."""
-        if self.mode != "product" or not isinstance(out, torch.Tensor) or self.find(x) or packed.known_binary(x):
-            return  # (a left-out or bits-kept input: holding it would cost)
-        p = self.pending_of.get(id(x))
-        if p is not None and p.t is x:
+        if self.mode != "product" or not isinstance(out, torch.Tensor) or self.find(x):
+            return  # (a left-out input: holding it would cost)
+        p = self.checked.get(id(x))
+        if p is not None and p.ref() is x:  # (read back through its handle: as bits once the check said 0/1)
             self._add(out, lambda: redo(p.value()), reads).source = None
             return
+        if packed.known_binary(x):
+            return  # (kept as bits by whoever saves it: holding it would cost)
         self._add(out, lambda: redo(x), [*reads, x])
 
     def check_later(self, x: torch.Tensor, owner: dict | None) -> bool:
-        """Queue a check that `x` (a product's input, not known to be 0/1) is all 0/1 on the device,
-        read back without waiting: until it is known, `x` is saved as it is; then as bits (or as it
-        is). False where no flag is free (the caller checks now)."""
+        """Queue a check that `x` (a product's input, not known to be 0/1) is all 0/1 (on a GPU: on the
+        device, read back without waiting): until it is known, `x` is saved as it is; then as bits (or
+        as it is). False where no pinned flag is free (the caller checks now)."""
         p = self.pending_of.get(id(x))
         if p is not None and p.t is x:
             return True
-        slot = _Flags.take()
-        if slot is None:
-            return False
+        slot = -1
+        if x.is_cuda:
+            slot = _Flags.take()
+            if slot is None:
+                return False
         p = _Pending(x, owner, slot)
         self.pending.append(p)
         self.pending_of[id(x)] = p
+        self.checked[id(x)] = p
         return True
 
     def poll(self) -> None:
         """Settle the checks the device has finished (no waiting)."""
         left = []
         for p in self.pending:
-            if not p.settle(self.report):
+            if not p.settle(self.report, self.outer):
                 left.append(p)
         if len(left) != len(self.pending):
             self.pending = left
@@ -142,8 +148,8 @@ class Session:
         not finished yet leave their inputs as they are."""
         self.poll()
         for p in self.pending:
-            p.give_up()
-        self.pending, self.pending_of = [], {}
+            p.give_up(self.report, self.outer)
+        self.pending, self.pending_of, self.checked = [], {}, {}
         for r in self.recipes.values():
             src = getattr(r, "source", None)
             if r.pending <= 0 and isinstance(src, _Handle):
@@ -173,10 +179,11 @@ class Session:
     def _pack(self, t: torch.Tensor) -> Any:
         if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
             return self._keep(t)
-        if self.pending:
-            self.poll()
-            p = self.pending_of.get(id(t))
-            if p is not None and p.t is t:
+        if self.checked:
+            if self.pending:
+                self.poll()
+            p = self.checked.get(id(t))
+            if p is not None and p.ref() is t and p.version == t._version:
                 return p
         if not self.recipes and t.numel() < _MIN_BITS:  # (nothing to gain: kept, with autograd's check)
             return self._count_keep(t)
@@ -188,7 +195,7 @@ class Session:
             seen = self.bits.get(id(t))
             if seen is not None and seen[0]() is t and seen[1] == t._version:
                 return seen[2]
-            b = _Bits(t)
+            b = _Bits(t, self.outer)
             self.bits[id(t)] = (weakref.ref(t), t._version, b)
             self.report.packed(t)
             return b

@@ -89,8 +89,11 @@ class _Bits:
 
     __slots__ = ("bits", "shape", "dtype", "shared", "last")
 
-    def __init__(self, t: torch.Tensor) -> None:
-        self.bits, self.shape, self.dtype = packed.pack(t), t.shape, t.dtype
+    def __init__(self, t: torch.Tensor, outer: Any = None) -> None:
+        self.bits: Any = packed.pack(t)
+        if outer is not None:  # (a context around the network sees the bits)
+            self.bits = _Outer(outer, outer[0](self.bits))
+        self.shape, self.dtype = t.shape, t.dtype
         self.shared, self.last = False, None
 
     def value(self) -> torch.Tensor:
@@ -98,7 +101,8 @@ class _Bits:
         if v is not None:
             self.last = None
             return v
-        v = packed.unpack(self.bits, self.shape, self.dtype)
+        bits = self.bits.value() if isinstance(self.bits, _Outer) else self.bits
+        v = packed.unpack(bits, self.shape, self.dtype)
         if self.shared:
             self.last = v
         return v
@@ -150,51 +154,80 @@ class _Flags:
 
 
 class _Pending:
-    """A product's input whose 0/1 check runs on the device: kept as it is until the check has
-    finished (polled, never waited for), then as bits if it holds only 0 and 1."""
+    """A product's input whose 0/1 check is queued (on a GPU: on the device, read back into a pinned
+    flag without waiting; on the CPU: made at once): kept as it is until the check has finished
+    (polled, never waited for), then as bits if it holds only 0 and 1, else as it is (handed to the
+    hooks of a context around the network, if any, as everything kept as it is)."""
 
-    __slots__ = ("t", "version", "owner", "slot", "event", "bits", "shape", "dtype")
+    __slots__ = ("t", "ref", "version", "owner", "slot", "event", "flag", "bits", "held", "shape", "dtype")
 
     def __init__(self, t: torch.Tensor, owner: dict | None, slot: int) -> None:
         self.t, self.version, self.owner, self.slot = t, t._version, owner, slot
-        self.bits, self.shape, self.dtype = None, t.shape, t.dtype
+        self.ref = weakref.ref(t)  # (which tensor it is, also once settled as bits)
+        self.bits, self.held, self.shape, self.dtype = None, None, t.shape, t.dtype
         ok = ((t == 0) | (t == 1)).all()
-        assert _Flags.host is not None
-        _Flags.host[slot].copy_(ok, non_blocking=True)
-        self.event = torch.cuda.Event()
-        self.event.record()
+        self.event: Any = None
+        self.flag: bool | None = None
+        if slot >= 0:
+            assert _Flags.host is not None
+            _Flags.host[slot].copy_(ok, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flag = bool(ok)
 
-    def settle(self, report: Report | None) -> bool:
+    def settle(self, report: Report | None, outer: Any = None) -> bool:
         """Whether the check has finished (then the input is kept as bits or as it is)."""
-        if self.slot < 0:
+        if self.flag is None:
+            if self.slot < 0:
+                return True
+            if not self.event.query():
+                return False
+            assert _Flags.host is not None
+            self.flag = bool(_Flags.host[self.slot])
+            _Flags.give(self.slot)
+            self.slot = -1
+        binary, t = self.flag, self.t
+        if t is None:
             return True
-        if not self.event.query():
-            return False
-        assert _Flags.host is not None
-        binary = bool(_Flags.host[self.slot])
-        _Flags.give(self.slot)
-        self.slot = -1
-        t = self.t
         if self.owner is not None:
             self.owner["_flexdsl_real_inputs"] = 0 if binary else self.owner.get("_flexdsl_real_inputs", 0) + 1
-        if binary and t is not None and t._version == self.version and t.is_contiguous():
+        if binary and t._version == self.version and t.is_contiguous():
             self.bits = packed.pack(t)
+            if outer is not None:  # (a context around the network sees the bits, as a product's own)
+                self.bits = _Outer(outer, outer[0](self.bits))
             packed.mark_binary(t)
             self.t = None
             if report is not None:
                 report.packed(t)
+        else:
+            self._as_it_is(report, outer)
         return True
 
-    def give_up(self) -> None:
+    def _as_it_is(self, report: Report | None, outer: Any) -> None:
+        t = self.t
+        if t is None:
+            return
+        if report is not None:
+            report.kept(t)
+        if outer is not None:
+            self.held = _Outer(outer, outer[0](t))
+            self.t = None
+
+    def give_up(self, report: Report | None = None, outer: Any = None) -> None:
         """The forward ended before the check did: the input stays as it is (its flag is free again
         once the device has written it)."""
         if self.slot >= 0:
             _Flags.abandoned.append((self.event, self.slot))
             self.slot = -1
+        self._as_it_is(report, outer)
 
     def value(self) -> torch.Tensor:
         if self.bits is not None:
-            return packed.unpack(self.bits, self.shape, self.dtype)
+            bits = self.bits.value() if isinstance(self.bits, _Outer) else self.bits
+            return packed.unpack(bits, self.shape, self.dtype)
+        if self.held is not None:
+            return self.held.value()
         t = self.t
         assert t is not None
         if t._version != self.version:
