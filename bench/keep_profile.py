@@ -1,8 +1,9 @@
 """Where a rewritten network's step time goes (`flexdsl.save_spikes_as_bits(net, recompute=...)`), in the
-memopt harness's networks (one GPU): per configuration the step (median of 8), the host's time to queue
-a step (the Python until the final synchronize: near the step when host-bound), the GPU's kernel time in
-a step (torch.profiler), the host synchronizations a step makes (`torch.cuda.set_sync_debug_mode`),
-and the peak as the harness defines it. FLEXDSL_BITS_CHUNK_MB is set per row.
+memopt harness's networks (one GPU): per configuration the step and the peak as the harness measures
+them (`memopt_gpu.bench`), the host's time to queue a step from an idle GPU (median of 8; near the step
+when host-bound), the GPU's kernel time in
+a step (torch.profiler) and the host synchronizations a step makes (`torch.cuda.set_sync_debug_mode`).
+FLEXDSL_BITS_CHUNK_MB is set per row.
 
     python3 bench/keep_profile.py [--archs spiking_vgg11_bn sew_resnet18]
 """
@@ -24,10 +25,25 @@ CONFIGS = [("flexdsl lif", None, None), ("bits, chunks 8 MiB", "bits", "8"), ("b
            ("bits + norm, chunks 32 MiB", "norm", "32")]
 
 
+def train_step(net, x):
+    """One training step as the shared memopt harness takes it (reset, forward, cross-entropy on the
+    first 10 outputs' mean over time, backward, SGD)."""
+    from spikingjelly.activation_based import functional
+
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    y = torch.randint(0, 10, (x.shape[1],), device=x.device)
+
+    def step():
+        functional.reset_net(net)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
+        opt.step()
+    return step
+
+
 def main():
     import memopt_gpu as h
     from e2e_gpu import _stub_torchvision
-    from spikingjelly.activation_based import functional
 
     import flexdsl
     _stub_torchvision()
@@ -46,30 +62,15 @@ def main():
             net, x, _ = h.build(arch, h.flexdsl_node)
             if mode:
                 flexdsl.save_spikes_as_bits(net, recompute=None if mode == "bits" else mode)
-            opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-            y = torch.randint(0, 10, (x.shape[1],), device="cuda")
-
-            def step(net=net, opt=opt, x=x, y=y):
-                functional.reset_net(net)
-                opt.zero_grad(set_to_none=True)
-                nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
-                opt.step()
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            step()
-            torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-            ts, hs = [], []
+            ms, peak = h.bench(net, x)  # (the shared harness's step time and peak, its definitions)
+            step = train_step(net, x)
+            hs = []
             for _ in range(8):
+                torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 step()
-                t1 = time.perf_counter()
-                torch.cuda.synchronize()
-                ts.append(time.perf_counter() - t0)
-                hs.append(t1 - t0)
+                hs.append(time.perf_counter() - t0)  # (queued, not waited for)
+            torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
@@ -81,11 +82,11 @@ def main():
                 step()
                 torch.cuda.synchronize()
             gpu = sum(e.device_time_total for e in prof.key_averages()) / 1e3
-            r = (arch, label, statistics.median(ts) * 1e3, statistics.median(hs) * 1e3, gpu, syncs, peak)
+            r = (arch, label, ms, statistics.median(hs) * 1e3, gpu, syncs, peak)
             rows.append(r)
             print(f"{arch:17s} {label:28s} step {r[2]:7.2f} ms  host {r[3]:7.2f} ms  gpu {r[4]:7.2f} ms  "
                   f"syncs {syncs:3d}  peak {peak:6.3f} GiB", flush=True)
-            del net, opt
+            del net, step
             torch.cuda.empty_cache()
     os.environ.pop("FLEXDSL_BITS_CHUNK_MB", None)
     print("| network | configuration | step ms | host ms | GPU ms | syncs | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")
@@ -98,7 +99,6 @@ def host(archs, which):
     import pstats
 
     import memopt_gpu as h
-    from spikingjelly.activation_based import functional
 
     import flexdsl
     for arch in archs:
@@ -108,12 +108,7 @@ def host(archs, which):
             net, x, _ = h.build(arch, h.flexdsl_node)
             if mode:
                 flexdsl.save_spikes_as_bits(net, recompute=None if mode == "bits" else mode)
-            y = torch.randint(0, 10, (x.shape[1],), device="cuda")
-
-            def step(net=net, x=x, y=y):
-                functional.reset_net(net)
-                net.zero_grad(set_to_none=True)
-                nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
+            step = train_step(net, x)
             for _ in range(3):
                 step()
             torch.cuda.synchronize()

@@ -9,7 +9,6 @@ import sys
 import traceback
 
 import torch
-from torch import nn
 
 sys.path.insert(0, "bench")
 
@@ -17,7 +16,6 @@ sys.path.insert(0, "bench")
 def main():
     import memopt_gpu as h
     from e2e_gpu import _stub_torchvision
-    from spikingjelly.activation_based import functional
 
     import flexdsl
     _stub_torchvision()
@@ -27,12 +25,9 @@ def main():
     a = ap.parse_args()
     net, x, _ = h.build(a.arch, h.flexdsl_node)
     print(flexdsl.save_spikes_as_bits(net, recompute=None if a.recompute == "none" else a.recompute))
-    y = torch.randint(0, 10, (x.shape[1],), device="cuda")
+    from keep_profile import train_step
 
-    def step():
-        functional.reset_net(net)
-        net.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(net(x).mean(0)[:, :10], y).backward()
+    step = train_step(net, x)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
