@@ -462,7 +462,7 @@ def test_conv_layer_bad_input_is_a_located_error():
     assert "[T, B, C, H, W]" in str(e.value) and "^" in str(e.value)
     with pytest.raises(flexdsl.FlexDSLError, match="recompute='fast'"):
         flexdsl.conv_layer("lif", 2, 4, 3, recompute="fast")
-    with pytest.raises(flexdsl.FlexDSLError, match="tau"):
+    with pytest.raises(flexdsl.FlexDSLError, match="loaded"):
         flexdsl.conv_layer(flexdsl.load("lif", step_mode="m"), 2, 4, 3, tau=3.0)
 
 

@@ -60,24 +60,19 @@ def conv_layer(model: Any, in_channels: int, out_channels: int, kernel_size: Any
                padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = False, norm: bool = True,
                eps: float = 1e-5, momentum: float | None = 0.1, recompute: str | None = "norm",
                backend: str = "auto", **neuron_options: Any) -> ConvLayer:
-    """See the module doc; `model` is a model's name or path (loaded with `neuron_options`, as
-    `flexdsl.load`) or a loaded multi-step neuron module."""
-    from ..api import load
-    from .module import NeuronModule
+    """See the module doc; `model` is a model's name or path (loaded with `neuron_options`, as a
+    layer's neuron: `detach_reset`, `param_shapes`, `surrogate`, `learnable`, params) or a loaded
+    neuron module."""
+    from .layer import _loaded_neuron
 
     if recompute not in _recompute.MODES:
         call = f"conv_layer(..., recompute={recompute!r})"
         raise _error(f"recompute={recompute!r} is not one of None, 'norm', 'product'", call, "recompute=",
                      "'norm' (default): the normalization's output made again in the backward; 'product': "
                      "the convolution's output too; None: only the input kept as bits")
-    if isinstance(model, NeuronModule):
-        if neuron_options:
-            raise _error("options shape a model when it is loaded, not a loaded neuron",
-                         f"conv_layer(neuron, ..., {', '.join(neuron_options)}=...)", next(iter(neuron_options)),
-                         "give the model's name or path with the options, or load it with them first")
-        neuron = model
-    else:
-        neuron = load(model, backend=backend, step_mode="m", **neuron_options)
+    opts = dict(neuron_options)
+    neuron = _loaded_neuron(model, backend, bool(opts.pop("detach_reset", False)), opts.pop("param_shapes", None),
+                            opts.pop("surrogate", None), opts.pop("learnable", None), opts)
     conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, dilation=dilation,
                      groups=groups, bias=bias)
     bn = nn.BatchNorm2d(out_channels, eps=eps, momentum=momentum) if norm else None
