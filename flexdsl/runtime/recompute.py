@@ -59,7 +59,6 @@ class Session:
         self.bits: dict[int, tuple[Any, int, _Bits]] = {}  # id -> (weak tensor, version, its bits): packed once
         self.pool: dict | None = None  # a max-pool running: its module and the last input its op saved
         self.pending: list[_Pending] = []  # products' inputs whose 0/1 check runs on the device
-        self.pending_of: dict[int, _Pending] = {}
         self.checked: dict[int, _Pending] = {}  # every check of this forward, settled or not
         self.report = Report()
 
@@ -100,8 +99,8 @@ class Session:
         """Queue a check that `x` (a product's input, not known to be 0/1) is all 0/1 (on a GPU: on the
         device, read back without waiting): until it is known, `x` is saved as it is; then as bits (or
         as it is). False where no pinned flag is free (the caller checks now)."""
-        p = self.pending_of.get(id(x))
-        if p is not None and p.t is x:
+        p = self.checked.get(id(x))
+        if p is not None and p.ref() is x and p.version == x._version:  # (checked already in this forward)
             return True
         slot = -1
         if x.is_cuda:
@@ -110,7 +109,6 @@ class Session:
                 return False
         p = _Pending(x, owner, slot)
         self.pending.append(p)
-        self.pending_of[id(x)] = p
         self.checked[id(x)] = p
         return True
 
@@ -120,9 +118,7 @@ class Session:
         for p in self.pending:
             if not p.settle(self.report, self.outer):
                 left.append(p)
-        if len(left) != len(self.pending):
-            self.pending = left
-            self.pending_of = {id(p.t): p for p in left if p.t is not None}
+        self.pending = left
 
     def norm_input(self, module: nn.Module, x: torch.Tensor) -> Any:
         """What a normalization's recomputation will read for `x`: a handle on a product's recipe, or `x`."""
@@ -149,7 +145,7 @@ class Session:
         self.poll()
         for p in self.pending:
             p.give_up(self.report, self.outer)
-        self.pending, self.pending_of, self.checked = [], {}, {}
+        self.pending, self.checked = [], {}
         for r in self.recipes.values():
             src = getattr(r, "source", None)
             if r.pending <= 0 and isinstance(src, _Handle):
