@@ -63,8 +63,9 @@ class Session:
         self.report = Report()
 
     # recording -------------------------------------------------------------------------------
-    def _add(self, out: torch.Tensor, make: Callable[[], torch.Tensor], reads: Sequence[Any]) -> _Recipe:
-        r = _Recipe(out, make, reads)
+    def _add(self, out: torch.Tensor, make: Callable[[], torch.Tensor], reads: Sequence[Any],
+             source: Any = None) -> _Recipe:
+        r = _Recipe(out, make, reads, source)
         self.recipes[r.ptr] = r
         return r
 
@@ -89,7 +90,7 @@ class Session:
             return  # (a left-out input: holding it would cost)
         p = self.checked.get(id(x))
         if p is not None and p.ref() is x:  # (read back through its handle: as bits once the check said 0/1)
-            self._add(out, lambda: redo(p.value()), reads).source = None
+            self._add(out, lambda: redo(p.value()), reads)
             return
         if packed.known_binary(x):
             return  # (kept as bits by whoever saves it: holding it would cost)
@@ -137,7 +138,7 @@ class Session:
         def make() -> torch.Tensor:
             x = source.value() if isinstance(source, _Handle) else source
             return _rerun(module, x, state)
-        self._add(out, make, reads).source = source
+        self._add(out, make, reads, source)
 
     def end(self) -> None:
         """After the forward: a recomputation nobody saved does not hold its source's cache; checks
@@ -147,9 +148,8 @@ class Session:
             p.give_up(self.report, self.outer)
         self.pending, self.checked = [], {}
         for r in self.recipes.values():
-            src = getattr(r, "source", None)
-            if r.pending <= 0 and isinstance(src, _Handle):
-                src.recipe.pending -= 1
+            if r.pending <= 0 and isinstance(r.source, _Handle):
+                r.source.recipe.pending -= 1
         self.recipes = {}
         self.bits = {}
 

@@ -25,8 +25,10 @@ class _Recipe:
     """How to make a tensor of the forward again: its geometry in its storage, the version it had
     when recorded, and `make()` (the recomputation, cached until its last expected reader)."""
 
-    def __init__(self, out: torch.Tensor, make: Callable[[], torch.Tensor], reads: Sequence[Any]) -> None:
+    def __init__(self, out: torch.Tensor, make: Callable[[], torch.Tensor], reads: Sequence[Any],
+                 source: Any = None) -> None:
         self.ref = weakref.ref(out)
+        self.source = source  # (a handle on the recipe this one reads, whose cache it expects)
         self.ptr = out.untyped_storage().data_ptr()
         self.geometry = (tuple(out.shape), out.stride(), out.storage_offset())
         self.version = out._version
