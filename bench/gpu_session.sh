@@ -34,6 +34,7 @@ for step in "$@"; do
     mlp_memory) timeout 300 python3 bench/mlp_memory_gpu.py ;;
     memopt) timeout 550 python3 bench/memopt_gpu.py ;;
     eprop) timeout 500 python3 bench/eprop_gpu.py ;;
+    eprop_trace) timeout 300 python3 bench/eprop_trace.py && timeout 200 python3 bench/eprop_profile.py ;;
     plasticity) timeout 400 python3 bench/plasticity_gpu.py --online ;;
     plasticity_profile) timeout 300 python3 bench/plasticity_profile.py ;;
     plastic_online) timeout 500 python3 bench/plastic_online_gpu.py --sweep ;;

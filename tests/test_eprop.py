@@ -480,6 +480,38 @@ def test_the_kernel_of_the_traces_equals_torch(monkeypatch, model, kw):
     assert float((e_k - e_t).abs().max()) <= 1e-4 * max(float(e_t.abs().max()), 1.0)
 
 
+@pytest.mark.skipif(not TRITON, reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("D, zero", [(1, False), (2, False), (4, False), (2, True)])
+def test_the_kernels_regrouped_sums_equal_the_recursion_step_by_step(D, zero):
+    """The kernel sums a call's steps as per-neuron products over the steps and two matrix
+    products (`backends/triton/eprop.py`); against the recursion run step by step in float64 on
+    random factors (any J, not a model's): the same last eligibility and gradient within float32's
+    rounding of T-step sums (J's entries up to 0.9 in size: no term grows)."""
+    from flexdsl.backends.triton.eprop import walk
+
+    g = torch.Generator().manual_seed(D + 10 * zero)
+    Tn, F, Hn, NX, NS = 7, 3, 5, 6, 5
+    P = NX + NS + 1
+    r = lambda *sh: torch.rand(*sh, generator=g, dtype=torch.float64) * 2 - 1  # noqa: E731
+    J = r(Tn, F, Hn, D, D) * 0.9 / D
+    b, A, Lg = r(Tn, F, Hn, D), r(Tn, F, Hn, D), r(Tn, F, Hn)
+    x, s = (r(Tn, F, NX) > 0).double(), (r(Tn, F, NS) > 0.3).double()
+    e0 = torch.zeros(F, Hn, P, D, dtype=torch.float64) if zero else r(F, Hn, P, D)
+    e, grad = e0.clone(), torch.zeros(Hn, P, dtype=torch.float64)
+    for t in range(Tn):  # (the recursion of runtime/eprop.py, written out)
+        pre = torch.cat([x[t], s[t], torch.ones(F, 1, dtype=torch.float64)], -1)  # [F, P]
+        grad += torch.einsum("fik,fipk->ip", A[t], e) + Lg[t].t() @ pre
+        e = torch.einsum("fikl,fipl->fipk", J[t], e) + b[t][:, :, None, :] * pre[:, None, :, None]
+    f = torch.float32
+    out, got = walk(e0.to(f), J.to(f), b.to(f), x.to(f), s.to(f), True, A.to(f), Lg.to(f), zero)
+    eps32 = torch.finfo(f).eps
+    tol = 8 * Tn * D * eps32 * (1 + P)  # (T steps of D-term products; a gradient sums T * F of them)
+    assert float((out.double() - e).abs().max()) <= tol * max(float(e.abs().max()), 1.0)
+    assert float((got.double() - grad).abs().max()) <= tol * F * max(float(grad.abs().max()), 1.0)
+    out2, none = walk(e0.to(f), J.to(f), b.to(f), x.to(f), s.to(f), True, zero=zero)  # (no learning signal)
+    assert none is None and torch.equal(out2, out)
+
+
 @pytest.mark.parametrize("model, kw", [("lif", {}), ("alif", {"detach_reset": "v"}), ("snn_rsynaptic", {})])
 def test_steps_by_the_layers_scan_equal_steps_one_by_one(monkeypatch, model, kw):
     """On CUDA a call's steps run on the layer's compiled scan, the states before each step on the

@@ -20,7 +20,8 @@ spikes, and whose reset is detached or subtractive), a synapse's eligibility vec
 depend on the postsynaptic neuron: on the torch operations' path, one trace per presynaptic value
 (`[batch, pre, states]`, Bellec's filtered spikes). Otherwise (a hard reset whose derivative is
 kept, adaptation, conductances), and always in a backend's kernel (`_walk_kernel`: the Triton
-kernel on CUDA), it is kept per synapse, `[batch, hidden, pre, states]` in the input's dtype.
+kernel on CUDA, which sums a call's steps as per-neuron products and two matrix products, see
+`backends/triton/eprop.py`), it is kept per synapse, `[batch, hidden, pre, states]` in the input's dtype.
 
 The forward leaves the call's eligibility pending (`Pending`): the backward runs the traces once,
 with the learning signal, and settles it; a later call that comes first runs them without it. On
@@ -195,6 +196,7 @@ class Plan:
         self.unsure: torch.Tensor | None = None  # (whether the scan's steps disagreed with the e-prop step's)
         self.redo: Any = None  # (the steps one by one, for that case)
         self.redone: tuple[Factors, torch.Tensor] | None = None
+        self.zeros: torch.Tensor | None = None  # (the call's start, where it is zeros: made so after a reset)
 
 
 def stepper(prog: programs.EPropProgram, port: int, dense_rec: bool, compiled: bool):
@@ -285,7 +287,7 @@ def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.
             if e.constant and not fac.constant:
                 dense = _per_synapse(dense, H)
         else:
-            dense = like.new_zeros((F, P, fac.d) if fac.constant else (F, H, P, fac.d))
+            dense = plan.zeros = like.new_zeros((F, P, fac.d) if fac.constant else (F, H, P, fac.d))
     diag = {n: (e.diag[n] if e is not None and n in e.diag else like.new_zeros((F, H, fac.d))) for n in plan.diag_names}
     return Eligibility(dense, diag, fac.constant)
 
@@ -355,6 +357,7 @@ def _walk_kernel(plan: Plan, fac: Factors, dense: torch.Tensor, x3: torch.Tensor
     T, F, H = S.shape[0] - 1, S.shape[1], S.shape[2]
     d = fac.d
     D = 1 << (d - 1).bit_length()
+    zero = dense is plan.zeros  # (the call after a reset: its start's terms are zeros, left out)
     if dense.dim() == 3:  # (a presynaptic trace from a call that ran on torch)
         dense = _per_synapse(dense, H)
     J = fac.J.expand(T, F, H, d, d) if fac.constant else fac.J
@@ -369,7 +372,7 @@ def _walk_kernel(plan: Plan, fac: Factors, dense: torch.Tensor, x3: torch.Tensor
         J = torch.nn.functional.pad(J, (0, pad, 0, pad))
         b = torch.nn.functional.pad(b, (0, pad))
         A = torch.nn.functional.pad(A, (0, pad)) if A is not None else None
-    out, g = plan.kernel(dense, J, b, x3, S[:-1] if plan.dense_rec else None, plan.bias, A, Lg)
+    out, g = plan.kernel(dense, J, b, x3, S[:-1] if plan.dense_rec else None, plan.bias, A, Lg, zero)
     return out[..., :d], g
 
 

@@ -58,7 +58,7 @@ class TritonBackend:
         return delay_product(hist, d, a, c, D)
 
     def eprop_walk(self, *args: Any) -> Any:
-        """e-prop's per-synapse traces of a call, in registers over its steps (`eprop.py`)."""
+        """e-prop's per-synapse eligibility and gradients of a call (`eprop.py`)."""
         from .eprop import walk
 
         return walk(*args)

@@ -1,15 +1,25 @@
-"""e-prop's per-synapse eligibility in one Triton kernel (`runtime/eprop.py` describes the recursion):
+"""e-prop's per-synapse eligibility over a call, as per-neuron products and two matrix products
+(`runtime/eprop.py` describes the recursion). Over a call of T steps, for a batch element `f`, a
+postsynaptic neuron `i` and a presynaptic value `p` (an input, the fed-back source of the step
+before, 1 for the bias):
 
-    eps[f, i, p, :] <- J[t, f, i] @ eps[f, i, p, :] + b[t, f, i, :] * pre[t, f, p]         (every step t)
-    g[f, i, p]      += A[t, f, i, :] . eps[f, i, p, :] (before the step) + Lg[t, f, i] * pre[t, f, p]
+    eps_t[f, i, p, :] = J_t[f, i] @ eps_{t-1}[f, i, p, :] + b_t[f, i, :] * pre_t[f, p]       (eps_{-1}: the kept one)
+    g[i, p]          += sum_t A_t[f, i, :] . eps_{t-1}[f, i, p, :] + Lg_t[f, i] * pre_t[f, p]
 
-for a batch element `f`, a postsynaptic neuron `i` and a presynaptic value `p` (an input, the fed-back
-source of the step before, 1 for the bias). A program owns a tile of synapses of one batch element
-and keeps their eligibility in registers from the first step to the last: per step it reads only
-the tile's factors (`J`, `b`, `A`, `Lg`: per neuron) and presynaptic values, never the
-`[batch, hidden, pre, states]` eligibility itself (read once at the start, written once at the
-end). `ACC`: with the learning signal (`A = L c`, `Lg = L g`), the gradient per batch element,
-summed over it by the caller (no atomics: the same bits every run).
+Both are linear in `pre` and in the kept `eps_{-1}`, with coefficients that belong to the neuron
+alone. One kernel (`_adjoint`) runs over the call's steps backwards, once per neuron lane `(f, i)`,
+and gives them: `mu_t = A_{t+1} + J_{t+1}^T mu_{t+1}` (what the gradient owes `eps_t`),
+`u_t = mu_t . b_t + Lg_t` (what it owes `pre_t`), `Psi_t = J_{T-1} ... J_{t+1}` and
+`nu_t = Psi_t b_t` (what the call's last eligibility owes `pre_t`). Then
+
+    g[i, p]               = sum_{t, f} u_t[f, i] pre_t[f, p]  +  sum_{f} mu_{-1}[f, i] . eps_{-1}[f, i, p]
+    eps_{T-1}[f, i, p, :] = Psi_{-1}[f, i] @ eps_{-1}[f, i, p, :]  +  sum_t nu_t[f, i, :] pre_t[f, p]
+
+the same sums regrouped: the steps' sums over `t` (and over the batch, for `g`) are matrix products
+(cuBLAS, float32 in and out, under PyTorch's float32 matmul setting), and nothing of size
+`[batch, hidden, pre, states]` is read or written per step, only the kept eligibility once in
+and the call's last one once out. The eligibility still flows forward from call to call; within
+a call it is the closed form of the forward recursion, not an approximation of it.
 """
 
 from __future__ import annotations
@@ -20,130 +30,112 @@ import triton.language as tl
 
 
 @triton.jit
-def _pre(x_ptr, s_ptr, row, p, pm, NX, NS, ONE: tl.constexpr):
-    """A step's presynaptic values `[BP]`: the input, the source of the step before, 1 (the bias)."""
-    pre = tl.load(x_ptr + row.to(tl.int64) * NX + p, mask=pm & (p < NX), other=0.0).to(tl.float32)
-    pre += tl.load(s_ptr + row.to(tl.int64) * NS + (p - NX), mask=pm & (p >= NX) & (p < NX + NS),
-                   other=0.0).to(tl.float32)
-    if ONE:
-        pre = tl.where(p == NX + NS, 1.0, pre)
-    return pre
+def _adjoint(J_ptr, b_ptr, A_ptr, Lg_ptr, u_ptr, nu_ptr, mu_ptr, psi_ptr, T, N,
+             D: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr):
+    """Backwards over the steps, a lane `n = f * H + i` a row of the block: `nu_t` (and with `ACC`
+    the learning signal's `u_t`), then `Psi_{-1}` (and `mu_{-1}`). `J` `[T, N, D, D]`, `b` and `A`
+    `[T, N, D]`, `Lg` `[T, N]`."""
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    nm = n < N
+    k = tl.arange(0, D)
+    eye = (k[:, None] == k[None, :]).to(tl.float32)
+    psi = tl.zeros([BN, D, D], dtype=tl.float32) + eye[None, :, :]
+    mu = tl.zeros([BN, D], dtype=tl.float32)
+    m2 = nm[:, None]
+    for tt in range(0, T):
+        row = (T - 1 - tt).to(tl.int64) * N + n  # [BN]: the lane at step t
+        b = tl.load(b_ptr + row[:, None] * D + k[None, :], mask=m2, other=0.0).to(tl.float32)  # [BN, D]
+        tl.store(nu_ptr + row[:, None] * D + k[None, :], tl.sum(psi * b[:, None, :], axis=2), mask=m2)
+        J = tl.load(J_ptr + (row[:, None, None] * D + k[None, :, None]) * D + k[None, None, :],
+                    mask=nm[:, None, None], other=0.0).to(tl.float32)  # [BN, D (k), D (l)]: d h_k / d h_l
+        if ACC:
+            Lg = tl.load(Lg_ptr + row, mask=nm, other=0.0).to(tl.float32)
+            tl.store(u_ptr + row, tl.sum(mu * b, axis=1) + Lg, mask=nm)
+            A = tl.load(A_ptr + row[:, None] * D + k[None, :], mask=m2, other=0.0).to(tl.float32)
+            mu = A + tl.sum(J * mu[:, :, None], axis=1)  # (J^T mu)
+        psi = tl.sum(psi[:, :, :, None] * J[:, None, :, :], axis=2)  # (Psi J)
+    n64 = n.to(tl.int64)
+    tl.store(psi_ptr + (n64[:, None, None] * D + k[None, :, None]) * D + k[None, None, :], psi,
+             mask=nm[:, None, None])
+    if ACC:
+        tl.store(mu_ptr + n64[:, None] * D + k[None, :], mu, mask=m2)
 
 
 @triton.jit
-def _walk(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
-          T, F, H, NX, NS, P,
-          D: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr,
-          STAGES: tl.constexpr):
-    pid_p, pid_i, f = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i = pid_i * BI + tl.arange(0, BI)
-    p = pid_p * BP + tl.arange(0, BP)
+def _start(e_ptr, out_ptr, psi_ptr, mu_ptr, g_ptr, F, H, P,
+           D: tl.constexpr, ACC: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr):
+    """The kept eligibility's terms, in one pass over it: `out = Psi_{-1} @ eps_{-1}` (every batch
+    element) and, with `ACC`, `g = sum_f mu_{-1} . eps_{-1}` (a program's tile summed over the batch
+    in registers: no atomics)."""
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    p = tl.program_id(0) * BP + tl.arange(0, BP)
     k = tl.arange(0, D)
     im, pm = i < H, p < P
-    i3, p3, k3 = i[:, None, None], p[None, :, None], k[None, None, :]
     m3 = im[:, None, None] & pm[None, :, None]
-    eoff = ((f * H + i3).to(tl.int64) * P + p3) * D + k3
-    eps = tl.load(eps_ptr + eoff, mask=m3, other=0.0).to(tl.float32)  # [BI, BP, D]
-    acc = tl.zeros([BI, BP], dtype=tl.float32)
-    for t in tl.range(0, T, num_stages=STAGES):
-        row = t * F + f
-        pre = _pre(x_ptr, s_ptr, row, p, pm, NX, NS, ONE)
-        nb = (row * H + i).to(tl.int64)  # [BI]
+    g = tl.zeros([BI, BP], dtype=tl.float32)
+    for f in range(0, F):
+        n = (f * H + i).to(tl.int64)  # [BI]
+        eoff = (n[:, None, None] * P + p[None, :, None]) * D + k[None, None, :]
+        e = tl.load(e_ptr + eoff, mask=m3, other=0.0).to(tl.float32)  # [BI, BP, D]
         if ACC:
-            A = tl.load(A_ptr + nb[:, None] * D + k[None, :], mask=im[:, None], other=0.0).to(tl.float32)
-            Lg = tl.load(Lg_ptr + nb, mask=im, other=0.0).to(tl.float32)
-            acc += tl.sum(A[:, None, :] * eps, axis=2) + Lg[:, None] * pre[None, :]
-        b = tl.load(b_ptr + nb[:, None] * D + k[None, :], mask=im[:, None], other=0.0).to(tl.float32)  # [BI, D]
-        Jt = tl.load(J_ptr + (nb[:, None, None] * D + k[None, :, None]) * D + k[None, None, :],
-                     mask=im[:, None, None], other=0.0).to(tl.float32)  # [BI, D (k), D (l)]
-        eps = tl.sum(Jt[:, None, :, :] * eps[:, :, None, :], axis=3) + b[:, None, :] * pre[None, :, None]
-    tl.store(out_ptr + eoff, eps.to(out_ptr.dtype.element_ty), mask=m3)
+            mu = tl.load(mu_ptr + n[:, None] * D + k[None, :], mask=im[:, None], other=0.0)  # [BI, D]
+            g += tl.sum(e * mu[:, None, :], axis=2)
+        for r in tl.static_range(D):
+            psi = tl.load(psi_ptr + (n[:, None] * D + r) * D + k[None, :], mask=im[:, None], other=0.0)  # row r
+            tl.store(out_ptr + (n[:, None] * P + p[None, :]) * D + r, tl.sum(e * psi[:, None, :], axis=2),
+                     mask=im[:, None] & pm[None, :])
     if ACC:
-        goff = (f * H + i[:, None]).to(tl.int64) * P + p[None, :]
-        tl.store(g_ptr + goff, acc, mask=im[:, None] & pm[None, :])
+        tl.store(g_ptr + i[:, None].to(tl.int64) * P + p[None, :], g, mask=im[:, None] & pm[None, :])
 
 
-TILE: dict[int, tuple[int, int, int, int]] = {1: (16, 128, 4, 4), 2: (16, 64, 2, 3)}  # states (padded) ->
-# (BI, BP, warps, stages: the steps whose loads are in flight), the fastest on an H200 (bench/eprop_profile.py)
-
-
-@triton.jit
-def _walk12(eps_ptr, out_ptr, J_ptr, b_ptr, x_ptr, s_ptr, A_ptr, Lg_ptr, g_ptr,
-            T, F, H, NX, NS, P,
-            TWO: tl.constexpr, ACC: tl.constexpr, ONE: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr,
-            STAGES: tl.constexpr):
-    """`_walk` for one or two states (`TWO`), each state's tile a 2-d block of its own."""
-    pid_p, pid_i, f = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i = pid_i * BI + tl.arange(0, BI)
-    p = pid_p * BP + tl.arange(0, BP)
-    im, pm = i < H, p < P
-    m2 = im[:, None] & pm[None, :]
-    D: tl.constexpr = 2 if TWO else 1
-    eoff = ((f * H + i[:, None]).to(tl.int64) * P + p[None, :]) * D
-    e0 = tl.load(eps_ptr + eoff, mask=m2, other=0.0).to(tl.float32)
-    e1 = tl.zeros([BI, BP], dtype=tl.float32)
-    if TWO:
-        e1 = tl.load(eps_ptr + eoff + 1, mask=m2, other=0.0).to(tl.float32)
-    acc = tl.zeros([BI, BP], dtype=tl.float32)
-    for t in tl.range(0, T, num_stages=STAGES):
-        row = t * F + f
-        pre = _pre(x_ptr, s_ptr, row, p, pm, NX, NS, ONE)
-        nb = (row * H + i).to(tl.int64)
-        if ACC:
-            a0 = tl.load(A_ptr + nb * D, mask=im, other=0.0).to(tl.float32)
-            lg = tl.load(Lg_ptr + nb, mask=im, other=0.0).to(tl.float32)
-            acc += a0[:, None] * e0 + lg[:, None] * pre[None, :]
-            if TWO:
-                a1 = tl.load(A_ptr + nb * D + 1, mask=im, other=0.0).to(tl.float32)
-                acc += a1[:, None] * e1
-        j00 = tl.load(J_ptr + nb * D * D, mask=im, other=0.0).to(tl.float32)
-        b0 = tl.load(b_ptr + nb * D, mask=im, other=0.0).to(tl.float32)
-        if TWO:
-            j01 = tl.load(J_ptr + nb * 4 + 1, mask=im, other=0.0).to(tl.float32)
-            j10 = tl.load(J_ptr + nb * 4 + 2, mask=im, other=0.0).to(tl.float32)
-            j11 = tl.load(J_ptr + nb * 4 + 3, mask=im, other=0.0).to(tl.float32)
-            b1 = tl.load(b_ptr + nb * 2 + 1, mask=im, other=0.0).to(tl.float32)
-            n0 = j00[:, None] * e0 + j01[:, None] * e1 + b0[:, None] * pre[None, :]
-            e1 = j10[:, None] * e0 + j11[:, None] * e1 + b1[:, None] * pre[None, :]
-            e0 = n0
-        else:
-            e0 = j00[:, None] * e0 + b0[:, None] * pre[None, :]
-    tl.store(out_ptr + eoff, e0.to(out_ptr.dtype.element_ty), mask=m2)
-    if TWO:
-        tl.store(out_ptr + eoff + 1, e1.to(out_ptr.dtype.element_ty), mask=m2)
-    if ACC:
-        goff = (f * H + i[:, None]).to(tl.int64) * P + p[None, :]
-        tl.store(g_ptr + goff, acc, mask=m2)
+BN = 64  # lanes a program (the kernel is a fraction of the call's time: its loads are per neuron)
+SI, SP = 16, 64  # `_start`'s tile: neurons x presynaptic values
 
 
 def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | None, s: torch.Tensor | None,
-         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None, tile: tuple[int, int, int, int] | None = None
+         one: bool, A: torch.Tensor | None = None, Lg: torch.Tensor | None = None, zero: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The eligibility after the call's steps (`[F, H, P, D]`) and, with `A` and `Lg`, the gradient
-    `[H, P]` (float32 sums, in `eps`'s dtype). `J` `[T, F, H, D, D]`, `b` and `A` `[T, F, H, D]`,
-    `Lg` `[T, F, H]`; presynaptic values `x` `[T, F, NX]`, `s` `[T, F, NS]` (the source before each
-    step), then 1 if `one`: `P = NX + NS + one`."""
+    `[H, P]` (float32, in `eps`'s dtype). `J` `[T, F, H, D, D]`, `b` and `A` `[T, F, H, D]`, `Lg`
+    `[T, F, H]`; presynaptic values `x` `[T, F, NX]`, `s` `[T, F, NS]` (the source before each
+    step), then 1 if `one`: `P = NX + NS + one`. `zero`: `eps` is known to be zeros (the call
+    after a reset), so its terms are not computed. `D` a power of 2 (the caller pads)."""
     F, H, P, D = eps.shape
     T = J.shape[0]
     dev, dt = eps.device, eps.dtype
-    empty = torch.zeros(1, device=dev, dtype=dt)
-    NX = x.shape[-1] if x is not None else 0
-    NS = s.shape[-1] if s is not None else 0
-    assert P == NX + NS + int(one)
-    eps = eps.contiguous()
-    out = torch.empty_like(eps)
+    f32 = torch.float32
+    N = F * H
     acc = A is not None
-    g = torch.empty((F, H, P), device=dev, dtype=torch.float32) if acc else empty
-    BI, BP, warps, STAGES = tile or TILE.get(D, (16, 32, 4, 1))
-    grid = (triton.cdiv(P, BP), triton.cdiv(H, BI), F)
-    args = (eps, out, J.contiguous(), b.contiguous(), x.contiguous() if x is not None else empty,
-            s.contiguous() if s is not None else empty, A.contiguous() if acc else empty,
-            Lg.contiguous() if acc else empty, g, T, F, H, NX, NS, P)
-    if D <= 2:  # (one or two states: a 2-d tile each)
-        _walk12[grid](*args, TWO=D == 2, ACC=acc, ONE=one, BI=BI, BP=BP, STAGES=STAGES, num_warps=warps)
+    empty = torch.zeros(1, device=dev, dtype=f32)
+    nu = torch.empty((T, F, H, D), device=dev, dtype=f32)
+    psi = torch.empty((F, H, D, D), device=dev, dtype=f32)
+    u = torch.empty((T, F, H), device=dev, dtype=f32) if acc else empty
+    mu = torch.empty((F, H, D), device=dev, dtype=f32) if acc else empty
+    _adjoint[(triton.cdiv(N, BN),)](J.contiguous(), b.contiguous(), A.contiguous() if acc else empty,
+                                    Lg.contiguous() if acc else empty, u, nu, mu, psi, T, N, D=D, ACC=acc, BN=BN)
+    parts = [q.to(f32) for q in (x, s) if q is not None]
+    if one:
+        parts.append(torch.ones((T, F, 1), device=dev, dtype=f32))
+    pre = parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # [T, F, P]
+    assert pre.shape[-1] == P
+    out = torch.empty((F, H, P, D), device=dev, dtype=f32)
+    g = u.reshape(T * F, H).t() @ pre.reshape(T * F, P) if acc else None  # [H, P]
+    if zero:
+        out.zero_()
     else:
-        _walk[grid](*args, D=D, ACC=acc, ONE=one, BI=BI, BP=BP, STAGES=STAGES, num_warps=warps)
-    return out, (g.sum(0).to(dt) if acc else None)
+        g0 = torch.empty((H, P), device=dev, dtype=f32) if acc else empty
+        _start[(triton.cdiv(P, SP), triton.cdiv(H, SI))](eps.contiguous(), out, psi, mu, g0, F, H, P,
+                                                         D=D, ACC=acc, BI=SI, BP=SP)
+        if g is not None:
+            g += g0
+    pre_f = pre.transpose(0, 1)  # [F, T, P]
+    for k in range(D):  # (sum_t nu_t pre_t: a product over the steps per batch element, a state at a time)
+        nu_k = nu[..., k].permute(1, 2, 0)  # [F, H, T]
+        if D == 1:
+            out.view(F, H, P).baddbmm_(nu_k, pre_f)
+        else:
+            out[..., k] += torch.bmm(nu_k, pre_f)
+    return out.to(dt), (g.to(dt) if g is not None else None)
 
 
 __all__ = ["walk"]
