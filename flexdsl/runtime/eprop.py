@@ -56,13 +56,19 @@ class Factors:
         self.d, self.n_out, self.n_learn = len(st), len(outs), len(learn)
         full = (T, *shape)
 
+        zero = like.new_zeros(()).expand(full)  # (an absent factor: a view, nothing filled)
+
+        def entry(v: Any) -> torch.Tensor:  # (a number: one element filled, seen as the full shape)
+            return _full(v, full, like) if isinstance(v, torch.Tensor) else like.new_full((), float(v)).expand(full)
+
         def grid(names: list[list[str]]) -> torch.Tensor:
-            out = like.new_zeros((*full, len(names), len(names[0]) if names else 0))
-            for i, row in enumerate(names):
-                for j, n in enumerate(row):
-                    if n in f:
-                        out[..., i, j] = _full(f[n], full, like)
-            return out
+            """The factors `names` (rows of entries) as one tensor `[*full, rows, columns]`, stacked
+            in one copy (no zeros filled first, no copy an entry)."""
+            cols = len(names[0]) if names else 0
+            if not names or not cols:
+                return like.new_zeros((*full, len(names), cols))
+            flat = [entry(f[n]) if n in f else zero for row in names for n in row]
+            return torch.stack(flat, -1).view(*full, len(names), cols)
 
         self.constant = prog.constant and all(_scalar(v) for n, v in f.items() if n.startswith(("J[", "b[")))
         if self.constant:
