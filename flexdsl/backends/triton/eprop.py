@@ -32,9 +32,9 @@ import triton.language as tl
 @triton.jit
 def _adjoint(J_ptr, b_ptr, A_ptr, Lg_ptr, u_ptr, nu_ptr, mu_ptr, psi_ptr, T, N,
              D: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr):
-    """Backwards over the steps, a lane `n = f * H + i` a row of the block: `nu_t` (and with `ACC`
-    the learning signal's `u_t`), then `Psi_{-1}` (and `mu_{-1}`). `J` `[T, N, D, D]`, `b` and `A`
-    `[T, N, D]`, `Lg` `[T, N]`."""
+    """Backwards over the steps, a lane `n = f * H + i` a row of the block: `nu_t` (`[N, D, T]`; and
+    with `ACC` the learning signal's `u_t`, `[T, N]`), then `Psi_{-1}` (and `mu_{-1}`). `J`
+    `[T, N, D, D]`, `b` and `A` `[T, N, D]`, `Lg` `[T, N]`."""
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     nm = n < N
     k = tl.arange(0, D)
@@ -45,7 +45,8 @@ def _adjoint(J_ptr, b_ptr, A_ptr, Lg_ptr, u_ptr, nu_ptr, mu_ptr, psi_ptr, T, N,
     for tt in range(0, T):
         row = (T - 1 - tt).to(tl.int64) * N + n  # [BN]: the lane at step t
         b = tl.load(b_ptr + row[:, None] * D + k[None, :], mask=m2, other=0.0).to(tl.float32)  # [BN, D]
-        tl.store(nu_ptr + row[:, None] * D + k[None, :], tl.sum(psi * b[:, None, :], axis=2), mask=m2)
+        tl.store(nu_ptr + (n.to(tl.int64)[:, None] * D + k[None, :]) * T + (T - 1 - tt), tl.sum(psi * b[:, None, :], axis=2),
+                 mask=m2)  # (nu as [N, D, T]: per batch element the left operand of a matrix product over the steps)
         J = tl.load(J_ptr + (row[:, None, None] * D + k[None, :, None]) * D + k[None, None, :],
                     mask=nm[:, None, None], other=0.0).to(tl.float32)  # [BN, D (k), D (l)]: d h_k / d h_l
         if ACC:
@@ -62,30 +63,30 @@ def _adjoint(J_ptr, b_ptr, A_ptr, Lg_ptr, u_ptr, nu_ptr, mu_ptr, psi_ptr, T, N,
 
 
 @triton.jit
-def _start(e_ptr, out_ptr, psi_ptr, mu_ptr, g_ptr, F, H, P,
+def _start(e_ptr, se_f, se_i, se_p, se_k, out_ptr, psi_ptr, mu_ptr, g_ptr, F, H, P,
            D: tl.constexpr, ACC: tl.constexpr, BI: tl.constexpr, BP: tl.constexpr):
-    """The kept eligibility's terms, in one pass over it: `out = Psi_{-1} @ eps_{-1}` (every batch
-    element) and, with `ACC`, `g = sum_f mu_{-1} . eps_{-1}` (a program's tile summed over the batch
-    in registers: no atomics)."""
+    """The kept eligibility's terms, in one pass over it (any strides): `out = Psi_{-1} @ eps_{-1}`
+    (`[F, H, D, P]`, every batch element) and, with `ACC`, `g = sum_f mu_{-1} . eps_{-1}` (a
+    program's tile summed over the batch in registers: no atomics)."""
     i = tl.program_id(1) * BI + tl.arange(0, BI)
     p = tl.program_id(0) * BP + tl.arange(0, BP)
     k = tl.arange(0, D)
     im, pm = i < H, p < P
-    m3 = im[:, None, None] & pm[None, :, None]
+    m2 = im[:, None] & pm[None, :]
     g = tl.zeros([BI, BP], dtype=tl.float32)
     for f in range(0, F):
         n = (f * H + i).to(tl.int64)  # [BI]
-        eoff = (n[:, None, None] * P + p[None, :, None]) * D + k[None, None, :]
-        e = tl.load(e_ptr + eoff, mask=m3, other=0.0).to(tl.float32)  # [BI, BP, D]
+        fl = (f + 0 * i).to(tl.int64)  # [BI]: the batch element (in 64 bits: the offsets may pass 2^31)
+        eoff = (fl * se_f + i.to(tl.int64) * se_i)[:, None, None] + p[None, :, None] * se_p + k[None, None, :] * se_k
+        e = tl.load(e_ptr + eoff, mask=m2[:, :, None], other=0.0).to(tl.float32)  # [BI, BP, D]
         if ACC:
             mu = tl.load(mu_ptr + n[:, None] * D + k[None, :], mask=im[:, None], other=0.0)  # [BI, D]
             g += tl.sum(e * mu[:, None, :], axis=2)
         for r in tl.static_range(D):
             psi = tl.load(psi_ptr + (n[:, None] * D + r) * D + k[None, :], mask=im[:, None], other=0.0)  # row r
-            tl.store(out_ptr + (n[:, None] * P + p[None, :]) * D + r, tl.sum(e * psi[:, None, :], axis=2),
-                     mask=im[:, None] & pm[None, :])
+            tl.store(out_ptr + (n[:, None] * D + r) * P + p[None, :], tl.sum(e * psi[:, None, :], axis=2), mask=m2)
     if ACC:
-        tl.store(g_ptr + i[:, None].to(tl.int64) * P + p[None, :], g, mask=im[:, None] & pm[None, :])
+        tl.store(g_ptr + i[:, None].to(tl.int64) * P + p[None, :], g, mask=m2)
 
 
 BN = 64  # lanes a program (the kernel is a fraction of the call's time: its loads are per neuron)
@@ -107,7 +108,7 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
     N = F * H
     acc = A is not None
     empty = torch.zeros(1, device=dev, dtype=f32)
-    nu = torch.empty((T, F, H, D), device=dev, dtype=f32)
+    nu = torch.empty((F, H * D, T), device=dev, dtype=f32)
     psi = torch.empty((F, H, D, D), device=dev, dtype=f32)
     u = torch.empty((T, F, H), device=dev, dtype=f32) if acc else empty
     mu = torch.empty((F, H, D), device=dev, dtype=f32) if acc else empty
@@ -118,24 +119,21 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
         parts.append(torch.ones((T, F, 1), device=dev, dtype=f32))
     pre = parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # [T, F, P]
     assert pre.shape[-1] == P
-    out = torch.empty((F, H, P, D), device=dev, dtype=f32)
     g = u.reshape(T * F, H).t() @ pre.reshape(T * F, P) if acc else None  # [H, P]
+    out = torch.empty((F, H * D, P), device=dev, dtype=f32)  # (the eligibility state-major: [F, H, D, P])
+    pre_f = pre.transpose(0, 1)  # [F, T, P]
     if zero:
-        out.zero_()
+        torch.bmm(nu, pre_f, out=out)
     else:
         g0 = torch.empty((H, P), device=dev, dtype=f32) if acc else empty
-        _start[(triton.cdiv(P, SP), triton.cdiv(H, SI))](eps.contiguous(), out, psi, mu, g0, F, H, P,
+        e = eps if eps.dtype == f32 else eps.to(f32)
+        _start[(triton.cdiv(P, SP), triton.cdiv(H, SI))](e, *e.stride(), out, psi, mu, g0, F, H, P,
                                                          D=D, ACC=acc, BI=SI, BP=SP)
+        out.baddbmm_(nu, pre_f)  # (+ sum_t nu_t pre_t: a product over the steps per batch element)
         if g is not None:
             g += g0
-    pre_f = pre.transpose(0, 1)  # [F, T, P]
-    for k in range(D):  # (sum_t nu_t pre_t: a product over the steps per batch element, a state at a time)
-        nu_k = nu[..., k].permute(1, 2, 0)  # [F, H, T]
-        if D == 1:
-            out.view(F, H, P).baddbmm_(nu_k, pre_f)
-        else:
-            out[..., k] += torch.bmm(nu_k, pre_f)
-    return out.to(dt), (g.to(dt) if g is not None else None)
+    out_v = out.view(F, H, D, P).transpose(2, 3)  # ([F, H, P, D], a view: nothing copied)
+    return out_v if dt == f32 else out_v.to(dt), (g.to(dt) if g is not None else None)
 
 
 __all__ = ["walk"]
