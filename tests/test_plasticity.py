@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -518,17 +519,26 @@ LEARN_RULE = """rule LEARN:
 """
 
 
-def test_the_rules_derived_backward_is_the_gradient_the_runtime_computes():
+@pytest.mark.parametrize("chosen", ["in the file", "at load"])
+def test_the_rules_derived_backward_is_the_gradient_the_runtime_computes(chosen):
     """A rule's step has a backward derived symbolically, like a neuron's (`rule.ir.core_backward`, printed
     by `flexdsl show x.rule` for a rule with learnable constants): chained backwards through the steps of
     an online run (batch 1: Brian2's sequential updates), it gives the gradient of the final weights into
-    the constants that autograd through the runtime's generated step gives (float64)."""
+    the constants that autograd through the runtime's generated step gives (float64). The constants are
+    learnable by the file's flags, or by `load_rule(text, learnable=[...])` on a text without them: the
+    same derived backward either way."""
     g = torch.Generator().manual_seed(4)
     T, n_pre, n_post = 12, 5, 3
     pre, post = _spikes(g, T, 1, n_pre, p=0.3), _spikes(g, T, 1, n_post, p=0.3)
     w0 = torch.rand(n_post, n_pre, generator=g) + 0.5
     G = torch.randn(n_post, n_pre, generator=g)
-    rule = flexdsl.load_rule(LEARN_RULE)
+    if chosen == "in the file":
+        rule = flexdsl.load_rule(LEARN_RULE)
+    else:
+        plain = LEARN_RULE.replace(" learnable", "")
+        assert "learnable" not in plain and "grad_tau" not in flexdsl.load_rule(plain).ir.source("torch")
+        rule = flexdsl.load_rule(plain, learnable=["tau", "A"])
+        assert pickle.loads(pickle.dumps(rule)).ir.core_backward is not None  # (the choice travels with it)
     tau, A = rule.tau, rule.A
     auto = torch.autograd.grad((rule.online(pre, post, w0) * G).sum(), [tau, A])
     # the derived backward by hand: the forward steps of the reference core, then the VJPs in reverse

@@ -24,6 +24,7 @@ call; `reset()` clears them. Params are the rule's (`rule.tau_pre`); `learnable`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,20 +49,39 @@ MODES = ("window", "online")
 class RuleIR(Compiled):
     """A rule through the compiler: checked as a rule, lowered and emitted as the neuron model it is."""
 
-    def __init__(self, text: str, filename: str) -> None:  # (not Compiled's: the text is a rule)
-        from ..frontend.options import NONE
+    def __init__(self, text: str, filename: str, learnable: tuple[str, ...] | None = None) -> None:
+        """(Not Compiled's: the text is a rule.) `learnable`: the params to train, in place of the
+        file's `learnable` flags (None: as written): they are the IR's, so its derived backward and
+        every cache key made from it have them."""
+        from ..frontend.options import NONE, LoadOptions
 
         self.text = text
         self.filename = filename
         self.detach_reset = False
-        self.options = NONE
-        self.rule: CheckedRule = check_rule(parse_rule(text, filename), unit_definition)
+        self.options = NONE if learnable is None else LoadOptions(learnable=tuple(sorted(learnable)))
+        ast = parse_rule(text, filename)
+        if learnable is not None:
+            ast = dataclasses.replace(ast, items=[dataclasses.replace(it, learnable=it.name in learnable)
+                                                  if isinstance(it, A.Param) else it for it in ast.items])
+        self.rule: CheckedRule = check_rule(ast, unit_definition)
         self.checked = self.rule.model
         self._programs = {}
         import threading
 
         self._lock = threading.Lock()
         self._derived_cache = {}
+
+    def with_learnable(self, names: set[str]) -> RuleIR:
+        """This rule with exactly `names` learnable (itself where the file says so already)."""
+        if names == {p.name for p in self.checked.params if p.learnable}:
+            return self
+        return RuleIR(self.text, self.filename, tuple(sorted(names)))
+
+    @property
+    def learnable_chosen(self) -> tuple[str, ...] | None:
+        """The learnable params chosen at load (None: as the file says)."""
+        learn = self.options.learnable
+        return None if learn is None else tuple(learn)  # type: ignore[arg-type]
 
     def generated(self) -> tuple[Any, dict[str, Any]]:
         """The generated module of the rule and its meta (`backends/torch/rule.py`)."""
@@ -109,6 +129,10 @@ class Rule(nn.Module):
         values = resolve_params(ir, dict(params or {}))
         self.__dict__["_fixed"] = {}
         train = _learnable(ir, learnable)
+        ir = ir.with_learnable(train)  # (the IR's own flags: its derived backward has the chosen params)
+        self.__dict__["ir"] = ir
+        self.__dict__["_gen"] = ir.generated()
+        mod, meta = self._gen
         for p in ir.checked.params:
             if p.name in train and p.name in meta["gradientless"]:
                 raise ir.rule.error(f"`{p.name}` is learnable, but no derivative reaches it: it is used only where the "
@@ -184,13 +208,13 @@ class Rule(nn.Module):
         state = self.__dict__.copy()
         ir = state.pop("ir")
         state.pop("_gen")
-        state["_rule_text"] = (ir.text, ir.filename)
+        state["_rule_text"] = (ir.text, ir.filename, ir.learnable_chosen)
         state["_states"] = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self._states.items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        text, filename = state.pop("_rule_text")
-        ir = RuleIR(text, filename)
+        text, filename, *learn = state.pop("_rule_text")
+        ir = RuleIR(text, filename, learn[0] if learn else None)
         self.__dict__.update(state)
         self.__dict__["ir"] = ir
         self.__dict__["_gen"] = ir.generated()

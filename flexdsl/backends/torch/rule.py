@@ -54,7 +54,7 @@ def emit_rule(ir: Any) -> tuple[str, dict[str, Any]]:
     params = [p.name for p in step.params]
     order = [*inputs, *states, *[NEXT + s for s in states], *params]
     pr = TorchPrinter(like="pre")
-    lines = [*module_head(step, "the plasticity rule's step and its parts")]
+    lines = [*module_head(step, "the plasticity rule's step and its parts", "rule")]
     lines[0] = lines[0].replace("of neuron", "of rule")
     args: dict[str, list[str]] = {}
     returns: dict[str, list[str]] = {}
