@@ -71,9 +71,9 @@ class Factors:
             return torch.stack(flat, -1).view(*full, len(names), cols)
 
         self.constant = prog.constant and all(_scalar(v) for n, v in f.items() if n.startswith(("J[", "b[")))
-        if self.constant:
-            self.J = like.new_tensor([[_number(f.get(f"J[{a},{b}]")) for b in st] for a in st])
-            self.b = like.new_tensor([_number(f.get(f"b[{a}]")) for a in st])
+        if self.constant:  # (0-d values stacked on their device: no value read back to the host)
+            self.J = torch.stack([_element(f.get(f"J[{a},{b}]"), like) for a in st for b in st]).view(len(st), len(st))
+            self.b = torch.stack([_element(f.get(f"b[{a}]"), like) for a in st])
         else:
             self.J = grid([[f"J[{a},{b}]" for b in st] for a in st])
             self.b = grid([[f"b[{a}]"] for a in st])[..., 0]
@@ -87,8 +87,11 @@ def _scalar(v: Any) -> bool:
     return v is None or not isinstance(v, torch.Tensor) or v.numel() == 1
 
 
-def _number(v: Any) -> float:
-    return 0.0 if v is None else float(v)
+def _element(v: Any, like: torch.Tensor) -> torch.Tensor:
+    """A factor the same for every lane (None: 0) as a 0-d tensor like `like`."""
+    if isinstance(v, torch.Tensor):
+        return v.reshape(()).to(like.dtype)
+    return like.new_full((), 0.0 if v is None else float(v))
 
 
 def _full(v: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
