@@ -92,21 +92,30 @@ def test_recomputing_gives_the_same_outputs_gradients_and_statistics(mode, backe
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_product_of_a_real_valued_input_is_run_again_from_it(backend):
+@pytest.mark.parametrize("mode, cheap", [("product", True), ("norm", True), ("norm", False)])
+def test_a_product_of_a_real_valued_input_is_run_again_from_it(monkeypatch, backend, mode, cheap):
     """A real-valued input (an image) is kept as it is by its convolution (for the weight's
     gradient); with "product" the convolution's output is made again from it in the backward, not
-    kept: the same bits, and that output's bytes left out besides the rest."""
+    kept; with "norm" too where the convolution costs at most `CHEAP_MACS` multiply-adds a value (here
+    2 channels x 3 x 3 = 18; `cheap=False` lowers the limit under it): the same bits, and that
+    output's bytes left out besides the rest."""
+    if not cheap:
+        monkeypatch.setattr(recompute, "CHEAP_MACS", 17)
     plain = _net(backend)
     net = copy.deepcopy(plain)
-    flexdsl.save_spikes_as_bits(net, recompute="product")
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
     g = torch.Generator().manual_seed(4)
     x = torch.rand(T, B, 2, H, H, generator=g).to(DEV) * 2  # (not 0/1)
     for _ in range(2):
         assert _same(_step(net, x), _step(plain, x))
     act = [T * B * co * s * s * 4 for co, s in zip(CHANNELS, (H, H, H // 2))]
     indices = T * B * CHANNELS[1] * (H // 2) ** 2 * 8
-    kernels = backend == "triton" or DEV == "cuda"
-    assert flexdsl.memory_report(net).left_out_bytes == sum(act) * (2 if kernels else 1) + indices
+    kernels = backend == "triton" or DEV == "cuda"  # (the Triton kernels keep the neuron's input: BN's output)
+    if mode == "product":
+        want = sum(act) * (2 if kernels else 1) + indices
+    else:  # (each BN's output with the kernels, and the first convolution's output where it is cheap)
+        want = (sum(act) if kernels else 0) + (act[0] if cheap else 0) + indices
+    assert flexdsl.memory_report(net).left_out_bytes == want
 
 
 def test_spikingjelly_nodes_and_evaluation_mode():

@@ -7,7 +7,10 @@ recompute=...)`): during the network's forward, every tensor autograd saves pass
   1 bit a value, and unpacked exactly when the backward reads it;
 - with `recompute="norm"`: a batch normalization's output (a neuron's input: the neuron's backward
   reads it again) is not kept; the backward runs the normalization again from its input, which the
-  normalization keeps for its own backward anyway (one extra normalization pass per layer);
+  normalization keeps for its own backward anyway (one extra normalization pass per layer); and a
+  product whose input is kept anyway (not as bits: an image) and that costs at most `CHEAP_MACS`
+  multiply-adds an output value (a first layer on 3 channels: SEW-ResNet's 7x7 convolution, 147) is
+  made again too, its output (a network's largest activation) not kept;
 - with `recompute="product"`, also: the output of a product whose 0/1 input is kept as bits (a
   `Linear`/`Conv` before a normalization or a neuron) is not kept; the backward computes the product
   again from the bits (one extra product per layer, the memory of the layer's input in bits).
@@ -46,6 +49,7 @@ from .saved import (
 
 MODES = (None, "norm", "product")
 _MIN_BITS = 1 << 14  # (values: a smaller 0/1 tensor is kept as it is, not worth two launches)
+CHEAP_MACS = 256  # ("norm": a product of an input kept anyway, at most this many multiply-adds a value, is made again)
 
 
 class Session:
@@ -86,8 +90,10 @@ class Session:
         """`out` = `redo(x)` from an input `x` autograd keeps anyway (a real-valued input: an image,
         a sum of spikes; or one whose 0/1 check is pending, then read back as it ends up kept): left
         out of what is saved."""
-        if self.mode != "product" or not isinstance(out, torch.Tensor) or self.find(x):
+        if not isinstance(out, torch.Tensor) or self.find(x):
             return  # (a left-out input: holding it would cost)
+        if self.mode != "product" and not (self.mode == "norm" and _cheap(reads)):
+            return
         p = self.checked.get(id(x))
         if p is not None and p.ref() is x:  # (read back through its handle: as bits once the check said 0/1)
             self._add(out, lambda: redo(p.value()), reads)
@@ -204,6 +210,13 @@ class Session:
 
     def _keep(self, t: torch.Tensor) -> Any:
         return _Outer(self.outer, self.outer[0](t)) if self.outer is not None else _Kept(t)
+
+
+def _cheap(reads: Sequence[Any]) -> bool:
+    """Whether a product (its weight `reads[0]`) costs at most `CHEAP_MACS` multiply-adds an output
+    value: a network's first layer on its image (SEW-ResNet's 7x7 convolution of 3 channels: 147)."""
+    w = reads[0] if reads else None
+    return isinstance(w, torch.Tensor) and w.dim() >= 2 and w[0].numel() <= CHEAP_MACS
 
 
 def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
