@@ -202,7 +202,7 @@ class Plan:
         self.finals: list[torch.Tensor] = []
         self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
         self.whole: Any = prog.fn  # (the e-prop step on all the call's steps at once)
-        self.unsure: torch.Tensor | None = None  # (whether the scan's steps disagreed with the e-prop step's)
+        self.unsure: Flag | None = None  # (whether the scan's steps disagreed with the e-prop step's)
         self.redo: Any = None  # (the steps one by one, for that case)
         self.redone: tuple[Factors, torch.Tensor] | None = None
         self.zeros: torch.Tensor | None = None  # (the call's start, where it is zeros: made so after a reset)
@@ -265,11 +265,34 @@ def _from_scan(plan: Plan, others: Sequence[torch.Tensor], params: Sequence[Any]
     inputs.insert(plan.port, cur)
     res = plan.whole(*inputs, *hs, *params)
     full = cur.shape
-    plan.unsure = (_full(res[plan.source], full, cur) != outs[plan.source]).any()
+    plan.unsure = Flag((_full(res[plan.source], full, cur) != outs[plan.source]).any())
     plan.finals = list(fins)
     n, d = prog.n_out, prog.n_states
     fac = Factors(prog, prog.meta, dict(zip(prog.factors, res[n + d:])), cur.shape[0], s0.shape, s0)
     return list(outs), S, fac
+
+
+class Flag:
+    """A 0-d bool computed on the device, read by the host later: on CUDA copied into pinned memory
+    as soon as it is queued (an event after the copy), so that reading it waits only for the work
+    queued before it, not for what the host queued since (a plain `bool(t)` waits for everything)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.host, self.event = t, None, None
+        if t.is_cuda and not torch.compiler.is_compiling():
+            try:
+                self.host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            except RuntimeError:  # (no pinned memory: read as it is)
+                return
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream(t.device))
+
+    def __bool__(self) -> bool:
+        if self.event is not None and self.host is not None:
+            self.event.synchronize()
+            return bool(self.host)
+        return bool(self.t)
 
 
 def _sure(plan: Plan, fac: Factors, S: torch.Tensor) -> tuple[Factors, torch.Tensor]:
@@ -421,14 +444,11 @@ class EPropCall(torch.autograd.Function):
         x3, S = ctx.saved_tensors
         g_outs = [g if g is not None else torch.zeros_like(S[1:]) for g in grads[:fac.n_out]]
         L = torch.stack(g_outs, -1)  # [T, F, H, n_out]: the learning signal
-        # the traces on the scan's factors first, then the check whether the scan and the e-prop step
-        # agreed (it waits for the device: queued after the walk, the device is busy meanwhile); where
-        # they did not (rare), the traces again on the steps one by one (`_walk` changes nothing it reads)
-        ran = fac
-        e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
+        # whether the scan and the e-prop step agreed (`Flag`: copied to the host at the end of the
+        # forward's work, so reading it waits for that work only, which is usually done by now); where
+        # they did not (rare), the traces run on the steps one by one
         fac, S = _sure(plan, fac, S)
-        if fac is not ran:
-            e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
+        e1, g_dense, g_diag = _walk(plan, fac, ctx.e0, x3, S, L)
         if plan.pending is not None:
             plan.pending.settle(e1)
         plan.pending = plan.redone = None
