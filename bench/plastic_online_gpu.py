@@ -141,8 +141,9 @@ def main():
     t_static = bench(run_static)
     rows = []
     configs = [{}]
-    if a.sweep:
-        configs += []
+    if a.sweep:  # (launch settings around the default: BM rows x BN columns a block, warps, pipelined loads)
+        configs += [{"STAGES": 2}, {"STAGES": 4}, {"STAGES": 5}, {"BN": 64}, {"BN": 64, "STAGES": 4},
+                    {"BN": 16, "STAGES": 6}, {"WARPS": 4}, {"BM": 64}, {"BM": 64, "WARPS": 4}, {"BN": 64, "WARPS": 16}]
     keys = ("BM", "BN", "WARPS", "SPLIT", "STAGES", "PRECISION")
     for cfg in configs:
         for k in keys:
