@@ -11,6 +11,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import backends
 from .cli_files import check_layer, check_rule, show_rule
@@ -54,6 +55,21 @@ def _options(args: argparse.Namespace):
     return LoadOptions(sur.strip() if sur is not None else None, learn)
 
 
+def _no_options(opts: Any, f: Any, rule: bool = False) -> None:
+    """A located error for a load-time option that a file other than a neuron model does not take
+    (never silently ignored): a rule takes `--learnable` (its constants), not `--surrogate` (it has no
+    spike); a layer file neither (its neuron's options go in the file, or to `flexdsl.load`)."""
+    bad = ["--surrogate"] if opts.surrogate is not None else []
+    if opts.learnable is not None and not rule:
+        bad.append("--learnable")
+    if bad:
+        what = "a plasticity rule has no spike to take a surrogate" if rule else \
+            "this command shows and checks a layer file as it is written"
+        verb = "apply" if len(bad) > 1 else "applies"
+        raise FlexDSLError(f"{' and '.join(bad)} {verb} to neuron models: {what}", CMDLINE,
+                           hint=f"leave {' and '.join(bad)} out for `{f}`")
+
+
 def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--surrogate", metavar="TEXT",
                    help="the spike's surrogate gradient instead of the model's, e.g. --surrogate 'atan(alpha=2.0)' "
@@ -70,10 +86,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     opts = _options(args)
     for f in _neuron_files(args.files):
         if str(f).endswith(".layer"):
+            _no_options(opts, f)
             failed += check_layer(f)
             continue
         if str(f).endswith(".rule"):
-            failed += check_rule(f)
+            _no_options(opts, f, rule=True)
+            failed += check_rule(f, opts.learnable)
             continue
         try:
             c = compile_model(f, options=opts)
@@ -104,9 +122,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if str(args.file).endswith(".nir"):
         return _show_nir(args)
     if str(args.file).endswith(".layer"):
+        _no_options(_options(args), args.file)
         return _show_layer(args)
     if str(args.file).endswith(".rule"):
-        return show_rule(args.file)
+        opts = _options(args)
+        _no_options(opts, args.file, rule=True)
+        return show_rule(args.file, opts.learnable)
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))

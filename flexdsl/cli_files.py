@@ -4,6 +4,7 @@ plasticity rules (`.rule`). Each prints what the command shows, or the located e
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from .errors import FlexDSLError
 
@@ -22,11 +23,11 @@ def check_layer(f: str) -> int:
     return 0
 
 
-def check_rule(f: str) -> int:
+def check_rule(f: str, learnable: Any = None) -> int:
     from .runtime.rule import load_rule
 
     try:
-        rule = load_rule(f)
+        rule = load_rule(f, learnable=learnable)
         rule.bounds()
     except FlexDSLError as e:
         print(e, file=sys.stderr)
@@ -37,11 +38,12 @@ def check_rule(f: str) -> int:
     return 0
 
 
-def show_rule(path: str) -> int:
-    """A rule: its generated torch module (the step, its sides, the window's terms)."""
+def show_rule(path: str, learnable: Any = None) -> int:
+    """A rule: its generated torch module (the step, its sides, the window's terms); `learnable`:
+    the constants to train instead of the file's (`--learnable`), whose derived backward it prints."""
     from .runtime.rule import compile_rule
 
-    ir = compile_rule(path)
+    ir = compile_rule(path, learnable)
     _, meta = ir.generated()
     print(ir.source(), end="")
     sides = ", ".join(f"{s}: {side}" for s, side in meta["sides"].items())

@@ -588,6 +588,32 @@ def test_show_prints_a_rule_and_its_derived_backward(tmp_path):
     assert r.returncode == 0 and "ok — rule LEARN" in r.stdout, r.stdout + r.stderr
 
 
+def test_show_and_check_of_a_rule_take_learnable_and_refuse_what_a_rule_has_not(tmp_path):
+    """`flexdsl show x.rule --learnable tau,A` prints the derived backward of those constants on a rule
+    that declares none learnable (as `load_rule(..., learnable=...)`); an unknown name is a located error
+    with a suggestion; `--surrogate` on a rule and either option on a layer file are errors, not ignored."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
+    f = tmp_path / "plain.rule"
+    f.write_text(LEARN_RULE.replace(" learnable", ""))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "flexdsl", *args], capture_output=True, text=True, env=env,
+                              timeout=300)
+
+    plain, chosen = cli("show", str(f)), cli("show", str(f), "--learnable", "tau,A")
+    assert plain.returncode == 0 and "core_backward" not in plain.stdout
+    assert chosen.returncode == 0 and "grad_tau =" in chosen.stdout and "grad_A =" in chosen.stdout
+    assert "learnable constants (tau, A)" in chosen.stdout
+    assert cli("check", str(f), "--learnable", "A").returncode == 0
+    bad = cli("show", str(f), "--learnable", "tua")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr and "did you mean `tau`" in bad.stderr
+    for args in (("show", str(f), "--surrogate", "atan()"), ("check", str(f), "--surrogate", "atan()"),
+                 ("show", str(root / "neurons" / "rlif.layer"), "--learnable", "tau")):
+        r = cli(*args)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and "applies to neuron models" in r.stderr, r.stderr
+
+
 def test_layer_with_learnable_rule_keeps_its_change_as_state():
     g = torch.Generator().manual_seed(11)
     x = _spikes(g, 15, 2, 5, p=0.5, scale=2.0)

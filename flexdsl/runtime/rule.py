@@ -100,9 +100,12 @@ class RuleIR(Compiled):
         return rule_source(self, self.cache_key("torch-rule"))
 
 
-def compile_rule(model: str | Path) -> RuleIR:
+def compile_rule(model: str | Path, learnable: Any = None) -> RuleIR:
+    """A rule through the compiler; `learnable=` the constants to train instead of the file's flags
+    (a name, a list, True/False: as `load_rule`), which its derived backward then has."""
     text, filename = resolve_rule(model)
-    return RuleIR(normalize(text), filename)
+    ir = RuleIR(normalize(text), filename)
+    return ir if learnable is None else ir.with_learnable(_learnable(ir, learnable))
 
 
 class Rule(nn.Module):
