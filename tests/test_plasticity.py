@@ -634,6 +634,40 @@ def test_layer_with_learnable_rule_keeps_its_change_as_state():
 
 
 # ---------------------------------------------------------------- bad input
+def test_a_learnable_constant_trained_out_of_its_constraint_is_a_located_error():
+    """Training moves a learnable constant with no reparametrization: an optimizer step that takes
+    `tau_plus` (`where tau_plus > 0`) below 0, or makes a constant NaN, is a located error at the next
+    call (online, window, and a plastic layer's call), not weights computed with a negative time
+    constant; putting a valid value back makes the rule run again."""
+    g = torch.Generator().manual_seed(12)
+    pre, post = _spikes(g, 6, 1, 4, p=0.5), _spikes(g, 6, 1, 3, p=0.5)
+    w0 = torch.rand(3, 4, generator=g)
+    rule = flexdsl.load_rule("stdp_additive", learnable=["tau_plus", "A_plus"])
+    rule.online(pre, post, w0)
+    with torch.no_grad():
+        rule.tau_plus.fill_(-0.5)  # (as a too large step of an optimizer would)
+    for call in (rule.online, rule.window):
+        with pytest.raises(flexdsl.FlexDSLError) as e:
+            call(pre, post, w0)
+        assert "`tau_plus` is -0.5 after training" in str(e.value) and "tau_plus > 0" in str(e.value)
+        assert "stdp_additive.rule:" in str(e.value)
+    with torch.no_grad():
+        rule.tau_plus.fill_(20.0)
+        rule.A_plus.fill_(float("nan"))
+    with pytest.raises(flexdsl.FlexDSLError, match="`A_plus` is nan after training"):
+        rule.online(pre, post, w0)
+    with torch.no_grad():
+        rule.A_plus.fill_(0.01)
+    assert torch.isfinite(rule.online(pre, post, w0)).all()
+    m = flexdsl.feedforward("lif", 4, 3, rule="stdp_additive", backend="torch",
+                            rule_params={"learnable": ["tau_plus"], "w_min": -5.0, "w_max": 5.0})
+    m(pre * 2)
+    with torch.no_grad():
+        m.rules["W"].tau_plus.fill_(-1.0)
+    with pytest.raises(flexdsl.FlexDSLError, match="`tau_plus` is -1 after training"):
+        m(pre * 2)
+
+
 def _rule_error(text: str, **kw) -> FlexDSLError:
     with pytest.raises(FlexDSLError) as e:
         r = flexdsl.load_rule(text, **kw)

@@ -40,7 +40,7 @@ from ..frontend.rule import CheckedRule, check_rule
 from ..library import resolve_rule
 from ..store.pipeline import unit_definition
 from .compiler import Compiled
-from .params import resolve_params
+from .params import constraint_holds, resolve_params, show
 from .rulesteps import on_device
 
 MODES = ("window", "online")
@@ -395,7 +395,37 @@ class Rule(nn.Module):
 
     def _env(self, like: torch.Tensor) -> dict[str, Any]:
         """The params as tensors of the call's dtype and device (a learnable one keeps its graph)."""
+        self._check_learnable()
         return {k: on_device(v, like) for k, v in self.param_values().items()}
+
+    def _check_learnable(self) -> None:
+        """A learnable constant that training made non-finite, or moved out of its `where` constraint
+        (a time constant below 0), is a located error at the next call, never a rule that silently
+        computes something else. Checked again only after a Parameter changed (its version: once
+        per optimizer step; on a GPU that read waits for the device)."""
+        ps = [p for p in self.ir.checked.params if p.name in self._parameters]
+        if not ps:
+            return
+        key = tuple((id(self._parameters[p.name]), self._parameters[p.name]._version) for p in ps)
+        if key == self.__dict__.get("_checked_versions"):
+            return
+        env = {k: (float(v.detach()) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+               for k, v in self.param_values().items()}
+        for p in ps:
+            v = env[p.name]
+            if not bool(torch.isfinite(torch.as_tensor(v)).all()):
+                raise FlexDSLError(f"the learnable constant `{p.name}` is {show(v)} after training", self.ir.filename,
+                                   p.pos.line, p.pos.column, self.ir.text,
+                                   "a gradient step made it non-finite: lower the learning rate, or clip the "
+                                   "gradients (torch.nn.utils.clip_grad_norm_)")
+            if p.where is not None and not constraint_holds(self.ir, p, env):
+                raise FlexDSLError(f"the learnable constant `{p.name}` is {show(v)} after training, outside its "
+                                   "constraint: the rule's step is not defined there", self.ir.filename,
+                                   p.where.pos.line, p.where.pos.column, self.ir.text,
+                                   f"`{p.name}` must satisfy: {A.constraint_text(self.ir.text, p.where)}; lower "
+                                   f"the learning rate, or clamp it after each step (with torch.no_grad(): "
+                                   f"rule.{p.name}.clamp_(...))")
+        self.__dict__["_checked_versions"] = key
 
     def _run_side(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any], keep_traj: bool = True):
         """A side's states over the call, one step at a time (`side_pre` / `side_post`): the states before
