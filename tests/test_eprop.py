@@ -580,6 +580,54 @@ def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps
     assert_grads(grads(True), grads(False), 1e-6)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA path (the scan, the pinned flag, the kernel)")
+@pytest.mark.parametrize("flip", [False, True])
+def test_on_cuda_the_scans_path_and_its_fallback_equal_the_steps(monkeypatch, flip):
+    """On CUDA a call runs on the layer's scan and the traces on the backend's kernel; whether the scan
+    and the e-prop step agreed is read from a pinned copy of a device flag (`eprop.Flag`). With one of
+    the scan's spikes flipped (`flip`: the flag says they disagreed) the traces follow the steps one by
+    one: the gradients equal those of the steps one by one (float32, within the sums' rounding)."""
+    from flexdsl.runtime import eprop as E
+    from flexdsl.runtime.eprop_layer import EPropLearning
+
+    orig = EPropLearning._scanned
+    flags = []
+
+    def flipped(self, *a):
+        run = orig(self, *a)
+
+        def run2():
+            outs, S, cur, hs, fins = run()
+            outs = [o.clone() for o in outs]
+            outs[0][0, 0, 0] = 1 - outs[0][0, 0, 0]
+            S = S.clone()
+            S[1, 0, 0] = outs[0][0, 0, 0]
+            return outs, S, cur, hs, fins
+        return run2
+
+    orig_flag = E.Flag
+
+    def recorded(t):
+        f = orig_flag(t)
+        flags.append(f)
+        return f
+
+    def grads(scanned: bool):
+        monkeypatch.setattr(E, "SCAN_DEVICES", {"cuda"} if scanned else set())
+        monkeypatch.setattr(EPropLearning, "_scanned", flipped if (scanned and flip) else orig)
+        monkeypatch.setattr(E, "Flag", recorded)
+        m = layer("lif").float().cuda()
+        x = torch.rand(T, B, N_IN, generator=torch.Generator().manual_seed(1)).cuda()
+        R = torch.randn(T, B, H, generator=torch.Generator().manual_seed(2)).cuda()
+        m.reset()
+        (m(x) * R).sum().backward()
+        return {n: getattr(m, n).grad.double().cpu() for n in ("W_in", "W_rec", "bias")}
+
+    got = grads(True)
+    assert len(flags) == 1 and flags[0].event is not None and bool(flags[0]) == flip
+    assert_grads(got, grads(False), 1e-5)
+
+
 def test_a_models_page_shows_its_derived_eligibility(tmp_path):
     """`flexdsl doc`: the e-prop factors beside the derived backward, as equations (HTML and Markdown)."""
     from flexdsl.docs.content import describe
