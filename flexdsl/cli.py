@@ -55,19 +55,23 @@ def _options(args: argparse.Namespace):
     return LoadOptions(sur.strip() if sur is not None else None, learn)
 
 
-def _no_options(opts: Any, f: Any, rule: bool = False) -> None:
-    """A located error for a load-time option that a file other than a neuron model does not take
-    (never silently ignored): a rule takes `--learnable` (its constants), not `--surrogate` (it has no
-    spike); a layer file neither (its neuron's options go in the file, or to `flexdsl.load`)."""
+def _no_options(opts: Any, f: Any, rule: bool = False, note: bool = False) -> None:
+    """A load-time option that a file other than a neuron model does not take is never silently
+    ignored: a rule takes `--learnable` (its constants), not `--surrogate` (it has no spike); a layer
+    file neither (shown and checked as written). `show` of such a file is an error; `check` of
+    several files (a directory) says so in a line and checks the file as it is (`note`)."""
     bad = ["--surrogate"] if opts.surrogate is not None else []
     if opts.learnable is not None and not rule:
         bad.append("--learnable")
     if bad:
         what = "a plasticity rule has no spike to take a surrogate" if rule else \
-            "this command shows and checks a layer file as it is written"
+            "a layer file is shown and checked as it is written"
         verb = "apply" if len(bad) > 1 else "applies"
-        raise FlexDSLError(f"{' and '.join(bad)} {verb} to neuron models: {what}", CMDLINE,
-                           hint=f"leave {' and '.join(bad)} out for `{f}`")
+        msg = f"{' and '.join(bad)} {verb} to neuron models: {what}"
+        if note:
+            print(f"{f}: note: {msg}; checked without {'it' if len(bad) == 1 else 'them'}", file=sys.stderr)
+            return
+        raise FlexDSLError(msg, CMDLINE, hint=f"leave {' and '.join(bad)} out for `{f}`")
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
@@ -86,11 +90,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     opts = _options(args)
     for f in _neuron_files(args.files):
         if str(f).endswith(".layer"):
-            _no_options(opts, f)
+            _no_options(opts, f, note=True)
             failed += check_layer(f)
             continue
         if str(f).endswith(".rule"):
-            _no_options(opts, f, rule=True)
+            _no_options(opts, f, rule=True, note=True)
             failed += check_rule(f, opts.learnable)
             continue
         try:

@@ -591,7 +591,8 @@ def test_show_prints_a_rule_and_its_derived_backward(tmp_path):
 def test_show_and_check_of_a_rule_take_learnable_and_refuse_what_a_rule_has_not(tmp_path):
     """`flexdsl show x.rule --learnable tau,A` prints the derived backward of those constants on a rule
     that declares none learnable (as `load_rule(..., learnable=...)`); an unknown name is a located error
-    with a suggestion; `--surrogate` on a rule and either option on a layer file are errors, not ignored."""
+    with a suggestion; `--surrogate` on a rule and either option on a layer file are errors of `show`, and
+    a note of `check` (which checks the file as written), never silently ignored."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "FLEXDSL_CACHE_DIR": str(tmp_path / "cache")}
     f = tmp_path / "plain.rule"
@@ -608,10 +609,12 @@ def test_show_and_check_of_a_rule_take_learnable_and_refuse_what_a_rule_has_not(
     assert cli("check", str(f), "--learnable", "A").returncode == 0
     bad = cli("show", str(f), "--learnable", "tua")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr and "did you mean `tau`" in bad.stderr
-    for args in (("show", str(f), "--surrogate", "atan()"), ("check", str(f), "--surrogate", "atan()"),
-                 ("show", str(root / "neurons" / "rlif.layer"), "--learnable", "tau")):
+    for args in (("show", str(f), "--surrogate", "atan()"), ("show", str(root / "neurons" / "rlif.layer"),
+                                                              "--learnable", "tau")):
         r = cli(*args)
         assert r.returncode == 1 and "Traceback" not in r.stderr and "applies to neuron models" in r.stderr, r.stderr
+    r = cli("check", str(f), "--surrogate", "atan()")  # (check, of a directory too: a note, the file as written)
+    assert r.returncode == 0 and "note: --surrogate applies to neuron models" in r.stderr and "ok — rule" in r.stdout
 
 
 def test_layer_with_learnable_rule_keeps_its_change_as_state():
