@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the device machine, from the repository root (a clean clone works):
 #   bash bench/gpu_session.sh STEP...
-#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_all | sew | sew_old | compile_ops | layers | delays | mlp_memory | memopt | eprop | eprop_example | plasticity | plastic_online | sparse | sparse_profile | keep_profile | recurrent_bits | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
+#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_all | sew | sew_old | compile_ops | layers | delays | mlp_memory | memopt | eprop | eprop_trace | eprop_example | plasticity | plastic_online | sparse | sparse_profile | keep_profile | recurrent_bits | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
 # flexdsl runs from this checkout. Wheels in .whl/ (e.g. spikingjelly, loguru, for a machine without them)
 # are installed into /tmp/site first; `harness_old` and `recurrent_old` run a baseline checkout carried as .old/ (flexdsl/, grammar/, neurons/).
 # Every script a step runs is in bench/; logs go to $OUT (default /tmp), one per step.
