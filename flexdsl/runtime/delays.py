@@ -190,10 +190,9 @@ def _two_taps(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tens
 
 def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
                     b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None,
-                    kernel: Callable | None = None, spread: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    kernel: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation
-    (synaptic linear ones in `kernel` where given: two steps per connection; per-element gauss ones in
-    `spread` where given: the history read as it lies)."""
+    (synaptic linear ones in `kernel` where given: two steps per connection)."""
     T, D = x.shape[0], s.delay
     interp = s.delay_interp or "gauss"
     dendritic = s.delay_kind == "dendritic"
@@ -203,8 +202,7 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         if interp == "linear":
             xd = _two_taps(hist, D, T, d)
         else:
-            taps = tap_weights(d, D, width, interp)
-            xd = spread(hist, taps.to(hist.dtype)) if spread is not None else _spread(hist, taps, T)
+            xd = _spread(hist, tap_weights(d, D, width, interp), T)
         out = xd if dendritic else product(xd, w, b)
     elif kernel is not None and interp == "linear":  # two steps per connection, in the backend's kernels
         d0 = d.detach().floor().clamp(0, D - 1)
@@ -301,23 +299,21 @@ class DelayedSynapses:
         d, width = self._delay_values(s)
         kernel = self._delay_kernel(x) if s.delay_kind == "synaptic" and s.connect != "one_to_one" else None
         if width:
-            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel,
-                                                self._delay_kernel(x, "spread"))
+            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel)
         else:
             out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
         return out
 
-    def _delay_kernel(self, x: torch.Tensor, op: str = "product") -> Callable | None:
-        """The sparse-delay product (`op="product"`) or the per-element relaxed delays (`"spread"`) of
-        the backend this layer runs `x` on (decided once per device and dtype: `backends.delay_kernel`),
-        None for torch's."""
+    def _delay_kernel(self, x: torch.Tensor) -> Callable | None:
+        """The sparse-delay product of the backend this layer runs `x` on (decided once per device
+        and dtype: `backends.delay_kernel`), None for torch's."""
         from .. import backends
 
         name = getattr(self, "backend", None) or self.neuron.backend
-        key = (name, x.device, x.dtype, op)
+        key = (name, x.device, x.dtype)
         known = self.__dict__.setdefault("_delay_kernels", {})
         if key not in known:
-            known[key] = backends.delay_kernel(name, x, op)
+            known[key] = backends.delay_kernel(name, x)
         return known[key]
 
     def _delay_values(self, s: CheckedSynapse) -> tuple[torch.Tensor | None, float]:
