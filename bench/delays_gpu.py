@@ -208,10 +208,7 @@ def recurrent():
             y = torch.randint(0, 20, (64,), device=dev)
             res = {}
             for kind in ("none", "gauss", "linear"):
-                line = "" if kind == "none" else f"        delay axonal max 24 learnable {kind}\n"
-                text = (f"layer R:\n    neuron lif\n    size {H}\n    input s size 700\n    synapses W_in from s to x:\n"
-                        f"{line}        bias b\n    synapses W_rec from spike to x\n")
-                res[kind] = bench(_Readout(flexdsl.loads(text), nn.Linear(H, 20)).to(dev), x, y)
+                res[kind] = bench(_Readout(flexdsl.loads(recurrent_text(H, kind)), nn.Linear(H, 20)).to(dev), x, y)
             base = res["none"][0]
             line = (f"H={H:5d} T={T:4d}  none {base:7.2f} ms  gauss {res['gauss'][0]:7.2f} ms ({res['gauss'][0] / base:.2f}x)"
                     f"  linear {res['linear'][0]:7.2f} ms ({res['linear'][0] / base:.2f}x)   peak MiB none/gauss/linear "
@@ -219,6 +216,14 @@ def recurrent():
             rows.append(line)
             print(line, flush=True)
     return rows
+
+
+def recurrent_text(H, kind):
+    """The recurrent layer (input 700 -> H LIF) with learnable axonal delays of the relaxation `kind` on its
+    input synapses (max 24), or none (`kind="none"`)."""
+    line = "" if kind == "none" else f"        delay axonal max 24 learnable {kind}\n"
+    return (f"layer R:\n    neuron lif\n    size {H}\n    input s size 700\n    synapses W_in from s to x:\n"
+            f"{line}        bias b\n    synapses W_rec from spike to x\n")
 
 
 class _Readout(nn.Module):

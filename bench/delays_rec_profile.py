@@ -19,10 +19,7 @@ H, T = 256, 250
 x = (torch.rand(T, 64, 700, device="cuda") < 0.03).float()
 y = torch.randint(0, 20, (64,), device="cuda")
 for kind in ("none", "gauss", "linear"):
-    line = "" if kind == "none" else f"        delay axonal max 24 learnable {kind}\n"
-    text = (f"layer R:\n    neuron lif\n    size {H}\n    input s size 700\n    synapses W_in from s to x:\n"
-            f"{line}        bias b\n    synapses W_rec from spike to x\n")
-    net = h._Readout(flexdsl.loads(text), nn.Linear(H, 20)).cuda()
+    net = h._Readout(flexdsl.loads(h.recurrent_text(H, kind)), nn.Linear(H, 20)).cuda()
 
     def step(net=net):
         for p in net.parameters():

@@ -546,14 +546,9 @@ def test_steps_by_the_layers_scan_equal_steps_one_by_one(monkeypatch, model, kw)
     assert_grads(g1, g2, 1e-5)
 
 
-def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps(monkeypatch):
-    """Where the scan's spikes and the e-prop step's (on the states the neuron's kernels give) differ
-    (a current at the threshold within rounding; forced here by flipping one of the scan's spikes),
-    the traces follow the steps one by one: the gradients are those of that path."""
-    from flexdsl.runtime import eprop as E
-    from flexdsl.runtime.eprop_layer import EPropLearning
-
-    orig = EPropLearning._scanned
+def _flipping(orig):
+    """`EPropLearning._scanned` with the scan's first spike flipped (and the next step's presynaptic
+    value with it: the traces would read it), as a current at the threshold within rounding would."""
 
     def flipped(self, *a):
         run = orig(self, *a)
@@ -563,9 +558,21 @@ def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps
             outs = [o.clone() for o in outs]
             outs[0][0, 0, 0] = 1 - outs[0][0, 0, 0]
             S = S.clone()
-            S[1, 0, 0] = outs[0][0, 0, 0]  # (the next step's presynaptic value: the traces would read it)
+            S[1, 0, 0] = outs[0][0, 0, 0]
             return outs, S, cur, hs, fins
         return run2
+    return flipped
+
+
+def test_a_spike_the_scan_and_the_eprop_step_disagree_on_falls_back_to_the_steps(monkeypatch):
+    """Where the scan's spikes and the e-prop step's (on the states the neuron's kernels give) differ
+    (a current at the threshold within rounding; forced here by flipping one of the scan's spikes),
+    the traces follow the steps one by one: the gradients are those of that path."""
+    from flexdsl.runtime import eprop as E
+    from flexdsl.runtime.eprop_layer import EPropLearning
+
+    orig = EPropLearning._scanned
+    flipped = _flipping(orig)
 
     def grads(scanned: bool):
         monkeypatch.setattr(E, "SCAN_DEVICES", {"cpu"} if scanned else set())
@@ -591,19 +598,8 @@ def test_on_cuda_the_scans_path_and_its_fallback_equal_the_steps(monkeypatch, fl
     from flexdsl.runtime.eprop_layer import EPropLearning
 
     orig = EPropLearning._scanned
+    flipped = _flipping(orig)
     flags = []
-
-    def flipped(self, *a):
-        run = orig(self, *a)
-
-        def run2():
-            outs, S, cur, hs, fins = run()
-            outs = [o.clone() for o in outs]
-            outs[0][0, 0, 0] = 1 - outs[0][0, 0, 0]
-            S = S.clone()
-            S[1, 0, 0] = outs[0][0, 0, 0]
-            return outs, S, cur, hs, fins
-        return run2
 
     orig_flag = E.Flag
 
