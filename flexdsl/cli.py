@@ -11,13 +11,10 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from . import backends
-from .cli_files import check_layer, check_rule, show_rule
+from .cli_files import CMDLINE, check_layer, check_rule, no_options, show_rule
 from .errors import FlexDSLError, printable
-
-CMDLINE = "<command line>"
 
 
 # ----------------------------------------------------------------------------- check
@@ -55,25 +52,6 @@ def _options(args: argparse.Namespace):
     return LoadOptions(sur.strip() if sur is not None else None, learn)
 
 
-def _no_options(opts: Any, f: Any, rule: bool = False, note: bool = False) -> None:
-    """A load-time option that a file other than a neuron model does not take is never silently
-    ignored: a rule takes `--learnable` (its constants), not `--surrogate` (it has no spike); a layer
-    file neither (shown and checked as written). `show` of such a file is an error; `check` of
-    several files (a directory) says so in a line and checks the file as it is (`note`)."""
-    bad = ["--surrogate"] if opts.surrogate is not None else []
-    if opts.learnable is not None and not rule:
-        bad.append("--learnable")
-    if bad:
-        what = "a plasticity rule has no spike to take a surrogate" if rule else \
-            "a layer file is shown and checked as it is written"
-        verb = "apply" if len(bad) > 1 else "applies"
-        msg = f"{' and '.join(bad)} {verb} to neuron models: {what}"
-        if note:
-            print(f"{f}: note: {msg}; checked without {'it' if len(bad) == 1 else 'them'}", file=sys.stderr)
-            return
-        raise FlexDSLError(msg, CMDLINE, hint=f"leave {' and '.join(bad)} out for `{f}`")
-
-
 def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--surrogate", metavar="TEXT",
                    help="the spike's surrogate gradient instead of the model's, e.g. --surrogate 'atan(alpha=2.0)' "
@@ -90,11 +68,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     opts = _options(args)
     for f in _neuron_files(args.files):
         if str(f).endswith(".layer"):
-            _no_options(opts, f, note=True)
+            no_options(opts, f, note=True)
             failed += check_layer(f)
             continue
         if str(f).endswith(".rule"):
-            _no_options(opts, f, rule=True, note=True)
+            no_options(opts, f, rule=True, note=True)
             failed += check_rule(f, opts.learnable)
             continue
         try:
@@ -126,11 +104,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if str(args.file).endswith(".nir"):
         return _show_nir(args)
     if str(args.file).endswith(".layer"):
-        _no_options(_options(args), args.file)
+        no_options(_options(args), args.file)
         return _show_layer(args)
     if str(args.file).endswith(".rule"):
         opts = _options(args)
-        _no_options(opts, args.file, rule=True)
+        no_options(opts, args.file, rule=True)
         return show_rule(args.file, opts.learnable)
     if args.dt is not None:
         raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")

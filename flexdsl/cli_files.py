@@ -8,6 +8,8 @@ from typing import Any
 
 from .errors import FlexDSLError
 
+CMDLINE = "<command line>"  # (where an error in the command's own arguments is located)
+
 
 def check_layer(f: str) -> int:
     from .runtime.layer import describe
@@ -59,4 +61,23 @@ def show_rule(path: str, learnable: Any = None) -> int:
     return 0
 
 
-__all__ = ["check_layer", "check_rule", "show_rule"]
+def no_options(opts: Any, f: Any, rule: bool = False, note: bool = False) -> None:
+    """A load-time option that a file other than a neuron model does not take is never silently
+    ignored: a rule takes `--learnable` (its constants), not `--surrogate` (it has no spike); a layer
+    file neither (shown and checked as written). `show` of such a file is an error; `check` of
+    several files (a directory) says so in a line and checks the file as it is (`note`)."""
+    bad = ["--surrogate"] if opts.surrogate is not None else []
+    if opts.learnable is not None and not rule:
+        bad.append("--learnable")
+    if bad:
+        what = "a plasticity rule has no spike to take a surrogate" if rule else \
+            "a layer file is shown and checked as it is written"
+        verb = "apply" if len(bad) > 1 else "applies"
+        msg = f"{' and '.join(bad)} {verb} to neuron models: {what}"
+        if note:
+            print(f"{f}: note: {msg}; checked without {'it' if len(bad) == 1 else 'them'}", file=sys.stderr)
+            return
+        raise FlexDSLError(msg, CMDLINE, hint=f"leave {' and '.join(bad)} out for `{f}`")
+
+
+__all__ = ["CMDLINE", "check_layer", "check_rule", "no_options", "show_rule"]
