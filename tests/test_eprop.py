@@ -260,6 +260,30 @@ def test_calls_cut_anywhere_add_up_to_one_call():
     assert_grads({n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias")}, whole, 1e-12)
 
 
+def test_a_call_of_no_steps_changes_nothing():
+    """A call of zero steps (as BPTT's layer) gives an empty output and leaves the states and the kept
+    eligibility as they were: a stream with an empty chunk inside learns the same."""
+    m = layer("alif", detach_reset="v")
+    x = torch.rand(8, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    R = torch.randn(8, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+    def stream(cuts):
+        m.reset()
+        m.zero_grad()
+        outs = []
+        for a, b in cuts:
+            o = m(x[a:b])
+            assert o.shape == (b - a, B, H)
+            if b > a:
+                (o * R[a:b]).sum().backward()
+            outs.append(o.detach())
+        return torch.cat(outs), {n: getattr(m, n).grad.clone() for n in ("W_in", "W_rec", "bias")}
+
+    (o1, g1), (o2, g2) = stream([(0, 3), (3, 8)]), stream([(0, 3), (3, 3), (3, 8)])
+    assert torch.equal(o1, o2)
+    assert all(torch.equal(g1[k], g2[k]) for k in g1)
+
+
 def test_single_step_mode_streams_too():
     m = layer("lif")
     x = torch.rand(6, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(7))

@@ -159,6 +159,8 @@ class EPropLearning:
                     None if f64 else programs.walker(x3), self._stepper(prog, port, w.dim() == 2, x3.is_cuda and not f64))
         st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
               for s in states]
+        if x3.shape[0] == 0:  # (no steps: no outputs, the states and the kept eligibility as they were)
+            return [s0.new_zeros((0, F, H)) for _ in meta["outputs"]], st, s0
         if self._eprop_scans(x3):
             plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
