@@ -142,11 +142,17 @@ def flexdsl_net(delays=True):
     return FlexDelayNet(delays)
 
 
-def bench(net, x, y):
+def train_step(net, x, y):
+    """One training step as this harness times it: gradients cleared, forward, cross-entropy, backward."""
     def step():
         for p in net.parameters():
             p.grad = None
         nn.functional.cross_entropy(net(x), y).backward()
+    return step
+
+
+def bench(net, x, y):
+    step = train_step(net, x, y)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -6,7 +6,6 @@ kernels and CPU ops of a training step, with and without delays.
 import sys
 
 import torch
-from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "bench")
@@ -19,13 +18,7 @@ def steps():
     y = torch.randint(0, h.N_OUT, (256,), device="cuda")
     for delays in (False, True):
         torch.manual_seed(0)
-        net = h.FlexDelayNet(delays).cuda().train()
-
-        def step(net=net):
-            for p in net.parameters():
-                p.grad = None
-            nn.functional.cross_entropy(net(x), y).backward()
-        yield delays, step
+        yield delays, h.train_step(h.FlexDelayNet(delays).cuda().train(), x, y)
 
 
 def main():
