@@ -403,8 +403,8 @@ class Rule(nn.Module):
         (a time constant below 0), is a located error at the next call, never a rule that silently
         computes something else. Checked again only after a Parameter changed (its version: once
         per optimizer step; on a GPU that read waits for the device)."""
-        ps = [p for p in self.ir.checked.params if p.name in self._parameters]
-        if not ps:
+        ps = [p for p in self.ir.checked.params if p.name in self._parameters] if self._parameters else []
+        if not ps:  # (no learnable constant: nothing to check, on every call's path)
             return
         key = tuple((id(self._parameters[p.name]), self._parameters[p.name]._version) for p in ps)
         if key == self.__dict__.get("_checked_versions"):
