@@ -386,6 +386,11 @@ def _recurrent_nodes(nir, mod: RecurrentModule, name: str, unique, lead: int, dt
     if mod.source != "spike":
         raise _net_error(f"{where} feeds back `{mod.source}`; NIR neurons output their spikes, so only a layer fed "
                          "back from its spikes has a NIR form")
+    s = mod.__dict__.get("_rec_delay")
+    if s is not None:
+        raise mod._layer.error(f"{where} has delays on its recurrent synapses `{s.name}`: NIR's graph of a recurrent "
+                               "layer (its neuron fed back through a Linear) has no place for them", s.delay_pos,
+                               "export a layer whose delays are on its input synapses (axonal)")
     H = mod.hidden
     neuron = unique(name)
     nodes: dict[str, Any] = {neuron: _neuron_node(nir, mod.neuron, neuron, (H,), (H,), lead, dt, method)}
@@ -401,6 +406,13 @@ def _recurrent_nodes(nir, mod: RecurrentModule, name: str, unique, lead: int, dt
         w_in = mod.W_in.detach().float().cpu().numpy() if mod.W_in is not None else np.eye(H, dtype=np.float32)
         nodes[entry] = nir.Affine(weight=w_in, bias=b) if b is not None else nir.Linear(weight=w_in)
         edges.append((entry, neuron))
+    s = mod.__dict__.get("_in_delay")
+    if s is not None:  # (axonal or uniform: a Delay of the layer's input; another kind a located error)
+        delay = mod._axonal_delay(s)
+        node = unique(f"{name}_delay")
+        nodes[node] = _delay_node(nir, delay, node, (s.pre_size,), (s.pre_size,), lead, dt, method)
+        edges.append((node, entry))
+        entry = node
     return nodes, edges, entry, neuron
 
 

@@ -237,13 +237,14 @@ def _check_flatten(node: Any) -> None:
 
 def _delay_module(node: Any, where: str, dt: float) -> Delay:
     """NIR's element-wise `Delay` (delays in the graph's time) as whole numbers of steps of `dt`."""
-    d = _np(node.delay).reshape(-1)
+    d = _np(node.delay)
     if not bool(np.all(np.isfinite(d))) or bool(np.any(d < 0)):
         raise FlexDSLError(f"NIR node `{where}` (Delay) has a delay that is negative or not finite", "<nir graph>")
     steps = d / dt
     whole = np.round(steps)
     if bool(np.any(np.abs(steps - whole) > 1e-6 * np.maximum(whole, 1.0))):
-        k = int(np.argmax(np.abs(steps - whole)))
+        steps, d = steps.reshape(-1), d.reshape(-1)
+        k = int(np.argmax(np.abs(steps - np.round(steps))))
         raise FlexDSLError(f"NIR node `{where}` (Delay): the delay {d[k]:g} is {steps[k]:g} steps of dt={dt:g}, not a "
                            "whole number of steps", "<nir graph>", hint="load with a dt that divides every delay")
     if whole.size and whole.max() > MAX_DELAY:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 
 
@@ -167,7 +168,13 @@ def tap_weights(d: torch.Tensor, D: int, width: float, interp: str) -> torch.Ten
     `-(k - d)²/2σ²` (gauss, the normalized Gaussian), or `max(0, 1 - |k - d|)` (linear)."""
     x = torch.arange(D + 1, device=d.device, dtype=d.dtype) - d.unsqueeze(-1)
     if interp == "gauss":
-        return torch.softmax(x.square() * (-0.5 / (width * width)), dim=-1)
+        # (the nearest step's exponent is 0 and the others' at most the dtype's largest value / 4: any
+        # width > 0, however small, gives the taps of its limit, never 0 * inf)
+        e = x.square()
+        e = e - e.detach().amin(dim=-1, keepdim=True)
+        coef = 0.5 / (width * width) if width * width > 0 else math.inf
+        coef = min(coef, torch.finfo(d.dtype).max / (4 * max(D, 1) ** 2))
+        return torch.softmax(e * -coef, dim=-1)
     return (1 - x.abs()).clamp_min(0)
 
 
@@ -194,6 +201,8 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
     """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation
     (synaptic linear ones in `kernel` where given: two steps per connection)."""
     T, D = x.shape[0], s.delay
+    if T == 0:  # (no steps: no current, the kept steps as they were)
+        return product(x, w, b), kept
     interp = s.delay_interp or "gauss"
     dendritic = s.delay_kind == "dendritic"
     hist = history(layer, s, kept, product(x, w, b) if dendritic else x)
@@ -322,6 +331,7 @@ class DelayedSynapses:
         when they changed (no host sync per call); None for a uniform delay."""
         if s.delay_learnable:
             d = getattr(self, s.name + "_delay")
+            self._check_delay_tensor(s, d)
             width = self._delay_width(s)
             with torch.no_grad():
                 d.data.clamp_(0, s.delay)  # (in place on .data: a graph of an earlier call keeps its values)
@@ -330,11 +340,32 @@ class DelayedSynapses:
         if s.delay_kind == "uniform":
             return None, 0.0
         d = getattr(self, s.name + "_delay")
-        seen = (d.data_ptr(), d._version, d.dtype, d.device)
-        if self.__dict__.setdefault("_delays_seen", {}).get(s.name) != seen:
-            check(self._layer, s, d)
-            self.__dict__["_delays_seen"][s.name] = seen
+        self._check_delay_tensor(s, d)
         return d, 0.0
+
+    def _check_delay_tensor(self, s: CheckedSynapse, d: Any) -> None:
+        """A synapse's delays as a call reads them, checked when they changed (no host sync per call):
+        a tensor of the synapse's shape (a replaced one too: never a broadcast); fixed ones whole steps
+        in [0, max], learnable ones finite (the call clamps them into [0, max])."""
+        layer, shape = self._layer, delay_shape(self._layer, s)
+        if not isinstance(d, torch.Tensor) or tuple(d.shape) != shape:
+            got = tuple(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__
+            raise layer.error(f"`{s.name}_delay` is {got}; the {s.delay_kind} delays of `{s.name}` need a tensor of "
+                              f"shape {shape}", s.delay_pos, f"assign a tensor of shape {shape}")
+        seen = (d.data_ptr(), d._version, d.dtype, d.device)
+        if self.__dict__.setdefault("_delays_seen", {}).get(s.name) == seen:
+            return
+        if not s.delay_learnable:
+            check(layer, s, d)
+        elif not d.is_floating_point():
+            raise layer.error(f"the learnable delays of `{s.name}` must be a floating-point tensor, not {d.dtype}",
+                              s.delay_pos)
+        elif not bool(torch.isfinite(d).all()):
+            v = float(d.detach()[~torch.isfinite(d.detach())].flatten()[0])
+            raise layer.error(f"a learnable delay of `{s.name}` is {v}", s.delay_pos,
+                              "a NaN or infinite delay comes from an assignment or a non-finite gradient step; "
+                              "reload or assign delays in [0, max]")
+        self.__dict__["_delays_seen"][s.name] = seen
 
     def _taps(self, s: CheckedSynapse, dtype: torch.dtype) -> torch.Tensor:
         """The synapse's weights over the steps back, `[..., max + 1]`: one-hot for whole steps, the
@@ -365,10 +396,32 @@ class DelayedSynapses:
             raise self._layer.error(f"layer `{self._layer.name}` has no learnable delays of the gauss relaxation, "
                                     "whose width this sets", None, "`delay synaptic max 20 learnable` (gauss is the "
                                     "default; linear has no width)")
+        try:
+            width = float(width)
+        except (TypeError, ValueError):
+            raise self._layer.error(f"the width of gauss delays is a number of steps, not {width!r}", gauss[0].delay_pos,
+                                    "m.set_delay_width(2.5)") from None
         for s in gauss:
-            check_width(self._layer, s, float(width))
-            getattr(self, s.name + "_delay_width").fill_(float(width))
+            check_width(self._layer, s, width)
+            getattr(self, s.name + "_delay_width").fill_(width)
         return self
+
+    def _axonal_delay(self, s: CheckedSynapse) -> Delay:
+        """The synapse's delays as a `Delay` of its inputs (NIR's element-wise Delay: uniform or axonal
+        whole steps); other kinds, or learnable delays of real steps, a located error."""
+        layer = self._layer
+        if s.delay_kind in ("synaptic", "dendritic"):
+            raise layer.error(f"layer `{layer.name}` has {s.delay_kind} delays (`{s.name}`), which NIR cannot express "
+                              "(its Delay node delays each presynaptic value: axonal delays)", s.delay_pos,
+                              "export axonal delays (`delay axonal max N`, or `delay N`)")
+        if s.delay_kind == "uniform":
+            return Delay(torch.full((s.pre_size,), s.delay), s.delay)
+        d, width = self._delay_values(s)
+        if width:
+            raise layer.error(f"the learnable delays of `{s.name}` are real numbers of steps (width {width:g}); "
+                              "NIR's Delay takes whole steps", s.delay_pos, "m.round_delays() first (what inference "
+                              "runs then)")
+        return Delay(d.detach().cpu().round().long(), s.delay)
 
     def round_delays(self) -> Any:
         """Every learnable delay rounded to whole steps, in place, and its width set to 0: the layer
@@ -382,17 +435,34 @@ class DelayedSynapses:
 
 
 class Delay(torch.nn.Module):
-    """Each feature of `[T, *batch, n]` delayed by its own whole number of steps (`delay`, a buffer of
-    `n` integers from 0 to `max_delay`): an axonal delay as a layer of its own, what NIR's `Delay`
-    node is (a feed-forward layer's `as_sequential()` and `flexdsl.nir.load` make it). The last
-    `max_delay` steps are kept between calls (zeros after `reset()`)."""
+    """Each feature of `[T, *batch, *shape]` delayed by its own whole number of steps (`delay`, a buffer
+    of integers from 0 to `max_delay` of the per-sample `shape`, or one value for every feature): an
+    axonal delay as a layer of its own, what NIR's element-wise `Delay` node is (a feed-forward layer's
+    `as_sequential()` and `flexdsl.nir.load` make it). The last `max_delay` steps are kept between calls
+    (zeros after `reset()`; a batch of another size without `reset()` is an error)."""
 
-    def __init__(self, delay: torch.Tensor, max_delay: int | None = None) -> None:
+    def __init__(self, delay: Any, max_delay: int | None = None) -> None:
         super().__init__()
-        d = torch.as_tensor(delay).to(torch.long).reshape(-1)
+        d = torch.as_tensor(delay)
+        if d.is_complex() or d.dtype == torch.bool or (d.is_floating_point() and not bool(
+                (torch.isfinite(d) & (d == d.round())).all())):
+            raise FlexDSLError(f"a Delay takes whole numbers of steps, not {d.dtype} values like "
+                               f"{d.flatten()[:3].tolist()}", "<Delay>", hint="Delay(torch.tensor([0, 3, 1]))")
+        d = d.to(torch.long).reshape(d.shape or (1,))
         self.max_delay = int(max_delay if max_delay is not None else (int(d.max()) if d.numel() else 0))
         self.register_buffer("delay", d)
         self.kept: torch.Tensor | None = None
+        self._check(d)
+
+    def _check(self, d: Any) -> None:
+        if not isinstance(d, torch.Tensor) or d.is_floating_point() or d.is_complex() or d.dtype == torch.bool:
+            raise FlexDSLError(f"a Delay's `delay` must be a tensor of whole steps, not "
+                               f"{getattr(d, 'dtype', type(d).__name__)}", "<Delay>")
+        if d.numel() and (int(d.min()) < 0 or int(d.max()) > self.max_delay):
+            v = int(d.min()) if int(d.min()) < 0 else int(d.max())
+            raise FlexDSLError(f"a Delay's delay is {v} steps, outside 0 to {self.max_delay} (its max_delay)",
+                               "<Delay>", hint="delays of 0 to max_delay steps")
+        self.__dict__["_seen"] = (d.data_ptr(), d._version, d.device, d.dtype)
 
     def reset(self) -> None:
         self.kept = None
@@ -403,17 +473,24 @@ class Delay(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         D, d = self.max_delay, self.delay
-        seen = (d.data_ptr(), d._version, d.device)  # (checked when it changed: no sync per call)
-        if seen != self.__dict__.get("_seen"):
-            if d.numel() and (int(d.min()) < 0 or int(d.max()) > D):
-                raise ValueError(f"delays outside 0 to {D} steps")
-            self.__dict__["_seen"] = seen
+        if not isinstance(d, torch.Tensor) or (d.data_ptr(), d._version, d.device, d.dtype) != self.__dict__.get("_seen"):
+            self._check(d)  # (when it changed: no sync per call)
+        per = tuple(d.shape) if d.numel() > 1 else tuple(x.shape[-1:])
+        if x.dim() < len(per) + 1 or tuple(x.shape[x.dim() - len(per):]) != per:
+            raise FlexDSLError(f"a Delay of {d.numel()} delays (per-sample shape {per}) got an input of shape "
+                               f"{tuple(x.shape)}", "<Delay>", hint=f"an input [T, *batch, *{per}]")
         kept = self.kept
-        if kept is None or kept.shape[1:] != x.shape[1:]:
+        if kept is not None and (kept.shape[1:] != x.shape[1:] or kept.device != x.device):
+            raise FlexDSLError(f"the {D} steps a Delay kept from the last call have shape {tuple(kept.shape[1:])} on "
+                               f"{kept.device}, but this call's are {tuple(x.shape[1:])} on {x.device}", "<Delay>",
+                               hint="call reset() before a batch of another size")
+        if kept is None:
             kept = x.new_zeros((D, *x.shape[1:]))
         hist = torch.cat([kept.to(x.dtype), x]) if D else x
         self.kept = hist[hist.shape[0] - D:]
-        return read(hist, D, x.shape[0], d.expand(x.shape[-1]) if d.numel() == 1 else d)
+        flat = hist.reshape(*hist.shape[:hist.dim() - len(per)], -1)
+        out = read(flat, D, x.shape[0], d.reshape(-1).expand(flat.shape[-1]) if d.numel() == 1 else d.reshape(-1))
+        return out.reshape(x.shape)
 
     def extra_repr(self) -> str:
         return f"{self.delay.numel()} delays, max_delay={self.max_delay}"

@@ -45,8 +45,10 @@ class EPropLearning:
     def _eprop_program(self, view: Any, ck: Any) -> programs.EPropProgram:
         """The model's e-prop step, or a located error saying why e-prop cannot train this layer."""
         hint = "use learning='bptt' (backpropagation through time)"
-        if self.__dict__["_in_delay"] is not None or self.__dict__["_rec_delay"] is not None:
-            raise view.error("e-prop does not run layers with delays yet", where_of(ck), hint)
+        s = self.__dict__["_in_delay"] or self.__dict__["_rec_delay"]
+        if s is not None:  # (located at the synapses' delay line)
+            raise self.__dict__["_layer"].error(f"e-prop does not run layers with delays yet (`{s.name}` has them)",
+                                                s.delay_pos, hint)
         if ck.stochastic:
             raise view.error("e-prop cannot run a noisy model: its e-prop step does not replay the model's random draws",
                              ck.noise_pos, hint + ", or a noise-free variant of the model")
@@ -208,10 +210,6 @@ def settings_compile() -> bool:
     """Whether the steps one by one run compiled on CUDA (FLEXDSL_EPROP_COMPILE=1; by default eagerly:
     there they are the rare fallback of the scan's steps, not worth a compilation)."""
     return env_choice("FLEXDSL_EPROP_COMPILE") == "1"
-
-
-def where_of(ck: Any) -> Any:
-    return ck.ast.pos
 
 
 __all__ = ["EPropLearning", "Readout"]

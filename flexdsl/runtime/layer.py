@@ -80,6 +80,12 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, SparseI
         self._register_rules(layer, rule_params)
         self.sparse_input = sparse_input
 
+    @property
+    def layer_text(self) -> str:
+        """The layer this module is, as a `.layer` file writes it (what `flexdsl.feedforward` made of its
+        arguments, or the file it was loaded from)."""
+        return self._layer.ast.source
+
     def _layer_error(self, msg: str) -> FlexDSLError:
         return self.__dict__["_layer"].error(msg, None)
 
@@ -201,10 +207,7 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, SparseI
         neuron with further inputs) is a located error."""
         layer = self._layer
         syn = layer.synapses
-        if syn and syn[0].delay_kind in ("synaptic", "dendritic"):
-            raise layer.error(f"layer `{layer.name}` has {syn[0].delay_kind} delays, which NIR cannot express (its "
-                              "Delay node delays each presynaptic value: axonal delays)", syn[0].delay_pos,
-                              "export axonal delays (`delay axonal max N`, or `delay N`)")
+        delay = self._axonal_delay(syn[0]) if syn and syn[0].delay_kind is not None else None
         if len(syn) != 1 or syn[0].connect == "one_to_one" or layer.direct:
             raise layer.error(f"layer `{layer.name}` has no nn.Linear form (one dense or masked synapse group into a "
                               "neuron of one input): NIR cannot express it", (syn[0] if syn else layer.ast).pos,
@@ -220,15 +223,8 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, SparseI
             if b is not None:
                 lin.bias.copy_(b.detach())
         parts = [(s.name, lin), ("neuron", self.neuron)]
-        if s.delay_kind == "uniform":
-            parts.insert(0, (s.name + "_delay", dl.Delay(torch.full((s.pre_size,), s.delay), s.delay)))
-        elif s.delay_kind == "axonal":
-            d = getattr(self, s.name + "_delay").detach().cpu()
-            if s.delay_learnable and self._delay_width(s):
-                raise layer.error(f"the learnable delays of `{s.name}` are real numbers of steps (width "
-                                  f"{self._delay_width(s):g}); NIR's Delay takes whole steps", s.delay_pos,
-                                  "m.round_delays() first (what inference runs then)")
-            parts.insert(0, (s.name + "_delay", dl.Delay(d.round().long(), s.delay)))
+        if delay is not None:
+            parts.insert(0, (s.name + "_delay", delay))
         return nn.Sequential(OrderedDict(parts))
 
     def extra_repr(self) -> str:

@@ -97,9 +97,9 @@ def delay_words(delay: Any, max_delay: Any, learnable: Any) -> str | None:
     every connection's steps; a kind ("axonal", "synaptic", "dendritic") takes `max_delay`; learnable
     ones True (gauss) or the relaxation's name. Values that do not fit are written as given: the
     layer's checks locate them."""
-    if delay is None:
+    if delay is None:  # (max_delay or learnable_delays alone: synaptic delays; learnable ones need their max)
         if max_delay is not None or learnable:
-            return f"synaptic max {max_delay if max_delay is not None else 20}" + (
+            return "synaptic" + (f" max {max_delay}" if max_delay is not None else "") + (
                 f" learnable {learnable if isinstance(learnable, str) else 'gauss'}" if learnable else "")
         return None
     if isinstance(delay, int) and not isinstance(delay, bool):

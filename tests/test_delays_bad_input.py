@@ -1,0 +1,191 @@
+"""Delays under bad input and at their edges (issue 33's bad input, as an attacker tries it): every
+refusal a located `FlexDSLError`, never a bare exception, a NaN or a silently dropped delay; the
+numbers at the edges (a tiny width, a call of no steps, a NIR round trip) against hand-derived values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flexdsl
+from flexdsl import FlexDSLError
+from flexdsl.runtime.delays import Delay
+
+
+def _ff(line: str, neuron: str = "li") -> str:
+    return (f"layer L:\n    neuron {neuron}\n    size 4\n    input s size 3\n    synapses W from s to x:\n"
+            f"        {line}\n")
+
+
+def _rec(in_line: str, rec_line: str = "") -> str:
+    syn_in = "    synapses W_in from s to x:\n" + (f"        {in_line}\n" if in_line else "") + "        bias b\n"
+    syn_rec = "    synapses W_rec from spike to x" + (f":\n        {rec_line}\n" if rec_line else "\n")
+    return "layer R:\n    neuron lif\n    size 4\n    input s size 3\n" + syn_in + syn_rec
+
+
+def _line_of(text: str, words: str) -> int:
+    return next(i + 1 for i, line in enumerate(text.splitlines()) if words in line)
+
+
+# ---------------------------------------------------------------------------------------------- NIR
+@pytest.mark.parametrize("line", ["delay axonal max 3", "delay 3"])
+def test_a_recurrent_layer_exports_its_input_delays_as_a_delay_node(line):
+    """Axonal (or uniform) delays of a recurrent layer's input synapses are a NIR `Delay` node before
+    its input Affine, and the graph loaded back gives the layer's spikes (it dropped them before)."""
+    pytest.importorskip("nir")
+    torch.manual_seed(5)
+    kw = {"delays": {"W_in": torch.tensor([3, 1, 2])}} if "axonal" in line else {}
+    m = flexdsl.loads(_rec(line), backend="torch", **kw)
+    with torch.no_grad():
+        m.W_in.copy_(torch.rand(4, 3) * 3)
+        m.W_rec.copy_(torch.randn(4, 4) * 2)
+    x = (torch.rand(12, 2, 3) < 0.5).float()
+    y = m(x)
+    m.reset()
+    g = flexdsl.nir.export(m, x, dt=1e-3)
+    delays = [n for n in g.nodes.values() if type(n).__name__ == "Delay"]
+    assert len(delays) == 1
+    want = [3, 1, 2] if "axonal" in line else [3, 3, 3]
+    assert [round(v / 1e-3) for v in delays[0].delay.reshape(-1).tolist()] == want
+    assert torch.equal(flexdsl.nir.load(g)(x), y)
+    # the same layer with its delays set to 0 spikes otherwise: the delays are in the graph
+    assert y.sum() > 0
+
+
+@pytest.mark.parametrize("in_line, rec_line, words", [("delay synaptic max 3", "", "delay synaptic"),
+                                                      ("delay dendritic max 3", "", "delay dendritic"),
+                                                      ("", "delay axonal max 2", "delay axonal max 2"),
+                                                      ("", "delay 2", "delay 2")])
+def test_delays_nir_cannot_hold_are_refused_at_their_line(in_line, rec_line, words):
+    pytest.importorskip("nir")
+    text = _rec(in_line, rec_line)
+    m = flexdsl.loads(text, backend="torch")
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.nir.export(m, torch.zeros(3, 1, 3), dt=1e-3)
+    assert e.value.line == _line_of(text, words)
+
+
+# ------------------------------------------------------------------------------- assigned delays
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_learnable_delay_made_non_finite_is_a_located_error(bad):
+    """Assigned, or left by a gradient step: a clamp would keep NaN (every output NaN) or make inf
+    the maximum silently."""
+    text = _ff("delay axonal max 3 learnable")
+    m = flexdsl.loads(text)
+    m(torch.rand(2, 1, 3))
+    with torch.no_grad():
+        m.W_delay[1] = bad
+    with pytest.raises(FlexDSLError, match="learnable delay of `W` is") as e:
+        m(torch.rand(5, 2, 3))
+    assert e.value.line == _line_of(text, "delay axonal")
+    # a NaN gradient taken by an optimizer: the next call says so too
+    m = flexdsl.loads(text)
+    m(torch.rand(5, 2, 3)).sum().backward()
+    m.W_delay.grad.fill_(float("nan"))
+    torch.optim.SGD(m.parameters(), lr=0.1).step()
+    with pytest.raises(FlexDSLError, match="nan"):
+        m(torch.rand(5, 2, 3))
+
+
+@pytest.mark.parametrize("line, value", [("delay axonal max 3 learnable", torch.tensor([0.5, 1.5])),
+                                         ("delay dendritic max 3 learnable", torch.tensor([0.5, 1.5])),
+                                         ("delay synaptic max 3 learnable", torch.ones(4, 1)),
+                                         ("delay axonal max 3", torch.tensor([0, 1, 2, 3])),
+                                         ("delay synaptic max 3", torch.ones(1, 3, dtype=torch.long))])
+def test_delays_assigned_in_another_shape_are_errors_never_a_broadcast(line, value):
+    text = _ff(line)
+    m = flexdsl.loads(text, backend="torch")
+    m.W_delay = torch.nn.Parameter(value) if value.is_floating_point() else value
+    with pytest.raises(FlexDSLError, match="W_delay") as e:
+        m(torch.rand(5, 2, 3))
+    assert e.value.line == _line_of(text, "delay")
+
+
+@pytest.mark.parametrize("width", ["x", None, [1.0]])
+def test_a_width_that_is_not_a_number_is_a_located_error(width):
+    m = flexdsl.loads(_ff("delay axonal max 3 learnable"))
+    with pytest.raises(FlexDSLError, match="number of steps"):
+        m.set_delay_width(width)
+
+
+# ------------------------------------------------------------------------------------ numbers at edges
+@pytest.mark.parametrize("dtype, width", [(torch.float32, 1e-20), (torch.float32, 1e-30), (torch.float64, 1e-160),
+                                          (torch.float64, 1e-200)])
+def test_a_tiny_gauss_width_gives_the_gaussians_limit(dtype, width):
+    """σ → 0: the taps of a whole delay are one-hot, those of a half step split evenly (both steps are
+    as near); computed as `exp(-(k-d)²/2σ²)` they were 0 * inf = NaN (and σ² = 0 a ZeroDivisionError)."""
+    torch.manual_seed(2)
+    m = flexdsl.loads(_ff("delay axonal max 3 learnable"), delays={"W": torch.tensor([0.0, 1.5, 3.0])}).to(dtype)
+    m.set_delay_width(width)
+    x = torch.rand(7, 2, 3, dtype=dtype, requires_grad=True)
+    cur = m.current(x)
+    xp = torch.cat([torch.zeros(3, 2, 3, dtype=dtype), x.detach()])  # x[t - k] = xp[3 + t - k]
+    delayed = torch.stack([xp[3:, :, 0], 0.5 * (xp[2:-1, :, 1] + xp[1:-2, :, 1]), xp[:-3, :, 2]], -1)
+    want = delayed @ m.W.detach().T
+    assert torch.allclose(cur.detach(), want, rtol=4 * torch.finfo(dtype).eps * 3, atol=4 * torch.finfo(dtype).eps * 3)
+    cur.sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(m.W_delay.grad).all()
+
+
+@pytest.mark.parametrize("line", ["delay synaptic max 3 learnable", "delay axonal max 3 learnable",
+                                  "delay dendritic max 3 learnable", "delay synaptic max 3 learnable linear"])
+def test_a_call_of_no_steps_returns_nothing_and_keeps_the_buffer(line):
+    torch.manual_seed(4)
+    m = flexdsl.loads(_ff(line, "lif"), backend="torch")
+    x = torch.rand(6, 2, 3) * 2
+    whole = m(x)
+    m.reset()
+    a = m(x[:3])
+    empty = m(x[:0])
+    b = m(x[3:])
+    assert empty.shape == (0, 2, 4)
+    assert torch.equal(torch.cat([a, b]), whole)
+
+
+# ------------------------------------------------------------------------------- the Delay layer
+def test_the_delay_layer_refuses_a_batch_change_and_bad_delays():
+    d = Delay(torch.tensor([1, 2, 0]), 3)
+    d(torch.rand(6, 2, 3))
+    with pytest.raises(FlexDSLError, match="reset"):
+        d(torch.rand(6, 5, 3))
+    d.reset()
+    assert d(torch.rand(6, 5, 3)).shape == (6, 5, 3)
+    with torch.no_grad():
+        d.delay.fill_(7)
+    with pytest.raises(FlexDSLError, match="outside 0 to 3"):
+        d(torch.rand(6, 5, 3))
+    for bad in (torch.tensor([-1, 2]), torch.tensor([0.5, 2.0]), torch.tensor([float("nan")])):
+        with pytest.raises(FlexDSLError):
+            Delay(bad)
+    with pytest.raises(FlexDSLError, match="input of shape"):
+        Delay(torch.tensor([1, 2, 0]))(torch.rand(4, 2, 5))
+
+
+def test_the_delay_layer_delays_each_value_of_a_per_sample_shape():
+    """NIR's Delay is element-wise: delays of shape (2, 3) on inputs [T, B, 2, 3], against a hand loop."""
+    dl = torch.tensor([[1, 2, 0], [0, 0, 3]])
+    x = torch.rand(8, 2, 2, 3)
+    out = Delay(dl)(x)
+    for i in range(2):
+        for j in range(3):
+            k = int(dl[i, j])
+            want = torch.cat([torch.zeros(k, 2), x[:8 - k, :, i, j]])
+            assert torch.equal(out[:, :, i, j], want)
+
+
+# ------------------------------------------------------------------------------------- the builders
+def test_learnable_delays_without_a_maximum_are_a_located_error_from_the_builder():
+    with pytest.raises(FlexDSLError, match="maximum"):
+        flexdsl.feedforward("lif", 3, 4, learnable_delays=True)
+    with pytest.raises(FlexDSLError, match="maximum"):
+        flexdsl.feedforward("lif", 3, 4, delay="axonal", learnable_delays=True)
+    m = flexdsl.feedforward("lif", 3, 4, delay="axonal", max_delay=5, learnable_delays="linear")
+    assert "delay axonal max 5 learnable linear" in m.layer_text
+    assert m.W_delay.shape == (3,)
+
+
+def test_eprop_refuses_delays_at_their_line():
+    text = _rec("delay axonal max 3")
+    with pytest.raises(FlexDSLError, match="delays") as e:
+        flexdsl.loads(text, learning="eprop")
+    assert e.value.line == _line_of(text, "delay axonal")
