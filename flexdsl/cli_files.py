@@ -43,9 +43,9 @@ def check_rule(f: str, learnable: Any = None) -> int:
 def show_rule(path: str, learnable: Any = None) -> int:
     """A rule: its generated torch module (the step, its sides, the window's terms); `learnable`:
     the constants to train instead of the file's (`--learnable`), whose derived backward it prints."""
-    from .runtime.rule import compile_rule
+    from .runtime.rule import load_rule
 
-    ir = compile_rule(path, learnable)
+    ir = load_rule(path, learnable).ir  # (a rule's load checks too: what `check` and `load_rule` refuse)
     _, meta = ir.generated()
     print(ir.source(), end="")
     sides = ", ".join(f"{s}: {side}" for s, side in meta["sides"].items())

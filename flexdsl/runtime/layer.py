@@ -357,7 +357,8 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     connect = {"all": "dense"}.get(connectivity, connectivity) if isinstance(connectivity, str) else repr(connectivity)
     text = feedforward_text(_model_ref(neuron), [*names, *(p.name for p in ck.params), *(s.name for s in ck.states)],
                             in_features, hidden, connect, port, bias, delay_words(delay, max_delay, learnable_delays),
-                            rule_words(rule, plasticity, lambda msg, hint: neuron._error(msg, ck.ast.pos, hint)))
+                            rule_words(rule, plasticity, lambda msg, hint: neuron._error(msg, ck.ast.pos, hint),
+                                       bool(rule_params)))
     checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
     masks = {"W": mask} if mask is not None else {}
     return FeedForwardModule(neuron, checked, lp, masks, step_mode, {"W": delays} if delays is not None else None,

@@ -73,7 +73,7 @@ def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden
     return "\n".join(lines) + "\n"
 
 
-def rule_words(rule: Any, plasticity: Any, error) -> str | None:
+def rule_words(rule: Any, plasticity: Any, error, rule_params_given: bool = False) -> str | None:
     """The `rule` line of `flexdsl.feedforward(rule=, plasticity=)`: a library rule's name bare, a
     path quoted, then the semantics."""
     import os
@@ -81,6 +81,10 @@ def rule_words(rule: Any, plasticity: Any, error) -> str | None:
     from pathlib import Path
 
     if rule is None:
+        if plasticity != "window" or rule_params_given:  # (the default; anything else belongs to a rule)
+            raise error(f"plasticity={plasticity!r}{' and rule_params=' if rule_params_given else ''} given without "
+                        "rule=: they set a plasticity rule's semantics and params",
+                        "pass rule='stdp_additive' (a library rule's name, or a .rule file's path)")
         return None
     if isinstance(rule, os.PathLike):
         rule = os.fspath(rule)

@@ -86,7 +86,14 @@ class PlasticSynapses:
         return self._changes.get(name)
 
     def last_dw(self, name: str) -> torch.Tensor | None:
-        """The weight change the rule of `name` made in the last call (summed over its steps)."""
+        """The weight change the rule of `name` made in the last call (summed over its steps); None
+        before a call. A name that is not a plastic synapse group's is a located error."""
+        if name not in getattr(self, "rules", {}):
+            from ..errors import did_you_mean
+
+            have = list(getattr(self, "rules", {}))
+            raise self._layer.error(f"`{name}` is not a synapse group with a plasticity rule", None,  # type: ignore[attr-defined]
+                                    did_you_mean(name, have) or f"plastic groups: {', '.join(have) or 'none'}")
         return self._last_dw.get(name)
 
     def _reset_rules(self) -> None:
@@ -134,7 +141,12 @@ class PlasticSynapses:
             modulators = {k: (v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
                           for k, v in modulators.items()}
         plastic = [s for s in layer.synapses if s.rule is not None]
-        online = self.plastic and any(s.rule_mode == "online" for s in plastic)
+        x0 = xs_in[0]
+        for s in plastic:  # (the modulators' shapes, for either semantics, before anything runs)
+            rule = self.rules[s.name]
+            rule._modulators(_mods_of(rule, modulators), x0.shape[0], math.prod(x0.shape[1:-1]), x0,
+                             x0.shape[1:-1], later=rule.post_inputs)
+        online = self.plastic and any(s.rule_mode == "online" for s in plastic) and x0.shape[0] > 0
         if online:
             out = self._online(xs_in, direct, modulators, seed, generator)
         else:
@@ -184,6 +196,8 @@ class PlasticSynapses:
     def _spikes(self, out: Any) -> torch.Tensor:
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
         names = [o for o, _ in layer.neuron.outputs]
+        if "spike" not in names:  # (a neuron without spikes: its rule reads no `post`, checked at load)
+            return torch.zeros_like(out if isinstance(out, torch.Tensor) else out[0])
         return out if isinstance(out, torch.Tensor) else out[names.index("spike")]
 
     def _window(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
@@ -202,7 +216,7 @@ class PlasticSynapses:
             ports[s.port_index] = cur if s.port_index not in ports else ports[s.port_index] + cur
         needs = self._post_values_needed()
         out = self._run_neuron(ports, direct, seed, generator, keep_seqs=bool(needs))
-        if self.plastic:
+        if self.plastic and xs[0].shape[0]:  # (a call of no steps changes no weight: not even the bounds)
             post = self._spikes(out)
             mods = {**mods, **self._post_values(out, needs)}
             for s in layer.synapses:
@@ -488,9 +502,14 @@ def _dt_unit(ck: Any) -> str | None:
 
 
 def _check_post_inputs(layer: CheckedLayer, s: CheckedSynapse, rule: Rule) -> None:
-    """A rule's `post_<x>` inputs name a state or an output of the layer's neuron."""
+    """A rule's `post_<x>` inputs name a state or an output of the layer's neuron; a rule that reads
+    `post` (the postsynaptic spikes) needs a neuron that spikes."""
     from ..errors import did_you_mean
 
+    if "post" in rule._gen[1]["input_reads"] and not any(o == "spike" for o, _ in layer.neuron.outputs):
+        raise layer.error(f"rule `{rule.name}` reads the postsynaptic spikes `post`, and `{layer.neuron.name}` has no "
+                          "spike output", s.rule_pos, "a spiking neuron model (with `output spike`), or a rule that "
+                          "reads presynaptic values and `post_<state>` inputs only")
     have = [st.name for st in layer.neuron.states if not st.meta.get("hidden")] + [o for o, _ in layer.neuron.outputs]
     for k in rule.post_inputs:
         x = k[len(POST):]

@@ -25,6 +25,7 @@ call; `reset()` clears them. Params are the rule's (`rule.tau_pre`); `learnable`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,9 @@ from ..frontend.parse import normalize, parse_rule
 from ..frontend.rule import CheckedRule, check_rule
 from ..library import resolve_rule
 from ..store.pipeline import unit_definition
+from . import ruleparams as rp
 from .compiler import Compiled
-from .params import constraint_holds, resolve_params, show
+from .params import resolve_params
 from .rulesteps import on_device
 
 MODES = ("window", "online")
@@ -65,6 +67,7 @@ class RuleIR(Compiled):
                                                   if isinstance(it, A.Param) else it for it in ast.items])
         self.rule: CheckedRule = check_rule(ast, unit_definition)
         self.checked = self.rule.model
+        self.checked.bounds = {}  # (a rule's learnable constants train as they are: no reparametrization)
         self._programs = {}
         import threading
 
@@ -105,7 +108,7 @@ def compile_rule(model: str | Path, learnable: Any = None) -> RuleIR:
     (a name, a list, True/False: as `load_rule`), which its derived backward then has."""
     text, filename = resolve_rule(model)
     ir = RuleIR(normalize(text), filename)
-    return ir if learnable is None else ir.with_learnable(_learnable(ir, learnable))
+    return ir if learnable is None else ir.with_learnable(rp.chosen(ir, learnable))
 
 
 class Rule(nn.Module):
@@ -123,24 +126,22 @@ class Rule(nn.Module):
             raise ir.rule.error("this rule's equations couple states (a matrix exponential): a rule's traces are "
                                 "integrated one by one", p.pos, "write each trace's ODE on its own")
         bad = [n for n in meta["output_reads"] if n == "post" or n.startswith("post_")
-               or meta["sides"].get(n, "pre") not in ("pre", "global")]
+               or meta["sides"].get(n, "pre") != "pre"]
         if bad:
             out = ir.rule.ast.of(A.Output)[0]
             raise ir.rule.error(f"the rule's output `{ir.rule.output}` reads `{bad[0]}`, which is not a presynaptic "
                                 "value: what a synapse carries is computed before its postsynaptic neuron steps",
                                 out.pos, "compute the output from `pre` and presynaptic states only")
         values = resolve_params(ir, dict(params or {}))
+        rp.one_number_each(ir, values)
         self.__dict__["_fixed"] = {}
-        train = _learnable(ir, learnable)
+        train = rp.chosen(ir, learnable, rp.reached(ir, meta))
         ir = ir.with_learnable(train)  # (the IR's own flags: its derived backward has the chosen params)
         self.__dict__["ir"] = ir
         self.__dict__["_gen"] = ir.generated()
         mod, meta = self._gen
-        for p in ir.checked.params:
-            if p.name in train and p.name in meta["gradientless"]:
-                raise ir.rule.error(f"`{p.name}` is learnable, but no derivative reaches it: it is used only where the "
-                                    "rule has no gradient (a comparison, a `where`'s condition, a step function)",
-                                    p.pos, "train a param the weights depend on smoothly, or keep this one fixed")
+        rp.refuse_unreached(ir, train, meta)
+        self.__dict__["_derived"] = rp.derived_of(ir, train, set(params or {}))
         for p in ir.checked.params:
             v = values[p.name]
             if p.name in train:
@@ -148,6 +149,7 @@ class Rule(nn.Module):
             else:
                 self._fixed[p.name] = v
         self.__dict__["_states"] = {}
+        self.bounds()  # (bounds that cannot hold: an error at load)
 
     # ------------------------------------------------------------------ params, states
     @property
@@ -193,15 +195,18 @@ class Rule(nn.Module):
 
     def __getattr__(self, name: str) -> Any:
         fixed = self.__dict__.get("_fixed", {})
-        if name in fixed:
-            return fixed[name]
+        if name in fixed:  # (one computed from a learnable param: from its present value)
+            return rp.values(self)[name] if name in self.__dict__.get("_derived", ()) else fixed[name]
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__.get("_fixed", {}):
-            vals = self.param_values()
+        if name in self.__dict__.get("_fixed", {}):  # (a value given: no longer computed from others)
+            derived = self.__dict__.get("_derived", ())
+            self.__dict__["_derived"] = tuple(n for n in derived if n != name)
+            vals = {k: v for k, v in self._fixed.items() if k not in derived}
             vals[name] = value
-            new = resolve_params(self.ir, {k: v for k, v in vals.items() if k in self._fixed})
+            new = resolve_params(self.ir, vals)
+            rp.one_number_each(self.ir, {name: new[name]})
             self._fixed[name] = new[name]
             return
         super().__setattr__(name, value)
@@ -225,7 +230,7 @@ class Rule(nn.Module):
     def get_extra_state(self) -> dict[str, Any]:
         """The fixed params' values (a `state_dict` saves them; learnable ones are Parameters)."""
         return {"params": {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
-                           for k, v in self._fixed.items()}}
+                           for k, v in self._fixed.items() if k not in self.__dict__.get("_derived", ())}}
 
     def set_extra_state(self, state: Any) -> None:
         if isinstance(state, dict) and isinstance(state.get("params"), dict):
@@ -234,10 +239,8 @@ class Rule(nn.Module):
                     setattr(self, k, v)
 
     def param_values(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for p in self.ir.checked.params:
-            out[p.name] = self._fixed[p.name] if p.name in self._fixed else getattr(self, p.name)
-        return out
+        """The params by name (a learnable one its Parameter; one computed from it, recomputed)."""
+        return rp.values(self)
 
     def reset(self) -> None:
         """Clear the states (traces, eligibilities): the next call starts from their initial values."""
@@ -250,41 +253,19 @@ class Rule(nn.Module):
 
     def bounds(self) -> tuple[float | None, float | None]:
         """The weight's bounds (`weight w where LO <= w <= HI`), None where a side is open."""
-        cmp = self.ir.rule.bounds
-        if cmp is None:
-            return None, None
-        w = self.weight_name
-        env = {k: (float(v.detach()) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-               for k, v in self.param_values().items()}
-        lo = hi = None
-        ops = list(zip(cmp.operands, cmp.ops, cmp.operands[1:]))
-        flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
-        for left, op, right in ops:
-            if isinstance(right, A.Name) and right.id == w:  # (`LO <= w` is `w >= LO`)
-                left, op, right = right, flip[op], left
-            if not (isinstance(left, A.Name) and left.id == w):
-                continue
-            val = float(evaluate(right, env))
-            if op in ("<", "<="):
-                hi = val if hi is None else min(hi, val)
-            else:
-                lo = val if lo is None else max(lo, val)
-        if lo is not None and hi is not None and lo > hi:
-            raise self.ir.rule.error(f"the weight's bounds cannot hold: {w} >= {lo:g} and {w} <= {hi:g} with these "
-                                     "params", cmp.pos, "give params with the lower bound below the upper one")
-        return lo, hi
+        return rp.weight_bounds(self)
 
     def bound(self, w: torch.Tensor) -> torch.Tensor:
-        lo, hi = self.bounds()
-        if lo is None and hi is None:
-            return w
-        return w.clamp(lo, hi)
+        """`w` within the weight's bounds (differentiable into a learnable param they read)."""
+        return rp.clamp(w, *rp.clamp_bounds(self, w))
 
     # ------------------------------------------------------------------ calls
     def window(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, **modulators: Any) -> torch.Tensor:
         """The weights' change over a window (`pre` `[T, *batch, n_pre]`, `post` `[T, *batch, n_post]`,
         `w` `[n_post, n_pre]` held over it): summed over time and batch, not applied."""
         pre2, post2, mods = self._inputs(pre, post, w, modulators, "window")
+        if not pre2.numel() or not post2.numel():  # (no steps, samples or neurons: no change, states kept)
+            return torch.zeros_like(w)
         if self.separable:
             return self._window_products(pre2, post2, w, mods)
         return self._steps(pre2, post2, w, mods, online=False)
@@ -293,6 +274,8 @@ class Rule(nn.Module):
         """The weights after the steps, each step's change applied (then the bounds) before the next
         step reads them (post spikes given: the rule on recorded trains)."""
         pre2, post2, mods = self._inputs(pre, post, w, modulators, "online")
+        if not pre2.numel() or not post2.numel():
+            return w.clone()
         if self.separable:
             return self._online_products(pre2, post2, w, mods)
         return self._steps(pre2, post2, w, mods, online=True)
@@ -304,6 +287,8 @@ class Rule(nn.Module):
             raise self.ir.rule.error(f"rule `{self.name}` has no `output`: its synapse carries `pre` itself", None,
                                      "add `output r` (a presynaptic value) to the rule to change what it carries")
         shape = pre.shape
+        if not pre.numel():
+            return pre.clone()
         pre2 = pre.reshape(shape[0], -1, shape[-1])
         mods = self._modulators(modulators, shape[0], pre2.shape[1], pre2)
         _, _, out = self._run_side("pre", pre2, mods, keep_traj=False)
@@ -330,9 +315,9 @@ class Rule(nn.Module):
         if pre.device != w.device or post.device != w.device:
             raise self._error(f"{what}(): `pre`, `post` and the weight must be on one device, not {pre.device}, "
                               f"{post.device} and {w.device}")
-        T = pre.shape[0]
-        pre2 = pre.reshape(T, -1, pre.shape[-1]).to(w.dtype)
-        post2 = post.reshape(T, -1, post.shape[-1]).to(w.dtype)
+        T, B = pre.shape[0], math.prod(pre.shape[1:-1])
+        pre2 = pre.reshape(T, B, pre.shape[-1]).to(w.dtype)
+        post2 = post.reshape(T, B, post.shape[-1]).to(w.dtype)
         return pre2, post2, self._modulators(modulators, T, pre2.shape[1], pre, pre.shape[1:-1], post.shape[-1])
 
     def _modulators(self, given: Mapping[str, Any], T: int, B: int, like: torch.Tensor,
@@ -399,33 +384,7 @@ class Rule(nn.Module):
         return {k: on_device(v, like) for k, v in self.param_values().items()}
 
     def _check_learnable(self) -> None:
-        """A learnable constant that training made non-finite, or moved out of its `where` constraint
-        (a time constant below 0), is a located error at the next call, never a rule that silently
-        computes something else. Checked again only after a Parameter changed (its version: once
-        per optimizer step; on a GPU that read waits for the device)."""
-        ps = [p for p in self.ir.checked.params if p.name in self._parameters] if self._parameters else []
-        if not ps:  # (no learnable constant: nothing to check, on every call's path)
-            return
-        key = tuple((id(self._parameters[p.name]), self._parameters[p.name]._version) for p in ps)
-        if key == self.__dict__.get("_checked_versions"):
-            return
-        env = {k: (float(v.detach()) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-               for k, v in self.param_values().items()}
-        for p in ps:
-            v = env[p.name]
-            if not bool(torch.isfinite(torch.as_tensor(v)).all()):
-                raise FlexDSLError(f"the learnable constant `{p.name}` is {show(v)} after training", self.ir.filename,
-                                   p.pos.line, p.pos.column, self.ir.text,
-                                   "a gradient step made it non-finite: lower the learning rate, or clip the "
-                                   "gradients (torch.nn.utils.clip_grad_norm_)")
-            if p.where is not None and not constraint_holds(self.ir, p, env):
-                raise FlexDSLError(f"the learnable constant `{p.name}` is {show(v)} after training, outside its "
-                                   "constraint: the rule's step is not defined there", self.ir.filename,
-                                   p.where.pos.line, p.where.pos.column, self.ir.text,
-                                   f"`{p.name}` must satisfy: {A.constraint_text(self.ir.text, p.where)}; lower "
-                                   f"the learning rate, or clamp it after each step (with torch.no_grad(): "
-                                   f"rule.{p.name}.clamp_(...))")
-        self.__dict__["_checked_versions"] = key
+        rp.check_trained(self)
 
     def _run_side(self, side: str, seq: torch.Tensor, mods: Mapping[str, Any], keep_traj: bool = True):
         """A side's states over the call, one step at a time (`side_pre` / `side_post`): the states before
@@ -572,22 +531,6 @@ class Rule(nn.Module):
         from .rulesteps import Stepper
 
         return Stepper(self, B, n_pre, n_post, like)
-
-
-def _learnable(ir: RuleIR, learnable: Any) -> set[str]:
-    """The params to train: the file's `learnable` ones, or those `learnable=` names (a name, a list,
-    True: all, False: none)."""
-    names = [p.name for p in ir.checked.params]
-    if learnable is None:
-        return {p.name for p in ir.checked.params if p.learnable}
-    if learnable is True or learnable is False:
-        return set(names) if learnable else set()
-    chosen = [learnable] if isinstance(learnable, str) else list(learnable)
-    for n in chosen:
-        if n not in names:
-            raise ir.rule.error(f"learnable= names `{n}`, which is not a param of rule `{ir.rule.name}`", None,
-                                did_you_mean(str(n), names) or f"its params: {', '.join(names) or 'none'}")
-    return set(chosen)
 
 
 def load_rule(model: str | Path, learnable: Any = None, **params: Any) -> Rule:

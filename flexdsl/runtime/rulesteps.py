@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from . import ruleparams as rp
+
 _MAX_PER_SYNAPSE = 2**31  # values a per-synapse step may hold (batch x n_post x n_pre x states)
 
 
@@ -47,7 +49,7 @@ class ProductSteps:
         self.names = [s for s, side in rule.sides.items() if side in ("post", "global")]
         self.env = rule._env(pre)
         self.st: dict[str, torch.Tensor] | None = None
-        self.lo, self.hi = rule.bounds()
+        self.lo, self.hi = rp.clamp_bounds(rule, pre)
         self.params = rule._env(pre)
 
     def step(self, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]) -> torch.Tensor:
@@ -76,7 +78,7 @@ class ProductSteps:
         self.st = {s: new[s] for s in self.names}
         self.t += 1
         w = w if dw is None else w + dw
-        return w if self.lo is None and self.hi is None else w.clamp(self.lo, self.hi)
+        return rp.clamp(w, self.lo, self.hi)
 
     def keep(self) -> None:
         if self.st is not None:
@@ -110,7 +112,7 @@ class Stepper:
         self.fn = mod.step
         self.args = meta["args"]["step"]
         self.rets = meta["returns"]["step"]
-        self.lo, self.hi = rule.bounds()
+        self.lo, self.hi = rp.clamp_bounds(rule, like)
         self.post = set(rule.post_inputs)
 
     def step(self, pre_t: torch.Tensor, post_t: torch.Tensor, w: torch.Tensor, mods_t: Mapping[str, Any]
@@ -134,7 +136,7 @@ class Stepper:
         return (new - w).sum(0)
 
     def bound(self, w: torch.Tensor) -> torch.Tensor:
-        return w if self.lo is None and self.hi is None else w.clamp(self.lo, self.hi)
+        return rp.clamp(w, self.lo, self.hi)
 
     def keep(self) -> None:
         self.rule._states.update({s: (v.reshape(self.B, -1) if self.sides[s] in ("pre", "post", "global") else v)

@@ -106,6 +106,8 @@ def emit_rule(ir: Any) -> tuple[str, dict[str, Any]]:
             "changes_weight": plan.next[rule.weight] != step.states[states.index(rule.weight)],
             "terms_text": [[str(x) for x in t] for t in (plan.terms or [])],
             "gradientless": gradientless(step), "linear": linear,
+            "used": sorted(p.name for p in step.params if any(p.symbol in e.free_symbols for _, e in step.assignments)),
+            "input_reads": sorted(x.name for x in step.inputs if any(x in e.free_symbols for _, e in step.assignments)),
             "output_reads": sorted({x.name for x in plan.output.free_symbols} - {p.name for p in step.params})
             if plan.output is not None else []}
     return "\n".join(lines).rstrip() + "\n", meta
