@@ -9,6 +9,7 @@ it is.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ def record_product_kept(out: torch.Tensor, x: torch.Tensor, redo: Any, reads: Se
     autograd keeps for the weight's gradient (so holding it costs nothing)."""
     if _SESSIONS and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
                                                       for w in reads[:1]):
-        _SESSIONS[-1].product_kept(out, x, redo, reads)
+        _SESSIONS[-1].product_kept(out, x, _as_then(redo, x.device.type), reads)
 
 
 def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, reads: Sequence[Any]) -> None:
@@ -32,7 +33,20 @@ def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, rea
     (its recomputation reads `reads`, checked unchanged when it runs). Only a contiguous `x`: the bits
     give it back contiguous, and the product of the same layout is the forward's, bit for bit."""
     if _SESSIONS and bits is not None and x.is_contiguous():
-        _SESSIONS[-1].product(out, bits, redo, x.shape, x.dtype, reads)
+        _SESSIONS[-1].product(out, bits, _as_then(redo, x.device.type), x.shape, x.dtype, reads)
+
+
+def _as_then(redo: Any, device: str) -> Any:
+    """`redo` run again under the autocast the forward ran it under (a product's output is then the
+    same, in the same dtype)."""
+    if not torch.is_autocast_enabled(device):
+        return redo
+    dtype = torch.get_autocast_dtype(device)
+
+    def again(v: Any) -> Any:
+        with torch.autocast(device, dtype=dtype):
+            return redo(v)
+    return again
 
 
 # tensors known to hold only 0/1 (or known not to): id -> (a weak reference, the version when seen, whether
@@ -143,14 +157,29 @@ def pack(x: torch.Tensor) -> torch.Tensor:
     if flat.is_cuda and flat.is_floating_point():  # (one kernel)
         from .triton.packbits import pack as kernel
 
-        return kernel(flat.contiguous())
+        return _made(kernel(flat.contiguous()))
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     sh = _SHIFTS.get(flat.device)
     if sh is None:
         sh = _SHIFTS[flat.device] = torch.arange(8, dtype=torch.uint8, device=flat.device)
-    return (flat.view(-1, 8).to(torch.uint8) << sh).sum(-1, dtype=torch.uint8)
+    return _made(((flat.view(-1, 8) != 0).to(torch.uint8) << sh).sum(-1, dtype=torch.uint8))  # (one bit a value)
+
+
+_PACKED: dict[int, Any] = {}  # id -> weak reference of the bits `pack` made (what a memory report counts as bits)
+
+
+def _made(bits: torch.Tensor) -> torch.Tensor:
+    k = id(bits)
+    _PACKED[k] = weakref.ref(bits, lambda _r, k=k: _PACKED.pop(k, None))
+    return bits
+
+
+def is_packed(t: torch.Tensor) -> bool:
+    """Whether `t` is bits `pack` made (a product's input saved as bits)."""
+    r = _PACKED.get(id(t))
+    return r is not None and r() is t
 
 
 def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -256,8 +285,10 @@ def value(v: Any) -> Any:
 
 def bits_wanted(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a product `x W^T` would keep a 0/1 `x` as bits: the bits on, a weight gradient to
-    compute, no trace, graph capture or autocast, one dtype (whether `x` is 0/1 is the caller's)."""
+    compute, no trace, graph capture, autocast or torch.func transform (`grad`, `vmap`: the plain
+    product, which they differentiate), one dtype (whether `x` is 0/1 is the caller's)."""
     return (ENABLED and torch.is_grad_enabled() and w.requires_grad and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()
             and not torch.is_autocast_enabled(x.device.type) and x.dtype == w.dtype
             and not (x.is_cuda and torch.cuda.is_current_stream_capturing()))
 
@@ -270,4 +301,4 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return torch.nn.functional.linear(x, w, b)
 
 
-__all__ = ["ENABLED", "SpikeLinear", "chunk_rows", "donate", "take_donation", "record_product", "record_product_kept", "unpack_rows", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "known_binary", "mark_binary", "pack", "unpack"]
+__all__ = ["ENABLED", "SpikeLinear", "chunk_rows", "donate", "take_donation", "record_product", "record_product_kept", "unpack_rows", "bits_wanted", "kept", "linear", "linear_grads", "value", "is_binary", "is_packed", "known_binary", "mark_binary", "pack", "unpack"]

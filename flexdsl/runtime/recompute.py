@@ -187,13 +187,17 @@ class Session:
             p = self.checked.get(id(t))
             if p is not None and p.ref() is t and p.version == t._version:
                 return p
+        if t.dtype == torch.uint8 and packed.is_packed(t):  # (a product's input it packed itself)
+            self.report.packed_by_product(t)
+            return self._keep(t)
         if not self.recipes and t.numel() < _MIN_BITS:  # (nothing to gain: kept, with autograd's check)
             return self._count_keep(t)
         r = self.find(t)
         if r is not None:
             self.report.left_out(t)
             return _Handle(r, t)
-        if t.numel() >= _MIN_BITS and t.is_floating_point() and t.is_contiguous() and packed.known_binary(t):
+        if packed.ENABLED and t.numel() >= _MIN_BITS and t.is_floating_point() and t.is_contiguous() and \
+                packed.known_binary(t):
             seen = self.bits.get(id(t))
             if seen is not None and seen[0]() is t and seen[1] == t._version:
                 return seen[2]
@@ -297,8 +301,8 @@ def _batch_norm(module: Any, x: torch.Tensor, training: bool) -> torch.Tensor:
 
 def _begin(net: nn.Module, args: Any) -> None:
     stack = net.__dict__.setdefault("_flexdsl_keep_stack", [])
-    if torch.compiler.is_compiling() or not _hooks_enabled():
-        stack.append(None)
+    if torch.compiler.is_compiling() or not _hooks_enabled() or torch._C._are_functorch_transforms_active():
+        stack.append(None)  # (a trace, or torch.func's transforms: the network as it was written)
         return
     s = Session(net._flexdsl_recompute, _outer_hooks())
     hooks = torch.autograd.graph.saved_tensors_hooks(s.pack, unpack_hook)

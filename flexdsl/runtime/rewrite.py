@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import FlexDSLError
@@ -106,6 +107,13 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
     leaves out a product's output whose input is kept as bits (the product runs again from the
     bits). Gradients are the same either way, bit for bit. `flexdsl.memory_report(net)` says what
     the last forward kept."""
+    if not isinstance(net, nn.Module):
+        raise FlexDSLError(f"save_spikes_as_bits takes a torch.nn.Module, not {type(net).__name__}",
+                           "<save_spikes_as_bits>", hint="flexdsl.save_spikes_as_bits(net) with net an nn.Module")
+    scripted = [name or type(m).__name__ for name, m in net.named_modules() if isinstance(m, torch.jit.ScriptModule)]
+    if scripted:  # (TorchScript runs its own code: no hooks, no class of ours)
+        return (f"flexdsl.save_spikes_as_bits: nothing changed; left as it is: {', '.join(scripted[:3])} "
+                "(TorchScript; rewrite the network before torch.jit.script)")
     if recompute not in _recompute.MODES:
         call = f"save_spikes_as_bits(net, recompute={recompute!r})"
         raise FlexDSLError(f"recompute={recompute!r} is not one of None, 'norm', 'product'", "<save_spikes_as_bits>",
@@ -113,7 +121,7 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
                            hint="'norm': normalizations run again in the backward (little time, a neuron's input "
                                 "less per layer); 'product': products too (one more product per layer, the "
                                 "layer's activations as bits)")
-    products, nodes, left = [], 0, []
+    products, nodes, left, graded = [], 0, [], []
     for name, m in net.named_modules():
         cls = type(m)
         if cls in _CLASSES.values():
@@ -122,6 +130,9 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
             m.__class__ = _bits_class(cls)
             products.append(name or cls.__name__)
         elif cls.__name__ in _SPIKING_JELLY_NODES and cls.__module__.startswith("spikingjelly"):
+            if getattr(getattr(m, "surrogate_function", None), "spiking", True) is False:
+                graded.append(name or cls.__name__)  # (`spiking=False`: its output is the surrogate's value)
+                continue
             if not getattr(m, "_flexdsl_marks", False):
                 m.register_forward_hook(_mark_output)
                 m._flexdsl_marks = True
@@ -139,6 +150,9 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
         line += f"; {norms} normalization(s) run again in the backward"
     elif recompute == "product":
         line += f"; {norms} normalization(s) and the products before them run again in the backward"
+    if graded:
+        line += (f"; not marked 0/1 (graded output, surrogate spiking=False): {', '.join(graded[:6])}"
+                 f"{', ...' if len(graded) > 6 else ''}")
     if left:
         line += f"; left as they are: {', '.join(left[:6])}{', ...' if len(left) > 6 else ''} (their product is not torch's Linear or Conv1d/2d/3d)"
     return line
@@ -148,6 +162,9 @@ def memory_report(net: nn.Module) -> _recompute.Report | None:
     """What the last forward of a network rewritten by `save_spikes_as_bits` saved for its backward:
     bytes kept as they are, 0/1 values kept as bits, tensors left out and recomputed (None before
     its first forward)."""
+    if not isinstance(net, nn.Module):
+        raise FlexDSLError(f"memory_report takes a torch.nn.Module, not {type(net).__name__}", "<memory_report>",
+                           hint="the network given to flexdsl.save_spikes_as_bits")
     return _recompute.report(net)
 
 

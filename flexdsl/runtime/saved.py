@@ -309,6 +309,11 @@ class Report:
         self.bits_bytes += self._bytes(t)
         self.n_bits += 1
 
+    def packed_by_product(self, bits: torch.Tensor) -> None:
+        """Bits a product packed itself (its 0/1 input): counted as the float32 values they hold."""
+        self.bits_bytes += 32 * bits.nbytes
+        self.n_bits += 1
+
     def left_out(self, t: torch.Tensor) -> None:
         self.left_out_bytes += self._bytes(t)
         self.n_left_out += 1

@@ -1,0 +1,150 @@
+"""Spikes saved as bits under what an attacker tries (issue 35's bad input): graded outputs, autocast,
+torch.func's transforms, TorchScript, the switch and the memory report. Reference: the same network
+without the rewrite (or with the bits off), same inputs: outputs and gradients equal, bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import flexdsl
+from flexdsl import FlexDSLError
+from flexdsl.runtime import bits
+
+
+def _grads(net: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in net.parameters()]
+
+
+def _reset(net: nn.Module) -> None:
+    for m in net.modules():
+        if m is not net and hasattr(m, "reset") and callable(m.reset):
+            m.reset()
+
+
+@pytest.mark.parametrize("surrogate", ["Sigmoid", "ATan"])
+def test_spikingjelly_nodes_with_graded_outputs_are_not_taken_for_spikes(surrogate):
+    """`surrogate_function=Sigmoid(spiking=False)`: the node outputs the surrogate's value, not 0/1;
+    packing it as spikes changed the next layer's weight gradient (by ~1.3)."""
+    from spikingjelly.activation_based import functional, neuron
+    from spikingjelly.activation_based import surrogate as sg
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), neuron.LIFNode(surrogate_function=getattr(sg, surrogate)(spiking=False)),
+                        nn.Linear(32, 4))
+    ref = copy.deepcopy(net)
+    line = flexdsl.save_spikes_as_bits(net)
+    assert "graded output" in line and "0 SpikingJelly node(s) known" in line
+    x = torch.randn(2, 16) * 3
+    outs = []
+    for n in (net, ref):
+        functional.reset_net(n)
+        y = n(x)
+        y.sum().backward()
+        outs.append(y)
+    assert not bool(((outs[1] == 0) | (outs[1] == 1)).all())  # (the node's output is graded indeed)
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(_grads(net), _grads(ref)))
+
+
+@pytest.mark.parametrize("mode", ["norm", "product"])
+def test_recomputed_products_run_under_the_forwards_autocast(mode):
+    """A product or normalization made again in the backward runs under the autocast its forward ran
+    under (it failed with a dtype error): the gradients of the network as written, bit for bit."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), flexdsl.load("lif", step_mode="s"),
+                        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), flexdsl.load("lif", step_mode="s"),
+                        nn.Flatten(), nn.Linear(8 * 64, 3))
+    ref = copy.deepcopy(net)
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
+    x = torch.rand(2, 3, 8, 8)
+    outs = []
+    for n in (net, ref):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = n(x)
+        y.float().sum().backward()
+        outs.append(y)
+    assert outs[0].dtype == torch.bfloat16 and torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(_grads(net), _grads(ref)))
+    layer = flexdsl.conv_layer("lif", 3, 4, 3, padding=1, recompute=mode)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer((torch.rand(2, 2, 3, 8, 8) < 0.3).float())
+    y.float().sum().backward()
+    assert all(p.grad is not None for p in layer.parameters() if p.requires_grad)
+
+
+def _func_nets():
+    torch.manual_seed(1)
+    ff = nn.Sequential(flexdsl.feedforward("lif", 4, 6, backend="torch"),
+                       flexdsl.feedforward("lif", 6, 3, backend="torch"))
+    rewritten = nn.Sequential(nn.Linear(4, 6), flexdsl.load("lif", step_mode="s", backend="torch"), nn.Linear(6, 3))
+    flexdsl.save_spikes_as_bits(rewritten)
+    return [(ff, torch.rand(5, 2, 4)), (rewritten, torch.rand(2, 4))]
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_torch_func_transforms_run_and_equal_autograd(case):
+    """`torch.func.grad` and `vmap(grad)` of flexdsl layers and of a rewritten network: the plain
+    products, the gradients autograd gives (they failed: an autograd.Function without setup_context,
+    a data-dependent check)."""
+    from torch.func import functional_call, grad, vmap
+
+    net, x = _func_nets()[case]
+    params = {k: v.detach() for k, v in net.named_parameters()}
+
+    def loss(p, xx):
+        _reset(net)
+        return functional_call(net, p, (xx,)).sum()
+
+    g = grad(loss)(params, x)
+    _reset(net)
+    net.zero_grad()
+    net(x).sum().backward()
+    for k, p in net.named_parameters():
+        assert torch.allclose(g[k], p.grad, rtol=1e-6, atol=1e-7), k
+    xs = torch.stack([x, x * 0.5])
+    gv = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    for k in params:
+        assert torch.allclose(gv[k][0], g[k], rtol=1e-6, atol=1e-7), k
+
+
+def test_torchscript_and_non_modules_are_left_or_refused():
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2)))
+    line = flexdsl.save_spikes_as_bits(scripted)
+    assert "nothing changed" in line and "TorchScript" in line
+    assert scripted(torch.rand(2, 4)).shape == (2, 2)
+    for f in (flexdsl.save_spikes_as_bits, flexdsl.memory_report):
+        with pytest.raises(FlexDSLError, match="torch.nn.Module"):
+            f(5)
+
+
+def test_the_report_counts_the_bits_products_keep_and_the_switch_turns_them_off():
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(64, 256), flexdsl.load("lif"), nn.Linear(256, 128), flexdsl.load("lif"),
+                        nn.Linear(128, 10))
+    flexdsl.save_spikes_as_bits(net)
+    x = torch.rand(4, 32, 64)
+    net(x).sum().backward()
+    rep = flexdsl.memory_report(net)
+    # (the two later products' 0/1 inputs, [4, 32, 256] and [4, 32, 128], as the float32 values they hold)
+    assert rep.n_bits == 2 and rep.bits_bytes == 4 * 32 * (256 + 128) * 4
+    _reset(net)
+    was = bits.ENABLED
+    try:
+        bits.ENABLED = False
+        net(x).sum().backward()
+        rep = flexdsl.memory_report(net)
+        assert rep.n_bits == 0 and rep.bits_bytes == 0
+    finally:
+        bits.ENABLED = was
+
+
+def test_a_value_that_is_not_0_or_1_never_spills_into_its_neighbours_bits():
+    from flexdsl.backends import packed
+
+    x = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 2.5, 0.0, 1.0])
+    back = packed.unpack(packed.pack(x), x.shape, x.dtype)
+    assert torch.equal(back, (x != 0).float())
