@@ -148,3 +148,17 @@ def test_a_value_that_is_not_0_or_1_never_spills_into_its_neighbours_bits():
     x = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 2.5, 0.0, 1.0])
     back = packed.unpack(packed.pack(x), x.shape, x.dtype)
     assert torch.equal(back, (x != 0).float())
+
+
+def test_layers_the_rewrite_leaves_are_named():
+    """A lazy Linear before its first forward (it becomes a plain Linear then: a rewrite would be
+    undone) and torch's recurrent layers are left as they are, and the line says so."""
+    net = nn.Sequential(nn.LazyLinear(4), nn.RNN(3, 3))
+    line = flexdsl.save_spikes_as_bits(net)
+    assert line.startswith("flexdsl.save_spikes_as_bits: 0 product(s)") and "left as they are: 0, 1" in line
+
+
+def test_a_recurrent_layer_refuses_the_feedforward_options():
+    for k, v in (("sparse_input", True), ("rule", "stdp_additive"), ("delay", 3)):
+        with pytest.raises(FlexDSLError, match=f"`{k}` is an option of flexdsl.feedforward"):
+            flexdsl.recurrent("lif", 3, 4, **{k: v})

@@ -207,3 +207,9 @@ def test_the_cli_refuses_what_load_refuses_without_a_traceback(tmp_path):
                            timeout=180)
         assert p.returncode == 1, (args, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr and "error:" in p.stderr, (args, p.stderr)
+
+
+def test_a_complex_modulator_is_refused():
+    m = flexdsl.feedforward("lif", 3, 2, rule="mstdp").double()
+    with pytest.raises(FlexDSLError, match="real number or tensor"):
+        m(_spikes(5, 4, 2, 3), reward=torch.ones(4, dtype=torch.complex128))

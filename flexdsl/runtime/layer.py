@@ -365,6 +365,10 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                              rule_params, sparse_input)
 
 
+_FEEDFORWARD_ONLY = {"sparse_input", "rule", "plasticity", "rule_params", "delay", "max_delay", "learnable_delays",
+                     "delays"}
+
+
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
               connectivity: str = "all", mask: Any = None, source: str | None = None, port: str | None = None,
               bias: bool = True, step_mode: str = "m", backend: str = "auto", detach_reset: bool = False,
@@ -372,6 +376,11 @@ def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden:
               learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric", **params: Any
               ) -> RecurrentModule:
     """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
+    ff = sorted(set(params) & _FEEDFORWARD_ONLY)
+    if ff:
+        raise FlexDSLError(f"`{ff[0]}` is an option of flexdsl.feedforward, not of a recurrent layer built from "
+                           "arguments", "<flexdsl.recurrent>", hint="write the recurrent layer as a .layer file "
+                           "(its input synapses' `delay` line), or use flexdsl.feedforward")
     neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
     return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend,
                            learning=learning, readout=readout, feedback=feedback)

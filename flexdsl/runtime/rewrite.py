@@ -91,6 +91,8 @@ _KEEPS_BINARY = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d,
 def _rewritable(m: nn.Module) -> bool:
     """A Linear or convolution whose product is torch's own (a subclass that computes it otherwise is
     left alone: SpikingJelly's layers only reshape around it)."""
+    if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
+        return False  # (a lazy layer becomes its class at its first forward: rewrite after that)
     if isinstance(m, nn.Linear):
         return type(m).forward is nn.Linear.forward
     return (isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)
@@ -140,7 +142,7 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
         elif isinstance(m, _KEEPS_BINARY) and not getattr(m, "_flexdsl_marks", False):
             m.register_forward_hook(_pass_on)  # (SpikingJelly's pooling and Flatten layers are these)
             m._flexdsl_marks = True
-        elif isinstance(m, nn.Linear | nn.modules.conv._ConvNd | nn.Bilinear):
+        elif isinstance(m, nn.Linear | nn.modules.conv._ConvNd | nn.Bilinear | nn.RNNBase):
             left.append(name or cls.__name__)
     norms = _recompute.install(net, recompute)
     line = (f"flexdsl.save_spikes_as_bits: {len(products)} product(s) save their 0/1 inputs as bits"
@@ -154,7 +156,7 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
         line += (f"; not marked 0/1 (graded output, surrogate spiking=False): {', '.join(graded[:6])}"
                  f"{', ...' if len(graded) > 6 else ''}")
     if left:
-        line += f"; left as they are: {', '.join(left[:6])}{', ...' if len(left) > 6 else ''} (their product is not torch's Linear or Conv1d/2d/3d)"
+        line += f"; left as they are: {', '.join(left[:6])}{', ...' if len(left) > 6 else ''} (their product is not torch's Linear or Conv1d/2d/3d, or a lazy layer before its first forward)"
     return line
 
 

@@ -339,8 +339,10 @@ class Rule(nn.Module):
                 raise self._error(f"rule `{self.name}` reads the modulator `{k}` at every step; none was given",
                                   f"pass it: {k}=tensor of shape [T] (one value a step) or [T, *batch]")
             v = given[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
-                raise self._error(f"modulator `{k}` must be a number or a tensor, not {type(v).__name__}")
+            if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)) or (
+                    isinstance(v, torch.Tensor) and v.is_complex()):
+                raise self._error(f"modulator `{k}` must be a real number or tensor, not "
+                                  f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}")
             if not isinstance(v, torch.Tensor) or v.dim() == 0:
                 out[k] = float(v) if not isinstance(v, torch.Tensor) else v.to(like.dtype)
                 continue
