@@ -189,3 +189,27 @@ def test_eprop_refuses_delays_at_their_line():
     with pytest.raises(FlexDSLError, match="delays") as e:
         flexdsl.loads(text, learning="eprop")
     assert e.value.line == _line_of(text, "delay axonal")
+
+
+def test_a_nir_delay_of_a_per_sample_shape_loads_and_says_what_went_wrong():
+    """NIR's Delay is element-wise: a node of shape (2, 3) loads and delays each value (it failed at
+    load); a batch change without reset() and a delay assigned out of range name the node and say
+    why (not "does not fit its input")."""
+    nir = pytest.importorskip("nir")
+    import numpy as np
+
+    d = np.array([[1.0, 2.0, 0.0], [0.0, 0.0, 3.0]])
+    g = nir.NIRGraph(nodes={"input": nir.Input(input_type={"input": np.array([2, 3])}),
+                            "d": nir.Delay(delay=d * 1e-3),
+                            "output": nir.Output(output_type={"output": np.array([2, 3])})},
+                     edges=[("input", "d"), ("d", "output")])
+    net = flexdsl.nir.load(g, dt=1e-3)
+    x = torch.rand(8, 2, 2, 3)
+    y = net(x)
+    for i in range(2):
+        for j in range(3):
+            k = int(d[i, j])
+            assert torch.equal(y[:, :, i, j], torch.cat([torch.zeros(k, 2), x[:8 - k, :, i, j]]))
+    with pytest.raises(FlexDSLError, match=r"NIR node `d` \(Delay\): the 3 steps") as e:
+        net(torch.rand(8, 5, 2, 3))
+    assert "reset()" in str(e.value)

@@ -112,6 +112,10 @@ class NIRNetwork(nn.Module):
             y = self._node_value(key, x, lead)
         except (RuntimeError, IndexError, ValueError, FlexDSLError) as e:  # (a layer or neuron that does not fit its input)
             inv = {v: k for k, v in self.names.items()}
+            node = f"NIR node `{inv[key]}` ({self._node_kinds.get(inv[key], self.kinds[key])})"
+            if isinstance(e, FlexDSLError) and ("reset()" in (e.hint or "") or isinstance(self.nodes[key] if key in self.nodes else None, Delay)):
+                # (a batch change, a Delay's own values: the layer's own reason, not a shape misfit)
+                raise FlexDSLError(f"{node}: {e.reason}", "<nir graph>", hint=e.hint) from None
             why = e.reason if isinstance(e, FlexDSLError) else str(e).splitlines()[0]
             raise FlexDSLError(f"NIR node `{inv[key]}` ({self._node_kinds.get(inv[key], self.kinds[key])}) does not "
                                f"fit its input of per-sample shape {tuple(x.shape[lead:])}: {why}", "<nir graph>",
