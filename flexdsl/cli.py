@@ -19,14 +19,15 @@ from .errors import FlexDSLError, printable
 
 # ----------------------------------------------------------------------------- check
 def _neuron_files(args: Sequence[str]) -> list[str]:
-    """Files as given; a directory stands for every `.neuron` file below it (sorted)."""
+    """Files as given; a directory stands for every `.neuron`, `.layer` and `.rule` file below it (sorted)."""
     out: list[str] = []
     for a in args:
         p = Path(a)
         if p.is_dir():
-            found = sorted(str(q) for q in [*p.rglob("*.neuron"), *p.rglob("*.rule")] if q.is_file())
+            found = sorted(str(q) for q in [*p.rglob("*.neuron"), *p.rglob("*.layer"), *p.rglob("*.rule")]
+                           if q.is_file())
             if not found:
-                raise FlexDSLError(f"no `.neuron` or `.rule` files in the directory `{a}`", a)
+                raise FlexDSLError(f"no `.neuron`, `.layer` or `.rule` files in the directory `{a}`", a)
             out += found
         else:
             out.append(a)
@@ -433,9 +434,9 @@ def _add_check(sub) -> None:
                        description="Parse, check and lower each model; print `ok` or its located errors.\n"
                                    "Exits 1 if any model has an error.",
                        epilog="examples:\n  flexdsl check my_lif.neuron\n  flexdsl check models/          "
-                              "# every .neuron file below models/\n  flexdsl check neurons/*.neuron lif")
+                              "# every .neuron, .layer and .rule file below models/\n  flexdsl check neurons/*.neuron lif")
     c.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
-                   help="a .neuron file, a library model name, or a directory (every .neuron file below it)")
+                   help="a .neuron, .layer or .rule file, a library model name, or a directory (every such file below it)")
     _add_options(c)
     c.set_defaults(fn=_cmd_check)
 
@@ -459,7 +460,7 @@ def _add_show(sub) -> None:
                               "  flexdsl show rlif.layer           # a layer: its text and plan (derived gradients)\n"
                               "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
                               f"  flexdsl show net.nir --{backends.REFERENCE} --dt 1e-4")
-    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, a .layer file or a .nir file")
+    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, a .layer, .rule or .nir file")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--backend", dest="what", metavar="NAME", choices=backends.names(),
                    help="the code a backend generates (" + ", ".join(backends.names()) + "; default: "
@@ -525,7 +526,7 @@ def _add_doc(sub) -> None:
                               "  flexdsl doc lif adex -o site           # library models by name\n"
                               "  flexdsl doc my_model.neuron -o out --no-plots")
     d.add_argument("paths", nargs="+", metavar="FILE_OR_DIR_OR_STEM",
-                   help="a .neuron file, a directory (every .neuron file below it) or a library model name")
+                   help="a .neuron, .layer or .rule file, a directory (every such file below it) or a library model name")
     d.add_argument("-o", "--out", default="flexdsl-docs", metavar="OUTDIR",
                    help="the output directory, created if missing (default: flexdsl-docs)")
     d.add_argument("--no-plots", action="store_true", help="skip the simulations and plots (faster)")

@@ -437,7 +437,15 @@ def test_check_directory(tmp_path):
     empty.mkdir()
     r = cli_inproc("check", empty)
     no_traceback(r)
-    assert r.returncode == 1 and "no `.neuron` or `.rule` files" in r.stderr
+    assert r.returncode == 1 and "no `.neuron`, `.layer` or `.rule` files" in r.stderr
+    # a directory's .layer files are checked too (a broken one alone: an error, not "no files")
+    layers = tmp_path / "layers"
+    layers.mkdir()
+    (layers / "b.layer").write_text("layer B:\n    neuron lif\n    size 4\n    input s size 3\n"
+                                    "    synapses W from s to nowhere\n")
+    r = cli_inproc("check", layers)
+    no_traceback(r)
+    assert r.returncode == 1 and f"{layers / 'b.layer'}:5:" in r.stderr
 
 
 def test_doc_command(tmp_path):

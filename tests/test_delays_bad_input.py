@@ -213,3 +213,12 @@ def test_a_nir_delay_of_a_per_sample_shape_loads_and_says_what_went_wrong():
     with pytest.raises(FlexDSLError, match=r"NIR node `d` \(Delay\): the 3 steps") as e:
         net(torch.rand(8, 5, 2, 3))
     assert "reset()" in str(e.value)
+
+
+def test_the_builder_takes_delays_by_synapse_name_too():
+    t = torch.tensor([1.0, 2.0, 0.0, 3.0])
+    a = flexdsl.feedforward("lif", 4, 3, delay="axonal", max_delay=5, learnable_delays=True, delays={"W": t})
+    b = flexdsl.feedforward("lif", 4, 3, delay="axonal", max_delay=5, learnable_delays=True, delays=t)
+    assert torch.equal(a.W_delay.detach(), t) and torch.equal(b.W_delay.detach(), t)
+    with pytest.raises(FlexDSLError, match="delays were given for `V`"):
+        flexdsl.feedforward("lif", 4, 3, delay="axonal", max_delay=5, delays={"V": t.long()})

@@ -332,11 +332,16 @@ def test_layer_forms_equal_the_definition(form):
     assert_grads(got, want)
 
 
-@pytest.mark.parametrize("model, learnable", [("plif", None), ("alif", ["tau_m", "beta"]), ("lif", ["tau"])])
+@pytest.mark.parametrize("model, learnable", [("plif", None), ("alif", ["tau_m", "beta"]), ("lif", ["tau"]),
+                                              ("lif", ["v_reset"]), ("izhikevich", True)])
 def test_learnable_params_get_their_eprop_gradient(model, learnable):
+    """(`v_reset` and izhikevich's `w_rest` also set a state's initial value: their eligibility starts
+    at dh0/dθ, not 0)"""
     kw = {"learnable": learnable} if learnable else {}
-    if model == "lif":
+    if learnable == ["tau"]:
         kw["param_shapes"] = {"tau": (H,)}
+    if learnable == ["v_reset"]:
+        kw["v_reset"] = -0.3
     m = layer(model, **kw)
     assert any(p.requires_grad for p in m.neuron.parameters())
     x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -387,6 +392,9 @@ def test_random_feedback_sends_the_error_through_the_fixed_matrix():
     ({"learning": "eprop", "readout": "ten"}, "readout must be"),
     ({"learning": "eprop", "feedback": "randm", "readout": 2}, "feedback must be"),
     ({"learning": "bptt", "readout": 2}, "belong to learning='eprop'"),
+    ({"learning": "eprop", "readout": nn.Embedding(2, H)}, "an e-prop readout is an nn.Linear"),
+    ({"learning": "eprop", "readout": 2, "feedback": torch.full((2, H), float("nan"))}, "not finite"),
+    ({"learning": "eprop", "readout": 2, "feedback": torch.zeros(2, H, device="meta")}, "not finite"),
 ])
 def test_bad_construction_is_a_located_error(kw, words):
     with pytest.raises(FlexDSLError) as e:
@@ -434,6 +442,48 @@ def test_models_eprop_cannot_serve_are_located_errors(tmp_path):
     with pytest.raises(FlexDSLError) as e:
         flexdsl.recurrent(str(q), N_IN, H, port="x", learning="eprop")
     assert "reaches neither a state nor an output" in str(e.value) and ":3:" in str(e.value)
+
+
+OUTPUT_UNREACHED = """
+neuron Counter:
+    input x
+    state v = 0.0
+    state c = 0.0
+    update:
+        v = v + (x - v) / 5.0
+        c = c + 1
+    spike when c >= 3
+    on spike:
+        c = 0.0
+    output spike
+"""
+
+
+def test_a_port_whose_states_reach_no_output_is_a_located_error(tmp_path):
+    """`x` moves `v`, but the spike reads only `c`: every e-prop gradient of the weights would be 0."""
+    p = tmp_path / "counter.neuron"
+    p.write_text(OUTPUT_UNREACHED)
+    with pytest.raises(FlexDSLError, match="moves `v`, but no output") as e:
+        flexdsl.recurrent(str(p), N_IN, H, learning="eprop")
+    assert ":3:" in str(e.value)
+
+
+def test_a_second_derivative_through_eprop_is_a_located_error():
+    m = layer("alif", detach_reset="v")
+    x = torch.rand(T, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    R = [torch.randn(T, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))]
+    loss = loss_of(as_tuple(m(x)), R)
+    with pytest.raises(FlexDSLError, match="first derivatives only"):  # (was: wrong numbers, or a bare error)
+        torch.autograd.grad(loss, m.W_in, create_graph=True)
+    m.reset()
+    loss_of(as_tuple(m(x)), R).backward()  # (a first derivative, as always)
+    assert m.W_in.grad is not None
+
+
+def test_feedforward_refuses_eprops_options():
+    for kw in ({"readout": 2}, {"learning": "eprop", "readout": 2}, {"feedback": "random"}):
+        with pytest.raises(FlexDSLError, match="e-prop learns recurrent layers"):
+            flexdsl.feedforward("lif", N_IN, H, **kw)
 
 
 def test_an_input_that_needs_a_gradient_is_a_located_error():

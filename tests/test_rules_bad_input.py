@@ -213,3 +213,16 @@ def test_a_complex_modulator_is_refused():
     m = flexdsl.feedforward("lif", 3, 2, rule="mstdp").double()
     with pytest.raises(FlexDSLError, match="real number or tensor"):
         m(_spikes(5, 4, 2, 3), reward=torch.ones(4, dtype=torch.complex128))
+
+
+def test_a_rules_dt_without_a_unit_counts_in_the_neurons_unit():
+    """`stdp_additive`'s `dt = 1.0` (a number) on `lif_ode` (`dt = 0.1 ms`): the rule would count its
+    times in steps of 1 ms against the neuron's 0.1 ms; refused at the rule's line, and agreeing
+    values load."""
+    with pytest.raises(FlexDSLError, match=r"dt = 1 and neuron `LIFODE` by dt = 0.1 ms") as e:
+        flexdsl.feedforward("lif_ode", 3, 2, rule="stdp_additive")
+    assert "rule_params={'dt': 0.1}" in str(e.value)
+    flexdsl.feedforward("lif_ode", 3, 2, rule="stdp_additive", rule_params={"dt": 0.1})
+    flexdsl.feedforward("lif_ode", 3, 2, rule="stdp_song")  # (0.1 ms both)
+    with pytest.raises(FlexDSLError, match="a rule steps with its neuron"):
+        flexdsl.feedforward("lif_ode", 3, 2, rule="stdp_song", dt="0.2 ms")

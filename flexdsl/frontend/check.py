@@ -52,6 +52,15 @@ class _Checker:
         hint = did_you_mean(name, known)
         if name == "dt" and "dt" not in known:
             hint = self.dt_hint()
+        if hint is None and name.lower() in ("nan", "inf", "infinity"):
+            hint = "a model's numbers are finite: write a finite value"
+        if hint is None:  # (no near name: say what there is)
+            cap = 40 if what == "function" else 12
+            listed = ", ".join(sorted(known)[:cap]) + (", ..." if len(known) > cap else "")
+            hint = {"function": f"the functions: {listed}",
+                    "output": f"an output is a state, a `let` value or `spike`: {listed}"}.get(
+                what, f"declare it (`param {name} = ...`, `state {name} = ...`, `let {name} = ...`); "
+                      f"known here: {listed}" if name.isidentifier() else None)
         return self.err(f"unknown {what} `{name}`", pos, hint)
 
     def dt_hint(self) -> str:

@@ -156,7 +156,8 @@ def _check_bounds(rule: A.Rule, decl: A.WeightDecl, model: CheckedModel) -> None
                            n.pos, did_you_mean(n.id, sorted(params)) or "declare it: `param w_max = 1`")
     for op in cmp.ops:
         if op in ("==", "!="):
-            raise _err(rule, f"`{op}` is not a bound: the weight's bounds are `<`, `<=`, `>`, `>=`", cmp.pos)
+            raise _err(rule, f"`{op}` is not a bound: the weight's bounds are `<`, `<=`, `>`, `>=`", cmp.pos,
+                       f"e.g. `weight {decl.name} where 0 <= {decl.name} <= w_max` (a fixed weight: no rule)")
 
 
 def _gate(st: A.Assign, spike: str) -> A.Assign:

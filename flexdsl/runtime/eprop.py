@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..backends import eprop as programs
+from ..errors import FlexDSLError
 
 LEARNING = ("bptt", "eprop")
 SCAN_DEVICES = {"cuda"}  # where a call's steps run on the layer's scan (`_from_scan`); elsewhere one by one
@@ -383,6 +384,25 @@ def _walk(plan: Plan, fac: Factors, e0: Eligibility, x3: torch.Tensor | None, S:
     return Eligibility(dense, diag, fac.constant and plan.kernel is None), g_dense, g_diag
 
 
+def _initial_grads(fac: Factors, L: torch.Tensor, which: list[int], like: torch.Tensor) -> list[torch.Tensor]:
+    """dE/dh0 `[F, H]` of each initial state in `which` (where a learnable param sets it): the
+    eligibility of h0 itself, `eps(0) = e_k`, `eps(t) = J eps(t-1)`, its gradient `Σ_t (L c)(t) · eps(t)`
+    (each neuron's own history, as every e-prop path)."""
+    if not which:
+        return []
+    T = L.shape[0]
+    eps = like.new_zeros((*like.shape, fac.d, len(which)))
+    for j, k in enumerate(which):
+        eps[..., k, j] = 1
+    g = like.new_zeros((*like.shape, len(which)))
+    for t in range(T):
+        A = torch.einsum("fio,fiok->fik", L[t], fac.c[t])
+        g = g + torch.einsum("fik,fikj->fij", A, eps)
+        J = fac.J if fac.constant else fac.J[t]
+        eps = torch.einsum("kl,filj->fikj", J, eps) if fac.constant else torch.einsum("fikl,filj->fikj", J, eps)
+    return [g[..., j] for j in range(len(which))]
+
+
 def _walk_kernel(plan: Plan, fac: Factors, dense: torch.Tensor, x3: torch.Tensor | None, S: torch.Tensor,
                  L: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The dense group's traces by the backend's kernel (per synapse; the states padded to a power of 2)."""
@@ -440,6 +460,10 @@ class EPropCall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
+        if torch.is_grad_enabled():  # (create_graph=True: a second derivative is asked of the traces)
+            raise FlexDSLError("e-prop gives first derivatives only: its traces are not differentiated again "
+                               "(a backward with create_graph=True through an e-prop layer)", "<e-prop>",
+                               hint="use learning='bptt' for higher derivatives, or leave create_graph off")
         plan, fac = ctx.plan, ctx.fac
         x3, S = ctx.saved_tensors
         g_outs = [g if g is not None else torch.zeros_like(S[1:]) for g in grads[:fac.n_out]]
@@ -465,6 +489,10 @@ class EPropCall(torch.autograd.Function):
             if n.startswith("param:"):
                 k = int(n.split(":")[2])
                 g_rest[k] = g.sum_to_size(ctx.shapes[k])
+        first = ctx.n_rest - fac.d  # (the initial states: a learnable param's initial value, `v = v_reset`)
+        wanted = [k for k in range(fac.d) if ctx.needs_input_grad[6 + first + k]]
+        for k, g in zip(wanted, _initial_grads(fac, L, wanted, S[0])):
+            g_rest[first + k] = g
         return (None, None, g_w_in, g_bias, g_w, None, *g_rest)
 
 

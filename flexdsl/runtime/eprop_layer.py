@@ -62,6 +62,7 @@ class EPropLearning:
                              "gradient: the weights into it get no eligibility", decl.pos,
                              "e-prop needs a differentiable path from the port to the states (a spike's surrogate "
                              "counts); check the model's `update:` block")
+        self._refuse_unreached_outputs(view, ck, prog)
         src = outs.index(self.source)
         if not any(f.startswith((f"c[{self.source},", f"g[{self.source}]")) for f in prog.factors):
             pos = next(p for n, p in ck.outputs if n == self.source)
@@ -69,6 +70,28 @@ class EPropLearning:
                              "with a gradient: no learning signal reaches the weights", pos, hint)
         self.__dict__["_eprop_form"] = (port, src)
         return prog
+
+    def _refuse_unreached_outputs(self, view: Any, ck: Any, prog: Any) -> None:
+        """The port reaches an output through a gradient (directly, or through states the port's
+        current moves and the states they move over the steps); else the weights' e-prop gradient is 0
+        at every step: a located error naming the states the port reaches."""
+        fs = set(prog.factors)
+        states = [s for s in prog.meta["states"]]
+        reached = {a for a in states if f"b[{a}]" in fs}
+        grow = True
+        while grow:  # (J[a,b]: the state a's next value moves with b's)
+            new = {a for a in states for b in reached if f"J[{a},{b}]" in fs} - reached
+            reached |= new
+            grow = bool(new)
+        outs = [n for n, _ in ck.outputs]
+        if any(f"g[{o}]" in fs or any(f"c[{o},{a}]" in fs for a in reached) for o in outs):
+            return
+        decl = next(i for i in ck.inputs if i.name == self.port)
+        moved = ", ".join(f"`{a}`" for a in sorted(reached)) or "no state"
+        raise view.error(f"the input `{self.port}` moves {moved}, but no output of {ck.name} depends on "
+                         f"{'them' if len(reached) > 1 else 'it'} with a gradient: e-prop's updates of the weights "
+                         "into it would be 0 at every step", decl.pos,
+                         "make the output (e.g. the spike's condition) read that state, or use learning='bptt'")
 
     def _setup_readout(self, view: Any, readout: Any, feedback: Any) -> None:
         ck = view.compiled.checked
@@ -85,6 +108,10 @@ class EPropLearning:
                 linear = nn.Linear(H, readout)
             else:
                 w = getattr(readout, "weight", None)
+                if not isinstance(readout, nn.Linear):
+                    raise view.error(f"the readout is a {type(readout).__name__}; an e-prop readout is an "
+                                     f"nn.Linear({H}, n_out) of the layer's spikes (its weight is the symmetric "
+                                     "feedback)", where, f"e.g. readout=nn.Linear({H}, 10), or readout=10")
                 if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] != H:
                     got = tuple(w.shape) if isinstance(w, torch.Tensor) else "no weight"
                     raise view.error(f"the readout's weight is {got}; an e-prop readout reads the layer's {H} neurons: "
@@ -110,7 +137,10 @@ class EPropLearning:
                 raise view.error(f"the feedback matrix is {tuple(feedback.shape)} {feedback.dtype}; it stands for the "
                                  f"readout's weight: a floating-point [n_out, hidden] = {want} tensor", where,
                                  f"e.g. feedback=torch.randn{want} / {H} ** 0.5")
-            B = feedback.detach().clone()
+            if feedback.device.type == "meta" or not bool(torch.isfinite(feedback).all()):
+                raise view.error("the feedback matrix has values that are not finite numbers (NaN, infinite, or "
+                                 "a meta tensor without values)", where, f"e.g. feedback=torch.randn{want} / {H} ** 0.5")
+            B = feedback.detach().clone().to(linear.weight.device)
         else:
             raise view.error(f"feedback must be 'symmetric', 'random' or a tensor, not {type(feedback).__name__}", where)
         self.readout = Readout(linear, B) if linear is not None else None

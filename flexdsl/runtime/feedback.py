@@ -38,9 +38,17 @@ class Readout(nn.Module):
         self.register_buffer("feedback", feedback)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
-        if self.feedback is None:
+        B = self.feedback
+        if self.linear.weight.device != s.device or (B is not None and B.device != s.device):
+            from ..errors import FlexDSLError
+
+            raise FlexDSLError(f"the e-prop readout's weight is on {self.linear.weight.device}"
+                               + (f" and its feedback matrix on {B.device}" if B is not None else "")
+                               + f", but the layer's spikes are on {s.device}",
+                               "<e-prop readout>", hint=f"move the layer with its readout: m.to({str(s.device)!r})")
+        if B is None:
             return self.linear(s)
-        return _RandomFeedback.apply(s, self.linear.weight, self.linear.bias, self.feedback)
+        return _RandomFeedback.apply(s, self.linear.weight, self.linear.bias, B)
 
 
 __all__ = ["Readout"]

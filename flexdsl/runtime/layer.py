@@ -346,9 +346,10 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     """`Linear(in_features, hidden)` into `hidden` neurons of `model`, as one module (see
     `FeedForwardModule`): the weight `W` (`[hidden, in_features]`, times `mask` for
     connectivity="mask"; `[hidden]` one_to_one) and `bias` feed the model's input `port`."""
+    readout, feedback = params.pop("readout", None), params.pop("feedback", "symmetric")  # (e-prop's: refused)
     neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
     ck = neuron.compiled.checked
-    _no_eprop(learning, None, "symmetric", lambda msg, hint: neuron._error(msg, ck.ast.pos, hint))
+    _no_eprop(learning, readout, feedback, lambda msg, hint: neuron._error(msg, ck.ast.pos, hint))
     for what, v in (("in_features", in_features), ("hidden", hidden)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise neuron._error(f"{what} must be a positive int, not {v!r}", ck.ast.pos)
@@ -361,7 +362,11 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                                        bool(rule_params)))
     checked, lp = plan(text, "<flexdsl.feedforward>", neuron)
     masks = {"W": mask} if mask is not None else {}
-    return FeedForwardModule(neuron, checked, lp, masks, step_mode, {"W": delays} if delays is not None else None,
+    if isinstance(delays, Mapping):  # (by synapse name, as a .layer load takes them: this layer's one is `W`)
+        delays = dict(delays)
+    elif delays is not None:
+        delays = {"W": delays}
+    return FeedForwardModule(neuron, checked, lp, masks, step_mode, delays,
                              rule_params, sparse_input)
 
 

@@ -520,22 +520,45 @@ def _check_post_inputs(layer: CheckedLayer, s: CheckedSynapse, rule: Rule) -> No
 
 
 def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -> None:
-    """A rule and its neuron that both declare `dt` in the same unit must step by the same time."""
+    """A rule and its neuron that both declare `dt` must step by the same time: in one unit (or two
+    time units) by their values; a `dt` without a unit (the library rules' `dt = 1.0`: their times
+    are numbers) counts in the unit the other one is written in (`lif_ode`'s `0.1 ms`: 0.1)."""
     ru, nu = _dt_unit(rule.ir.checked), _dt_unit(neuron.compiled.checked)
-    if ru is None or nu is None or ru != nu:
+    if ru is None or nu is None:
         return
-    a = rule.param_values()["dt"]
-    b = neuron.param_values().get("dt")
-    a = float(a) if not isinstance(a, torch.Tensor) else float(a.detach())
-    if isinstance(b, torch.Tensor):
-        if b.numel() != 1:
-            return
-        b = float(b)
-    if b is not None and abs(a - float(b)) > 1e-12 * max(abs(a), abs(float(b))):
-        unit = f" {ru}" if ru else ""
-        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{unit} and neuron `{layer.neuron.name}` by dt = "
-                          f"{b:g}{unit}: a rule steps with its neuron", s.rule_pos,
-                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}")
+    a = _number(rule.param_values()["dt"])
+    b = _number(neuron.param_values().get("dt"))
+    if a is None or b is None:
+        return
+    unit = ru or nu
+    if ru != nu and not (ru and nu):  # (one side a bare number: the other's in its written unit)
+        if ru:
+            a = _in_written_unit(rule.ir.checked, a)
+        else:
+            b = _in_written_unit(neuron.compiled.checked, b)
+    if abs(a - b) > 1e-12 * max(abs(a), abs(b)):
+        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{' ' + ru if ru else ''} and neuron "
+                          f"`{layer.neuron.name}` by dt = {b:g}{' ' + nu if nu else ''}"
+                          + (f" (a number without a unit counts in {unit} here)" if ru != nu and unit else "")
+                          + ": a rule steps with its neuron", s.rule_pos,
+                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}" if not ru else
+                          f"give the neuron the rule's dt (dt={a:g} at load)")
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, torch.Tensor):
+        return float(v.detach()) if v.numel() == 1 else None
+    return None if v is None else float(v)
+
+
+def _in_written_unit(ck: Any, value: float) -> float:
+    """A `dt` in base units (how params are kept) as a number of the unit the model writes it in."""
+    from ..frontend import ast as A
+    from ..frontend.evaluate import evaluate
+
+    written = ck.written.param("dt").default
+    base = float(evaluate(ck.param("dt").default, {}))
+    return value * (written.value / base) if isinstance(written, A.Quantity) and base else value
 
 
 __all__ = ["PlasticSynapses"]
