@@ -431,19 +431,6 @@ neuron Gate:
 """
 
 
-def test_models_eprop_cannot_serve_are_located_errors(tmp_path):
-    p = tmp_path / "noisy.neuron"
-    p.write_text(NOISY)
-    with pytest.raises(FlexDSLError) as e:
-        flexdsl.recurrent(str(p), N_IN, H, learning="eprop")
-    assert "noisy model" in str(e.value) and ":9:" in str(e.value)
-    q = tmp_path / "gate.neuron"
-    q.write_text(UNREACHED)
-    with pytest.raises(FlexDSLError) as e:
-        flexdsl.recurrent(str(q), N_IN, H, port="x", learning="eprop")
-    assert "reaches neither a state nor an output" in str(e.value) and ":3:" in str(e.value)
-
-
 OUTPUT_UNREACHED = """
 neuron Counter:
     input x
@@ -459,13 +446,18 @@ neuron Counter:
 """
 
 
-def test_a_port_whose_states_reach_no_output_is_a_located_error(tmp_path):
-    """`x` moves `v`, but the spike reads only `c`: every e-prop gradient of the weights would be 0."""
-    p = tmp_path / "counter.neuron"
-    p.write_text(OUTPUT_UNREACHED)
-    with pytest.raises(FlexDSLError, match="moves `v`, but no output") as e:
-        flexdsl.recurrent(str(p), N_IN, H, learning="eprop")
-    assert ":3:" in str(e.value)
+@pytest.mark.parametrize("text, kw, words, where", [
+    (NOISY, {}, "noisy model", ":9:"),
+    (UNREACHED, {"port": "x"}, "reaches neither a state nor an output", ":3:"),
+    # (`x` moves `v`, but the spike reads only `c`: every e-prop gradient of the weights would be 0)
+    (OUTPUT_UNREACHED, {}, "moves `v`, but no output", ":3:"),
+])
+def test_models_eprop_cannot_serve_are_located_errors(tmp_path, text, kw, words, where):
+    p = tmp_path / "model.neuron"
+    p.write_text(text)
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.recurrent(str(p), N_IN, H, learning="eprop", **kw)
+    assert words in str(e.value) and where in str(e.value)
 
 
 def test_a_second_derivative_through_eprop_is_a_located_error():
