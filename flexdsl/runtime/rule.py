@@ -337,6 +337,8 @@ class Rule(nn.Module):
                 continue
             if k not in given:
                 raise self._error(f"rule `{self.name}` reads the modulator `{k}` at every step; none was given",
+                                  f"pass it: {k}=tensor of shape [T, *batch, n_post] (a value per postsynaptic "
+                                  "neuron; in a layer, the neuron's own)" if k in self.post_inputs else
                                   f"pass it: {k}=tensor of shape [T] (one value a step) or [T, *batch]")
             v = given[k]
             if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)) or (
