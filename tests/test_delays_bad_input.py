@@ -222,3 +222,39 @@ def test_the_builder_takes_delays_by_synapse_name_too():
     assert torch.equal(a.W_delay.detach(), t) and torch.equal(b.W_delay.detach(), t)
     with pytest.raises(FlexDSLError, match="delays were given for `V`"):
         flexdsl.feedforward("lif", 4, 3, delay="axonal", max_delay=5, delays={"V": t.long()})
+
+
+@pytest.mark.parametrize("kind", ["synaptic", "axonal", "dendritic"])
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_linear_delays_at_whole_steps_take_the_one_sided_derivative(kind, recurrent):
+    """The linear relaxation is piecewise linear in d: at a whole d (0, max, or clamped there) its
+    gradient is the one-sided derivative of the step above (at max, below), as the two-step reads give
+    it; autograd of max(0, 1 - |k - d|) summed both sides (twice it inside, the wrong sign at 0).
+    Against one-sided finite differences of the layer (float64, h = 1e-6: exact on a linear piece)."""
+    D = 3 if recurrent else 4
+    name = "W_rec_delay" if recurrent else "W_delay"
+    head = "layer L:\n    neuron li\n    size 2\n    input s size 2\n"
+    text = head + (f"    synapses W_in from s to x\n    synapses W_rec from v to x:\n        delay {kind} max {D} "
+                   "learnable linear\n" if recurrent else
+                   f"    synapses W from s to x:\n        delay {kind} max {D} learnable linear\n")
+    torch.manual_seed(0)
+    x = torch.rand(6, 1, 2, dtype=torch.float64)
+    m = flexdsl.loads(text, backend="torch").double()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n in ("W", "W_in", "W_rec"):
+                p.fill_(0.3 if n == "W_rec" else 1.0)
+
+    def loss(v: float) -> torch.Tensor:
+        m.reset()
+        with torch.no_grad():
+            getattr(m, name).fill_(v)
+        return m(x).sum()
+
+    h = 1e-6
+    for d in (0.0, 2.0, 2.5, float(D)):
+        m.zero_grad()
+        loss(d).backward()
+        got = float(getattr(m, name).grad.sum())
+        fd = float(loss(d + h) - loss(d)) / h if d < D else float(loss(d) - loss(d - h)) / h
+        assert abs(got - fd) <= 1e-6 * max(1.0, abs(fd)), (d, got, fd)

@@ -165,7 +165,8 @@ def check_width(layer: CheckedLayer, s: CheckedSynapse, width: float) -> None:
 
 def tap_weights(d: torch.Tensor, D: int, width: float, interp: str) -> torch.Tensor:
     """`g[..., k]`, k = 0..D, of delays `d[...]` (autograd to `d`): the softmax over the steps of
-    `-(k - d)²/2σ²` (gauss, the normalized Gaussian), or `max(0, 1 - |k - d|)` (linear)."""
+    `-(k - d)²/2σ²` (gauss, the normalized Gaussian), or `max(0, 1 - |k - d|)` (linear; its derivative
+    at a whole d taken from above, at max from below: the two-step reads' own)."""
     x = torch.arange(D + 1, device=d.device, dtype=d.dtype) - d.unsqueeze(-1)
     if interp == "gauss":
         # (the nearest step's exponent is 0 and the others' at most the dtype's largest value / 4: any
@@ -175,7 +176,15 @@ def tap_weights(d: torch.Tensor, D: int, width: float, interp: str) -> torch.Ten
         coef = 0.5 / (width * width) if width * width > 0 else math.inf
         coef = min(coef, torch.finfo(d.dtype).max / (4 * max(D, 1) ** 2))
         return torch.softmax(e * -coef, dim=-1)
-    return (1 - x.abs()).clamp_min(0)
+    # (linear: the two steps around d, `1 - f` and `f` with f = d - floor(d), as `_two_taps` reads them: at
+    # a whole d (0, max, or a clamped one) the derivative of the step above's side, not the sum of both
+    # sides that autograd takes of |k - d|)
+    d0 = d.detach().floor().clamp(0, max(D - 1, 0))
+    f = (d - d0).unsqueeze(-1)
+    k = torch.arange(D + 1, device=d.device, dtype=d.dtype)
+    lo = (k == d0.unsqueeze(-1)).to(d.dtype)
+    hi = (k == d0.unsqueeze(-1) + 1).to(d.dtype)
+    return lo * (1 - f) + hi * f
 
 
 def _spread(hist: torch.Tensor, g: torch.Tensor, T: int) -> torch.Tensor:
