@@ -930,7 +930,7 @@ def test_clopath_equals_the_papers_equations_and_reads_the_neurons_voltage():
         up = up * ep + u * (1 - ep)
         ltp = p["A_LTP"] * np.outer(np.maximum(u - p["theta_plus"], 0) * np.maximum(up - p["theta_minus"], 0), x) * p["dt"]
         s = pre[t, 0].numpy()
-        x = x + s
+        x = x + s / p["tau_x"]  # (tau_x dx/dt = -x + X(t), X a sum of deltas: a jump of 1/tau_x)
         ltd = p["A_LTD"] * np.outer(np.maximum(um - p["theta_minus"], 0), s)
         dws += ltp - ltd
         w = np.clip(w + ltp - ltd, 0.0, 1.0)
