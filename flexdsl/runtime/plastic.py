@@ -530,19 +530,19 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
     b = _number(neuron.param_values().get("dt"))
     if a is None or b is None:
         return
-    unit = ru or nu
-    if ru != nu and not (ru and nu):  # (one side a bare number: the other's in its written unit)
-        if ru:
-            a = _in_written_unit(rule.ir.checked, a)
-        else:
-            b = _in_written_unit(neuron.compiled.checked, b)
-    if abs(a - b) > 1e-12 * max(abs(a), abs(b)):
-        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{' ' + ru if ru else ''} and neuron "
-                          f"`{layer.neuron.name}` by dt = {b:g}{' ' + nu if nu else ''}"
-                          + (f" (a number without a unit counts in {unit} here)" if ru != nu and unit else "")
+    # (each as written: a number of its own unit; compared in base units where both have a unit)
+    aw = _in_written_unit(rule.ir.checked, a) if ru else a
+    bw = _in_written_unit(neuron.compiled.checked, b) if nu else b
+    x, y = (a, b) if ru and nu else (aw, bw)
+    if abs(x - y) > 1e-12 * max(abs(x), abs(y)):
+        unit = ru or nu
+        raise layer.error(f"rule `{rule.name}` steps by dt = {aw:g}{' ' + ru if ru else ''} and neuron "
+                          f"`{layer.neuron.name}` by dt = {bw:g}{' ' + nu if nu else ''}"
+                          + (f" (a number without a unit counts in {unit} here)" if ru != nu and not (ru and nu) else "")
                           + ": a rule steps with its neuron", s.rule_pos,
-                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}" if not ru else
-                          f"give the neuron the rule's dt (dt={a:g} at load)")
+                          f"give the rule the neuron's dt: rule_params={{'dt': {bw:g}}}" if not ru else
+                          f"give the rule the neuron's dt: rule_params={{'dt': '{bw:g} {nu}'}}" if nu else
+                          f"give the neuron the rule's dt (dt={aw:g} at load)")
 
 
 def _number(v: Any) -> float | None:
