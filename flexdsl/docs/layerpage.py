@@ -47,8 +47,9 @@ def _current(layer: CheckedLayer, s: CheckedSynapse) -> tuple[sp.Basic, sp.Basic
     else:
         weight = w[i, j] * (sp.IndexedBase("M")[i, j] if s.connect == "mask" else 1)
         rhs = sp.Sum(weight * pre, (j, 1, sp.Symbol(f"n_{s.pre}")))
-    if s.bias is not None:
-        rhs = rhs + sp.IndexedBase(s.bias)[i]
+    if s.bias is not None:  # (dendritic: the bias is part of the delayed current, 0 before it arrives)
+        b = sp.IndexedBase(s.bias)[i]
+        rhs = rhs + (b * sp.Heaviside(t - back, 1) if s.delay_kind == "dendritic" else b)
     return sp.Function(f"{port}_i")(t), rhs
 
 

@@ -102,7 +102,10 @@ def stdp_window(rule: Any, lags: int = LAGS, w: float | None = None) -> tuple[to
     if w is None:
         w = (lo + hi) / 2 if lo is not None and hi is not None else 1.0
     lag = torch.arange(-lags, lags + 1)
-    T = 2 * lags + 3
+    # (a state per synapse, an eligibility, pays a pair out over time after the last spike: the run goes on
+    # until it has, ten of the window's length)
+    eligible = any(side == "synapse" for s, side in rule.sides.items() if s != rule.weight_name)
+    T = 2 * lags + 3 + (10 * lags if eligible else 0)
     n = len(lag)
     pre = torch.zeros(T, 1, n, dtype=torch.float64)
     post = torch.zeros(T, 1, 1, dtype=torch.float64)
@@ -151,7 +154,7 @@ def _figure(rule: Any):
         ax.set_xlabel("t_post - t_pre" + (f" ({unit})" if unit else " (steps)"))
         ax.set_ylabel("weight change")
         mods = " (modulators 1)" if set(rule.modulators) - set(rule.post_inputs) else ""
-        mods += " (post_ inputs +60 at the spike)" if rule.post_inputs else ""
+        mods += " (post_ inputs +60 at the spike's step and the next)" if rule.post_inputs else ""
         ax.set_title(f"{rule.name}: the STDP window, one pair{mods}", fontsize=8)
     fig.tight_layout()
     return fig
@@ -159,9 +162,12 @@ def _figure(rule: Any):
 
 def _lags(rule: Any) -> int:
     """Steps on each side of the window's plot: three of the rule's longest time constant (`tau*`
-    params, in the unit of `dt`), from 10 to 400."""
-    vals = {k: (float(v.detach()) if isinstance(v, torch.Tensor) else float(v)) for k, v in rule.param_values().items()
-            if not isinstance(v, torch.Tensor) or v.numel() == 1}
+    params, over `dt`, each in the units it is written in), from 10 to 400."""
+    from ..runtime.params import written_scale
+
+    ck = rule.ir.checked
+    vals = {k: (float(v.detach()) if isinstance(v, torch.Tensor) else float(v)) * written_scale(ck, k)
+            for k, v in rule.param_values().items() if not isinstance(v, torch.Tensor) or v.numel() == 1}
     taus = [v for k, v in vals.items() if k.startswith("tau") and not k.endswith("_inv") and v > 0]
     if not taus:
         return LAGS
@@ -177,7 +183,9 @@ def _time_unit(rule: Any) -> str | None:
     written = ck.written.param("dt") if ck.written is not None else None
     if written is not None and isinstance(written.default, A.Quantity):
         return A.quantity_unit(written.default)
-    return "in the unit of dt"
+    from .units import unit_of
+
+    return unit_of(next(p for p in ck.params if p.name == "dt")) or "in the unit of dt"
 
 
 def _interface(rule: Any) -> list[str]:
@@ -220,8 +228,10 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
     summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ").replace("`", "") if a.doc.strip() else
                f"plasticity rule {ck.name}")  # (the index shows it as text)
     src = figure_src(_figure(rule), outdir, f"{stem or ck.name}.window.png")
+    lo, hi = rule.bounds()
+    held = f"{(lo + hi) / 2:g}, the middle of its bounds" if lo is not None and hi is not None else "1"
     what = ("The weight change from one presynaptic and one postsynaptic spike against their timing, simulated "
-            "with the compiled rule (window semantics; the weight in the middle of its bounds):"
+            f"with the compiled rule (window semantics; the weight {held}):"
             if rule.changes_weight else "What the synapse carries at the spikes of a regular train, simulated "
             "with the compiled rule:")
     lines = [f"# {ck.name}", "", f"*plasticity rule* · `{label}`", "", *([a.doc.strip(), ""] if a.doc.strip() else []),

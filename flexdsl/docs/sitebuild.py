@@ -76,12 +76,17 @@ def expand(args: Iterable[str | Path]) -> list[Target]:
         elif "/" not in s and s.endswith((".layer", ".rule")) and (library_path("x").parent / s).is_file():
             lib = library_path("x").parent / s  # (a library layer or rule: `rlif.layer`, `stdp_sj.rule`)
             add(s, str(lib), str(lib.resolve()))
+        elif "/" not in s and (library_path("x").parent / f"{s}.rule").is_file():
+            lib = library_path("x").parent / f"{s}.rule"  # (a library rule by its name: `stdp_additive`)
+            add(f"{s}.rule", str(lib), str(lib.resolve()))
         else:
             from ..errors import did_you_mean
+            from ..library import rules
 
-            hint = did_you_mean(p.stem, library())
-            raise FlexDSLError(f"no such file, directory or library model: `{s}`", s,
-                               hint=hint or "library models: " + ", ".join(library()))
+            names = [*library(), *rules()]
+            hint = did_you_mean(p.stem, names)
+            raise FlexDSLError(f"no such file, directory or library model or rule: `{s}`", s,
+                               hint=hint or "library models: " + ", ".join(library()) + "; rules: " + ", ".join(rules()))
     return out
 
 

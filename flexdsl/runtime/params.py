@@ -67,6 +67,20 @@ def resolve_params(c: Compiled, overrides: dict[str, Any]) -> dict[str, Any]:
     return env
 
 
+def written_scale(ck: Any, name: str) -> float:
+    """What one of the unit param `name` is written in makes in the model's base units (`0.02 s`: 1000,
+    time in ms; 1 for a param written without a unit): params keep their written numbers."""
+    from ..frontend.dims import unit
+
+    written = ck.written.param(name) if getattr(ck, "written", None) is not None else None
+    if written is None or not isinstance(written.default, A.Quantity):
+        return 1.0
+    try:
+        return float(unit(written.default.unit)[0]) ** written.default.power
+    except Exception:  # noqa: BLE001 - (a compound unit: left as written)
+        return 1.0
+
+
 def param_number(c: Compiled, p: A.Param, v: Any, what: str) -> Any:
     """A param's value from outside the model text (an override, an assignment, a checkpoint),
     checked: a real number (a float) or a real tensor with at least one element, finite.

@@ -530,10 +530,12 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
     b = _number(neuron.param_values().get("dt"))
     if a is None or b is None:
         return
-    # (each as written: a number of its own unit; compared in base units where both have a unit)
-    aw = _in_written_unit(rule.ir.checked, a) if ru else a
-    bw = _in_written_unit(neuron.compiled.checked, b) if nu else b
-    x, y = (a, b) if ru and nu else (aw, bw)
+    # (params keep their written numbers: compared in base units where both have a unit, else as numbers)
+    from .params import written_scale
+
+    aw, bw = a, b
+    x, y = (a * written_scale(rule.ir.checked, "dt"), b * written_scale(neuron.compiled.checked, "dt")) \
+        if ru and nu else (a, b)
     if abs(x - y) > 1e-12 * max(abs(x), abs(y)):
         unit = ru or nu
         raise layer.error(f"rule `{rule.name}` steps by dt = {aw:g}{' ' + ru if ru else ''} and neuron "
@@ -549,16 +551,6 @@ def _number(v: Any) -> float | None:
     if isinstance(v, torch.Tensor):
         return float(v.detach()) if v.numel() == 1 else None
     return None if v is None else float(v)
-
-
-def _in_written_unit(ck: Any, value: float) -> float:
-    """A `dt` in base units (how params are kept) as a number of the unit the model writes it in."""
-    from ..frontend import ast as A
-    from ..frontend.evaluate import evaluate
-
-    written = ck.written.param("dt").default
-    base = float(evaluate(ck.param("dt").default, {}))
-    return value * (written.value / base) if isinstance(written, A.Quantity) and base else value
 
 
 __all__ = ["PlasticSynapses"]
