@@ -6,6 +6,7 @@ Syntax errors become located FlexDSLErrors here; names and rules are checked in 
 from __future__ import annotations
 
 import keyword
+import math
 import re
 import threading
 from functools import lru_cache
@@ -296,8 +297,11 @@ class _ToAST(Transformer_NonRecursive):
         return A.LayerInput(str(name), size, _pos(name), doc or "", _pos(num) if num is not None else None)
 
     def _count(self, num: Token, what: str) -> int:
-        value = float(num)
-        if value != int(value) or value < 1 or value > 2**31:
+        try:
+            value = float(num)
+        except OverflowError:  # (a many-digit integer: over any size)
+            value = math.inf
+        if not math.isfinite(value) or value != int(value) or value < 1 or value > 2**31:
             raise FlexDSLError(f"{what} must be a positive whole number, not `{num}`", self.filename, num.line,
                                num.column, self.source, "e.g. `size 256`")
         return int(value)

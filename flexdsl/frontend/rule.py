@@ -144,9 +144,13 @@ def _check_bounds(rule: A.Rule, decl: A.WeightDecl, model: CheckedModel) -> None
     cmp = decl.where
     assert cmp is not None
     params = {p.name for p in model.params}
-    if not any(isinstance(o, A.Name) and o.id == decl.name for o in cmp.operands):
+    selves = [o for o in cmp.operands if isinstance(o, A.Name) and o.id == decl.name]
+    if not selves:
         raise _err(rule, f"the weight's bounds must compare `{decl.name}` itself", cmp.pos,
                    f"e.g. `weight {decl.name} where 0 <= {decl.name} <= w_max`")
+    if len(selves) > 1:
+        raise _err(rule, f"a bound of the weight may use numbers and params only; `{decl.name}` is the weight itself",
+                   selves[1].pos, f"e.g. `weight {decl.name} where 0 <= {decl.name} <= w_max`")
     for o in cmp.operands:
         if isinstance(o, A.Name) and o.id == decl.name:
             continue

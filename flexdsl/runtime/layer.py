@@ -65,9 +65,9 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, SparseI
         delays = dict(delays or {})
         self.size = layer.size
         for s in layer.synapses:
-            self.register_parameter(s.name, nn.Parameter(torch.empty(layer.weight_shape(s))))
+            self.register_parameter(s.name, nn.Parameter(allocate(layer, s, layer.weight_shape(s))))
             if s.bias is not None:
-                self.register_parameter(s.bias, nn.Parameter(torch.empty(layer.size)))
+                self.register_parameter(s.bias, nn.Parameter(allocate(layer, s, (layer.size,))))
             if s.connect == "mask":
                 self.register_buffer(s.name + "_mask", _mask(layer, s, masks.get(s.name)))
         self._register_delays(delays)
@@ -297,6 +297,16 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
                       {"learning": learning, "readout": readout, "feedback": feedback})
 
 
+def allocate(layer: CheckedLayer, s: CheckedSynapse, shape: tuple[int, ...]) -> torch.Tensor:
+    """A synapse group's weights (uninitialized): a located error where the memory is not there."""
+    try:
+        return torch.empty(shape)
+    except RuntimeError as e:  # (the allocator's "can't allocate memory")
+        gib = math.prod(shape) * torch.get_default_dtype().itemsize / 2**30
+        raise layer.error(f"synapses `{s.name}` need {math.prod(shape):,} values ({gib:.1f} GiB), which could not be "
+                          f"allocated: {str(e).splitlines()[0][:120]}", s.pos, "a smaller layer") from None
+
+
 def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     """A layer file checked and planned without building its module (`flexdsl check`, `flexdsl
     show`): sizes it leaves to the load are taken as 1 here (the checks that need them pass)."""
@@ -311,6 +321,11 @@ def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     checked = check_layer(layer, neuron.compiled.checked, size, sizes, _dt(neuron))
     if checked.recurrent is not None:
         recurrent_form(checked)
+    from .plastic import loaded_rule
+
+    for s in checked.synapses:  # (a rule's file found, checked, and fit for this neuron: as a load finds it)
+        if s.rule is not None:
+            loaded_rule(checked, s, {}, None, neuron)
     return checked, layer_plan(checked, neuron.compiled)
 
 

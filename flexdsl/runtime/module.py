@@ -158,7 +158,8 @@ class NeuronModule(ParamSlots, Checkpoints, CallArgs, CallChecks, NoiseSource, _
             elif isinstance(v, torch.Tensor):
                 t = v.detach().to(torch.float64).clone()
             stored[p.name] = t if t is not None else v
-            common_shape(c, stored)
+            if t is not None:  # (a tensor joins: the shapes must still broadcast; numbers always do)
+                common_shape(c, stored)
             if p.learnable:
                 init = t if t is not None else torch.tensor(float(v), dtype=torch.float64)
                 if p.name in ck.bounds:

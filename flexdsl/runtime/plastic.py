@@ -66,9 +66,7 @@ class PlasticSynapses:
         for s in rules:
             ps = dict(given.get(s.name, {}))
             train = ps.pop("learnable", learn)
-            rule = _load(layer, s, ps, train)
-            _check_dt(layer, s, rule, self.neuron)  # type: ignore[attr-defined]
-            _check_post_inputs(layer, s, rule)
+            rule = loaded_rule(layer, s, ps, train, self.neuron)  # type: ignore[attr-defined]
             for k in rule.modulators:
                 if k not in rule.post_inputs:  # (post_<x>: the neuron's own <x>, not a keyword of the call)
                     mods.setdefault(k, s.name)
@@ -478,6 +476,16 @@ def _mods_of(rule: Rule, mods: Mapping[str, Any]) -> dict[str, Any]:
     return {k: mods[k] for k in rule.modulators if k in mods}
 
 
+def loaded_rule(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any], learnable: Any, neuron: Any
+                ) -> Rule:
+    """The rule of synapses `s`, loaded and checked against the layer's neuron (its `dt`, what it
+    reads of the neuron): what a layer's load runs, and `flexdsl check` / `show` of a layer file."""
+    rule = _load(layer, s, params, learnable)
+    _check_dt(layer, s, rule, neuron)
+    _check_post_inputs(layer, s, rule)
+    return rule
+
+
 def _load(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any], learnable: Any) -> Rule:
     ref: str | Path = s.rule  # type: ignore[assignment]
     if s.rule_is_path and not Path(ref).is_absolute() and not layer.ast.filename.startswith("<"):
@@ -553,4 +561,4 @@ def _number(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
-__all__ = ["PlasticSynapses"]
+__all__ = ["PlasticSynapses", "loaded_rule"]

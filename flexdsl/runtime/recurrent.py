@@ -166,10 +166,17 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         self.backend = backend
         names = _names(d["_plan"])
         d["_alias"] = {k: v for k, v in names.items() if k != v}  # W_in, W_rec, bias -> the layer file's names
-        self.register_parameter(names["W_in"], nn.Parameter(torch.empty(hidden, in_features))
+        def empty(*size: int) -> torch.Tensor:  # (a located error where the memory is not there)
+            try:
+                return torch.empty(size)
+            except RuntimeError as e:
+                raise d["_layer"].error(f"the layer's weights ({size}) could not be allocated: "
+                                        f"{str(e).splitlines()[0][:120]}", None, "a smaller layer") from None
+
+        self.register_parameter(names["W_in"], nn.Parameter(empty(hidden, in_features))
                                 if in_features is not None else None)
-        self.register_parameter(names["W_rec"], nn.Parameter(torch.empty(shape)))
-        self.register_parameter(names["bias"], nn.Parameter(torch.empty(hidden)) if bias else None)
+        self.register_parameter(names["W_rec"], nn.Parameter(empty(*shape)))
+        self.register_parameter(names["bias"], nn.Parameter(empty(hidden)) if bias else None)
         self.register_buffer("mask", mask)
         d["_kept"] = {}  # the delayed input synapses' last steps (their state)
         d["_in_delay"] = next((s for s in d["_layer"].synapses if s.delay_kind is not None and not s.recurrent), None)

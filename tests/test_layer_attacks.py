@@ -1,0 +1,85 @@
+"""Layer and rule files as an attacker writes them: every refusal a located `FlexDSLError` (never a
+bare OverflowError, KeyError or allocator error), `flexdsl check` refusing what the load refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flexdsl
+from flexdsl import FlexDSLError
+from flexdsl.frontend.layer import MODULE_NAMES
+
+LAYER = "layer L:\n    neuron lif\n    size {size}\n    input s size {inp}\n    synapses {name} from s to x\n"
+
+
+@pytest.mark.parametrize("size, inp", [("1e309", "3"), ("9" * 5000, "3"), ("4", "1e400")])
+def test_sizes_beyond_any_float_are_located_errors(size, inp):
+    with pytest.raises(FlexDSLError, match="positive whole number") as e:
+        flexdsl.loads(LAYER.format(size=size, inp=inp, name="W"))
+    assert e.value.line in (3, 4)
+
+
+@pytest.mark.parametrize("name", ["forward", "training", "parameters", "plan", "to", "reset", "plastic", "_W",
+                                  "class", "state_dict"])
+def test_a_weight_named_like_the_modules_own_attribute_is_refused(name):
+    """(`synapses forward ...` replaced the module's call: a bare KeyError at load, `check` said ok)"""
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.loads(LAYER.format(size=4, inp=3, name=name))
+    assert e.value.line == 5
+
+
+def test_a_weight_named_like_another_groups_delays_is_refused():
+    text = ("layer L:\n    neuron lif\n    size 4\n    input s size 3\n    synapses W from s to x:\n"
+            "        delay axonal max 3\n    synapses W_delay from s to x\n")
+    with pytest.raises(FlexDSLError, match="delays or mask") as e:
+        flexdsl.loads(text)
+    assert e.value.line == 7
+
+
+def test_the_reserved_names_cover_the_modules_attributes():
+    """The frontend imports no torch: its list of the layer modules' names is kept equal to them here."""
+    from flexdsl.frontend.layer import _RESERVED
+
+    for m in (flexdsl.feedforward("lif", 3, 2), flexdsl.recurrent("lif", 3, 2),
+              flexdsl.load("rlif.layer", hidden=3, in_features=2)):
+        names = {n for n in dir(type(m)) if not n.startswith("_")} | {n for n in vars(m) if not n.startswith("_")}
+        names |= {n for n in dir(torch.nn.Module) if not n.startswith("_")}
+        synapses = {s.name for s in m._layer.synapses} | {s.bias for s in m._layer.synapses if s.bias}
+        assert names - MODULE_NAMES - set(_RESERVED) - synapses == set()
+
+
+def test_a_bound_that_reads_the_weight_twice_is_a_located_error():
+    for bounds in ("w <= w", "0 <= w <= w"):
+        text = f"rule R:\n    weight w where {bounds}\n    on pre:\n        w += 1\n"
+        with pytest.raises(FlexDSLError, match="numbers and params only") as e:
+            flexdsl.load_rule(text)
+        assert e.value.line == 2
+
+
+def test_a_layers_weights_together_have_one_limit_and_allocation_failures_are_located(monkeypatch):
+    text = ("layer L:\n    neuron lif\n    size 65536\n    input s size 65535\n    input t size 65535\n"
+            "    synapses W from s to x\n    synapses V from t to x\n")
+    with pytest.raises(FlexDSLError, match="together"):
+        flexdsl.loads(text)
+
+    def fail(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 64000000000 bytes")
+
+    monkeypatch.setattr(torch, "empty", fail)
+    for t in (LAYER.format(size=40, inp=30, name="W"), LAYER.format(size=40, inp=30, name="W")
+              + "    synapses W_rec from spike to x\n"):
+        with pytest.raises(FlexDSLError, match="could not be allocated"):
+            flexdsl.loads(t)
+
+
+def test_check_resolves_a_layers_rule(tmp_path):
+    from flexdsl.cli import main
+
+    bad = tmp_path / "norule.layer"
+    bad.write_text("layer L:\n    neuron lif\n    size 4\n    input s size 3\n    synapses W from s to x:\n"
+                   "        rule nosuchrule\n")
+    good = tmp_path / "rule.layer"
+    good.write_text(bad.read_text().replace("nosuchrule", "stdp_additive online"))
+    assert main(["check", str(bad)]) == 1
+    assert main(["check", str(good)]) == 0
