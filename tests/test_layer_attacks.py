@@ -83,3 +83,11 @@ def test_check_resolves_a_layers_rule(tmp_path):
     good.write_text(bad.read_text().replace("nosuchrule", "stdp_additive online"))
     assert main(["check", str(bad)]) == 1
     assert main(["check", str(good)]) == 0
+
+
+@pytest.mark.parametrize("text, words", [("", "neuron NAME:"), ("# only a comment\n", "neuron NAME:"),
+                                         ("neuron N:\n    input x\n    state v\u0430 = 0\n", "U+0430")])
+def test_empty_files_and_look_alike_letters_get_a_hint(text, words):
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.loads(text)
+    assert e.value.hint and words in e.value.hint

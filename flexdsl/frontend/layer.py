@@ -181,7 +181,7 @@ def _inputs(layer: A.Layer, given: Mapping[str, int]) -> list[tuple[str, int, A.
     out: list[tuple[str, int, A.Pos]] = []
     for d in decls:
         if d.name in [o[0] for o in out]:
-            raise _err(layer, f"input `{d.name}` is declared twice", d.pos)
+            raise _err(layer, f"input `{d.name}` is declared twice", d.pos, "give each input its own name")
         g = given.get(d.name)
         if g is not None and d.size is not None and g != d.size:
             raise _err(layer, f"input `{d.name}` has size {d.size} here, but {g} was given at load", d.size_pos,
@@ -312,7 +312,8 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool, neuron: CheckedModel,
     if isinstance(e, A.Quantity):
         e = _in_steps(layer, s, e, what, neuron, dt)
     if isinstance(e, A.Neg) and isinstance(e.operand, A.Num):
-        raise _err(layer, f"{what} is negative (-{e.operand.text}); a delay is 0 or more steps", e.pos)
+        raise _err(layer, f"{what} is negative (-{e.operand.text}); a delay is 0 or more steps", e.pos,
+                   f"`delay {e.operand.text}`: the input arrives that many steps later")
     if isinstance(e, A.Name) and e.id in ("learnable", "max"):
         raise _err(layer, f"`delay {e.id}` of `{s.name}` needs a kind and a maximum first", e.pos,
                    "e.g. `delay synaptic max 20 learnable` (or axonal, dendritic)")

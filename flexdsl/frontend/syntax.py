@@ -104,13 +104,16 @@ def _keyword_hint(word: str, expected: set[str]) -> str | None:
     return did_you_mean(word, words) if words and word not in words else None
 
 
+_EMPTY_HINT = "a model starts `neuron NAME:` (`layer NAME:`, `rule NAME:`) with its indented body below"
+
+
 def _unexpected_token(err: UnexpectedToken, filename: str, source: str) -> FlexDSLError:
     tok = err.token
     expected = set(err.expected) if err.expected else set()
     if tok.type == "$END":
         lines = source_lines(source.rstrip("\n"))
         return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source,
-                            "a block needs an indented body" if "_INDENT" in expected else None)
+                            "a block needs an indented body" if "_INDENT" in expected else _EMPTY_HINT)
     if tok.type == "_INDENT":
         return FlexDSLError("unexpected indent", filename, tok.end_line, tok.end_column, source,
                             "indent only the body of `neuron`, `update:`, `equations:` and `on spike:`")
@@ -158,10 +161,13 @@ def syntax_error(err: UnexpectedInput, filename: str, source: str) -> FlexDSLErr
         if ch.isdigit() or ch.isnumeric():
             return FlexDSLError(f"`{ch}` (U+{ord(ch):04X}) is not a digit of a number", filename, err.line,
                                 err.column, source, "numbers are written with the ASCII digits 0-9")
-        return FlexDSLError(f"unexpected character `{ch}`", filename, err.line, err.column, source)
+        hint = (f"`{ch}` (U+{ord(ch):04X}) is not ASCII: names are ASCII letters, digits and `_` (a look-alike "
+                "letter or an invisible character pasted in?)" if not ch.isascii() else
+                "see the language reference (docs/language.md) for the characters a model is written with")
+        return FlexDSLError(f"unexpected character `{ch}`", filename, err.line, err.column, source, hint)
     if isinstance(err, UnexpectedToken):
         return _unexpected_token(err, filename, source)
     if isinstance(err, UnexpectedEOF):
         lines = source_lines(source.rstrip("\n"))
-        return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source)
+        return FlexDSLError("unexpected end of file", filename, len(lines), len(lines[-1]) + 1, source, _EMPTY_HINT)
     return FlexDSLError(str(err), filename, getattr(err, "line", 0), getattr(err, "column", 0), source)
