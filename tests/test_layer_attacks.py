@@ -8,7 +8,7 @@ import torch
 
 import flexdsl
 from flexdsl import FlexDSLError
-from flexdsl.frontend.layer import MODULE_NAMES
+from flexdsl.runtime.layertext import module_names
 
 LAYER = "layer L:\n    neuron lif\n    size {size}\n    input s size {inp}\n    synapses {name} from s to x\n"
 
@@ -38,15 +38,17 @@ def test_a_weight_named_like_another_groups_delays_is_refused():
 
 
 def test_the_reserved_names_cover_the_modules_attributes():
-    """The frontend imports no torch: its list of the layer modules' names is kept equal to them here."""
+    """The names a layer file's weight may not take: every public attribute a layer module has (its
+    class's and those its __init__ sets), but its own weights'."""
     from flexdsl.frontend.layer import _RESERVED
 
     for m in (flexdsl.feedforward("lif", 3, 2), flexdsl.recurrent("lif", 3, 2),
-              flexdsl.load("rlif.layer", hidden=3, in_features=2)):
-        names = {n for n in dir(type(m)) if not n.startswith("_")} | {n for n in vars(m) if not n.startswith("_")}
-        names |= {n for n in dir(torch.nn.Module) if not n.startswith("_")}
+              flexdsl.load("rlif.layer", hidden=3, in_features=2),
+              flexdsl.feedforward("lif", 3, 2, rule="stdp_additive"), flexdsl.feedforward("lif", 3, 2, sparse_input=True),
+              flexdsl.recurrent("lif", 3, 2, learning="eprop", readout=2)):
+        names = {n for n in dir(m) if not n.startswith("_")} | {n for n in vars(m) if not n.startswith("_")}
         synapses = {s.name for s in m._layer.synapses} | {s.bias for s in m._layer.synapses if s.bias}
-        assert names - MODULE_NAMES - set(_RESERVED) - synapses == set()
+        assert names - module_names() - set(_RESERVED) - synapses == set()
 
 
 def test_a_bound_that_reads_the_weight_twice_is_a_located_error():

@@ -25,27 +25,6 @@ CONNECT = {"dense": "dense", "all": "dense", "all_to_all": "dense", "one_to_one"
 MAX_DELAY = 100_000  # steps a delay may reach (the layer keeps that many steps of its input)
 MAX_WEIGHTS = 2**32  # weights of one dense synapse group (16 GiB in float32)
 _RESERVED = ("neuron", "feedback", "mask", "size", "hidden", "in_features")
-# the attributes of the layer modules and of torch's nn.Module (a weight named `forward` would replace the
-# module's call): kept equal to them by tests/test_delays_bad_input.py, the frontend imports no torch
-MODULE_NAMES = frozenset((
-    "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile", "cpu",
-    "cuda", "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state",
-    "get_parameter", "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers",
-    "named_children", "named_modules", "named_parameters", "parameters", "register_backward_hook",
-    "register_buffer", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-    "register_full_backward_pre_hook", "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook",
-    "register_module", "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook",
-    "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train",
-    "training", "type", "xpu", "zero_grad",
-    # the layer modules' own
-    "as_sequential", "current", "detach", "layer_text", "plan", "reset", "reset_parameters", "rules", "plastic",
-    "plastic_change", "last_dw", "modulators", "sparse_input", "step_mode", "backend", "port", "source",
-    "connectivity", "learning", "readout", "set_delay_width", "round_delays", "sparse_report",
-    # (SpikingJelly's MemoryModule, a base of the recurrent layer where SpikingJelly is installed)
-    "functional_forward", "get_reset_value", "materialize_states", "memories", "multi_step_forward",
-    "multi_step_functional_forward", "named_memories", "register_memory", "set_reset_value", "single_step_forward",
-    "single_step_functional_forward", "supported_step_mode",
-))
 
 
 @dataclass(frozen=True)
@@ -117,10 +96,12 @@ def neuron_ref(layer: A.Layer) -> A.LayerNeuron:
 
 
 def check_layer(layer: A.Layer, neuron: CheckedModel, size: int | None = None,
-                input_sizes: Mapping[str, int] | None = None, dt: float | None = None) -> CheckedLayer:
+                input_sizes: Mapping[str, int] | None = None, dt: float | None = None,
+                reserved: frozenset[str] = frozenset()) -> CheckedLayer:
     """The layer checked against its neuron (`size`, `input_sizes`: given at load, where the file
     leaves them out; a value the file also gives must agree; `dt`: the neuron's step in base
-    units, which a delay in time units is divided by, None where the model has no `dt`)."""
+    units, which a delay in time units is divided by, None where the model has no `dt`;
+    `reserved`: the names the layer's module has, no weight's or bias's)."""
     neuron_ref(layer)
     n = _size(layer, size)
     inputs = _inputs(layer, input_sizes or {})
@@ -130,7 +111,7 @@ def check_layer(layer: A.Layer, neuron: CheckedModel, size: int | None = None,
     if not syns:
         raise _err(layer, f"layer `{layer.name}` has no synapses", layer.pos,
                    "add one: `synapses W from <input> to " + (ports[0] if ports else "<neuron input>") + "`")
-    _unique_names(layer, neuron, syns, [i[0] for i in inputs])
+    _unique_names(layer, neuron, syns, [i[0] for i in inputs], reserved)
     checked = [_synapse(layer, neuron, s, inputs, outs, ports, n, dt) for s in syns]
     total = sum(n if c.connect == "one_to_one" else n * c.pre_size for c in checked)
     if total > MAX_WEIGHTS:  # (the layer's weights together: one limit, before anything is allocated)
@@ -194,7 +175,8 @@ def _inputs(layer: A.Layer, given: Mapping[str, int]) -> list[tuple[str, int, A.
     return out
 
 
-def _unique_names(layer: A.Layer, neuron: CheckedModel, syns: list[A.Synapses], inputs: list[str]) -> None:
+def _unique_names(layer: A.Layer, neuron: CheckedModel, syns: list[A.Synapses], inputs: list[str],
+                  reserved: frozenset[str]) -> None:
     taken: dict[str, str] = {n: "a layer input" for n in inputs}
     taken.update({p.name: "a param of the neuron" for p in neuron.params})
     taken.update({s.name: "a state of the neuron" for s in neuron.states})
@@ -210,7 +192,7 @@ def _unique_names(layer: A.Layer, neuron: CheckedModel, syns: list[A.Synapses], 
             if name in made:
                 raise _err(layer, f"`{name}` is the name of synapses `{made[name]}`'s delays or mask; a weight or bias "
                                   "needs its own name", pos, "rename it")
-            if name in MODULE_NAMES or name.startswith("_") or keyword.iskeyword(name):
+            if name in reserved or name.startswith("_") or keyword.iskeyword(name):
                 raise _err(layer, f"`{name}` is a name the layer's module (a torch nn.Module) uses already, or one "
                                   "Python reserves; a weight or bias needs its own name", pos, "rename it, e.g. W_" +
                            name.lstrip("_"))

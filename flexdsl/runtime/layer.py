@@ -34,7 +34,7 @@ from ..store.pipeline import layer_plan
 from . import delays as dl
 from .bits import synapse_product as _product
 from .compiler import compile_model
-from .layertext import LayerAttrs, delay_words, feedforward_text, plan, rule_words
+from .layertext import LayerAttrs, allocate, delay_words, feedforward_text, module_names, plan, rule_words
 from .module import NeuronModule
 from .options import make as make_options
 from .plastic import PlasticSynapses
@@ -65,9 +65,10 @@ class FeedForwardModule(LayerAttrs, dl.DelayedSynapses, PlasticSynapses, SparseI
         delays = dict(delays or {})
         self.size = layer.size
         for s in layer.synapses:
-            self.register_parameter(s.name, nn.Parameter(allocate(layer, s, layer.weight_shape(s))))
+            self.register_parameter(s.name, nn.Parameter(allocate(layer, layer.weight_shape(s), f"synapses `{s.name}`",
+                                                                  s.pos)))
             if s.bias is not None:
-                self.register_parameter(s.bias, nn.Parameter(allocate(layer, s, (layer.size,))))
+                self.register_parameter(s.bias, nn.Parameter(allocate(layer, (layer.size,), f"bias `{s.bias}`", s.pos)))
             if s.connect == "mask":
                 self.register_buffer(s.name + "_mask", _mask(layer, s, masks.get(s.name)))
         self._register_delays(delays)
@@ -283,7 +284,7 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
     neuron = _neuron(layer, detach_reset, opts, backend, params)
     sizes = _input_sizes(layer, in_features)
-    checked = check_layer(layer, neuron.compiled.checked, hidden, sizes, _dt(neuron))
+    checked = check_layer(layer, neuron.compiled.checked, hidden, sizes, _dt(neuron), reserved=module_names())
     lp = layer_plan(checked, neuron.compiled)
     if lp.scan is None:
         _no_eprop(learning, readout, feedback, lambda msg, hint: checked.error(msg, None, hint))
@@ -297,16 +298,6 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
                       {"learning": learning, "readout": readout, "feedback": feedback})
 
 
-def allocate(layer: CheckedLayer, s: CheckedSynapse, shape: tuple[int, ...]) -> torch.Tensor:
-    """A synapse group's weights (uninitialized): a located error where the memory is not there."""
-    try:
-        return torch.empty(shape)
-    except RuntimeError as e:  # (the allocator's "can't allocate memory")
-        gib = math.prod(shape) * torch.get_default_dtype().itemsize / 2**30
-        raise layer.error(f"synapses `{s.name}` need {math.prod(shape):,} values ({gib:.1f} GiB), which could not be "
-                          f"allocated: {str(e).splitlines()[0][:120]}", s.pos, "a smaller layer") from None
-
-
 def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     """A layer file checked and planned without building its module (`flexdsl check`, `flexdsl
     show`): sizes it leaves to the load are taken as 1 here (the checks that need them pass)."""
@@ -318,7 +309,7 @@ def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     if size is None:  # (a one_to_one input of unwritten size takes the layer's)
         n = layer.of(A.LayerSize)[0].value
         sizes = dict.fromkeys(sizes, n)
-    checked = check_layer(layer, neuron.compiled.checked, size, sizes, _dt(neuron))
+    checked = check_layer(layer, neuron.compiled.checked, size, sizes, _dt(neuron), reserved=module_names())
     if checked.recurrent is not None:
         recurrent_form(checked)
     from .plastic import loaded_rule

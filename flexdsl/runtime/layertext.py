@@ -4,6 +4,7 @@ planned (`frontend/layer.py`, `ir/layer.py`, cached by `store.pipeline.layer_pla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,8 +44,45 @@ def plan(text: str, filename: str, neuron: NeuronModule, hidden: int | None = No
          in_features: Mapping[str, int] | None = None) -> tuple[CheckedLayer, LayerPlan]:
     """A layer's text checked against its (loaded) neuron, and its plan."""
     layer = parse_layer(text, filename)
-    checked = check_layer(layer, neuron.compiled.checked, hidden, in_features)
+    checked = check_layer(layer, neuron.compiled.checked, hidden, in_features, reserved=module_names())
     return checked, layer_plan(checked, neuron.compiled)
+
+
+# the layer modules' own public names (their classes' and what their __init__ sets; SpikingJelly's
+# MemoryModule's, a base of the recurrent layer where it is installed): tests/test_layer_attacks.py keeps
+# this equal to the modules
+_LAYER_NAMES = (
+    "training", "size", "neuron", "step_mode", "in_features", "hidden", "connectivity", "port", "source", "backend",
+    "plastic", "sparse_input", "mask", "feedback", "readout", "rules", "as_sequential", "current", "detach",
+    "layer_text", "plan", "reset", "reset_parameters", "plastic_change", "last_dw", "modulators", "learning",
+    "set_delay_width", "round_delays", "sparse_report",
+    "functional_forward", "get_reset_value", "materialize_states", "memories", "multi_step_forward",
+    "multi_step_functional_forward", "named_memories", "register_memory", "set_reset_value", "single_step_forward",
+    "single_step_functional_forward", "supported_step_mode")
+
+
+@functools.lru_cache(maxsize=1)
+def module_names() -> frozenset[str]:
+    """The names a layer module has (torch's nn.Module's and the layer modules' own): no weight or bias
+    of a layer file may take one (`synapses forward ...` would replace the module's call)."""
+    import torch
+
+    return frozenset({n for n in dir(torch.nn.Module) if not n.startswith("_")} | set(_LAYER_NAMES))
+
+
+def allocate(layer: CheckedLayer, shape: Sequence[int], what: str, pos: Any = None) -> Any:
+    """Uninitialized weights of `shape` for a layer module: a located error (at `pos`) where the
+    memory is not there, not the allocator's."""
+    import math
+
+    import torch
+
+    try:
+        return torch.empty(tuple(shape))
+    except RuntimeError as e:  # (the allocator's "can't allocate memory")
+        gib = math.prod(shape) * torch.get_default_dtype().itemsize / 2**30
+        raise layer.error(f"{what} need {math.prod(shape):,} values ({gib:.1f} GiB), which could not be allocated: "
+                          f"{str(e).splitlines()[0][:120]}", pos, "a smaller layer") from None
 
 
 def recurrent_text(model: str, inputs: Sequence[str], in_features: int | None, hidden: int, connect: str,
@@ -118,4 +156,4 @@ def _free_name(name: str, taken: Sequence[str]) -> str:
     return name
 
 
-__all__ = ["LayerAttrs", "delay_words", "feedforward_text", "plan", "recurrent_text"]
+__all__ = ["LayerAttrs", "allocate", "delay_words", "feedforward_text", "module_names", "plan", "recurrent_text"]

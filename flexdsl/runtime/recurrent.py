@@ -36,7 +36,7 @@ from ..ir.layer import LayerPlan
 from . import programs
 from .bits import known_binary, mark_binary
 from .eprop_layer import EPropLearning
-from .layertext import LayerAttrs, plan, recurrent_text
+from .layertext import LayerAttrs, allocate, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
 from .recurrent_delays import DelayedRecurrence
 
@@ -166,17 +166,11 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         self.backend = backend
         names = _names(d["_plan"])
         d["_alias"] = {k: v for k, v in names.items() if k != v}  # W_in, W_rec, bias -> the layer file's names
-        def empty(*size: int) -> torch.Tensor:  # (a located error where the memory is not there)
-            try:
-                return torch.empty(size)
-            except RuntimeError as e:
-                raise d["_layer"].error(f"the layer's weights ({size}) could not be allocated: "
-                                        f"{str(e).splitlines()[0][:120]}", None, "a smaller layer") from None
-
-        self.register_parameter(names["W_in"], nn.Parameter(empty(hidden, in_features))
-                                if in_features is not None else None)
-        self.register_parameter(names["W_rec"], nn.Parameter(empty(*shape)))
-        self.register_parameter(names["bias"], nn.Parameter(empty(hidden)) if bias else None)
+        lay = d["_layer"]
+        w_in = allocate(lay, (hidden, in_features), "the input weights") if in_features is not None else None
+        self.register_parameter(names["W_in"], nn.Parameter(w_in) if w_in is not None else None)
+        self.register_parameter(names["W_rec"], nn.Parameter(allocate(lay, shape, "the recurrent weights")))
+        self.register_parameter(names["bias"], nn.Parameter(allocate(lay, (hidden,), "the bias")) if bias else None)
         self.register_buffer("mask", mask)
         d["_kept"] = {}  # the delayed input synapses' last steps (their state)
         d["_in_delay"] = next((s for s in d["_layer"].synapses if s.delay_kind is not None and not s.recurrent), None)
