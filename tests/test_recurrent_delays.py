@@ -130,7 +130,8 @@ TRITON_CASES = [("recurrent", f"delay axonal max {D}"), ("recurrent", f"delay sy
                 ("recurrent", f"delay dendritic max {D} learnable linear"), ("feedforward", f"delay synaptic max {D}"),
                 ("feedforward", f"delay synaptic max {D} learnable linear"),
                 ("delayed_recurrent_synapse", f"delay axonal max {D}"),
-                ("delayed_recurrent_synapse", f"delay synaptic max {D} learnable")]
+                ("delayed_recurrent_synapse", f"delay synaptic max {D} learnable"),
+                ("recurrent", f"delay axonal max {D} learnable"), ("feedforward", f"delay dendritic max {D} learnable")]
 
 
 @needs_triton
@@ -248,6 +249,49 @@ def test_delayed_recurrent_synapses_equal_a_hand_loop(kind, interp, scan):
     m.reset()
     m.step_mode = "s"
     assert torch.equal(torch.stack([m(x[t]) for t in range(T)]), spikes)
+
+
+@needs_triton
+@pytest.mark.parametrize("lanes", [(3, 5), (2, 1, 7)])
+def test_the_spread_kernel_equals_the_depthwise_convolution(lanes):
+    """Per-element relaxed delays on the Triton backend (`delay_spread`: the history read as it lies,
+    float32 like every Triton kernel) against the depthwise convolution over time of the torch path in
+    float64: outputs, the history's and the taps' gradients, within float32's rounding of sums of at
+    most (max + 1) * steps * batch products."""
+    from flexdsl.backends.triton.delays import delay_spread
+    from flexdsl.runtime.delays import _spread
+
+    g = torch.Generator().manual_seed(31)
+    Dm, Tn, C = 6, 9, lanes[-1]
+    hist = torch.randn(Dm + Tn, *lanes, dtype=torch.float64, generator=g)
+    taps = torch.softmax(torch.randn(C, Dm + 1, dtype=torch.float64, generator=g), -1)
+    go = torch.randn(Tn, *lanes, dtype=torch.float64, generator=g)
+    outs = []
+    for f, dt in ((lambda h, t: delay_spread(h, t), torch.float32), (lambda h, t: _spread(h, t, Tn), torch.float64)):
+        h, t = hist.to(dt).requires_grad_(), taps.to(dt).requires_grad_()
+        out = f(h, t)
+        outs.append([v.double() for v in (out, *torch.autograd.grad((out * go.to(dt)).sum(), [h, t]))])
+    n = (Dm + 1) * Tn * math.prod(lanes[:-1])
+    for u, v in zip(*outs):
+        assert u.shape == v.shape
+        assert float((u - v).abs().max()) <= 4 * n * torch.finfo(torch.float32).eps * max(float(v.abs().max()), 1.0)
+
+
+@needs_triton
+def test_per_element_gauss_delays_run_without_a_convolution(monkeypatch):
+    """Learnable axonal delays (gauss) on the Triton backend read the history in place: no depthwise
+    convolution runs, and the gradients of the input and of the delays arrive."""
+    torch.manual_seed(26)
+    text = _text(f"delay axonal max {D} learnable").replace("    synapses W_rec from spike to x\n", "")
+    tri = flexdsl.loads(text, backend="triton")
+
+    def refuse(*a, **k):
+        raise AssertionError("a convolution ran")
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", refuse)
+    x = (torch.rand(T, B, F) < 0.5).float().requires_grad_()
+    tri.current(x).sum().backward()
+    assert x.grad is not None and tri.W_in_delay.grad is not None and tri.W_in_delay.grad.abs().sum() > 0
 
 
 @needs_triton

@@ -155,12 +155,13 @@ def _kernel_backend(name: str, x: Any, declared: str) -> Any:
     return b
 
 
-def delay_kernel(name: str, x: Any) -> Callable | None:
-    """The sparse-delay product (`delay_product(hist, d, a, c, D)`) of the backend a layer named
-    `name` runs inputs like `x` on (auto: the Triton kernels for CUDA tensors), or None where that
-    backend has none (the torch path then)."""
+def delay_kernel(name: str, x: Any, op: str = "product") -> Callable | None:
+    """The sparse-delay product (`op="product"`: `delay_product(hist, d, a, c, D)`) or the per-element
+    relaxed delays (`"spread"`: `delay_spread(hist, taps)`) of the backend a layer named `name` runs
+    inputs like `x` on (auto: the Triton kernels for CUDA tensors), or None where that backend has
+    none (the torch path then)."""
     b = _kernel_backend(name, x, "delays")
-    return None if b is None else b.delay_product  # type: ignore[attr-defined]
+    return None if b is None else getattr(b, f"delay_{op}")
 
 
 def plastic_kernel(name: str, x: Any) -> Callable | None:

@@ -206,9 +206,10 @@ def _two_taps(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tens
 
 def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
                     b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None,
-                    kernel: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    kernel: Callable | None = None, spread: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation
-    (synaptic linear ones in `kernel` where given: two steps per connection)."""
+    (synaptic linear ones in `kernel` where given: two steps per connection; per-element gauss ones in
+    `spread` where given: the history read as it lies)."""
     T, D = x.shape[0], s.delay
     if T == 0:  # (no steps: no current, the kept steps as they were)
         return product(x, w, b), kept
@@ -220,7 +221,8 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         if interp == "linear":
             xd = _two_taps(hist, D, T, d)
         else:
-            xd = _spread(hist, tap_weights(d, D, width, interp), T)
+            taps = tap_weights(d, D, width, interp)
+            xd = spread(hist, taps.to(hist.dtype)) if spread is not None else _spread(hist, taps, T)
         out = xd if dendritic else product(xd, w, b)
     elif kernel is not None and interp == "linear":  # two steps per connection, in the backend's kernels
         d0 = d.detach().floor().clamp(0, D - 1)
@@ -317,21 +319,23 @@ class DelayedSynapses:
         d, width = self._delay_values(s)
         kernel = self._delay_kernel(x) if s.delay_kind == "synaptic" and s.connect != "one_to_one" else None
         if width:
-            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel)
+            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel,
+                                                self._delay_kernel(x, "spread"))
         else:
             out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
         return out
 
-    def _delay_kernel(self, x: torch.Tensor) -> Callable | None:
-        """The sparse-delay product of the backend this layer runs `x` on (decided once per device
-        and dtype: `backends.delay_kernel`), None for torch's."""
+    def _delay_kernel(self, x: torch.Tensor, op: str = "product") -> Callable | None:
+        """The sparse-delay product (`op="product"`) or the per-element relaxed delays (`"spread"`) of
+        the backend this layer runs `x` on (decided once per device and dtype: `backends.delay_kernel`),
+        None for torch's."""
         from .. import backends
 
         name = getattr(self, "backend", None) or self.neuron.backend
-        key = (name, x.device, x.dtype)
+        key = (name, x.device, x.dtype, op)
         known = self.__dict__.setdefault("_delay_kernels", {})
         if key not in known:
-            known[key] = backends.delay_kernel(name, x)
+            known[key] = backends.delay_kernel(name, x, op)
         return known[key]
 
     def _delay_values(self, s: CheckedSynapse) -> tuple[torch.Tensor | None, float]:

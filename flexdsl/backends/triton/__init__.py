@@ -57,6 +57,12 @@ class TritonBackend:
 
         return delay_product(hist, d, a, c, D)
 
+    def delay_spread(self, hist: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        """Per-element relaxed delays: `out[t, ..., c] = sum_k taps[c, k] hist[D + t - k, ..., c]` (`delays.py`)."""
+        from .delays import delay_spread
+
+        return delay_spread(hist, taps)
+
     def eprop_walk(self, *args: Any) -> Any:
         """e-prop's per-synapse eligibility and gradients of a call (`eprop.py`)."""
         from .eprop import walk

@@ -129,6 +129,115 @@ class SparseDelays(torch.autograd.Function):
         return gh, None, ga, gc, None
 
 
+# ---------------------------------------------------------------------------- per-element relaxed delays
+# `out[t, m] = sum_k g[m % C, k] h[D + t - k, m]` over the history `h [L = D + T, M]` as it lies (time
+# first, a lane m = n * C + c), the taps `g [C, K = D + 1]` per channel: a learnable axonal (or dendritic,
+# one-to-one) delay's Gaussian relaxation, read in place (no transposing copy, no depthwise convolution).
+
+
+@triton.jit
+def _spread_fwd(h_ptr, g_ptr, out_ptr, T, M, C, D, BT: tl.constexpr, BM: tl.constexpr):
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    m = tl.program_id(1) * BM + tl.arange(0, BM)
+    tm, mm = t < T, m < M
+    c = m % C
+    mask = tm[:, None] & mm[None, :]
+    acc = tl.zeros([BT, BM], dtype=tl.float32)
+    for k in range(0, D + 1):
+        w = tl.load(g_ptr + c * (D + 1) + k, mask=mm, other=0.0).to(tl.float32)
+        row = (D + t - k).to(tl.int64)
+        acc += tl.load(h_ptr + row[:, None] * M + m[None, :], mask=mask, other=0.0).to(tl.float32) * w[None, :]
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * M + m[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _spread_hist_grad(go_ptr, g_ptr, gh_ptr, T, M, C, D, BT: tl.constexpr, BM: tl.constexpr):
+    s = tl.program_id(0) * BT + tl.arange(0, BT)  # history rows
+    m = tl.program_id(1) * BM + tl.arange(0, BM)
+    sm, mm = s < T + D, m < M
+    c = m % C
+    acc = tl.zeros([BT, BM], dtype=tl.float32)
+    for k in range(0, D + 1):
+        w = tl.load(g_ptr + c * (D + 1) + k, mask=mm, other=0.0).to(tl.float32)
+        t = s - D + k  # the output step that read row s through tap k
+        ok = sm & (t >= 0) & (t < T)
+        acc += tl.load(go_ptr + t.to(tl.int64)[:, None] * M + m[None, :], mask=ok[:, None] & mm[None, :],
+                       other=0.0).to(tl.float32) * w[None, :]
+    tl.store(gh_ptr + s.to(tl.int64)[:, None] * M + m[None, :], acc.to(gh_ptr.dtype.element_ty),
+             mask=sm[:, None] & mm[None, :])
+
+
+@triton.jit
+def _spread_tap_grad(go_ptr, h_ptr, part_ptr, T, M, D, BT: tl.constexpr, BM: tl.constexpr, KP: tl.constexpr):
+    """`part[b, k, m] = sum_{t in block b} go[t, m] h[D + t - k, m]`: a block of steps, every tap."""
+    b = tl.program_id(0)
+    t = b * BT + tl.arange(0, BT)
+    m = tl.program_id(1) * BM + tl.arange(0, BM)
+    tm, mm = t < T, m < M
+    mask = tm[:, None] & mm[None, :]
+    go = tl.load(go_ptr + t.to(tl.int64)[:, None] * M + m[None, :], mask=mask, other=0.0).to(tl.float32)
+    kk = tl.arange(0, KP)
+    acc = tl.zeros([KP, BM], dtype=tl.float32)
+    for k in range(0, D + 1):
+        row = (D + t - k).to(tl.int64)
+        h = tl.load(h_ptr + row[:, None] * M + m[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += tl.where(kk[:, None] == k, tl.sum(go * h, axis=0)[None, :], 0.0)
+    base = (b * (D + 1)).to(tl.int64) * M
+    tl.store(part_ptr + base + kk.to(tl.int64)[:, None] * M + m[None, :], acc,
+             mask=(kk[:, None] <= D) & mm[None, :])
+
+
+ST, SM = 32, 128  # the spread kernels' tiles: steps x lanes
+
+
+class Spread(torch.autograd.Function):
+    """`out [T, M]` from the history `h [D + T, M]` and per-channel taps `g [C, D + 1]` (lane m's
+    channel m % C); gradients of both (the taps' summed over steps and the lanes of a channel)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        L, M = h.shape
+        C, K = g.shape
+        D = K - 1
+        T = L - D
+        h, g = h.contiguous(), g.contiguous()
+        out = torch.empty((T, M), device=h.device, dtype=h.dtype)
+        if T and M:
+            _spread_fwd[(triton.cdiv(T, ST), triton.cdiv(M, SM))](h, g, out, T, M, C, D, BT=ST, BM=SM)
+        ctx.save_for_backward(h, g)
+        return out
+
+    @staticmethod
+    def backward(ctx, go: torch.Tensor):
+        h, g = ctx.saved_tensors
+        L, M = h.shape
+        C, K = g.shape
+        D = K - 1
+        T = L - D
+        go = go.contiguous()
+        gh = gg = None
+        if ctx.needs_input_grad[0]:
+            gh = torch.empty_like(h)
+            if L and M:
+                _spread_hist_grad[(triton.cdiv(L, ST), triton.cdiv(M, SM))](go, g, gh, T, M, C, D, BT=ST, BM=SM)
+        if ctx.needs_input_grad[1]:
+            nb = triton.cdiv(T, ST)
+            part = torch.empty((nb, K, M), device=h.device, dtype=torch.float32)
+            if T and M:
+                _spread_tap_grad[(nb, triton.cdiv(M, SM))](go, h, part, T, M, D, BT=ST, BM=SM,
+                                                           KP=triton.next_power_of_2(K))
+            gg = part.sum(0).view(K, M // C, C).sum(1).t().to(g.dtype)  # ([C, K]: over blocks and a channel's lanes)
+        return gh, gg
+
+
+def delay_spread(hist: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """`out[t, ..., c] = sum_k g[c, k] hist[D + t - k, ..., c]` (`hist [D + T, ..., C]`, `g [C, D + 1]`):
+    per-element relaxed delays, the history read as it lies."""
+    L = hist.shape[0]
+    out = Spread.apply(hist.reshape(L, -1), g)
+    return out.view(L - g.shape[1] + 1, *hist.shape[1:])
+
+
 def delay_product(hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch.Tensor | None, D: int
                   ) -> torch.Tensor:
     """The delayed current `[T, *batch, I]` of `hist [D + T, *batch, J]` (see the module doc)."""
@@ -138,4 +247,4 @@ def delay_product(hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch
     return out.reshape(L - D, *hist.shape[1:-1], a.shape[0])
 
 
-__all__ = ["SparseDelays", "delay_product"]
+__all__ = ["SparseDelays", "Spread", "delay_product", "delay_spread"]
