@@ -93,3 +93,16 @@ def test_empty_files_and_look_alike_letters_get_a_hint(text, words):
     with pytest.raises(FlexDSLError) as e:
         flexdsl.loads(text)
     assert e.value.hint and words in e.value.hint
+
+
+@pytest.mark.parametrize("name", ["sparse_input", "plastic", "modulators"])
+def test_a_feedforward_option_set_on_a_recurrent_layer_is_refused(name):
+    """`r.sparse_input = True` on a recurrent layer was kept as a plain attribute and ignored (the scan
+    never reads it): a silent no-op a user would take for a change. A located error, the module unchanged."""
+    r = flexdsl.recurrent("lif", 3, 4)
+    with pytest.raises(FlexDSLError, match=name):
+        setattr(r, name, True)
+    assert name not in r.__dict__
+    ff = flexdsl.feedforward("lif", 3, 4)
+    ff.sparse_input = True  # (the feed-forward layer has it)
+    assert ff.sparse_input is True

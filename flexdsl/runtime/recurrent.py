@@ -10,8 +10,7 @@ a weight per neuron). `W_in x` is one matrix product over all steps before the l
 runs on a backend's recurrent scan (`backends/recurrent.py`: the first preferred backend whose
 capabilities say layer scans on the input's device and dtype: the Triton kernels on CUDA, the CPU
 kernels on float32 and float64 CPU tensors, the torch backend elsewhere), and its backward is
-backpropagation through time with the model's
-derived backward, `dW_rec` one matrix product over all steps.
+backpropagation through time with the model's derived backward, `dW_rec` one matrix product over all steps.
 
 The neuron itself is a `NeuronModule` (`m.neuron`): its params and states are its own, read and
 written here through `_NeuronView`, the one place this module touches its internals.
@@ -179,7 +178,6 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         self._setup_learning(learning, readout, feedback)
         self.reset_parameters()
 
-    # ------------------------------------------------------------------ init
     def reset_parameters(self) -> None:
         """`nn.Linear`'s initialisation: W_in and bias uniform in ±1/sqrt(in_features) (bias: ±1/sqrt(hidden)
         without W_in), W_rec in ±1/sqrt(fan-in) (hidden for 'all', 1 for 'one_to_one'); masked entries 0."""
@@ -194,8 +192,8 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
                 b = 1 / math.sqrt(self.in_features if self.in_features is not None else self.hidden)
                 self.bias.uniform_(-b, b)
 
-    def _layer_error(self, msg: str) -> FlexDSLError:
-        return self._view.error(msg)
+    def _layer_error(self, msg: str, hint: str | None = None) -> FlexDSLError:
+        return self._view.error(msg, None, hint)
 
     # ------------------------------------------------------------------ states
     def __getattr__(self, name: str) -> Any:
@@ -216,6 +214,8 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
                                        self._source_pos(), "e.g. m.feedback = torch.zeros(batch, hidden)")
             st[name] = value
             return
+        if name in ("sparse_input", "plastic", "modulators"):  # (a feed-forward layer's, set on this one)
+            raise self._layer_error(f"`{name}` is a feed-forward layer's option", "use flexdsl.feedforward for it")
         alias = self.__dict__.get("_alias") or {}
         if alias:  # (the layer file's names and W_in, W_rec, bias are one parameter each)
             name = alias.get(name, name)
