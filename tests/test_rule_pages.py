@@ -81,3 +81,23 @@ def test_doc_takes_a_library_rule_by_its_name(tmp_path):
 
     build(["stdp_additive"], tmp_path, plots=False)
     assert (tmp_path / "stdp_additive.md").is_file()
+
+
+def test_a_rule_page_lists_what_the_rule_reads_and_the_calls_that_apply(tmp_path):
+    """Short-term plasticity reads no `post` and changes no weight: its page does not list `post`, nor
+    `rule.window`/`rule.online` (which would return a zero change), and shows `rule.carry`, whose
+    value on a one-spike train is the hand-derived first step `U * x0 = 0.45 * 1`. A pair-STDP page
+    lists both spike trains and the weight calls."""
+    from flexdsl.docs.sitebuild import build
+
+    build(["tsodyks_markram", "stdp_song"], tmp_path, plots=False)
+    stp = (tmp_path / "tsodyks_markram.md").read_text()
+    interface = stp.split("## Interface")[1].split("| param")[0]
+    assert "`pre`" in interface and "`post`" not in interface.replace("reads no postsynaptic", "")
+    use = stp.split("## Use")[1]
+    assert "rule.carry(pre)" in use and "rule.window" not in use and "rule.online" not in use
+    r = flexdsl.load_rule("tsodyks_markram").carry(torch.tensor([[[1.0]]]))
+    assert abs(float(r) - 0.45) < 1e-7
+    song = (tmp_path / "stdp_song.md").read_text()
+    assert "`post`: the postsynaptic spikes" in song and "rule.window(pre, post, W)" in song
+    assert "rule.carry" not in song

@@ -51,6 +51,7 @@ def _equations(rule: Any, formula: Any) -> list[str]:
     lines = ["## One step", "",
              "At every step, in this order (`pre`, `post`: this step's spikes of the synapse's two sides):", ""]
     eqs = a.of(A.Equations)
+    then = "Then the update:" if eqs else "The update:"
     if eqs:
         t = _sym("t")
         lines += ["The traces' equations, integrated exactly over the step `dt`:", ""]
@@ -59,7 +60,7 @@ def _equations(rule: Any, formula: Any) -> list[str]:
                 lhs = sp.Derivative(_sym(ln.state), t, evaluate=False)
                 lines += [formula(lhs, "=", _expr(ln.value, names), "="), ""]
     for upd in a.of(A.Update):
-        lines += _statements("Then the update:", upd.statements, names, formula)
+        lines += _statements(then, upd.statements, names, formula)
     for ev in a.of(A.SynapseEvent):
         side = "presynaptic" if ev.kind == "pre" else "postsynaptic"
         lines += _statements(f"Where the {side} neuron spiked (`on {ev.kind}`):", ev.statements, names, formula)
@@ -193,8 +194,12 @@ def _interface(rule: Any) -> list[str]:
     lo, hi = rule.bounds()
     bound = ("unbounded" if lo is None and hi is None else
              f"kept in [{'-∞' if lo is None else f'{lo:g}'}, {'∞' if hi is None else f'{hi:g}'}] after every update")
+    reads = set(rule._gen[1]["input_reads"])
+    spikes = [f"`{k}`: the {side} spikes of this step" for k, side in (("pre", "presynaptic"), ("post", "postsynaptic"))
+              if k in reads]
     lines = ["## Interface", "",
-             "- `pre`: the presynaptic spikes of this step; `post`: the postsynaptic spikes",
+             *(["- " + "; ".join(spikes) + ("" if "post" in reads else " (it reads no postsynaptic spike)")]
+               if spikes else []),
              *(f"- modulator `{m}`: given at every call (a number, one per step, or one per step and sample)"
                for m in ck.modulators),
              f"- weight `{ck.weight}`: {bound}" + ("" if rule.changes_weight else " (this rule does not change it)"),
@@ -240,8 +245,11 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
              f"![{ck.name}]({src})", "",
              "## Use", "", "```python", "import flexdsl", "",
              f"rule = flexdsl.load_rule({Path(label).stem if label.endswith('.rule') else ck.name!r})",
-             "dW = rule.window(pre, post, W)          # weights held over the window (SpikingJelly's learners)",
-             "W = rule.online(pre, post, W)           # every step's change applied (Brian2)",
+             *(["dW = rule.window(pre, post, W)          # weights held over the window (SpikingJelly's learners)",
+                "W = rule.online(pre, post, W)           # every step's change applied (Brian2)"]
+               if rule.changes_weight else []),
+             *(["r = rule.carry(pre)                     # what the synapse carries instead of pre, every step"]
+               if ck.output else []),
              f"m = flexdsl.feedforward(\"lif\", 700, 256, rule={Path(label).stem!r}, plasticity=\"online\")",
              "```", ""]
     md, page = guide_pages(lines, formula, f"{ck.name} (plasticity rule)", label, index_link, reference)
