@@ -103,6 +103,30 @@ def test_a_recurrent_layer_file_is_flexdsl_recurrent():
     assert "W_rec" in r.layer_text and "bias bias" in r.layer_text
 
 
+@pytest.mark.parametrize("build", [
+    lambda: flexdsl.recurrent("lif", 7, 10, connectivity="one_to_one"),
+    lambda: flexdsl.recurrent("examples/song_lif.neuron", 7, 10),
+    lambda: flexdsl.feedforward("lif", 7, 10, delay=2),
+    lambda: flexdsl.feedforward("lif", 7, 10, rule="stdp_song"),
+], ids=["recurrent_library", "recurrent_file", "feedforward_delay", "feedforward_rule"])
+def test_a_layers_text_loads_again_into_the_same_layer(build, monkeypatch, tmp_path):
+    """`m.layer_text` names the neuron as a layer file can (a library model by its name, a file by its
+    path: it named the model's class, `neuron LIF`, which no layer file can load): loaded again, from
+    another directory, with the same weights, the same outputs."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    torch.manual_seed(5)
+    m = build()
+    monkeypatch.chdir(tmp_path)
+    again = flexdsl.loads(m.layer_text)
+    assert type(again) is type(m)
+    again.load_state_dict(m.state_dict())
+    x = (torch.rand(6, 2, 7) < 0.5).float()
+    assert torch.equal(again(x), m(x))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recurrent_layer_against_a_hand_loop_float64(backend):
     """x[t] = W_in u[t] + b + W_rec s[t-1] into LIF (tau=2, hard reset), by hand."""

@@ -34,7 +34,16 @@ from ..store.pipeline import layer_plan
 from . import delays as dl
 from .bits import synapse_product as _product
 from .compiler import compile_model
-from .layertext import LayerAttrs, allocate, delay_words, feedforward_text, module_names, plan, rule_words
+from .layertext import (
+    LayerAttrs,
+    allocate,
+    delay_words,
+    feedforward_text,
+    model_ref,
+    module_names,
+    plan,
+    rule_words,
+)
 from .module import NeuronModule
 from .options import make as make_options
 from .plastic import PlasticSynapses
@@ -362,7 +371,7 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
     names = [i.name for i in ck.inputs]
     port = port if port is not None else (names[0] if names else "x")
     connect = {"all": "dense"}.get(connectivity, connectivity) if isinstance(connectivity, str) else repr(connectivity)
-    text = feedforward_text(_model_ref(neuron), [*names, *(p.name for p in ck.params), *(s.name for s in ck.states)],
+    text = feedforward_text(model_ref(neuron), [*names, *(p.name for p in ck.params), *(s.name for s in ck.states)],
                             in_features, hidden, connect, port, bias, delay_words(delay, max_delay, learnable_delays),
                             rule_words(rule, plasticity, lambda msg, hint: neuron._error(msg, ck.ast.pos, hint),
                                        bool(rule_params)))
@@ -414,12 +423,6 @@ def _loaded_neuron(model: str | Path | NeuronModule, backend: str, detach_reset:
                                hint="load the neuron with flexdsl.load for it")
     opts = make_options(surrogate, learnable, lambda: compile_model(model, detach_reset))
     return NeuronModule(compile_model(model, detach_reset, opts), params, "m", backend, False, param_shapes, False)
-
-
-def _model_ref(neuron: NeuronModule) -> str:
-    """How a generated layer text names its neuron (only shown: the module is given)."""
-    c = neuron.compiled
-    return c.name if c.name.isidentifier() else "model"
 
 
 def recurrent_form(layer: CheckedLayer) -> tuple[CheckedSynapse, list[CheckedSynapse]]:

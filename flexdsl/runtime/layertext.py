@@ -85,11 +85,37 @@ def allocate(layer: CheckedLayer, shape: Sequence[int], what: str, pos: Any = No
                           f"{str(e).splitlines()[0][:120]}", pos, "a smaller layer") from None
 
 
+def model_ref(neuron: NeuronModule) -> str:
+    """How a generated layer text (`m.layer_text`) names its neuron so that the text loads again: a
+    library model by its name (`lif`), a file by its path (quoted); a neuron given as text by its name
+    (that text is not a file a layer can name: load the layer with the neuron's module)."""
+    from pathlib import Path
+
+    from .._paths import NEURONS_DIR
+
+    c = neuron.compiled
+    path = Path(c.filename)
+    if not c.filename.startswith("<") and path.is_file():
+        if path.resolve().parent == NEURONS_DIR.resolve():
+            return path.stem
+        return f'"{path.resolve()}"' if '"' not in str(path.resolve()) else c.name
+    return c.name if c.name.isidentifier() else "model"
+
+
+def _layer_name(kind: str, model: str) -> str:
+    """`recurrent_lif`, `feedforward_song_lif` ...: a layer name from the neuron's reference."""
+    import re
+    from pathlib import Path
+
+    stem = re.sub(r"\W", "_", Path(model.strip('"')).stem) if model.startswith('"') else model
+    return f"{kind}_{stem}"
+
+
 def recurrent_text(model: str, inputs: Sequence[str], in_features: int | None, hidden: int, connect: str,
                    source: str, port: str, bias: bool) -> str:
     """The layer `flexdsl.recurrent(...)` describes, as a `.layer` file writes it (`m.layer_text`)."""
     x = _free_name("x_in", inputs)
-    lines = [f"layer recurrent_{model}:", f"    neuron {model}", f"    size {hidden}"]
+    lines = [f"layer {_layer_name('recurrent', model)}:", f"    neuron {model}", f"    size {hidden}"]
     if in_features is not None:
         lines += [f"    input {x} size {in_features}", f"    synapses W_in from {x} to {port}" + (":" if bias else "")]
         lines += ["        bias bias"] if bias else []
@@ -103,7 +129,7 @@ def feedforward_text(model: str, inputs: Sequence[str], in_features: int, hidden
     """The layer `flexdsl.feedforward(...)` describes, as a `.layer` file writes it (`delay`: the
     synapses' `delay` line after the keyword, e.g. "3" or "synaptic max 20 learnable")."""
     x = _free_name("x_in", inputs)
-    lines = [f"layer feedforward_{model}:", f"    neuron {model}", f"    size {hidden}",
+    lines = [f"layer {_layer_name('feedforward', model)}:", f"    neuron {model}", f"    size {hidden}",
              f"    input {x} size {in_features}", f"    synapses W from {x} to {port}:"]
     lines += [f"        connect {connect}"] + (["        bias bias"] if bias else [])
     lines += [f"        delay {delay}"] if delay is not None else []

@@ -35,7 +35,7 @@ from ..ir.layer import LayerPlan
 from . import programs
 from .bits import known_binary, mark_binary
 from .eprop_layer import EPropLearning
-from .layertext import LayerAttrs, allocate, plan, recurrent_text
+from .layertext import LayerAttrs, allocate, model_ref, plan, recurrent_text
 from .module import STEP_MODES, NeuronModule, _Base
 from .recurrent_delays import DelayedRecurrence
 
@@ -147,7 +147,7 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         # made from the plan's `scan` (port, source, connectivity)
         taken = [*inputs, *(p.name for p in ck.params), *(st.name for st in ck.states)]
         connect = "dense" if conn == "all" else "one_to_one"
-        d["layer_text"] = layer_text or recurrent_text(ck.name if ck.name.isidentifier() else "model", taken,
+        d["layer_text"] = layer_text or recurrent_text(model_ref(neuron), taken,
                                                        in_features, hidden, connect, source, port, bias)
         d["_layer"], d["_plan"] = layer_plan or plan(d["layer_text"], "<flexdsl.recurrent>", neuron)
         d["_view"] = view
