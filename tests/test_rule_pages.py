@@ -101,3 +101,15 @@ def test_a_rule_page_lists_what_the_rule_reads_and_the_calls_that_apply(tmp_path
     song = (tmp_path / "stdp_song.md").read_text()
     assert "`post`: the postsynaptic spikes" in song and "rule.window(pre, post, W)" in song
     assert "rule.carry" not in song
+
+
+def test_pages_of_modules_built_in_python_say_so_not_a_placeholder_name():
+    """A layer built by `flexdsl.feedforward` or loaded from text, and a rule loaded from text: their
+    pages said `<string>` / `<flexdsl.feedforward>` where a file's name goes."""
+    m = flexdsl.feedforward("lif", 3, 4, delay="axonal max 3 learnable")
+    pages = [flexdsl.docs.render_layer(m, markdown=True), flexdsl.docs.render_layer(m),
+             flexdsl.docs.render_layer(flexdsl.loads(m.layer_text), markdown=True),
+             flexdsl.docs.render_rule(flexdsl.load_rule(flexdsl.library.resolve_rule("stdp_song")[0]), markdown=True)]
+    for page in pages:
+        assert "<string>" not in page and "&lt;string&gt;" not in page and "<flexdsl." not in page
+    assert "built by `flexdsl.feedforward`" in pages[0] and "loaded from text" in pages[2] + pages[3]

@@ -149,14 +149,18 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
                f"{layer.size} {layer.neuron.name} neurons, {len(layer.synapses)} synapse group"
                f"{'s' if len(layer.synapses) != 1 else ''}")
     kind = "recurrent layer" if layer.recurrent is not None else "feed-forward layer"
-    lines = [f"# {layer.name}", "", f"*{kind}* · `{label}`", "", *([a.doc.strip(), ""] if a.doc.strip() else []),
+    made = {"<string>": "loaded from text (`flexdsl.loads`)", "<flexdsl.recurrent>": "built by `flexdsl.recurrent`",
+            "<flexdsl.feedforward>": "built by `flexdsl.feedforward`"}
+    shown = made.get(label, f"`{label}`")
+    lines = [f"# {layer.name}", "", f"*{kind}* · {shown}", "", *([a.doc.strip(), ""] if a.doc.strip() else []),
              *_interface(layer), *_equations(layer, formula)]
     if module is not None:
         lines += _histograms(layer, module, outdir, stem or layer.name)
     lines += ["## The plan", "", "What runs before, in and after the time loop, and each weight's gradient "
               "(derived from the synapse's current):", "", "```", *plan.equations, "```", "",
               "## Use", "", "```python", "import flexdsl", "",
-              f"m = flexdsl.load({label!r})" if label.endswith(".layer") else "m = flexdsl.loads(text)",
+              f"m = flexdsl.load({label!r})" if label.endswith(".layer") else
+              "m = flexdsl.loads(text)  # text: the layer as written above (a built module's `m.layer_text`)",
               "```", ""]
     md, page = guide_pages(lines, formula, f"{layer.name} ({kind})", label, index_link, reference)
     return md, page, summary
@@ -173,7 +177,8 @@ def guide_pages(lines: list[str], formula: _Formulas, title: str, label: str, in
     body = to_html(md, math=formula.math, guides=dict(GUIDES))
     page = environment().get_template("guide.html.j2").render(
         title=title, body=body, version=version(), index_link=index_link,
-        guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [], source=label,
+        guides=[(f"{Path(g).stem}.html", t) for g, t in GUIDES.items()] if reference else [],
+        source=label if not label.startswith("<") else "text given to flexdsl",
         ships=False)
     nav = ([f"[← all models]({Path(index_link).with_suffix('.md').name})"] if index_link else []) + \
         (["[the language reference](language.md)"] if reference else [])

@@ -239,7 +239,7 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
             f"with the compiled rule (window semantics; the weight {held}):"
             if rule.changes_weight else "What the synapse carries at the spikes of a regular train, simulated "
             "with the compiled rule:")
-    lines = [f"# {ck.name}", "", f"*plasticity rule* · `{label}`", "", *([a.doc.strip(), ""] if a.doc.strip() else []),
+    lines = [f"# {ck.name}", "", "*plasticity rule* · " + (f"`{label}`" if not label.startswith("<") else "loaded from text"), "", *([a.doc.strip(), ""] if a.doc.strip() else []),
              *_interface(rule), *_equations(rule, formula), *_change(rule, formula),
              "## Its window" if rule.changes_weight else "## What it carries", "", what, "",
              f"![{ck.name}]({src})", "",
