@@ -11,6 +11,7 @@ import torch
 
 import flexdsl
 from flexdsl.docs.rulepage import _lags, _time_unit, stdp_window
+from flexdsl.library import resolve_rule
 
 
 def test_an_eligibility_rules_window_is_paid_out_in_full():
@@ -109,7 +110,7 @@ def test_pages_of_modules_built_in_python_say_so_not_a_placeholder_name():
     m = flexdsl.feedforward("lif", 3, 4, delay="axonal max 3 learnable")
     pages = [flexdsl.docs.render_layer(m, markdown=True), flexdsl.docs.render_layer(m),
              flexdsl.docs.render_layer(flexdsl.loads(m.layer_text), markdown=True),
-             flexdsl.docs.render_rule(flexdsl.load_rule(flexdsl.library.resolve_rule("stdp_song")[0]), markdown=True)]
+             flexdsl.docs.render_rule(flexdsl.load_rule(resolve_rule("stdp_song")[0]), markdown=True)]
     for page in pages:
         assert "<string>" not in page and "&lt;string&gt;" not in page and "<flexdsl." not in page
     assert "built by `flexdsl.feedforward`" in pages[0] and "loaded from text" in pages[2] + pages[3]
