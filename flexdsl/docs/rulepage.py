@@ -244,13 +244,16 @@ def rule_page(rule: Any, label: str, index_link: str | None = None, reference: s
              "## Its window" if rule.changes_weight else "## What it carries", "", what, "",
              f"![{ck.name}]({src})", "",
              "## Use", "", "```python", "import flexdsl", "",
-             f"rule = flexdsl.load_rule({Path(label).stem if label.endswith('.rule') else ck.name!r})",
+             f"rule = flexdsl.load_rule({Path(label).stem if label.endswith('.rule') else ck.name!r})"
+             if not label.startswith("<") else "rule = flexdsl.load_rule(text)           # text: the rule as written",
              *(["dW = rule.window(pre, post, W)          # weights held over the window (SpikingJelly's learners)",
                 "W = rule.online(pre, post, W)           # every step's change applied (Brian2)"]
                if rule.changes_weight else []),
              *(["r = rule.carry(pre)                     # what the synapse carries instead of pre, every step"]
                if ck.output else []),
-             f"m = flexdsl.feedforward(\"lif\", 700, 256, rule={Path(label).stem!r}, plasticity=\"online\")",
+             f"m = flexdsl.feedforward(\"lif\", 700, 256, rule={Path(label).stem!r}, plasticity=\"online\")"
+             if not label.startswith("<") else
+             "m = flexdsl.feedforward(\"lif\", 700, 256, rule=\"my.rule\", plasticity=\"online\")  # saved as my.rule",
              "```", ""]
     md, page = guide_pages(lines, formula, f"{ck.name} (plasticity rule)", label, index_link, reference)
     return md, page, summary
