@@ -541,18 +541,17 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
     # (params keep their written numbers: compared in base units where both have a unit, else as numbers)
     from .params import written_scale
 
-    aw, bw = a, b
     x, y = (a * written_scale(rule.ir.checked, "dt"), b * written_scale(neuron.compiled.checked, "dt")) \
         if ru and nu else (a, b)
     if abs(x - y) > 1e-12 * max(abs(x), abs(y)):
         unit = ru or nu
-        raise layer.error(f"rule `{rule.name}` steps by dt = {aw:g}{' ' + ru if ru else ''} and neuron "
-                          f"`{layer.neuron.name}` by dt = {bw:g}{' ' + nu if nu else ''}"
+        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{' ' + ru if ru else ''} and neuron "
+                          f"`{layer.neuron.name}` by dt = {b:g}{' ' + nu if nu else ''}"
                           + (f" (a number without a unit counts in {unit} here)" if ru != nu and not (ru and nu) else "")
                           + ": a rule steps with its neuron", s.rule_pos,
-                          f"give the rule the neuron's dt: rule_params={{'dt': {bw:g}}}" if not ru else
-                          f"give the rule the neuron's dt: rule_params={{'dt': '{bw:g} {nu}'}}" if nu else
-                          f"give the neuron the rule's dt (dt={aw:g} at load)")
+                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}" if not ru else
+                          f"give the rule the neuron's dt: rule_params={{'dt': '{b:g} {nu}'}}" if nu else
+                          f"give the neuron the rule's dt (dt={a:g} at load)")
 
 
 def _number(v: Any) -> float | None:
