@@ -144,22 +144,30 @@ def check_trained(rule: Any) -> None:
     rule.__dict__["_checked_versions"] = key
 
 
+def _sides(rule: Any) -> list[tuple[str, Any]]:
+    """The weight's bounds as `(op, expression)` with the weight on the left (`LO <= w` is `w >= LO`)."""
+    cmp = rule.ir.rule.bounds
+    w = rule.weight_name
+    flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+    out = []
+    for left, op, right in zip(cmp.operands, cmp.ops, cmp.operands[1:]):
+        if isinstance(right, A.Name) and right.id == w:
+            left, op, right = right, flip[op], left
+        if isinstance(left, A.Name) and left.id == w:
+            out.append((op, right))
+    return out
+
+
 def weight_bounds(rule: Any) -> tuple[float | None, float | None]:
     """The weight's bounds (`weight w where LO <= w <= HI`), None where a side is open; bounds no
     weight satisfies (LO above HI, or a strict bound at LO = HI) a located error."""
     cmp = rule.ir.rule.bounds
     if cmp is None:
         return None, None
-    w = rule.weight_name
     env = _floats(rule)
     lo = hi = None
     lo_strict = hi_strict = False
-    flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
-    for left, op, right in zip(cmp.operands, cmp.ops, cmp.operands[1:]):
-        if isinstance(right, A.Name) and right.id == w:  # (`LO <= w` is `w >= LO`)
-            left, op, right = right, flip[op], left
-        if not (isinstance(left, A.Name) and left.id == w):
-            continue
+    for op, right in _sides(rule):
         val = float(evaluate(right, env))
         if op in ("<", "<="):
             if hi is None or val < hi or (val == hi and op == "<"):
@@ -167,6 +175,7 @@ def weight_bounds(rule: Any) -> tuple[float | None, float | None]:
         elif lo is None or val > lo or (val == lo and op == ">"):
             lo, lo_strict = val, op == ">"
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_strict or hi_strict))):
+        w = rule.weight_name
         raise rule.ir.rule.error(f"the weight's bounds cannot hold: {w} {'>' if lo_strict else '>='} {lo:g} and {w} "
                                  f"{'<' if hi_strict else '<='} {hi:g} with these params", cmp.pos,
                                  "give params with the lower bound below the upper one")
@@ -181,14 +190,8 @@ def clamp_bounds(rule: Any, like: torch.Tensor) -> tuple[Any, Any]:
     if cmp is None or not (_names(cmp) & set(rule._parameters)):
         return lo, hi
     env = rule._env(like)
-    w = rule.weight_name
-    flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
     lo_t = hi_t = None
-    for left, op, right in zip(cmp.operands, cmp.ops, cmp.operands[1:]):
-        if isinstance(right, A.Name) and right.id == w:
-            left, op, right = right, flip[op], left
-        if not (isinstance(left, A.Name) and left.id == w):
-            continue
+    for op, right in _sides(rule):
         v = torch.as_tensor(evaluate(right, env), dtype=like.dtype, device=like.device)
         if op in ("<", "<="):
             hi_t = v if hi_t is None else torch.minimum(hi_t, v)
