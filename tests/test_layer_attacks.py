@@ -106,3 +106,37 @@ def test_a_feedforward_option_set_on_a_recurrent_layer_is_refused(name):
     ff = flexdsl.feedforward("lif", 3, 4)
     ff.sparse_input = True  # (the feed-forward layer has it)
     assert ff.sparse_input is True
+
+
+@pytest.mark.parametrize("model", ["rlif.layer", "ff_lif.layer"])
+@pytest.mark.parametrize("kw", [dict(hidden="4"), dict(hidden=4.0), dict(hidden=torch.tensor(4)), dict(hidden=-3),
+                                dict(hidden=True), dict(in_features={"spikes": 3.0}), dict(in_features={"spikes": "3"})])
+def test_sizes_given_at_load_are_positive_ints_or_a_located_error(model, kw):
+    """Sizes given at load (not written in the file) were not checked: bare TypeErrors, a JSON error,
+    or "need -9 values ... could not be allocated" for a negative size."""
+    kw = {"hidden": 4, "in_features": 3, **kw}
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.load(model, **kw)
+    assert "positive int" in str(e.value) and e.value.filename.endswith(model) and e.value.line >= 1
+
+
+def test_an_input_named_like_the_neurons_output_is_refused():
+    """`input spike` and `synapses W_rec from spike to x` read the input, not the fed-back spikes:
+    the layer looked recurrent and was built feed-forward, silently."""
+    text = ("layer Shadow:\n    neuron lif\n    size 4\n    input spike size 4\n"
+            "    synapses W_in from spike to x\n    synapses W_rec from spike to x\n")
+    with pytest.raises(FlexDSLError, match="output `spike`") as e:
+        flexdsl.loads(text)
+    assert e.value.line == 4 and e.value.hint
+
+
+def test_check_takes_the_size_of_a_one_to_one_input_where_the_layer_leaves_it_out(tmp_path):
+    """A layer without `size` and a one_to_one synapse from an input of written size 5 loads with
+    hidden=5; `flexdsl check` refused it (it took the size as 1)."""
+    from flexdsl.runtime.layer import describe
+
+    p = tmp_path / "o2o.layer"
+    p.write_text("layer L:\n    neuron lif\n    input s size 5\n    synapses W from s to x:\n        connect one_to_one\n")
+    checked, _ = describe(p)
+    assert checked.size == 5
+    assert flexdsl.load(p, hidden=5)(torch.rand(3, 1, 5)).shape == (3, 1, 5)

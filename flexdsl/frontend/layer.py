@@ -106,6 +106,10 @@ def check_layer(layer: A.Layer, neuron: CheckedModel, size: int | None = None,
     n = _size(layer, size)
     inputs = _inputs(layer, input_sizes or {})
     outs = [o for o, _ in neuron.outputs]
+    for name, _, pos in inputs:  # (`from spike` would read the input, never the neuron's output)
+        if name in outs:
+            raise _err(layer, f"input `{name}` has the name of `{neuron.name}`'s output `{name}`: a synapse "
+                              f"`from {name}` could mean either", pos, f"rename the input, e.g. `input {name}_in`")
     ports = [i.name for i in neuron.inputs]
     syns = layer.of(A.Synapses)
     if not syns:

@@ -290,6 +290,7 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     `sparse_input=True`: a feed-forward layer's products of sparse inputs from their nonzero entries."""
     text = normalize(text)
     layer = parse_layer(text, filename)
+    hidden = _given_size(layer, "hidden", hidden)
     opts = {"surrogate": surrogate, "learnable": learnable, "param_shapes": param_shapes}
     neuron = _neuron(layer, detach_reset, opts, backend, params)
     sizes = _input_sizes(layer, in_features)
@@ -313,7 +314,9 @@ def describe(model: str | Path) -> tuple[CheckedLayer, LayerPlan]:
     text, filename = resolve(model)
     layer = parse_layer(normalize(text), filename)
     neuron = _neuron(layer, False, {}, backends.REFERENCE, {})
-    size = None if layer.of(A.LayerSize) else 1
+    written = {d.name: d.size for d in layer.of(A.LayerInput) if d.size is not None}
+    o2o = [written[s.pre] for s in layer.of(A.Synapses) if s.connect == "one_to_one" and s.pre in written]
+    size = None if layer.of(A.LayerSize) else (o2o[0] if o2o else 1)  # (one_to_one from a written size: that size)
     sizes = {d.name: 1 for d in layer.of(A.LayerInput) if d.size is None}
     if size is None:  # (a one_to_one input of unwritten size takes the layer's)
         n = layer.of(A.LayerSize)[0].value
@@ -340,15 +343,26 @@ def _dt(neuron: NeuronModule) -> float | None:
     return float(v) if isinstance(v, int | float) else None
 
 
+def _given_size(layer: A.Layer, what: str, v: Any) -> int | None:
+    """A size given at load (`hidden=`, an input's): a positive int, or a located error."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    raise FlexDSLError(f"{what}={v!r}: a layer's sizes are positive ints", layer.filename, layer.pos.line,
+                       layer.pos.column, layer.source, f"e.g. {what}=256" + (" (int(...) of a tensor or a float)"
+                                                                            if not isinstance(v, int) else ""))
+
+
 def _input_sizes(layer: A.Layer, in_features: Any) -> dict[str, int] | None:
-    if in_features is None or isinstance(in_features, Mapping):
-        return dict(in_features) if in_features is not None else None
+    if isinstance(in_features, Mapping):
+        return {k: _given_size(layer, f"in_features[{k!r}]", v) for k, v in in_features.items()}
+    if in_features is None:
+        return None
     decls = layer.of(A.LayerInput)
     if len(decls) != 1 or isinstance(in_features, bool) or not isinstance(in_features, int):
         raise FlexDSLError(f"in_features={in_features!r}: give an int for a layer with one input, else a dict of "
                            "sizes by input name", layer.filename, layer.pos.line, layer.pos.column, layer.source,
                            "e.g. in_features={'" + (decls[0].name if decls else "x") + "': 700}")
-    return {decls[0].name: in_features}
+    return {decls[0].name: _given_size(layer, "in_features", in_features)}
 
 
 def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int, *, connectivity: str = "dense",
