@@ -153,9 +153,19 @@ class PlasticSynapses:
             tuple(o[0] for o in out) if single else out)
 
     # ---- the two semantics
-    def _carried(self, s: CheckedSynapse, x: torch.Tensor, mods: Mapping[str, Any]) -> torch.Tensor:
+    def _carried(self, s: CheckedSynapse, x: torch.Tensor, mods: Mapping[str, Any], advance: bool = True
+                 ) -> torch.Tensor:
+        """What synapse group `s` carries (its rule's `output`, else `x`); `advance=False` where the call's
+        weight change runs the rule's presynaptic side again from the same states (it advances them once)."""
         rule = self.rules[s.name]
-        return rule.carry(x, **_mods_of(rule, mods)) if rule.has_output else x
+        if not rule.has_output:
+            return x
+        kept = dict(rule._states)
+        out = rule.carry(x, **_mods_of(rule, mods))
+        if not advance:
+            rule._states.clear()
+            rule._states.update(kept)
+        return out
 
     def _post_values_needed(self) -> set[str]:
         """The neuron's states and outputs the rules read (`post_<x>` inputs), by name <x>."""
@@ -204,7 +214,7 @@ class PlasticSynapses:
         for s in layer.synapses:
             x = xs[s.pre_index]
             if s.rule is not None:
-                x = self._carried(s, x, mods)
+                x = self._carried(s, x, mods, advance=not (self.plastic and x.shape[0] and self._changes_weight(s)))
             w = self._weight(s) if s.rule is not None else getattr(self, s.name)
             if s.connect == "mask":
                 w = w * getattr(self, s.name + "_mask").to(w.dtype)
@@ -215,20 +225,22 @@ class PlasticSynapses:
         needs = self._post_values_needed()
         out = self._run_neuron(ports, direct, seed, generator, keep_seqs=bool(needs))
         if self.plastic and xs[0].shape[0]:  # (a call of no steps changes no weight: not even the bounds)
-            post = self._spikes(out)
-            mods = {**mods, **self._post_values(out, needs)}
-            for s in layer.synapses:
-                if s.rule is None or not self._changes_weight(s):
-                    continue
-                rule = self.rules[s.name]
-                fast = self._fast(s)
-                with torch.set_grad_enabled(fast and torch.is_grad_enabled()):
-                    w_now = self._weight(s)
-                    pre = xs[s.pre_index]
-                    dw = rule.window(pre if fast else pre.detach(), post if fast else post.detach(),
-                                     w_now if fast else w_now.detach(), **_mods_of(rule, mods))
-                    self._commit(s, rule, w_now, dw, fast)
+            held = [s for s in layer.synapses if s.rule is not None and self._changes_weight(s)]
+            self._window_changes(held, xs, self._spikes(out), {**mods, **self._post_values(out, needs)})
         return out
+
+    def _window_changes(self, held: list[CheckedSynapse], xs: list, post: torch.Tensor, mods: Mapping[str, Any]
+                        ) -> None:
+        """The window semantics' change of each group of `held` (its weights held over the call), added."""
+        for s in held:
+            rule = self.rules[s.name]
+            fast = self._fast(s)
+            with torch.set_grad_enabled(fast and torch.is_grad_enabled()):
+                w_now = self._weight(s)
+                pre = xs[s.pre_index]
+                dw = rule.window(pre if fast else pre.detach(), post if fast else post.detach(),
+                                 w_now if fast else w_now.detach(), **_mods_of(rule, mods))
+                self._commit(s, rule, w_now, dw, fast)
 
     def _online(self, xs: list, direct: list, mods: Mapping[str, Any], seed: Any, generator: Any):
         layer: CheckedLayer = self._layer  # type: ignore[attr-defined]
@@ -237,12 +249,14 @@ class PlasticSynapses:
             return fused
         T = xs[0].shape[0]
         rules = [s for s in layer.synapses if s.rule is not None]
-        carried = {s.name: self._carried(s, xs[s.pre_index], mods) for s in rules}
+        carried = {s.name: self._carried(s, xs[s.pre_index], mods, advance=not self._changes_weight(s)) for s in rules}
         weights = {s.name: self._weight(s) for s in rules}
         fast = {s.name: self._fast(s) for s in rules}
         start = dict(weights)
         steppers = {s.name: self._stepper(s, xs[s.pre_index], fast[s.name], mods) for s in rules
-                    if self._changes_weight(s)}
+                    if self._changes_weight(s) and s.rule_mode == "online"}
+        held = [s for s in rules if self._changes_weight(s) and s.rule_mode != "online"]  # (a window group's)
+        seen: list[dict[str, torch.Tensor]] = []
         neuron_step = self._neuron_stepper(xs[0], direct)
         needs = self._post_values_needed()
         outs = []
@@ -266,6 +280,7 @@ class PlasticSynapses:
                 out = self._run_neuron(ports, [d[t:t + 1] for d in direct], seed, generator, keep_seqs=bool(needs))
                 post_values = {k: v[0] for k, v in self._post_values(out, needs).items()}
             outs.append(out)
+            seen.append(post_values)
             post = self._spikes(out)
             for s in rules:
                 if s.name not in steppers:
@@ -284,9 +299,12 @@ class PlasticSynapses:
                 steppers[s.name].keep()
                 self._commit(s, self.rules[s.name], start[s.name], weights[s.name] - start[s.name], fast[s.name],
                              bounded=True)
-        if isinstance(outs[0], torch.Tensor):
-            return torch.cat(outs)
-        return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
+        whole = torch.cat(outs) if isinstance(outs[0], torch.Tensor) else \
+            tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
+        if held:  # (window groups beside online ones: their change from the call's spikes, weights held)
+            values = {k: torch.stack([v[k] for v in seen]) for k in seen[0]}
+            self._window_changes(held, xs, self._spikes(whole), {**mods, **values})
+        return whole
 
     def _fused_online(self, xs: list, direct: list, mods: Mapping[str, Any]) -> Any:
         """The online call as one kernel of the layer's backend (`backends.plastic_kernel`) where one
