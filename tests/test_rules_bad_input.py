@@ -226,3 +226,47 @@ def test_a_rules_dt_without_a_unit_counts_in_the_neurons_unit():
     flexdsl.feedforward("lif_ode", 3, 2, rule="stdp_song")  # (0.1 ms both)
     with pytest.raises(FlexDSLError, match="a rule steps with its neuron"):
         flexdsl.feedforward("lif_ode", 3, 2, rule="stdp_song", dt="0.2 ms")
+
+
+def test_a_rule_on_a_recurrent_layers_input_synapses_is_a_located_error():
+    """The recurrent scan runs no rule: the rule on `W_in` loaded, `flexdsl check` said ok, and W_in
+    never changed."""
+    text = ("layer R:\n    neuron lif\n    size 3\n    input spikes size 4\n    synapses W_in from spikes to x:\n"
+            "        rule stdp_additive online\n    synapses W_rec from spike to x\n")
+    with pytest.raises(flexdsl.FlexDSLError, match="plasticity rule") as e:
+        flexdsl.loads(text)
+    assert e.value.line == 6
+
+
+@pytest.mark.parametrize("case", ["no_rule_file", "no_rule_recurrent", "not_a_dict"])
+def test_rule_params_that_reach_no_rule_or_are_not_a_dict_are_located_errors(case):
+    with pytest.raises(flexdsl.FlexDSLError, match="rule_params"):
+        if case == "no_rule_file":
+            flexdsl.load("ff_lif.layer", hidden=3, in_features=4, rule_params={"A_plus": 0.5})
+        elif case == "no_rule_recurrent":
+            flexdsl.load("rlif.layer", hidden=3, in_features=4, rule_params={"A_plus": 0.5})
+        else:
+            flexdsl.feedforward("lif", 4, 3, rule="stdp_additive", rule_params={"W": 5})
+
+
+def test_a_modulator_on_another_device_is_a_located_error():
+    rule = flexdsl.load_rule("mstdp")
+    pre = (torch.rand(4, 2, 3) < 0.5).float()
+    post = (torch.rand(4, 2, 5) < 0.5).float()
+    with pytest.raises(flexdsl.FlexDSLError, match="meta"):
+        rule.window(pre, post, torch.zeros(5, 3), reward=torch.ones(4, device="meta"))
+
+
+def test_an_online_layer_called_with_an_empty_batch_changes_nothing():
+    m = flexdsl.feedforward("lif", 3, 4, rule="stdp_additive", plasticity="online")
+    w0 = m.W.detach().clone()
+    assert m(torch.zeros(5, 0, 3)).shape == (5, 0, 4)
+    assert torch.equal(m.W.detach(), w0.clamp(0, 1))  # (stdp_additive's bounds, as any call applies)
+
+
+def test_a_per_neuron_dt_is_checked_against_the_rules():
+    """A per-neuron `dt` tensor skipped the check (only one number was compared)."""
+    with pytest.raises(flexdsl.FlexDSLError, match="0.5"):
+        flexdsl.feedforward("lif_ode", 3, 4, rule="stdp_additive", dt=torch.tensor([0.1, 0.1, 0.5, 0.1]),
+                            rule_params={"dt": 0.1})
+    flexdsl.feedforward("lif_ode", 3, 4, rule="stdp_additive", dt=torch.full((4,), 0.1), rule_params={"dt": 0.1})

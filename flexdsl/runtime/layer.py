@@ -296,6 +296,9 @@ def load_layer(text: str, filename: str, *, hidden: int | None = None, in_featur
     sizes = _input_sizes(layer, in_features)
     checked = check_layer(layer, neuron.compiled.checked, hidden, sizes, _dt(neuron), reserved=module_names())
     lp = layer_plan(checked, neuron.compiled)
+    if rule_params and not any(s.rule is not None for s in checked.synapses):
+        raise checked.error(f"rule_params given, and no synapses of layer `{checked.name}` have a rule", None,
+                            "add `rule NAME` to a synapse group, or leave rule_params out")
     if lp.scan is None:
         _no_eprop(learning, readout, feedback, lambda msg, hint: checked.error(msg, None, hint))
         return FeedForwardModule(neuron, checked, lp, dict(masks or {}), step_mode, delays, rule_params,
@@ -451,6 +454,10 @@ def recurrent_form(layer: CheckedLayer) -> tuple[CheckedSynapse, list[CheckedSyn
         bad = next((s for s in ff if s.port != rec.port or s.connect != "dense"), ff[1] if len(ff) > 1 else None)
         raise layer.error("this recurrent layer's feed-forward synapses are not one dense group into the port of "
                           f"`{rec.name}`", bad.pos if bad is not None else layer.ast.pos, form)
+    if ff[0].rule is not None:  # (the recurrent scan runs no rule: it would never change the weights)
+        raise layer.error(f"synapses `{ff[0].name}` have a plasticity rule, in a layer with a recurrent synapse: "
+                          "plasticity rules run on feed-forward layers", ff[0].rule_pos,
+                          "drop the rule line, or the recurrent synapse (a feed-forward layer)")
     roles = {"W_in": ff[0].name, "W_rec": rec.name, "bias": ff[0].bias}
     for role, name in roles.items():
         if name in roles and name != role:

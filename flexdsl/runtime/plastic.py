@@ -51,7 +51,13 @@ class PlasticSynapses:
         self.__dict__["_last_dw"] = {}
         self.plastic = True
         if not rules:
+            if rule_params:  # (params for no rule: a typo'd layer, or a rule line forgotten)
+                raise layer.error(f"rule_params given, and no synapses of layer `{layer.name}` have a rule", None,
+                                  "add `rule NAME` to a synapse group, or leave rule_params out")
             return
+        if not isinstance(rule_params, Mapping | None):
+            raise layer.error(f"rule_params={rule_params!r}: give a dict of the rule's params", None,
+                              "rule_params={'A_plus': 0.02}, or by synapse name: {'W': {'A_plus': 0.02}}")
         given = dict(rule_params or {})
         learn = given.pop("learnable", None) if len(rules) == 1 else None
         by_syn = {s.name for s in rules}
@@ -64,7 +70,11 @@ class PlasticSynapses:
         mods: dict[str, str] = {}
         md = nn.ModuleDict()
         for s in rules:
-            ps = dict(given.get(s.name, {}))
+            ps = given.get(s.name, {})
+            if not isinstance(ps, Mapping):
+                raise layer.error(f"rule_params[{s.name!r}]={ps!r}: the params of synapses `{s.name}`'s rule are a dict",
+                                  s.rule_pos, f"rule_params={{{s.name!r}: {{'A_plus': 0.02}}}}")
+            ps = dict(ps)
             train = ps.pop("learnable", learn)
             rule = loaded_rule(layer, s, ps, train, self.neuron)  # type: ignore[attr-defined]
             for k in rule.modulators:
@@ -144,7 +154,8 @@ class PlasticSynapses:
             rule = self.rules[s.name]
             rule._modulators(_mods_of(rule, modulators), x0.shape[0], math.prod(x0.shape[1:-1]), x0,
                              x0.shape[1:-1], later=rule.post_inputs)
-        online = self.plastic and any(s.rule_mode == "online" for s in plastic) and x0.shape[0] > 0
+        online = (self.plastic and any(s.rule_mode == "online" for s in plastic) and x0.shape[0] > 0
+                  and math.prod(x0.shape[1:-1]) > 0)  # (an empty batch: no change, as the window's)
         if online:
             out = self._online(xs_in, direct, modulators, seed, generator)
         else:
@@ -553,7 +564,7 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
     if ru is None or nu is None:
         return
     a = _number(rule.param_values()["dt"])
-    b = _number(neuron.param_values().get("dt"))
+    b = _number(neuron.param_values().get("dt"), a)
     if a is None or b is None:
         return
     # (params keep their written numbers: compared in base units where both have a unit, else as numbers)
@@ -561,7 +572,7 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
 
     x, y = (a * written_scale(rule.ir.checked, "dt"), b * written_scale(neuron.compiled.checked, "dt")) \
         if ru and nu else (a, b)
-    if abs(x - y) > 1e-12 * max(abs(x), abs(y)):
+    if abs(x - y) > 1e-6 * max(abs(x), abs(y)):  # (float32 tensors of one dt: 6e-8 apart)
         unit = ru or nu
         raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{' ' + ru if ru else ''} and neuron "
                           f"`{layer.neuron.name}` by dt = {b:g}{' ' + nu if nu else ''}"
@@ -572,9 +583,16 @@ def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -
                           f"give the neuron the rule's dt (dt={a:g} at load)")
 
 
-def _number(v: Any) -> float | None:
+def _number(v: Any, other: float | None = None) -> float | None:
+    """One number of a `dt` (None for an empty one): a per-neuron tensor's value where all are equal,
+    else its first value unequal to `other` (the value compared with: where one differs, it is reported)."""
     if isinstance(v, torch.Tensor):
-        return float(v.detach()) if v.numel() == 1 else None
+        flat = v.detach().reshape(-1)
+        if flat.numel() == 0:
+            return None
+        ref = flat[0] if other is None else torch.as_tensor(other, dtype=flat.dtype)
+        differ = (~torch.isclose(flat, ref.to(flat.dtype), rtol=1e-6, atol=0.0)).nonzero()
+        return float(flat[0]) if not len(differ) else float(flat[int(differ[0])])
     return None if v is None else float(v)
 
 

@@ -345,6 +345,9 @@ class Rule(nn.Module):
                     isinstance(v, torch.Tensor) and v.is_complex()):
                 raise self._error(f"modulator `{k}` must be a real number or tensor, not "
                                   f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}")
+            if isinstance(v, torch.Tensor) and v.dim() and v.device != like.device:
+                raise self._error(f"modulator `{k}` is on {v.device}, the spikes on {like.device}",
+                                  f"move it: {k}={k}.to({str(like.device)!r})")
             if not isinstance(v, torch.Tensor) or v.dim() == 0:
                 out[k] = float(v) if not isinstance(v, torch.Tensor) else v.to(like.dtype)
                 continue
