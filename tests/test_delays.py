@@ -190,7 +190,9 @@ def test_delays_in_time_units_are_whole_steps_of_the_neurons_dt():
     assert m.W_delay.tolist() == [30, 7]
     for line, neuron, port, msg in [("delay 0.25 ms", "lif_ode", "I", "2.5 steps of dt = 0.1"),
                                     ("delay 2 mV", "lif_ode", "I", "not a time"),
-                                    ("delay 2 ms", "lif", "x", "has no `dt` param")]:
+                                    ("delay 2 ms", "lif", "x", "has no `dt` param"),
+                                    ("delay 2 ms", "li", "x", "without a unit"),  # (dt = 0.001: s? a step?)
+                                    ("delay axonal max 3 ms", "alif", "x", "without a unit")]:
         with pytest.raises(flexdsl.FlexDSLError, match=msg) as e:
             flexdsl.loads(text(line, neuron, port))
         assert e.value.line == 6

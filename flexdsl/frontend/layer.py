@@ -329,6 +329,11 @@ def _in_steps(layer: A.Layer, s: A.Synapses, q: A.Quantity, what: str, neuron: C
     if dt is None:
         raise _err(layer, f"{what} is a time (`{shown}`), but the neuron `{neuron.name}` has no `dt` param to divide "
                           "it by: it counts in steps", q.pos, "write the delay in steps, e.g. `delay 20`")
+    written = neuron.written.param("dt") if neuron.written is not None else None
+    if written is None or not isinstance(written.default, A.Quantity):  # (`dt = 0.001`: seconds? ms? steps?)
+        raise _err(layer, f"{what} is a time (`{shown}`), but the neuron `{neuron.name}` writes its `dt` without a unit: "
+                          "how long a step is, it does not say", q.pos,
+                          "write the delay in steps (e.g. `delay 20`), or use a neuron whose dt has a unit (`dt = 0.1 ms`)")
     steps = q.value * float(factor) / dt
     if not math.isfinite(steps) or abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
         raise _err(layer, f"{what} is {shown} = {steps:g} steps of dt = {dt:g} (the neuron's, in its base time unit), "
