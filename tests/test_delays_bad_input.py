@@ -258,3 +258,29 @@ def test_linear_delays_at_whole_steps_take_the_one_sided_derivative(kind, recurr
         got = float(getattr(m, name).grad.sum())
         fd = float(loss(d + h) - loss(d)) / h if d < D else float(loss(d) - loss(d - h)) / h
         assert abs(got - fd) <= 1e-6 * max(1.0, abs(fd)), (d, got, fd)
+
+
+@pytest.mark.parametrize("kw, words", [(dict(delay="2\n        bias zz"), "a word"),
+                                       (dict(delay=3, max_delay=5), "every connection"),
+                                       (dict(delay="Synaptic", max_delay=3), "did you mean `synaptic`"),
+                                       (dict(delay="axonal", max_delay="4:"), "a word")])
+def test_feedforward_refuses_delay_arguments_that_are_not_a_delays_words(kw, words):
+    """`delay=` was pasted into the layer text as given: a newline added lines (a bias the caller turned
+    off), `max_delay` beside a whole delay was dropped, a capitalised kind got the parser's message."""
+    with pytest.raises(flexdsl.FlexDSLError, match=words):
+        flexdsl.feedforward("lif", 3, 4, bias=False, **kw)
+
+
+@pytest.mark.parametrize("kind", ["axonal", "synaptic", "dendritic"])
+def test_fixed_delays_assigned_as_whole_floats_run_as_those_steps(kind):
+    """`m.W_delay = torch.ones(...)` (float, whole, in range) passed the check, then the gather failed."""
+    text = f"layer L:\n    neuron lif\n    size 4\n    input s size 3\n    synapses W from s to x:\n        delay {kind} max 3\n"
+    torch.manual_seed(0)
+    a = flexdsl.loads(text, backend="torch")
+    b = flexdsl.loads(text, backend="torch")
+    b.load_state_dict(a.state_dict())
+    shape = tuple(a.W_delay.shape)
+    a.W_delay = torch.full(shape, 2.0)
+    b.W_delay = torch.full(shape, 2, dtype=torch.long)
+    x = torch.rand(6, 2, 3) * 3
+    assert torch.equal(a(x), b(x))

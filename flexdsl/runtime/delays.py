@@ -354,7 +354,7 @@ class DelayedSynapses:
             return None, 0.0
         d = getattr(self, s.name + "_delay")
         self._check_delay_tensor(s, d)
-        return d, 0.0
+        return (d if not d.is_floating_point() else d.long()), 0.0  # (whole numbers assigned as floats: checked)
 
     def _check_delay_tensor(self, s: CheckedSynapse, d: Any) -> None:
         """A synapse's delays as a call reads them, checked when they changed (no host sync per call):

@@ -163,8 +163,28 @@ def rule_words(rule: Any, plasticity: Any, error, rule_params_given: bool = Fals
 def delay_words(delay: Any, max_delay: Any, learnable: Any) -> str | None:
     """The `delay` line of `flexdsl.feedforward(delay=, max_delay=, learnable_delays=)`: an int is
     every connection's steps; a kind ("axonal", "synaptic", "dendritic") takes `max_delay`; learnable
-    ones True (gauss) or the relaxation's name. Values that do not fit are written as given: the
-    layer's checks locate them."""
+    ones True (gauss) or the relaxation's name. Values of the right form that do not fit (a negative
+    delay) are written as given: the layer's checks locate them; text that is no word or number (a
+    newline would add lines to the layer), a kind misspelt, `max_delay` with a whole delay: errors."""
+    import re
+
+    from ..errors import FlexDSLError, did_you_mean
+
+    def refuse(what: str, v: Any, hint: str) -> FlexDSLError:
+        return FlexDSLError(f"{what}={v!r}: {hint}", "<flexdsl.feedforward>",
+                            hint="delay=3 (steps), delay='2 ms', delay='axonal' with max_delay=20")
+
+    kinds = ("axonal", "synaptic", "dendritic")
+    for what, v in (("delay", delay), ("max_delay", max_delay), ("learnable_delays", learnable)):
+        if isinstance(v, str) and not re.fullmatch(r"[A-Za-z0-9_.+\- ]+", v):
+            raise refuse(what, v, "give a number of steps, a time, or a word")
+    if isinstance(delay, str) and delay.strip().isalpha() and delay.strip() not in (*kinds, "uniform"):
+        raise refuse("delay", delay, f"no delay kind `{delay}`; " + (f"did you mean `{delay.strip().lower()}`?"
+                     if delay.strip().lower() in kinds else did_you_mean(delay.strip(), kinds) or
+                     f"the kinds: {', '.join(kinds)}"))
+    if isinstance(delay, int | float) and not isinstance(delay, bool) and max_delay is not None:
+        raise refuse("max_delay", max_delay, f"a maximum is for delays per connection or neuron (a kind), and "
+                     f"delay={delay!r} is every connection's")
     if delay is None:  # (max_delay or learnable_delays alone: synaptic delays; learnable ones need their max)
         if max_delay is not None or learnable:
             return "synaptic" + (f" max {max_delay}" if max_delay is not None else "") + (
