@@ -284,3 +284,21 @@ def test_fixed_delays_assigned_as_whole_floats_run_as_those_steps(kind):
     b.W_delay = torch.full(shape, 2, dtype=torch.long)
     x = torch.rand(6, 2, 3) * 3
     assert torch.equal(a(x), b(x))
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_fixed_synaptic_delays_with_a_bias_keep_autocasts_dtype(recurrent):
+    """The per-delay products' sum plus a float32 bias came out float32 under bf16 autocast: a
+    recurrent layer's backward then failed (a bare dtype error), a feed-forward one returned float32."""
+    txt = ("layer R:\n    neuron lif\n    size 4\n    input s size 3\n    synapses W_in from s to x:\n"
+           "        delay synaptic max 3\n        bias b\n" + ("    synapses W_rec from spike to x\n" if recurrent else ""))
+    torch.manual_seed(1)
+    m = flexdsl.loads(txt, backend="torch")
+    x = (torch.rand(8, 2, 3) < 0.5).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        c = m.current(x) if not recurrent else None
+        y = m(x)
+    y.float().sum().backward()
+    assert m.W_in.grad is not None and torch.isfinite(m.W_in.grad).all()
+    if c is not None:
+        assert c.dtype == torch.bfloat16

@@ -113,14 +113,14 @@ def delayed_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         out = product(read(hist, D, T, d), w, b)
     elif kernel is not None:  # synaptic, in a backend's kernels: a gather per connection, no [I, J, D] kernel
         out = kernel(hist, d.to(w.device), w, None, D)
-        out = out + b if b is not None else out
+        out = out + b.to(out.dtype) if b is not None else out
     else:  # synaptic: one product per distinct delay
         dd = d.to(w.device)
         out = None
         for k in torch.unique(dd).tolist():
             part = product(hist[D - k:D - k + T], w * (dd == k).to(w.dtype), None)
             out = part if out is None else out + part
-        out = out + b if b is not None else out
+        out = out + b.to(out.dtype) if b is not None else out  # (the products' dtype: autocast's, as F.linear's)
     return out, hist[hist.shape[0] - D:]
 
 
@@ -228,7 +228,7 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         d0 = d.detach().floor().clamp(0, D - 1)
         f = (d - d0).to(w.dtype)
         out = kernel(hist, d0.long(), w * (1 - f), w * f, D)
-        out = out + b if b is not None else out
+        out = out + b.to(out.dtype) if b is not None else out
     else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
         weights = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
         h = hist.reshape(hist.shape[0], -1, hist.shape[-1]).permute(1, 2, 0)  # [N, n_pre, D + T]
