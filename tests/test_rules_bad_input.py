@@ -270,3 +270,21 @@ def test_a_per_neuron_dt_is_checked_against_the_rules():
         flexdsl.feedforward("lif_ode", 3, 4, rule="stdp_additive", dt=torch.tensor([0.1, 0.1, 0.5, 0.1]),
                             rule_params={"dt": 0.1})
     flexdsl.feedforward("lif_ode", 3, 4, rule="stdp_additive", dt=torch.full((4,), 0.1), rule_params={"dt": 0.1})
+
+
+@pytest.mark.parametrize("dtype, unit", [(torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)])
+@pytest.mark.parametrize("name", ["stdp_sj", "stdp_additive"])
+def test_half_precision_weights_get_the_float32_change_rounded_once(name, dtype, unit):
+    """A window over half-precision weights: the traces and sums ran in bf16 (2e-2 relative from
+    float64 in bfloat16). Now within one rounding of the weight's dtype of the float64 change computed
+    from the same (half-precision) weights, element by element, plus float32's sums."""
+    g = torch.Generator().manual_seed(7)
+    pre = (torch.rand(200, 4, 64, generator=g) < 0.1).float()
+    post = (torch.rand(200, 4, 32, generator=g) < 0.1).float()
+    w = torch.rand(32, 64, generator=g).to(dtype)
+    rule = flexdsl.load_rule(name)
+    ref = flexdsl.load_rule(name).double().window(pre.double(), post.double(), w.double())
+    got = rule.window(pre.to(dtype), post.to(dtype), w)
+    assert got.dtype == dtype
+    bound = unit * ref.abs() + 800 * 2.0 ** -24 * ref.abs().max()  # (one rounding; float32 sums of 800 terms)
+    assert bool(((got.double() - ref).abs() <= bound).all())

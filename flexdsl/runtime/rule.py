@@ -262,7 +262,10 @@ class Rule(nn.Module):
     # ------------------------------------------------------------------ calls
     def window(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, **modulators: Any) -> torch.Tensor:
         """The weights' change over a window (`pre` `[T, *batch, n_pre]`, `post` `[T, *batch, n_post]`,
-        `w` `[n_post, n_pre]` held over it): summed over time and batch, not applied."""
+        `w` `[n_post, n_pre]` held over it): summed over time and batch, not applied. Half-precision
+        weights: the traces and sums in float32, the change rounded once to the weight's dtype."""
+        if isinstance(w, torch.Tensor) and w.dtype in _HALF:
+            return self.window(_f32(pre), _f32(post), w.float(), **modulators).to(w.dtype)
         pre2, post2, mods = self._inputs(pre, post, w, modulators, "window")
         if not pre2.numel() or not post2.numel():  # (no steps, samples or neurons: no change, states kept)
             return torch.zeros_like(w)
@@ -272,7 +275,10 @@ class Rule(nn.Module):
 
     def online(self, pre: torch.Tensor, post: torch.Tensor, w: torch.Tensor, **modulators: Any) -> torch.Tensor:
         """The weights after the steps, each step's change applied (then the bounds) before the next
-        step reads them (post spikes given: the rule on recorded trains)."""
+        step reads them (post spikes given: the rule on recorded trains); half-precision weights as
+        `window`'s (the steps in float32, the weights rounded once at the end)."""
+        if isinstance(w, torch.Tensor) and w.dtype in _HALF:
+            return self.online(_f32(pre), _f32(post), w.float(), **modulators).to(w.dtype)
         pre2, post2, mods = self._inputs(pre, post, w, modulators, "online")
         if not pre2.numel() or not post2.numel():
             return w.clone()
@@ -538,6 +544,13 @@ class Rule(nn.Module):
         from .rulesteps import Stepper
 
         return Stepper(self, B, n_pre, n_post, like)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _f32(x: Any) -> Any:
+    return x.float() if isinstance(x, torch.Tensor) and x.dtype in _HALF else x
 
 
 def load_rule(model: str | Path, learnable: Any = None, **params: Any) -> Rule:
