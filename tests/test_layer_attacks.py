@@ -140,3 +140,18 @@ def test_check_takes_the_size_of_a_one_to_one_input_where_the_layer_leaves_it_ou
     checked, _ = describe(p)
     assert checked.size == 5
     assert flexdsl.load(p, hidden=5)(torch.rand(3, 1, 5)).shape == (3, 1, 5)
+
+
+@pytest.mark.parametrize("line", ['neuron "{p}"', 'neuron lif\n    input s size 4\n    synapses W from s to x:\n'
+                                                  '        rule "{p}"'])
+def test_a_layers_text_names_only_model_and_rule_files(line, tmp_path):
+    """`neuron "/any/file"` read any file and the parse error showed its first line: text given to
+    flexdsl.loads could read out a file. A layer names `.neuron` and `.rule` files only."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("API_TOKEN=not-a-real-secret\n")
+    text = "layer L:\n    " + line.format(p=secret) + "\n    size 3\n"
+    if "input s" not in text:
+        text += "    input s size 4\n    synapses W from s to x\n"
+    with pytest.raises(FlexDSLError, match="not a `.(neuron|rule)` file") as e:
+        flexdsl.loads(text)
+    assert "API_TOKEN" not in str(e.value)

@@ -92,6 +92,9 @@ def neuron_ref(layer: A.Layer) -> A.LayerNeuron:
     if len(refs) > 1:
         raise _err(layer, "a layer has one neuron model; this is a second `neuron` line", refs[1].pos,
                    "one population per layer: make a layer per model")
+    if refs[0].is_path and not refs[0].ref.endswith(".neuron"):  # (a layer's text names model files only)
+        raise _err(layer, f"`{refs[0].ref}` is not a `.neuron` file", refs[0].pos,
+                   "a layer's neuron is a library model (`neuron lif`) or a file ending in .neuron")
     return refs[0]
 
 
@@ -252,6 +255,9 @@ def _rule(layer: A.Layer, neuron: CheckedModel, s: A.Synapses, recurrent: bool, 
     if s.rule is None:
         return "window"
     mode = s.rule_mode or "window"
+    if s.rule_is_path and not s.rule.endswith(".rule"):  # (a layer's text names rule files only)
+        raise _err(layer, f"`{s.rule}` is not a `.rule` file", s.rule_pos,
+                   "a library rule (`rule stdp_additive`) or a file ending in .rule")
     if mode not in RULE_MODES:
         raise _err(layer, f"unknown plasticity semantics `{mode}`", s.rule_mode_pos,
                    did_you_mean(mode, RULE_MODES) or "`window` (weights held over a call, the change added after "
