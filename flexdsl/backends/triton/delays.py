@@ -22,19 +22,19 @@ def _current(h_ptr, d_ptr, a_ptr, c_ptr, out_ptr, T, N, J, I, D, L,
     r = tl.program_id(0) * BR + tl.arange(0, BR)  # rows t * N + n
     i = tl.program_id(1) * BI + tl.arange(0, BI)
     rm, im = r < T * N, i < I
-    t, n = r // N, r % N
+    t, n = r // N, (r % N).to(tl.int64)  # (offsets in int64: a history past 2**31 values)
     m = rm[:, None] & im[None, :]
     acc = tl.zeros([BR, BI], dtype=tl.float32)
     for j in range(J):
         d0 = tl.load(d_ptr + i * J + j, mask=im, other=0)
         a = tl.load(a_ptr + i * J + j, mask=im, other=0.0).to(tl.float32)
-        row = D + t[:, None] - d0[None, :]
-        base = h_ptr + j * L * N + n[:, None]
+        row = (D + t[:, None] - d0[None, :]).to(tl.int64)
+        base = h_ptr + tl.cast(j, tl.int64) * L * N + n[:, None]
         acc += tl.load(base + row * N, mask=m, other=0.0).to(tl.float32) * a[None, :]
         if TWO:
             c = tl.load(c_ptr + i * J + j, mask=im, other=0.0).to(tl.float32)
             acc += tl.load(base + (row - 1) * N, mask=m & (row >= 1), other=0.0).to(tl.float32) * c[None, :]
-    tl.store(out_ptr + r[:, None] * I + i[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * I + i[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -43,20 +43,20 @@ def _history_grad(g_ptr, d_ptr, a_ptr, c_ptr, gh_ptr, T, N, J, I, D, L,
     r = tl.program_id(0) * BR + tl.arange(0, BR)  # rows s * N + n of the history
     j = tl.program_id(1) * BJ + tl.arange(0, BJ)
     rm, jm = r < L * N, j < J
-    s, n = r // N, r % N
+    s, n = r // N, (r % N).to(tl.int64)
     m = rm[:, None] & jm[None, :]
     acc = tl.zeros([BR, BJ], dtype=tl.float32)
     for i in range(I):
         d0 = tl.load(d_ptr + i * J + j, mask=jm, other=0)
         a = tl.load(a_ptr + i * J + j, mask=jm, other=0.0).to(tl.float32)
-        tt = s[:, None] - D + d0[None, :]  # the output step that read history row s
-        base = g_ptr + i * T * N + n[:, None]
+        tt = (s[:, None] - D + d0[None, :]).to(tl.int64)  # the output step that read history row s
+        base = g_ptr + tl.cast(i, tl.int64) * T * N + n[:, None]
         acc += tl.load(base + tt * N, mask=m & (tt >= 0) & (tt < T), other=0.0).to(tl.float32) * a[None, :]
         if TWO:
             c = tl.load(c_ptr + i * J + j, mask=jm, other=0.0).to(tl.float32)
             t1 = tt + 1
             acc += tl.load(base + t1 * N, mask=m & (t1 >= 0) & (t1 < T), other=0.0).to(tl.float32) * c[None, :]
-    tl.store(gh_ptr + r[:, None] * J + j[None, :], acc.to(gh_ptr.dtype.element_ty), mask=m)
+    tl.store(gh_ptr + r.to(tl.int64)[:, None] * J + j[None, :], acc.to(gh_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -71,10 +71,10 @@ def _weight_grad(g_ptr, h_ptr, d_ptr, ga_ptr, gc_ptr, T, N, J, D, L,
     for r0 in range(0, T * N, BR):
         r = r0 + tl.arange(0, BR)
         rm = r < T * N
-        t, n = r // N, r % N
-        g = tl.load(g_ptr + i * T * N + r, mask=rm, other=0.0).to(tl.float32)
-        row = D + t[:, None] - d0[None, :]
-        base = h_ptr + j[None, :] * L * N + n[:, None]
+        t, n = r // N, (r % N).to(tl.int64)
+        g = tl.load(g_ptr + tl.cast(i, tl.int64) * T * N + r, mask=rm, other=0.0).to(tl.float32)
+        row = (D + t[:, None] - d0[None, :]).to(tl.int64)
+        base = h_ptr + j.to(tl.int64)[None, :] * L * N + n[:, None]
         m = rm[:, None] & jm[None, :]
         acc_a += tl.sum(tl.load(base + row * N, mask=m, other=0.0).to(tl.float32) * g[:, None], axis=0)
         if TWO:
