@@ -288,3 +288,15 @@ def test_half_precision_weights_get_the_float32_change_rounded_once(name, dtype,
     assert got.dtype == dtype
     bound = unit * ref.abs() + 800 * 2.0 ** -24 * ref.abs().max()  # (one rounding; float32 sums of 800 terms)
     assert bool(((got.double() - ref).abs() <= bound).all())
+
+
+def test_a_dt_assigned_after_load_is_checked_at_the_next_call():
+    """The rule's `dt` checked against the neuron's at load only: assigned afterwards, the layer ran."""
+    m = flexdsl.feedforward("lif_ode", 3, 4, rule="stdp_additive", rule_params={"dt": 0.1})
+    x = (torch.rand(5, 2, 3) < 0.5).float()
+    m(x)
+    m.rules["W"].dt = 0.5
+    with pytest.raises(flexdsl.FlexDSLError, match="dt = 0.5"):
+        m(x)
+    m.rules["W"].dt = 0.1
+    m(x)

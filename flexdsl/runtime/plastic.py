@@ -37,6 +37,7 @@ from ..errors import FlexDSLError
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..frontend.rule import POST
 from ..settings import env_choice
+from . import ruleparams as rp
 from .bits import synapse_product as _product
 from .rule import Rule, compile_rule
 from .rulesteps import on_device
@@ -152,6 +153,7 @@ class PlasticSynapses:
         x0 = xs_in[0]
         for s in plastic:  # (the modulators' shapes, for either semantics, before anything runs)
             rule = self.rules[s.name]
+            rp.dt_checked(self, layer, s, rule)
             rule._modulators(_mods_of(rule, modulators), x0.shape[0], math.prod(x0.shape[1:-1]), x0,
                              x0.shape[1:-1], later=rule.post_inputs)
         online = (self.plastic and any(s.rule_mode == "online" for s in plastic) and x0.shape[0] > 0
@@ -510,7 +512,7 @@ def loaded_rule(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any
     """The rule of synapses `s`, loaded and checked against the layer's neuron (its `dt`, what it
     reads of the neuron): what a layer's load runs, and `flexdsl check` / `show` of a layer file."""
     rule = _load(layer, s, params, learnable)
-    _check_dt(layer, s, rule, neuron)
+    rp.check_dt(layer, s, rule, neuron)
     _check_post_inputs(layer, s, rule)
     return rule
 
@@ -526,16 +528,6 @@ def _load(layer: CheckedLayer, s: CheckedSynapse, params: Mapping[str, Any], lea
             raise layer.error(e.reason, s.rule_pos, e.hint) from None
         raise
     return Rule(ir, params, learnable)
-
-
-def _dt_unit(ck: Any) -> str | None:
-    """The unit `dt` is written in ("" for a model without units), None where there is no `dt`."""
-    from ..frontend import ast as A
-
-    if not any(p.name == "dt" for p in ck.params):
-        return None
-    written = ck.written.param("dt") if ck.written is not None else None
-    return A.quantity_unit(written.default) if written is not None and isinstance(written.default, A.Quantity) else ""
 
 
 def _check_post_inputs(layer: CheckedLayer, s: CheckedSynapse, rule: Rule) -> None:
@@ -554,46 +546,6 @@ def _check_post_inputs(layer: CheckedLayer, s: CheckedSynapse, rule: Rule) -> No
             raise layer.error(f"rule `{rule.name}` reads `{k}`, the postsynaptic neuron's `{x}`, and `{layer.neuron.name}` "
                               f"has no state or output `{x}`", s.rule_pos,
                               did_you_mean(x, have) or f"its states and outputs: {', '.join(have)}")
-
-
-def _check_dt(layer: CheckedLayer, s: CheckedSynapse, rule: Rule, neuron: Any) -> None:
-    """A rule and its neuron that both declare `dt` must step by the same time: in one unit (or two
-    time units) by their values; a `dt` without a unit (the library rules' `dt = 1.0`: their times
-    are numbers) counts in the unit the other one is written in (`lif_ode`'s `0.1 ms`: 0.1)."""
-    ru, nu = _dt_unit(rule.ir.checked), _dt_unit(neuron.compiled.checked)
-    if ru is None or nu is None:
-        return
-    a = _number(rule.param_values()["dt"])
-    b = _number(neuron.param_values().get("dt"), a)
-    if a is None or b is None:
-        return
-    # (params keep their written numbers: compared in base units where both have a unit, else as numbers)
-    from .params import written_scale
-
-    x, y = (a * written_scale(rule.ir.checked, "dt"), b * written_scale(neuron.compiled.checked, "dt")) \
-        if ru and nu else (a, b)
-    if abs(x - y) > 1e-6 * max(abs(x), abs(y)):  # (float32 tensors of one dt: 6e-8 apart)
-        unit = ru or nu
-        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{' ' + ru if ru else ''} and neuron "
-                          f"`{layer.neuron.name}` by dt = {b:g}{' ' + nu if nu else ''}"
-                          + (f" (a number without a unit counts in {unit} here)" if ru != nu and not (ru and nu) else "")
-                          + ": a rule steps with its neuron", s.rule_pos,
-                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}" if not ru else
-                          f"give the rule the neuron's dt: rule_params={{'dt': '{b:g} {nu}'}}" if nu else
-                          f"give the neuron the rule's dt (dt={a:g} at load)")
-
-
-def _number(v: Any, other: float | None = None) -> float | None:
-    """One number of a `dt` (None for an empty one): a per-neuron tensor's value where all are equal,
-    else its first value unequal to `other` (the value compared with: where one differs, it is reported)."""
-    if isinstance(v, torch.Tensor):
-        flat = v.detach().reshape(-1)
-        if flat.numel() == 0:
-            return None
-        ref = flat[0] if other is None else torch.as_tensor(other, dtype=flat.dtype)
-        differ = (~torch.isclose(flat, ref.to(flat.dtype), rtol=1e-6, atol=0.0)).nonzero()
-        return float(flat[0]) if not len(differ) else float(flat[int(differ[0])])
-    return None if v is None else float(v)
 
 
 __all__ = ["PlasticSynapses", "loaded_rule"]

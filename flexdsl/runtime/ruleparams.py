@@ -25,7 +25,7 @@ import torch
 from ..errors import FlexDSLError, did_you_mean
 from ..frontend import ast as A
 from ..frontend.evaluate import evaluate
-from .params import constraint_holds, show
+from .params import constraint_holds, show, written_scale
 
 
 def _names(e: A.Expr | None) -> set[str]:
@@ -209,4 +209,63 @@ def clamp(w: torch.Tensor, lo: Any, hi: Any) -> torch.Tensor:
     return w
 
 
-__all__ = ["check_trained", "chosen", "clamp", "clamp_bounds", "derived_of", "one_number_each", "reached", "refuse_unreached", "values", "weight_bounds"]
+def dt_unit(ck: Any) -> str | None:
+    """The unit `dt` is written in ("" for a model without units), None where there is no `dt`."""
+    if not any(p.name == "dt" for p in ck.params):
+        return None
+    written = ck.written.param("dt") if ck.written is not None else None
+    return A.quantity_unit(written.default) if written is not None and isinstance(written.default, A.Quantity) else ""
+
+
+def check_dt(layer: Any, s: Any, rule: Any, neuron: Any) -> None:
+    """A rule and its neuron that both declare `dt` must step by the same time: in one unit (or two
+    time units) by their values; a `dt` without a unit (the library rules' `dt = 1.0`: their times
+    are numbers) counts in the unit the other one is written in (`lif_ode`'s `0.1 ms`: 0.1)."""
+    ru, nu = dt_unit(rule.ir.checked), dt_unit(neuron.compiled.checked)
+    if ru is None or nu is None:
+        return
+    a = _number(rule.param_values()["dt"])
+    b = _number(neuron.param_values().get("dt"), a)
+    if a is None or b is None:
+        return
+    # (params keep their written numbers: compared in base units where both have a unit, else as numbers)
+    x, y = (a * written_scale(rule.ir.checked, "dt"), b * written_scale(neuron.compiled.checked, "dt")) \
+        if ru and nu else (a, b)
+    if abs(x - y) > 1e-6 * max(abs(x), abs(y)):  # (float32 tensors of one dt: 6e-8 apart)
+        unit = ru or nu
+        raise layer.error(f"rule `{rule.name}` steps by dt = {a:g}{' ' + ru if ru else ''} and neuron "
+                          f"`{layer.neuron.name}` by dt = {b:g}{' ' + nu if nu else ''}"
+                          + (f" (a number without a unit counts in {unit} here)" if ru != nu and not (ru and nu) else "")
+                          + ": a rule steps with its neuron", s.rule_pos,
+                          f"give the rule the neuron's dt: rule_params={{'dt': {b:g}}}" if not ru else
+                          f"give the rule the neuron's dt: rule_params={{'dt': '{b:g} {nu}'}}" if nu else
+                          f"give the neuron the rule's dt (dt={a:g} at load)")
+
+
+def dt_checked(m: Any, layer: Any, s: Any, rule: Any) -> None:
+    """`check_dt` again where the rule's or the neuron's `dt` changed since the last call (assigned
+    after load: `m.rules["W"].dt = ...`, `m.neuron.dt = ...`); a tensor's by its storage and version."""
+    def key(v: Any) -> Any:
+        return (v.data_ptr(), v._version, tuple(v.shape)) if isinstance(v, torch.Tensor) else v
+
+    now = (key(rule.param_values().get("dt")), key(m.neuron.param_values().get("dt")))
+    seen = m.__dict__.setdefault("_dt_seen", {})
+    if seen.get(s.name) != now:
+        check_dt(layer, s, rule, m.neuron)
+        seen[s.name] = now
+
+
+def _number(v: Any, other: float | None = None) -> float | None:
+    """One number of a `dt` (None for an empty one): a per-neuron tensor's value where all are equal,
+    else its first value unequal to `other` (the value compared with: where one differs, it is reported)."""
+    if isinstance(v, torch.Tensor):
+        flat = v.detach().reshape(-1)
+        if flat.numel() == 0:
+            return None
+        ref = flat[0] if other is None else torch.as_tensor(other, dtype=flat.dtype)
+        differ = (~torch.isclose(flat, ref.to(flat.dtype), rtol=1e-6, atol=0.0)).nonzero()
+        return float(flat[0]) if not len(differ) else float(flat[int(differ[0])])
+    return None if v is None else float(v)
+
+
+__all__ = ["check_dt", "check_trained", "chosen", "clamp", "clamp_bounds", "derived_of", "dt_checked", "dt_unit", "one_number_each", "reached", "refuse_unreached", "values", "weight_bounds"]
