@@ -750,3 +750,25 @@ def test_eprop_of_a_feedforward_layer_is_a_located_error_and_layer_files_take_it
         flexdsl.load("ff_lif.layer", hidden=H, in_features=N_IN, learning="eprop")
     r = flexdsl.load("rlif.layer", hidden=H, in_features=N_IN, learning="eprop", readout=2, feedback="random")
     assert r.learning == "eprop" and r.readout.feedback.shape == (2, H)
+
+
+@pytest.mark.parametrize("model", ["lif", "alif", "izhikevich"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_lane_calls_equal_bptt_without_recurrent_weights(model, batch):
+    """A layer of one neuron on a batch of one (a single stream): its per-step factors have one element
+    each and were taken for constants (step 0's reused at every step: gradients 50-200 % off). With
+    W_rec = 0 e-prop is BPTT exactly (no recurrent path to cut): float64, to rounding."""
+    def grads(learning: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        m = flexdsl.recurrent(model, 3, 1, learning=learning).double()
+        with torch.no_grad():
+            m.W_in.copy_(torch.tensor([[1.5, 1.0, 2.0]]) * (10 if model == "izhikevich" else 1))
+            m.W_rec.zero_()
+            m.bias.fill_(0.2)
+        x = torch.rand(6, batch, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        r = torch.randn(6, batch, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        out = m(x)
+        (out[0] if isinstance(out, tuple) else out).mul(r).sum().backward()
+        return [m.W_in.grad, m.bias.grad]
+    for a, b in zip(grads("bptt"), grads("eprop")):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -85,7 +85,9 @@ class Factors:
 
 
 def _scalar(v: Any) -> bool:
-    return v is None or not isinstance(v, torch.Tensor) or v.numel() == 1
+    """A factor the same at every step and lane: a number or a 0-d tensor (a one-lane call's per-step
+    factors have one element too, and change with the step)."""
+    return v is None or not isinstance(v, torch.Tensor) or v.dim() == 0
 
 
 def _element(v: Any, like: torch.Tensor) -> torch.Tensor:
