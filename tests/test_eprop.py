@@ -772,3 +772,24 @@ def test_one_lane_calls_equal_bptt_without_recurrent_weights(model, batch):
         return [m.W_in.grad, m.bias.grad]
     for a, b in zip(grads("bptt"), grads("eprop")):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("model, kw", [("lif", dict(learnable=["v_reset"], v_reset=-0.3)),
+                                       ("izhikevich", dict(learnable=True)), ("cuba_lif", dict(learnable=True)),
+                                       ("lif", dict(learnable=["v_reset"], v_reset=-0.3, connectivity="one_to_one"))])
+def test_a_stream_in_calls_gives_a_learnable_initial_values_gradient_of_one_call(model, kw):
+    """A param that sets a state's initial value (`v = v_reset`) reaches every later state through the
+    steps' Jacobians: its dE/dh0 was taken from the first call's learning signal only (a stream cut into
+    calls: 12x off for izhikevich's w_rest). The dependence is carried by the eligibility; equal to one
+    call, which equals the definition (float64 autograd over the hand loop)."""
+    m = layer(model, **kw)
+    x = torch.rand(12, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    n_out = len(m.neuron.compiled.checked.outputs)
+    R = [torch.randn(12, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(6 + k)) for k in range(n_out)]
+    assert_grads(eprop_grads(m, x, R)[1], reference_grads(m, x, R), 1e-10)
+    whole = one_call_then_fresh(m, x, R)
+    for a, b in [(0, 1), (1, 5), (5, 6), (6, 12)]:
+        loss_of(as_tuple(m(x[a:b])), [r[a:b] for r in R]).backward()
+    got = {n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias") if getattr(m, n) is not None}
+    got.update({f"neuron.{k}": p.grad for k, p in m.neuron.named_parameters() if p.requires_grad})
+    assert_grads(got, whole, 1e-10)

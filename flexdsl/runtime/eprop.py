@@ -201,6 +201,7 @@ class Plan:
         self.prog, self.port, self.source, self.dense_rec, self.bias = prog, port, source, dense_rec, bias
         self.n_others, self.diag_names, self.elig_in, self.kernel, self.stepper = \
             n_others, diag_names, elig, kernel, stepper
+        self.n_inits = sum(n.startswith("init:") for n in diag_names)  # (states a learnable param starts)
         self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
         self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
@@ -323,8 +324,17 @@ def _eligibility0(plan: Plan, fac: Factors, F: int, H: int, P: int, like: torch.
                 dense = _per_synapse(dense, H)
         else:
             dense = plan.zeros = like.new_zeros((F, P, fac.d) if fac.constant else (F, H, P, fac.d))
-    diag = {n: (e.diag[n] if e is not None and n in e.diag else like.new_zeros((F, H, fac.d))) for n in plan.diag_names}
+    diag = {n: (e.diag[n] if e is not None and n in e.diag else
+                _unit(like, F, H, fac.d, int(n.split(":")[1])) if e is None and n.startswith("init:") else
+                like.new_zeros((F, H, fac.d))) for n in plan.diag_names}
     return Eligibility(dense, diag, fac.constant)
+
+
+def _unit(like: torch.Tensor, F: int, H: int, d: int, k: int) -> torch.Tensor:
+    """The eligibility of an initial state itself (`init:k`) at the start of the first call: `e_k`."""
+    u = like.new_zeros((F, H, d))
+    u[..., k] = 1
+    return u
 
 
 def _diag_src(fac: Factors, name: str, t: int, S: torch.Tensor) -> torch.Tensor:
@@ -332,6 +342,8 @@ def _diag_src(fac: Factors, name: str, t: int, S: torch.Tensor) -> torch.Tensor:
     neuron's own source of the step before) or `dh/dtheta`."""
     if name == "rec":
         return S[t][..., None] * (fac.b if fac.constant else fac.b[t])
+    if name.startswith("init:"):  # (an initial state's: the steps carry it, nothing adds to it)
+        return torch.zeros_like(S[t])[..., None].expand(*S[t].shape, fac.d)
     return fac.dF[t][:, :, int(name.split(":")[1])]
 
 
@@ -339,6 +351,8 @@ def _diag_pre(name: str, S: torch.Tensor, t: int, fac: Factors, L: torch.Tensor)
     """The direct term of a per-neuron gradient at step t: `L g pre` (or `L dG` of a param)."""
     if name == "rec":
         return (L[t] * fac.g[t]).sum(-1) * S[t]
+    if name.startswith("init:"):
+        return torch.zeros_like(S[t])
     k = int(name.split(":")[1])
     return (L[t] * fac.dG[t][..., k]).sum(-1)
 
@@ -439,6 +453,7 @@ class EPropCall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan: Plan, x3, w_in, bias, w, s0, *rest):  # type: ignore[override]
+        rest = rest[:len(rest) - plan.n_inits]  # (the initial states' values: their gradient's way to the params)
         n_p = len(rest) - plan.n_others - plan.prog.n_states
         params, others, states = list(rest[:n_p]), list(rest[n_p:n_p + plan.n_others]), list(rest[n_p + plan.n_others:])
         ix = x3 @ w_in.t() if w_in is not None else x3
@@ -456,7 +471,7 @@ class EPropCall(torch.autograd.Function):
         ctx.plan, ctx.fac, ctx.e0 = plan, fac, e0
         ctx.save_for_backward(xin, S)
         ctx.shapes = [p.shape if isinstance(p, torch.Tensor) else None for p in params]
-        ctx.n_rest = len(rest)
+        ctx.n_rest = len(rest) + plan.n_inits
         ctx.mark_non_differentiable(*plan.finals)
         return (*outs, *plan.finals)
 
@@ -487,11 +502,14 @@ class EPropCall(torch.autograd.Function):
             g_w = g_diag["rec"].sum(0)
         g_bias = g_dense[:, -1] if plan.bias and g_dense is not None else None
         g_rest: list[Any] = [None] * ctx.n_rest
+        inits = [n for n in plan.diag_names if n.startswith("init:")]
         for n, g in g_diag.items():
             if n.startswith("param:"):
                 k = int(n.split(":")[2])
                 g_rest[k] = g.sum_to_size(ctx.shapes[k])
-        first = ctx.n_rest - fac.d  # (the initial states: a learnable param's initial value, `v = v_reset`)
+            elif n.startswith("init:"):  # (dE/dh0 over every call since the reset: `v = v_reset`'s v_reset)
+                g_rest[ctx.n_rest - plan.n_inits + inits.index(n)] = g
+        first = ctx.n_rest - plan.n_inits - fac.d  # (the call's start states, where one wants a gradient)
         wanted = [k for k in range(fac.d) if ctx.needs_input_grad[6 + first + k]]
         for k, g in zip(wanted, _initial_grads(fac, L, wanted, S[0])):
             g_rest[first + k] = g

@@ -186,19 +186,36 @@ class EPropLearning:
         learn = [meta["params"].index(n) for n in meta["learnable"]]
         diag += [f"param:{j}:{k}" for j, k in enumerate(learn)
                  if isinstance(params[k], torch.Tensor) and params[k].requires_grad]
+        st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
+              for s in states]
+        inits = self._initial_tracked(view, s0)
+        for k in inits:  # (after a reset the start is the initial value: its gradient goes by `init:k`)
+            if view.m._states[view.m._state_names[k]] is None:
+                st[k] = st[k].detach()
+        diag += [f"init:{k}" for k in inits]
         f64 = x3.dtype == torch.float64  # (the kernel sums in float32: float64 runs torch's operations)
         plan = Plan(prog, port, src, w.dim() == 2, bias is not None, len(inputs), diag, kept,
                     None if f64 else programs.walker(x3), self._stepper(prog, port, w.dim() == 2, x3.is_cuda and not f64))
-        st = [s if isinstance(s, torch.Tensor) else torch.full((F, H), float(s), dtype=s0.dtype, device=s0.device)
-              for s in states]
         if x3.shape[0] == 0:  # (no steps: no outputs, the states and the kept eligibility as they were)
             return [s0.new_zeros((0, F, H)) for _ in meta["outputs"]], st, s0
         if self._eprop_scans(x3):
             plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
-        res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st)
+        res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st, *inits.values())
         n_out = len(meta["outputs"])
         self.__dict__["_kept"]["eligibility"] = plan.pending
         return list(res[:n_out]), list(res[n_out:]), res[src][-1]
+
+    @staticmethod
+    def _initial_tracked(view: Any, s0: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The states whose initial value a learnable param sets (`v = v_reset`), by index: that value
+        `[F, H]` with its graph, the way of their gradient to the param in every call since the reset
+        (the states' dependence on it carried by the eligibility `init:k`)."""
+        if not torch.is_grad_enabled():
+            return {}
+        F, H = s0.shape
+        vals = view.m._states_for(s0, torch.Size([F, H]), {})
+        return {k: torch.broadcast_to(v, (F, H)) for k, v in enumerate(vals)
+                if isinstance(v, torch.Tensor) and v.requires_grad}
 
     def _scanned(self, x3: torch.Tensor, w_in: Any, bias: Any, w: torch.Tensor, s0: torch.Tensor,
                  all_inputs: Sequence[Any], states: Sequence[torch.Tensor], params: Sequence[Any], scan: tuple):
