@@ -481,7 +481,7 @@ def test_feedforward_refuses_eprops_options():
 def test_an_input_that_needs_a_gradient_is_a_located_error():
     m = layer("lif")
     x = torch.rand(T, B, N_IN, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(FlexDSLError, match="gives its input no gradient"):
+    with pytest.raises(FlexDSLError, match="gives its inputs no gradient, but input `x`"):
         m(x)
     m(x.detach())  # (fine)
 
@@ -793,3 +793,82 @@ def test_a_stream_in_calls_gives_a_learnable_initial_values_gradient_of_one_call
     got = {n: getattr(m, n).grad for n in ("W_in", "W_rec", "bias") if getattr(m, n) is not None}
     got.update({f"neuron.{k}": p.grad for k, p in m.neuron.named_parameters() if p.requires_grad})
     assert_grads(got, whole, 1e-10)
+
+
+def test_an_input_buffer_reused_between_calls_does_not_change_pending_traces():
+    """The first call has no loss (its traces run at the next call); its input written into a buffer the
+    next chunk overwrites gave the traces the next chunk's values (W_in's gradient 10 % off)."""
+    def stream(reuse: bool) -> torch.Tensor:
+        m = layer("alif", detach_reset="v")
+        x = torch.rand(16, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        R = torch.randn(8, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        buf = torch.empty(8, B, N_IN, dtype=torch.float64)
+        for k in range(2):
+            chunk = x[8 * k:8 * (k + 1)]
+            out = as_tuple(m(buf.copy_(chunk) if reuse else chunk.clone()))[0]
+            if k == 1:
+                (out * R).sum().backward()
+        return m.W_in.grad
+    assert torch.equal(stream(True), stream(False))
+
+
+def test_an_eval_call_drops_the_kept_eligibility():
+    """Eval mode runs the plain layer, keeping no eligibility: the eligibility of the training call
+    before it was kept, and the next training call continued from it (states moved by the eval call).
+    Against a twin whose first call ran in eval mode too (the same states, no eligibility ever)."""
+    x = torch.rand(18, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    R = torch.randn(6, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    grads = []
+    for first_in_eval in (False, True):
+        m = layer("lif")
+        m.train(not first_in_eval)
+        m(x[:6])
+        m.eval()
+        m(x[6:12])
+        m.detach()  # (the eval call's states carry its graph, as a plain layer's: cut here in both)
+        m.train()
+        (as_tuple(m(x[12:]))[0] * R).sum().backward()
+        grads.append(m.W_in.grad)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-14)
+
+
+def test_a_call_of_no_steps_backpropagates_zeros_as_bptt():
+    m = layer("lif")
+    m(torch.zeros(0, B, N_IN, dtype=torch.float64)).pow(2).sum().backward()
+    assert m.W_in.grad is not None and not m.W_in.grad.any() and not m.W_rec.grad.any()
+
+
+def test_a_layer_cast_mid_stream_casts_its_eligibility():
+    m = layer("alif", detach_reset="v")
+    x = torch.rand(10, B, N_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    as_tuple(m(x[:5]))[0].sum().backward()
+    m.detach()
+    m.float()
+    as_tuple(m(x[5:].float()))[0].sum().backward()
+    assert m.W_in.grad.dtype == torch.float32 and torch.isfinite(m.W_in.grad).all()
+
+
+@pytest.mark.parametrize("kw, words", [(dict(readout="lazy"), "lazy"), (dict(readout=10 ** 30), "could not be made"),
+                                       (dict(readout=2, feedback="sparse"), "sparse")])
+def test_readouts_and_feedback_that_cannot_serve_are_located_errors_at_build(kw, words):
+    kw = dict(kw)
+    if kw["readout"] == "lazy":
+        kw["readout"] = torch.nn.LazyLinear(2)
+    if kw.get("feedback") == "sparse":
+        kw["feedback"] = torch.randn(2, H).to_sparse()
+    with pytest.raises(FlexDSLError, match=words) as e:
+        flexdsl.recurrent("lif", N_IN, H, learning="eprop", **kw)
+    assert e.value.line > 0
+
+
+def test_call_time_errors_point_into_the_model_file():
+    m = layer("alif", readout=2)
+    x = torch.rand(4, B, N_IN, dtype=torch.float64)
+    out = as_tuple(m(x))[0]
+    with pytest.raises(FlexDSLError, match="first derivatives") as e:
+        torch.autograd.grad(out.sum(), m.W_in, create_graph=True)
+    assert e.value.filename.endswith("alif.neuron") and e.value.line > 0
+    m.readout.to("meta")
+    with pytest.raises(FlexDSLError, match="readout") as e:
+        m.readout(out)
+    assert e.value.filename.endswith("alif.neuron") and e.value.line > 0

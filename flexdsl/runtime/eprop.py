@@ -138,6 +138,13 @@ class Eligibility:
     def resolve(self) -> Eligibility:
         return self
 
+    def like(self, t: torch.Tensor) -> Eligibility:
+        """In `t`'s dtype and device (a layer moved or cast mid-stream: its kept states are too)."""
+        def to(v: torch.Tensor) -> torch.Tensor:
+            return v.to(dtype=t.dtype, device=t.device)
+        return Eligibility(None if self.dense is None else to(self.dense), {k: to(v) for k, v in self.diag.items()},
+                           self.constant)
+
     def batch(self) -> int:
         if self.dense is not None:
             return self.dense.shape[0]
@@ -202,6 +209,7 @@ class Plan:
         self.n_others, self.diag_names, self.elig_in, self.kernel, self.stepper = \
             n_others, diag_names, elig, kernel, stepper
         self.n_inits = sum(n.startswith("init:") for n in diag_names)  # (states a learnable param starts)
+        self.at: tuple[str, int, int, str] | None = None  # (where its errors point: the model's file, line, column)
         self.pending: Pending | None = None
         self.finals: list[torch.Tensor] = []
         self.scanned: Any = None  # (CUDA: the call's steps by the layer's scan, `EPropLearning._scanned`)
@@ -464,7 +472,7 @@ class EPropCall(torch.autograd.Function):
         if got is not None:
             plan.redo = lambda: _run(plan, ix, w, s0, others, states, params)
         F, H = s0.shape
-        xin = x3 if w_in is not None else None
+        xin = x3.detach().clone() if w_in is not None else None  # (the traces may run later: the caller may reuse x's buffer)
         P = (x3.shape[-1] if xin is not None else 0) + (H if plan.dense_rec else 0) + int(plan.bias)
         e0 = _eligibility0(plan, fac, F, H, P, s0)
         plan.pending = Pending(plan, fac, e0, xin, S)
@@ -478,8 +486,9 @@ class EPropCall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         if torch.is_grad_enabled():  # (create_graph=True: a second derivative is asked of the traces)
+            file, line, col, text = ctx.plan.at or ("<e-prop>", 0, 0, None)
             raise FlexDSLError("e-prop gives first derivatives only: its traces are not differentiated again "
-                               "(a backward with create_graph=True through an e-prop layer)", "<e-prop>",
+                               "(a backward with create_graph=True through an e-prop layer)", file, line, col, text,
                                hint="use learning='bptt' for higher derivatives, or leave create_graph off")
         plan, fac = ctx.plan, ctx.fac
         x3, S = ctx.saved_tensors

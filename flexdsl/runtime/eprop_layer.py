@@ -105,13 +105,22 @@ class EPropLearning:
             if isinstance(readout, int):
                 if readout <= 0:
                     raise view.error(f"readout must be a positive number of outputs, not {readout}", where)
-                linear = nn.Linear(H, readout)
+                try:
+                    linear = nn.Linear(H, readout)
+                except (RuntimeError, TypeError, OverflowError, MemoryError, ValueError):
+                    raise view.error(f"readout={readout}: a readout of {readout} outputs could not be made (its weight "
+                                     f"[{readout}, {H}] is beyond what this machine allocates)", where,
+                                     "a number of outputs such as readout=10") from None
             else:
                 w = getattr(readout, "weight", None)
                 if not isinstance(readout, nn.Linear):
                     raise view.error(f"the readout is a {type(readout).__name__}; an e-prop readout is an "
                                      f"nn.Linear({H}, n_out) of the layer's spikes (its weight is the symmetric "
                                      "feedback)", where, f"e.g. readout=nn.Linear({H}, 10), or readout=10")
+                if isinstance(w, nn.parameter.UninitializedParameter):
+                    raise view.error("the readout is lazy (its weight has no shape yet); an e-prop readout's weight is "
+                                     "the feedback, needed before the first call", where,
+                                     f"e.g. readout=nn.Linear({H}, n_out), or readout=n_out")
                 if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] != H:
                     got = tuple(w.shape) if isinstance(w, torch.Tensor) else "no weight"
                     raise view.error(f"the readout's weight is {got}; an e-prop readout reads the layer's {H} neurons: "
@@ -133,9 +142,10 @@ class EPropLearning:
                 raise view.error("a feedback matrix needs the readout it stands for", where,
                                  f"pass readout=n_out or readout=nn.Linear({H}, n_out)")
             want = (linear.weight.shape[0], H)
-            if tuple(feedback.shape) != want or not feedback.is_floating_point():
-                raise view.error(f"the feedback matrix is {tuple(feedback.shape)} {feedback.dtype}; it stands for the "
-                                 f"readout's weight: a floating-point [n_out, hidden] = {want} tensor", where,
+            if tuple(feedback.shape) != want or not feedback.is_floating_point() or feedback.layout != torch.strided:
+                raise view.error(f"the feedback matrix is {tuple(feedback.shape)} {feedback.dtype} "
+                                 f"({str(feedback.layout).replace('torch.', '')}); it stands for the readout's weight: "
+                                 f"a dense floating-point [n_out, hidden] = {want} tensor", where,
                                  f"e.g. feedback=torch.randn{want} / {H} ** 0.5")
             if feedback.device.type == "meta" or not bool(torch.isfinite(feedback).all()):
                 raise view.error("the feedback matrix has values that are not finite numbers (NaN, infinite, or "
@@ -143,7 +153,8 @@ class EPropLearning:
             B = feedback.detach().clone().to(linear.weight.device)
         else:
             raise view.error(f"feedback must be 'symmetric', 'random' or a tensor, not {type(feedback).__name__}", where)
-        self.readout = Readout(linear, B) if linear is not None else None
+        c = view.compiled
+        self.readout = Readout(linear, B, (c.filename, where.line, where.column, c.text)) if linear is not None else None
 
     def _eprop_scans(self, like: torch.Tensor) -> bool:
         """Whether a training call on tensors like `like` runs its steps on the layer's scan (CUDA, not
@@ -169,14 +180,18 @@ class EPropLearning:
         whether s0 is zeros), which runs the steps on CUDA (`_scanned`)."""
         view = self.__dict__["_view"]
         inputs = [i for i in all_inputs if i is not None]
-        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x3, *inputs)):
-            decl = next(i for i in view.compiled.checked.inputs if i.name == self.port)
-            raise view.error("a layer that learns by e-prop gives its input no gradient, but this input requires one",
-                             decl.pos, "detach the input (x.detach()), or use learning='bptt' to train what is before")
+        decls = view.compiled.checked.inputs
+        wants = [d for d, t in zip(decls, all_inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if x3.requires_grad:
+            wants.insert(0, next(i for i in decls if i.name == self.port))
+        if wants:
+            raise view.error(f"a layer that learns by e-prop gives its inputs no gradient, but input `{wants[0].name}` "
+                             "requires one", wants[0].pos,
+                             "detach it (x.detach()), or use learning='bptt' to train what is before")
         port, src = self.__dict__["_eprop_form"]
         F, H = s0.shape
         kept = self.__dict__["_kept"].get("eligibility")
-        kept = kept.resolve() if kept is not None else None
+        kept = kept.resolve().like(s0) if kept is not None else None
         if kept is not None and kept.batch() != F:
             raise view.error(f"the kept eligibility is of a batch of {kept.batch()}, this call's of {F}", None,
                              "call m.reset() before a batch of another size")
@@ -196,8 +211,13 @@ class EPropLearning:
         f64 = x3.dtype == torch.float64  # (the kernel sums in float32: float64 runs torch's operations)
         plan = Plan(prog, port, src, w.dim() == 2, bias is not None, len(inputs), diag, kept,
                     None if f64 else programs.walker(x3), self._stepper(prog, port, w.dim() == 2, x3.is_cuda and not f64))
-        if x3.shape[0] == 0:  # (no steps: no outputs, the states and the kept eligibility as they were)
-            return [s0.new_zeros((0, F, H)) for _ in meta["outputs"]], st, s0
+        c = view.compiled
+        plan.at = (c.filename, c.checked.ast.pos.line, c.checked.ast.pos.column, c.text)
+        if x3.shape[0] == 0:  # (no steps: no outputs, the states and the kept eligibility as they were;
+            # the outputs in the weights' graph, so that a loss of them backpropagates: zeros, as BPTT's)
+            zero = sum((t.reshape(-1)[:0].sum() for t in (w_in, bias, w, *params)
+                        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()), 0.0)
+            return [s0.new_zeros((0, F, H)) + zero for _ in meta["outputs"]], st, s0
         if self._eprop_scans(x3):
             plan.scanned = self._scanned(x3, w_in, bias, w, s0, all_inputs, st, params, scan)
         res = EPropCall.apply(plan, x3, w_in, bias, w, s0, *params, *inputs, *st, *inits.values())

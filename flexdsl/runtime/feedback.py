@@ -32,20 +32,23 @@ class Readout(nn.Module):
     `feedback` (a fixed `[n_out, hidden]` matrix: Bellec's random e-prop) the learning signal reaching
     the layer is `(dE/dy) B` instead of `(dE/dy) W` (symmetric feedback)."""
 
-    def __init__(self, linear: nn.Module, feedback: torch.Tensor | None) -> None:
+    def __init__(self, linear: nn.Module, feedback: torch.Tensor | None,
+                 at: tuple[str, int, int, str] | None = None) -> None:
         super().__init__()
         self.linear = linear
         self.register_buffer("feedback", feedback)
+        self.__dict__["_at"] = at  # (where its errors point: the layer's model, file, line, column, text)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         B = self.feedback
         if self.linear.weight.device != s.device or (B is not None and B.device != s.device):
             from ..errors import FlexDSLError
 
+            file, line, col, text = self.__dict__.get("_at") or ("<e-prop readout>", 0, 0, None)
             raise FlexDSLError(f"the e-prop readout's weight is on {self.linear.weight.device}"
                                + (f" and its feedback matrix on {B.device}" if B is not None else "")
-                               + f", but the layer's spikes are on {s.device}",
-                               "<e-prop readout>", hint=f"move the layer with its readout: m.to({str(s.device)!r})")
+                               + f", but the layer's spikes are on {s.device}", file, line, col, text,
+                               hint=f"move the layer with its readout: m.to({str(s.device)!r})")
         if B is None:
             return self.linear(s)
         return _RandomFeedback.apply(s, self.linear.weight, self.linear.bias, B)

@@ -310,9 +310,7 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         if x3 is not xs and known_binary(xs):
             mark_binary(x3)  # (the same 0/1 values: kept as bits for the backward)
         w_rec, mask = wts["W_rec"], wts["mask"]
-        w = w_rec if mask is None else w_rec * mask.to(w_rec.dtype)
-        if w.dtype != dtype:
-            w = w.to(dtype)
+        w = (w_rec if mask is None else w_rec * mask.to(w_rec.dtype)).to(dtype)
         inputs = self._other_inputs(others, names, single, (T, flat, H), step_shape, dtype, dev)
         s0_zero = self._states["feedback"] is None  # (zeros made here: exact, nothing to check)
         s0 = self._initial_feedback(step_shape, flat, dtype, dev)
@@ -327,6 +325,8 @@ class RecurrentModule(LayerAttrs, DelayedRecurrence, EPropLearning, _Base):  # t
         # (under torch.compile the scan is chosen and loaded at trace time, before anything reads
         # the model's lazily computed fields; eagerly, the choice is checked first)
         eprop = self.__dict__["_eprop"] is not None and self.training  # (e-prop: runtime/eprop_layer.py)
+        if not eprop:  # (a plain call moves the states: an eligibility kept from before no longer fits them)
+            self.__dict__["_kept"].pop("eligibility", None)
         prog = self._scan_for(like, port, source, dense) if not eprop or self._eprop_scans(like) else None
         params = view.params(prog, like, step_shape, flat)
         states = view.states(like, step_shape, flat)
