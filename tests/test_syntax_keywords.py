@@ -186,3 +186,8 @@ def test_a_layers_messages_list_only_what_a_layer_accepts():
     assert not _listed(err) & (NEURON_ONLY - {"neuron"}), err.reason
     err = _error(flexdsl.loads, LAYER + "    synapses W from s to x:\n        param a = 1\n")
     assert not _listed(err) & {"equations", "param", "output", "update", "weight"}, err.reason
+
+
+def test_a_header_alone_is_an_empty_block_at_the_end_of_file():
+    err = _error(flexdsl.loads, "neuron X:")
+    assert (err.line, err.column) == (1, 1) and "empty" in err.reason and "end of file" in err.reason

@@ -166,8 +166,8 @@ def _empty_block(tok: Token, filename: str, source: str) -> FlexDSLError:
     if header.startswith("synapses "):
         hint = (f"drop the `:` (`{header.rstrip(':').rstrip()}` alone is a whole synapses line) or add its lines "
                 "below it, indented (`connect dense`, `delay 3`, `rule stdp`, ...)")
-    return FlexDSLError(f"the block of `{clip(header, 60)}` is empty: no indented line follows it", filename, line,
-                        column, source, hint)
+    after = "the end of file follows it" if tok.type == "$END" else "no indented line follows it"
+    return FlexDSLError(f"the block of `{clip(header, 60)}` is empty: {after}", filename, line, column, source, hint)
 
 
 _EMPTY_HINT = "a model starts `neuron NAME:` (`layer NAME:`, `rule NAME:`) with its indented body below"
