@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import backends
+from . import backends, cli_files
 from .cli_files import CMDLINE, check_layer, check_rule, no_options, show_rule
 from .errors import FlexDSLError, printable
 
@@ -68,11 +68,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     failed = 0
     opts = _options(args)
     for f in _neuron_files(args.files):
-        if str(f).endswith(".layer"):
+        kind, f = cli_files.file_kind(f)
+        if kind == "layer":
             no_options(opts, f, note=True)
             failed += check_layer(f)
             continue
-        if str(f).endswith(".rule"):
+        if kind == "rule":
             no_options(opts, f, rule=True, note=True)
             failed += check_rule(f, opts.learnable)
             continue
@@ -102,17 +103,19 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
     if isinstance(args.detach_reset, str):  # (--detach-reset v,a: those states' resets)
         args.detach_reset = tuple(n.strip() for n in args.detach_reset.split(",") if n.strip()) or True
-    if str(args.file).endswith(".nir"):
+    given = args.file
+    kind, args.file = cli_files.file_kind(args.file)
+    if kind == "nir":
         return _show_nir(args)
-    if str(args.file).endswith(".layer"):
+    if args.dt is not None:
+        raise FlexDSLError("--dt applies to NIR files (.nir) only", CMDLINE)
+    if kind == "layer":
         no_options(_options(args), args.file)
         return _show_layer(args)
-    if str(args.file).endswith(".rule"):
+    if kind == "rule":
         opts = _options(args)
-        no_options(opts, args.file, rule=True)
+        cli_files.no_show_options(given, opts, args.what, args.detach_reset)
         return show_rule(args.file, opts.learnable)
-    if args.dt is not None:
-        raise FlexDSLError("--dt applies to NIR files (.nir) only", "<command line>")
     c = compile_model(args.file, detach_reset=args.detach_reset, options=_options(args))
     _show_compiled(c, args.what or backends.REFERENCE)
     return 0
@@ -301,6 +304,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise FlexDSLError(f"--T {args.T} is more steps than `flexdsl run` simulates (at most {MAX_RUN_STEPS:,})",
                            CMDLINE, hint="for longer runs, call the module from Python in chunks of steps (its "
                                          "states carry over between calls)")
+    cli_files.runnable(args.file)
     plot = _plot_target(args.plot) if args.plot is not None else None
     overrides = {}
     for kv in args.param or []:
@@ -436,7 +440,8 @@ def _add_check(sub) -> None:
                        epilog="examples:\n  flexdsl check my_lif.neuron\n  flexdsl check models/          "
                               "# every .neuron, .layer and .rule file below models/\n  flexdsl check neurons/*.neuron lif")
     c.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
-                   help="a .neuron, .layer or .rule file, a library model name, or a directory (every such file below it)")
+                   help="a .neuron, .layer or .rule file, a library model's, rule's or layer's name, or a directory "
+                        "(every such file below it)")
     _add_options(c)
     c.set_defaults(fn=_cmd_check)
 
@@ -460,7 +465,8 @@ def _add_show(sub) -> None:
                               "  flexdsl show rlif.layer           # a layer: its text and plan (derived gradients)\n"
                               "  flexdsl show net.nir              # the .neuron text of each neuron of a NIR graph\n"
                               f"  flexdsl show net.nir --{backends.REFERENCE} --dt 1e-4")
-    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model name, a .layer, .rule or .nir file")
+    s.add_argument("file", metavar="MODEL", help="a .neuron file, a library model's, rule's or layer's name, a .layer, "
+                   ".rule or .nir file")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--backend", dest="what", metavar="NAME", choices=backends.names(),
                    help="the code a backend generates (" + ", ".join(backends.names()) + "; default: "

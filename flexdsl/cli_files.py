@@ -11,6 +11,48 @@ from .errors import FlexDSLError
 CMDLINE = "<command line>"  # (where an error in the command's own arguments is located)
 
 
+def file_kind(arg: str) -> tuple[str, str]:
+    """(kind, file) of a command's model argument: kind `nir`, `layer`, `rule` or `neuron`, by the file's
+    suffix or, for a library rule or layer named without a file (`stdp_additive`, `rlif`, as `flexdsl doc`
+    takes them), by the library's; file: what to load (the library's file for those)."""
+    from .library import library_file
+
+    lib = library_file(str(arg))
+    path = str(lib) if lib is not None else str(arg)
+    kind = next((k for k in ("nir", "layer", "rule") if path.endswith("." + k)), "neuron")
+    return kind, path
+
+
+def no_show_options(f: str, opts: Any, what: str | None, detach_reset: Any) -> None:
+    """`show` of a rule prints the rule's generated module: a load option it does not take (`no_options`) and
+    an option that picks what a neuron model shows (`--equations`, `--backward`, a backend, `--neuron`,
+    `--eprop`, `--detach-reset`) are errors, never silently ignored (it printed the same module)."""
+    no_options(opts, f, rule=True)
+    given = ([f"--{what}"] if what else []) + (["--detach-reset"] if detach_reset is not False else [])
+    if given:
+        verb = "apply" if len(given) > 1 else "applies"
+        raise FlexDSLError(f"{' and '.join(given)} {verb} to neuron models and layers, not to a plasticity rule: "
+                           "`flexdsl show` of a rule prints its generated module (the step, where each state "
+                           "lives, the window's change)", CMDLINE,
+                           hint=f"leave {' and '.join(given)} out for `{f}` (`--learnable NAMES` adds the derived "
+                                "backward of its constants)")
+
+
+def runnable(f: str) -> None:
+    """`flexdsl run` of a layer or a rule is an error that says `run` simulates one neuron model (a layer's
+    error was about options the user never gave: `store_state_seqs, check_finite and surrogate_function`)."""
+    kind, _ = file_kind(f)
+    if kind == "layer":
+        raise FlexDSLError(f"`flexdsl run` simulates a neuron model; `{f}` is a layer", f,
+                           hint=f"run a layer from Python: `m = flexdsl.load({f!r})` (with the sizes the file "
+                                "leaves open, e.g. hidden=, in_features=), then `m(x)`, x of shape (T, batch, "
+                                "inputs); `flexdsl show` prints its plan, `flexdsl run NEURON` runs its neuron")
+    if kind == "rule":
+        raise FlexDSLError(f"`flexdsl run` simulates a neuron model; `{f}` is a plasticity rule", f,
+                           hint="a rule runs on a layer's synapses (`rule NAME` in a synapses block) or from "
+                                f"Python: `flexdsl.load_rule({f!r}).window(pre, post, w)`; `flexdsl show` prints it")
+
+
 def check_layer(f: str) -> int:
     from .runtime.layer import describe
 
@@ -80,4 +122,5 @@ def no_options(opts: Any, f: Any, rule: bool = False, note: bool = False) -> Non
         raise FlexDSLError(msg, CMDLINE, hint=f"leave {' and '.join(bad)} out for `{f}`")
 
 
-__all__ = ["CMDLINE", "check_layer", "check_rule", "no_options", "show_rule"]
+__all__ = ["CMDLINE", "check_layer", "check_rule", "file_kind", "no_options", "no_show_options", "runnable",
+           "show_rule"]

@@ -40,6 +40,32 @@ def rules() -> list[str]:
     return sorted(p.stem for p in NEURONS_DIR.glob("*.rule"))
 
 
+def layers() -> list[str]:
+    """Names (file stems) of the packaged layers (`neurons/*.layer`)."""
+    return sorted(p.stem for p in NEURONS_DIR.glob("*.layer"))
+
+
+def library_file(arg: str) -> Path | None:
+    """The library rule or layer a command's argument names where no file has that name, as `flexdsl doc`
+    takes them: `stdp_additive`, `stdp_additive.rule`, `rlif`, `rlif.layer` (also under `neurons/`); None for
+    anything else (a file that exists, a library neuron model, a name of nothing: `resolve` says which)."""
+    if looks_like_source(arg) or _is_file(Path(arg)):
+        return None
+    parts = Path(arg).parts
+    if len(parts) == 2 and parts[0] == "neurons":
+        parts = parts[1:]
+    if len(parts) != 1 or arg.endswith(("/", "\\")):
+        return None
+    name = parts[0]
+    if name.endswith((".rule", ".layer")):
+        found = [NEURONS_DIR / name]
+    elif name in library():
+        return None
+    else:
+        found = [NEURONS_DIR / f"{name}.rule", NEURONS_DIR / f"{name}.layer"]
+    return next((f for f in found if _is_file(f)), None)
+
+
 def resolve_rule(model: str | Path) -> tuple[str, str]:
     """(text, filename) of a rule: its text, a path that exists, or a library rule (`stdp`,
     `stdp.rule`, `neurons/stdp.rule`); anything else is an error naming the closest library rules."""
@@ -122,11 +148,16 @@ def library_name(arg: str) -> str | None:
 
 
 def library_hint(name: str) -> str | None:
-    """The library models closest to `name`: the model of that very name first."""
+    """The library models, rules and layers closest to `name`: the model of that very name first."""
     names = library()
     if name in names:
         return f"did you mean the library model `{name}`?"
-    return did_you_mean(name, names)
+    return did_you_mean(name, [*names, *rules(), *layers()])
+
+
+def library_list() -> str:
+    """What the library holds, for a hint."""
+    return f"library models: {', '.join(library())}; rules: {', '.join(rules())}; layers: {', '.join(layers())}"
 
 
 def resolve(model: str | Path) -> tuple[str, str]:
@@ -173,5 +204,4 @@ def resolve(model: str | Path) -> tuple[str, str]:
                            hint=hint if hint is None or exact else f"a library model? {hint}")
     if stem.lstrip().startswith("neuron "):
         hint = "model text has line breaks (flexdsl.loads takes the text of a model)"
-    raise FlexDSLError(f"no such file or library model: `{model}`", str(model),
-                       hint=hint or "library models: " + ", ".join(library()))
+    raise FlexDSLError(f"no such file or library model: `{model}`", str(model), hint=hint or library_list())

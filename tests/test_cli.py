@@ -39,8 +39,9 @@ class Result:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def cli_inproc(*args):
-    """`python -m flexdsl ARGS` run in this process (fast: no torch import per call).
+def cli_inproc(*args, cwd_free=None):
+    """`python -m flexdsl ARGS` run in this process (fast: no torch import per call); `cwd_free`: a
+    directory to run it in (where no file has a library model's name).
 
     Same module (`flexdsl.__main__`), same argv, same exit status; an exception
     escaping the CLI (which would print a traceback) is reported as such."""
@@ -50,10 +51,12 @@ def cli_inproc(*args):
     import traceback
 
     out, err = io.StringIO(), io.StringIO()
-    old_argv = sys.argv
+    old_argv, old_cwd = sys.argv, os.getcwd()
     sys.argv = ["flexdsl", *map(str, args)]
     code = 0
     try:
+        if cwd_free is not None:
+            os.chdir(cwd_free)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_module("flexdsl", run_name="__main__", alter_sys=False)
     except SystemExit as e:
@@ -63,6 +66,7 @@ def cli_inproc(*args):
         err.write("Traceback (most recent call last) [escaped the CLI]\n" + traceback.format_exc())
     finally:
         sys.argv = old_argv
+        os.chdir(old_cwd)
     return Result(code, out.getvalue(), err.getvalue())
 
 
@@ -471,3 +475,57 @@ def test_doc_errors(tmp_path):
     r = cli_inproc("doc", "lif", "-o", ROOT / "docs", "--no-plots")
     no_traceback(r)
     assert r.returncode == 1 and "flexdsl's own documentation" in r.stderr
+
+
+# ------------------------------------------------------------------- rules and layers by name, their options
+RULE_FILE = ROOT / "neurons" / "stdp_sj.rule"
+
+
+@pytest.mark.parametrize("opts", [["--equations"], ["--backward"], ["--triton"], ["--neuron"], ["--eprop"],
+                                  ["--torch"], ["--backend", "cpu"], ["--detach-reset"], ["--dt", "1"]])
+def test_show_rule_refuses_the_options_of_a_neuron_model(opts):
+    """They printed the same module as plain `show` with status 0."""
+    r = cli_inproc("show", RULE_FILE, *opts)
+    no_traceback(r)
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert "error:" in r.stderr and (opts[0] if opts[0] != "--backend" else "--cpu") in r.stderr
+    assert "plasticity rule" in r.stderr or "NIR" in r.stderr
+
+
+def test_show_layer_refuses_dt():
+    r = cli_inproc("show", ROOT / "neurons" / "rlif.layer", "--dt", "1")
+    no_traceback(r)
+    assert r.returncode == 1 and "--dt" in r.stderr
+
+
+@pytest.mark.parametrize("name, path", [("stdp_additive", "stdp_additive.rule"),
+                                        ("stdp_additive.rule", "stdp_additive.rule"),
+                                        ("neurons/stdp_additive.rule", "stdp_additive.rule"),
+                                        ("rlif", "rlif.layer"), ("ff_lif.layer", "ff_lif.layer")])
+def test_show_and_check_take_library_rules_and_layers_by_name(name, path, tmp_path):
+    """`flexdsl show|check stdp_additive` said "no such file or library model" (`flexdsl doc` took it)."""
+    r = cli_inproc("show", name, cwd_free=tmp_path)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == cli_inproc("show", ROOT / "neurons" / path).stdout
+    r = cli_inproc("check", name, cwd_free=tmp_path)
+    assert r.returncode == 0 and ": ok — " + ("rule" if path.endswith(".rule") else "layer") in r.stdout, r.stderr
+
+
+def test_a_name_of_nothing_gets_rules_and_layers_in_its_hint():
+    r = cli_inproc("show", "stdp_addtive")
+    assert r.returncode == 1 and "`stdp_additive`" in r.stderr
+    r = cli_inproc("check", "zzqq")
+    assert r.returncode == 1 and "rules: " in r.stderr and "stdp_additive" in r.stderr and "rlif" in r.stderr
+
+
+@pytest.mark.parametrize("model, kind", [("neurons/rlif.layer", "a layer"), ("rlif", "a layer"),
+                                         ("stdp_sj", "a plasticity rule"), (RULE_FILE, "a plasticity rule")])
+def test_run_of_a_layer_or_rule_says_run_simulates_neuron_models(model, kind):
+    """`run x.layer` said "store_state_seqs, check_finite and surrogate_function are options of a neuron
+    module, not of a layer": options the user never gave."""
+    r = cli_inproc("run", model, "--T", "5")
+    no_traceback(r)
+    assert r.returncode == 1 and f"simulates a neuron model; `{model}` is {kind}" in r.stderr, r.stderr
+    assert "store_state_seqs" not in r.stderr and "hint: " in r.stderr
+    assert ("flexdsl.load(" if kind == "a layer" else "flexdsl.load_rule(") in r.stderr

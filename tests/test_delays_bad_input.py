@@ -302,3 +302,33 @@ def test_fixed_synaptic_delays_with_a_bias_keep_autocasts_dtype(recurrent):
     assert m.W_in.grad is not None and torch.isfinite(m.W_in.grad).all()
     if c is not None:
         assert c.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------- signs
+@pytest.mark.parametrize("line, neuron, shown", [
+    ("delay -1 ms", "lif_ode", "-1 ms"),   # (was "must be a number of steps", hint `delay 3`)
+    ("delay -0.1 ms", "lif_ode", "-0.1 ms"),
+    ("delay -2", "li", "-2"),
+    ("delay axonal max -2", "li", "-2"),
+])
+def test_a_negative_delay_says_it_is_negative(line, neuron, shown):
+    text = _ff(line, neuron).replace("to x:", "to I:" if neuron == "lif_ode" else "to x:")
+    with pytest.raises(FlexDSLError) as e:
+        flexdsl.loads(text)
+    assert f"is negative ({shown})" in e.value.reason and e.value.line == 6
+    assert e.value.column == text.splitlines()[5].index("-") + 1
+    assert f"`delay {shown[1:]}`" in e.value.hint
+
+
+@pytest.mark.parametrize("line, neuron", [("delay -0", "li"), ("delay -0 ms", "lif_ode"), ("delay -0.0", "li")])
+def test_minus_zero_is_a_delay_of_zero(line, neuron):
+    """`delay -0` was refused as "negative (-0)"."""
+    text = _ff(line, neuron).replace("to x:", "to I:" if neuron == "lif_ode" else "to x:")
+    torch.manual_seed(0)
+    m = flexdsl.loads(text, backend="torch").double()
+    torch.manual_seed(0)
+    ref = flexdsl.loads(text.replace(line, "delay 0"), backend="torch").double()
+    x = torch.rand(5, 2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        ref.W.copy_(m.W)
+    assert torch.equal(m(x), ref(x))

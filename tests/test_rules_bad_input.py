@@ -300,3 +300,29 @@ def test_a_dt_assigned_after_load_is_checked_at_the_next_call():
         m(x)
     m.rules["W"].dt = 0.1
     m(x)
+
+
+# ------------------------------------------------------------------------------ coupled traces
+COUPLED = """rule R:
+    param dt = 1.0
+    param A = 0.1
+    state x = 0
+    state y = 0
+    equations:
+        s = y
+        dx/dt = -x + {rhs}
+        dy/dt = -y - x
+    on pre:
+        x += 1
+        w += A * y
+"""
+
+
+@pytest.mark.parametrize("rhs", ["y", "s"])
+def test_coupled_odes_are_refused_at_the_equation_that_couples_them(rhs):
+    """The caret was on `param dt = 1.0` (the rule's first param), not on the equations."""
+    text = COUPLED.format(rhs=rhs)
+    with pytest.raises(FlexDSLError, match="couple states") as e:
+        flexdsl.load_rule(text)
+    at = (_line(text, "dx/dt"), 22) if rhs == "y" else (_line(text, "s = y"), 13)  # (the `y` read)
+    assert (e.value.line, e.value.column) == at and "`dx/dt` reads `y`" in e.value.reason

@@ -301,11 +301,15 @@ def _delay(layer: A.Layer, s: A.Synapses, recurrent: bool, neuron: CheckedModel,
                        "`learnable gauss` (DCLS's Gaussian over the steps, default) or `learnable linear` (two steps)")
     e, pos = s.delay, s.delay_pos
     what = f"the maximum delay of `{s.name}`" if s.delay_kind else f"the delay of `{s.name}`"
+    neg = e if isinstance(e, A.Neg) and isinstance(e.operand, A.Num | A.Quantity) else None
+    if neg is not None:  # `-3`, `-1 ms` (a time's sign too), `-0` (zero)
+        e = neg.operand
+        shown = e.text if isinstance(e, A.Num) else f"{e.text} {e.unit}" + (f"**{e.ptext}" if e.power != 1 else "")
     if isinstance(e, A.Quantity):
         e = _in_steps(layer, s, e, what, neuron, dt)
-    if isinstance(e, A.Neg) and isinstance(e.operand, A.Num):
-        raise _err(layer, f"{what} is negative (-{e.operand.text}); a delay is 0 or more steps", e.pos,
-                   f"`delay {e.operand.text}`: the input arrives that many steps later")
+    if neg is not None and isinstance(e, A.Num) and e.value != 0:
+        raise _err(layer, f"{what} is negative (-{shown}); a delay is 0 or more steps", neg.pos,
+                   f"`delay {shown}`: the input arrives that much later")
     if isinstance(e, A.Name) and e.id in ("learnable", "max"):
         raise _err(layer, f"`delay {e.id}` of `{s.name}` needs a kind and a maximum first", e.pos,
                    "e.g. `delay synaptic max 20 learnable` (or axonal, dendritic)")

@@ -47,6 +47,13 @@ class NeuronIndenter(Indenter):
     DEDENT_type = "_DEDENT"
     tab_len = 8
 
+    @property
+    def always_accept(self) -> tuple[str, ...]:  # type: ignore[override]
+        """Terminals the contextual lexer tries in every parser state: a word is always read whole as a
+        NAME (a keyword only where it is the whole word, by lark's `unless`), never a keyword as its prefix
+        (`neuronlif` was `neuron lif`, `size4` `size 4`)."""
+        return (self.NL_type, "NAME")
+
     def process(self, stream):  # type: ignore[override]
         self.indent_char: str | None = None  # " " or "\t": the first indented line decides
         return super().process(stream)
@@ -453,13 +460,26 @@ def _parse(source: str, filename: str, start: str):
         raise FlexDSLError(e.message, filename, tok.end_line, e.column, source,
                            "indent blocks with 4 spaces or with tabs, the same way throughout the file") from None
     except UnexpectedInput as e:
-        raise syntax_error(e, filename, source) from None
+        raise syntax_error(e, filename, source, lambda other: _error_line(other, start)) from None
     try:
         return _ToAST(filename, source).transform(tree)
     except VisitError as e:
         if isinstance(e.orig_exc, FlexDSLError):
             raise e.orig_exc from None
         raise e.orig_exc from None  # pragma: no cover - a transformer bug, not a user error
+
+
+def _error_line(text: str, start: str) -> int:
+    """The line of the first syntax error of `text` parsed from `start`, 0 if it parses (for hints that
+    suggest a text: one that parses past the error's line)."""
+    try:
+        with _PARSE_LOCK:
+            _parser().parse(text if text.endswith("\n") else text + "\n", start=start)
+    except _IndentError as e:
+        return e.token.end_line
+    except UnexpectedInput as e:
+        return max(e.line, 1)
+    return 0
 
 
 _DEFINITION = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(\s*[A-Za-z_][A-Za-z0-9_]*\s*[,)]")

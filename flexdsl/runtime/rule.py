@@ -103,6 +103,23 @@ class RuleIR(Compiled):
         return rule_source(self, self.cache_key("torch-rule"))
 
 
+def _coupling(eqs: A.Equations) -> tuple[A.ODE | None, A.Name | None]:
+    """The first ODE that reads another ODE's state (through the block's named expressions too), and
+    the name it reads (None, None: none does)."""
+    states = {ln.state for ln in eqs.lines if isinstance(ln, A.ODE)}
+    named = {ln.name: ln.value for ln in eqs.lines if isinstance(ln, A.Subexpr)}
+    for ode in (ln for ln in eqs.lines if isinstance(ln, A.ODE)):
+        todo, seen = [ode.value], set()
+        while todo:
+            for n in A.names(todo.pop()):
+                if n.id in states and n.id != ode.state:
+                    return ode, n
+                if n.id in named and n.id not in seen:
+                    seen.add(n.id)
+                    todo.append(named[n.id])
+    return None, None
+
+
 def compile_rule(model: str | Path, learnable: Any = None) -> RuleIR:
     """A rule through the compiler; `learnable=` the constants to train instead of the file's flags
     (a name, a list, True/False: as `load_rule`), which its derived backward then has."""
@@ -122,9 +139,12 @@ class Rule(nn.Module):
         self.__dict__["_gen"] = ir.generated()
         mod, meta = self._gen
         if ir.checked.params and len(meta["params"]) != len(ir.checked.params):
-            p = ir.checked.params[0]
-            raise ir.rule.error("this rule's equations couple states (a matrix exponential): a rule's traces are "
-                                "integrated one by one", p.pos, "write each trace's ODE on its own")
+            ode, read = _coupling(ir.checked.equations)
+            where = read.pos if read is not None else ir.checked.equations.pos
+            couple = f" (`{ode.written}/dt` reads `{read.id}`)" if read is not None else ""
+            raise ir.rule.error(f"this rule's equations couple states{couple}: a rule's traces are integrated one by "
+                                "one, not as a system (a matrix exponential)", where,
+                                "write each trace's ODE on its own, of its own state and the inputs")
         bad = [n for n in meta["output_reads"] if n == "post" or n.startswith("post_")
                or meta["sides"].get(n, "pre") != "pre"]
         if bad:
