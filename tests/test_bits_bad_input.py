@@ -162,3 +162,45 @@ def test_a_recurrent_layer_refuses_the_feedforward_options():
     for k, v in (("sparse_input", True), ("rule", "stdp_additive"), ("delay", 3)):
         with pytest.raises(FlexDSLError, match=f"`{k}` is an option of flexdsl.feedforward"):
             flexdsl.recurrent("lif", 3, 4, **{k: v})
+
+
+def _sj_step(net: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    from spikingjelly.activation_based import functional
+
+    functional.reset_net(net)
+    net.zero_grad(set_to_none=True)
+    y = net(x)
+    (y * torch.linspace(0.1, 1.0, y.shape[-1])).square().sum().backward()
+    return y, _grads(net)
+
+
+@pytest.mark.parametrize("mode", [None, "product"])
+@pytest.mark.parametrize("where", ["node", "identity", "flatten", "global"])
+def test_a_hook_that_returns_other_values_leaves_them_unmarked(where, mode):
+    """A user's forward hook on a SpikingJelly node, an Identity or a Flatten that returns graded
+    values (`out * 2`), registered before the rewrite: the rewrite's marking ran after it and marked
+    them 0/1, so the next Linear's weight gradient came out halved. The network as it was, bit for bit."""
+    from spikingjelly.activation_based import functional, layer, neuron
+
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Linear(64, 256), neuron.LIFNode(), nn.Identity(), nn.Flatten(start_dim=2),
+                        layer.Linear(256, 10))
+    functional.set_step_mode(net, "m")
+    ref = copy.deepcopy(net)
+    handles = []
+    for n in (net, ref):
+        if where != "global":
+            handles.append(n[{"node": 1, "identity": 2, "flatten": 3}[where]].register_forward_hook(
+                lambda m, a, out: out * 2.0))
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
+    if where == "global":  # (runs before a module's own hooks: what the node returned is not known)
+        handles.append(nn.modules.module.register_module_forward_hook(
+            lambda m, a, out: out * 2.0 if isinstance(m, neuron.LIFNode) else None))
+    x = torch.rand(4, 8, 64) * 4
+    try:
+        got, want = _sj_step(net, x), _sj_step(ref, x)
+    finally:
+        for h in handles:
+            h.remove()
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))

@@ -73,14 +73,24 @@ def __getattr__(name: str) -> type:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _own_output() -> bool:
+    """Whether a forward hook registered first (`prepend=True`) sees the module's own output: no
+    global forward hook (`nn.modules.module.register_module_forward_hook`, which runs before a
+    module's own hooks and may have returned another tensor)."""
+    return not nn.modules.module._global_forward_hooks
+
+
 def _mark_output(module: nn.Module, inputs: Any, out: Any) -> None:
-    if hasattr(out, "_version"):
+    """A SpikingJelly node's spikes are 0/1. Registered first among the node's hooks, this sees what
+    its forward returned: a user's hook that returns another tensor (graded, `out * 2`) gives an
+    unmarked one, and one that writes `out` in place changes its version (the mark then lapses)."""
+    if hasattr(out, "_version") and _own_output():
         mark_binary(out)
 
 
 def _pass_on(module: nn.Module, inputs: Any, out: Any) -> None:
-    """A max-pool or flatten of 0/1 values is 0/1."""
-    if inputs and known_binary(inputs[0]) and hasattr(out, "_version"):
+    """A max-pool or flatten of 0/1 values is 0/1 (registered first, as `_mark_output`)."""
+    if inputs and known_binary(inputs[0]) and hasattr(out, "_version") and _own_output():
         mark_binary(out)
 
 
@@ -136,11 +146,11 @@ def save_spikes_as_bits(net: nn.Module, recompute: str | None = None) -> str:
                 graded.append(name or cls.__name__)  # (`spiking=False`: its output is the surrogate's value)
                 continue
             if not getattr(m, "_flexdsl_marks", False):
-                m.register_forward_hook(_mark_output)
+                m.register_forward_hook(_mark_output, prepend=True)  # (before any user's hook: see _mark_output)
                 m._flexdsl_marks = True
             nodes += 1
         elif isinstance(m, _KEEPS_BINARY) and not getattr(m, "_flexdsl_marks", False):
-            m.register_forward_hook(_pass_on)  # (SpikingJelly's pooling and Flatten layers are these)
+            m.register_forward_hook(_pass_on, prepend=True)  # (SpikingJelly's pooling and Flatten layers are these)
             m._flexdsl_marks = True
         elif isinstance(m, nn.Linear | nn.modules.conv._ConvNd | nn.Bilinear | nn.RNNBase):
             left.append(name or cls.__name__)
