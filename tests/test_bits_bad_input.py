@@ -204,3 +204,28 @@ def test_a_hook_that_returns_other_values_leaves_them_unmarked(where, mode):
             h.remove()
     assert torch.equal(got[0], want[0])
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+@pytest.mark.parametrize("case", ["nn.Sigmoid", "function", "set_spiking_mode later", "assigned later"])
+def test_a_node_spikes_0_1_only_while_its_surrogate_is_spikingjellys_in_spiking_mode(case):
+    """A node whose surrogate has no spiking mode (`nn.Sigmoid()`, `torch.tanh`: graded output) was
+    taken for 0/1 by the permissive default of a check made once at the rewrite; so was one switched
+    to `spiking=False` after it. Each call decides: the network as it was, bit for bit."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    sg = {"nn.Sigmoid": nn.Sigmoid(), "function": torch.tanh}.get(case, surrogate.Sigmoid())
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Linear(64, 256), neuron.LIFNode(surrogate_function=sg), layer.Linear(256, 10))
+    functional.set_step_mode(net, "m")
+    ref = copy.deepcopy(net)
+    line = flexdsl.save_spikes_as_bits(net)
+    assert ("0 SpikingJelly node(s) known" in line) == (case in ("nn.Sigmoid", "function"))
+    for n in (net, ref):
+        if case == "set_spiking_mode later":
+            n[1].surrogate_function.set_spiking_mode(False)
+        elif case == "assigned later":
+            n[1].surrogate_function = surrogate.Sigmoid(spiking=False)
+    x = torch.rand(4, 8, 64) * 4
+    got, want = _sj_step(net, x), _sj_step(ref, x)
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
