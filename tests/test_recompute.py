@@ -333,15 +333,35 @@ def test_the_neurons_input_gradient_takes_the_memory_of_its_recomputed_input(mon
     assert taken.count(True) == len(CHANNELS)
 
 
-def test_a_batch_norm_of_its_own_is_run_again_through_its_forward():
-    """A batch norm subclass with a forward of its own (not torch's or SpikingJelly's) is recomputed
-    by calling that forward (statistics swapped for copies in training): the same bits."""
-    class Shifted(torch.nn.BatchNorm2d):
-        def forward(self, x):
-            return super().forward(x.flatten(0, 1)).view(x.shape) + 0.25
+class _Shifted(torch.nn.BatchNorm2d):
+    def forward(self, x):
+        return super().forward(x.flatten(0, 1)).view(x.shape) + 0.25
 
+
+class _Noisy(torch.nn.BatchNorm2d):
+    def forward(self, x):
+        y = super().forward(x.flatten(0, 1)).view(x.shape)
+        return y + 0.1 * torch.randn_like(y) if self.training else y
+
+
+class _Counting(torch.nn.BatchNorm2d):
+    def __init__(self, c):
+        super().__init__(c)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        if self.training:
+            self.seen += x.shape[0]
+        return super().forward(x.flatten(0, 1)).view(x.shape)
+
+
+@pytest.mark.parametrize("norm", [_Shifted, _Noisy, _Counting])
+def test_a_batch_norm_with_a_forward_of_its_own_is_kept_as_it_is(norm):
+    """A batch norm subclass with a forward of its own is not run again in the backward (it was, through
+    that forward: one drawing random numbers gave another output, so wrong gradients; one updating a
+    buffer of its own updated it twice): its output is kept. The network as it was, bit for bit."""
     torch.manual_seed(2)
-    plain = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), Shifted(4)).to(DEV)
+    plain = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), norm(4)).to(DEV)
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -353,19 +373,79 @@ def test_a_batch_norm_of_its_own_is_run_again_through_its_forward():
             return self.lif(self.bn(y))
     a = Net()
     b = copy.deepcopy(a)
-    flexdsl.save_spikes_as_bits(b, recompute="product")
+    line = flexdsl.save_spikes_as_bits(b, recompute="product")
+    assert "0 normalization(s)" in line
     x = _x()
     for _ in range(2):
         outs = []
         for n in (a, b):
             n.lif.reset()
             n.zero_grad(set_to_none=True)
+            torch.manual_seed(5)
             out = n(x)
             (out * torch.arange(out.numel(), device=out.device).view(out.shape)).sum().backward()
             outs.append((out, [p.grad.clone() for p in n.parameters()], [t.clone() for t in n.buffers()]))
         assert _same(*outs)
-    kernels = DEV == "cuda"
-    assert flexdsl.memory_report(b).left_out_bytes == (T * B * 4 * H * H * 4 * (2 if kernels else 1))
+    assert flexdsl.memory_report(b).left_out_bytes == T * B * 4 * H * H * 4  # (the convolution's output alone)
+
+
+def _bn_net(sj: bool):
+    from spikingjelly.activation_based import layer
+
+    torch.manual_seed(0)
+    if sj:
+        net = torch.nn.Sequential(layer.Conv2d(2, 8, 3, padding=1, step_mode="m"), layer.BatchNorm2d(8, step_mode="m"),
+                                  torch.nn.GELU())  # (GELU saves its input: the normalization's output)
+    else:
+        net = torch.nn.Sequential(torch.nn.Conv2d(2, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.GELU())
+    return net.to(DEV)
+
+
+@pytest.mark.parametrize("sj", [False, True])
+@pytest.mark.parametrize("mode", ["norm", "product"])
+@pytest.mark.parametrize("hook", ["forward before", "pre after", "forward with kwargs after", "global"])
+def test_a_batch_norm_with_hooks_is_kept_as_it_is(hook, mode, sj):
+    """A batch norm whose call runs hooks of the user's (a forward hook registered before the rewrite, a
+    pre-hook after it, a global one) was made again in the backward without them: a neuron's saved
+    input other than the forward's, wrong gradients. A call with such hooks keeps its output; one
+    without recomputes it (hooks are asked at each call). The network as it was, bit for bit."""
+    a = _bn_net(sj)
+    handles = []
+
+    def add(n):
+        if hook == "pre after":
+            handles.append(n[1].register_forward_pre_hook(lambda m, i: (i[0] ** 2,)))
+        elif hook == "forward with kwargs after":
+            handles.append(n[1].register_forward_hook(lambda m, i, k, o: o * 1.5, with_kwargs=True))
+        elif hook == "forward before":
+            handles.append(n[1].register_forward_hook(lambda m, i, o: o * 1.5 + 0.25))
+    if hook == "forward before":
+        add(a)
+    b = copy.deepcopy(a)
+    flexdsl.save_spikes_as_bits(b, recompute=mode)
+    if hook in ("pre after", "forward with kwargs after"):
+        add(a)
+        add(b)
+    if hook == "global":
+        handles.append(torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: o * 1.5 if isinstance(m, torch.nn.BatchNorm2d) else None))
+    x = torch.rand(T, B, 2, H, H, device=DEV)
+    if not sj:
+        x = x.flatten(0, 1)
+    try:
+        for n in (a, b):
+            n.zero_grad(set_to_none=True)
+            n(x).square().sum().backward()
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+        conv_out = T * B * 8 * H * H * 4  # (made again in either mode: "norm" remakes a cheap product of an image)
+        assert flexdsl.memory_report(b).left_out_bytes == conv_out
+    finally:
+        for h in handles:
+            h.remove()
+    if hook != "forward before":  # (the copy's hook stays: its handle is the original's)
+        b.zero_grad(set_to_none=True)
+        b(x).square().sum().backward()  # (the hooks gone: the normalization's output is made again too)
+        assert flexdsl.memory_report(b).left_out_bytes == 2 * conv_out
 
 
 @pytest.mark.parametrize("mode", [None, "product"])
