@@ -585,3 +585,63 @@ def test_a_normalization_output_changed_in_place_is_kept_as_it_is(backend):
         outs.append((out, [p.grad.clone() for p in n.parameters()], [t.clone() for t in n.buffers()]))
     assert _same(*outs)
     assert flexdsl.memory_report(b).left_out_bytes == T * B * 4 * H * H * 4  # (only the conv's output)
+
+
+def test_two_threads_forwards_keep_their_own_sessions():
+    """Two rewritten networks whose forwards overlap in two threads: the sessions were one global list,
+    so the first to end was left behind (not on top) and took every later product's input outside
+    any network (held, never freed). Each thread's own now: gradients are those of the networks run
+    alone, and nothing is held after."""
+    import threading
+    import weakref
+
+    from flexdsl.runtime import bits
+
+    class Wait(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.started, self.go = threading.Event(), threading.Event()
+
+        def forward(self, x):
+            self.started.set()
+            assert self.go.wait(30)
+            return x
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), flexdsl.load("lif", step_mode="s"),
+                                   torch.nn.Identity(), torch.nn.Linear(32, 4))
+    plain = [make(0), make(1)]
+    nets = [copy.deepcopy(n) for n in plain]
+    for n in nets:
+        flexdsl.save_spikes_as_bits(n, recompute="product")
+    for n in (*plain, *nets):
+        n[3] = Wait()
+    xs = [torch.rand(16, 64) * 3, torch.rand(16, 64) * 3]
+    errors = []
+
+    def train(i):
+        try:
+            nets[i](xs[i]).square().sum().backward()
+        except Exception as e:  # (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    threads[0].start()
+    assert nets[0][3].started.wait(30)
+    threads[1].start()
+    assert nets[1][3].started.wait(30)
+    nets[0][3].go.set()  # (the first ends while the second runs)
+    threads[0].join(30)
+    nets[1][3].go.set()
+    threads[1].join(30)
+    assert not errors
+    for n, p, x in zip(nets, plain, xs):
+        p[3].go.set()
+        p(x).square().sum().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(n.parameters(), p.parameters()))
+    w = torch.randn(4, 64, requires_grad=True)
+    x = (torch.rand(8, 64) < 0.3).float()
+    ref = weakref.ref(x)
+    bits.spike_linear(x, w, None).sum().backward()  # (outside any network: no session takes it)
+    del x
+    assert ref() is None

@@ -9,6 +9,7 @@ it is.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -17,23 +18,41 @@ import torch
 from torch.autograd.function import once_differentiable
 
 ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
-_SESSIONS: list[Any] = []  # the keep sessions of rewritten networks' forwards, innermost last (runtime/recompute.py)
+_LOCAL = threading.local()  # .sessions: this thread's keep sessions (runtime/recompute.py), innermost last
+
+
+def sessions() -> list[Any]:
+    """The keep sessions of the rewritten networks whose forward runs in this thread, innermost last
+    (each thread its own: two networks run by two threads never see each other's)."""
+    try:
+        return _LOCAL.sessions
+    except AttributeError:
+        _LOCAL.sessions = []
+        return _LOCAL.sessions
+
+
+def session() -> Any:
+    """This thread's innermost keep session, or None."""
+    s = sessions()
+    return s[-1] if s else None
 
 
 def record_product_kept(out: torch.Tensor, x: torch.Tensor, redo: Any, reads: Sequence[Any]) -> None:
     """Tell the innermost keep session (if any) that `out` = `redo(x)`, a product of an input `x` that
     autograd keeps for the weight's gradient (so holding it costs nothing)."""
-    if _SESSIONS and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
-                                                      for w in reads[:1]):
-        _SESSIONS[-1].product_kept(out, x, _as_then(redo, x.device.type), reads)
+    s = session()
+    if s is not None and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
+                                                         for w in reads[:1]):
+        s.product_kept(out, x, _as_then(redo, x.device.type), reads)
 
 
 def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, reads: Sequence[Any]) -> None:
     """Tell the innermost keep session (if any) that `out` = `redo(x)` for the 0/1 `x` kept as `bits`
     (its recomputation reads `reads`, checked unchanged when it runs). Only a contiguous `x`: the bits
     give it back contiguous, and the product of the same layout is the forward's, bit for bit."""
-    if _SESSIONS and bits is not None and x.is_contiguous():
-        _SESSIONS[-1].product(out, bits, _as_then(redo, x.device.type), x.shape, x.dtype, reads)
+    s = session()
+    if s is not None and bits is not None and x.is_contiguous():
+        s.product(out, bits, _as_then(redo, x.device.type), x.shape, x.dtype, reads)
 
 
 def _as_then(redo: Any, device: str) -> Any:

@@ -28,6 +28,7 @@ which save what they need themselves) nothing changes.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,6 +68,7 @@ class Session:
         self.pool: dict | None = None  # a max-pool running: its module and the last input its op saved
         self.pending: list[_Pending] = []  # products' inputs whose 0/1 check runs on the device
         self.checked: dict[int, _Pending] = {}  # every check of this forward, settled or not
+        self.norm_in: dict[int, tuple[Any, dict]] = {}  # a normalization running: its input's source, state
         self.report = Report()
 
     # recording -------------------------------------------------------------------------------
@@ -316,16 +318,27 @@ def _batch_norm(module: Any, x: torch.Tensor, training: bool) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # sessions: entered by the rewritten network's forward pre-hook, left by its forward hook
 
+_LOCAL = threading.local()  # .forwards: this thread's rewritten networks' forwards running, innermost last
+
+
+def _forwards() -> list[tuple[nn.Module, Any]]:
+    """(network, its session and saved-tensor hooks, or None) of each forward running in this thread."""
+    try:
+        return _LOCAL.forwards
+    except AttributeError:
+        _LOCAL.forwards = []
+        return _LOCAL.forwards
+
+
 def _begin(net: nn.Module, args: Any) -> None:
-    stack = net.__dict__.setdefault("_flexdsl_keep_stack", [])
     if torch.compiler.is_compiling() or not _hooks_enabled() or torch._C._are_functorch_transforms_active():
-        stack.append(None)  # (a trace, or torch.func's transforms: the network as it was written)
+        _forwards().append((net, None))  # (a trace, or torch.func's transforms: the network as it was written)
         return
     s = Session(net._flexdsl_recompute, _outer_hooks())
     hooks = torch.autograd.graph.saved_tensors_hooks(s.pack, unpack_hook)
     hooks.__enter__()
-    packed._SESSIONS.append(s)
-    stack.append((s, hooks))
+    packed.sessions().append(s)
+    _forwards().append((net, (s, hooks)))
 
 
 def _hooks_enabled() -> bool:
@@ -341,50 +354,49 @@ def _outer_hooks() -> Any:
 
 
 def _end(net: nn.Module, args: Any, out: Any) -> None:
-    stack = net.__dict__.get("_flexdsl_keep_stack")
-    if not stack:
+    running = _forwards()
+    k = next((i for i in range(len(running) - 1, -1, -1) if running[i][0] is net), None)
+    if k is None:
         return
-    entry = stack.pop()
+    entry = running.pop(k)[1]
     if entry is None:
         return
     s, hooks = entry
-    if packed._SESSIONS and packed._SESSIONS[-1] is s:
-        packed._SESSIONS.pop()
+    live = packed.sessions()
+    if s in live:  # (wherever it is: a session ended is never left behind)
+        live.remove(s)
     hooks.__exit__(None, None, None)
     s.end()
     net.__dict__["_flexdsl_keep_report"] = s.report
 
 
 def _norm_pre(module: nn.Module, args: Any) -> None:
-    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    s = packed.session()
     if (s is None or s.mode is None or not args or not isinstance(args[0], torch.Tensor)
             or not _direct(module, args[0]) or _hooked(module)):
-        module.__dict__["_flexdsl_norm_in"] = None  # (its output kept as it is)
-        return
+        return  # (its output kept as it is)
     x = args[0]
     dev = x.device.type
-    module.__dict__["_flexdsl_norm_in"] = (
-        s, s.norm_input(module, x), {"training": module.training, "autocast": torch.is_autocast_enabled(dev),
-                                     "autocast_dtype": torch.get_autocast_dtype(dev)})
+    s.norm_in[id(module)] = (s.norm_input(module, x), {"training": module.training,
+                                                        "autocast": torch.is_autocast_enabled(dev),
+                                                        "autocast_dtype": torch.get_autocast_dtype(dev)})
 
 
 def _norm_post(module: nn.Module, args: Any, out: Any) -> None:
-    entry = module.__dict__.pop("_flexdsl_norm_in", None)
-    if entry is None:
-        return
-    s, source, state = entry
-    if packed._SESSIONS and packed._SESSIONS[-1] is s and not _hooked(module):
-        s.norm(module, source, out, state)
+    s = packed.session()
+    entry = s.norm_in.pop(id(module), None) if s is not None else None
+    if entry is not None and not _hooked(module):
+        s.norm(module, entry[0], out, entry[1])
 
 
 def _pool_pre(module: nn.Module, args: Any) -> None:
-    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    s = packed.session()
     if s is not None and not module.return_indices:
         s.pool = {"module": module, "input": None}
 
 
 def _pool_post(module: nn.Module, args: Any, out: Any) -> None:
-    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    s = packed.session()
     if s is not None:
         s.pool = None
 
