@@ -60,8 +60,10 @@ class Session:
     """One forward of a rewritten network: the recipes of the tensors it may leave out, what was
     kept and left out (`Report`)."""
 
-    def __init__(self, mode: str | None, outer: Any = None) -> None:
+    def __init__(self, mode: str | None, outer: Any = None, net: nn.Module | None = None) -> None:
         self.mode = mode
+        self.net = net  # (whose parameters' memory is resident anyway: what shares it is not counted)
+        self.param_storages: set[int] | None = None
         self.outer = outer  # (pack, unpack) of a saved-tensor hooks context around the network (save_on_cpu...)
         self.recipes: dict[int, _Recipe] = {}
         self.bits: dict[int, tuple[Any, int, _Bits]] = {}  # id -> (weak tensor, version, its bits): packed once
@@ -184,7 +186,7 @@ class Session:
         return held
 
     def _pack(self, t: torch.Tensor) -> Any:
-        if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
+        if self._of_parameter(t):  # (resident anyway, not counted)
             return self._keep(t)
         if self.checked:
             if self.pending:
@@ -212,6 +214,19 @@ class Session:
             return b
         self.report.kept(t)
         return self._keep(t)
+
+    def _of_parameter(self, t: torch.Tensor) -> bool:
+        """Whether `t` is a parameter or shares one's memory (a view: `weight.t()`, which a Linear of a
+        3-D input saves), so that keeping it costs nothing."""
+        if t.requires_grad and t.is_leaf:
+            return True
+        if isinstance(t._base, nn.Parameter):
+            return True
+        if self.net is None or t.is_sparse:
+            return False
+        if self.param_storages is None:
+            self.param_storages = {p.untyped_storage().data_ptr() for p in self.net.parameters()}
+        return t.untyped_storage().data_ptr() in self.param_storages
 
     def _count_keep(self, t: torch.Tensor) -> Any:
         self.report.kept(t)
@@ -334,7 +349,7 @@ def _begin(net: nn.Module, args: Any) -> None:
     if torch.compiler.is_compiling() or not _hooks_enabled() or torch._C._are_functorch_transforms_active():
         _forwards().append((net, None))  # (a trace, or torch.func's transforms: the network as it was written)
         return
-    s = Session(net._flexdsl_recompute, _outer_hooks())
+    s = Session(net._flexdsl_recompute, _outer_hooks(), net)
     hooks = torch.autograd.graph.saved_tensors_hooks(s.pack, unpack_hook)
     hooks.__enter__()
     packed.sessions().append(s)
