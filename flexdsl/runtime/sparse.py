@@ -218,18 +218,10 @@ class SparseInputs:
         return w
 
     def _transposed(self, s: CheckedSynapse) -> torch.Tensor:
-        """W^T contiguous (masked), the gathers' layout; kept while the weight (and its mask) are
-        unchanged: their tensors and versions (an optimizer's step changes the version)."""
-        w = getattr(self, s.name)
-        parts = [w] + ([getattr(self, s.name + "_mask")] if s.connect == "mask" else [])
-        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in parts)
-        kept = self.__dict__.setdefault("_sparse_wt", {})
-        hit = kept.get(s.name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        wt = self._sparse_weight(s).detach().t().contiguous()
-        kept[s.name] = (key, wt)
-        return wt
+        """W^T contiguous (masked), the gathers' layout: made at each call (one pass over the weight,
+        little beside the call's product). Not kept between calls: a write through `.data`
+        (`p.data -= lr * p.grad`, weight clipping) changes no version a cache could key on."""
+        return self._sparse_weight(s).detach().t().contiguous()
 
     def _bias_of(self, s: CheckedSynapse) -> torch.Tensor | None:
         return getattr(self, s.bias) if s.bias is not None else None
