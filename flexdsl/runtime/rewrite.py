@@ -50,33 +50,64 @@ def _conv_forward(self: nn.modules.conv._ConvNd, x: Any, weight: Any, bias: Any)
     return spike_conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups, self.__dict__)
 
 
+_PREFIX = "BitsOf_"  # (a Bits class's name for pickle: this, then its class's dotted path encoded)
+
+
+def _encode(path: str) -> str:
+    """A dotted path as one attribute name, reversibly: `_` as `_u`, `.` as `_d` (`__main__.MyLinear`
+    -> `_u_umain_u_u_dMyLinear`)."""
+    return path.replace("_", "_u").replace(".", "_d")
+
+
+def _decode(name: str) -> str:
+    out, i = [], 0
+    while i < len(name):
+        if name[i] == "_" and i + 1 < len(name) and name[i + 1] in "ud":
+            out.append("_" if name[i + 1] == "u" else ".")
+            i += 2
+        else:
+            out.append(name[i])
+            i += 1
+    return "".join(out)
+
+
 def _bits_class(cls: type) -> type:
     """`cls` with its product saving a 0/1 input as bits (one class per original class: `BitsLinear`,
-    found by pickle as `Bits__<module>__<class>` of this module, dots as `__`, so that a rewritten
-    network pickles and loads back in another process: `__getattr__` below makes the class again)."""
+    found by pickle as `BitsOf_<module.class encoded>` of this module, so that a rewritten network
+    pickles and loads back in another process: `__getattr__` below makes the class again)."""
     c = _CLASSES.get(cls)
     if c is None:
         attrs = {"forward": _linear_forward} if issubclass(cls, nn.Linear) else {"_conv_forward": _conv_forward}
-        name = "Bits__" + f"{cls.__module__}.{cls.__qualname__}".replace(".", "__")  # (what pickle looks up)
+        name = _PREFIX + _encode(f"{cls.__module__}.{cls.__qualname__}")  # (what pickle looks up)
         c = _CLASSES[cls] = type(f"Bits{cls.__name__}", (cls,), {**attrs, "__module__": __name__, "__qualname__": name})
     return c
 
 
-def __getattr__(name: str) -> type:
-    """The Bits class a pickled network names (`Bits__torch__nn__modules__linear__Linear`)."""
-    if name.startswith("Bits__"):
-        import importlib
+def _class_at(parts: list[str]) -> Any:
+    """The object at a dotted path split in `parts`: the longest importable module, then attributes."""
+    import importlib
 
-        parts = name[len("Bits__"):].split("__")
-        for k in range(len(parts) - 1, 0, -1):
-            try:
-                obj: Any = importlib.import_module(".".join(parts[:k]))
-            except ImportError:
-                continue
-            for attr in parts[k:]:
-                obj = getattr(obj, attr)
-            if isinstance(obj, type) and issubclass(obj, nn.Linear | nn.modules.conv._ConvNd):
-                return _bits_class(obj)
+    for k in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for attr in parts[k:]:
+            obj = getattr(obj, attr)
+        return obj
+    return None
+
+
+def __getattr__(name: str) -> type:
+    """The Bits class a pickled network names (`BitsOf_torch_dnn_dmodules_dlinear_dLinear`; also the
+    names of earlier versions, `Bits__torch__nn__modules__linear__Linear`, dots as `__`)."""
+    obj = None
+    if name.startswith(_PREFIX):
+        obj = _class_at(_decode(name[len(_PREFIX):]).split("."))
+    elif name.startswith("Bits__"):
+        obj = _class_at(name[len("Bits__"):].split("__"))
+    if isinstance(obj, type) and issubclass(obj, nn.Linear | nn.modules.conv._ConvNd):
+        return _bits_class(obj)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
