@@ -253,3 +253,41 @@ def test_the_report_does_not_count_a_view_of_a_parameter():
         ref(x0 * 2).sum().backward()
     rep = flexdsl.memory_report(net)
     assert rep.kept_bytes == sum(saved) and rep.n_kept == len(saved) > 0
+
+
+@pytest.mark.parametrize("mode", [None, "product"])
+def test_a_second_derivative_through_bits_is_a_flexdsl_error_and_bits_off_runs_it(mode):
+    """A gradient penalty (`create_graph=True`, then backward through the input's gradient) through a
+    product that kept its input as bits raised a bare 'differentiate twice ... once_differentiable';
+    now a FlexDSLError naming the way out, which gives the network's own gradients, bit for bit."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Conv2d(2, 4, 3, padding=1), layer.BatchNorm2d(4),
+                        neuron.LIFNode(surrogate_function=surrogate.Sigmoid()), layer.MaxPool2d(2),
+                        layer.Conv2d(4, 4, 3, padding=1), layer.BatchNorm2d(4),
+                        neuron.LIFNode(surrogate_function=surrogate.Sigmoid()))
+    functional.set_step_mode(net, "m")
+    ref = copy.deepcopy(net)
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
+    x0 = torch.rand(2, 2, 2, 16, 16) * 2
+
+    def penalty(n):
+        functional.reset_net(n)
+        n.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        out = n(x)
+        loss = (out * torch.linspace(0, 1, out.numel()).view(out.shape)).sum()
+        gx, = torch.autograd.grad(loss, x, create_graph=True)
+        (gx.square().sum() + loss).backward()
+        return _grads(n)
+    with pytest.raises(FlexDSLError, match="second derivative") as e:
+        penalty(net)
+    assert "flexdsl.runtime.bits.ENABLED = False" in str(e.value)
+    was = bits.ENABLED
+    try:
+        bits.ENABLED = False
+        got = penalty(net)
+    finally:
+        bits.ENABLED = was
+    assert all(torch.equal(a, b) for a, b in zip(got, penalty(ref)))

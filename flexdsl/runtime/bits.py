@@ -19,7 +19,6 @@ import types
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..backends import packed as _packed
 from ..backends.packed import SpikeLinear as _SpikeLinear
@@ -58,7 +57,7 @@ class _SpikeConv(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @_packed.first_derivative_only
     def backward(ctx, g: torch.Tensor):
         bits, w = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv

@@ -29,11 +29,10 @@ import math
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..backends import sparse_kernel
 from ..backends.base import transformed
-from ..backends.packed import linear_grads
+from ..backends.packed import first_derivative_only, linear_grads
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..settings import env_choice, env_fraction
 from .bits import is_binary, mark_binary, pack, unpack
@@ -73,7 +72,7 @@ class SparseLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
+    @first_derivative_only  # (a second derivative through the saved bits would miss the input's part: an error)
     def backward(ctx, g: torch.Tensor):
         kept, w = ctx.saved_tensors
         x_of = (lambda dt: unpack(kept, ctx.shape, dt)) if ctx.bits else kept.to
