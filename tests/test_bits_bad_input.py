@@ -159,9 +159,13 @@ def test_layers_the_rewrite_leaves_are_named():
 
 
 def test_a_recurrent_layer_refuses_the_feedforward_options():
-    for k, v in (("sparse_input", True), ("rule", "stdp_additive"), ("delay", 3)):
-        with pytest.raises(FlexDSLError, match=f"`{k}` is an option of flexdsl.feedforward"):
+    """Each with a hint of its own: sparse_input's said to write a .layer file's `delay` line (which a
+    .layer recurrent layer refuses too)."""
+    for k, v, hint in (("sparse_input", True, "leave sparse_input out"), ("rule", "stdp_additive", "rule="),
+                       ("delay", 3, "`delay` line")):
+        with pytest.raises(FlexDSLError, match=f"`{k}` is an option of flexdsl.feedforward") as e:
             flexdsl.recurrent("lif", 3, 4, **{k: v})
+        assert hint in e.value.hint and (k == "delay") == ("delay" in e.value.hint)
 
 
 def _sj_step(net: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
