@@ -557,6 +557,41 @@ def test_conv_layer_bad_input_is_a_located_error():
         flexdsl.conv_layer(flexdsl.load("lif", step_mode="m"), 2, 4, 3, tau=3.0)
 
 
+@pytest.mark.parametrize("kw,says", [
+    ({"in_channels": 0}, "in_channels=0"), ({"out_channels": -1}, "out_channels=-1"),
+    ({"kernel_size": 0}, "kernel_size=0"), ({"kernel_size": (3, 3, 3)}, "kernel_size="),
+    ({"stride": 0}, "stride=0"), ({"dilation": 1.5}, "dilation=1.5"), ({"padding": -1}, "padding=-1"),
+    ({"padding": "bogus"}, "padding='bogus'"), ({"padding": "same", "stride": 2}, "stride 1"),
+    ({"groups": 3}, "divides"), ({"groups": 0}, "groups=0"), ({"bias": "yes"}, "bias='yes'"),
+    ({"eps": -1.0}, "eps=-1.0"), ({"eps": float("nan")}, "eps=nan"), ({"momentum": "x"}, "momentum='x'"),
+    ({"momentum": 2.0}, "momentum=2.0")])
+def test_conv_layer_bad_arguments_are_located_errors(kw, says):
+    """Arguments nn.Conv2d or nn.BatchNorm2d refuse (bare torch errors, some only at the first call) or
+    take silently (in_channels=0, kernel_size=0): located FlexDSLErrors with a hint, as feedforward's."""
+    args = {"in_channels": 2, "out_channels": 4, "kernel_size": 3, **kw}
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.conv_layer("lif", args.pop("in_channels"), args.pop("out_channels"), args.pop("kernel_size"), **args)
+    assert says in str(e.value) and "^" in str(e.value) and e.value.hint
+
+
+@pytest.mark.parametrize("case", ["channels", "float64", "int", "kernel larger", "one value per channel"])
+def test_conv_layer_bad_calls_are_located_errors(case):
+    """An input the convolution or normalization cannot take was torch's bare error: a located one
+    with a hint; the layer works on a good input after it (the same as its three modules)."""
+    layer = flexdsl.conv_layer("lif", 2, 4, 5 if case == "kernel larger" else 3, padding=0)
+    x = {"channels": torch.zeros(2, 2, 3, 8, 8), "float64": torch.zeros(2, 2, 2, 8, 8, dtype=torch.float64),
+         "int": torch.zeros(2, 2, 2, 8, 8, dtype=torch.long), "kernel larger": torch.zeros(2, 2, 2, 3, 3),
+         "one value per channel": torch.zeros(1, 1, 2, 3, 3)}[case]
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        layer(x)
+    assert "^" in str(e.value) and e.value.hint
+    good = (torch.rand(2, 2, 2, 8, 8) < 0.3).float()
+    layer.reset()
+    y = layer(good)
+    ref = layer.bn(layer.conv(good.flatten(0, 1)))
+    assert y.shape == (2, 2, 4, *ref.shape[2:])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_normalization_output_changed_in_place_is_kept_as_it_is(backend):
     """The neuron's input written in place after the normalization (here `add_`) is no longer the
