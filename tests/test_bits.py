@@ -210,6 +210,30 @@ def test_a_rewritten_network_pickles_and_loads_back_in_another_process(tmp_path)
     assert r.stdout.split() == ["BitsConv2d"]
 
 
+def test_a_rewritten_subclass_defined_in_a_script_pickles(tmp_path):
+    """A Linear subclass defined in the training script (`__main__`; a name with underscores): its Bits
+    class's pickle name, dots as `__`, could not give `__main__` back (a PicklingError). Loaded back,
+    the same class and the same output as the network before the rewrite."""
+    import subprocess
+    import sys
+
+    code = ("import copy, io, pickle, torch, flexdsl\nfrom torch import nn\n"
+            "class My_Linear(nn.Linear):\n    pass\n"
+            "torch.manual_seed(0)\nnet = nn.Sequential(My_Linear(8, 4))\nplain = copy.deepcopy(net)\n"
+            "flexdsl.save_spikes_as_bits(net)\nx = torch.rand(3, 8)\n"
+            "back = pickle.loads(pickle.dumps(net))\nbuf = io.BytesIO()\ntorch.save(net, buf)\nbuf.seek(0)\n"
+            "for n in (back, torch.load(buf, weights_only=False)):\n"
+            "    assert type(n[0]) is type(net[0]) and isinstance(n[0], My_Linear)\n"
+            "    assert torch.equal(n(x), plain(x))\n"
+            "print('ok')\n")
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent.parent)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ok"]
+
+
 @pytest.mark.parametrize("model,backend", [("lif", "torch"), ("alif", "torch"), ("lif", "triton"),
                                            ("izhikevich", "triton")])
 def test_a_recurrent_layer_keeps_its_spikes_and_spike_input_as_bits(model, backend):

@@ -159,6 +159,139 @@ def test_layers_the_rewrite_leaves_are_named():
 
 
 def test_a_recurrent_layer_refuses_the_feedforward_options():
-    for k, v in (("sparse_input", True), ("rule", "stdp_additive"), ("delay", 3)):
-        with pytest.raises(FlexDSLError, match=f"`{k}` is an option of flexdsl.feedforward"):
+    """Each with a hint of its own: sparse_input's said to write a .layer file's `delay` line (which a
+    .layer recurrent layer refuses too)."""
+    for k, v, hint in (("sparse_input", True, "leave sparse_input out"), ("rule", "stdp_additive", "rule="),
+                       ("delay", 3, "`delay` line")):
+        with pytest.raises(FlexDSLError, match=f"`{k}` is an option of flexdsl.feedforward") as e:
             flexdsl.recurrent("lif", 3, 4, **{k: v})
+        assert hint in e.value.hint and (k == "delay") == ("delay" in e.value.hint)
+
+
+def _sj_step(net: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    from spikingjelly.activation_based import functional
+
+    functional.reset_net(net)
+    net.zero_grad(set_to_none=True)
+    y = net(x)
+    (y * torch.linspace(0.1, 1.0, y.shape[-1])).square().sum().backward()
+    return y, _grads(net)
+
+
+@pytest.mark.parametrize("mode", [None, "product"])
+@pytest.mark.parametrize("where", ["node", "identity", "flatten", "global"])
+def test_a_hook_that_returns_other_values_leaves_them_unmarked(where, mode):
+    """A user's forward hook on a SpikingJelly node, an Identity or a Flatten that returns graded
+    values (`out * 2`), registered before the rewrite: the rewrite's marking ran after it and marked
+    them 0/1, so the next Linear's weight gradient came out halved. The network as it was, bit for bit."""
+    from spikingjelly.activation_based import functional, layer, neuron
+
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Linear(64, 256), neuron.LIFNode(), nn.Identity(), nn.Flatten(start_dim=2),
+                        layer.Linear(256, 10))
+    functional.set_step_mode(net, "m")
+    ref = copy.deepcopy(net)
+    handles = []
+    for n in (net, ref):
+        if where != "global":
+            handles.append(n[{"node": 1, "identity": 2, "flatten": 3}[where]].register_forward_hook(
+                lambda m, a, out: out * 2.0))
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
+    if where == "global":  # (runs before a module's own hooks: what the node returned is not known)
+        handles.append(nn.modules.module.register_module_forward_hook(
+            lambda m, a, out: out * 2.0 if isinstance(m, neuron.LIFNode) else None))
+    x = torch.rand(4, 8, 64) * 4
+    try:
+        got, want = _sj_step(net, x), _sj_step(ref, x)
+    finally:
+        for h in handles:
+            h.remove()
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+@pytest.mark.parametrize("case", ["nn.Sigmoid", "function", "set_spiking_mode later", "assigned later"])
+def test_a_node_spikes_0_1_only_while_its_surrogate_is_spikingjellys_in_spiking_mode(case):
+    """A node whose surrogate has no spiking mode (`nn.Sigmoid()`, `torch.tanh`: graded output) was
+    taken for 0/1 by the permissive default of a check made once at the rewrite; so was one switched
+    to `spiking=False` after it. Each call decides: the network as it was, bit for bit."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    sg = {"nn.Sigmoid": nn.Sigmoid(), "function": torch.tanh}.get(case, surrogate.Sigmoid())
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Linear(64, 256), neuron.LIFNode(surrogate_function=sg), layer.Linear(256, 10))
+    functional.set_step_mode(net, "m")
+    ref = copy.deepcopy(net)
+    line = flexdsl.save_spikes_as_bits(net)
+    assert ("0 SpikingJelly node(s) known" in line) == (case in ("nn.Sigmoid", "function"))
+    for n in (net, ref):
+        if case == "set_spiking_mode later":
+            n[1].surrogate_function.set_spiking_mode(False)
+        elif case == "assigned later":
+            n[1].surrogate_function = surrogate.Sigmoid(spiking=False)
+    x = torch.rand(4, 8, 64) * 4
+    got, want = _sj_step(net, x), _sj_step(ref, x)
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def test_the_report_does_not_count_a_view_of_a_parameter():
+    """A Linear of a 3-D input that needs a gradient saves `weight.t()`, a view of the weight: resident
+    anyway, it was counted as kept activation memory (all of the weight's bytes). Reference: what the
+    plain Linear saves, less what shares a parameter's memory."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(256, 512))
+    ref = copy.deepcopy(net)
+    flexdsl.save_spikes_as_bits(net)
+    x0 = torch.rand(2, 3, 256, requires_grad=True)
+    for _ in range(3):  # (an input from earlier layers, not a leaf; after two, not checked for 0/1)
+        net(x0 * 2).sum().backward()
+    weight = ref[0].weight.untyped_storage().data_ptr()
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() != weight and not isinstance(t, nn.Parameter):
+            saved.append(t.numel() * t.element_size())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ref(x0 * 2).sum().backward()
+    rep = flexdsl.memory_report(net)
+    assert rep.kept_bytes == sum(saved) and rep.n_kept == len(saved) > 0
+
+
+@pytest.mark.parametrize("mode", [None, "product"])
+def test_a_second_derivative_through_bits_is_a_flexdsl_error_and_bits_off_runs_it(mode):
+    """A gradient penalty (`create_graph=True`, then backward through the input's gradient) through a
+    product that kept its input as bits raised a bare 'differentiate twice ... once_differentiable';
+    now a FlexDSLError naming the way out, which gives the network's own gradients, bit for bit."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Conv2d(2, 4, 3, padding=1), layer.BatchNorm2d(4),
+                        neuron.LIFNode(surrogate_function=surrogate.Sigmoid()), layer.MaxPool2d(2),
+                        layer.Conv2d(4, 4, 3, padding=1), layer.BatchNorm2d(4),
+                        neuron.LIFNode(surrogate_function=surrogate.Sigmoid()))
+    functional.set_step_mode(net, "m")
+    ref = copy.deepcopy(net)
+    flexdsl.save_spikes_as_bits(net, recompute=mode)
+    x0 = torch.rand(2, 2, 2, 16, 16) * 2
+
+    def penalty(n):
+        functional.reset_net(n)
+        n.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        out = n(x)
+        loss = (out * torch.linspace(0, 1, out.numel()).view(out.shape)).sum()
+        gx, = torch.autograd.grad(loss, x, create_graph=True)
+        (gx.square().sum() + loss).backward()
+        return _grads(n)
+    with pytest.raises(FlexDSLError, match="second derivative") as e:
+        penalty(net)
+    assert "flexdsl.runtime.bits.ENABLED = False" in str(e.value)
+    was = bits.ENABLED
+    try:
+        bits.ENABLED = False
+        got = penalty(net)
+    finally:
+        bits.ENABLED = was
+    assert all(torch.equal(a, b) for a, b in zip(got, penalty(ref)))

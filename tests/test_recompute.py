@@ -333,15 +333,35 @@ def test_the_neurons_input_gradient_takes_the_memory_of_its_recomputed_input(mon
     assert taken.count(True) == len(CHANNELS)
 
 
-def test_a_batch_norm_of_its_own_is_run_again_through_its_forward():
-    """A batch norm subclass with a forward of its own (not torch's or SpikingJelly's) is recomputed
-    by calling that forward (statistics swapped for copies in training): the same bits."""
-    class Shifted(torch.nn.BatchNorm2d):
-        def forward(self, x):
-            return super().forward(x.flatten(0, 1)).view(x.shape) + 0.25
+class _Shifted(torch.nn.BatchNorm2d):
+    def forward(self, x):
+        return super().forward(x.flatten(0, 1)).view(x.shape) + 0.25
 
+
+class _Noisy(torch.nn.BatchNorm2d):
+    def forward(self, x):
+        y = super().forward(x.flatten(0, 1)).view(x.shape)
+        return y + 0.1 * torch.randn_like(y) if self.training else y
+
+
+class _Counting(torch.nn.BatchNorm2d):
+    def __init__(self, c):
+        super().__init__(c)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        if self.training:
+            self.seen += x.shape[0]
+        return super().forward(x.flatten(0, 1)).view(x.shape)
+
+
+@pytest.mark.parametrize("norm", [_Shifted, _Noisy, _Counting])
+def test_a_batch_norm_with_a_forward_of_its_own_is_kept_as_it_is(norm):
+    """A batch norm subclass with a forward of its own is not run again in the backward (it was, through
+    that forward: one drawing random numbers gave another output, so wrong gradients; one updating a
+    buffer of its own updated it twice): its output is kept. The network as it was, bit for bit."""
     torch.manual_seed(2)
-    plain = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), Shifted(4)).to(DEV)
+    plain = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), norm(4)).to(DEV)
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -353,19 +373,79 @@ def test_a_batch_norm_of_its_own_is_run_again_through_its_forward():
             return self.lif(self.bn(y))
     a = Net()
     b = copy.deepcopy(a)
-    flexdsl.save_spikes_as_bits(b, recompute="product")
+    line = flexdsl.save_spikes_as_bits(b, recompute="product")
+    assert "0 normalization(s)" in line
     x = _x()
     for _ in range(2):
         outs = []
         for n in (a, b):
             n.lif.reset()
             n.zero_grad(set_to_none=True)
+            torch.manual_seed(5)
             out = n(x)
             (out * torch.arange(out.numel(), device=out.device).view(out.shape)).sum().backward()
             outs.append((out, [p.grad.clone() for p in n.parameters()], [t.clone() for t in n.buffers()]))
         assert _same(*outs)
-    kernels = DEV == "cuda"
-    assert flexdsl.memory_report(b).left_out_bytes == (T * B * 4 * H * H * 4 * (2 if kernels else 1))
+    assert flexdsl.memory_report(b).left_out_bytes == T * B * 4 * H * H * 4  # (the convolution's output alone)
+
+
+def _bn_net(sj: bool):
+    from spikingjelly.activation_based import layer
+
+    torch.manual_seed(0)
+    if sj:
+        net = torch.nn.Sequential(layer.Conv2d(2, 8, 3, padding=1, step_mode="m"), layer.BatchNorm2d(8, step_mode="m"),
+                                  torch.nn.GELU())  # (GELU saves its input: the normalization's output)
+    else:
+        net = torch.nn.Sequential(torch.nn.Conv2d(2, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.GELU())
+    return net.to(DEV)
+
+
+@pytest.mark.parametrize("sj", [False, True])
+@pytest.mark.parametrize("mode", ["norm", "product"])
+@pytest.mark.parametrize("hook", ["forward before", "pre after", "forward with kwargs after", "global"])
+def test_a_batch_norm_with_hooks_is_kept_as_it_is(hook, mode, sj):
+    """A batch norm whose call runs hooks of the user's (a forward hook registered before the rewrite, a
+    pre-hook after it, a global one) was made again in the backward without them: a neuron's saved
+    input other than the forward's, wrong gradients. A call with such hooks keeps its output; one
+    without recomputes it (hooks are asked at each call). The network as it was, bit for bit."""
+    a = _bn_net(sj)
+    handles = []
+
+    def add(n):
+        if hook == "pre after":
+            handles.append(n[1].register_forward_pre_hook(lambda m, i: (i[0] ** 2,)))
+        elif hook == "forward with kwargs after":
+            handles.append(n[1].register_forward_hook(lambda m, i, k, o: o * 1.5, with_kwargs=True))
+        elif hook == "forward before":
+            handles.append(n[1].register_forward_hook(lambda m, i, o: o * 1.5 + 0.25))
+    if hook == "forward before":
+        add(a)
+    b = copy.deepcopy(a)
+    flexdsl.save_spikes_as_bits(b, recompute=mode)
+    if hook in ("pre after", "forward with kwargs after"):
+        add(a)
+        add(b)
+    if hook == "global":
+        handles.append(torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: o * 1.5 if isinstance(m, torch.nn.BatchNorm2d) else None))
+    x = torch.rand(T, B, 2, H, H, device=DEV)
+    if not sj:
+        x = x.flatten(0, 1)
+    try:
+        for n in (a, b):
+            n.zero_grad(set_to_none=True)
+            n(x).square().sum().backward()
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+        conv_out = T * B * 8 * H * H * 4  # (made again in either mode: "norm" remakes a cheap product of an image)
+        assert flexdsl.memory_report(b).left_out_bytes == conv_out
+    finally:
+        for h in handles:
+            h.remove()
+    if hook != "forward before":  # (the copy's hook stays: its handle is the original's)
+        b.zero_grad(set_to_none=True)
+        b(x).square().sum().backward()  # (the hooks gone: the normalization's output is made again too)
+        assert flexdsl.memory_report(b).left_out_bytes == 2 * conv_out
 
 
 @pytest.mark.parametrize("mode", [None, "product"])
@@ -477,6 +557,41 @@ def test_conv_layer_bad_input_is_a_located_error():
         flexdsl.conv_layer(flexdsl.load("lif", step_mode="m"), 2, 4, 3, tau=3.0)
 
 
+@pytest.mark.parametrize("kw,says", [
+    ({"in_channels": 0}, "in_channels=0"), ({"out_channels": -1}, "out_channels=-1"),
+    ({"kernel_size": 0}, "kernel_size=0"), ({"kernel_size": (3, 3, 3)}, "kernel_size="),
+    ({"stride": 0}, "stride=0"), ({"dilation": 1.5}, "dilation=1.5"), ({"padding": -1}, "padding=-1"),
+    ({"padding": "bogus"}, "padding='bogus'"), ({"padding": "same", "stride": 2}, "stride 1"),
+    ({"groups": 3}, "divides"), ({"groups": 0}, "groups=0"), ({"bias": "yes"}, "bias='yes'"),
+    ({"eps": -1.0}, "eps=-1.0"), ({"eps": float("nan")}, "eps=nan"), ({"momentum": "x"}, "momentum='x'"),
+    ({"momentum": 2.0}, "momentum=2.0")])
+def test_conv_layer_bad_arguments_are_located_errors(kw, says):
+    """Arguments nn.Conv2d or nn.BatchNorm2d refuse (bare torch errors, some only at the first call) or
+    take silently (in_channels=0, kernel_size=0): located FlexDSLErrors with a hint, as feedforward's."""
+    args = {"in_channels": 2, "out_channels": 4, "kernel_size": 3, **kw}
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        flexdsl.conv_layer("lif", args.pop("in_channels"), args.pop("out_channels"), args.pop("kernel_size"), **args)
+    assert says in str(e.value) and "^" in str(e.value) and e.value.hint
+
+
+@pytest.mark.parametrize("case", ["channels", "float64", "int", "kernel larger", "one value per channel"])
+def test_conv_layer_bad_calls_are_located_errors(case):
+    """An input the convolution or normalization cannot take was torch's bare error: a located one
+    with a hint; the layer works on a good input after it (the same as its three modules)."""
+    layer = flexdsl.conv_layer("lif", 2, 4, 5 if case == "kernel larger" else 3, padding=0)
+    x = {"channels": torch.zeros(2, 2, 3, 8, 8), "float64": torch.zeros(2, 2, 2, 8, 8, dtype=torch.float64),
+         "int": torch.zeros(2, 2, 2, 8, 8, dtype=torch.long), "kernel larger": torch.zeros(2, 2, 2, 3, 3),
+         "one value per channel": torch.zeros(1, 1, 2, 3, 3)}[case]
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        layer(x)
+    assert "^" in str(e.value) and e.value.hint
+    good = (torch.rand(2, 2, 2, 8, 8) < 0.3).float()
+    layer.reset()
+    y = layer(good)
+    ref = layer.bn(layer.conv(good.flatten(0, 1)))
+    assert y.shape == (2, 2, 4, *ref.shape[2:])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_normalization_output_changed_in_place_is_kept_as_it_is(backend):
     """The neuron's input written in place after the normalization (here `add_`) is no longer the
@@ -505,3 +620,63 @@ def test_a_normalization_output_changed_in_place_is_kept_as_it_is(backend):
         outs.append((out, [p.grad.clone() for p in n.parameters()], [t.clone() for t in n.buffers()]))
     assert _same(*outs)
     assert flexdsl.memory_report(b).left_out_bytes == T * B * 4 * H * H * 4  # (only the conv's output)
+
+
+def test_two_threads_forwards_keep_their_own_sessions():
+    """Two rewritten networks whose forwards overlap in two threads: the sessions were one global list,
+    so the first to end was left behind (not on top) and took every later product's input outside
+    any network (held, never freed). Each thread's own now: gradients are those of the networks run
+    alone, and nothing is held after."""
+    import threading
+    import weakref
+
+    from flexdsl.runtime import bits
+
+    class Wait(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.started, self.go = threading.Event(), threading.Event()
+
+        def forward(self, x):
+            self.started.set()
+            assert self.go.wait(30)
+            return x
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), flexdsl.load("lif", step_mode="s"),
+                                   torch.nn.Identity(), torch.nn.Linear(32, 4))
+    plain = [make(0), make(1)]
+    nets = [copy.deepcopy(n) for n in plain]
+    for n in nets:
+        flexdsl.save_spikes_as_bits(n, recompute="product")
+    for n in (*plain, *nets):
+        n[3] = Wait()
+    xs = [torch.rand(16, 64) * 3, torch.rand(16, 64) * 3]
+    errors = []
+
+    def train(i):
+        try:
+            nets[i](xs[i]).square().sum().backward()
+        except Exception as e:  # (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    threads[0].start()
+    assert nets[0][3].started.wait(30)
+    threads[1].start()
+    assert nets[1][3].started.wait(30)
+    nets[0][3].go.set()  # (the first ends while the second runs)
+    threads[0].join(30)
+    nets[1][3].go.set()
+    threads[1].join(30)
+    assert not errors
+    for n, p, x in zip(nets, plain, xs):
+        p[3].go.set()
+        p(x).square().sum().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(n.parameters(), p.parameters()))
+    w = torch.randn(4, 64, requires_grad=True)
+    x = (torch.rand(8, 64) < 0.3).float()
+    ref = weakref.ref(x)
+    bits.spike_linear(x, w, None).sum().backward()  # (outside any network: no session takes it)
+    del x
+    assert ref() is None

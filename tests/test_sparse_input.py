@@ -181,3 +181,26 @@ def test_a_wrong_guess_changes_no_result(grad):
         assert torch.equal(y.detach().double(), y64)
         bound = _bound(m, x, 5 * (k + 1))  # (the state carries over every call so far)
         assert (m.neuron.v.detach().double() - ref.neuron.v).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("sparse", [True, "always"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_weight_written_through_data_is_seen_by_the_next_call(grad, sparse):
+    # `m.W.data.clamp_(...)` or `p.data -= lr * p.grad` changes no version: W^T kept between calls
+    # (keyed on it) gave the old weights' results; the dense float64 layer with the written weights
+    m, ref = _pair("lif", sparse=sparse)
+    x = _spikes((5, 2, 40), 0.03)
+    with torch.set_grad_enabled(grad):
+        m(x)  # (a first call with the first weights)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        p.data.clamp_(-0.5, 0.5)
+        q.data.clamp_(-0.5, 0.5)
+    m.reset()
+    ref.reset()
+    with torch.set_grad_enabled(grad):
+        y = m(x)
+    with torch.no_grad():
+        y64 = ref(x.double())
+    assert m.sparse_report()["W"][0].startswith("sparse")
+    assert torch.equal(y.detach().double(), y64)
+    assert (m.neuron.v.detach().double() - ref.neuron.v).abs().max().item() <= _bound(m, x, 5)

@@ -8,32 +8,51 @@ it is.
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 ENABLED = True  # (False: every product saves its input as it is; for measuring what the bits save)
-_SESSIONS: list[Any] = []  # the keep sessions of rewritten networks' forwards, innermost last (runtime/recompute.py)
+_LOCAL = threading.local()  # .sessions: this thread's keep sessions (runtime/recompute.py), innermost last
+
+
+def sessions() -> list[Any]:
+    """The keep sessions of the rewritten networks whose forward runs in this thread, innermost last
+    (each thread its own: two networks run by two threads never see each other's)."""
+    try:
+        return _LOCAL.sessions
+    except AttributeError:
+        _LOCAL.sessions = []
+        return _LOCAL.sessions
+
+
+def session() -> Any:
+    """This thread's innermost keep session, or None."""
+    s = sessions()
+    return s[-1] if s else None
 
 
 def record_product_kept(out: torch.Tensor, x: torch.Tensor, redo: Any, reads: Sequence[Any]) -> None:
     """Tell the innermost keep session (if any) that `out` = `redo(x)`, a product of an input `x` that
     autograd keeps for the weight's gradient (so holding it costs nothing)."""
-    if _SESSIONS and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
-                                                      for w in reads[:1]):
-        _SESSIONS[-1].product_kept(out, x, _as_then(redo, x.device.type), reads)
+    s = session()
+    if s is not None and torch.is_grad_enabled() and any(isinstance(w, torch.Tensor) and w.requires_grad
+                                                         for w in reads[:1]):
+        s.product_kept(out, x, _as_then(redo, x.device.type), reads)
 
 
 def record_product(out: torch.Tensor, x: torch.Tensor, bits: Any, redo: Any, reads: Sequence[Any]) -> None:
     """Tell the innermost keep session (if any) that `out` = `redo(x)` for the 0/1 `x` kept as `bits`
     (its recomputation reads `reads`, checked unchanged when it runs). Only a contiguous `x`: the bits
     give it back contiguous, and the product of the same layout is the forward's, bit for bit."""
-    if _SESSIONS and bits is not None and x.is_contiguous():
-        _SESSIONS[-1].product(out, bits, _as_then(redo, x.device.type), x.shape, x.dtype, reads)
+    s = session()
+    if s is not None and bits is not None and x.is_contiguous():
+        s.product(out, bits, _as_then(redo, x.device.type), x.shape, x.dtype, reads)
 
 
 def _as_then(redo: Any, device: str) -> Any:
@@ -196,6 +215,48 @@ def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch
     return bits.reshape(-1)[:n].to(dtype).reshape(shape)
 
 
+class _Refused(torch.autograd.Function):
+    """First derivatives made with `create_graph=True` by a backward that read an input kept as bits:
+    differentiating them again is an error (the bits are values, not the graph that made them: the
+    input's part of a second derivative would be missing)."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(g.clone() for g in grads)
+
+    @staticmethod
+    def backward(ctx, *gg: Any) -> Any:
+        from ..errors import FlexDSLError
+
+        raise FlexDSLError(
+            "a second derivative through a product that kept its 0/1 input as bits (the bits are the input's "
+            "values, not the graph that made them)", "<backward>",
+            hint="turn the bits off for this run (flexdsl.runtime.bits.ENABLED = False), or differentiate the "
+                 "network without flexdsl.save_spikes_as_bits / sparse_input")
+
+
+def first_derivative_only(backward: Any) -> Any:
+    """`backward` run without building a graph (what `once_differentiable` does); where the caller
+    wants one (`create_graph=True`), its gradients are tied to the incoming ones so that
+    differentiating them again raises a FlexDSLError (`_Refused`), and only then: a gradient
+    penalty that never goes back through this product runs as it did."""
+
+    @functools.wraps(backward)
+    def run(ctx: Any, *grads: Any) -> Any:
+        with torch.no_grad():
+            outs = backward(ctx, *grads)
+        anchor = next((g for g in grads if isinstance(g, torch.Tensor) and g.requires_grad), None)
+        if anchor is None or not torch.is_grad_enabled():
+            return outs
+        at = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor)]
+        tied = _Refused.apply(anchor, *(outs[i] for i in at))
+        outs = list(outs)
+        for i, t in zip(at, tied):
+            outs[i] = t
+        return tuple(outs)
+    return run
+
+
 class SpikeLinear(torch.autograd.Function):
     """`x W^T + b` whose 0/1 input `x` is saved as bits for the weight's gradient."""
 
@@ -209,7 +270,7 @@ class SpikeLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
+    @first_derivative_only
     def backward(ctx, g: torch.Tensor):
         bits, w = ctx.saved_tensors
         return linear_grads(g, w, lambda dt: unpack(bits, ctx.shape, dt), ctx.shape, ctx.has_bias,

@@ -19,7 +19,6 @@ import types
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..backends import packed as _packed
 from ..backends.packed import SpikeLinear as _SpikeLinear
@@ -58,7 +57,7 @@ class _SpikeConv(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @_packed.first_derivative_only
     def backward(ctx, g: torch.Tensor):
         bits, w = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
@@ -103,7 +102,7 @@ def _plain(x: torch.Tensor, w: torch.Tensor, owner: dict | None = None) -> bool:
         return False
     if owner is not None and owner.get("_flexdsl_real_inputs", 0) >= _STOP_AFTER:
         return True
-    s = _packed._SESSIONS[-1] if _packed._SESSIONS else None
+    s = _packed.session()
     if s is not None and s.check_later(x, owner):
         return True  # (saved as it is, then as bits once the check (on a GPU: queued on the device) says 0/1)
     ok = is_binary(x)

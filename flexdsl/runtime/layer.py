@@ -402,8 +402,16 @@ def feedforward(model: str | Path | NeuronModule, in_features: int, hidden: int,
                              rule_params, sparse_input)
 
 
-_FEEDFORWARD_ONLY = {"sparse_input", "rule", "plasticity", "rule_params", "delay", "max_delay", "learnable_delays",
-                     "delays"}
+_DELAYS_HINT = ("write the recurrent layer as a .layer file (a `delay` line on its synapses: `delay 3`, "
+                "`delay synaptic max 24 learnable`), or use flexdsl.feedforward")
+_RULES_HINT = ("plasticity rules run on a feed-forward layer's dense or masked synapses only (a recurrent layer's, "
+               "built from arguments or a .layer file, are refused): use flexdsl.feedforward(..., rule=...)")
+# flexdsl.feedforward's options a recurrent layer built from arguments refuses -> where the option is served
+_FEEDFORWARD_ONLY = {
+    "sparse_input": "sparse inputs are taken from their nonzero entries in feed-forward layers only (a .layer "
+                    "recurrent layer refuses it too): leave sparse_input out, or use flexdsl.feedforward",
+    "rule": _RULES_HINT, "plasticity": _RULES_HINT, "rule_params": _RULES_HINT,
+    "delay": _DELAYS_HINT, "max_delay": _DELAYS_HINT, "learnable_delays": _DELAYS_HINT, "delays": _DELAYS_HINT}
 
 
 def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden: int, *,
@@ -413,11 +421,10 @@ def recurrent(model: str | Path | NeuronModule, in_features: int | None, hidden:
               learning: str = "bptt", readout: Any = None, feedback: Any = "symmetric", **params: Any
               ) -> RecurrentModule:
     """A recurrent layer of `hidden` neurons of `model` (see `RecurrentModule`)."""
-    ff = sorted(set(params) & _FEEDFORWARD_ONLY)
+    ff = sorted(set(params) & set(_FEEDFORWARD_ONLY))
     if ff:
         raise FlexDSLError(f"`{ff[0]}` is an option of flexdsl.feedforward, not of a recurrent layer built from "
-                           "arguments", "<flexdsl.recurrent>", hint="write the recurrent layer as a .layer file "
-                           "(its input synapses' `delay` line), or use flexdsl.feedforward")
+                           "arguments", "<flexdsl.recurrent>", hint=_FEEDFORWARD_ONLY[ff[0]])
     neuron = _loaded_neuron(model, backend, detach_reset, param_shapes, surrogate, learnable, params)
     return RecurrentModule(neuron, in_features, hidden, connectivity, mask, source, port, bias, step_mode, backend,
                            learning=learning, readout=readout, feedback=feedback)

@@ -7,7 +7,10 @@ recompute=...)`): during the network's forward, every tensor autograd saves pass
   1 bit a value, and unpacked exactly when the backward reads it;
 - with `recompute="norm"`: a batch normalization's output (a neuron's input: the neuron's backward
   reads it again) is not kept; the backward runs the normalization again from its input, which the
-  normalization keeps for its own backward anyway (one extra normalization pass per layer); and a
+  normalization keeps for its own backward anyway (one extra normalization pass per layer). Only
+  torch's batch norms and SpikingJelly's wrappers of them, called without hooks other than flexdsl's
+  (asked at each call), are made again: any other forward, or a hook, may do what a second run would
+  not repeat (random draws, another buffer's update, a changed input or output); and a
   product whose input is kept anyway (not as bits: an image) and that costs at most `CHEAP_MACS`
   multiply-adds an output value (a first layer on 3 channels: SEW-ResNet's 7x7 convolution, 147) is
   made again too, its output (a network's largest activation) not kept;
@@ -25,6 +28,7 @@ which save what they need themselves) nothing changes.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,14 +60,17 @@ class Session:
     """One forward of a rewritten network: the recipes of the tensors it may leave out, what was
     kept and left out (`Report`)."""
 
-    def __init__(self, mode: str | None, outer: Any = None) -> None:
+    def __init__(self, mode: str | None, outer: Any = None, net: nn.Module | None = None) -> None:
         self.mode = mode
+        self.net = net  # (whose parameters' memory is resident anyway: what shares it is not counted)
+        self.param_storages: set[int] | None = None
         self.outer = outer  # (pack, unpack) of a saved-tensor hooks context around the network (save_on_cpu...)
         self.recipes: dict[int, _Recipe] = {}
         self.bits: dict[int, tuple[Any, int, _Bits]] = {}  # id -> (weak tensor, version, its bits): packed once
         self.pool: dict | None = None  # a max-pool running: its module and the last input its op saved
         self.pending: list[_Pending] = []  # products' inputs whose 0/1 check runs on the device
         self.checked: dict[int, _Pending] = {}  # every check of this forward, settled or not
+        self.norm_in: dict[int, tuple[Any, dict]] = {}  # a normalization running: its input's source, state
         self.report = Report()
 
     # recording -------------------------------------------------------------------------------
@@ -179,7 +186,7 @@ class Session:
         return held
 
     def _pack(self, t: torch.Tensor) -> Any:
-        if t.is_leaf and t.requires_grad:  # (a parameter: resident anyway, not counted)
+        if self._of_parameter(t):  # (resident anyway, not counted)
             return self._keep(t)
         if self.checked:
             if self.pending:
@@ -208,6 +215,19 @@ class Session:
         self.report.kept(t)
         return self._keep(t)
 
+    def _of_parameter(self, t: torch.Tensor) -> bool:
+        """Whether `t` is a parameter or shares one's memory (a view: `weight.t()`, which a Linear of a
+        3-D input saves), so that keeping it costs nothing."""
+        if t.requires_grad and t.is_leaf:
+            return True
+        if isinstance(t._base, nn.Parameter):
+            return True
+        if self.net is None or t.is_sparse:
+            return False
+        if self.param_storages is None:
+            self.param_storages = {p.untyped_storage().data_ptr() for p in self.net.parameters()}
+        return t.untyped_storage().data_ptr() in self.param_storages
+
     def _count_keep(self, t: torch.Tensor) -> Any:
         self.report.kept(t)
         return self._keep(t)
@@ -224,64 +244,78 @@ def _cheap(reads: Sequence[Any]) -> bool:
 
 
 def _rerun(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
-    """`module.forward(x)` again as the forward ran it: its training flag and autocast then; in
-    training, its running statistics swapped for scratch copies (the batch's statistics normalize;
-    the real ones were updated once, by the forward). torch's and SpikingJelly's batch norms call
-    `F.batch_norm` with the arguments their forward gave it (no module code, no copies a call)."""
+    """`module`'s output again as its forward made it (see `_batch_norm`), under the autocast then."""
     if state["autocast"]:
         with torch.autocast(x.device.type, dtype=state["autocast_dtype"]):
-            return _rerun_plain(module, x, state)
-    return _rerun_plain(module, x, state)
+            return _batch_norm(module, x, state["training"])
+    return _batch_norm(module, x, state["training"])
 
 
-def _rerun_plain(module: nn.Module, x: torch.Tensor, state: dict) -> torch.Tensor:
-    if _direct(module, x):
-        return _batch_norm(module, x, state["training"])
-    saved_training = module.training
-    swapped = {}
-    try:
-        module.training = state["training"]
-        if state["training"]:
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                b = module._buffers.get(name)
-                if b is not None:
-                    swapped[name] = b
-                    module._buffers[name] = b.clone()
-        return module.forward(x)
-    finally:
-        module.training = saved_training
-        module._buffers.update(swapped)
-
-
-_BN_FORWARDS: dict[Any, int] = {}  # a batch norm class's forward -> the dims of the input it normalizes
+# SpikingJelly's batch norm wrappers' forward -> (the dims of one step's input, its class's `super_forward`)
+_SJ_FORWARDS: dict[Any, tuple[int, Any]] = {}
+_BATCH_NORMS = ((nn.BatchNorm1d, 3), (nn.BatchNorm2d, 4), (nn.BatchNorm3d, 5))
 _SCRATCH: Any = weakref.WeakKeyDictionary()  # module -> running statistics for recomputations to update
 
 
-def _direct(module: nn.Module, x: torch.Tensor) -> bool:
-    """Whether `module` is a batch norm whose forward is torch's (or SpikingJelly's multi-step wrapper
-    of it), so that `_batch_norm` computes what it computed."""
-    if not _BN_FORWARDS:
-        for cls, d in ((nn.BatchNorm1d, 3), (nn.BatchNorm2d, 4), (nn.BatchNorm3d, 5)):
-            _BN_FORWARDS[cls.forward] = d
+def _sj_forwards() -> dict[Any, tuple[int, Any]]:
+    if not _SJ_FORWARDS:
+        _SJ_FORWARDS[None] = (0, None)  # (looked once)
         try:
             from spikingjelly.activation_based import layer as sj
             for name, d in (("BatchNorm1d", 3), ("BatchNorm2d", 4), ("BatchNorm3d", 5)):
-                _BN_FORWARDS[getattr(sj, name).forward] = -d  # (multi-step: one more leading dim)
-        except ImportError:
+                cls = getattr(sj, name)
+                _SJ_FORWARDS[cls.forward] = (d, cls.super_forward)
+        except (ImportError, AttributeError):
             pass
-    d = _BN_FORWARDS.get(type(module).forward)
-    if d is None:
+    return _SJ_FORWARDS
+
+
+def _norm_dims(module: nn.Module) -> tuple[int, bool] | None:
+    """(the dims of the input a batch norm normalizes, whether one more leading dim of steps is
+    flattened first) where `module`'s forward is torch's batch norm (`nn.BatchNorm1d/2d/3d`) or
+    SpikingJelly's step-mode wrapper of it, which `_batch_norm` computes again exactly; else None:
+    any other forward (a subclass's own: it may draw random numbers or update buffers of its own,
+    which a second run would repeat) is not run again."""
+    forward = type(module).forward
+    if forward is nn.modules.batchnorm._BatchNorm.forward:
+        return next(((d, False) for cls, d in _BATCH_NORMS if isinstance(module, cls)), None)
+    sj = _sj_forwards().get(forward)
+    if sj is None or type(module).super_forward is not sj[1]:
+        return None
+    return sj[0], getattr(module, "step_mode", "s") == "m"
+
+
+def recomputable(module: nn.Module) -> bool:
+    """Whether recompute="norm" may make `module`'s output again in the backward (`_norm_dims`)."""
+    return _norm_dims(module) is not None
+
+
+def _direct(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `module` is `recomputable` and `x` an input its forward normalizes (as `_batch_norm`)."""
+    nd = _norm_dims(module)
+    if nd is None:
         return False
-    if d < 0:
-        return getattr(module, "step_mode", "s") == "m" and x.dim() == 1 - d
-    return x.dim() == d or d == 3 and x.dim() == 2
+    dims = x.dim() - nd[1]
+    return dims == nd[0] or nd[0] == 3 and dims == 2
+
+
+_OWN_HOOKS: set[Any] = set()  # this module's hooks on a batch norm and on a rewritten network (filled below)
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a call of `module` runs forward hooks or pre-hooks other than flexdsl's (its own or
+    global ones): they may change its input or output, which a recomputation would not repeat.
+    Asked at each call: hooks may be added or removed any time."""
+    g = nn.modules.module
+    if g._global_forward_pre_hooks or g._global_forward_hooks:
+        return True
+    return any(h not in _OWN_HOOKS for h in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()))
 
 
 def _batch_norm(module: Any, x: torch.Tensor, training: bool) -> torch.Tensor:
     """What `module`'s forward computed from `x` (see `_direct`): `F.batch_norm` with the same
     input, affine, statistics' presence and mode; in training, scratch statistics take the update."""
-    flat = x.flatten(0, 1) if getattr(module, "step_mode", "s") == "m" and x.dim() >= 3 and \
-        _BN_FORWARDS.get(type(module).forward, 0) < 0 else x
+    flat = x.flatten(0, 1) if _norm_dims(module)[1] else x  # type: ignore[index]
     rm, rv = module.running_mean, module.running_var
     if training:
         if module.track_running_stats and rm is not None:
@@ -299,16 +333,27 @@ def _batch_norm(module: Any, x: torch.Tensor, training: bool) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # sessions: entered by the rewritten network's forward pre-hook, left by its forward hook
 
+_LOCAL = threading.local()  # .forwards: this thread's rewritten networks' forwards running, innermost last
+
+
+def _forwards() -> list[tuple[nn.Module, Any]]:
+    """(network, its session and saved-tensor hooks, or None) of each forward running in this thread."""
+    try:
+        return _LOCAL.forwards
+    except AttributeError:
+        _LOCAL.forwards = []
+        return _LOCAL.forwards
+
+
 def _begin(net: nn.Module, args: Any) -> None:
-    stack = net.__dict__.setdefault("_flexdsl_keep_stack", [])
     if torch.compiler.is_compiling() or not _hooks_enabled() or torch._C._are_functorch_transforms_active():
-        stack.append(None)  # (a trace, or torch.func's transforms: the network as it was written)
+        _forwards().append((net, None))  # (a trace, or torch.func's transforms: the network as it was written)
         return
-    s = Session(net._flexdsl_recompute, _outer_hooks())
+    s = Session(net._flexdsl_recompute, _outer_hooks(), net)
     hooks = torch.autograd.graph.saved_tensors_hooks(s.pack, unpack_hook)
     hooks.__enter__()
-    packed._SESSIONS.append(s)
-    stack.append((s, hooks))
+    packed.sessions().append(s)
+    _forwards().append((net, (s, hooks)))
 
 
 def _hooks_enabled() -> bool:
@@ -324,56 +369,60 @@ def _outer_hooks() -> Any:
 
 
 def _end(net: nn.Module, args: Any, out: Any) -> None:
-    stack = net.__dict__.get("_flexdsl_keep_stack")
-    if not stack:
+    running = _forwards()
+    k = next((i for i in range(len(running) - 1, -1, -1) if running[i][0] is net), None)
+    if k is None:
         return
-    entry = stack.pop()
+    entry = running.pop(k)[1]
     if entry is None:
         return
     s, hooks = entry
-    if packed._SESSIONS and packed._SESSIONS[-1] is s:
-        packed._SESSIONS.pop()
+    live = packed.sessions()
+    if s in live:  # (wherever it is: a session ended is never left behind)
+        live.remove(s)
     hooks.__exit__(None, None, None)
     s.end()
     net.__dict__["_flexdsl_keep_report"] = s.report
 
 
 def _norm_pre(module: nn.Module, args: Any) -> None:
-    s = packed._SESSIONS[-1] if packed._SESSIONS else None
-    if s is None or s.mode is None or not args or not isinstance(args[0], torch.Tensor):
-        module.__dict__["_flexdsl_norm_in"] = None
-        return
+    s = packed.session()
+    if (s is None or s.mode is None or not args or not isinstance(args[0], torch.Tensor)
+            or not _direct(module, args[0]) or _hooked(module)):
+        return  # (its output kept as it is)
     x = args[0]
     dev = x.device.type
-    module.__dict__["_flexdsl_norm_in"] = (
-        s, s.norm_input(module, x), {"training": module.training, "autocast": torch.is_autocast_enabled(dev),
-                                     "autocast_dtype": torch.get_autocast_dtype(dev)})
+    s.norm_in[id(module)] = (s.norm_input(module, x), {"training": module.training,
+                                                        "autocast": torch.is_autocast_enabled(dev),
+                                                        "autocast_dtype": torch.get_autocast_dtype(dev)})
 
 
 def _norm_post(module: nn.Module, args: Any, out: Any) -> None:
-    entry = module.__dict__.pop("_flexdsl_norm_in", None)
-    if entry is None:
-        return
-    s, source, state = entry
-    if packed._SESSIONS and packed._SESSIONS[-1] is s:
-        s.norm(module, source, out, state)
+    s = packed.session()
+    entry = s.norm_in.pop(id(module), None) if s is not None else None
+    if entry is not None and not _hooked(module):
+        s.norm(module, entry[0], out, entry[1])
 
 
 def _pool_pre(module: nn.Module, args: Any) -> None:
-    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    s = packed.session()
     if s is not None and not module.return_indices:
         s.pool = {"module": module, "input": None}
 
 
 def _pool_post(module: nn.Module, args: Any, out: Any) -> None:
-    s = packed._SESSIONS[-1] if packed._SESSIONS else None
+    s = packed.session()
     if s is not None:
         s.pool = None
 
 
+_OWN_HOOKS.update((_begin, _end, _norm_pre, _norm_post, _pool_pre, _pool_post))
+
+
 def install(net: nn.Module, mode: str | None) -> int:
     """Make `net`'s forward a keep session with `mode` (see the module doc); returns the number of
-    normalizations recomputed. Installing again changes the mode."""
+    normalizations recomputed (torch's and SpikingJelly's batch norms; a call of one with hooks of
+    its own keeps its output). Installing again changes the mode."""
     net.__dict__["_flexdsl_recompute"] = mode
     if not net.__dict__.get("_flexdsl_keep_hooks"):
         net.register_forward_pre_hook(_begin)
@@ -386,7 +435,7 @@ def install(net: nn.Module, mode: str | None) -> int:
                 m.register_forward_pre_hook(_norm_pre)
                 m.register_forward_hook(_norm_post, always_call=True)
                 m.__dict__["_flexdsl_norm_hooks"] = True
-            norms += mode is not None
+            norms += mode is not None and recomputable(m)
         elif isinstance(m, tuple(_POOLS)) and not m.__dict__.get("_flexdsl_pool_hooks"):
             m.register_forward_pre_hook(_pool_pre)
             m.register_forward_hook(_pool_post, always_call=True)

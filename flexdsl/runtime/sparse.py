@@ -29,11 +29,10 @@ import math
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..backends import sparse_kernel
 from ..backends.base import transformed
-from ..backends.packed import linear_grads
+from ..backends.packed import first_derivative_only, linear_grads
 from ..frontend.layer import CheckedLayer, CheckedSynapse
 from ..settings import env_choice, env_fraction
 from .bits import is_binary, mark_binary, pack, unpack
@@ -73,7 +72,7 @@ class SparseLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # (a second derivative through the saved bits would miss the input's part: an error)
+    @first_derivative_only  # (a second derivative through the saved bits would miss the input's part: an error)
     def backward(ctx, g: torch.Tensor):
         kept, w = ctx.saved_tensors
         x_of = (lambda dt: unpack(kept, ctx.shape, dt)) if ctx.bits else kept.to
@@ -218,18 +217,10 @@ class SparseInputs:
         return w
 
     def _transposed(self, s: CheckedSynapse) -> torch.Tensor:
-        """W^T contiguous (masked), the gathers' layout; kept while the weight (and its mask) are
-        unchanged: their tensors and versions (an optimizer's step changes the version)."""
-        w = getattr(self, s.name)
-        parts = [w] + ([getattr(self, s.name + "_mask")] if s.connect == "mask" else [])
-        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in parts)
-        kept = self.__dict__.setdefault("_sparse_wt", {})
-        hit = kept.get(s.name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        wt = self._sparse_weight(s).detach().t().contiguous()
-        kept[s.name] = (key, wt)
-        return wt
+        """W^T contiguous (masked), the gathers' layout: made at each call (one pass over the weight,
+        little beside the call's product). Not kept between calls: a write through `.data`
+        (`p.data -= lr * p.grad`, weight clipping) changes no version a cache could key on."""
+        return self._sparse_weight(s).detach().t().contiguous()
 
     def _bias_of(self, s: CheckedSynapse) -> torch.Tensor | None:
         return getattr(self, s.bias) if s.bias is not None else None
