@@ -159,20 +159,23 @@ class SparseInputs:
         if fused is not None:
             (name, (ops, xc, c)), = groups.items()
             s = next(g for g in layer.synapses if g.name == name)
-            prog, call, wt = fused["prog"], fused["call"], fused["wt"]
+            prog, call = fused["prog"], fused["call"]
+
+            def wt() -> torch.Tensor:  # (W^T only where a gather runs: a dense call makes none)
+                return self._transposed(s)
             T, B, NI = fused["shape"]
 
             def dense() -> torch.Tensor:
                 return torch.nn.functional.linear(xc.reshape(T * B, NI), self._sparse_weight(s).detach())
             if c.always:
-                outs, fins = prog.launch(call, c, wt)
+                outs, fins = prog.launch(call, c, wt())
             elif self._predicted(name):  # (queued before the count is back: the kernel reads it)
-                outs, fins = prog.launch(call, c, wt, gated=True)
+                outs, fins = prog.launch(call, c, wt(), gated=True)
                 if not self._chosen(name, c):
                     outs, fins = prog.launch(call, c, cur=dense())
             else:
                 cur = dense()
-                outs, fins = prog.launch(call, c, wt) if self._chosen(name, c) else prog.launch(call, c, cur=cur)
+                outs, fins = prog.launch(call, c, wt()) if self._chosen(name, c) else prog.launch(call, c, cur=cur)
             return self._fused_result(outs, fins, fused["batch"], single)
         ports: dict[int, torch.Tensor] = {}
         for s in layer.synapses:
@@ -263,7 +266,7 @@ class SparseInputs:
         prog = kept[2]
         call = prog.prepare(xc.reshape(T, B, xc.shape[-1]), H, b.detach().contiguous() if b is not None else None,
                             ext, states, params)
-        return {"prog": prog, "call": call, "shape": (T, B, xc.shape[-1]), "batch": batch, "wt": self._transposed(s)}
+        return {"prog": prog, "call": call, "shape": (T, B, xc.shape[-1]), "batch": batch}
 
     def _fused_result(self, outs: list, fins: list, batch: tuple, single: bool) -> Any:
         neuron = self.neuron  # type: ignore[attr-defined]
