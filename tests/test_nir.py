@@ -909,3 +909,40 @@ def test_flatten_dims_count_a_samples_dimensions_from_either_end(start, end):
     out = flexdsl.nir.load(g, dt=1e-4)(x)
     want = torch.stack([torch.stack([torch.flatten(x[t, b], start, end) for b in range(2)]) for t in range(5)])
     assert torch.equal(out, want)
+
+
+def test_a_delay_in_a_graph_run_step_by_step_waits_its_steps():
+    """A graph with a cycle that is not fused runs step by step; its pass before the first step (the
+    graph at rest) ran the Delay node too, pushing the rest value (an Affine's bias) into its history:
+    a delay of 3 steps passed the bias at step 2. `out(t) = in(t - 3)`, zeros before: equal to the same
+    graph run layer by layer, and the Delay's output by hand."""
+    import nir as nirlib
+
+    n = 2
+
+    def graph(stepwise: bool):
+        nodes = {"input": nirlib.Input(input_type=np.array([n])),
+                 "fc": nirlib.Affine(weight=np.zeros((n, n)), bias=np.full(n, 1.5)),
+                 "d": nirlib.Delay(delay=np.full(n, 3e-3)),
+                 "lif": nirlib.LIF(tau=np.full(n, 2e-3), r=np.ones(n), v_leak=np.zeros(n), v_threshold=np.ones(n),
+                                   v_reset=np.zeros(n)),
+                 "rec": nirlib.Linear(weight=np.zeros((n, n))),
+                 "output": nirlib.Output(output_type=np.array([n]))}
+        edges = [("input", "fc"), ("fc", "d"), ("d", "lif"), ("lif", "rec"), ("lif", "output")]
+        if stepwise:  # (the cycle through an identity Scale: not fused, so the graph runs step by step)
+            nodes["one"] = nirlib.Scale(scale=np.ones(n))
+            edges += [("rec", "one"), ("one", "lif")]
+        else:
+            edges += [("rec", "lif")]
+        return nirlib.NIRGraph(nodes=nodes, edges=edges)
+
+    outs = []
+    for stepwise in (False, True):
+        net = flexdsl.nir.load(graph(stepwise), dt=1e-3, backend="torch")
+        assert net.stepwise == stepwise
+        seen: list[torch.Tensor] = []
+        net.nodes[net.names["d"]].register_forward_hook(lambda m, i, o: seen.append(o[..., 0].reshape(-1)))
+        with torch.no_grad():
+            outs.append(net(torch.zeros(8, 1, n)))
+        assert torch.cat(seen).tolist() == [0.0, 0.0, 0.0, 1.5, 1.5, 1.5, 1.5, 1.5]
+    assert torch.equal(outs[0], outs[1])

@@ -158,7 +158,8 @@ class NIRNetwork(nn.Module):
             ins += [prev[p] for p in self.back_preds[key] if p in prev]
             if ins:
                 total = reduce(operator.add, ins)
-                values[key] = torch.zeros_like(total) if rest and self.kinds[key] in ("neuron", "recurrent") else \
+                # (at rest a delay is its empty history's 0 and keeps that history: it has seen no step yet)
+                values[key] = torch.zeros_like(total) if rest and self.kinds[key] in ("neuron", "recurrent", "delay") else \
                     self._run_node(key, total, lead)
         return values
 
