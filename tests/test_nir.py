@@ -946,3 +946,20 @@ def test_a_delay_in_a_graph_run_step_by_step_waits_its_steps():
             outs.append(net(torch.zeros(8, 1, n)))
         assert torch.cat(seen).tolist() == [0.0, 0.0, 0.0, 1.5, 1.5, 1.5, 1.5, 1.5]
     assert torch.equal(outs[0], outs[1])
+
+
+def test_imported_weights_take_torchs_default_dtype_so_float64_keeps_the_graphs_values():
+    """Weights were made float32 whatever the default dtype: `1 + 1e-9` became 1.0 even in a network
+    loaded under a float64 default (neuron params kept their float64 values)."""
+    import nir as nirlib
+
+    g = nirlib.NIRGraph.from_list(nirlib.Linear(weight=np.array([[1 + 1e-9]])), nirlib.Scale(scale=np.array([1 + 2e-9])))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        net = flexdsl.nir.load(g, dt=1e-3)
+    finally:
+        torch.set_default_dtype(before)
+    y = net(torch.ones(1, 1, 1, dtype=torch.float64))
+    assert float(y) == (1 + 1e-9) * (1 + 2e-9)
+    assert flexdsl.nir.load(g, dt=1e-3)(torch.ones(1, 1, 1)).dtype == torch.float32

@@ -157,7 +157,7 @@ def _neuron_module(kind: str, node: Any, where: str, dt: float, method: str, lea
 class _Scale(nn.Module):
     def __init__(self, scale: np.ndarray) -> None:
         super().__init__()
-        self.scale = nn.Parameter(torch.from_numpy(_np(scale, np.float32)))
+        self.scale = nn.Parameter(torch.from_numpy(_np(scale)).to(torch.get_default_dtype()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale
@@ -257,8 +257,8 @@ def _make_layer(node: Any, where: str) -> tuple[nn.Module, str]:
     nir = _nir()
     kind = type(node).__name__
 
-    def tensor(a: Any) -> torch.Tensor:
-        return torch.from_numpy(_np(a, np.float32))
+    def tensor(a: Any) -> torch.Tensor:  # (torch's default dtype, as the modules made here: float64 under it)
+        return torch.from_numpy(_np(a)).to(torch.get_default_dtype())
 
     if isinstance(node, nir.Affine | nir.Linear):
         w = tensor(node.weight)
