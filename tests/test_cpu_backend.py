@@ -384,3 +384,19 @@ def test_the_build_time_limit_is_checked(monkeypatch, value):
     assert build.build_timeout() == 17
     monkeypatch.delenv("FLEXDSL_CPU_BUILD_TIMEOUT")
     assert build.build_timeout() == 60
+
+
+@pytest.mark.parametrize("text", [
+    "neuron A:\n    input x\n    state v = 0.0\n    update:\n        v = 0.5*v + x\n    output v\n",
+    "neuron B:\n    input x\n    state v = 0.0\n    state w = 1.0\n    update:\n        v = 0.5*v + w*x\n"
+    "        w = 0.9*w\n    output v\n"])
+def test_a_model_without_params_backpropagates_on_the_cpu_kernels(text):
+    """A model with no params: its backward returned None for the empty list of numbers, which
+    autograd refused (a bare structure error) on the default backend for CPU float tensors."""
+    x = torch.ones(3, 2, dtype=torch.float64, requires_grad=True)
+    flexdsl.loads(text, backend="cpu")(x).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    flexdsl.loads(text, backend="torch")(x).sum().backward()
+    assert torch.allclose(got, x.grad, rtol=0, atol=1e-15)
+    assert got[0, 0] > 1.0  # (the first step's input reaches every later step)

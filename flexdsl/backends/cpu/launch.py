@@ -315,6 +315,8 @@ def _setup_context(prog: CpuProgram, ctx, inputs, output, n_saved: int) -> None:
     n_st = prog.n_st
     xs, states, params, state_vals, param_vals, is_tensor, store_seqs, save, *key = inputs
     ctx.key = key[0] if key else None  # (a noisy model's op takes the key of its draws)
+    # (the number lists' gradients: None, or an empty list for an empty one, as autograd checks the structure)
+    ctx.tail = [[] if isinstance(a, list | tuple) and not a else None for a in (state_vals, param_vals, is_tensor)]
     st = _unpack(states, state_vals, is_tensor[:n_st])
     pr = _unpack(params, param_vals, is_tensor[n_st:])
     x0 = xs[0]
@@ -365,7 +367,7 @@ def _backward(prog: CpuProgram, ctx, grads, bwd) -> tuple:
     g_st = [g for g, info in zip(g_st, ctx.s_info) if info is not None]
     g_pr = [g for g, info in zip(g_pr, ctx.p_info) if info is not None]
     assert len(g_pr) == n_p_t
-    return g_in, g_st, g_pr, None, None, None, None, None, *([None] if ctx.key is not None else [])
+    return g_in, g_st, g_pr, *ctx.tail, None, None, *([None] if ctx.key is not None else [])
 
 
 __all__ = ["CpuProgram", "CALLS", "DTYPES"]
