@@ -570,3 +570,19 @@ def test_state_sequences_have_spikingjellys_names():
     with pytest.raises(AttributeError, match="store_state_seqs=True"):
         _ = plain.v_seq
     assert not hasattr(plain, "v_seq")
+
+
+@pytest.mark.parametrize("r", [19.999999, 20.0, 20.000001, 25.0, 36.0, 39.9, 45.0])
+def test_softplus_bounds_are_exact_in_float64_across_the_switch(r):
+    """`a + softplus(raw)` above raw = 20 was raw itself (torch's default switch): 2e-9 off the exact
+    softplus (1e5 float64 ulps at 20), a downward jump at the switch and a slope of 1 instead of
+    sigmoid(raw). alif's `tau_m > 0`: tau_m = softplus(raw_tau_m), against the exact softplus
+    `log1p(exp(raw))` and its derivative, in float64."""
+    m = flexdsl.load("alif", learnable=["tau_m"]).double()
+    with torch.no_grad():
+        m.raw_tau_m.fill_(r)
+    exact = math.log1p(math.exp(r))
+    tau = m.tau_m
+    assert abs(float(tau) - exact) <= 4 * 2.0 ** -53 * exact
+    (g,) = torch.autograd.grad(tau.sum(), m.raw_tau_m)
+    assert abs(float(g) - 1 / (1 + math.exp(-r))) <= 4 * 2.0 ** -53

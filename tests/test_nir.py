@@ -941,7 +941,7 @@ def test_a_delay_in_a_graph_run_step_by_step_waits_its_steps():
         net = flexdsl.nir.load(graph(stepwise), dt=1e-3, backend="torch")
         assert net.stepwise == stepwise
         seen: list[torch.Tensor] = []
-        net.nodes[net.names["d"]].register_forward_hook(lambda m, i, o: seen.append(o[..., 0].reshape(-1)))
+        net.nodes[net.names["d"]].register_forward_hook(lambda m, i, o, seen=seen: seen.append(o[..., 0].reshape(-1)))
         with torch.no_grad():
             outs.append(net(torch.zeros(8, 1, n)))
         assert torch.cat(seen).tolist() == [0.0, 0.0, 0.0, 1.5, 1.5, 1.5, 1.5, 1.5]
