@@ -469,3 +469,25 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):
     monkeypatch.setattr(prog, "interpret", False)
     with pytest.raises(flexdsl.FlexDSLError, match=r"run on CUDA tensors, but the input is on cpu(.|\n)*TRITON_INTERPRET"):
         m(torch.rand(3, 2))
+
+
+@pytest.mark.parametrize("fn", ["relu(x)", "max(x, 0.5)", "min(0.5, x)", "clip(x, -1.0, 1.0)"])
+@pytest.mark.parametrize("training", [False, True])
+def test_a_nan_through_max_min_relu_clip_stays_nan_as_torchs(fn, training):
+    """Triton's maximum/minimum drop a NaN by default: `relu(NaN)` was 0 (klif hid a NaN input, and
+    `check_finite` missed it). NaN in, NaN out, where torch gives it, and equal elsewhere."""
+    text = f"neuron N:\n    input x\n    state v = 0.0\n    update:\n        v = 0.5 * v + {fn}\n    output v\n"
+    x = torch.tensor([[1.0, float("nan"), -2.0, 0.25]] * 3)
+    outs = []
+    for backend in ("torch", "triton"):
+        xi = x.clone().requires_grad_(training)
+        m = flexdsl.loads(text, backend=backend)
+        y = m(xi)
+        if training:
+            y.sum().backward()
+        outs.append((y.detach(), xi.grad))
+    (a, ga), (b, gb) = outs
+    assert torch.equal(torch.isnan(a), torch.isnan(b)) and bool(torch.isnan(b[:, 1]).all())
+    assert torch.allclose(a.nan_to_num(7.0), b.nan_to_num(7.0), rtol=0, atol=4 * 3 * 2.0 ** -24)
+    if training:
+        assert torch.equal(torch.isnan(ga), torch.isnan(gb))

@@ -52,8 +52,13 @@ class TritonPrinter(BasePrinter):
     SPELL = {
         "exp": "tl.exp({0})", "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "abs": "tl.abs({0})",
         "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "_tanh({0})", "sigmoid": "tl.sigmoid({0})",
-        "relu": "tl.maximum({0}, 0.0)", "min": "tl.minimum({0}, {1})", "max": "tl.maximum({0}, {1})",
-        "clip": "tl.minimum(tl.maximum({0}, {1}), {2})", "where": "tl.where({0}, {1}, {2})",
+        # (NaN in, NaN out, as torch's: Triton's maximum/minimum drop a NaN by default)
+        "relu": "tl.maximum({0}, 0.0, propagate_nan=tl.PropagateNan.ALL)",
+        "min": "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+        "max": "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+        "clip": "tl.minimum(tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL), {2}, "
+                "propagate_nan=tl.PropagateNan.ALL)",
+        "where": "tl.where({0}, {1}, {2})",
         "heaviside": "tl.where({0} >= 0, 1.0, 0.0)", "spike_ge": "tl.where({0} >= 0, 1.0, 0.0)",
         "spike_gt": "tl.where({0} > 0, 1.0, 0.0)", "detach": "{0}",
         "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))", "exprel": "_exprel({0})",
