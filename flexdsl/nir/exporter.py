@@ -239,7 +239,13 @@ def _export_network(nir, net: NIRNetwork, x: torch.Tensor, dt: float, method: st
         raise _net_error(f"the network fails on sample_input of shape {tuple(x.shape)}: {e}") from None
     finally:
         shapes, net._shapes, net._prev = net._shapes, None, prev
-    inv = {k: n for n, k in net.names.items()}
+    # (a subgraph's nodes were loaded as `sub/node`: in a NIR file `/` nests HDF5 groups, so `sub.node`)
+    inv: dict[str, str] = {}
+    for n, k in net.names.items():
+        name, j = n.replace("/", "."), 1
+        while name in inv.values():
+            name, j = f"{n.replace('/', '.')}_{j}", j + 1
+        inv[k] = name
     nodes: dict[str, Any] = {}
     inner: list[tuple[str, str]] = []  # the edges inside recurrent layers
     entries: dict[str, str] = {}  # a recurrent layer's node -> the node its input edges go to

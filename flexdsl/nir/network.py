@@ -71,6 +71,7 @@ class NIRNetwork(nn.Module):
             inv = {v: k for k, v in self.names.items()}
             raise FlexDSLError(f"the output node `{inv[missing[0]]}` is not connected to the input", "<nir graph>")
         reach = set(self.order)
+        _refuse_malformed(e, self.entry, self.exits, reach, {v: k for k, v in self.names.items()})
         self.preds = {n: [a for a, b in e if b == n and (a, b) not in back and a in reach] for n in self.order}
         self.back_preds = {n: [a for a, b in e if b == n and (a, b) in back] for n in self.order}
         self.stepwise = bool(back)
@@ -204,6 +205,20 @@ def _fits(params: tuple[int, ...], sample: tuple[int, ...]) -> bool:
         return tuple(torch.broadcast_shapes(params, sample)) == sample
     except RuntimeError:
         return False
+
+
+def _refuse_malformed(edges: Sequence[tuple[str, str]], entry: str, exits: Sequence[str], reach: set[str],
+                      inv: Mapping[str, str]) -> None:
+    """Edges a graph cannot mean: into its Input node, out of an Output node, or from a node the
+    input never reaches into one it does (that node's value, a bias perhaps, would be dropped)."""
+    for a, b in edges:
+        why = ("goes into the graph's Input node" if b == entry else
+               "goes out of an Output node" if a in exits else
+               f"comes from `{inv[a]}`, which no path from the Input reaches (its value would be dropped)"
+               if a not in reach and b in reach else None)
+        if why is not None:
+            raise FlexDSLError(f"the NIR edge `{inv[a]}` -> `{inv[b]}` {why}", "<nir graph>",
+                               hint="fix the graph's edges (nir.NIRGraph(nodes=..., edges=...))")
 
 
 def _order(entry: str, edges: Sequence[tuple[str, str]]) -> tuple[list[str], set[tuple[str, str]]]:
