@@ -1018,3 +1018,26 @@ def test_a_loaded_subgraph_exports_to_a_file_that_reads_back(tmp_path):
     flexdsl.nir.export(net, x, dt=1e-3, path=path)
     again = flexdsl.nir.load(path)
     assert torch.equal(again(x), net(x)) and net(x).sum() > 0
+
+
+def test_an_exact_two_state_model_matches_and_a_loaded_exact_cuba_exports_again():
+    """A two-state linear ODE model integrated `exact` (CubaLIF in ODE form): its step's derived params
+    (the matrix exponential's entries) were looked up among the module's (a bare KeyError), and the
+    closed forms sent sympy's simplify into a RecursionError (every CubaLIF/CubaLI under `exact`, and
+    re-exporting a network `load(..., method="exact")` made). The match is CubaLIF; the re-export's node
+    has the graph's params."""
+    import nir as nirlib
+
+    text = ("neuron C:\n    input x\n    param dt = 1.0\n    param tau_s = 2.0\n    param tau_m = 3.0\n"
+            "    param theta = 0.5\n    state i = 0.0\n    state v = 0.0\n    equations method exact:\n"
+            "        di/dt = (x - i) / tau_s\n        dv/dt = (i - v) / tau_m\n    spike when v > theta\n"
+            "    on spike:\n        v = 0.0\n    output spike\n")
+    assert flexdsl.nir.match(flexdsl.loads(text), dt=1.0).kind == "CubaLIF"
+    n = 2
+    g = nirlib.NIRGraph.from_list(nirlib.CubaLIF(tau_syn=np.full(n, 2e-3), tau_mem=np.full(n, 3e-3), r=np.ones(n),
+                                                 v_leak=np.zeros(n), v_threshold=np.ones(n), v_reset=np.zeros(n),
+                                                 w_in=np.ones(n)))
+    net = flexdsl.nir.load(g, dt=1e-3, method="exact")
+    back = flexdsl.nir.export(net, torch.rand(5, 1, n), dt=1e-3)
+    node = next(v for v in back.nodes.values() if type(v).__name__ == "CubaLIF")
+    assert np.allclose(node.tau_syn, 2e-3, rtol=1e-9) and np.allclose(node.tau_mem, 3e-3, rtol=1e-9)

@@ -172,6 +172,9 @@ def match(module: NeuronModule | Compiled | str, dt: float, method: str = "auto"
         from ..runtime.params import resolve_params
 
         vals = resolve_params(c, dict(values or {}))
+    if c.derived_names:  # (coupled linear states integrated `exact`: their matrix exponentials' entries)
+        declared = [vals[p.name] for p in c.checked.params]
+        vals.update(zip(c.derived_names, c.with_derived(declared)[len(declared):]))
     if c.checked.stochastic:
         pos = c.checked.noise_pos
         raise FlexDSLError(f"`{c.name}` draws random numbers (noise), which no NIR primitive has", c.filename,
