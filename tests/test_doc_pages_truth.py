@@ -45,3 +45,19 @@ def test_layer_page_of_a_loaded_layer_shows_its_sizes_and_loads_again(monkeypatc
     ns: dict = {"flexdsl": flexdsl}
     exec(_use_line(md).strip(), ns)
     assert ns["m"](torch.rand(2, 1, 5)).shape == (2, 1, 7)
+
+
+def test_rule_page_params_keep_the_units_the_file_writes():
+    from flexdsl.docs import render_rule
+
+    text = (ROOT / "neurons" / "stdp_song.rule").read_text()
+    declared = re.findall(r"param (\w+) = ([0-9.]+) (ms|second|s)\b", text)
+    assert len(declared) >= 3  # (dt, taupre, taupost)
+    md = render_rule(str(ROOT / "neurons" / "stdp_song.rule"), markdown=True)
+    rows = {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `(\w+)` \| ([^|]+)\|", md, re.M)}
+    for name, value, unit in declared:
+        assert rows[name] == f"{float(value):g} {unit}", (name, rows[name])
+    # (a unit other than the base one is the one the value is in: 0.02 second, not 0.02 ms)
+    secs = text.replace("param taupre = 20 ms", "param taupre = 0.02 second")
+    md = render_rule(secs, markdown=True)
+    assert re.search(r"^\| `taupre` \| 0\.02 second \|", md, re.M)
