@@ -61,3 +61,31 @@ def test_rule_page_params_keep_the_units_the_file_writes():
     secs = text.replace("param taupre = 20 ms", "param taupre = 0.02 second")
     md = render_rule(secs, markdown=True)
     assert re.search(r"^\| `taupre` \| 0\.02 second \|", md, re.M)
+
+
+@pytest.mark.parametrize("model, args", [("lif", ["--T", "30", "--input", "step:1.5@20"]),
+                                         ("izhikevich", ["--T", "200", "--input", "step:10@50"])])
+def test_run_plot_draws_spikes_and_the_input_at_the_printed_steps(model, args, monkeypatch, capsys, tmp_path):
+    from flexdsl.cli import main
+    from flexdsl.docs import plots
+    from flexdsl.docs.simulate import param_defaults, time_axis
+
+    figs = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figs.append(fig) or Path(path))
+    assert main(["run", model, *args, "--plot", str(tmp_path / "x.png")]) == 0
+    out = capsys.readouterr().out
+    printed = [int(k) for k in re.search(r"at steps \[([^\]]*)\]", out).group(1).split(",")]
+    assert printed  # (the first ten spikes, where there are more)
+    c = flexdsl.load(model).compiled
+    ax_time = time_axis(c, param_defaults(c, {}))
+    dt = ax_time.dt if ax_time.unit and ax_time.dt else 1.0
+    axes = figs[0].axes
+    raster = [seg[0][0] / dt for coll in axes[-1].collections for seg in coll.get_segments()]
+    assert raster[:len(printed)] == pytest.approx(printed)
+    # (the input rises at its onset step; the membrane's peaks, drawn at the spikes, at the same x)
+    onset = int(args[3].split("@")[1])
+    xs, ys = axes[0].lines[0].get_data()
+    assert xs[list(ys).index(max(ys))] / dt == pytest.approx(onset)
+    vx, _ = axes[1].lines[0].get_data()
+    drawn_twice = sorted({round(x / dt, 6) for x in vx if list(vx).count(x) > 1})  # (peak then reset at a spike)
+    assert drawn_twice[:len(printed)] == pytest.approx(printed)
