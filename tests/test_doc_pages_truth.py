@@ -89,3 +89,28 @@ def test_run_plot_draws_spikes_and_the_input_at_the_printed_steps(model, args, m
     vx, _ = axes[1].lines[0].get_data()
     drawn_twice = sorted({round(x / dt, 6) for x in vx if list(vx).count(x) > 1})  # (peak then reset at a spike)
     assert drawn_twice[:len(printed)] == pytest.approx(printed)
+
+
+def test_index_thumbnail_alt_text_says_what_each_thumbnail_shows(tmp_path):
+    from html.parser import HTMLParser
+
+    from flexdsl.docs import build
+
+    build([str(ROOT / "neurons" / "stdp_song.rule"), str(ROOT / "neurons" / "tsodyks_markram.rule"), "lif"], tmp_path)
+    imgs: list[dict] = []
+
+    class P(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag == "img":
+                imgs.append(dict(attrs))
+
+    P().feed((tmp_path / "index.html").read_text())
+    alt = {i["src"]: i["alt"] for i in imgs}
+    # (each thumbnail is the figure its page shows under the heading that names it)
+    for page, heading, words in (("stdp_song", "## Its window", "STDP window"),
+                                 ("tsodyks_markram", "## What it carries", "carries")):
+        md = (tmp_path / f"{page}.md").read_text()
+        src = re.search(r"!\[[^\]]*\]\(<?([^)>]+)>?\)", md.split(heading, 1)[1]).group(1)
+        assert words in alt[src] and "step input" not in alt[src]
+    lif = next(s for s in alt if s.startswith("lif"))
+    assert "response to a step input" in alt[lif]
