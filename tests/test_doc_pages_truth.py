@@ -114,3 +114,26 @@ def test_index_thumbnail_alt_text_says_what_each_thumbnail_shows(tmp_path):
         assert words in alt[src] and "step input" not in alt[src]
     lif = next(s for s in alt if s.startswith("lif"))
     assert "response to a step input" in alt[lif]
+
+
+def test_suggested_run_is_a_real_step_for_a_model_that_fires_on_its_own(capsys):
+    """EIF fires with no input at its defaults: the page's command gives a step that adds spikes."""
+    from flexdsl.cli import main
+    from flexdsl.docs import render_markdown
+
+    md = render_markdown("eif")
+    cmd = next(line for line in md.splitlines() if line.startswith("$ flexdsl run eif"))
+    args = cmd.split()[2:]
+    args = args[:args.index("--plot")]
+    spec = args[args.index("--input") + 1]
+
+    def spikes(spec: str) -> int:
+        assert main([*args[:args.index("--input")], "--input", spec, *args[args.index("--input") + 2:]]) == 0
+        return int(re.search(r"spikes: (\d+)", capsys.readouterr().out).group(1))
+
+    amp, onset = spec.removeprefix("step:").split("@")
+    with_input, alone = spikes(spec), spikes(f"step:0@{onset}")
+    assert float(amp) != 0 and with_input > alone
+    comment = next(line for line in md.splitlines() if line.startswith("# the step response shown below"))
+    assert f"{with_input} spikes" in comment
+    assert alone == 0 or f"{alone} without input" in comment
