@@ -137,3 +137,25 @@ def test_suggested_run_is_a_real_step_for_a_model_that_fires_on_its_own(capsys):
     comment = next(line for line in md.splitlines() if line.startswith("# the step response shown below"))
     assert f"{with_input} spikes" in comment
     assert alone == 0 or f"{alone} without input" in comment
+
+
+def test_guide_display_math_is_mathml_with_its_spaces_and_text():
+    import xml.etree.ElementTree as ET
+
+    from flexdsl.docs.guides import render, to_html
+
+    page = render("language.md")
+    prose = re.sub(r"<code[^>]*>.*?</code>", "", page, flags=re.S)  # (`$$…$$` named in code stays code)
+    assert "$$" not in prose and "\\text" not in prose and "mathrel" not in prose
+    blocks = re.findall(r'<math display="block">.*?</math>', page, re.S)
+    delays = next(b for b in blocks if "(dendritic)" in b)
+    tree = ET.fromstring(delays)
+    texts = [e.text for e in tree.iter("mtext")]
+    assert texts == ["(uniform)", "(axonal)", "(synaptic)", "(dendritic)"]
+    assert any(e.get("width") == "0.1667em" for e in tree.iter("mspace"))  # (`\,` kept as its space)
+    assert any(e.get("width") == "0.2778em" for e in tree.iter("mspace"))  # (`\;`)
+    relax = next(b for b in blocks if "linear" in b)
+    assert ET.fromstring(relax).find(".//mfrac") is not None
+    # (in a code block the TeX stays as written, backslashes and all)
+    out = to_html("text\n\n```\n$$a\\,b$$\n```\n\n- item $$a \\;\\text{(x)}$$\n")
+    assert "$$a\\,b$$" in out and "<mtext>(x)</mtext>" in out
