@@ -63,8 +63,8 @@ class RunCommand:
         u = f" {self.unit}" if self.unit else ""
         n = f"{self.spikes} spike{'s' if self.spikes != 1 else ''}"
         at = f" ({self.onset_time})" if self.onset_time.startswith("t") else ""
-        own = f"; {self.alone} without input (it fires on its own)" if self.alone else ""
-        return f"{self.input} = {_g(self.amplitude)}{u} from step {self.onset}{at}: {n}{own}"
+        own = f" (it fires on its own: {self.alone} without input)" if self.alone else ""
+        return f"{self.input} = {_g(self.amplitude)}{u} from step {self.onset}{at}{own}: {n}"
 
 
 def _spec_number(v: float) -> str:

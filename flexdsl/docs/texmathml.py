@@ -136,8 +136,10 @@ class _Parser:
             return f"<mo>{html.escape(_OPS[name])}</mo>"
         if name in _BIG:
             return f'<mo largeop="true" movablelimits="false">{_BIG[name]}</mo>'
-        if name in _FUNCS:
-            return f"<mi>{name}</mi>"
+        if name in _FUNCS:  # (applied: the name, function application, its argument, as sympy's printer
+            # writes it; alone, `^{\max}`: an operator's name, as TeX's \mathop sets it)
+            applied = self.peek() in ("(", "\\left", "\\big", "\\Big", "\\bigl", "\\Bigl")
+            return f"<mi>{name}</mi><mo>\u2061</mo>" if applied else f"<mo>{name}</mo>"
         if name in _SIZES:
             d = self.take()
             d = _OPS.get(d[1:], d[1:]) if d.startswith("\\") else d
@@ -160,7 +162,8 @@ def to_mathml(tex: str, display: bool = True) -> str:
     """The formula as a `<math>` element (ValueError: LaTeX outside the subset, see the module doc)."""
     body = _Parser(tex).row()
     kind = ' display="block"' if display else ""
-    return f"<math{kind}>{body}</math>"
+    alt = html.escape(" ".join(tex.split()), quote=True)
+    return f'<math{kind} alttext="{alt}">{body}</math>'
 
 
 __all__ = ["to_mathml"]
