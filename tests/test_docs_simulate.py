@@ -106,7 +106,7 @@ def test_threshold_solved_from_an_expression():
 def test_time_axes_and_rates():
     adex = time_axis(flexdsl.compile("adex"))
     assert (adex.dt, adex.unit, adex.label, adex.seconds) == (0.1, "ms", "time (ms)", 1e-3)
-    assert torch.allclose(adex.times(3), torch.tensor([0.1, 0.2, 0.3], dtype=D))
+    assert torch.allclose(adex.times(3), torch.tensor([0.0, 0.1, 0.2], dtype=D))  # (step k at k dt, as printed)
     assert adex.rate(torch.tensor([5.0], dtype=D), 1000).item() == pytest.approx(50.0)  # 5 spikes in 100 ms
     li = time_axis(flexdsl.compile("li"))
     assert (li.unit, li.rate_label) == ("s", "rate (Hz)")

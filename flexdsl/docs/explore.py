@@ -167,9 +167,10 @@ def _explore_at(c: Compiled, time: TimeAxis, T: int, onset: int,
     top = float(counts.max())
     # the step response: a round amplitude with a fair number of spikes (about one per 10 steps at most)
     want = min(0.1 * (T - onset), max(0.5 * top, min(3.0, top)))
-    fair = counts >= want
+    # (a lane the input makes fire: a model that fires on its own fires at amplitude 0 as well)
+    fair = (counts >= want) & (fired if bool(fired.any()) else torch.ones_like(fired))
     pick = torch.nonzero(fair & regular).flatten()
-    if top <= 0:
+    if top <= 0 or not bool(fair.any()):
         lane = len(amps) - 1
     else:
         lane = int(pick[0]) if len(pick) else int(torch.nonzero(fair)[0])

@@ -53,6 +53,7 @@ class RunCommand:
     unit: str | None
     spikes: int
     onset_time: str  # "t = 10 ms" or "step 20"
+    alone: int = 0  # the spikes of the same window without input (a model that fires on its own)
 
     @property
     def spec(self) -> str:
@@ -62,7 +63,8 @@ class RunCommand:
         u = f" {self.unit}" if self.unit else ""
         n = f"{self.spikes} spike{'s' if self.spikes != 1 else ''}"
         at = f" ({self.onset_time})" if self.onset_time.startswith("t") else ""
-        return f"{self.input} = {_g(self.amplitude)}{u} from step {self.onset}{at}: {n}"
+        own = f" (it fires on its own: {self.alone} without input)" if self.alone else ""
+        return f"{self.input} = {_g(self.amplitude)}{u} from step {self.onset}{at}{own}: {n}"
 
 
 def _spec_number(v: float) -> str:
@@ -145,8 +147,10 @@ def _response(c: Compiled, ex: Exploration) -> tuple[Run, int, RunCommand | None
     n = int(shown.spikes[:, lane].sum())
     if n < 1:
         return shown, lane, None
+    zero = [k for k, a in enumerate(run.amplitudes.tolist()) if a == 0]  # (the grid's no-input lane)
+    alone = int(run.spikes[:, zero[0]].sum()) if zero and run.spikes is not None else 0
     return shown, lane, RunCommand(run.T, amp, run.onset, inp.name, unit_label(inp), n,
-                                   _onset_text(ex.time, run.onset))
+                                   _onset_text(ex.time, run.onset), alone)
 
 
 def _response_caption(c: Compiled, ex: Exploration, run: Run, lane: int) -> str:

@@ -7,14 +7,17 @@ another guide (`units.md#2-refractoriness`) point to its HTML page. HTML comment
 own (the `<!-- BEGIN GENERATED: … -->` markers of `reference.py`) are not part of the text and are
 dropped (outside code blocks), so they neither show nor join a table above them. The formulas of the
 generated tables (`$…$`, LaTeX written by `reference.py`) are shown as MathML from the same
-sympy expressions, so a page needs no script and no network, like the model pages.
+sympy expressions, so a page needs no script and no network, like the model pages; so is the
+display math written by hand (`$$…$$`, `texmathml.py`), taken out of the text before the Markdown
+is parsed (whose escapes would eat its `\\,` and `\\;`).
 """
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +26,8 @@ from .._paths import DOCS_DIR
 GUIDES = {"language.md": "The flexdsl language reference", "units.md": "Units, refractoriness and threshold crossings",
           "nir.md": "NIR: to and from other SNN libraries"}
 _MATH = re.compile(r"\$([^$\n]+)\$")
+_DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
+_SPAN = re.compile(r"(`+)(?:.|\n)*?(?<!`)\1(?!`)")
 _LINK = re.compile(r"^([A-Za-z0-9_.-]+)\.md(#[^\s]*)?$")
 _COMMENT = re.compile(r"^\s*<!--.*-->\s*$")
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
@@ -40,6 +45,33 @@ def drop_comments(markdown: str) -> str:
         elif fence is not None and set(s) == {fence[0]} and len(s) >= len(fence):  # (a closing fence)
             fence = None
         out.append("" if fence is None and _COMMENT.match(line) else line)
+    return "\n".join(out)
+
+
+def _outside_code(markdown: str, f: Callable[[str], str]) -> str:
+    """`f` applied to the text outside code (fenced blocks and `spans` kept as they are)."""
+    def text(s: str) -> str:
+        out, at = [], 0
+        for m in _SPAN.finditer(s):
+            out += [f(s[at:m.start()]), m.group(0)]
+            at = m.end()
+        return "".join(out) + f(s[at:])
+
+    out: list[str] = []
+    chunk: list[str] = []
+    fence: str | None = None
+    for line in markdown.split("\n"):
+        m, s = _FENCE.match(line), line.strip()
+        if fence is None and m:
+            out.append(text("\n".join(chunk)))
+            chunk, fence = [], m.group(1)
+            out.append(line)
+        elif fence is not None:
+            fence = None if set(s) == {fence[0]} and len(s) >= len(fence) else fence
+            out.append(line)
+        else:
+            chunk.append(line)
+    out.append(text("\n".join(chunk)))
     return "\n".join(out)
 
 
@@ -76,7 +108,16 @@ def to_html(markdown: str, math: Mapping[str, str] | None = None, guides: Mappin
         found.append(math[tex])
         return f"FLEXDSLMATH{len(found) - 1}X"
 
-    text = _MATH.sub(hold, drop_comments(markdown))
+    def hold_display(m: re.Match[str]) -> str:
+        from .texmathml import to_mathml
+
+        try:
+            found.append(to_mathml(m.group(1)))
+        except ValueError:  # (LaTeX outside what texmathml converts: shown as written, backslashes kept)
+            found.append(f'<code class="tex">{html.escape(m.group(0))}</code>')
+        return f"FLEXDSLMATH{len(found) - 1}X"
+
+    text = _outside_code(drop_comments(markdown), lambda s: _MATH.sub(hold, _DISPLAY.sub(hold_display, s)))
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = md.parse(text)
     taken: dict[str, int] = {}

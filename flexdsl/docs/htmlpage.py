@@ -126,6 +126,7 @@ class IndexEntry:
     thumbnail: str | None
     kind: str
     method: str | None
+    thumbnail_alt: str = "response to a step input"  # what the thumbnail shows (a rule's: its window)
 
 
 @dataclass

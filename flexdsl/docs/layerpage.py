@@ -102,11 +102,44 @@ class _Formulas:
         return f"${tex}$"
 
 
-def _interface(layer: CheckedLayer) -> list[str]:
+def load_sizes(layer: CheckedLayer, known: bool = False) -> tuple[int | None, dict[str, int]]:
+    """The sizes the file leaves to the load: (`hidden=`, or None where the file writes `size`; the
+    unwritten inputs' sizes by name). `known`: the layer was loaded, its sizes are the ones given;
+    else example sizes (`describe` checks with 1s), an input into one_to_one synapses the layer's."""
+    written = layer.ast.of(A.LayerSize)
+    unwritten = [d.name for d in layer.ast.of(A.LayerInput) if d.size is None]
+    if known:
+        return (None if written else layer.size), {n: k for n, k, _ in layer.inputs if n in unwritten}
+    hidden = None if written else 256
+    o2o = {s.pre for s in layer.synapses if s.connect == "one_to_one"}
+    n = hidden if hidden is not None else written[0].value
+    return hidden, {d: (n if d in o2o else 700) for d in unwritten}
+
+
+def _load_args(layer: CheckedLayer, known: bool) -> str:
+    """The keywords a load of the file needs, e.g. `, hidden=256, in_features=700`."""
+    hidden, sizes = load_sizes(layer, known)
+    args = [f"hidden={hidden}"] if hidden is not None else []
+    if sizes:
+        one = len(layer.ast.of(A.LayerInput)) == 1
+        args.append(f"in_features={next(iter(sizes.values())) if one else sizes!r}")
+    return "".join(f", {a}" for a in args)
+
+
+def _in_features(layer: CheckedLayer, name: str) -> str:
+    return "in_features=" if len(layer.ast.of(A.LayerInput)) == 1 else f"in_features={{{name!r}: ...}}"
+
+
+def _interface(layer: CheckedLayer, known: bool) -> list[str]:
     neuron = layer.ast.of(A.LayerNeuron)[0]
+    hidden, sizes = load_sizes(layer, known)
+    count = f"{layer.size} of them" + (" (given at load: `hidden=`)" if known and hidden is not None else "")
+    if hidden is not None and not known:
+        count = "how many given at load (`hidden=`)"
     lines = ["## Interface", "",
-             f"- neuron: `{neuron.ref}` ({layer.neuron.name}), {layer.size} of them",
-             *(f"- input `{n}`: {k} values per step" for n, k, _ in layer.inputs),
+             f"- neuron: `{neuron.ref}` ({layer.neuron.name}), {count}",
+             *(f"- input `{n}`: " + (f"its size (values per step) given at load (`{_in_features(layer, n)}`)"
+                                     if n in sizes and not known else f"{k} values per step") for n, k, _ in layer.inputs),
              *(f"- direct input `{n}` (no synapse: the layer takes it as it is)" for n in layer.direct), "",
              "| synapses | from | to | connectivity | bias | delay |", "| --- | --- | --- | --- | --- | --- |"]
     for s in layer.synapses:
@@ -145,21 +178,22 @@ def layer_page(layer: CheckedLayer, plan: LayerPlan, label: str, index_link: str
     `outdir` named after `stem`, or embedded without `outdir`)."""
     a = layer.ast
     formula = _Formulas()
+    count = layer.size if a.of(A.LayerSize) or module is not None else "N"
     summary = (a.doc.strip().split("\n\n")[0].replace("\n", " ") if a.doc.strip() else
-               f"{layer.size} {layer.neuron.name} neurons, {len(layer.synapses)} synapse group"
+               f"{count} {layer.neuron.name} neurons, {len(layer.synapses)} synapse group"
                f"{'s' if len(layer.synapses) != 1 else ''}")
     kind = "recurrent layer" if layer.recurrent is not None else "feed-forward layer"
     made = {"<string>": "loaded from text (`flexdsl.loads`)", "<flexdsl.recurrent>": "built by `flexdsl.recurrent`",
             "<flexdsl.feedforward>": "built by `flexdsl.feedforward`"}
     shown = made.get(label, f"`{label}`")
     lines = [f"# {layer.name}", "", f"*{kind}* · {shown}", "", *([a.doc.strip(), ""] if a.doc.strip() else []),
-             *_interface(layer), *_equations(layer, formula)]
+             *_interface(layer, module is not None), *_equations(layer, formula)]
     if module is not None:
         lines += _histograms(layer, module, outdir, stem or layer.name)
     lines += ["## The plan", "", "What runs before, in and after the time loop, and each weight's gradient "
               "(derived from the synapse's current):", "", "```", *plan.equations, "```", "",
               "## Use", "", "```python", "import flexdsl", "",
-              f"m = flexdsl.load({label!r})" if label.endswith(".layer") else
+              f"m = flexdsl.load({label!r}{_load_args(layer, module is not None)})" if label.endswith(".layer") else
               "m = flexdsl.loads(text)  # text: the layer as written above (a built module's `m.layer_text`)",
               "```", ""]
     md, page = guide_pages(lines, formula, f"{layer.name} ({kind})", label, index_link, reference)

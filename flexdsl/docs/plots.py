@@ -198,7 +198,9 @@ def _num(v: Any) -> str:
 
 # ----------------------------------------------------------------------------- response
 def _time(time: TimeAxis, T: int) -> torch.Tensor:
-    return torch.cat([torch.zeros(1, dtype=DTYPE), time.times(T)])
+    """The x of the initial values (one step before step 0), then of each step k: k steps (times dt
+    on a time axis), so a plot's spikes are at the steps `flexdsl run` prints."""
+    return time.times(T + 1) - time.times(2)[1]
 
 
 def _with_peaks(t: torch.Tensor, post: torch.Tensor, pre: torch.Tensor, init: float,
@@ -237,8 +239,8 @@ def draw_response(c: Compiled, run: Run, lane: int, time: TimeAxis, title: str |
     T = run.T
     t = _time(time, T)
     inp = ck.inputs[0]
-    x = torch.cat([torch.zeros(1, dtype=DTYPE), run.x[:, lane]])
-    axes[0].step(t.numpy(), x.numpy(), where="pre", color="0.35", lw=1.4)
+    x = torch.cat([torch.zeros(1, dtype=DTYPE), run.x[:, lane]])  # (step k's input over [k, k + 1))
+    axes[0].step(t.numpy(), x.numpy(), where="post", color="0.35", lw=1.4)
     axes[0].set_ylabel(_label(inp.name, unit_label(inp)), fontsize=9)
     spikes = run.spikes[:, lane] if has_spikes else None
     for ax, s in zip(axes[1:], states):

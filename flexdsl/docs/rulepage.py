@@ -19,6 +19,7 @@ import torch
 from ..frontend import ast as A
 from ..ir.rule import NEXT, plan_rule
 from ..ir.tosympy import to_sympy
+from .units import display
 
 SIDE_WORDS = {"pre": "per presynaptic neuron", "post": "per postsynaptic neuron", "global": "per sample",
               "synapse": "per synapse (and sample)"}
@@ -189,6 +190,13 @@ def _time_unit(rule: Any) -> str | None:
     return unit_of(next(p for p in ck.params if p.name == "dt")) or "in the unit of dt"
 
 
+def _written_unit(p: Any) -> str:
+    """` ms` where the param's value is written with a unit (`20 ms`: the value the rule holds is in
+    it, as on the neuron pages), else `` (a plain number, or an expression of other params)."""
+    e = p.default.operand if isinstance(p.default, A.Neg) else p.default
+    return f" {display(e.unit)}" if isinstance(e, A.Quantity) and e.unit else ""
+
+
 def _interface(rule: Any) -> list[str]:
     ck = rule.ir.rule
     lo, hi = rule.bounds()
@@ -206,12 +214,14 @@ def _interface(rule: Any) -> list[str]:
              *([f"- output `{ck.output}`: what the synapse carries instead of `pre`"] if ck.output else []), "",
              "| param | value | |", "| --- | --- | --- |"]
     vals = rule.param_values()
+    written = {p.name: p for p in (ck.model.written or ck.model).params}
     for p in ck.model.params:
         v = vals[p.name]
         v = float(v.detach()) if isinstance(v, torch.Tensor) and v.numel() == 1 else v
         learn = " (learnable)" if p.name in dict(rule.named_parameters()) else ""
-        lines.append(f"| `{p.name}` | {v:g}{learn} | {p.doc} |" if isinstance(v, float) else
-                     f"| `{p.name}` | {v} | {p.doc} |")
+        unit = _written_unit(written.get(p.name, p))
+        lines.append(f"| `{p.name}` | {v:g}{unit}{learn} | {p.doc} |" if isinstance(v, float) else
+                     f"| `{p.name}` | {v}{unit} | {p.doc} |")
     lines += ["", "| state | lives | initial | |", "| --- | --- | --- | --- |"]
     for s in ck.model.states:
         if s.name == ck.weight or s.meta.get("hidden"):

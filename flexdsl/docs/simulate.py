@@ -53,7 +53,7 @@ class TimeAxis:
         return f"time ({self.unit})" if self.unit else "step"
 
     def times(self, n: int) -> torch.Tensor:
-        t = torch.arange(n, dtype=DTYPE) + 1  # the value after step k is at the end of the step
+        t = torch.arange(n, dtype=DTYPE)  # step k (as `flexdsl run` prints it) at k steps, its input and its values
         return t * self.dt if self.unit and self.dt else t
 
     @property

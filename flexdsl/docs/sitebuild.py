@@ -193,7 +193,9 @@ def _rule(t: Target, out: Path, taken: set[str], result: BuildResult, reference:
     result.pages.append(html_path)
     result.files += [html_path, md_path, out / f"{name}.window.png"]
     return htmlpage.IndexEntry(rule.name, Path(label).name if label.endswith(".rule") else "(rule text)", summary,
-                               html_path.name, md_path.name, f"{name}.window.png", "plasticity rule", None)
+                               html_path.name, md_path.name, f"{name}.window.png", "plasticity rule", None,
+                               "weight change against the pre/post spike timing (STDP window)" if rule.changes_weight
+                               else "what the synapse carries at the spikes of a regular train")
 
 
 def _layer(t: Target, out: Path, taken: set[str], result: BuildResult, reference: str | None
