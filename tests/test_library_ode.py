@@ -396,3 +396,18 @@ def test_alif_matches_bellec_equations(dtype):
     (z_ref * w).sum().backward()
     (z_m * w).sum().backward()
     assert_close(xm.grad, xr.grad, ops=scan_ops("alif", T))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_hodgkin_huxley_is_finite_where_its_rates_were_0_over_0(backend):
+    """alpha_m and alpha_n were written (v + 40)/(1 - exp(-(v + 40)/10)) and (v + 55)/(...): 0/0 at
+    v = -40 and -55 mV (NaN on every backend and dtype, reachable in float32). Written with exprel:
+    finite there and continuous (the steps from v and from v + 1e-7 mV differ by about the slope times
+    1e-7, float64)."""
+    m = flexdsl.load("hodgkin_huxley", backend=backend).double()
+    m.v = torch.tensor([-40.0, -40.0 + 1e-7, -55.0, -55.0 + 1e-7], dtype=torch.float64)
+    m(torch.zeros(2, 4, dtype=torch.float64))
+    for name in ("v", "m", "h", "n"):
+        s = getattr(m, name)
+        assert bool(torch.isfinite(s).all()), name
+        assert float((s[0] - s[1]).abs()) < 1e-5 and float((s[2] - s[3]).abs()) < 1e-5, name

@@ -5,8 +5,8 @@ these, so loading a model never imports sympy).
   tensors, `numeric.py`) and the name of its sympy form (`flexdsl.ir.functions.SYMPY`, which
   also gives its derivative). How a target spells it is the target's business: each code
   printer has a `SPELL` table (`flexdsl.backends`), checked to cover every record here;
-  `INTERNAL` holds the functions the lowering produces (spike, detach, sign, and `exprel`,
-  the removable singularity of exact steps, with its derivative).
+  `INTERNAL` holds the functions the lowering produces (spike, detach, sign, and `exprel_d`,
+  the derivative of `exprel`, whose removable singularity exact steps and rate functions avoid).
 - `DRAWS`: the random draws of a step, `randn()` and `rand()` (not functions: a draw has no
   value outside a step, and a printer spells it only where its backend draws noise); the white
   noise of an ODE is a name, `xi` or `xi_<suffix>` (`is_noise_name`), with Brian2's meaning;
@@ -78,6 +78,9 @@ FUNCTIONS: dict[str, Function] = {
         _fn("tanh", 1, "hyperbolic tangent", numeric(math.tanh, "tanh"), "tanh"),
         _fn("sigmoid", 1, "logistic function 1/(1+exp(-x))", numeric(sigmoid_float, "sigmoid"), "sigmoid"),
         _fn("relu", 1, "max(x, 0)", numeric(lambda x: max(x, 0.0), "relu"), "relu"),
+        _fn("exprel", 1, "(exp(z) - 1)/z, 1 at z = 0, from expm1: no 0/0 (rate functions such as x/(1 - exp(-x)) "
+            "= 1/exprel(-x), as Brian2 writes them; the exact step of a linear equation)",
+            numeric(exprel_float, "exprel"), "exprel"),
         _fn("min", 2, "smaller of two values", numeric(min, "minimum"), "fmin"),
         _fn("max", 2, "larger of two values", numeric(max, "maximum"), "fmax"),
         _fn("clip", 3, "clip(x, lo, hi): x limited to [lo, hi]",
@@ -101,8 +104,6 @@ INTERNAL: dict[str, Function] = {
         _fn("detach", 1, "the value, cut from the graph (detach_reset)", numeric(lambda x: x, "identity"), "Detach",
             user=False),
         _fn("sign", 1, "sign of x", numeric(lambda x: float((x > 0) - (x < 0)), "sign"), "sign", user=False),
-        _fn("exprel", 1, "(exp(z) - 1)/z, 1 at z = 0 (the exact step of a linear equation)",
-            numeric(exprel_float, "exprel"), "exprel", user=False),
         _fn("exprel_d", 1, "the derivative of exprel, 1/2 at z = 0", numeric(exprel_d_float, "exprel_d"),
             "exprel_d", user=False),
     ]
