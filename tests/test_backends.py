@@ -49,7 +49,7 @@ def test_registries_agree():
 def test_host_printer_matches_numeric_forms():
     """The host spelling of each user function computes what its numeric form computes."""
     env = {"math": math, "_sigmoid": lambda x: 1 / (1 + math.exp(-x)), "_relu": lambda x: max(x, 0.0),
-           "_clip": lambda x, lo, hi: min(max(x, lo), hi)}
+           "_clip": lambda x, lo, hi: min(max(x, lo), hi), "_host_exprel": lambda z: math.expm1(z) / z if z else 1.0}
     a, b, c = sp.symbols("a b c", real=True)
     vals = {"a": 0.7, "b": 1.3, "c": 2.0}
     for name, f in ALL_FUNCTIONS.items():
