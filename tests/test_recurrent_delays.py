@@ -131,7 +131,8 @@ TRITON_CASES = [("recurrent", f"delay axonal max {D}"), ("recurrent", f"delay sy
                 ("feedforward", f"delay synaptic max {D} learnable linear"),
                 ("delayed_recurrent_synapse", f"delay axonal max {D}"),
                 ("delayed_recurrent_synapse", f"delay synaptic max {D} learnable"),
-                ("recurrent", f"delay axonal max {D} learnable"), ("feedforward", f"delay dendritic max {D} learnable")]
+                ("recurrent", f"delay axonal max {D} learnable"), ("feedforward", f"delay dendritic max {D} learnable"),
+                ("feedforward", f"delay synaptic max {D} learnable")]
 
 
 @needs_triton
@@ -275,6 +276,51 @@ def test_the_spread_kernel_equals_the_depthwise_convolution(lanes):
     for u, v in zip(*outs):
         assert u.shape == v.shape
         assert float((u - v).abs().max()) <= 4 * n * torch.finfo(torch.float32).eps * max(float(v.abs().max()), 1.0)
+
+
+@needs_triton
+@pytest.mark.parametrize("sizes", [(6, 9, (3,), 5, 4), (4, 7, (2, 3), 37, 70), (0, 5, (2,), 3, 130)])
+def test_the_dense_delay_kernel_equals_the_convolution(sizes):
+    """Dense relaxed synaptic delays on the Triton backend (`delay_conv`: one product over taps and
+    inputs, the time-major history read in place with its rows shifted per tap) against torch's
+    convolution over time in float64: outputs, the history's and the weights' gradients, within
+    float32's rounding of their sums (inputs x taps terms; steps x batch terms for the weights)."""
+    from flexdsl.backends.triton.delays import delay_conv
+
+    g = torch.Generator().manual_seed(37)
+    Dm, Tn, lanes, J, I = sizes
+    hist = torch.randn(Dm + Tn, *lanes, J, dtype=torch.float64, generator=g)
+    W = torch.randn(Dm + 1, J, I, dtype=torch.float64, generator=g)
+    go = torch.randn(Tn, *lanes, I, dtype=torch.float64, generator=g)
+
+    def conv(h, w):  # out[t, n, i] = sum_k sum_j w[k, j, i] h[D + t - k, n, j]
+        x = h.reshape(h.shape[0], -1, J).permute(1, 2, 0)
+        out = torch.nn.functional.conv1d(x, w.permute(2, 1, 0).flip(-1))
+        return out.permute(2, 0, 1).reshape(Tn, *lanes, I)
+
+    outs = []
+    for f, dt in ((delay_conv, torch.float32), (conv, torch.float64)):
+        h, w = hist.to(dt).requires_grad_(), W.to(dt).requires_grad_()
+        out = f(h, w)
+        outs.append([v.detach().double() for v in (out, *torch.autograd.grad((out * go.to(dt)).sum(), [h, w]))])
+    eps = torch.finfo(torch.float32).eps
+    for u, v, n in zip(*outs, ((Dm + 1) * J, (Dm + 1) * I, Tn * math.prod(lanes))):
+        assert u.shape == v.shape
+        assert float((u - v).abs().max()) <= 4 * n * eps * max(float(v.abs().max()), 1.0)
+
+
+@needs_triton
+def test_synaptic_gauss_delays_run_without_a_convolution(monkeypatch):
+    """Learnable synaptic delays (gauss: every connection reads every step back) on the Triton backend
+    read the history in place (`delay_conv`): no convolution runs, and the gradients of the input, the
+    weights and the delays arrive."""
+    torch.manual_seed(27)
+    text = _text(f"delay synaptic max {D} learnable").replace("    synapses W_rec from spike to x\n", "")
+    tri = flexdsl.loads(text, backend="triton")
+    monkeypatch.setattr(torch.nn.functional, "conv1d", lambda *a, **k: pytest.fail("a convolution ran"))
+    x = (torch.rand(T, B, F) < 0.5).float().requires_grad_()
+    tri.current(x).sum().backward()
+    assert x.grad is not None and tri.W_in.grad is not None and tri.W_in_delay.grad.abs().sum() > 0
 
 
 @needs_triton

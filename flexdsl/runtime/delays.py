@@ -206,10 +206,11 @@ def _two_taps(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tens
 
 def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
                     b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None,
-                    kernel: Callable | None = None, spread: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    kernel: Callable | None = None, spread: Callable | None = None, conv: Callable | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation
     (synaptic linear ones in `kernel` where given: two steps per connection; per-element gauss ones in
-    `spread` where given: the history read as it lies)."""
+    `spread` where given, synaptic gauss ones in `conv` where given: the history read as it lies)."""
     T, D = x.shape[0], s.delay
     if T == 0:  # (no steps: no current, the kept steps as they were)
         return product(x, w, b), kept
@@ -228,6 +229,10 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         d0 = d.detach().floor().clamp(0, D - 1)
         f = (d - d0).to(w.dtype)
         out = kernel(hist, d0.long(), w * (1 - f), w * f, D)
+        out = out + b.to(out.dtype) if b is not None else out
+    elif conv is not None:  # synaptic, in the backend's kernels: the convolution over time, history in place
+        taps = w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)  # [n_post, n_pre, D + 1]
+        out = conv(hist, taps.permute(2, 1, 0))
         out = out + b.to(out.dtype) if b is not None else out
     else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
         weights = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
@@ -317,10 +322,12 @@ class DelayedSynapses:
         (`[T, *batch, n_pre]`), the steps kept for the next call updated."""
         layer, kept = self._layer, self.__dict__["_kept"]
         d, width = self._delay_values(s)
-        kernel = self._delay_kernel(x) if s.delay_kind == "synaptic" and s.connect != "one_to_one" else None
+        synaptic = s.delay_kind == "synaptic" and s.connect != "one_to_one"
+        kernel = self._delay_kernel(x) if synaptic else None
         if width:
+            conv = self._delay_kernel(x, "conv") if synaptic and not torch.is_autocast_enabled(x.device.type) else None
             out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel,
-                                                self._delay_kernel(x, "spread"))
+                                                self._delay_kernel(x, "spread"), conv)
         else:
             out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
         return out

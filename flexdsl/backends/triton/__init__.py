@@ -63,6 +63,13 @@ class TritonBackend:
 
         return delay_spread(hist, taps)
 
+    def delay_conv(self, hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """Dense relaxed synaptic delays: `out[t, ..., i] = sum_k sum_j W[k, j, i] hist[D + t - k, ..., j]`
+        (`delays.py`)."""
+        from .delays import delay_conv
+
+        return delay_conv(hist, W)
+
     def eprop_walk(self, *args: Any) -> Any:
         """e-prop's per-synapse eligibility and gradients of a call (`eprop.py`)."""
         from .eprop import walk

@@ -7,6 +7,13 @@ No `[n_post, n_pre, D + 1]` kernel is formed: each program gathers its rows from
 history's gradient (the same gather from the output's gradient, the other way round), and the
 gradients of `a` and `c` (a sum over steps and batch per connection); `SparseDelays` is their
 autograd Function, what `TritonBackend.delay_product` runs.
+
+Dense relaxed synaptic delays (`delay_conv`, learnable gauss ones: every connection reads every step
+back with its own weight) are a convolution over time; with the history time-major (`[D + T, N, J]`,
+a step's rows consecutive) tap `k`'s operand is the history's rows shifted by `(D - k) N`, so the
+convolution is one matrix product over (tap, input) read in place: no transposing copy, no unfolded
+input. Its products run on tensor cores as the convolution it replaces did (TF32 where
+`torch.backends.cudnn.allow_tf32`, PyTorch's default for convolutions; else float32's accuracy).
 """
 
 from __future__ import annotations
@@ -247,4 +254,141 @@ def delay_product(hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch
     return out.reshape(L - D, *hist.shape[1:-1], a.shape[0])
 
 
-__all__ = ["SparseDelays", "Spread", "delay_product", "delay_spread"]
+# ---------------------------------------------------------------------------- dense relaxed synaptic delays
+# `out[t, n, i] = sum_k sum_j h[D + t - k, n, j] W[k, j, i]` over the time-major history `h [D + T, N, J]`:
+# rows r = t N + n of the output read rows r + (D - k) N of the history for tap k: one product over
+# (tap, input) with the operand's rows shifted per tap (`_shift_mm`); the history's gradient is the same
+# product of the output's gradient shifted the other way (rows outside it read as 0); the taps' gradient
+# `G[k] = h[(D - k) N : (D - k) N + T N]^T g` a product over the rows per tap (`_shift_mm_t`).
+
+
+@triton.jit
+def _shift_mm(a_ptr, b_ptr, c_ptr, M, NC, KI, A_ROWS, K, shift0, step, sbk, sbi, sbc,
+              PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """`C[r, c] = sum_k sum_j A[r + shift0 + k step, j] B[k, j, c]` (A `[A_ROWS, KI]` row-major, rows
+    outside it 0; B at strides sbk, sbi, sbc; C `[M, NC]` row-major)."""
+    r = tl.program_id(0) * BM + tl.arange(0, BM)
+    c = tl.program_id(1) * BN + tl.arange(0, BN)
+    rm, cm = r < M, c < NC
+    nkb = tl.cdiv(KI, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kk in range(0, K * nkb):
+        k = kk // nkb
+        j = (kk % nkb) * BK + tl.arange(0, BK)
+        jm = j < KI
+        ar = r + shift0 + k * step
+        am = rm & (ar >= 0) & (ar < A_ROWS)
+        a = tl.load(a_ptr + ar.to(tl.int64)[:, None] * KI + j[None, :], mask=am[:, None] & jm[None, :], other=0.0)
+        b = tl.load(b_ptr + k.to(tl.int64) * sbk + j[:, None] * sbi + c[None, :] * sbc,
+                    mask=jm[:, None] & cm[None, :], other=0.0)
+        acc = tl.dot(a, b.to(a.dtype), acc, input_precision=PREC)
+    tl.store(c_ptr + r.to(tl.int64)[:, None] * NC + c[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=rm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, D, N, RS,
+                PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+    """`part[s, k, j, i] = sum_{r in split s} h[r + (D - k) N, j] g[r, i]` (rows r < R, RS a split)."""
+    kj = tl.program_id(0)
+    nj = tl.cdiv(J, BJ)
+    k, jb = kj // nj, kj % nj
+    j = jb * BJ + tl.arange(0, BJ)
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    s = tl.program_id(2)
+    jm, im = j < J, i < I
+    acc = tl.zeros([BJ, BI], dtype=tl.float32)
+    lo = s * RS
+    for r0 in range(lo, tl.minimum(lo + RS, R), BK):
+        r = r0 + tl.arange(0, BK)
+        rmask = r < tl.minimum(lo + RS, R)
+        hr = (r + (D - k) * N).to(tl.int64)
+        h = tl.load(h_ptr + hr[None, :] * J + j[:, None], mask=jm[:, None] & rmask[None, :], other=0.0)
+        g = tl.load(g_ptr + r.to(tl.int64)[:, None] * I + i[None, :], mask=rmask[:, None] & im[None, :], other=0.0)
+        acc = tl.dot(h, g.to(h.dtype), acc, input_precision=PREC)
+    base = (s * (D + 1) + k).to(tl.int64) * J * I
+    tl.store(part_ptr + base + j.to(tl.int64)[:, None] * I + i[None, :], acc, mask=jm[:, None] & im[None, :])
+
+
+STAGES = 3  # (the products' software pipeline depth)
+
+
+def _conv_tiles(m: int, nc: int) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, warps) of `_shift_mm` for an `[m, nc]` output: narrow outputs a narrow tile."""
+    bn = 128 if nc > 64 else max(16, triton.next_power_of_2(nc))
+    return 128, bn, 32, 8 if bn == 128 else 4
+
+
+def _precision(t: torch.Tensor) -> str:
+    return "tf32" if t.dtype == torch.float32 and t.is_cuda and torch.backends.cudnn.allow_tf32 else "ieee"
+
+
+class DenseDelays(torch.autograd.Function):
+    """`out [T, N, I]` from the history `hist [D + T, N, J]` and the weights over the steps back
+    `W [D + 1, J, I]` (`W[k, j, i]`: connection j -> i, k steps back); gradients of both."""
+
+    @staticmethod
+    def forward(ctx, hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        L, N, J = hist.shape
+        K, I = W.shape[0], W.shape[2]
+        D, T = K - 1, L - K + 1
+        h, Wc = hist.contiguous(), W.to(hist.dtype).contiguous()
+        out = torch.empty((T, N, I), device=h.device, dtype=h.dtype)
+        if T * N and I:
+            bm, bn, bk, nw = _conv_tiles(T * N, I)
+            _shift_mm[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
+                h, Wc, out, T * N, I, J, L * N, K, D * N, -N, Wc.stride(0), Wc.stride(1), Wc.stride(2),
+                PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=STAGES)
+        ctx.save_for_backward(h, Wc)
+        ctx.w_dtype = W.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        h, Wc = ctx.saved_tensors
+        L, N, J = h.shape
+        K, I = Wc.shape[0], Wc.shape[2]
+        D, T = K - 1, L - K + 1
+        g = g.to(h.dtype).contiguous()
+        gh = gw = None
+        if ctx.needs_input_grad[0]:
+            gh = torch.empty_like(h)
+            if L * N and J:
+                bm, bn, bk, nw = _conv_tiles(L * N, J)
+                _shift_mm[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
+                    g, Wc, gh, L * N, J, I, T * N, K, -D * N, N, Wc.stride(0), Wc.stride(2), Wc.stride(1),
+                    PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=STAGES)
+        if ctx.needs_input_grad[1]:
+            R = T * N
+            bj = 128 if J > 64 else max(16, triton.next_power_of_2(J))
+            bi = 128 if I > 64 else max(16, triton.next_power_of_2(I))
+            tiles = K * triton.cdiv(J, bj) * triton.cdiv(I, bi)
+            split = max(1, min(triton.cdiv(R, 2048), triton.cdiv(4 * _sms(h), max(tiles, 1))))
+            rs = triton.cdiv(triton.cdiv(R, split), 32) * 32
+            split = triton.cdiv(R, rs) if R else 1
+            part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
+            if R and J and I:
+                _shift_mm_t[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
+                    h, g, part, R, J, I, D, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=32,
+                    num_warps=8 if bj * bi >= 128 * 128 else 4, num_stages=STAGES)
+            else:
+                part.zero_()
+            gw = (part[0] if split == 1 else part.sum(0)).to(ctx.w_dtype)
+        return gh, gw
+
+
+def _sms(t: torch.Tensor) -> int:
+    if t.is_cuda:
+        return torch.cuda.get_device_properties(t.device).multi_processor_count
+    return 4
+
+
+def delay_conv(hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """`out[t, ..., i] = sum_k sum_j W[k, j, i] hist[D + t - k, ..., j]` (`hist [D + T, ..., J]`,
+    `W [D + 1, J, I]`): dense relaxed synaptic delays, the history read as it lies (see the module doc)."""
+    L, J = hist.shape[0], hist.shape[-1]
+    out = DenseDelays.apply(hist.reshape(L, -1, J), W)
+    return out.view(L - W.shape[0] + 1, *hist.shape[1:-1], W.shape[2])
+
+
+__all__ = ["DenseDelays", "SparseDelays", "Spread", "delay_conv", "delay_product", "delay_spread"]

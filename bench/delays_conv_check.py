@@ -1,0 +1,95 @@
+"""The Triton backend's dense relaxed synaptic delays (`delay_conv`: learnable gauss synaptic delays, the
+time-major history read in place) on CUDA against torch's convolution over time in float64 on the CPU
+(outputs, the history's and the weights' gradients; TF32 on, as PyTorch's convolutions default, and off);
+then fwd+bwd times of the kernel and of the convolution path it replaces (the history transposed to
+[batch, channels, time], cuDNN's conv1d, transposed back) at the DCLS-shaped network's layer sizes (max 24,
+T = 100, batch 256: 140 -> 256, 256 -> 256, 256 -> 20); `--sweep`: tile and pipeline choices.
+
+    python3 bench/delays_conv_check.py [--sweep]
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flexdsl.backends.triton.delays as dl  # noqa: E402
+
+
+def conv_path(h, W):
+    x = h.permute(1, 2, 0)  # [N, J, L] (a copy in conv1d's input)
+    out = torch.nn.functional.conv1d(x, W.permute(2, 1, 0).flip(-1))
+    return out.permute(2, 0, 1).contiguous()
+
+
+def run(f, h, W, go):
+    h, W = h.detach().requires_grad_(), W.detach().requires_grad_()
+    out = f(h, W)
+    return (out, *torch.autograd.grad((out * go).sum(), [h, W]))
+
+
+def timed(f, h, W, go, reps=20):
+    for _ in range(3):
+        run(f, h, W, go)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run(f, h, W, go)
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    g = torch.Generator().manual_seed(0)
+    D, T, N = 24, 100, 64
+    hist = (torch.rand(D + T, N, 140, generator=g, dtype=torch.float64) < 0.2).double()
+    W = torch.randn(D + 1, 140, 256, generator=g, dtype=torch.float64) / 30
+    go = torch.randn(T, N, 256, generator=g, dtype=torch.float64)
+    ref = run(conv_path, hist, W, go)
+    for tf32 in (True, False):
+        torch.backends.cudnn.allow_tf32 = tf32
+        got = run(dl.delay_conv, hist.float().cuda(), W.float().cuda(), go.float().cuda())
+        errs = [float((u.double().cpu() - v).abs().max() / v.abs().max()) for u, v in zip(got, ref)]
+        print(f"check (TF32 {'on' if tf32 else 'off'}): CUDA float32 vs CPU float64, largest relative error "
+              f"out {errs[0]:.2e}, grad hist {errs[1]:.2e}, grad W {errs[2]:.2e}", flush=True)
+    torch.backends.cudnn.allow_tf32 = True
+    N = 256
+    rows = []
+    for J, I in ((140, 256), (256, 256), (256, 20)):
+        h = (torch.rand(D + T, N, J, device="cuda") < 0.2).float()
+        Wc = torch.randn(D + 1, J, I, device="cuda") / 30
+        o = torch.randn(T, N, I, device="cuda")
+        tk, tc = timed(dl.delay_conv, h, Wc, o), timed(conv_path, h, Wc, o)
+        rows.append((J, I, tk, tc))
+        print(f"{J:4d} -> {I:3d}: kernel {tk:.3f} ms  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
+        if a.sweep:
+            base_tiles, base_stages = dl._conv_tiles, dl.STAGES
+            for bm, bn, bk, nw, st in ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 3),
+                                       (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (256, 128, 32, 8, 3),
+                                       (128, 256, 32, 8, 3), (64, 64, 32, 4, 4)):
+                if bn > 64 and I <= 64:
+                    continue
+                dl._conv_tiles = lambda m, nc, c=(bm, min(bn, max(16, 1 << (nc - 1).bit_length())), bk, nw): c
+                dl.STAGES = st
+                try:
+                    t = timed(dl.delay_conv, h, Wc, o, reps=10)
+                    print(f"   tiles {bm}x{bn}x{bk} warps {nw} stages {st}: {t:.3f} ms", flush=True)
+                except Exception as e:  # (a tile that does not fit)
+                    print(f"   tiles {bm}x{bn}x{bk} warps {nw} stages {st}: failed {type(e).__name__}", flush=True)
+            dl._conv_tiles, dl.STAGES = base_tiles, base_stages
+    print("| layer | kernel fwd+bwd | conv path fwd+bwd | speed-up |\n| --- | --- | --- | --- |")
+    for J, I, tk, tc in rows:
+        print(f"| {J} -> {I} | {tk:.3f} ms | {tc:.3f} ms | {tc / tk:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
