@@ -69,26 +69,57 @@ def main():
         Wc = torch.randn(D + 1, J, I, device="cuda") / 30
         o = torch.randn(T, N, I, device="cuda")
         tk, tc = timed(dl.delay_conv, h, Wc, o), timed(conv_path, h, Wc, o)
-        rows.append((J, I, tk, tc))
-        print(f"{J:4d} -> {I:3d}: kernel {tk:.3f} ms  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
+        parts = [event_ms(f) for f in phases(h, Wc, o)]
+        rows.append((J, I, tk, tc, parts))
+        print(f"{J:4d} -> {I:3d}: kernel {tk:.3f} ms (forward {parts[0]:.3f}, history grad {parts[1]:.3f}, weight grad "
+              f"{parts[2]:.3f})  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
         if a.sweep:
-            base_tiles, base_stages = dl._conv_tiles, dl.STAGES
-            for bm, bn, bk, nw, st in ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 3),
-                                       (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (256, 128, 32, 8, 3),
-                                       (128, 256, 32, 8, 3), (64, 64, 32, 4, 4)):
-                if bn > 64 and I <= 64:
-                    continue
-                dl._conv_tiles = lambda m, nc, c=(bm, min(bn, max(16, 1 << (nc - 1).bit_length())), bk, nw): c
-                dl.STAGES = st
-                try:
-                    t = timed(dl.delay_conv, h, Wc, o, reps=10)
-                    print(f"   tiles {bm}x{bn}x{bk} warps {nw} stages {st}: {t:.3f} ms", flush=True)
-                except Exception as e:  # (a tile that does not fit)
-                    print(f"   tiles {bm}x{bn}x{bk} warps {nw} stages {st}: failed {type(e).__name__}", flush=True)
-            dl._conv_tiles, dl.STAGES = base_tiles, base_stages
-    print("| layer | kernel fwd+bwd | conv path fwd+bwd | speed-up |\n| --- | --- | --- | --- |")
-    for J, I, tk, tc in rows:
-        print(f"| {J} -> {I} | {tk:.3f} ms | {tc:.3f} ms | {tc / tk:.2f}x |")
+            sweep(h, Wc, o)
+    print("| layer | kernel fwd+bwd | forward / history grad / weight grad | conv path fwd+bwd | speed-up |")
+    print("| --- | --- | --- | --- | --- |")
+    for J, I, tk, tc, p in rows:
+        print(f"| {J} -> {I} | {tk:.3f} ms | {p[0]:.3f} / {p[1]:.3f} / {p[2]:.3f} ms | {tc:.3f} ms | {tc / tk:.2f}x |")
+
+
+def phases(h, Wc, o):
+    K, L = Wc.shape[0], h.shape[0]
+    return (lambda: dl.conv_forward(h, Wc), lambda: dl.conv_history_grad(o, Wc, L),
+            lambda: dl.conv_weight_grad(h, o, K))
+
+
+def event_ms(f, reps=10):
+    for _ in range(2):
+        f()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        a.record()
+        f()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def sweep(h, Wc, o):
+    base, base_t = dl.mm_config, dl.mmt_config
+    fwd, dh, dw = phases(h, Wc, o)
+    for cfg in ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 2), (128, 64, 32, 4, 4),
+                (64, 128, 32, 4, 4), (256, 128, 32, 8, 3), (128, 256, 32, 8, 3), (64, 64, 32, 4, 4),
+                (128, 128, 16, 8, 4), (128, 32, 32, 4, 4)):
+        dl.mm_config = lambda rows, cols, inner, c=cfg: (c[0], min(c[1], max(16, 1 << (cols - 1).bit_length())),
+                                                        *c[2:])
+        dl.mmt_config = lambda J, I, c=cfg: (min(c[0], max(16, 1 << (J - 1).bit_length())),
+                                             min(c[1], max(16, 1 << (I - 1).bit_length())), *c[2:])
+        out = []
+        for f in (fwd, dh, dw):
+            try:
+                out.append(f"{event_ms(f, 5):.3f}")
+            except Exception as e:  # (a tile that does not fit)
+                out.append(type(e).__name__)
+        print(f"   tiles {cfg[0]}x{cfg[1]}x{cfg[2]} warps {cfg[3]} stages {cfg[4]}: forward {out[0]}, history grad "
+              f"{out[1]}, weight grad {out[2]} ms", flush=True)
+    dl.mm_config, dl.mmt_config = base, base_t
 
 
 if __name__ == "__main__":

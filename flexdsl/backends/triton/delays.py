@@ -310,17 +310,69 @@ def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, D, N, RS,
     tl.store(part_ptr + base + j.to(tl.int64)[:, None] * I + i[None, :], acc, mask=jm[:, None] & im[None, :])
 
 
-STAGES = 3  # (the products' software pipeline depth)
+def mm_config(rows: int, cols: int, inner: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, warps, stages) of `_shift_mm` for a `[rows, cols]` output over `inner` values a
+    tap: the columns in the fewest tiles that waste least (a narrow output a narrow tile)."""
+    bn = min((128, 64, 32, 16), key=lambda b: (triton.cdiv(cols, b) * b, -b)) if cols > 16 else 16
+    return 128, bn, 32, 8 if bn == 128 else 4, 3
 
 
-def _conv_tiles(m: int, nc: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, warps) of `_shift_mm` for an `[m, nc]` output: narrow outputs a narrow tile."""
-    bn = 128 if nc > 64 else max(16, triton.next_power_of_2(nc))
-    return 128, bn, 32, 8 if bn == 128 else 4
+def mmt_config(J: int, I: int) -> tuple[int, int, int, int, int]:
+    """(BJ, BI, BK, warps, stages) of `_shift_mm_t` for a `[J, I]` tap gradient."""
+    bj = min((128, 64, 32, 16), key=lambda b: (triton.cdiv(J, b) * b, -b)) if J > 16 else 16
+    bi = min((128, 64, 32, 16), key=lambda b: (triton.cdiv(I, b) * b, -b)) if I > 16 else 16
+    return bj, bi, 32, 8 if bj * bi >= 128 * 128 else 4, 3
 
 
 def _precision(t: torch.Tensor) -> str:
     return "tf32" if t.dtype == torch.float32 and t.is_cuda and torch.backends.cudnn.allow_tf32 else "ieee"
+
+
+def conv_forward(h: torch.Tensor, Wc: torch.Tensor) -> torch.Tensor:
+    """`out [T, N, I]` of the history `h [L, N, J]` (contiguous) and the taps' weights `Wc [K, J, I]`."""
+    L, N, J = h.shape
+    K, I = Wc.shape[0], Wc.shape[2]
+    T = L - K + 1
+    out = torch.empty((T, N, I), device=h.device, dtype=h.dtype)
+    if T * N and I:
+        bm, bn, bk, nw, st = mm_config(T * N, I, J)
+        _shift_mm[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
+            h, Wc, out, T * N, I, J, L * N, K, (K - 1) * N, -N, Wc.stride(0), Wc.stride(1), Wc.stride(2),
+            PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+    return out
+
+
+def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int) -> torch.Tensor:
+    """The history's gradient `[L, N, J]` from the output's `g [T, N, I]` (contiguous)."""
+    T, N, I = g.shape
+    K, J = Wc.shape[0], Wc.shape[1]
+    gh = torch.empty((L, N, J), device=g.device, dtype=g.dtype)
+    if L * N and J:
+        bm, bn, bk, nw, st = mm_config(L * N, J, I)
+        _shift_mm[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
+            g, Wc, gh, L * N, J, I, T * N, K, -(K - 1) * N, N, Wc.stride(0), Wc.stride(2), Wc.stride(1),
+            PREC=_precision(g), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+    return gh
+
+
+def conv_weight_grad(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
+    """The taps' weights' gradient `[K, J, I]` (float32) from the history `h [L, N, J]` and `g [T, N, I]`:
+    the rows split so that the products fill the card, the parts summed."""
+    L, N, J = h.shape
+    T, I = g.shape[0], g.shape[2]
+    R = T * N
+    bj, bi, bk, nw, st = mmt_config(J, I)
+    tiles = K * triton.cdiv(J, bj) * triton.cdiv(I, bi)
+    split = max(1, min(triton.cdiv(R, 2048), triton.cdiv(4 * _sms(h), max(tiles, 1))))
+    rs = triton.cdiv(triton.cdiv(R, split), bk) * bk
+    split = triton.cdiv(R, rs) if R else 1
+    part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
+    if R and J and I:
+        _shift_mm_t[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
+            h, g, part, R, J, I, K - 1, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk, num_warps=nw, num_stages=st)
+    else:
+        part.zero_()
+    return part[0] if split == 1 else part.sum(0)
 
 
 class DenseDelays(torch.autograd.Function):
@@ -329,51 +381,17 @@ class DenseDelays(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-        L, N, J = hist.shape
-        K, I = W.shape[0], W.shape[2]
-        D, T = K - 1, L - K + 1
         h, Wc = hist.contiguous(), W.to(hist.dtype).contiguous()
-        out = torch.empty((T, N, I), device=h.device, dtype=h.dtype)
-        if T * N and I:
-            bm, bn, bk, nw = _conv_tiles(T * N, I)
-            _shift_mm[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
-                h, Wc, out, T * N, I, J, L * N, K, D * N, -N, Wc.stride(0), Wc.stride(1), Wc.stride(2),
-                PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=STAGES)
         ctx.save_for_backward(h, Wc)
         ctx.w_dtype = W.dtype
-        return out
+        return conv_forward(h, Wc)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         h, Wc = ctx.saved_tensors
-        L, N, J = h.shape
-        K, I = Wc.shape[0], Wc.shape[2]
-        D, T = K - 1, L - K + 1
         g = g.to(h.dtype).contiguous()
-        gh = gw = None
-        if ctx.needs_input_grad[0]:
-            gh = torch.empty_like(h)
-            if L * N and J:
-                bm, bn, bk, nw = _conv_tiles(L * N, J)
-                _shift_mm[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
-                    g, Wc, gh, L * N, J, I, T * N, K, -D * N, N, Wc.stride(0), Wc.stride(2), Wc.stride(1),
-                    PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=STAGES)
-        if ctx.needs_input_grad[1]:
-            R = T * N
-            bj = 128 if J > 64 else max(16, triton.next_power_of_2(J))
-            bi = 128 if I > 64 else max(16, triton.next_power_of_2(I))
-            tiles = K * triton.cdiv(J, bj) * triton.cdiv(I, bi)
-            split = max(1, min(triton.cdiv(R, 2048), triton.cdiv(4 * _sms(h), max(tiles, 1))))
-            rs = triton.cdiv(triton.cdiv(R, split), 32) * 32
-            split = triton.cdiv(R, rs) if R else 1
-            part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
-            if R and J and I:
-                _shift_mm_t[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
-                    h, g, part, R, J, I, D, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=32,
-                    num_warps=8 if bj * bi >= 128 * 128 else 4, num_stages=STAGES)
-            else:
-                part.zero_()
-            gw = (part[0] if split == 1 else part.sum(0)).to(ctx.w_dtype)
+        gh = conv_history_grad(g, Wc, h.shape[0]) if ctx.needs_input_grad[0] else None
+        gw = conv_weight_grad(h, g, Wc.shape[0]).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None
         return gh, gw
 
 
