@@ -68,11 +68,14 @@ def main():
         h = (torch.rand(D + T, N, J, device="cuda") < 0.2).float()
         Wc = torch.randn(D + 1, J, I, device="cuda") / 30
         o = torch.randn(T, N, I, device="cuda")
+        dl.TMA = False
+        tp = timed(dl.delay_conv, h, Wc, o)
+        dl.TMA = True
         tk, tc = timed(dl.delay_conv, h, Wc, o), timed(conv_path, h, Wc, o)
         parts = [event_ms(f) for f in phases(h, Wc, o)]
         rows.append((J, I, tk, tc, parts))
         print(f"{J:4d} -> {I:3d}: kernel {tk:.3f} ms (forward {parts[0]:.3f}, history grad {parts[1]:.3f}, weight grad "
-              f"{parts[2]:.3f})  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
+              f"{parts[2]:.3f}; pointer kernels {tp:.3f})  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
         if a.sweep:
             sweep(h, Wc, o)
     print("| layer | kernel fwd+bwd | forward / history grad / weight grad | conv path fwd+bwd | speed-up |")
@@ -104,9 +107,9 @@ def event_ms(f, reps=10):
 def sweep(h, Wc, o):
     base, base_t = dl.mm_config, dl.mmt_config
     fwd, dh, dw = phases(h, Wc, o)
-    for cfg in ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 64, 8, 2), (128, 64, 32, 4, 4),
-                (64, 128, 32, 4, 4), (256, 128, 32, 8, 3), (128, 256, 32, 8, 3), (64, 64, 32, 4, 4),
-                (128, 128, 16, 8, 4), (128, 32, 32, 4, 4)):
+    for cfg in ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 32, 4, 4), (128, 128, 64, 8, 3),
+                (128, 64, 32, 4, 4), (256, 128, 32, 8, 3), (128, 256, 32, 8, 3), (256, 128, 32, 8, 4),
+                (64, 128, 32, 4, 4), (128, 128, 16, 8, 5)):
         dl.mm_config = lambda rows, cols, inner, c=cfg: (c[0], min(c[1], max(16, 1 << (cols - 1).bit_length())),
                                                         *c[2:])
         dl.mmt_config = lambda J, I, c=cfg: (min(c[0], max(16, 1 << (J - 1).bit_length())),

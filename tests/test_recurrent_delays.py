@@ -279,14 +279,23 @@ def test_the_spread_kernel_equals_the_depthwise_convolution(lanes):
 
 
 @needs_triton
-@pytest.mark.parametrize("sizes", [(6, 9, (3,), 5, 4), (4, 7, (2, 3), 37, 70), (0, 5, (2,), 3, 130)])
-def test_the_dense_delay_kernel_equals_the_convolution(sizes):
+@pytest.mark.parametrize("sizes,blocks", [((6, 9, (3,), 5, 4), False), ((4, 7, (2, 3), 37, 70), False),
+                                          ((0, 5, (2,), 3, 130), False), ((5, 7, (4,), 20, 36), True),
+                                          ((3, 6, (2, 4), 140, 24), True), ((0, 3, (4,), 4, 8), True)])
+def test_the_dense_delay_kernel_equals_the_convolution(sizes, blocks, monkeypatch):
     """Dense relaxed synaptic delays on the Triton backend (`delay_conv`: one product over taps and
     inputs, the time-major history read in place with its rows shifted per tap) against torch's
     convolution over time in float64: outputs, the history's and the weights' gradients, within
-    float32's rounding of their sums (inputs x taps terms; steps x batch terms for the weights)."""
+    float32's rounding of their sums (inputs x taps terms; steps x batch terms for the weights).
+    Sizes whose rows are 16-byte aligned run the block-load kernels (Hopper's TMA; checked: the
+    pointer kernels refuse to run), the others the pointer kernels."""
+    import flexdsl.backends.triton.delays as dl
     from flexdsl.backends.triton.delays import delay_conv
 
+    if blocks:
+        refuse = type("Refuse", (), {"__getitem__": lambda self, k: pytest.fail("a pointer kernel ran")})()
+        monkeypatch.setattr(dl, "_shift_mm", refuse)
+        monkeypatch.setattr(dl, "_shift_mm_t", refuse)
     g = torch.Generator().manual_seed(37)
     Dm, Tn, lanes, J, I = sizes
     hist = torch.randn(Dm + Tn, *lanes, J, dtype=torch.float64, generator=g)

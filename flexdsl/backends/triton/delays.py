@@ -18,9 +18,19 @@ input. Its products run on tensor cores as the convolution it replaces did (TF32
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+
+from .kernel import interpret
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # (an older Triton: the pointer kernels)
+    TensorDescriptor = None
 
 
 @triton.jit
@@ -310,6 +320,44 @@ def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, D, N, RS,
     tl.store(part_ptr + base + j.to(tl.int64)[:, None] * I + i[None, :], acc, mask=jm[:, None] & im[None, :])
 
 
+@triton.jit
+def _shift_mm_tma(a_desc, b_desc, c_desc, KI, K, shift0, step,
+                  PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """`_shift_mm` with block loads (Hopper's TMA; rows and columns outside the tensors read as 0, a
+    store outside clipped): A `[rows, KI]` at rows shifted per tap, B^T `[K, NC, KI]` (K-major: what the
+    tensor cores take without a transpose), C `[M, NC]`."""
+    r0 = tl.program_id(0) * BM
+    c0 = tl.program_id(1) * BN
+    nkb = tl.cdiv(KI, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kk in range(0, K * nkb):
+        k = kk // nkb
+        j0 = (kk % nkb) * BK
+        a = a_desc.load([r0 + shift0 + k * step, j0])
+        b = b_desc.load([k, c0, j0]).reshape([BN, BK])
+        acc = tl.dot(a, tl.trans(b.to(a.dtype)), acc, input_precision=PREC)
+    c_desc.store([r0, c0], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, D, N, RS,
+                    PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+    """`_shift_mm_t` with block loads from the transposed history `hT [J, L N]` and gradient
+    `gT [I, T N]` (both K-major), `part [splits * K, J, I]`."""
+    kj = tl.program_id(0)
+    nj = tl.cdiv(J, BJ)
+    k, j0 = kj // nj, (kj % nj) * BJ
+    i0 = tl.program_id(1) * BI
+    s = tl.program_id(2)
+    acc = tl.zeros([BJ, BI], dtype=tl.float32)
+    lo = s * RS
+    for r0 in range(lo, tl.minimum(lo + RS, R), BK):
+        h = ht_desc.load([j0, r0 + (D - k) * N])
+        g = gt_desc.load([i0, r0])
+        acc = tl.dot(h, tl.trans(g.to(h.dtype)), acc, input_precision=PREC)
+    part_desc.store([s * (D + 1) + k, j0, i0], acc.reshape([1, BJ, BI]))
+
+
 def mm_config(rows: int, cols: int, inner: int) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, warps, stages) of `_shift_mm` for a `[rows, cols]` output over `inner` values a
     tap: the columns in the fewest tiles that waste least (a narrow output a narrow tile)."""
@@ -325,7 +373,40 @@ def mmt_config(J: int, I: int) -> tuple[int, int, int, int, int]:
 
 
 def _precision(t: torch.Tensor) -> str:
-    return "tf32" if t.dtype == torch.float32 and t.is_cuda and torch.backends.cudnn.allow_tf32 else "ieee"
+    """TF32 where PyTorch's convolutions take it (`torch.backends.cudnn.allow_tf32`, on by default), else
+    three TF32 products (float32's accuracy); 16-bit inputs as they are."""
+    if t.dtype != torch.float32 or not t.is_cuda:
+        return "ieee"
+    return "tf32" if torch.backends.cudnn.allow_tf32 else "tf32x3"
+
+
+TMA = os.environ.get("FLEXDSL_DELAY_TMA", "1") != "0"  # (0: the pointer kernels everywhere)
+
+
+def _tma(*ts: torch.Tensor) -> bool:
+    """Whether the block-load kernels run on `ts` (2-D or 3-D, last dim contiguous): a Hopper or later
+    GPU (or Triton's interpreter), rows and bases 16-byte aligned."""
+    if not TMA or TensorDescriptor is None:
+        return False
+    if ts[0].is_cuda and torch.cuda.get_device_capability(ts[0].device)[0] < 9:
+        return False
+    if not ts[0].is_cuda and not interpret():
+        return False
+    return all(t.stride(-1) == 1 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
+               and t.data_ptr() % 16 == 0 for t in ts)
+
+
+def _transposed(x: torch.Tensor) -> torch.Tensor:
+    """`x.t()` copied, its rows padded to 16 bytes (a block load's stride; the padding never read)."""
+    r, c = x.shape
+    q = 16 // x.element_size()
+    out = x.new_empty((c, -(-r // q) * q))[:, :r]
+    out.copy_(x.t())
+    return out
+
+
+def _desc(t: torch.Tensor, block: list[int]) -> Any:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
 
 
 def conv_forward(h: torch.Tensor, Wc: torch.Tensor) -> torch.Tensor:
@@ -336,6 +417,13 @@ def conv_forward(h: torch.Tensor, Wc: torch.Tensor) -> torch.Tensor:
     out = torch.empty((T, N, I), device=h.device, dtype=h.dtype)
     if T * N and I:
         bm, bn, bk, nw, st = mm_config(T * N, I, J)
+        h2, o2 = h.view(L * N, J), out.view(T * N, I)
+        Wt = Wc.transpose(1, 2).contiguous()  # [K, I, J]: K-major for the tensor cores
+        if _tma(h2, o2, Wt):
+            _shift_mm_tma[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
+                _desc(h2, [bm, bk]), _desc(Wt, [1, bn, bk]), _desc(o2, [bm, bn]), J, K, (K - 1) * N, -N,
+                PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+            return out
         _shift_mm[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
             h, Wc, out, T * N, I, J, L * N, K, (K - 1) * N, -N, Wc.stride(0), Wc.stride(1), Wc.stride(2),
             PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
@@ -349,6 +437,12 @@ def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int) -> torch.Tensor
     gh = torch.empty((L, N, J), device=g.device, dtype=g.dtype)
     if L * N and J:
         bm, bn, bk, nw, st = mm_config(L * N, J, I)
+        g2, gh2 = g.view(T * N, I), gh.view(L * N, J)
+        if _tma(g2, gh2, Wc):
+            _shift_mm_tma[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
+                _desc(g2, [bm, bk]), _desc(Wc, [1, bn, bk]), _desc(gh2, [bm, bn]), I, K, -(K - 1) * N, N,
+                PREC=_precision(g), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+            return gh
         _shift_mm[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
             g, Wc, gh, L * N, J, I, T * N, K, -(K - 1) * N, N, Wc.stride(0), Wc.stride(2), Wc.stride(1),
             PREC=_precision(g), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
@@ -367,6 +461,15 @@ def conv_weight_grad(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
     rs = triton.cdiv(triton.cdiv(R, split), bk) * bk
     split = triton.cdiv(R, rs) if R else 1
     part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
+    # (block loads of the transposed history start at a tap's row shift (D - k) N: 16-byte aligned)
+    if R and J and I and N * h.element_size() % 16 == 0 and _tma(h.view(L * N, J), g.view(R, I),
+                                                                  part.view(split * K, J, I)):
+        hT, gT = _transposed(h.view(L * N, J)), _transposed(g.view(R, I))  # (K-major operands)
+        if _tma(hT, gT):
+            _shift_mm_t_tma[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
+                _desc(hT, [bj, bk]), _desc(gT, [bi, bk]), _desc(part.view(split * K, J, I), [1, bj, bi]),
+                R, J, K - 1, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk, num_warps=nw, num_stages=st)
+            return part[0] if split == 1 else part.sum(0)
     if R and J and I:
         _shift_mm_t[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
             h, g, part, R, J, I, K - 1, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk, num_warps=nw, num_stages=st)
