@@ -358,18 +358,23 @@ def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, D, N, RS,
     part_desc.store([s * (D + 1) + k, j0, i0], acc.reshape([1, BJ, BI]))
 
 
+def _tile(n: int) -> int:
+    """A tile over `n` values: 128 or 64, whichever pads less (the larger on a tie), or the power of two
+    holding a narrow `n` (at least 16: the tensor cores' smallest)."""
+    if n <= 64:
+        return max(16, triton.next_power_of_2(n))
+    return min((128, 64), key=lambda b: (triton.cdiv(n, b) * b, -b))
+
+
 def mm_config(rows: int, cols: int, inner: int) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, warps, stages) of `_shift_mm` for a `[rows, cols]` output over `inner` values a
-    tap: the columns in the fewest tiles that waste least (a narrow output a narrow tile)."""
-    bn = min((128, 64, 32, 16), key=lambda b: (triton.cdiv(cols, b) * b, -b)) if cols > 16 else 16
-    return 128, bn, 32, 8 if bn == 128 else 4, 3
+    """(BM, BN, BK, warps, stages) of `_shift_mm(_tma)` for a `[rows, cols]` output over `inner` values
+    a tap (the best of a sweep on an H200 at the DCLS network's sizes, `bench/delays_conv_check.py`)."""
+    return 128, _tile(cols), 32, 4, 4
 
 
 def mmt_config(J: int, I: int) -> tuple[int, int, int, int, int]:
-    """(BJ, BI, BK, warps, stages) of `_shift_mm_t` for a `[J, I]` tap gradient."""
-    bj = min((128, 64, 32, 16), key=lambda b: (triton.cdiv(J, b) * b, -b)) if J > 16 else 16
-    bi = min((128, 64, 32, 16), key=lambda b: (triton.cdiv(I, b) * b, -b)) if I > 16 else 16
-    return bj, bi, 32, 8 if bj * bi >= 128 * 128 else 4, 3
+    """(BJ, BI, BK, warps, stages) of `_shift_mm_t(_tma)` for a `[J, I]` tap gradient."""
+    return _tile(J), _tile(I), 32, 4, 4
 
 
 def _precision(t: torch.Tensor) -> str:
