@@ -19,6 +19,7 @@ input. Its products run on tensor cores as the convolution it replaces did (TF32
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import torch
@@ -395,7 +396,7 @@ def _tma(*ts: torch.Tensor) -> bool:
         return False
     if ts[0].is_cuda and torch.cuda.get_device_capability(ts[0].device)[0] < 9:
         return False
-    if not ts[0].is_cuda and not interpret():
+    if not ts[0].is_cuda and not interpret() or not _context(ts[0]):
         return False
     return all(t.stride(-1) == 1 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
                and t.data_ptr() % 16 == 0 for t in ts)
@@ -412,6 +413,34 @@ def _transposed(x: torch.Tensor) -> torch.Tensor:
 
 def _desc(t: torch.Tensor, block: list[int]) -> Any:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+
+
+_THREAD = threading.local()
+
+
+def _context(t: torch.Tensor) -> bool:
+    """Make sure this thread has a current CUDA context before block-load descriptors are made for `t`
+    (Triton makes them on the host before its launcher would set one: the first call in a thread of
+    its own, autograd's backward thread, otherwise fails); False where it cannot (the pointer kernels
+    then)."""
+    if not t.is_cuda or getattr(_THREAD, "ready", False):
+        return True
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        ctx = ctypes.c_void_p()
+        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0:
+            return False
+        if not ctx.value:
+            dev = ctypes.c_int()
+            if (lib.cuDeviceGet(ctypes.byref(dev), t.device.index or 0) != 0
+                    or lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0 or lib.cuCtxSetCurrent(ctx) != 0):
+                return False
+    except (OSError, AttributeError):
+        return False
+    _THREAD.ready = True
+    return True
 
 
 def conv_forward(h: torch.Tensor, Wc: torch.Tensor) -> torch.Tensor:
