@@ -18,6 +18,7 @@ input. Its products run on tensor cores as the convolution it replaces did (TF32
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any
@@ -394,7 +395,7 @@ def _tma(*ts: torch.Tensor) -> bool:
     GPU (or Triton's interpreter), rows and bases 16-byte aligned."""
     if not TMA or TensorDescriptor is None:
         return False
-    if ts[0].is_cuda and torch.cuda.get_device_capability(ts[0].device)[0] < 9:
+    if ts[0].is_cuda and _major(ts[0].device.index or 0) < 9:
         return False
     if not ts[0].is_cuda and not interpret() or not _context(ts[0]):
         return False
@@ -533,9 +534,18 @@ class DenseDelays(torch.autograd.Function):
 
 
 def _sms(t: torch.Tensor) -> int:
-    if t.is_cuda:
-        return torch.cuda.get_device_properties(t.device).multi_processor_count
-    return 4
+    return _props(t.device.index or 0)[1] if t.is_cuda else 4
+
+
+def _major(index: int) -> int:
+    return _props(index)[0]
+
+
+@functools.cache
+def _props(index: int) -> tuple[int, int]:
+    """(compute capability's major, multiprocessors) of CUDA device `index` (asked once)."""
+    p = torch.cuda.get_device_properties(index)
+    return p.major, p.multi_processor_count
 
 
 def delay_conv(hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
