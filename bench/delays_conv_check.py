@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import flexdsl.backends.triton.delays as dl  # noqa: E402
+import flexdsl.backends.triton.dense_delays as dl  # noqa: E402
 
 
 def conv_path(h, W):
@@ -86,8 +86,9 @@ def main():
 
 def phases(h, Wc, o):
     K, L = Wc.shape[0], h.shape[0]
-    return (lambda: dl.conv_forward(h, Wc), lambda: dl.conv_history_grad(o, Wc, L),
-            lambda: dl.conv_weight_grad(h, o, K))
+    Wt = Wc.transpose(1, 2).contiguous()
+    return (lambda: dl.conv_forward(h, Wt), lambda: dl.conv_history_grad(o, Wc, L),
+            lambda: dl.conv_weight_parts(h, o, K))
 
 
 def event_ms(f, reps=10):

@@ -13,8 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flexdsl  # noqa: E402
-import flexdsl.backends.triton.delays as dl  # noqa: E402
-from flexdsl.runtime.delays import tap_weights  # noqa: E402
+import flexdsl.backends.triton.dense_delays as dl  # noqa: E402
+from flexdsl.runtime.delays import gauss_coef, tap_weights  # noqa: E402
 
 
 def host_us(f, reps=300):
@@ -39,18 +39,20 @@ def main():
     d = (torch.rand(I, J, device="cuda") * D).requires_grad_()
     w = torch.randn(I, J, device="cuda", requires_grad=True)
     rows = []
+    c = gauss_coef(12.27, D, torch.float32)
     for tma in (True, False):
         dl.TMA = tma
         tag = "block loads" if tma else "pointers"
-        rows.append((f"conv_forward ({tag})", host_us(lambda: dl.conv_forward(h, W))))
+        rows.append((f"conv_forward ({tag})", host_us(lambda: dl.conv_forward(h, Wt))))
         rows.append((f"conv_history_grad ({tag})", host_us(lambda: dl.conv_history_grad(g, W, D + T))))
-        rows.append((f"conv_weight_grad ({tag})", host_us(lambda: dl.conv_weight_grad(h, g, D + 1))))
+        rows.append((f"conv_weight_parts ({tag})", host_us(lambda: dl.conv_weight_parts(h, g, D + 1))))
         rows.append((f"DenseDelays fwd+bwd ({tag})",
                      host_us(lambda: torch.autograd.grad(dl.delay_conv(hr, Wr), [hr, Wr], g), reps=100)))
+        rows.append((f"GaussDelays fwd+bwd ({tag})",
+                     host_us(lambda: torch.autograd.grad(dl.delay_gauss(hr, w, d, c, D), [hr, w, d], g), reps=100)))
     dl.TMA = True
     rows.append(("Wt transpose copy", host_us(lambda: W.transpose(1, 2).contiguous())))
     rows.append(("an empty launch (torch.empty + fill_)", host_us(lambda: torch.empty(16, device="cuda").fill_(0))))
-    del Wt
     rows.append(("gauss taps fwd+bwd (tap_weights, w * taps)",
                  host_us(lambda: torch.autograd.grad((w.unsqueeze(-1) * tap_weights(d, D, 12.27, "gauss")).sum(), [w, d]),
                          reps=100)))

@@ -289,8 +289,8 @@ def test_the_dense_delay_kernel_equals_the_convolution(sizes, blocks, monkeypatc
     float32's rounding of their sums (inputs x taps terms; steps x batch terms for the weights).
     Sizes whose rows are 16-byte aligned run the block-load kernels (Hopper's TMA; checked: the
     pointer kernels refuse to run), the others the pointer kernels."""
-    import flexdsl.backends.triton.delays as dl
-    from flexdsl.backends.triton.delays import delay_conv
+    import flexdsl.backends.triton.dense_delays as dl
+    from flexdsl.backends.triton.dense_delays import delay_conv
 
     if blocks:
         refuse = type("Refuse", (), {"__getitem__": lambda self, k: pytest.fail("a pointer kernel ran")})()
@@ -316,6 +316,44 @@ def test_the_dense_delay_kernel_equals_the_convolution(sizes, blocks, monkeypatc
     for u, v, n in zip(*outs, ((Dm + 1) * J, (Dm + 1) * I, Tn * math.prod(lanes))):
         assert u.shape == v.shape
         assert float((u - v).abs().max()) <= 4 * n * eps * max(float(v.abs().max()), 1.0)
+
+
+@needs_triton
+@pytest.mark.parametrize("sizes,width", [((6, 9, (4,), 20, 12), 3.3), ((4, 5, (3,), 7, 40), 0.7),
+                                         ((3, 4, (2, 4), 36, 20), 1e-3), ((0, 3, (4,), 8, 4), 2.0)])
+def test_the_fused_gauss_delays_equal_the_taps_and_convolution(sizes, width):
+    """Learnable gauss synaptic delays in one Triton op (`delay_gauss`: the taps `w[i, j] g_k(d[i, j])`
+    made in a kernel, the product over taps and inputs, the gradients of the history, `w` and `d`)
+    against the torch path in float64 (`tap_weights` and torch's convolution over time, autograd):
+    within float32's rounding of the sums (inputs x taps terms; steps x batch x taps terms for `w`, and
+    for `d` times the largest tap derivative 2c(D) of the width)."""
+    from flexdsl.backends.triton.dense_delays import delay_gauss
+    from flexdsl.runtime.delays import gauss_coef, tap_weights
+
+    g = torch.Generator().manual_seed(41)
+    Dm, Tn, lanes, J, I = sizes
+    hist = (torch.rand(Dm + Tn, *lanes, J, generator=g) < 0.4).double()
+    w = torch.randn(I, J, dtype=torch.float64, generator=g)
+    d = torch.rand(I, J, dtype=torch.float64, generator=g) * Dm
+    go = torch.randn(Tn, *lanes, I, dtype=torch.float64, generator=g)
+
+    def torch_path(h, w_, d_):
+        taps = (w_.unsqueeze(-1) * tap_weights(d_, Dm, width, "gauss")).flip(-1)  # [I, J, D + 1]
+        x = h.reshape(h.shape[0], -1, J).permute(1, 2, 0)
+        return torch.nn.functional.conv1d(x, taps).permute(2, 0, 1).reshape(Tn, *lanes, I)
+
+    outs = []
+    for f, dt in ((lambda h, w_, d_: delay_gauss(h, w_, d_, gauss_coef(width, Dm, torch.float32), Dm), torch.float32),
+                  (torch_path, torch.float64)):
+        args = [v.to(dt).requires_grad_() for v in (hist, w, d)]
+        out = f(*args)
+        outs.append([v.detach().double() for v in (out, *torch.autograd.grad((out * go.to(dt)).sum(), args))])
+    eps, n_bt = torch.finfo(torch.float32).eps, Tn * math.prod(lanes)
+    coef = min(gauss_coef(width, Dm, torch.float64), 1e6)
+    bounds = ((Dm + 1) * J, (Dm + 1) * I, n_bt * (Dm + 1), n_bt * (Dm + 1) * (1 + 2 * coef * max(Dm, 1)))
+    for name, u, v, n in zip(("out", "history", "w", "d"), *outs, bounds):
+        assert u.shape == v.shape
+        assert float((u - v).abs().max()) <= 4 * n * eps * max(float(v.abs().max()), 1.0), name
 
 
 @needs_triton

@@ -16,7 +16,8 @@ in [0, D] (the Parameter `<name>_delay`), relaxed over the whole steps k = 0..D:
 nearest steps (`g_k = max(0, 1 - |k - d|)`: DCLS's "v1"). Autograd gives the gradients of the
 delays. Axonal and dendritic delays of the linear relaxation are two reads of the history; gauss
 ones a depthwise convolution over time; synaptic ones one convolution with the kernel
-`W[i, j] g_k(d[i, j])` (`[n_post, n_pre, D + 1]`, as DCLS builds it). A width of 0 (or
+`W[i, j] g_k(d[i, j])` (`[n_post, n_pre, D + 1]`, as DCLS builds it; in a backend's kernels, where it
+has them, the kernel made and read in place: the Triton backend's `delay_gauss`). A width of 0 (or
 `round_delays()`) runs the delays rounded to whole steps, exactly the fixed-delay path. The delays
 stay in [0, D]: the layer clamps them before each call and after every optimizer step.
 """
@@ -169,13 +170,9 @@ def tap_weights(d: torch.Tensor, D: int, width: float, interp: str) -> torch.Ten
     at a whole d taken from above, at max from below: the two-step reads' own)."""
     x = torch.arange(D + 1, device=d.device, dtype=d.dtype) - d.unsqueeze(-1)
     if interp == "gauss":
-        # (the nearest step's exponent is 0 and the others' at most the dtype's largest value / 4: any
-        # width > 0, however small, gives the taps of its limit, never 0 * inf)
         e = x.square()
         e = e - e.detach().amin(dim=-1, keepdim=True)
-        coef = 0.5 / (width * width) if width * width > 0 else math.inf
-        coef = min(coef, torch.finfo(d.dtype).max / (4 * max(D, 1) ** 2))
-        return torch.softmax(e * -coef, dim=-1)
+        return torch.softmax(e * -gauss_coef(width, D, d.dtype), dim=-1)
     # (linear: the two steps around d, `1 - f` and `f` with f = d - floor(d), as `_two_taps` reads them: at
     # a whole d (0, max, or a clamped one) the derivative of the step above's side, not the sum of both
     # sides that autograd takes of |k - d|)
@@ -185,6 +182,14 @@ def tap_weights(d: torch.Tensor, D: int, width: float, interp: str) -> torch.Ten
     lo = (k == d0.unsqueeze(-1)).to(d.dtype)
     hi = (k == d0.unsqueeze(-1) + 1).to(d.dtype)
     return lo * (1 - f) + hi * f
+
+
+def gauss_coef(width: float, D: int, dtype: torch.dtype) -> float:
+    """The gauss relaxation's 1/2σ², bounded so that the nearest step's exponent is 0 and the others'
+    at most the dtype's largest value / 4: any width > 0, however small, gives the taps of its limit,
+    never 0 * inf."""
+    coef = 0.5 / (width * width) if width * width > 0 else math.inf
+    return min(coef, torch.finfo(dtype).max / (4 * max(D, 1) ** 2))
 
 
 def _spread(hist: torch.Tensor, g: torch.Tensor, T: int) -> torch.Tensor:
@@ -206,11 +211,11 @@ def _two_taps(hist: torch.Tensor, D: int, T: int, d: torch.Tensor) -> torch.Tens
 
 def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, product: Callable, w: torch.Tensor,
                     b: torch.Tensor | None, d: torch.Tensor, width: float, kept: torch.Tensor | None,
-                    kernel: Callable | None = None, spread: Callable | None = None, conv: Callable | None = None
+                    kernel: Callable | None = None, spread: Callable | None = None, gauss: Callable | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """`delayed_current` of learnable delays `d` (real, in [0, D]) under the synapse's relaxation
     (synaptic linear ones in `kernel` where given: two steps per connection; per-element gauss ones in
-    `spread` where given, synaptic gauss ones in `conv` where given: the history read as it lies)."""
+    `spread` where given, synaptic gauss ones in `gauss` where given: the history read as it lies)."""
     T, D = x.shape[0], s.delay
     if T == 0:  # (no steps: no current, the kept steps as they were)
         return product(x, w, b), kept
@@ -230,9 +235,8 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         f = (d - d0).to(w.dtype)
         out = kernel(hist, d0.long(), w * (1 - f), w * f, D)
         out = out + b.to(out.dtype) if b is not None else out
-    elif conv is not None:  # synaptic, in the backend's kernels: the convolution over time, history in place
-        taps = w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)  # [n_post, n_pre, D + 1]
-        out = conv(hist, taps.permute(2, 1, 0))
+    elif gauss is not None and interp == "gauss":  # synaptic, in the backend's kernels: taps and product fused
+        out = gauss(hist, w, d, gauss_coef(width, D, d.dtype), D)
         out = out + b.to(out.dtype) if b is not None else out
     else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
         weights = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]
@@ -325,9 +329,10 @@ class DelayedSynapses:
         synaptic = s.delay_kind == "synaptic" and s.connect != "one_to_one"
         kernel = self._delay_kernel(x) if synaptic else None
         if width:
-            conv = self._delay_kernel(x, "conv") if synaptic and not torch.is_autocast_enabled(x.device.type) else None
+            dense = synaptic and not torch.is_autocast_enabled(x.device.type)
+            gauss = self._delay_kernel(x, "gauss") if dense else None
             out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel,
-                                                self._delay_kernel(x, "spread"), conv)
+                                                self._delay_kernel(x, "spread"), gauss)
         else:
             out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
         return out

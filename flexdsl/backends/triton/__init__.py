@@ -63,12 +63,13 @@ class TritonBackend:
 
         return delay_spread(hist, taps)
 
-    def delay_conv(self, hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-        """Dense relaxed synaptic delays: `out[t, ..., i] = sum_k sum_j W[k, j, i] hist[D + t - k, ..., j]`
-        (`delays.py`)."""
-        from .delays import delay_conv
+    def delay_gauss(self, hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int
+                    ) -> torch.Tensor:
+        """Learnable gauss synaptic delays: `out[t, ..., i] = sum_k sum_j w[i, j] g_k(d[i, j]) hist[D + t - k,
+        ..., j]`, the taps made in the kernels (`dense_delays.py`)."""
+        from .dense_delays import delay_gauss
 
-        return delay_conv(hist, W)
+        return delay_gauss(hist, w, d, coef, D)
 
     def eprop_walk(self, *args: Any) -> Any:
         """e-prop's per-synapse eligibility and gradients of a call (`eprop.py`)."""
