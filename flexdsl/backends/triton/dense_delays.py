@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel import interpret
+from .kernel import Launcher, interpret
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -216,13 +216,13 @@ def conv_forward(h: torch.Tensor, Wt: torch.Tensor) -> torch.Tensor:
         bm, bn, bk, nw, st = mm_config(T * N, I, J)
         h2, o2 = h.view(L * N, J), out.view(T * N, I)
         if _tma(h2, o2, Wt):
-            _shift_mm_tma[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
-                _desc(h2, [bm, bk]), _desc(Wt, [1, bn, bk]), _desc(o2, [bm, bn]), J, K, (K - 1) * N, -N,
-                PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+            _MM_TMA((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_desc=_desc(h2, [bm, bk]),
+                    b_desc=_desc(Wt, [1, bn, bk]), c_desc=_desc(o2, [bm, bn]), KI=J, K=K, shift0=(K - 1) * N,
+                    step=-N, PREC=_precision(h), BM=bm, BN=bn, BK=bk)
             return out
-        _shift_mm[(triton.cdiv(T * N, bm), triton.cdiv(I, bn))](
-            h, Wt, out, T * N, I, J, L * N, K, (K - 1) * N, -N, Wt.stride(0), Wt.stride(2), Wt.stride(1),
-            PREC=_precision(h), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+        _MM((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_ptr=h, b_ptr=Wt, c_ptr=out, M=T * N, NC=I,
+            KI=J, A_ROWS=L * N, K=K, shift0=(K - 1) * N, step=-N, sbk=Wt.stride(0), sbi=Wt.stride(2),
+            sbc=Wt.stride(1), PREC=_precision(h), BM=bm, BN=bn, BK=bk)
     return out
 
 
@@ -236,13 +236,13 @@ def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int) -> torch.Tensor
         bm, bn, bk, nw, st = mm_config(L * N, J, I)
         g2, gh2 = g.view(T * N, I), gh.view(L * N, J)
         if _tma(g2, gh2, Wc):
-            _shift_mm_tma[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
-                _desc(g2, [bm, bk]), _desc(Wc, [1, bn, bk]), _desc(gh2, [bm, bn]), I, K, -(K - 1) * N, N,
-                PREC=_precision(g), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+            _MM_TMA((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_desc=_desc(g2, [bm, bk]),
+                    b_desc=_desc(Wc, [1, bn, bk]), c_desc=_desc(gh2, [bm, bn]), KI=I, K=K, shift0=-(K - 1) * N,
+                    step=N, PREC=_precision(g), BM=bm, BN=bn, BK=bk)
             return gh
-        _shift_mm[(triton.cdiv(L * N, bm), triton.cdiv(J, bn))](
-            g, Wc, gh, L * N, J, I, T * N, K, -(K - 1) * N, N, Wc.stride(0), Wc.stride(2), Wc.stride(1),
-            PREC=_precision(g), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=st)
+        _MM((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_ptr=g, b_ptr=Wc, c_ptr=gh, M=L * N, NC=J,
+            KI=I, A_ROWS=T * N, K=K, shift0=-(K - 1) * N, step=N, sbk=Wc.stride(0), sbi=Wc.stride(2),
+            sbc=Wc.stride(1), PREC=_precision(g), BM=bm, BN=bn, BK=bk)
     return gh
 
 
@@ -254,7 +254,7 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
     R = T * N
     bj, bi, bk, nw, st = mmt_config(J, I)
     tiles = K * triton.cdiv(J, bj) * triton.cdiv(I, bi)
-    split = max(1, min(triton.cdiv(R, 2048), triton.cdiv(4 * _sms(h), max(tiles, 1))))
+    split = max(1, min(triton.cdiv(R, 2048), triton.cdiv(2 * _sms(h), max(tiles, 1))))
     rs = triton.cdiv(triton.cdiv(R, split), bk) * bk
     split = triton.cdiv(R, rs) if R else 1
     part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
@@ -264,12 +264,12 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
     if N * h.element_size() % 16 == 0 and _tma(h.view(L * N, J), g.view(R, I), part.view(split * K, J, I)):
         hT, gT = _transposed(h.view(L * N, J)), _transposed(g.view(R, I))  # (K-major operands)
         if _tma(hT, gT):
-            _shift_mm_t_tma[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
-                _desc(hT, [bj, bk]), _desc(gT, [bi, bk]), _desc(part.view(split * K, J, I), [1, bj, bi]),
-                R, J, K - 1, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk, num_warps=nw, num_stages=st)
+            _MMT_TMA((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, ht_desc=_desc(hT, [bj, bk]),
+                     gt_desc=_desc(gT, [bi, bk]), part_desc=_desc(part.view(split * K, J, I), [1, bj, bi]), R=R,
+                     J=J, D=K - 1, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
             return part
-    _shift_mm_t[(K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)](
-        h, g, part, R, J, I, K - 1, N, rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk, num_warps=nw, num_stages=st)
+    _MMT((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, h_ptr=h, g_ptr=g, part_ptr=part, R=R, J=J,
+         I=I, D=K - 1, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
     return part
 
 
@@ -364,6 +364,9 @@ def _gauss_taps_grad(part_ptr, S, w_ptr, d_ptr, gw_ptr, gd_ptr, I, J, K, coef, B
 
 
 TB = 32  # the taps kernels' tiles (TB x TB connections)
+# (launched with keywords: flexdsl's fast path, which skips Triton's per-call argument binding)
+_MM, _MMT, _MM_TMA, _MMT_TMA = Launcher(_shift_mm), Launcher(_shift_mm_t), Launcher(_shift_mm_tma), Launcher(_shift_mm_t_tma)
+_TAPS, _TAPS_GRAD = Launcher(_gauss_taps), Launcher(_gauss_taps_grad)
 
 
 class GaussDelays(torch.autograd.Function):
@@ -381,8 +384,8 @@ class GaussDelays(torch.autograd.Function):
         Wt = torch.empty((K, I, J), device=h.device, dtype=h.dtype)
         Wc = torch.empty((K, J, I), device=h.device, dtype=h.dtype) if both else Wt
         if I and J:
-            _gauss_taps[(triton.cdiv(I, TB), triton.cdiv(J, TB))](wc, dc, Wt, Wc, I, J, K, coef, BOTH=both,
-                                                                   BI=TB, BJ=TB)
+            _TAPS((triton.cdiv(I, TB), triton.cdiv(J, TB)), w_ptr=wc, d_ptr=dc, wt_ptr=Wt, wc_ptr=Wc, I=I, J=J, K=K,
+                  coef=coef, BOTH=both, BI=TB, BJ=TB)
         ctx.save_for_backward(h, Wc, wc, dc)
         ctx.coef = coef
         return conv_forward(h, Wt)
@@ -392,17 +395,17 @@ class GaussDelays(torch.autograd.Function):
         h, Wc, w, d = ctx.saved_tensors
         g = g.to(h.dtype).contiguous()
         K = Wc.shape[0]
-        gh = conv_history_grad(g, Wc, h.shape[0]) if ctx.needs_input_grad[0] else None
         gw = gd = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:  # (first: its parts freed before the history's)
             part = conv_weight_parts(h, g, K)
             I, J = w.shape
-            gw32 = torch.empty((I, J), device=w.device, dtype=torch.float32)
-            gd32 = torch.empty((I, J), device=w.device, dtype=torch.float32)
+            gw32, gd32 = torch.empty((2, I, J), device=w.device, dtype=torch.float32).unbind(0)
             if I and J:
-                _gauss_taps_grad[(triton.cdiv(I, TB), triton.cdiv(J, TB))](
-                    part, part.shape[0], w, d, gw32, gd32, I, J, K, ctx.coef, BI=TB, BJ=TB)
+                _TAPS_GRAD((triton.cdiv(I, TB), triton.cdiv(J, TB)), part_ptr=part, S=part.shape[0], w_ptr=w,
+                           d_ptr=d, gw_ptr=gw32, gd_ptr=gd32, I=I, J=J, K=K, coef=ctx.coef, BI=TB, BJ=TB)
             gw, gd = gw32.to(w.dtype), gd32.to(d.dtype)
+            del part
+        gh = conv_history_grad(g, Wc, h.shape[0]) if ctx.needs_input_grad[0] else None
         return gh, gw, gd, None, None
 
 

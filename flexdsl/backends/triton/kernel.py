@@ -91,6 +91,8 @@ def spec(t: Any) -> Any:
         return 0
     if type(t) is int:  # (Triton passes ints beyond 32 bits as i64: another kernel)
         return (t == 1, t % 16 == 0, -0x80000000 <= t <= 0x7FFFFFFF)
+    if not isinstance(t, torch.Tensor):  # a block-load descriptor: its dtype, block and padding
+        return (t.base.dtype, tuple(t.block_shape), getattr(t, "padding", None))
     return (t.dtype, t.data_ptr() % 16 == 0)
 
 
