@@ -280,18 +280,21 @@ def test_the_spread_kernel_equals_the_depthwise_convolution(lanes):
 
 @needs_triton
 @pytest.mark.parametrize("sizes,blocks", [((6, 9, (3,), 5, 4), False), ((4, 7, (2, 3), 37, 70), False),
-                                          ((0, 5, (2,), 3, 130), False), ((5, 7, (4,), 20, 36), True),
-                                          ((3, 6, (2, 4), 140, 24), True), ((0, 3, (4,), 4, 8), True)])
+                                          ((0, 5, (2,), 3, 130), False), ((5, 7, (4,), 20, 36), "direct"),
+                                          ((3, 6, (2, 4), 140, 24), "direct"), ((0, 3, (4,), 4, 8), "direct"),
+                                          ((5, 7, (4,), 20, 36), "copies"), ((3, 6, (2, 4), 140, 24), "copies")])
 def test_the_dense_delay_kernel_equals_the_convolution(sizes, blocks, monkeypatch):
     """Dense relaxed synaptic delays on the Triton backend (`delay_conv`: one product over taps and
     inputs, the time-major history read in place with its rows shifted per tap) against torch's
     convolution over time in float64: outputs, the history's and the weights' gradients, within
     float32's rounding of their sums (inputs x taps terms; steps x batch terms for the weights).
     Sizes whose rows are 16-byte aligned run the block-load kernels (Hopper's TMA; checked: the
-    pointer kernels refuse to run), the others the pointer kernels."""
+    pointer kernels refuse to run; the weights' gradient read as the tensors lie or from transposed
+    copies), the others the pointer kernels."""
     import flexdsl.backends.triton.dense_delays as dl
     from flexdsl.backends.triton.dense_delays import delay_conv
 
+    monkeypatch.setattr(dl, "DW_DIRECT", blocks == "direct")
     if blocks:
         for name in ("_MM", "_MMT"):
             monkeypatch.setattr(dl, name, lambda *a, **k: pytest.fail("a pointer kernel ran"))

@@ -121,6 +121,25 @@ def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, D, N, RS,
     part_desc.store([s * (D + 1) + k, j0, i0], acc.reshape([1, BJ, BI]))
 
 
+@triton.jit
+def _shift_mm_t_tma_direct(h_desc, g_desc, part_desc, R, J, D, N, RS,
+                           PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+    """`_shift_mm_t` with block loads from the history `h [L N, J]` and gradient `g [T N, I]` as they lie
+    (the tiles transposed on chip: no transposed copies)."""
+    kj = tl.program_id(0)
+    nj = tl.cdiv(J, BJ)
+    k, j0 = kj // nj, (kj % nj) * BJ
+    i0 = tl.program_id(1) * BI
+    s = tl.program_id(2)
+    acc = tl.zeros([BJ, BI], dtype=tl.float32)
+    lo = s * RS
+    for r0 in range(lo, tl.minimum(lo + RS, R), BK):
+        h = h_desc.load([r0 + (D - k) * N, j0])
+        g = g_desc.load([r0, i0])
+        acc = tl.dot(tl.trans(h), g.to(h.dtype), acc, input_precision=PREC)
+    part_desc.store([s * (D + 1) + k, j0, i0], acc.reshape([1, BJ, BI]))
+
+
 def _tile(n: int) -> int:
     """A tile over `n` values: 128 or 64, whichever pads less (the larger on a tie), or the power of two
     holding a narrow `n` (at least 16: the tensor cores' smallest)."""
@@ -149,6 +168,7 @@ def _precision(t: torch.Tensor) -> str:
 
 
 TMA = os.environ.get("FLEXDSL_DELAY_TMA", "1") != "0"  # (0: the pointer kernels everywhere)
+DW_DIRECT = os.environ.get("FLEXDSL_DELAY_DW", "direct") == "direct"  # (else the weights' gradient from transposed copies)
 
 
 def _tma(*ts: torch.Tensor) -> bool:
@@ -260,6 +280,12 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
     part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
     if not (R and J and I):
         return part.zero_()
+    grid = (K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)
+    if DW_DIRECT and _tma(h.view(L * N, J), g.view(R, I), part.view(split * K, J, I)):
+        _MMT_DIRECT(grid, nw, st, h_desc=_desc(h.view(L * N, J), [bk, bj]), g_desc=_desc(g.view(R, I), [bk, bi]),
+                    part_desc=_desc(part.view(split * K, J, I), [1, bj, bi]), R=R, J=J, D=K - 1, N=N, RS=rs,
+                    PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
+        return part
     # (block loads of the transposed history start at a tap's row shift (D - k) N: 16-byte aligned)
     if N * h.element_size() % 16 == 0 and _tma(h.view(L * N, J), g.view(R, I), part.view(split * K, J, I)):
         hT, gT = _transposed(h.view(L * N, J)), _transposed(g.view(R, I))  # (K-major operands)
@@ -367,6 +393,7 @@ TB = 32  # the taps kernels' tiles (TB x TB connections)
 # (launched with keywords: flexdsl's fast path, which skips Triton's per-call argument binding)
 _MM, _MMT, _MM_TMA, _MMT_TMA = Launcher(_shift_mm), Launcher(_shift_mm_t), Launcher(_shift_mm_tma), Launcher(_shift_mm_t_tma)
 _TAPS, _TAPS_GRAD = Launcher(_gauss_taps), Launcher(_gauss_taps_grad)
+_MMT_DIRECT = Launcher(_shift_mm_t_tma_direct)
 
 
 class GaussDelays(torch.autograd.Function):
