@@ -73,27 +73,22 @@ def main():
         dl.TMA = True
         tk, tc = timed(dl.delay_conv, h, Wc, o), timed(conv_path, h, Wc, o)
         parts = [event_ms(f) for f in phases(h, Wc, o)]
-        dl.DW_DIRECT = False
-        parts.append(event_ms(phases(h, Wc, o)[2]))
-        dl.DW_DIRECT = True
         rows.append((J, I, tk, tc, parts))
         print(f"{J:4d} -> {I:3d}: kernel {tk:.3f} ms (forward {parts[0]:.3f}, history grad {parts[1]:.3f}, weight grad "
-              f"{parts[2]:.3f}, from transposed copies {parts[3]:.3f}; pointer kernels {tp:.3f})  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
+              f"{parts[2]:.3f}; pointer kernels {tp:.3f})  conv path {tc:.3f} ms  ({tc / tk:.2f}x)", flush=True)
         if a.sweep:
             sweep(h, Wc, o)
-    print("| layer | kernel fwd+bwd | forward / history grad / weight grad (from transposed copies) | conv path fwd+bwd "
-          "| speed-up |")
+    print("| layer | kernel fwd+bwd | forward / history grad / weight grad | conv path fwd+bwd | speed-up |")
     print("| --- | --- | --- | --- | --- |")
     for J, I, tk, tc, p in rows:
-        print(f"| {J} -> {I} | {tk:.3f} ms | {p[0]:.3f} / {p[1]:.3f} / {p[2]:.3f} ({p[3]:.3f}) ms | {tc:.3f} ms "
-              f"| {tc / tk:.2f}x |")
+        print(f"| {J} -> {I} | {tk:.3f} ms | {p[0]:.3f} / {p[1]:.3f} / {p[2]:.3f} ms | {tc:.3f} ms | {tc / tk:.2f}x |")
 
 
 def phases(h, Wc, o):
     K, L = Wc.shape[0], h.shape[0]
     Wt = Wc.transpose(1, 2).contiguous()
-    return (lambda: dl.conv_forward(h, Wt), lambda: dl.conv_history_grad(o, Wc, L),
-            lambda: dl.conv_weight_parts(h, o, K))
+    return (lambda: dl.conv_forward(h, Wt, K - 1), lambda: dl.conv_history_grad(o, Wc, L, K - 1),
+            lambda: dl.conv_weight_parts(h, o, K, K - 1))
 
 
 def event_ms(f, reps=10):

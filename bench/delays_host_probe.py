@@ -43,14 +43,9 @@ def main():
     for tma in (True, False):
         dl.TMA = tma
         tag = "block loads" if tma else "pointers"
-        rows.append((f"conv_forward ({tag})", host_us(lambda: dl.conv_forward(h, Wt))))
-        rows.append((f"conv_history_grad ({tag})", host_us(lambda: dl.conv_history_grad(g, W, D + T))))
-        rows.append((f"conv_weight_parts ({tag})", host_us(lambda: dl.conv_weight_parts(h, g, D + 1))))
-        if tma:
-            dl.DW_DIRECT = False
-            rows.append(("conv_weight_parts (block loads, transposed copies)",
-                         host_us(lambda: dl.conv_weight_parts(h, g, D + 1))))
-            dl.DW_DIRECT = True
+        rows.append((f"conv_forward ({tag})", host_us(lambda: dl.conv_forward(h, Wt, D))))
+        rows.append((f"conv_history_grad ({tag})", host_us(lambda: dl.conv_history_grad(g, W, D + T, D))))
+        rows.append((f"conv_weight_parts ({tag})", host_us(lambda: dl.conv_weight_parts(h, g, D + 1, D))))
         rows.append((f"DenseDelays fwd+bwd ({tag})",
                      host_us(lambda: torch.autograd.grad(dl.delay_conv(hr, Wr), [hr, Wr], g), reps=100)))
         rows.append((f"GaussDelays fwd+bwd ({tag})",

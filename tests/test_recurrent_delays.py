@@ -280,21 +280,18 @@ def test_the_spread_kernel_equals_the_depthwise_convolution(lanes):
 
 @needs_triton
 @pytest.mark.parametrize("sizes,blocks", [((6, 9, (3,), 5, 4), False), ((4, 7, (2, 3), 37, 70), False),
-                                          ((0, 5, (2,), 3, 130), False), ((5, 7, (4,), 20, 36), "direct"),
-                                          ((3, 6, (2, 4), 140, 24), "direct"), ((0, 3, (4,), 4, 8), "direct"),
-                                          ((5, 7, (4,), 20, 36), "copies"), ((3, 6, (2, 4), 140, 24), "copies")])
+                                          ((0, 5, (2,), 3, 130), False), ((5, 7, (4,), 20, 36), True),
+                                          ((3, 6, (2, 4), 140, 24), True), ((0, 3, (4,), 4, 8), True)])
 def test_the_dense_delay_kernel_equals_the_convolution(sizes, blocks, monkeypatch):
     """Dense relaxed synaptic delays on the Triton backend (`delay_conv`: one product over taps and
     inputs, the time-major history read in place with its rows shifted per tap) against torch's
     convolution over time in float64: outputs, the history's and the weights' gradients, within
     float32's rounding of their sums (inputs x taps terms; steps x batch terms for the weights).
     Sizes whose rows are 16-byte aligned run the block-load kernels (Hopper's TMA; checked: the
-    pointer kernels refuse to run; the weights' gradient read as the tensors lie or from transposed
-    copies), the others the pointer kernels."""
+    pointer kernels refuse to run), the others the pointer kernels."""
     import flexdsl.backends.triton.dense_delays as dl
     from flexdsl.backends.triton.dense_delays import delay_conv
 
-    monkeypatch.setattr(dl, "DW_DIRECT", blocks == "direct")
     if blocks:
         for name in ("_MM", "_MMT"):
             monkeypatch.setattr(dl, name, lambda *a, **k: pytest.fail("a pointer kernel ran"))
@@ -321,14 +318,17 @@ def test_the_dense_delay_kernel_equals_the_convolution(sizes, blocks, monkeypatc
 
 
 @needs_triton
-@pytest.mark.parametrize("sizes,width", [((6, 9, (4,), 20, 12), 3.3), ((4, 5, (3,), 7, 40), 0.7),
-                                         ((3, 4, (2, 4), 36, 20), 1e-3), ((0, 3, (4,), 8, 4), 2.0)])
-def test_the_fused_gauss_delays_equal_the_taps_and_convolution(sizes, width):
+@pytest.mark.parametrize("sizes,width,past", [((6, 9, (4,), 20, 12), 3.3, 6), ((4, 5, (3,), 7, 40), 0.7, 4),
+                                              ((3, 4, (2, 4), 36, 20), 1e-3, 3), ((0, 3, (4,), 8, 4), 2.0, 0),
+                                              ((6, 9, (4,), 20, 12), 3.3, 0), ((5, 3, (4,), 12, 8), 1.5, 2),
+                                              ((4, 5, (3,), 7, 40), 0.7, 1)])
+def test_the_fused_gauss_delays_equal_the_taps_and_convolution(sizes, width, past):
     """Learnable gauss synaptic delays in one Triton op (`delay_gauss`: the taps `w[i, j] g_k(d[i, j])`
     made in a kernel, the product over taps and inputs, the gradients of the history, `w` and `d`)
     against the torch path in float64 (`tap_weights` and torch's convolution over time, autograd):
     within float32's rounding of the sums (inputs x taps terms; steps x batch x taps terms for `w`, and
-    for `d` times the largest tap derivative 2c(D) of the width)."""
+    for `d` times the largest tap derivative 2c(D) of the width). With fewer than max steps of history
+    (`past`: after a reset, none) the kernels read the steps before it as 0: the same as zeros given."""
     from flexdsl.backends.triton.dense_delays import delay_gauss
     from flexdsl.runtime.delays import gauss_coef, tap_weights
 
@@ -344,18 +344,42 @@ def test_the_fused_gauss_delays_equal_the_taps_and_convolution(sizes, width):
         x = h.reshape(h.shape[0], -1, J).permute(1, 2, 0)
         return torch.nn.functional.conv1d(x, taps).permute(2, 0, 1).reshape(Tn, *lanes, I)
 
+    hist[:Dm - past] = 0  # (the steps the kernels are not given: zeros)
+
+    def kernels(h, w_, d_):
+        return delay_gauss(h[Dm - past:], w_, d_, gauss_coef(width, Dm, torch.float32), Dm, past)
+
     outs = []
-    for f, dt in ((lambda h, w_, d_: delay_gauss(h, w_, d_, gauss_coef(width, Dm, torch.float32), Dm), torch.float32),
-                  (torch_path, torch.float64)):
+    for f, dt in ((kernels, torch.float32), (torch_path, torch.float64)):
         args = [v.to(dt).requires_grad_() for v in (hist, w, d)]
         out = f(*args)
         outs.append([v.detach().double() for v in (out, *torch.autograd.grad((out * go.to(dt)).sum(), args))])
+    outs[1][1][:Dm - past] = 0  # (the history's gradient: of the steps given)
     eps, n_bt = torch.finfo(torch.float32).eps, Tn * math.prod(lanes)
     coef = min(gauss_coef(width, Dm, torch.float64), 1e6)
     bounds = ((Dm + 1) * J, (Dm + 1) * I, n_bt * (Dm + 1), n_bt * (Dm + 1) * (1 + 2 * coef * max(Dm, 1)))
     for name, u, v, n in zip(("out", "history", "w", "d"), *outs, bounds):
         assert u.shape == v.shape
         assert float((u - v).abs().max()) <= 4 * n * eps * max(float(v.abs().max()), 1.0), name
+
+
+@needs_triton
+def test_gauss_synaptic_delays_in_the_kernels_carry_their_history_across_calls():
+    """Learnable gauss synaptic delays on the Triton backend keep the last max steps for the next call
+    (none materialized after a reset: the kernels read the steps before as 0): calls of 1, 2 (fewer
+    steps than the maximum), 3 and the rest equal one call, and both equal the torch backend."""
+    torch.manual_seed(29)
+    text = _text(f"delay synaptic max {D} learnable").replace("    synapses W_rec from spike to x\n", "")
+    tri = flexdsl.loads(text, backend="triton")
+    ref = flexdsl.loads(text, backend="torch")
+    ref.load_state_dict(tri.state_dict())
+    x = (torch.rand(T, B, F) < 0.5).float()
+    whole = tri.current(x)
+    tri.reset()
+    parts = torch.cat([tri.current(x[a:b]) for a, b in ((0, 1), (1, 3), (3, 6), (6, T))])
+    ops = layer_ops("lif", T, B, F * (D + 1), H)
+    assert_close(parts, whole, ops=ops, floor=1.0)
+    assert_close(whole, ref.current(x), ops=ops, floor=1.0)
 
 
 @needs_triton

@@ -158,7 +158,7 @@ def _kernel_backend(name: str, x: Any, declared: str) -> Any:
 def delay_kernel(name: str, x: Any, op: str = "product") -> Callable | None:
     """The sparse-delay product (`op="product"`: `delay_product(hist, d, a, c, D)`) or the per-element
     relaxed delays (`"spread"`: `delay_spread(hist, taps)`) or the learnable gauss synaptic delays
-    (`"gauss"`: `delay_gauss(hist, w, d, coef, D)`) of the backend a layer named `name` runs
+    (`"gauss"`: `delay_gauss(hist, w, d, coef, D, past)`) of the backend a layer named `name` runs
     inputs like `x` on (auto: the Triton kernels for CUDA tensors), or None where that backend has
     none (the torch path then)."""
     b = _kernel_backend(name, x, "delays")

@@ -69,7 +69,7 @@ class Capabilities:
     noise: bool = True
     scans: bool = False  # layer scans (`load_scan`)
     compile: bool = True  # runs under torch.compile (its time loop one custom-op pair)
-    delays: bool = False  # delays in kernels (`delay_product(hist, d, a, c, D)`, `delay_spread(hist, taps)`, `delay_gauss(hist, w, d, coef, D)`)
+    delays: bool = False  # delays in kernels (`delay_product(hist, d, a, c, D)`, `delay_spread(hist, taps)`, `delay_gauss(hist, w, d, coef, D, past)`)
     eprop: bool = False  # e-prop's per-synapse traces in a kernel (`eprop_walk(eps, J, b, x, s, one, A, Lg, zero)`)
     plastic: bool = False  # an online plastic layer's call in one kernel (`plastic_program(ir, key, rule_ir, ...)`)
     sparse: bool = False  # products from sparse inputs' nonzero entries (`sparse_ops()`: compact, product, program)

@@ -221,6 +221,15 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         return product(x, w, b), kept
     interp = s.delay_interp or "gauss"
     dendritic = s.delay_kind == "dendritic"
+    if gauss is not None and interp == "gauss" and s.delay_kind == "synaptic" and s.connect != "one_to_one":
+        # (in the backend's kernels, the taps made there too; no zero steps before the first call: the
+        # kernels read the steps before the history's first as 0)
+        hist = x if kept is None else history(layer, s, kept, x)
+        out = gauss(hist, w, d, gauss_coef(width, D, d.dtype), D, hist.shape[0] - T)
+        out = out + b.to(out.dtype) if b is not None else out
+        if hist.shape[0] < D:
+            hist = torch.cat([hist.new_zeros((D - hist.shape[0], *hist.shape[1:])), hist])
+        return out, hist[hist.shape[0] - D:]
     hist = history(layer, s, kept, product(x, w, b) if dendritic else x)
     per_element = dendritic or s.delay_kind == "axonal" or s.connect == "one_to_one"
     if per_element:
@@ -234,9 +243,6 @@ def learned_current(layer: CheckedLayer, s: CheckedSynapse, x: torch.Tensor, pro
         d0 = d.detach().floor().clamp(0, D - 1)
         f = (d - d0).to(w.dtype)
         out = kernel(hist, d0.long(), w * (1 - f), w * f, D)
-        out = out + b.to(out.dtype) if b is not None else out
-    elif gauss is not None and interp == "gauss":  # synaptic, in the backend's kernels: taps and product fused
-        out = gauss(hist, w, d, gauss_coef(width, D, d.dtype), D)
         out = out + b.to(out.dtype) if b is not None else out
     else:  # synaptic: one convolution over time with the kernel w[i, j] g_k(d[i, j])
         weights = (w.unsqueeze(-1) * tap_weights(d, D, width, interp).to(w.dtype)).flip(-1)  # [n_post, n_pre, D + 1]

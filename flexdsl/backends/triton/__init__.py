@@ -63,13 +63,13 @@ class TritonBackend:
 
         return delay_spread(hist, taps)
 
-    def delay_gauss(self, hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int
-                    ) -> torch.Tensor:
-        """Learnable gauss synaptic delays: `out[t, ..., i] = sum_k sum_j w[i, j] g_k(d[i, j]) hist[D + t - k,
-        ..., j]`, the taps made in the kernels (`dense_delays.py`)."""
+    def delay_gauss(self, hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int,
+                    past: int) -> torch.Tensor:
+        """Learnable gauss synaptic delays: `out[t, ..., i] = sum_k sum_j w[i, j] g_k(d[i, j]) hist[past + t - k,
+        ..., j]` (steps before the history's first 0), the taps made in the kernels (`dense_delays.py`)."""
         from .dense_delays import delay_gauss
 
-        return delay_gauss(hist, w, d, coef, D)
+        return delay_gauss(hist, w, d, coef, D, past)
 
     def eprop_walk(self, *args: Any) -> Any:
         """e-prop's per-synapse eligibility and gradients of a call (`eprop.py`)."""

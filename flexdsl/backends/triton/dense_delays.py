@@ -60,9 +60,10 @@ def _shift_mm(a_ptr, b_ptr, c_ptr, M, NC, KI, A_ROWS, K, shift0, step, sbk, sbi,
 
 
 @triton.jit
-def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, D, N, RS,
+def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, P, K, N, RS,
                 PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
-    """`part[s, k, j, i] = sum_{r in split s} h[r + (D - k) N, j] g[r, i]` (rows r < R, RS a split)."""
+    """`part[s, k, j, i] = sum_{r in split s} h[r + (P - k) N, j] g[r, i]` (rows r < R, RS a split; rows
+    of `h` before its first read as 0)."""
     kj = tl.program_id(0)
     nj = tl.cdiv(J, BJ)
     k, jb = kj // nj, kj % nj
@@ -75,11 +76,11 @@ def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, D, N, RS,
     for r0 in range(lo, tl.minimum(lo + RS, R), BK):
         r = r0 + tl.arange(0, BK)
         rmask = r < tl.minimum(lo + RS, R)
-        hr = (r + (D - k) * N).to(tl.int64)
-        h = tl.load(h_ptr + hr[None, :] * J + j[:, None], mask=jm[:, None] & rmask[None, :], other=0.0)
+        hr = (r + (P - k) * N).to(tl.int64)
+        h = tl.load(h_ptr + hr[None, :] * J + j[:, None], mask=jm[:, None] & (rmask & (hr >= 0))[None, :], other=0.0)
         g = tl.load(g_ptr + r.to(tl.int64)[:, None] * I + i[None, :], mask=rmask[:, None] & im[None, :], other=0.0)
         acc = tl.dot(h, g.to(h.dtype), acc, input_precision=PREC)
-    base = (s * (D + 1) + k).to(tl.int64) * J * I
+    base = (s * K + k).to(tl.int64) * J * I
     tl.store(part_ptr + base + j.to(tl.int64)[:, None] * I + i[None, :], acc, mask=jm[:, None] & im[None, :])
 
 
@@ -103,7 +104,7 @@ def _shift_mm_tma(a_desc, b_desc, c_desc, KI, K, shift0, step,
 
 
 @triton.jit
-def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, D, N, RS,
+def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, P, K, N, RS,
                     PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
     """`_shift_mm_t` with block loads from the transposed history `hT [J, L N]` and gradient
     `gT [I, T N]` (both K-major), `part [splits * K, J, I]`."""
@@ -115,29 +116,10 @@ def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, D, N, RS,
     acc = tl.zeros([BJ, BI], dtype=tl.float32)
     lo = s * RS
     for r0 in range(lo, tl.minimum(lo + RS, R), BK):
-        h = ht_desc.load([j0, r0 + (D - k) * N])
+        h = ht_desc.load([j0, r0 + (P - k) * N])
         g = gt_desc.load([i0, r0])
         acc = tl.dot(h, tl.trans(g.to(h.dtype)), acc, input_precision=PREC)
-    part_desc.store([s * (D + 1) + k, j0, i0], acc.reshape([1, BJ, BI]))
-
-
-@triton.jit
-def _shift_mm_t_tma_direct(h_desc, g_desc, part_desc, R, J, D, N, RS,
-                           PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
-    """`_shift_mm_t` with block loads from the history `h [L N, J]` and gradient `g [T N, I]` as they lie
-    (the tiles transposed on chip: no transposed copies)."""
-    kj = tl.program_id(0)
-    nj = tl.cdiv(J, BJ)
-    k, j0 = kj // nj, (kj % nj) * BJ
-    i0 = tl.program_id(1) * BI
-    s = tl.program_id(2)
-    acc = tl.zeros([BJ, BI], dtype=tl.float32)
-    lo = s * RS
-    for r0 in range(lo, tl.minimum(lo + RS, R), BK):
-        h = h_desc.load([r0 + (D - k) * N, j0])
-        g = g_desc.load([r0, i0])
-        acc = tl.dot(tl.trans(h), g.to(h.dtype), acc, input_precision=PREC)
-    part_desc.store([s * (D + 1) + k, j0, i0], acc.reshape([1, BJ, BI]))
+    part_desc.store([s * K + k, j0, i0], acc.reshape([1, BJ, BI]))
 
 
 def _tile(n: int) -> int:
@@ -168,7 +150,6 @@ def _precision(t: torch.Tensor) -> str:
 
 
 TMA = os.environ.get("FLEXDSL_DELAY_TMA", "1") != "0"  # (0: the pointer kernels everywhere)
-DW_DIRECT = os.environ.get("FLEXDSL_DELAY_DW", "direct") == "direct"  # (else the weights' gradient from transposed copies)
 
 
 def _tma(*ts: torch.Tensor) -> bool:
@@ -225,30 +206,31 @@ def _context(t: torch.Tensor) -> bool:
     return True
 
 
-def conv_forward(h: torch.Tensor, Wt: torch.Tensor) -> torch.Tensor:
-    """`out [T, N, I]` of the history `h [L, N, J]` (contiguous) and the taps' weights K-major,
-    `Wt [K, I, J]` (`Wt[k, i, j]`: connection j -> i, k steps back; contiguous)."""
+def conv_forward(h: torch.Tensor, Wt: torch.Tensor, P: int) -> torch.Tensor:
+    """`out [T, N, I]` of the history `h [L = P + T, N, J]` (contiguous; its first P steps before the
+    output's, the steps before those 0) and the taps' weights K-major, `Wt [K, I, J]` (`Wt[k, i, j]`:
+    connection j -> i, k steps back; contiguous)."""
     L, N, J = h.shape
     K, I = Wt.shape[0], Wt.shape[1]
-    T = L - K + 1
+    T = L - P
     out = torch.empty((T, N, I), device=h.device, dtype=h.dtype)
     if T * N and I:
         bm, bn, bk, nw, st = mm_config(T * N, I, J)
         h2, o2 = h.view(L * N, J), out.view(T * N, I)
         if _tma(h2, o2, Wt):
             _MM_TMA((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_desc=_desc(h2, [bm, bk]),
-                    b_desc=_desc(Wt, [1, bn, bk]), c_desc=_desc(o2, [bm, bn]), KI=J, K=K, shift0=(K - 1) * N,
-                    step=-N, PREC=_precision(h), BM=bm, BN=bn, BK=bk)
+                    b_desc=_desc(Wt, [1, bn, bk]), c_desc=_desc(o2, [bm, bn]), KI=J, K=K, shift0=P * N, step=-N,
+                    PREC=_precision(h), BM=bm, BN=bn, BK=bk)
             return out
         _MM((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_ptr=h, b_ptr=Wt, c_ptr=out, M=T * N, NC=I,
-            KI=J, A_ROWS=L * N, K=K, shift0=(K - 1) * N, step=-N, sbk=Wt.stride(0), sbi=Wt.stride(2),
+            KI=J, A_ROWS=L * N, K=K, shift0=P * N, step=-N, sbk=Wt.stride(0), sbi=Wt.stride(2),
             sbc=Wt.stride(1), PREC=_precision(h), BM=bm, BN=bn, BK=bk)
     return out
 
 
-def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int) -> torch.Tensor:
-    """The history's gradient `[L, N, J]` from the output's `g [T, N, I]` (contiguous) and the taps'
-    weights `Wc [K, J, I]` (contiguous: K-major for this product)."""
+def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int, P: int) -> torch.Tensor:
+    """The history's gradient `[L = P + T, N, J]` from the output's `g [T, N, I]` (contiguous) and the
+    taps' weights `Wc [K, J, I]` (contiguous: K-major for this product)."""
     T, N, I = g.shape
     K, J = Wc.shape[0], Wc.shape[1]
     gh = torch.empty((L, N, J), device=g.device, dtype=g.dtype)
@@ -257,18 +239,19 @@ def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int) -> torch.Tensor
         g2, gh2 = g.view(T * N, I), gh.view(L * N, J)
         if _tma(g2, gh2, Wc):
             _MM_TMA((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_desc=_desc(g2, [bm, bk]),
-                    b_desc=_desc(Wc, [1, bn, bk]), c_desc=_desc(gh2, [bm, bn]), KI=I, K=K, shift0=-(K - 1) * N,
-                    step=N, PREC=_precision(g), BM=bm, BN=bn, BK=bk)
+                    b_desc=_desc(Wc, [1, bn, bk]), c_desc=_desc(gh2, [bm, bn]), KI=I, K=K, shift0=-P * N, step=N,
+                    PREC=_precision(g), BM=bm, BN=bn, BK=bk)
             return gh
         _MM((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_ptr=g, b_ptr=Wc, c_ptr=gh, M=L * N, NC=J,
-            KI=I, A_ROWS=T * N, K=K, shift0=-(K - 1) * N, step=N, sbk=Wc.stride(0), sbi=Wc.stride(2),
+            KI=I, A_ROWS=T * N, K=K, shift0=-P * N, step=N, sbk=Wc.stride(0), sbi=Wc.stride(2),
             sbc=Wc.stride(1), PREC=_precision(g), BM=bm, BN=bn, BK=bk)
     return gh
 
 
-def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
+def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int, P: int) -> torch.Tensor:
     """The taps' weights' gradient in parts, `[S, K, J, I]` float32 (their sum the gradient), from the
-    history `h [L, N, J]` and `g [T, N, I]`: the rows split in S parts so that the products fill the card."""
+    history `h [L = P + T, N, J]` and `g [T, N, I]`: the rows split in S parts so that the products fill
+    the card."""
     L, N, J = h.shape
     T, I = g.shape[0], g.shape[2]
     R = T * N
@@ -280,22 +263,16 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int) -> torch.Tensor:
     part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
     if not (R and J and I):
         return part.zero_()
-    grid = (K * triton.cdiv(J, bj), triton.cdiv(I, bi), split)
-    if DW_DIRECT and _tma(h.view(L * N, J), g.view(R, I), part.view(split * K, J, I)):
-        _MMT_DIRECT(grid, nw, st, h_desc=_desc(h.view(L * N, J), [bk, bj]), g_desc=_desc(g.view(R, I), [bk, bi]),
-                    part_desc=_desc(part.view(split * K, J, I), [1, bj, bi]), R=R, J=J, D=K - 1, N=N, RS=rs,
-                    PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
-        return part
-    # (block loads of the transposed history start at a tap's row shift (D - k) N: 16-byte aligned)
+    # (block loads of the transposed history start at a tap's row shift (P - k) N: 16-byte aligned)
     if N * h.element_size() % 16 == 0 and _tma(h.view(L * N, J), g.view(R, I), part.view(split * K, J, I)):
         hT, gT = _transposed(h.view(L * N, J)), _transposed(g.view(R, I))  # (K-major operands)
         if _tma(hT, gT):
             _MMT_TMA((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, ht_desc=_desc(hT, [bj, bk]),
                      gt_desc=_desc(gT, [bi, bk]), part_desc=_desc(part.view(split * K, J, I), [1, bj, bi]), R=R,
-                     J=J, D=K - 1, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
+                     J=J, P=P, K=K, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
             return part
     _MMT((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, h_ptr=h, g_ptr=g, part_ptr=part, R=R, J=J,
-         I=I, D=K - 1, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
+         I=I, P=P, K=K, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
     return part
 
 
@@ -308,14 +285,15 @@ class DenseDelays(torch.autograd.Function):
         h, Wc = hist.contiguous(), W.to(hist.dtype).contiguous()
         ctx.save_for_backward(h, Wc)
         ctx.w_dtype = W.dtype
-        return conv_forward(h, Wc.transpose(1, 2).contiguous())
+        return conv_forward(h, Wc.transpose(1, 2).contiguous(), Wc.shape[0] - 1)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         h, Wc = ctx.saved_tensors
         g = g.to(h.dtype).contiguous()
-        gh = conv_history_grad(g, Wc, h.shape[0]) if ctx.needs_input_grad[0] else None
-        gw = conv_weight_parts(h, g, Wc.shape[0]).sum(0).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None
+        K = Wc.shape[0]
+        gh = conv_history_grad(g, Wc, h.shape[0], K - 1) if ctx.needs_input_grad[0] else None
+        gw = conv_weight_parts(h, g, K, K - 1).sum(0).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None
         return gh, gw
 
 
@@ -393,16 +371,16 @@ TB = 32  # the taps kernels' tiles (TB x TB connections)
 # (launched with keywords: flexdsl's fast path, which skips Triton's per-call argument binding)
 _MM, _MMT, _MM_TMA, _MMT_TMA = Launcher(_shift_mm), Launcher(_shift_mm_t), Launcher(_shift_mm_tma), Launcher(_shift_mm_t_tma)
 _TAPS, _TAPS_GRAD = Launcher(_gauss_taps), Launcher(_gauss_taps_grad)
-_MMT_DIRECT = Launcher(_shift_mm_t_tma_direct)
 
 
 class GaussDelays(torch.autograd.Function):
-    """`out [T, N, I]` from the history `hist [D + T, N, J]`, the weights `w [I, J]` and the delays
-    `d [I, J]` (in [0, D]) under the gauss relaxation of coefficient `coef` (1/2σ², bounded); gradients
-    of the history, `w` and `d`."""
+    """`out [T, N, I]` from the history `hist [P + T, N, J]` (its first P steps before the output's, the
+    steps before those 0), the weights `w [I, J]` and the delays `d [I, J]` (in [0, D]) under the gauss
+    relaxation of coefficient `coef` (1/2σ², bounded); gradients of the history, `w` and `d`."""
 
     @staticmethod
-    def forward(ctx, hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int) -> torch.Tensor:
+    def forward(ctx, hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int, P: int
+                ) -> torch.Tensor:
         h = hist.contiguous()
         L, N, J = h.shape
         I, K = w.shape[0], D + 1
@@ -414,8 +392,8 @@ class GaussDelays(torch.autograd.Function):
             _TAPS((triton.cdiv(I, TB), triton.cdiv(J, TB)), w_ptr=wc, d_ptr=dc, wt_ptr=Wt, wc_ptr=Wc, I=I, J=J, K=K,
                   coef=coef, BOTH=both, BI=TB, BJ=TB)
         ctx.save_for_backward(h, Wc, wc, dc)
-        ctx.coef = coef
-        return conv_forward(h, Wt)
+        ctx.coef, ctx.past = coef, P
+        return conv_forward(h, Wt, P)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
@@ -424,7 +402,7 @@ class GaussDelays(torch.autograd.Function):
         K = Wc.shape[0]
         gw = gd = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:  # (first: its parts freed before the history's)
-            part = conv_weight_parts(h, g, K)
+            part = conv_weight_parts(h, g, K, ctx.past)
             I, J = w.shape
             gw32, gd32 = torch.empty((2, I, J), device=w.device, dtype=torch.float32).unbind(0)
             if I and J:
@@ -432,8 +410,8 @@ class GaussDelays(torch.autograd.Function):
                            d_ptr=d, gw_ptr=gw32, gd_ptr=gd32, I=I, J=J, K=K, coef=ctx.coef, BI=TB, BJ=TB)
             gw, gd = gw32.to(w.dtype), gd32.to(d.dtype)
             del part
-        gh = conv_history_grad(g, Wc, h.shape[0]) if ctx.needs_input_grad[0] else None
-        return gh, gw, gd, None, None
+        gh = conv_history_grad(g, Wc, h.shape[0], ctx.past) if ctx.needs_input_grad[0] else None
+        return gh, gw, gd, None, None, None
 
 
 def _sms(t: torch.Tensor) -> int:
@@ -459,13 +437,16 @@ def delay_conv(hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return out.view(L - W.shape[0] + 1, *hist.shape[1:-1], W.shape[2])
 
 
-def delay_gauss(hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int) -> torch.Tensor:
-    """`delay_conv` of the gauss relaxation's weights `W[k, j, i] = w[i, j] g_k(d[i, j])` (`hist [D + T,
-    ..., J]`, `w`, `d` `[I, J]`, `coef` = 1/2σ² bounded as `runtime/delays.tap_weights` bounds it),
-    the weights made in the kernels (no `[I, J, D + 1]` tensor for autograd)."""
+def delay_gauss(hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: float, D: int, past: int | None = None
+                ) -> torch.Tensor:
+    """`delay_conv` of the gauss relaxation's weights `W[k, j, i] = w[i, j] g_k(d[i, j])` (`hist [past + T,
+    ..., J]`: `past` steps (default D) before the output's first, the steps before those 0; `w`, `d`
+    `[I, J]`, `coef` = 1/2σ² bounded as `runtime/delays.gauss_coef` bounds it), the weights made in the
+    kernels (no `[I, J, D + 1]` tensor for autograd, no zero steps materialized)."""
+    P = D if past is None else past
     L, J = hist.shape[0], hist.shape[-1]
-    out = GaussDelays.apply(hist.reshape(L, -1, J), w, d, coef, D)
-    return out.view(L - D, *hist.shape[1:-1], w.shape[0])
+    out = GaussDelays.apply(hist.reshape(L, -1, J), w, d, coef, D, P)
+    return out.view(L - P, *hist.shape[1:-1], w.shape[0])
 
 
 __all__ = ["DenseDelays", "GaussDelays", "delay_conv", "delay_gauss"]
