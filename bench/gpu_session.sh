@@ -35,7 +35,7 @@ for step in "$@"; do
     conv_check) timeout 300 python3 bench/delays_conv_check.py --sweep ;;
     delays_net) timeout 300 python3 bench/delays_gpu.py --check ;;
     delays_net_profile) timeout 200 python3 bench/delays_profile.py ;;
-    delays_host) timeout 200 python3 bench/delays_host_probe.py ;;
+    delays_host) timeout 200 python3 bench/delays_host_probe.py --profile ;;
     delays_profile) timeout 200 python3 bench/delays_rec_profile.py ;;
     mlp_memory) timeout 300 python3 bench/mlp_memory_gpu.py ;;
     memopt) timeout 550 python3 bench/memopt_gpu.py ;;
