@@ -383,6 +383,26 @@ def test_gauss_synaptic_delays_in_the_kernels_carry_their_history_across_calls()
 
 
 @needs_triton
+@pytest.mark.parametrize("line", [f"delay synaptic max {D} learnable", f"delay axonal max {D} learnable",
+                                  f"delay synaptic max {D}"])
+def test_delays_of_a_triton_layer_compile(line):
+    """Under torch.compile a Triton layer's delays run as torch's operations (the delay kernels are the
+    eager path; a trace of their launches failed): the compiled current equals the eager one, and the
+    delays' gradient arrives."""
+    torch.manual_seed(30)
+    text = _text(line).replace("    synapses W_rec from spike to x\n", "")
+    kw = {} if "learnable" in line else {"delays": {"W_in": torch.randint(0, D + 1, (H, F))}}
+    m = flexdsl.loads(text, backend="triton", **kw)
+    x = (torch.rand(T, B, F) < 0.5).float()
+    eager = m.current(x)
+    m.reset()
+    out = torch.compile(m.current, backend="aot_eager")(x)
+    assert_close(out, eager, ops=layer_ops("lif", T, B, F * (D + 1), H), floor=1.0)
+    out.sum().backward()
+    assert m.W_in.grad is not None and ("learnable" not in line or m.W_in_delay.grad is not None)
+
+
+@needs_triton
 def test_synaptic_gauss_delays_run_without_a_convolution(monkeypatch):
     """Learnable synaptic delays (gauss: every connection reads every step back) on the Triton backend
     read the history in place (`delay_conv`): no convolution runs, and the gradients of the input, the

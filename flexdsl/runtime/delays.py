@@ -349,6 +349,8 @@ class DelayedSynapses:
         None for torch's."""
         from .. import backends
 
+        if torch.compiler.is_compiling():  # (a trace: torch's operations, which Inductor compiles)
+            return None
         name = getattr(self, "backend", None) or self.neuron.backend
         key = (name, x.device, x.dtype, op)
         known = self.__dict__.setdefault("_delay_kernels", {})
