@@ -364,6 +364,27 @@ def test_the_fused_gauss_delays_equal_the_taps_and_convolution(sizes, width, pas
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gauss_synaptic_delays_in_16_bit_round_once_per_term(dtype):
+    """A Triton layer in bfloat16/float16 with learnable gauss synaptic delays (its taps and current made
+    in 16-bit, summed in float32) against the torch backend in float64 from the same 16-bit weights,
+    delays and spikes: within the 16-bit rounding of each term (taps x inputs of them). (Triton's
+    interpreter multiplies bfloat16 wrongly: the kernels take 16-bit operands in float32 there.)"""
+    torch.manual_seed(33)
+    text = _text(f"delay synaptic max {D} learnable").replace("    synapses W_rec from spike to x\n", "")
+    tri = flexdsl.loads(text, backend="triton").to(dtype)
+    ref = flexdsl.loads(text, backend="torch").double()
+    ref.load_state_dict(tri.state_dict())
+    x = (torch.rand(T, B, F) < 0.5).to(dtype)
+    with torch.no_grad():
+        got, want = tri.current(x), ref.current(x.double())
+    assert got.dtype == dtype
+    n = (D + 1) * F
+    bound = 4 * n * torch.finfo(dtype).eps * max(float(want.abs().max()), 1.0)
+    assert float((got.double() - want).abs().max()) <= bound
+
+
+@needs_triton
 def test_gauss_synaptic_delays_in_the_kernels_carry_their_history_across_calls():
     """Learnable gauss synaptic delays on the Triton backend keep the last max steps for the next call
     (none materialized after a reset: the kernels read the steps before as 0): calls of 1, 2 (fewer

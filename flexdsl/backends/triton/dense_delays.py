@@ -37,7 +37,7 @@ except ImportError:  # (an older Triton: the pointer kernels)
 
 @triton.jit
 def _shift_mm(a_ptr, b_ptr, c_ptr, M, NC, KI, A_ROWS, K, shift0, step, sbk, sbi, sbc,
-              PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+              PREC: tl.constexpr, UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """`C[r, c] = sum_k sum_j A[r + shift0 + k step, j] B[k, j, c]` (A `[A_ROWS, KI]` row-major, rows
     outside it 0; B at strides sbk, sbi, sbc; C `[M, NC]` row-major)."""
     r = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -54,6 +54,8 @@ def _shift_mm(a_ptr, b_ptr, c_ptr, M, NC, KI, A_ROWS, K, shift0, step, sbk, sbi,
         a = tl.load(a_ptr + ar.to(tl.int64)[:, None] * KI + j[None, :], mask=am[:, None] & jm[None, :], other=0.0)
         b = tl.load(b_ptr + k.to(tl.int64) * sbk + j[:, None] * sbi + c[None, :] * sbc,
                     mask=jm[:, None] & cm[None, :], other=0.0)
+        if UP:  # (16-bit operands in float32: Triton's interpreter multiplies bfloat16 wrongly)
+            a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b.to(a.dtype), acc, input_precision=PREC)
     tl.store(c_ptr + r.to(tl.int64)[:, None] * NC + c[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=rm[:, None] & cm[None, :])
@@ -61,7 +63,7 @@ def _shift_mm(a_ptr, b_ptr, c_ptr, M, NC, KI, A_ROWS, K, shift0, step, sbk, sbi,
 
 @triton.jit
 def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, P, K, N, RS,
-                PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+                PREC: tl.constexpr, UP: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
     """`part[s, k, j, i] = sum_{r in split s} h[r + (P - k) N, j] g[r, i]` (rows r < R, RS a split; rows
     of `h` before its first read as 0)."""
     kj = tl.program_id(0)
@@ -79,6 +81,8 @@ def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, P, K, N, RS,
         hr = (r + (P - k) * N).to(tl.int64)
         h = tl.load(h_ptr + hr[None, :] * J + j[:, None], mask=jm[:, None] & (rmask & (hr >= 0))[None, :], other=0.0)
         g = tl.load(g_ptr + r.to(tl.int64)[:, None] * I + i[None, :], mask=rmask[:, None] & im[None, :], other=0.0)
+        if UP:
+            h, g = h.to(tl.float32), g.to(tl.float32)
         acc = tl.dot(h, g.to(h.dtype), acc, input_precision=PREC)
     base = (s * K + k).to(tl.int64) * J * I
     tl.store(part_ptr + base + j.to(tl.int64)[:, None] * I + i[None, :], acc, mask=jm[:, None] & im[None, :])
@@ -86,7 +90,7 @@ def _shift_mm_t(h_ptr, g_ptr, part_ptr, R, J, I, P, K, N, RS,
 
 @triton.jit
 def _shift_mm_tma(a_desc, b_desc, c_desc, KI, K, shift0, step,
-                  PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                  PREC: tl.constexpr, UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """`_shift_mm` with block loads (Hopper's TMA; rows and columns outside the tensors read as 0, a
     store outside clipped): A `[rows, KI]` at rows shifted per tap, B^T `[K, NC, KI]` (K-major: what the
     tensor cores take without a transpose), C `[M, NC]`."""
@@ -99,13 +103,15 @@ def _shift_mm_tma(a_desc, b_desc, c_desc, KI, K, shift0, step,
         j0 = (kk % nkb) * BK
         a = a_desc.load([r0 + shift0 + k * step, j0])
         b = b_desc.load([k, c0, j0]).reshape([BN, BK])
+        if UP:
+            a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, tl.trans(b.to(a.dtype)), acc, input_precision=PREC)
     c_desc.store([r0, c0], acc.to(c_desc.dtype))
 
 
 @triton.jit
 def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, P, K, N, RS,
-                    PREC: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+                    PREC: tl.constexpr, UP: tl.constexpr, BJ: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
     """`_shift_mm_t` with block loads from the transposed history `hT [J, L N]` and gradient
     `gT [I, T N]` (both K-major), `part [splits * K, J, I]`."""
     kj = tl.program_id(0)
@@ -118,6 +124,8 @@ def _shift_mm_t_tma(ht_desc, gt_desc, part_desc, R, J, P, K, N, RS,
     for r0 in range(lo, tl.minimum(lo + RS, R), BK):
         h = ht_desc.load([j0, r0 + (P - k) * N])
         g = gt_desc.load([i0, r0])
+        if UP:
+            h, g = h.to(tl.float32), g.to(tl.float32)
         acc = tl.dot(h, tl.trans(g.to(h.dtype)), acc, input_precision=PREC)
     part_desc.store([s * K + k, j0, i0], acc.reshape([1, BJ, BI]))
 
@@ -147,6 +155,12 @@ def _precision(t: torch.Tensor) -> str:
     if t.dtype != torch.float32 or not t.is_cuda:
         return "ieee"
     return "tf32" if torch.backends.cudnn.allow_tf32 else "tf32x3"
+
+
+def _up(t: torch.Tensor) -> bool:
+    """Whether the products take 16-bit operands in float32: in Triton's interpreter (whose bfloat16
+    products are wrong); on a GPU they run on the tensor cores as they are."""
+    return t.element_size() < 4 and not t.is_cuda
 
 
 TMA = os.environ.get("FLEXDSL_DELAY_TMA", "1") != "0"  # (0: the pointer kernels everywhere)
@@ -220,11 +234,11 @@ def conv_forward(h: torch.Tensor, Wt: torch.Tensor, P: int) -> torch.Tensor:
         if _tma(h2, o2, Wt):
             _MM_TMA((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_desc=_desc(h2, [bm, bk]),
                     b_desc=_desc(Wt, [1, bn, bk]), c_desc=_desc(o2, [bm, bn]), KI=J, K=K, shift0=P * N, step=-N,
-                    PREC=_precision(h), BM=bm, BN=bn, BK=bk)
+                    PREC=_precision(h), UP=_up(h), BM=bm, BN=bn, BK=bk)
             return out
         _MM((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_ptr=h, b_ptr=Wt, c_ptr=out, M=T * N, NC=I,
             KI=J, A_ROWS=L * N, K=K, shift0=P * N, step=-N, sbk=Wt.stride(0), sbi=Wt.stride(2),
-            sbc=Wt.stride(1), PREC=_precision(h), BM=bm, BN=bn, BK=bk)
+            sbc=Wt.stride(1), PREC=_precision(h), UP=_up(h), BM=bm, BN=bn, BK=bk)
     return out
 
 
@@ -240,11 +254,11 @@ def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int, P: int) -> torc
         if _tma(g2, gh2, Wc):
             _MM_TMA((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_desc=_desc(g2, [bm, bk]),
                     b_desc=_desc(Wc, [1, bn, bk]), c_desc=_desc(gh2, [bm, bn]), KI=I, K=K, shift0=-P * N, step=N,
-                    PREC=_precision(g), BM=bm, BN=bn, BK=bk)
+                    PREC=_precision(g), UP=_up(g), BM=bm, BN=bn, BK=bk)
             return gh
         _MM((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_ptr=g, b_ptr=Wc, c_ptr=gh, M=L * N, NC=J,
             KI=I, A_ROWS=T * N, K=K, shift0=-P * N, step=N, sbk=Wc.stride(0), sbi=Wc.stride(2),
-            sbc=Wc.stride(1), PREC=_precision(g), BM=bm, BN=bn, BK=bk)
+            sbc=Wc.stride(1), PREC=_precision(g), UP=_up(g), BM=bm, BN=bn, BK=bk)
     return gh
 
 
@@ -269,10 +283,10 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int, P: int) -> torch
         if _tma(hT, gT):
             _MMT_TMA((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, ht_desc=_desc(hT, [bj, bk]),
                      gt_desc=_desc(gT, [bi, bk]), part_desc=_desc(part.view(split * K, J, I), [1, bj, bi]), R=R,
-                     J=J, P=P, K=K, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
+                     J=J, P=P, K=K, N=N, RS=rs, PREC=_precision(h), UP=_up(h), BJ=bj, BI=bi, BK=bk)
             return part
     _MMT((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, h_ptr=h, g_ptr=g, part_ptr=part, R=R, J=J,
-         I=I, P=P, K=K, N=N, RS=rs, PREC=_precision(h), BJ=bj, BI=bi, BK=bk)
+         I=I, P=P, K=K, N=N, RS=rs, PREC=_precision(h), UP=_up(h), BJ=bj, BI=bi, BK=bk)
     return part
 
 
