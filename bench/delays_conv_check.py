@@ -61,6 +61,7 @@ def main():
         errs = [float((u.double().cpu() - v).abs().max() / v.abs().max()) for u, v in zip(got, ref)]
         print(f"check (TF32 {'on' if tf32 else 'off'}): CUDA float32 vs CPU float64, largest relative error "
               f"out {errs[0]:.2e}, grad hist {errs[1]:.2e}, grad W {errs[2]:.2e}", flush=True)
+    check_gauss()
     torch.backends.cudnn.allow_tf32 = True
     N = 256
     rows = []
@@ -82,6 +83,36 @@ def main():
     print("| --- | --- | --- | --- | --- |")
     for J, I, tk, tc, p in rows:
         print(f"| {J} -> {I} | {tk:.3f} ms | {p[0]:.3f} / {p[1]:.3f} / {p[2]:.3f} ms | {tc:.3f} ms | {tc / tk:.2f}x |")
+
+
+def check_gauss():
+    """The fused op (`delay_gauss`: taps made in a kernel, the product, gradients of history, w and d) on
+    CUDA in float32 (TF32 on and off) and 16-bit against the taps and convolution in float64 on the CPU."""
+    from flexdsl.runtime.delays import gauss_coef, tap_weights
+
+    g = torch.Generator().manual_seed(1)
+    D, T, N, J, I, width = 24, 100, 64, 140, 256, 12.27
+    hist = (torch.rand(D + T, N, J, generator=g) < 0.2).double()
+    w = torch.randn(I, J, generator=g, dtype=torch.float64) / 10
+    d = torch.rand(I, J, generator=g, dtype=torch.float64) * D
+    go = torch.randn(T, N, I, generator=g, dtype=torch.float64)
+
+    def ref_f(h, w_, d_):
+        return conv_path(h, (w_.unsqueeze(-1) * tap_weights(d_, D, width, "gauss")).permute(2, 1, 0))
+
+    def grads(f, args):
+        args = [a.detach().requires_grad_() for a in args]
+        out = f(*args)
+        return [out.detach(), *torch.autograd.grad((out * go.to(out.device, out.dtype)).sum(), args)]
+    ref = grads(ref_f, [hist, w, d])
+    for label, dt, tf32 in (("float32, TF32 on", torch.float32, True), ("float32, TF32 off", torch.float32, False),
+                            ("bfloat16", torch.bfloat16, True), ("float16", torch.float16, True)):
+        torch.backends.cudnn.allow_tf32 = tf32
+        got = grads(lambda h, w_, d_: dl.delay_gauss(h, w_, d_, gauss_coef(width, D, torch.float32), D),
+                    [v.to(dt).cuda() for v in (hist, w, d)])
+        errs = [float((u.double().cpu() - v).abs().max() / v.abs().max()) for u, v in zip(got, ref)]
+        print(f"check delay_gauss ({label}) vs CPU float64, largest relative error: out {errs[0]:.2e}, "
+              f"history {errs[1]:.2e}, w {errs[2]:.2e}, d {errs[3]:.2e}", flush=True)
 
 
 def phases(h, Wc, o):
