@@ -12,12 +12,19 @@ reach), same run, same card: eager, torch.compile (default) and torch.compile(mo
 Cases (as bench/../shared's e2e harness measured the issue's numbers): SEW-ResNet-18 (ADD,
 detach_reset) on [T=4, B=16, 3, 224, 224], spiking VGG-11-BN on [T=4, B=64, 3, 32, 32], 10
 classes; `lif_stack`: 16 LIF layers in a row on [4, 16, 64, 32, 32] (the neuron alone, compiled
-against eager). A step is `reset_net; zero_grad; forward under autocast; cross-entropy of the
+against eager); `mlp8`: 8 x (Linear(4096) -> LIF) on [T=32, B=64, 4096] spikes at 20 % (flexdsl: its
+feed-forward layers, `flexdsl.feedforward("lif", 4096, 4096)`, the synapse and the neuron in one
+module that keeps its 0/1 input as bits). A step is `reset_net; zero_grad; forward under autocast; cross-entropy of the
 time mean (lif_stack: the mean); backward; SGD(momentum) step`; the table gives the median of
 `--steps` timed steps after `--warmup` steps (which include compiling), the peak memory of a
-step and the time the warm-up took (mostly compiling). flexdsl's LIF runs on its Triton kernels
-(`backend="auto"` on CUDA). Libraries: `flexdsl`, `sj` (LIFNode, its default torch backend) and
-`zero` (nn.Identity in every neuron's place: what the rest of the network costs).
+step (in the summary: above the resident model, input and last gradients, as bench/memopt_gpu.py
+defines it) and the time the warm-up took (mostly compiling). flexdsl's LIF runs on its Triton kernels
+(`backend="auto"` on CUDA). Libraries: `flexdsl`, `sj` (LIFNode, its default torch backend), `memopt`
+(SpikingJelly 2.0.0's `memopt.optimize_memory` applied to the `sj` network, `--memopt-level`, its
+targets as in its paper's setting: the ResNet's BasicBlocks, the VGG's convolutions and LIF nodes, the
+MLP's linear layers and LIF nodes; the search's time reported as `search_s`), `flexdsl-bits`
+(`flexdsl.save_spikes_as_bits(net, recompute=--bits-recompute)` on the flexdsl network: the
+memory-first form) and `zero` (nn.Identity in every neuron's place: what the rest of the network costs).
 
 `--jobs N` runs every case in a process of its own, N compiling at a time, in two phases:
 all cases build and warm up (compile) in parallel, then each is timed alone, one after
@@ -80,7 +87,7 @@ def node_factory(lib: str):
     def zero(**kw):  # the ceiling: no neuron at all
         return torch.nn.Identity()
 
-    return {"sj": sj_lif, "flexdsl": fx_lif, "zero": zero}[lib]
+    return {"sj": sj_lif, "memopt": sj_lif, "flexdsl": fx_lif, "flexdsl-bits": fx_lif, "zero": zero}[lib]
 
 
 def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_fp32: bool = False):
@@ -95,6 +102,16 @@ def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_
     elif arch == "spiking_vgg11_bn":
         net = spiking_vgg.spiking_vgg11_bn(spiking_neuron=node, num_classes=10, detach_reset=True)
         x = torch.rand(2, 2, 3, 32, 32) if smoke else torch.rand(4, 64, 3, 32, 32)
+    elif arch == "mlp8":  # 8 x (Linear(4096) -> LIF), T = 32, batch 64
+        n = 64 if smoke else 4096
+        if lib.startswith("flexdsl"):
+            import flexdsl
+            net = torch.nn.Sequential(*[flexdsl.feedforward("lif", n, n) for _ in range(8)])
+        else:
+            from spikingjelly.activation_based import layer
+            net = torch.nn.Sequential(*[m for _ in range(8) for m in (layer.Linear(n, n), node(detach_reset=True))])
+        x = (torch.rand(2, 2, n) if smoke else torch.rand(32, 64, n)) < 0.2
+        x = x.float()
     else:  # lif_stack: the neuron alone, 16 layers
         net = torch.nn.Sequential(*[node(detach_reset=True) for _ in range(16)])
         x = (torch.rand(2, 2, 8, 4, 4) if smoke else torch.rand(4, 16, 64, 32, 32)) * 2.5
@@ -110,6 +127,29 @@ def build(arch: str, lib: str, dev: str, smoke: bool, channels_last: bool, pool_
     if arch == "lif_stack":  # (no weights: the gradient is the input's)
         x.requires_grad_(True)
     return net, x
+
+
+def optimize(net, x, arch: str, lib: str, a) -> tuple[torch.nn.Module, float]:
+    """The `memopt` and `flexdsl-bits` libraries' network (and the seconds its search took)."""
+    t0 = time.perf_counter()
+    if lib == "memopt":
+        from spikingjelly.activation_based import functional, layer, neuron
+        from spikingjelly.activation_based.memopt import optimize_memory
+        from spikingjelly.activation_based.model import sew_resnet
+        targets = {"sew_resnet18": (sew_resnet.BasicBlock,), "spiking_vgg11_bn": (layer.Conv2d, neuron.LIFNode),
+                   "mlp8": (layer.Linear, neuron.LIFNode)}.get(arch, (neuron.LIFNode,))
+
+        def example(m, x=x):
+            functional.reset_net(m)
+            return m(x)
+        net = optimize_memory(net, targets, example, level=a.memopt_level)
+    elif lib == "flexdsl-bits":
+        import flexdsl
+        flexdsl.save_spikes_as_bits(net, recompute=None if a.bits_recompute == "none" else a.bits_recompute)
+    else:
+        return net, 0.0
+    sync(a.device)
+    return net, time.perf_counter() - t0
 
 
 def make_step(net, model, opt, x, y, bf16: bool, dev: str, arch: str):
@@ -149,6 +189,7 @@ class Case:
         torch.backends.cudnn.benchmark = cb
         torch._dynamo.reset()
         net, x = build(self.arch, self.lib, dev, a.smoke, cl, pf)
+        net, self.search = optimize(net, x, self.arch, self.lib, a)
         y = torch.randint(0, 10, (x.shape[1],), device=dev)
         params = list(net.parameters())
         opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9) if params else _NoOpt()
@@ -168,7 +209,9 @@ class Case:
         for _ in range(2 if a.jobs else 0):  # (after waiting: the allocator's blocks back, clocks up)
             self.step()
         sync(dev)
+        base = 0
         if dev == "cuda":
+            base = torch.cuda.memory_allocated()  # (the resident model, input and last step's gradients)
             torch.cuda.reset_peak_memory_stats()
         ts = []
         for _ in range(a.steps):
@@ -177,10 +220,12 @@ class Case:
             sync(dev)
             ts.append(time.perf_counter() - t)
         peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
+        above = peak - base / 2**30  # (as bench/memopt_gpu.py defines a step's peak)
         cl, cb, pf = VARIANTS[self.variant]
         res = {"arch": self.arch, "lib": self.lib, "dtype": self.dtype, "mode": self.mode, "variant": self.variant,
                "ms": statistics.median(ts) * 1e3, "min_ms": min(ts) * 1e3, "peak_gib": peak, "warmup_s": self.warm,
-               "first_loss": self.first_loss, "channels_last": cl, "cudnn_benchmark": cb, "pool_fp32": pf}
+               "first_loss": self.first_loss, "channels_last": cl, "cudnn_benchmark": cb, "pool_fp32": pf,
+               "search_s": self.search, "peak_above_gib": above}
         if a.profile and self.mode == "eager" and not self.variant and self.arch != "lif_stack":
             res["profile"] = profile(self.step, dev)
         return res
@@ -277,7 +322,8 @@ def cases_from_args(a) -> list[tuple[str, str, str, str, str]]:
 def report(r: dict) -> None:
     print(f"{r['arch']:17s} {r['dtype']} {r['lib']:7s} {r['mode']:15s} {r['variant']}: {r['ms']:8.2f} ms "
           f"(min {r['min_ms']:.2f})  peak {r['peak_gib']:.2f} GiB  warm-up {r['warmup_s']:.1f} s  "
-          f"first loss {r['first_loss']:.5f}", flush=True)
+          f"first loss {r['first_loss']:.5f}" + (f"  search {r['search_s']:.1f} s" if r.get("search_s") else ""),
+          flush=True)
     if "profile" in r:
         p = r["profile"]
         print("    per step (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["groups_ms"].items())))
@@ -289,26 +335,28 @@ def summary(rows: list[dict]) -> None:
     """Per arch, dtype and layout: each library's modes, its best, flexdsl's best against
     SpikingJelly's and the share of the zero-cost network in flexdsl's best step."""
     print("\n| arch | dtype | layout | library | eager | compile default | reduce-overhead | best | "
-          "flexdsl best vs SJ best | zero-cost / flexdsl best |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "flexdsl best vs SJ best | zero-cost / flexdsl best | eager step's peak above resident, GiB (vs SJ) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     keys = []
     for r in rows:
         k = (r["arch"], r["dtype"], r["variant"])
         if k not in keys:
             keys.append(k)
     for arch, dt, variant in keys:
-        best = {}
-        for lib in ("sj", "flexdsl", "zero"):
-            ms = {r["mode"]: r["ms"] for r in rows if (r["arch"], r["dtype"], r["variant"], r["lib"]) ==
-                  (arch, dt, variant, lib)}
+        best, peaks = {}, {}
+        for lib in ("sj", "memopt", "flexdsl", "flexdsl-bits", "zero"):
+            mine = [r for r in rows if (r["arch"], r["dtype"], r["variant"], r["lib"]) == (arch, dt, variant, lib)]
+            ms = {r["mode"]: r["ms"] for r in mine}
             if not ms:
                 continue
             best[lib] = min(ms.values())
+            peaks[lib] = next((r["peak_above_gib"] for r in mine if r["mode"] == "eager"), float("nan"))
             cells = [f"{ms[m]:.2f}" if m in ms else "-" for m in MODES]
             ratio = f"{best['sj'] / best['flexdsl']:.2f}x" if lib == "flexdsl" and "sj" in best else ""
             share = f"{best['zero'] / best['flexdsl']:.2f}" if lib == "zero" and "flexdsl" in best else ""
+            peak = f"{peaks[lib]:.3f}" + (f" ({peaks[lib] / peaks['sj']:.2f}x)" if "sj" in peaks and lib != "sj" else "")
             print(f"| {arch} | {dt} | {variant or 'NCHW'} | {lib} | {' | '.join(cells)} | {best[lib]:.2f} | {ratio} | "
-                  f"{share} |")
+                  f"{share} | {peak} |")
 
 
 # ------------------------------------------------------------------ one process per case
@@ -432,10 +480,14 @@ def run_parallel(cases: list[tuple], a, argv: list[str]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", nargs="+", default=["sew_resnet18", "spiking_vgg11_bn"],
-                    help="sew_resnet18, spiking_vgg11_bn, lif_stack")
+                    help="sew_resnet18, spiking_vgg11_bn, lif_stack, mlp8")
     ap.add_argument("--dtypes", nargs="+", help="fp32, bf16 (default both; --smoke: fp32)")
     ap.add_argument("--modes", nargs="+", help="eager, default, reduce-overhead (default all; --smoke: eager)")
-    ap.add_argument("--libs", nargs="+", default=["sj", "flexdsl"], help="sj, flexdsl, zero (the identity)")
+    ap.add_argument("--libs", nargs="+", default=["sj", "flexdsl"],
+                    help="sj, memopt, flexdsl, flexdsl-bits, zero (the identity)")
+    ap.add_argument("--memopt-level", type=int, default=4, help="memopt.optimize_memory's level (1-4)")
+    ap.add_argument("--bits-recompute", default="norm", choices=["none", "norm", "product"],
+                    help="flexdsl-bits: save_spikes_as_bits(recompute=...)")
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one eager step, grouped")

@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the device machine, from the repository root (a clean clone works):
 #   bash bench/gpu_session.sh STEP...
-#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_all | sew | sew_old | compile_ops | layers | delays | spread_check | conv_check | delays_net | delays_net_profile | delays_host | delays_profile | mlp_memory | memopt | eprop | eprop_check | eprop_trace | eprop_example | plasticity | plastic_online | sparse | sparse_profile | keep_profile | recurrent_bits | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
+#   STEP: check | check_save | harness | harness_old | recurrent | recurrent_old | recurrent_all | sew | sew_old | compile_ops | layers | delays | spread_check | conv_check | delays_net | delays_net_profile | delays_host | delays_profile | mlp_memory | memopt | e2e_memory | eprop | eprop_check | eprop_trace | eprop_example | plasticity | plastic_online | sparse | sparse_profile | keep_profile | recurrent_bits | recurrent_check | extra | noise | noise_check | profile | models | sweep | diag | diag16 | diagk | diagk128 | full
 # flexdsl runs from this checkout. Wheels in .whl/ (e.g. spikingjelly, loguru, for a machine without them)
 # are installed into /tmp/site first; `harness_old` and `recurrent_old` run a baseline checkout carried as .old/ (flexdsl/, grammar/, neurons/).
 # Every script a step runs is in bench/; logs go to $OUT (default /tmp), one per step.
@@ -39,6 +39,7 @@ for step in "$@"; do
     delays_profile) timeout 200 python3 bench/delays_rec_profile.py ;;
     mlp_memory) timeout 300 python3 bench/mlp_memory_gpu.py ;;
     memopt) timeout 550 python3 bench/memopt_gpu.py ;;
+    e2e_memory) timeout 500 python3 bench/e2e_gpu.py --archs mlp8 spiking_vgg11_bn sew_resnet18 --libs sj memopt flexdsl flexdsl-bits zero --modes eager --dtypes fp32 ;;
     eprop) timeout 500 python3 bench/eprop_gpu.py ;;
     eprop_check) timeout 300 python3 bench/eprop_cuda_check.py ;;
     eprop_trace) timeout 300 python3 bench/eprop_trace.py && timeout 200 python3 bench/eprop_profile.py ;;
