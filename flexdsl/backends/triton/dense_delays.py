@@ -220,25 +220,31 @@ def _context(t: torch.Tensor) -> bool:
     return True
 
 
+def _shifted_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, shift0: int, step: int) -> None:
+    """`out[r, c] = sum_k sum_j a[r + shift0 + k step, j] b[k, c, j]` (`a [rows, KI]`, rows outside it 0;
+    `b [K, NC, KI]` K-major; `out [M, NC]`; all contiguous): block loads where they run, else pointers."""
+    (M, NC), KI, K = out.shape, a.shape[1], b.shape[0]
+    if not (M and NC):
+        return
+    bm, bn, bk, nw, st = mm_config(M, NC, KI)
+    grid = (triton.cdiv(M, bm), triton.cdiv(NC, bn))
+    if _tma(a, out, b):
+        _MM_TMA(grid, nw, st, a_desc=_desc(a, [bm, bk]), b_desc=_desc(b, [1, bn, bk]), c_desc=_desc(out, [bm, bn]),
+                KI=KI, K=K, shift0=shift0, step=step, PREC=_precision(a), UP=_up(a), BM=bm, BN=bn, BK=bk)
+        return
+    _MM(grid, nw, st, a_ptr=a, b_ptr=b, c_ptr=out, M=M, NC=NC, KI=KI, A_ROWS=a.shape[0], K=K, shift0=shift0,
+        step=step, sbk=b.stride(0), sbi=b.stride(2), sbc=b.stride(1), PREC=_precision(a), UP=_up(a), BM=bm, BN=bn,
+        BK=bk)
+
+
 def conv_forward(h: torch.Tensor, Wt: torch.Tensor, P: int) -> torch.Tensor:
     """`out [T, N, I]` of the history `h [L = P + T, N, J]` (contiguous; its first P steps before the
     output's, the steps before those 0) and the taps' weights K-major, `Wt [K, I, J]` (`Wt[k, i, j]`:
     connection j -> i, k steps back; contiguous)."""
     L, N, J = h.shape
-    K, I = Wt.shape[0], Wt.shape[1]
     T = L - P
-    out = torch.empty((T, N, I), device=h.device, dtype=h.dtype)
-    if T * N and I:
-        bm, bn, bk, nw, st = mm_config(T * N, I, J)
-        h2, o2 = h.view(L * N, J), out.view(T * N, I)
-        if _tma(h2, o2, Wt):
-            _MM_TMA((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_desc=_desc(h2, [bm, bk]),
-                    b_desc=_desc(Wt, [1, bn, bk]), c_desc=_desc(o2, [bm, bn]), KI=J, K=K, shift0=P * N, step=-N,
-                    PREC=_precision(h), UP=_up(h), BM=bm, BN=bn, BK=bk)
-            return out
-        _MM((triton.cdiv(T * N, bm), triton.cdiv(I, bn)), nw, st, a_ptr=h, b_ptr=Wt, c_ptr=out, M=T * N, NC=I,
-            KI=J, A_ROWS=L * N, K=K, shift0=P * N, step=-N, sbk=Wt.stride(0), sbi=Wt.stride(2),
-            sbc=Wt.stride(1), PREC=_precision(h), UP=_up(h), BM=bm, BN=bn, BK=bk)
+    out = torch.empty((T, N, Wt.shape[1]), device=h.device, dtype=h.dtype)
+    _shifted_product(h.view(L * N, J), Wt, out.view(T * N, -1), P * N, -N)
     return out
 
 
@@ -246,19 +252,8 @@ def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int, P: int) -> torc
     """The history's gradient `[L = P + T, N, J]` from the output's `g [T, N, I]` (contiguous) and the
     taps' weights `Wc [K, J, I]` (contiguous: K-major for this product)."""
     T, N, I = g.shape
-    K, J = Wc.shape[0], Wc.shape[1]
-    gh = torch.empty((L, N, J), device=g.device, dtype=g.dtype)
-    if L * N and J:
-        bm, bn, bk, nw, st = mm_config(L * N, J, I)
-        g2, gh2 = g.view(T * N, I), gh.view(L * N, J)
-        if _tma(g2, gh2, Wc):
-            _MM_TMA((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_desc=_desc(g2, [bm, bk]),
-                    b_desc=_desc(Wc, [1, bn, bk]), c_desc=_desc(gh2, [bm, bn]), KI=I, K=K, shift0=-P * N, step=N,
-                    PREC=_precision(g), UP=_up(g), BM=bm, BN=bn, BK=bk)
-            return gh
-        _MM((triton.cdiv(L * N, bm), triton.cdiv(J, bn)), nw, st, a_ptr=g, b_ptr=Wc, c_ptr=gh, M=L * N, NC=J,
-            KI=I, A_ROWS=T * N, K=K, shift0=-P * N, step=N, sbk=Wc.stride(0), sbi=Wc.stride(2),
-            sbc=Wc.stride(1), PREC=_precision(g), UP=_up(g), BM=bm, BN=bn, BK=bk)
+    gh = torch.empty((L, N, Wc.shape[1]), device=g.device, dtype=g.dtype)
+    _shifted_product(g.view(T * N, I), Wc, gh.view(L * N, -1), -P * N, N)
     return gh
 
 
