@@ -333,30 +333,36 @@ class DelayedSynapses:
         layer, kept = self._layer, self.__dict__["_kept"]
         d, width = self._delay_values(s)
         synaptic = s.delay_kind == "synaptic" and s.connect != "one_to_one"
-        kernel = self._delay_kernel(x) if synaptic else None
-        if width:
-            dense = synaptic and not torch.is_autocast_enabled(x.device.type)
-            gauss = self._delay_kernel(x, "gauss") if dense else None
-            out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel,
-                                                self._delay_kernel(x, "spread"), gauss)
-        else:
+        if not width:
+            kernel = self._delay_kernel(x) if synaptic else None
             out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
+            return out
+        kernel = spread = gauss = None  # (only the backend kernel this relaxation and kind run: asked per call)
+        if not synaptic:
+            spread = self._delay_kernel(x, "spread")
+        elif (s.delay_interp or "gauss") == "linear":
+            kernel = self._delay_kernel(x)
+        elif not torch.is_autocast_enabled(x.device.type):
+            gauss = self._delay_kernel(x, "gauss")
+        out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel, spread,
+                                            gauss)
         return out
 
     def _delay_kernel(self, x: torch.Tensor, op: str = "product") -> Callable | None:
         """The sparse-delay product (`op="product"`) or the per-element relaxed delays (`"spread"`) of
         the backend this layer runs `x` on (decided once per device and dtype: `backends.delay_kernel`),
         None for torch's."""
-        from .. import backends
-
         if torch.compiler.is_compiling():  # (a trace: torch's operations, which Inductor compiles)
             return None
         name = getattr(self, "backend", None) or self.neuron.backend
         key = (name, x.device, x.dtype, op)
         known = self.__dict__.setdefault("_delay_kernels", {})
-        if key not in known:
-            known[key] = backends.delay_kernel(name, x, op)
-        return known[key]
+        hit = known.get(key, known)
+        if hit is known:
+            from .. import backends
+
+            hit = known[key] = backends.delay_kernel(name, x, op)
+        return hit
 
     def _delay_values(self, s: CheckedSynapse) -> tuple[torch.Tensor | None, float]:
         """(the synapse's delays, the relaxation's width) for a call: learnable ones clamped into

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .kernel import cdiv, next_pow2
+
 
 @triton.jit
 def _current(h_ptr, d_ptr, a_ptr, c_ptr, out_ptr, T, N, J, I, D, L,
@@ -104,7 +106,7 @@ class SparseDelays(torch.autograd.Function):
         a_, c_ = a.contiguous(), (c if c is not None else a).contiguous()
         out = torch.empty((T, N, I), device=hist.device, dtype=hist.dtype)
         if T * N and I:
-            _current[(triton.cdiv(T * N, BR), triton.cdiv(I, BI))](hT, d32, a_, c_, out, T, N, J, I, D, L,
+            _current[(cdiv(T * N, BR), cdiv(I, BI))](hT, d32, a_, c_, out, T, N, J, I, D, L,
                                                                   TWO=c is not None, BR=BR, BI=BI)
         ctx.save_for_backward(hT, d32, a_, c_)
         ctx.dims, ctx.two = (T, N, J, I, D, L), c is not None
@@ -119,13 +121,13 @@ class SparseDelays(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gh = torch.zeros((L, N, J), device=g.device, dtype=hT.dtype)
             if L * N and J:
-                _history_grad[(triton.cdiv(L * N, BR), triton.cdiv(J, BJ))](gT, d32, a, c, gh, T, N, J, I, D, L,
+                _history_grad[(cdiv(L * N, BR), cdiv(J, BJ))](gT, d32, a, c, gh, T, N, J, I, D, L,
                                                                            TWO=ctx.two, BR=BR, BJ=BJ)
         if ctx.needs_input_grad[2] or (ctx.two and ctx.needs_input_grad[3]):
             ga = torch.zeros((I, J), device=g.device, dtype=torch.float32)
             gc = torch.zeros((I, J), device=g.device, dtype=torch.float32) if ctx.two else ga
             if I and J:
-                _weight_grad[(I, triton.cdiv(J, BJ))](gT, hT, d32, ga, gc, T, N, J, D, L,
+                _weight_grad[(I, cdiv(J, BJ))](gT, hT, d32, ga, gc, T, N, J, D, L,
                                                      TWO=ctx.two, BR=BR, BJ=BJ)
             ga, gc = ga.to(a.dtype), (gc.to(c.dtype) if ctx.two else None)
         return gh, None, ga, gc, None
@@ -205,7 +207,7 @@ class Spread(torch.autograd.Function):
         h, g = h.contiguous(), g.contiguous()
         out = torch.empty((T, M), device=h.device, dtype=h.dtype)
         if T and M:
-            _spread_fwd[(triton.cdiv(T, ST), triton.cdiv(M, SM))](h, g, out, T, M, C, D, BT=ST, BM=SM)
+            _spread_fwd[(cdiv(T, ST), cdiv(M, SM))](h, g, out, T, M, C, D, BT=ST, BM=SM)
         ctx.save_for_backward(h, g)
         return out
 
@@ -221,13 +223,13 @@ class Spread(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gh = torch.empty_like(h)
             if L and M:
-                _spread_hist_grad[(triton.cdiv(L, ST), triton.cdiv(M, SM))](go, g, gh, T, M, C, D, BT=ST, BM=SM)
+                _spread_hist_grad[(cdiv(L, ST), cdiv(M, SM))](go, g, gh, T, M, C, D, BT=ST, BM=SM)
         if ctx.needs_input_grad[1]:
-            nb = triton.cdiv(T, ST)
+            nb = cdiv(T, ST)
             part = torch.empty((nb, K, M), device=h.device, dtype=torch.float32)
             if T and M:
-                _spread_tap_grad[(nb, triton.cdiv(M, SM))](go, h, part, T, M, D, BT=ST, BM=SM,
-                                                           KP=triton.next_power_of_2(K))
+                _spread_tap_grad[(nb, cdiv(M, SM))](go, h, part, T, M, D, BT=ST, BM=SM,
+                                                           KP=next_pow2(K))
             gg = part.sum(0).view(K, M // C, C).sum(1).t().to(g.dtype)  # ([C, K]: over blocks and a channel's lanes)
         return gh, gg
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel import Launcher, interpret
+from .kernel import Launcher, cdiv, interpret, next_pow2
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -134,8 +134,8 @@ def _tile(n: int) -> int:
     """A tile over `n` values: 128 or 64, whichever pads less (the larger on a tie), or the power of two
     holding a narrow `n` (at least 16: the tensor cores' smallest)."""
     if n <= 64:
-        return max(16, triton.next_power_of_2(n))
-    return min((128, 64), key=lambda b: (triton.cdiv(n, b) * b, -b))
+        return max(16, next_pow2(n))
+    return min((128, 64), key=lambda b: (cdiv(n, b) * b, -b))
 
 
 def mm_config(rows: int, cols: int, inner: int) -> tuple[int, int, int, int, int]:
@@ -227,7 +227,7 @@ def _shifted_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, shift0
     if not (M and NC):
         return
     bm, bn, bk, nw, st = mm_config(M, NC, KI)
-    grid = (triton.cdiv(M, bm), triton.cdiv(NC, bn))
+    grid = (cdiv(M, bm), cdiv(NC, bn))
     if _tma(a, out, b):
         _MM_TMA(grid, nw, st, a_desc=_desc(a, [bm, bk]), b_desc=_desc(b, [1, bn, bk]), c_desc=_desc(out, [bm, bn]),
                 KI=KI, K=K, shift0=shift0, step=step, PREC=_precision(a), UP=_up(a), BM=bm, BN=bn, BK=bk)
@@ -265,10 +265,10 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int, P: int) -> torch
     T, I = g.shape[0], g.shape[2]
     R = T * N
     bj, bi, bk, nw, st = mmt_config(J, I)
-    tiles = K * triton.cdiv(J, bj) * triton.cdiv(I, bi)
-    split = max(1, min(triton.cdiv(R, 2048), triton.cdiv(2 * _sms(h), max(tiles, 1))))
-    rs = triton.cdiv(triton.cdiv(R, split), bk) * bk
-    split = triton.cdiv(R, rs) if R else 1
+    tiles = K * cdiv(J, bj) * cdiv(I, bi)
+    split = max(1, min(cdiv(R, 2048), cdiv(2 * _sms(h), max(tiles, 1))))
+    rs = cdiv(cdiv(R, split), bk) * bk
+    split = cdiv(R, rs) if R else 1
     part = torch.empty((split, K, J, I), device=h.device, dtype=torch.float32)
     if not (R and J and I):
         return part.zero_()
@@ -276,11 +276,11 @@ def conv_weight_parts(h: torch.Tensor, g: torch.Tensor, K: int, P: int) -> torch
     if N * h.element_size() % 16 == 0 and _tma(h.view(L * N, J), g.view(R, I), part.view(split * K, J, I)):
         hT, gT = _transposed(h.view(L * N, J)), _transposed(g.view(R, I))  # (K-major operands)
         if _tma(hT, gT):
-            _MMT_TMA((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, ht_desc=_desc(hT, [bj, bk]),
+            _MMT_TMA((K * cdiv(J, bj), cdiv(I, bi), split), nw, st, ht_desc=_desc(hT, [bj, bk]),
                      gt_desc=_desc(gT, [bi, bk]), part_desc=_desc(part.view(split * K, J, I), [1, bj, bi]), R=R,
                      J=J, P=P, K=K, N=N, RS=rs, PREC=_precision(h), UP=_up(h), BJ=bj, BI=bi, BK=bk)
             return part
-    _MMT((K * triton.cdiv(J, bj), triton.cdiv(I, bi), split), nw, st, h_ptr=h, g_ptr=g, part_ptr=part, R=R, J=J,
+    _MMT((K * cdiv(J, bj), cdiv(I, bi), split), nw, st, h_ptr=h, g_ptr=g, part_ptr=part, R=R, J=J,
          I=I, P=P, K=K, N=N, RS=rs, PREC=_precision(h), UP=_up(h), BJ=bj, BI=bi, BK=bk)
     return part
 
@@ -398,7 +398,7 @@ class GaussDelays(torch.autograd.Function):
         Wt = torch.empty((K, I, J), device=h.device, dtype=h.dtype)
         Wc = torch.empty((K, J, I), device=h.device, dtype=h.dtype) if both else Wt
         if I and J:
-            _TAPS((triton.cdiv(I, TB), triton.cdiv(J, TB)), w_ptr=wc, d_ptr=dc, wt_ptr=Wt, wc_ptr=Wc, I=I, J=J, K=K,
+            _TAPS((cdiv(I, TB), cdiv(J, TB)), w_ptr=wc, d_ptr=dc, wt_ptr=Wt, wc_ptr=Wc, I=I, J=J, K=K,
                   coef=coef, BOTH=both, BI=TB, BJ=TB)
         ctx.save_for_backward(h, Wc, wc, dc)
         ctx.coef, ctx.past = coef, P
@@ -415,7 +415,7 @@ class GaussDelays(torch.autograd.Function):
             I, J = w.shape
             gw32, gd32 = torch.empty((2, I, J), device=w.device, dtype=torch.float32).unbind(0)
             if I and J:
-                _TAPS_GRAD((triton.cdiv(I, TB), triton.cdiv(J, TB)), part_ptr=part, S=part.shape[0], w_ptr=w,
+                _TAPS_GRAD((cdiv(I, TB), cdiv(J, TB)), part_ptr=part, S=part.shape[0], w_ptr=w,
                            d_ptr=d, gw_ptr=gw32, gd_ptr=gd32, I=I, J=J, K=K, coef=ctx.coef, BI=TB, BJ=TB)
             gw, gd = gw32.to(w.dtype), gd32.to(d.dtype)
             del part

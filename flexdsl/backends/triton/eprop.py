@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .kernel import cdiv
+
 
 @triton.jit
 def _adjoint(J_ptr, b_ptr, A_ptr, Lg_ptr, u_ptr, nu_ptr, mu_ptr, psi_ptr, T, N,
@@ -112,7 +114,7 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
     psi = torch.empty((F, H, D, D), device=dev, dtype=f32)
     u = torch.empty((T, F, H), device=dev, dtype=f32) if acc else empty
     mu = torch.empty((F, H, D), device=dev, dtype=f32) if acc else empty
-    _adjoint[(triton.cdiv(N, BN),)](J.contiguous(), b.contiguous(), A.contiguous() if acc else empty,
+    _adjoint[(cdiv(N, BN),)](J.contiguous(), b.contiguous(), A.contiguous() if acc else empty,
                                     Lg.contiguous() if acc else empty, u, nu, mu, psi, T, N, D=D, ACC=acc, BN=BN)
     parts = [q.to(f32) for q in (x, s) if q is not None]
     if one:
@@ -127,7 +129,7 @@ def walk(eps: torch.Tensor, J: torch.Tensor, b: torch.Tensor, x: torch.Tensor | 
     else:
         g0 = torch.empty((H, P), device=dev, dtype=f32) if acc else empty
         e = eps if eps.dtype == f32 else eps.to(f32)
-        _start[(triton.cdiv(P, SP), triton.cdiv(H, SI))](e, *e.stride(), out, psi, mu, g0, F, H, P,
+        _start[(cdiv(P, SP), cdiv(H, SI))](e, *e.stride(), out, psi, mu, g0, F, H, P,
                                                          D=D, ACC=acc, BI=SI, BP=SP)
         out.baddbmm_(nu, pre_f)  # (+ sum_t nu_t pre_t: a product over the steps per batch element)
         if g is not None:

@@ -67,7 +67,13 @@ def prod(shape) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host (`triton.cdiv` is a constexpr function in recent Triton: ~10 µs a host call)."""
     return (a + b - 1) // b
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (>= 1), as `triton.next_power_of_2`, without its host-call cost."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def device_of(ts) -> torch.device:
@@ -227,5 +233,5 @@ class LaunchPlans:
         self.plans.clear()
 
 
-__all__ = ["wrapping", "wrapped", "Compiled", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "prod",
+__all__ = ["wrapping", "wrapped", "Compiled", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "next_pow2", "prod",
            "device_of"]

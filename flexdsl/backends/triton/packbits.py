@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel import Launcher
+from .kernel import Launcher, cdiv
 
 BLOCK = 1024  # bytes per program
 
@@ -49,7 +49,7 @@ def pack(flat: torch.Tensor) -> torch.Tensor:
     nbytes = (n + 7) // 8
     out = torch.empty((nbytes,), dtype=torch.uint8, device=flat.device)
     if nbytes:
-        _launchers()[0]((triton.cdiv(nbytes, BLOCK),), x_ptr=flat, out_ptr=out, n=n, nbytes=nbytes, BLOCK=BLOCK)
+        _launchers()[0]((cdiv(nbytes, BLOCK),), x_ptr=flat, out_ptr=out, n=n, nbytes=nbytes, BLOCK=BLOCK)
     return out
 
 
@@ -58,7 +58,7 @@ def unpack(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty((n,), dtype=dtype, device=packed.device)
     if n:
         nbytes = (n + 7) // 8
-        _launchers()[1]((triton.cdiv(nbytes, BLOCK),), p_ptr=packed, out_ptr=out, n=n, nbytes=nbytes, BLOCK=BLOCK)
+        _launchers()[1]((cdiv(nbytes, BLOCK),), p_ptr=packed, out_ptr=out, n=n, nbytes=nbytes, BLOCK=BLOCK)
     return out
 
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ...settings import env_int, env_tile
-from .kernel import Launcher
+from .kernel import Launcher, cdiv, next_pow2
 from .launch import interpret
 
 
@@ -195,7 +195,7 @@ def to_bf16(x: torch.Tensor, flag: torch.Tensor, ints: bool = False) -> torch.Te
     n = buf.numel()
     if n:
         block = 4096 if not interpret() else 1 << 16
-        _TO_BF16((triton.cdiv(n, block),), num_warps=8, x=xc, out=buf, flag=flag, n=n, K=K, KP=kp, PAD=kp != K,
+        _TO_BF16((cdiv(n, block),), num_warps=8, x=xc, out=buf, flag=flag, n=n, K=K, KP=kp, PAD=kp != K,
                  INTS=ints, BLOCK=block)
     return buf[:, :K].reshape(x.shape)
 
@@ -219,7 +219,7 @@ def split3(w: torch.Tensor, kp: int | None = None) -> torch.Tensor:
     n = wc.shape[0] * kp
     if n:
         block = 1024 if not interpret() else 1 << 16
-        _SPLIT3((triton.cdiv(n, block),), num_warps=4, w=wc, out=out, n=n, K=K, KP=kp, PAD=kp != K, BLOCK=block)
+        _SPLIT3((cdiv(n, block),), num_warps=4, w=wc, out=out, n=n, K=K, KP=kp, PAD=kp != K, BLOCK=block)
     return out if kp != K else out.reshape(3, *w.shape)
 
 
@@ -253,7 +253,7 @@ def _product(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c: torch.
     M, N = c.shape
     bm, bn, bk = env_tile("FLEXDSL_PRODUCT_TILE") or ((32, 32, 32) if interpret() else
                                                       (128, 128, 32 if parts == 3 else 64))
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     _SPLIT3_MM(grid, num_warps=env_int("FLEXDSL_PRODUCT_WARPS") or (4 if interpret() else 8),
                num_stages=env_int("FLEXDSL_PRODUCT_STAGES") or 3, a=a, w=w, b=b if b is not None else w, c=c,
                M=M, N=N, K=kp, lda=kp, part=N * kp if parts == 3 else 0, HAS_B=b is not None, EVEN_K=kp % bk == 0,
@@ -272,7 +272,7 @@ def split_fixed(w: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, t
     out = (torch.empty if kp == K else torch.zeros)((4, N, kp), dtype=torch.int8, device=w.device)
     scale = torch.empty((N,), dtype=torch.float64, device=w.device)
     if N and K:
-        block = min(max(triton.next_power_of_2(K), 16), 1024)
+        block = min(max(next_pow2(K), 16), 1024)
         _SPLIT_FIXED((N,), num_warps=4, w=wc, out=out, scale=scale, N=N, K=K, KP=kp, BLOCK=block)
     elif N:
         scale.fill_(1.0)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel import Launcher
+from .kernel import Launcher, cdiv
 from .launch import interpret
 
 
@@ -36,7 +36,7 @@ def linear_scan(a: torch.Tensor, u: torch.Tensor, x0: torch.Tensor) -> torch.Ten
     out = torch.empty_like(u)
     if T and M:
         block = 1024 if not interpret() else 1 << 14
-        _SCAN((triton.cdiv(M, block),), num_warps=4, u=u, x0=x0.contiguous(), out=out,
+        _SCAN((cdiv(M, block),), num_warps=4, u=u, x0=x0.contiguous(), out=out,
               a=a.to(torch.float32).reshape(1).contiguous(), T=T, M=M, BLOCK=block)
     return out
 

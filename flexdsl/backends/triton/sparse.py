@@ -31,7 +31,7 @@ from ...store.generated import load_module
 from ..base import IR
 from .args import lane_param
 from .emit import _env
-from .kernel import Launcher
+from .kernel import Launcher, cdiv, next_pow2
 from .launch import LAUNCHES, interpret
 from .recurrent import _sm_count, forward_view
 
@@ -150,7 +150,7 @@ def compact(x2: torch.Tensor, density: float, ws: Workspace | None = None) -> Co
     idx, cnt, total, host, event = (ws or Workspace()).buffers(R, NI, x2.device)
     total.zero_()
     if R and NI:
-        bk = min(1024, triton.next_power_of_2(NI))
+        bk = min(1024, next_pow2(NI))
         _COMPACT((R,), num_warps=4, x_ptr=x2, idx_ptr=idx, cnt_ptr=cnt, total_ptr=total, NI=NI, BK=bk)
         LAUNCHES["sparse_compact"] += 1
     else:
@@ -159,7 +159,7 @@ def compact(x2: torch.Tensor, density: float, ws: Workspace | None = None) -> Co
 
 
 def _blocks(H: int) -> tuple[int, int]:
-    bh = env_int("FLEXDSL_SPARSE_BH") or (32 if interpret() else min(256, max(32, triton.next_power_of_2(H))))
+    bh = env_int("FLEXDSL_SPARSE_BH") or (32 if interpret() else min(256, max(32, next_pow2(H))))
     bj = env_int("FLEXDSL_SPARSE_BJ") or 16
     return bh, bj
 
@@ -175,7 +175,7 @@ def current(x2: torch.Tensor, c: Compacted, wt: torch.Tensor, b: torch.Tensor | 
         out = torch.empty((R, H), dtype=x2.dtype, device=x2.device)
     if R and H:
         bh, bj = _blocks(H)
-        _GATHER((R, triton.cdiv(H, bh)), num_warps=4 if bh >= 128 else 2, x_ptr=x2, idx_ptr=c.idx, cnt_ptr=c.cnt,
+        _GATHER((R, cdiv(H, bh)), num_warps=4 if bh >= 128 else 2, x_ptr=x2, idx_ptr=c.idx, cnt_ptr=c.cnt,
                 total_ptr=c.total, wt_ptr=wt, b_ptr=b if b is not None else wt, out_ptr=out, NI=NI, H=H,
                 LIMIT=c.limit, HAS_B=b is not None, GATED=gated, BJ=bj, BH=bh)
         LAUNCHES["sparse_gather"] += 1
@@ -220,7 +220,7 @@ class SparseProgram:
         bh, bj = _blocks(H)
         if not interpret():  # (enough programs for the card: smaller blocks for few samples)
             sms = _sm_count(dev.index or 0)
-            while bh > 32 and B * triton.cdiv(H, bh) < 2 * sms:
+            while bh > 32 and B * cdiv(H, bh) < 2 * sms:
                 bh //= 2
         kw: dict[str, Any] = {"_X": x, "_bias": b if b is not None else x, "_ext": ext if ext is not None else x,
                               "_st": st, "_B": B, "_H": H, "_NI": NI, "_T": T, "_HOST": False, "_ROUND": False,
@@ -231,7 +231,7 @@ class SparseProgram:
             kw[arg], kw[mode_arg] = lane_param(p, B, H, dev)
         for h in self.meta["hoisted_fwd"]:
             kw[h] = 0.0
-        return {"kw": kw, "outs": outs, "st": st, "grid": (B, triton.cdiv(H, bh)), "warps": 4 if bh >= 128 else 2,
+        return {"kw": kw, "outs": outs, "st": st, "grid": (B, cdiv(H, bh)), "warps": 4 if bh >= 128 else 2,
                 "run": T * N > 0}
 
     def launch(self, call: dict[str, Any], c: Compacted, wt: torch.Tensor | None = None, cur: torch.Tensor | None = None,
