@@ -20,6 +20,7 @@ product alone (any `W`).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from typing import Any
@@ -244,7 +245,7 @@ def conv_forward(h: torch.Tensor, Wt: torch.Tensor, P: int) -> torch.Tensor:
     L, N, J = h.shape
     T = L - P
     out = torch.empty((T, N, Wt.shape[1]), device=h.device, dtype=h.dtype)
-    _shifted_product(h.view(L * N, J), Wt, out.view(T * N, -1), P * N, -N)
+    _shifted_product(h.view(L * N, J), Wt, out.view(T * N, Wt.shape[1]), P * N, -N)
     return out
 
 
@@ -253,7 +254,9 @@ def conv_history_grad(g: torch.Tensor, Wc: torch.Tensor, L: int, P: int) -> torc
     taps' weights `Wc [K, J, I]` (contiguous: K-major for this product)."""
     T, N, I = g.shape
     gh = torch.empty((L, N, Wc.shape[1]), device=g.device, dtype=g.dtype)
-    _shifted_product(g.view(T * N, I), Wc, gh.view(L * N, -1), -P * N, N)
+    if not T * N:  # (no output step read the history: a zero gradient, no kernel)
+        return gh.zero_()
+    _shifted_product(g.view(T * N, I), Wc, gh.view(L * N, Wc.shape[1]), -P * N, N)
     return gh
 
 
@@ -438,11 +441,17 @@ def _props(index: int) -> tuple[int, int]:
     return p.major, p.multi_processor_count
 
 
+def _lanes(hist: torch.Tensor) -> int:
+    """The lanes (batch elements) of a history `[L, *batch, J]`, counted (a reshape's -1 is ambiguous
+    where the history is empty: a batch of 0, or no steps)."""
+    return math.prod(hist.shape[1:-1])
+
+
 def delay_conv(hist: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`out[t, ..., i] = sum_k sum_j W[k, j, i] hist[D + t - k, ..., j]` (`hist [D + T, ..., J]`,
     `W [D + 1, J, I]`): dense relaxed synaptic delays, the history read as it lies (see the module doc)."""
     L, J = hist.shape[0], hist.shape[-1]
-    out = DenseDelays.apply(hist.reshape(L, -1, J), W)
+    out = DenseDelays.apply(hist.reshape(L, _lanes(hist), J), W)
     return out.view(L - W.shape[0] + 1, *hist.shape[1:-1], W.shape[2])
 
 
@@ -454,7 +463,7 @@ def delay_gauss(hist: torch.Tensor, w: torch.Tensor, d: torch.Tensor, coef: floa
     kernels (no `[I, J, D + 1]` tensor for autograd, no zero steps materialized)."""
     P = D if past is None else past
     L, J = hist.shape[0], hist.shape[-1]
-    out = GaussDelays.apply(hist.reshape(L, -1, J), w, d, coef, D, P)
+    out = GaussDelays.apply(hist.reshape(L, _lanes(hist), J), w, d, coef, D, P)
     return out.view(L - P, *hist.shape[1:-1], w.shape[0])
 
 

@@ -1,0 +1,44 @@
+"""The Triton backend's delay kernels at their edges, against the torch backend: an empty batch, a
+second derivative (create_graph=True), and the other corners a probe of the learnable delays found
+wrong once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flexdsl
+from flexdsl import backends
+
+pytestmark = pytest.mark.skipif(not backends.get("triton").available(),
+                                reason="needs the Triton backend (a GPU or TRITON_INTERPRET=1)")
+F, H, D = 4, 5, 4
+LINES = {"gauss synaptic": f"delay synaptic max {D} learnable", "gauss axonal": f"delay axonal max {D} learnable",
+         "gauss dendritic": f"delay dendritic max {D} learnable",
+         "linear synaptic": f"delay synaptic max {D} learnable linear", "fixed synaptic": f"delay synaptic max {D}"}
+
+
+def _pair(line: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the layer on the Triton backend, the same layer on the torch backend in float64)."""
+    torch.manual_seed(seed)
+    text = (f"layer L:\n    neuron lif\n    size {H}\n    input s size {F}\n    synapses W from s to x:\n"
+            f"        {line}\n        bias b\n")
+    kw = {} if "learnable" in line else {"delays": {"W": torch.randint(0, D + 1, (H, F))}}
+    tri = flexdsl.loads(text, backend="triton", **kw)
+    ref = flexdsl.loads(text, backend="torch", **kw).double()
+    ref.load_state_dict(tri.state_dict())
+    return tri, ref
+
+
+@pytest.mark.parametrize("kind", list(LINES))
+def test_an_empty_batch_runs_through_the_delay_kernels(kind):
+    """A batch of 0 (`[T, 0, n]`) through a Triton layer's delays gives an empty current, the
+    gradients of the weights and delays zeros, and the next empty call runs too (the fused gauss op
+    reshaped its empty history with -1: an error)."""
+    tri, ref = _pair(LINES[kind])
+    x = torch.rand(6, 0, F, requires_grad=True)
+    out = tri.current(x)
+    assert out.shape == ref.current(x.detach().double()).shape == (6, 0, H)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and not tri.W.grad.any()
+    assert tri.current(torch.rand(2, 0, F)).shape == (2, 0, H)
