@@ -42,3 +42,20 @@ def test_an_empty_batch_runs_through_the_delay_kernels(kind):
     out.sum().backward()
     assert x.grad.shape == x.shape and not tri.W.grad.any()
     assert tri.current(torch.rand(2, 0, F)).shape == (2, 0, H)
+
+
+@pytest.mark.parametrize("kind", list(LINES))
+def test_second_derivatives_through_the_delay_kernels_are_a_located_error(kind):
+    """A gradient penalty (the input's gradient made with create_graph=True, then differentiated to
+    the weights) through a Triton layer's delay kernels: their backward is a kernel, so it is a located
+    FlexDSLError, never the silently partial second derivative (dendritic gauss delays gave the wrong
+    weight gradient and no delay gradient) or an unlocated torch error. The torch backend's works."""
+    tri, ref = _pair(LINES[kind])
+    x = torch.rand(6, 2, F, generator=torch.Generator().manual_seed(1))
+    xr = x.double().requires_grad_()
+    gx, = torch.autograd.grad(ref.current(xr).square().sum(), xr, create_graph=True)
+    assert torch.autograd.grad(gx.square().sum(), ref.W)[0].abs().sum() > 0
+    xt = x.requires_grad_()
+    with pytest.raises(flexdsl.FlexDSLError, match="second-order"):
+        gx, = torch.autograd.grad(tri.current(xt).square().sum(), xt, create_graph=True)
+        torch.autograd.grad(gx.square().sum(), tri.W)

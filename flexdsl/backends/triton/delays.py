@@ -17,7 +17,19 @@ import torch
 import triton
 import triton.language as tl
 
+from ...errors import FlexDSLError
 from .kernel import cdiv, next_pow2
+
+
+def first_order(op: str) -> None:
+    """A delay kernel's backward under create_graph=True (grad mode on in a backward): its gradients
+    are a kernel's, not differentiable; a second derivative through them would silently miss their
+    part (zeros, or a partial sum), so it is a located error."""
+    if torch.is_grad_enabled():
+        raise FlexDSLError(f"second-order gradients (create_graph=True) cannot go through the Triton kernels of "
+                           f"{op}: their backward is a kernel, and its results are not differentiable",
+                           "<flexdsl.delays>", hint="use backend='torch' for this layer (its delays' backward is "
+                           "differentiable), or differentiate once (without create_graph=True)")
 
 
 @triton.jit
@@ -114,6 +126,7 @@ class SparseDelays(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
+        first_order("synaptic delays")
         hT, d32, a, c = ctx.saved_tensors
         T, N, J, I, D, L = ctx.dims
         gT = g.permute(2, 0, 1).contiguous()  # [I, T, N]
@@ -213,6 +226,7 @@ class Spread(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, go: torch.Tensor):
+        first_order("relaxed per-neuron delays")
         h, g = ctx.saved_tensors
         L, M = h.shape
         C, K = g.shape
@@ -251,4 +265,4 @@ def delay_product(hist: torch.Tensor, d: torch.Tensor, a: torch.Tensor, c: torch
     return out.reshape(L - D, *hist.shape[1:-1], a.shape[0])
 
 
-__all__ = ["SparseDelays", "Spread", "delay_product", "delay_spread"]
+__all__ = ["SparseDelays", "Spread", "delay_product", "delay_spread", "first_order"]

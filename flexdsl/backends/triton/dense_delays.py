@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .delays import first_order
 from .kernel import Launcher, cdiv, interpret, next_pow2
 
 try:
@@ -301,6 +302,7 @@ class DenseDelays(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
+        first_order("dense relaxed synaptic delays")
         h, Wc = ctx.saved_tensors
         g = g.to(h.dtype).contiguous()
         K = Wc.shape[0]
@@ -409,6 +411,7 @@ class GaussDelays(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
+        first_order("learnable gauss synaptic delays")
         h, Wc, w, d = ctx.saved_tensors
         g = g.to(h.dtype).contiguous()
         K = Wc.shape[0]
