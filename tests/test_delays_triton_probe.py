@@ -59,3 +59,20 @@ def test_second_derivatives_through_the_delay_kernels_are_a_located_error(kind):
     with pytest.raises(flexdsl.FlexDSLError, match="second-order"):
         gx, = torch.autograd.grad(tri.current(xt).square().sum(), xt, create_graph=True)
         torch.autograd.grad(gx.square().sum(), tri.W)
+
+
+@pytest.mark.parametrize("kind", list(LINES))
+def test_delayed_synapses_under_autocast_give_the_torch_backends_dtype(kind):
+    """Under torch.autocast a Triton layer's delayed current and spikes have the dtype the torch
+    backend's have (autocast's, as F.linear's): the sparse synaptic kernels (fixed and linear delays)
+    gave float32, and the layer's spikes with it."""
+    tri, ref = _pair(LINES[kind])
+    ref = ref.float()
+    x = (torch.rand(6, 3, F, generator=torch.Generator().manual_seed(2)) < 0.5).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cur, want_cur = tri.current(x), ref.current(x)
+        tri.reset()
+        ref.reset()
+        spikes, want = tri(x), ref(x)
+    assert cur.dtype == want_cur.dtype == torch.bfloat16
+    assert spikes.dtype == want.dtype == torch.bfloat16

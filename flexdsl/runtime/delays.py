@@ -333,16 +333,19 @@ class DelayedSynapses:
         layer, kept = self._layer, self.__dict__["_kept"]
         d, width = self._delay_values(s)
         synaptic = s.delay_kind == "synaptic" and s.connect != "one_to_one"
+        # (under autocast a synapse group's products are torch's, in autocast's dtype as F.linear's: the
+        # synaptic kernels' current would be float32, and the layer's output with it)
+        synaptic_kernels = synaptic and not torch.is_autocast_enabled(x.device.type)
         if not width:
-            kernel = self._delay_kernel(x) if synaptic else None
+            kernel = self._delay_kernel(x) if synaptic_kernels else None
             out, kept[s.name] = delayed_current(layer, s, x, product, w, b, d, kept.get(s.name), kernel)
             return out
         kernel = spread = gauss = None  # (only the backend kernel this relaxation and kind run: asked per call)
         if not synaptic:
             spread = self._delay_kernel(x, "spread")
-        elif (s.delay_interp or "gauss") == "linear":
+        elif synaptic_kernels and (s.delay_interp or "gauss") == "linear":
             kernel = self._delay_kernel(x)
-        elif not torch.is_autocast_enabled(x.device.type):
+        elif synaptic_kernels:
             gauss = self._delay_kernel(x, "gauss")
         out, kept[s.name] = learned_current(layer, s, x, product, w, b, d, width, kept.get(s.name), kernel, spread,
                                             gauss)
