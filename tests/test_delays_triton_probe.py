@@ -76,3 +76,21 @@ def test_delayed_synapses_under_autocast_give_the_torch_backends_dtype(kind):
         spikes, want = tri(x), ref(x)
     assert cur.dtype == want_cur.dtype == torch.bfloat16
     assert spikes.dtype == want.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("line", [f"delay synaptic max {D} learnable", "delay 2"])
+def test_a_call_of_no_steps_through_delayed_recurrent_synapses_back_propagates(backend, line):
+    """A recurrent layer whose recurrent synapses have delays, called on no steps (`[0, B, n]`, a
+    chunked loop's empty remainder): its empty output is of the graph as a layer's without delays is,
+    so a loss of it back-propagates (was a constant: "element 0 of tensors does not require grad")
+    and the next call runs as the first."""
+    text = (f"layer L:\n    neuron lif\n    size {H}\n    input s size {F}\n    synapses W from s to x:\n"
+            f"        bias b\n    synapses R from spike to x:\n        {line}\n")
+    m = flexdsl.loads(text, backend=backend)
+    x = torch.rand(0, 3, F, requires_grad=True)
+    out = m(x)
+    assert out.shape == (0, 3, H) and out.requires_grad
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert m(torch.rand(2, 3, F)).shape == (2, 3, H)

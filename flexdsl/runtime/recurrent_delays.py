@@ -50,8 +50,9 @@ class DelayedRecurrence(dl.DelayedSynapses):
         if T:
             self._kept[s.name] = hist
             self._states["feedback"] = hist[-1].reshape(step_shape).clone()
+        # (no steps: empty outputs of the graph, as the scan's are: a loss of them back-propagates)
         return [torch.stack([o[k] for o in outs]).reshape(T, *step_shape) if T else
-                x3.new_zeros((0, *step_shape)) for k in range(len(self._view.compiled.checked.outputs))]
+                ix.reshape(0, *step_shape) for k in range(len(self._view.compiled.checked.outputs))]
 
     def _delayed_input(self, xs: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
