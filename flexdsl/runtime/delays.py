@@ -352,9 +352,9 @@ class DelayedSynapses:
         return out
 
     def _delay_kernel(self, x: torch.Tensor, op: str = "product") -> Callable | None:
-        """The sparse-delay product (`op="product"`) or the per-element relaxed delays (`"spread"`) of
-        the backend this layer runs `x` on (decided once per device and dtype: `backends.delay_kernel`),
-        None for torch's."""
+        """The sparse-delay product (`op="product"`), the per-element relaxed delays (`"spread"`) or the
+        gauss synaptic delays (`"gauss"`) of the backend this layer runs `x` on (decided once per device
+        and dtype: `backends.delay_kernel`), None for torch's (and in a trace)."""
         if torch.compiler.is_compiling():  # (a trace: torch's operations, which Inductor compiles)
             return None
         name = getattr(self, "backend", None) or self.neuron.backend
