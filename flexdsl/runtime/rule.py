@@ -262,6 +262,18 @@ class Rule(nn.Module):
         """The params by name (a learnable one its Parameter; one computed from it, recomputed)."""
         return rp.values(self)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Rule:
+        """`.to(device)`, `.cuda()`... also move the kept states (their dtype follows each call's:
+        `_state`, so a half-precision module's traces stay float32)."""
+        out = super()._apply(fn, recurse)
+        for k, v in self._states.items():
+            if isinstance(v, torch.Tensor):
+                try:
+                    self._states[k] = v.to(fn(torch.empty(0, device=v.device)).device)
+                except (RuntimeError, TypeError):
+                    pass
+        return out
+
     def reset(self) -> None:
         """Clear the states (traces, eligibilities): the next call starts from their initial values."""
         self._states.clear()
@@ -404,7 +416,7 @@ class Rule(nn.Module):
         elif tuple(v.shape) != tuple(shape):
             raise self._error(f"the kept state `{name}` has shape {list(v.shape)}, this call needs {list(shape)} "
                               "(another batch size or layer size)", "call reset() between streams of other shapes")
-        return v
+        return v if v.dtype == like.dtype else v.to(like.dtype)  # (kept by a call of another dtype)
 
     def _call(self, fn: str, env: Mapping[str, Any]) -> dict[str, Any]:
         mod, meta = self._gen
