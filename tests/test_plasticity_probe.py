@@ -39,3 +39,39 @@ def test_a_rule_call_after_one_in_another_dtype_returns_the_weights_dtype():
     r.window(pre, post, w, reward=1.0)
     assert r.window(pre.float(), post.float(), w.float(), reward=1.0).dtype == torch.float32
     assert r.online(pre.float(), post.float(), w.float(), reward=1.0).dtype == torch.float32
+
+
+GATED_STP = """rule GatedSTP:
+    input gain
+    state u = 1
+    update:
+        u = 0.9 * u + 0.1 - 0.3 * u * pre * gain
+        let r = u * pre
+    output r
+"""
+
+
+def _gated_stp_hand(pre: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """GatedSTP's carried value at every step (float64), a gain per step and sample."""
+    u, rs = torch.ones_like(pre[0]), []
+    for t in range(pre.shape[0]):
+        u = 0.9 * u + 0.1 - 0.3 * u * pre[t] * gain[t][:, None]
+        rs.append(u * pre[t])
+    return torch.stack(rs)
+
+
+@pytest.mark.parametrize("mode", ["window", "online"])
+def test_a_carrying_rule_takes_a_modulator_per_step_and_sample(mode, tmp_path):
+    """A modulator `[T, *batch]` of a rule with an `output` (what its synapse carries) is one value per
+    step and sample, as the docs say of every modulator (was refused: `carry` checked it as if the call
+    had no batch, "[T, *batch] = [T]", in `rule.carry` and in a layer of either semantics)."""
+    path = tmp_path / "gated.rule"
+    path.write_text(GATED_STP)
+    pre, _, _ = _trains(2, 6, 2, 5, 1, p=0.5)
+    gain = torch.rand(6, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    ref = _gated_stp_hand(pre, gain)
+    got = flexdsl.load_rule(str(path)).carry(pre, gain=gain)
+    assert (got - ref).abs().max() <= 6 * 8 * 2.0**-53 * ref.abs().max()  # (T steps of ~8 operations)
+    m = flexdsl.feedforward("lif", 5, 3, rule=str(path), plasticity=mode, backend="torch").double()
+    lif = flexdsl.load("lif", backend="torch")
+    assert torch.equal(m(pre, gain=gain), lif(ref @ m.W.detach().T + m.bias.detach()))

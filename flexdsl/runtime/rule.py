@@ -328,7 +328,7 @@ class Rule(nn.Module):
         if not pre.numel():
             return pre.clone()
         pre2 = pre.reshape(shape[0], -1, shape[-1])
-        mods = self._modulators(modulators, shape[0], pre2.shape[1], pre2)
+        mods = self._modulators(modulators, shape[0], pre2.shape[1], pre2, shape[1:-1])
         _, _, out = self._run_side("pre", pre2, mods, keep_traj=False)
         assert out is not None
         return out.reshape(shape)
