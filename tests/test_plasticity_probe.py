@@ -75,3 +75,24 @@ def test_a_carrying_rule_takes_a_modulator_per_step_and_sample(mode, tmp_path):
     m = flexdsl.feedforward("lif", 5, 3, rule=str(path), plasticity=mode, backend="torch").double()
     lif = flexdsl.load("lif", backend="torch")
     assert torch.equal(m(pre, gain=gain), lif(ref @ m.W.detach().T + m.bias.detach()))
+
+
+@pytest.mark.parametrize("shape", ["[T]", "[T, batch]"])
+def test_a_float64_modulator_of_a_float32_online_layer_runs_in_float32(shape):
+    """A reward in another dtype than the layer's (float64 for a float32 layer) gives what the same
+    values in float32 give: the online loop takes the modulators as the rule does, cast to the call's
+    dtype (`[T, batch]` was a RuntimeError, "mat2 must have the same dtype": the float64 reward made the
+    weights float64 after the first step)."""
+    torch.manual_seed(0)
+    pre = (torch.rand(6, 2, 5) < 0.5).float()
+    reward = (torch.arange(12).reshape(6, 2) % 3 - 1).float()  # (-1, 0, 1: exact in either dtype)
+    reward = reward[:, 0] if shape == "[T]" else reward
+    got = []
+    for r in (reward.double(), reward):
+        torch.manual_seed(1)
+        m = flexdsl.feedforward("lif", 5, 4, rule="mstdp", plasticity="online", backend="torch")
+        with torch.no_grad():
+            m.W.mul_(3).abs_()
+        got.append((m(pre, reward=r), m.W.detach().clone()))
+    assert got[0][1].dtype == torch.float32
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])

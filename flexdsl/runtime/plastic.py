@@ -269,6 +269,7 @@ class PlasticSynapses:
         steppers = {s.name: self._stepper(s, xs[s.pre_index], fast[s.name], mods) for s in rules
                     if self._changes_weight(s) and s.rule_mode == "online"}
         held = [s for s in rules if self._changes_weight(s) and s.rule_mode != "online"]  # (a window group's)
+        step_mods = {s.name: self._step_modulators(s, xs[s.pre_index], mods) for s in rules if s.name in steppers}
         seen: list[dict[str, torch.Tensor]] = []
         neuron_step = self._neuron_stepper(xs[0], direct)
         needs = self._post_values_needed()
@@ -299,8 +300,8 @@ class PlasticSynapses:
                 if s.name not in steppers:
                     continue
                 rule = self.rules[s.name]
-                m_t = {k: (v[t] if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
-                       for k, v in _mods_of(rule, mods).items()}
+                m_t = {k: (v[t] if isinstance(v, torch.Tensor) and v.dim() == 3 else v)
+                       for k, v in step_mods[s.name].items()}
                 m_t.update({k: v for k, v in post_values.items() if k in rule.post_inputs})
                 f = fast[s.name]
                 with torch.set_grad_enabled(f and torch.is_grad_enabled()):
@@ -318,6 +319,13 @@ class PlasticSynapses:
             values = {k: torch.stack([v[k] for v in seen]) for k in seen[0]}
             self._window_changes(held, xs, self._spikes(whole), {**mods, **values})
         return whole
+
+    def _step_modulators(self, s: CheckedSynapse, x: torch.Tensor, mods: Mapping[str, Any]) -> dict[str, Any]:
+        """The modulators of group `s`'s rule as its steps take them: numbers, or `[T, B, 1]` tensors in
+        the call's dtype (a float64 reward of a float32 layer runs in float32, as `rule.online` runs it)."""
+        rule = self.rules[s.name]
+        return rule._modulators(_mods_of(rule, mods), x.shape[0], math.prod(x.shape[1:-1]), x, x.shape[1:-1],
+                                later=rule.post_inputs)
 
     def _fused_online(self, xs: list, direct: list, mods: Mapping[str, Any]) -> Any:
         """The online call as one kernel of the layer's backend (`backends.plastic_kernel`) where one
