@@ -1,5 +1,7 @@
-"""Plasticity edge cases found by probing: kept states of a call in another dtype, ... Each against
-a float64 hand loop of the rule's equations or the same computation run another way."""
+"""Plasticity edge cases found by probing: a rule's kept states after a call (or a module move) in
+another dtype, a per-sample modulator of a rule that carries an `output`, a modulator in another dtype
+than an online layer's, NumPy scalar modulators. Each against a float64 hand loop of the rule's
+equations, or the same computation run another way (exact where the values are exact)."""
 
 from __future__ import annotations
 
@@ -96,3 +98,19 @@ def test_a_float64_modulator_of_a_float32_online_layer_runs_in_float32(shape):
         got.append((m(pre, reward=r), m.W.detach().clone()))
     assert got[0][1].dtype == torch.float32
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+@pytest.mark.parametrize("mode", ["window", "online"])
+def test_a_numpy_scalar_modulator_is_a_number(mode):
+    """`reward=np.float32(0.5)` (a reward from a NumPy environment) is the number 0.5, as `np.float64`
+    and `float` already were (was a located error, "must be a real number or tensor, not float32")."""
+    np = pytest.importorskip("numpy")
+    pre, post, w = _trains(4, 5, 2, 4, 3, p=0.5)
+    want = getattr(flexdsl.load_rule("mstdp"), mode)(pre, post, w, reward=0.5)
+    for r in (np.float32(0.5), np.float16(0.5), np.int64(2)):
+        got = getattr(flexdsl.load_rule("mstdp"), mode)(pre, post, w, reward=r)
+        assert torch.equal(got, want if float(r) == 0.5 else getattr(flexdsl.load_rule("mstdp"), mode)(
+            pre, post, w, reward=2.0))
+    with pytest.raises(flexdsl.FlexDSLError, match="real number or tensor") as e:
+        flexdsl.load_rule("mstdp").window(pre, post, w, reward=np.bool_(True))
+    assert e.value.hint

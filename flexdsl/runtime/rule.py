@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -379,10 +380,11 @@ class Rule(nn.Module):
                                   "neuron; in a layer, the neuron's own)" if k in self.post_inputs else
                                   f"pass it: {k}=tensor of shape [T] (one value a step) or [T, *batch]")
             v = given[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)) or (
-                    isinstance(v, torch.Tensor) and v.is_complex()):
+            if isinstance(v, bool) or not isinstance(v, (numbers.Real, torch.Tensor)) or (
+                    isinstance(v, torch.Tensor) and v.is_complex()):  # (numbers.Real: NumPy's scalars too)
                 raise self._error(f"modulator `{k}` must be a real number or tensor, not "
-                                  f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}")
+                                  f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}",
+                                  f"pass a number, or a tensor: {k}=torch.as_tensor(values, dtype=torch.float32)")
             if isinstance(v, torch.Tensor) and v.dim() and v.device != like.device:
                 raise self._error(f"modulator `{k}` is on {v.device}, the spikes on {like.device}",
                                   f"move it: {k}={k}.to({str(like.device)!r})")
