@@ -114,3 +114,18 @@ def test_a_numpy_scalar_modulator_is_a_number(mode):
     with pytest.raises(flexdsl.FlexDSLError, match="real number or tensor") as e:
         flexdsl.load_rule("mstdp").window(pre, post, w, reward=np.bool_(True))
     assert e.value.hint
+
+
+@pytest.mark.parametrize("case", ["int spikes", "weight rank", "batch", "sizes"])
+def test_a_rule_calls_bad_inputs_are_located_errors_with_a_hint(case):
+    """A rule called with spikes that are not floats, a weight that is not [n_post, n_pre], sides of
+    another batch or sizes the weight does not connect: a FlexDSLError located in the rule's file and
+    saying what to pass (a hint), never a bare torch error."""
+    pre, post, w = _trains(5, 4, 2, 3, 2)
+    pre, post, w = pre.float(), post.float(), w.float()
+    args = {"int spikes": (pre.long(), post, w), "weight rank": (pre, post, w.flatten()),
+            "batch": (pre, post[:, :1], w), "sizes": (pre, post, w.t())}[case]
+    r = flexdsl.load_rule("stdp_additive")
+    with pytest.raises(flexdsl.FlexDSLError) as e:
+        r.window(*args)
+    assert e.value.filename and e.value.filename.endswith(".rule") and e.value.hint

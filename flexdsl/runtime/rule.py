@@ -342,18 +342,22 @@ class Rule(nn.Module):
         for name, x in (("pre", pre), ("post", post), ("w", w)):
             if not isinstance(x, torch.Tensor) or not x.is_floating_point():
                 raise self._error(f"{what}(): `{name}` must be a float tensor, not "
-                                  f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}")
+                                  f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}",
+                                  f"pass {name}=torch.as_tensor(values, dtype=torch.float32) (spikes as 0.0/1.0)")
         if w.dim() != 2:
-            raise self._error(f"{what}(): the weight must be [n_post, n_pre], not {list(w.shape)}")
+            raise self._error(f"{what}(): the weight must be [n_post, n_pre], not {list(w.shape)}",
+                              "pass the synapses' weight matrix, one row a postsynaptic neuron (nn.Linear's layout)")
         if pre.dim() < 2 or post.dim() != pre.dim() or pre.shape[:-1] != post.shape[:-1]:
             raise self._error(f"{what}(): `pre` [T, *batch, n_pre] and `post` [T, *batch, n_post] must share T and "
-                              f"the batch, not {list(pre.shape)} and {list(post.shape)}")
+                              f"the batch, not {list(pre.shape)} and {list(post.shape)}",
+                              "time first, then the batch dims, neurons last, the same T and batch on both sides")
         if pre.shape[-1] != w.shape[1] or post.shape[-1] != w.shape[0]:
             raise self._error(f"{what}(): a weight of shape {list(w.shape)} connects {w.shape[1]} presynaptic to "
-                              f"{w.shape[0]} postsynaptic neurons; got pre {list(pre.shape)}, post {list(post.shape)}")
+                              f"{w.shape[0]} postsynaptic neurons; got pre {list(pre.shape)}, post {list(post.shape)}",
+                              "the weight is [n_post, n_pre]: pre's last dim its columns, post's its rows")
         if pre.device != w.device or post.device != w.device:
             raise self._error(f"{what}(): `pre`, `post` and the weight must be on one device, not {pre.device}, "
-                              f"{post.device} and {w.device}")
+                              f"{post.device} and {w.device}", f"move them: pre.to({str(w.device)!r}), ...")
         T, B = pre.shape[0], math.prod(pre.shape[1:-1])
         pre2 = pre.reshape(T, B, pre.shape[-1]).to(w.dtype)
         post2 = post.reshape(T, B, post.shape[-1]).to(w.dtype)
