@@ -17,19 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ...errors import FlexDSLError
 from .kernel import cdiv, next_pow2
+from .kernel import first_order as _first_order
 
 
 def first_order(op: str) -> None:
-    """A delay kernel's backward under create_graph=True (grad mode on in a backward): its gradients
-    are a kernel's, not differentiable; a second derivative through them would silently miss their
-    part (zeros, or a partial sum), so it is a located error."""
-    if torch.is_grad_enabled():
-        raise FlexDSLError(f"second-order gradients (create_graph=True) cannot go through the Triton kernels of "
-                           f"{op}: their backward is a kernel, and its results are not differentiable",
-                           "<flexdsl.delays>", hint="use backend='torch' for this layer (its delays' backward is "
-                           "differentiable), or differentiate once (without create_graph=True)")
+    """A delay kernel's backward under create_graph=True: a located error (`kernel.first_order`)."""
+    _first_order(op, "<flexdsl.delays>", "use backend='torch' for this layer (its delays' backward is "
+                 "differentiable), or differentiate once (without create_graph=True)")
 
 
 @triton.jit

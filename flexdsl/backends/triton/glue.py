@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 
-from ...errors import FlexDSLError
 from ..base import NoiseKey, key_ints
 from ..ops import Op, define
 from .args import alloc, step_order, unpack
-from .kernel import prod
+from .kernel import first_order, prod
 
 TritonProgram = Any  # (launch.TritonProgram, which imports this module)
 
@@ -258,10 +257,7 @@ def first_order_only(tm: TritonProgram) -> None:
     """The backward kernel's gradients are not differentiable: under create_graph=True (grad
     mode on in a backward) they would silently act as constants, and second-order gradients
     through the kernels would be zero."""
-    if torch.is_grad_enabled():
-        raise FlexDSLError("second-order gradients (create_graph=True) cannot go through the Triton kernels of "
-                           f"{tm.name}: their backward is a kernel, and its results are not differentiable",
-                           tm.abi.name, hint="use backend='torch' for this model (its backward is differentiable)")
+    first_order(tm.name, tm.abi.name, "use backend='torch' for this model (its backward is differentiable)")
 
 
 class Eager(torch.autograd.Function):

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...errors import FlexDSLError
 from ...settings import env_choice
 from ..ops import wrap_kernel
 
@@ -64,6 +65,16 @@ def prod(shape) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+def first_order(what: str, where: str, hint: str) -> None:
+    """Called at the top of a Triton backward: its gradients are a kernel's, not differentiable; under
+    create_graph=True (grad mode on in a backward) a second derivative through them would silently
+    miss their part (zeros, or a partial sum), so it is a located error (`where`: the model or layer)."""
+    if torch.is_grad_enabled():
+        raise FlexDSLError("second-order gradients (create_graph=True) cannot go through the Triton kernels of "
+                           f"{what}: their backward is a kernel, and its results are not differentiable", where,
+                           hint=hint)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -233,5 +244,5 @@ class LaunchPlans:
         self.plans.clear()
 
 
-__all__ = ["wrapping", "wrapped", "Compiled", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "next_pow2", "prod",
+__all__ = ["wrapping", "wrapped", "first_order", "Compiled", "Kernel", "Launcher", "LaunchPlan", "LaunchPlans", "LAUNCHES", "interpret", "spec", "bits", "cdiv", "next_pow2", "prod",
            "device_of"]
